@@ -24,7 +24,7 @@ from runtime.errors import ConfigError
 # Names that end up in container names, paths and ssh lines: strict, ASCII only, no look-alikes.
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"
+PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
 _REQUIRED = object()
 
 
@@ -223,6 +223,10 @@ def _template_name_problem(name: str) -> str | None:
             "at most 64 characters)")
 
 
+def _email_problem(address: str) -> str | None:
+    return None if re.match(r"^[^@\s]+@[^@\s]+$", address) else "is not an e-mail address"
+
+
 def _timezone_problem(name: str) -> str | None:
     try:
         ZoneInfo(name)
@@ -313,8 +317,7 @@ def _user(reader: _Reader, name: str, table: Any) -> UserConfig | None:
 
     uid = reader.get(table, where, "uid", int, check=uid_check)
     gid = reader.get(table, where, "gid", int, default=uid, check=uid_check)
-    email = reader.strings(table, where, "email", (),
-                           check=lambda e: None if re.match(r"^[^@\s]+@[^@\s]+$", e) else "is not an e-mail address")
+    email = reader.strings(table, where, "email", (), check=_email_problem)
     keys = reader.strings(table, where, "ssh_keys", (),
                           check=lambda k: None if re.match(r"^(ssh-|ecdsa-|sk-)\S+ \S+", k) else "is not an SSH public key line")
     max_gpus = reader.get(table, where, "max_gpus", int, default=None,

@@ -1,0 +1,103 @@
+"""The `gpubook` command line. Each subcommand is a small function; errors become one line + exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+from runtime.errors import GpubookError
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+def _when(text: str) -> datetime:
+    """An ISO 8601 time from the command line; without an offset it means the host's local time."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r} (e.g. 2026-11-21T09:00+01:00)") from None
+    return moment if moment.tzinfo else moment.astimezone()
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from scheduler import config
+
+    loaded = config.load(args.config)
+    users = ", ".join(sorted(loaded.users)) or "none"
+    print(f"{loaded.path}: ok — {len(loaded.calendars)} calendar(s), users: {users}")
+    return EXIT_OK
+
+
+def cmd_bookings(args: argparse.Namespace) -> int:
+    from scheduler import config, plan, service
+
+    loaded = config.load(args.config)
+    now = datetime.now(UTC)
+    start = args.start or now
+    end = args.end or start + timedelta(days=7)
+    if end <= start:
+        raise GpubookError(f"--to ({end.isoformat()}) must be after --from ({start.isoformat()})")
+    result = service.plan_window(loaded, window_start=start, window_end=end, now=now)
+    if args.json:
+        json.dump(plan.to_json(result), sys.stdout, indent=2)
+        print()
+    else:
+        print(service.describe_plan(result, timezone=loaded.host.timezone))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from scheduler import demo
+
+    return demo.run(keep_running=args.keep_running)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpubook", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str,
+                parent: argparse._SubParsersAction = commands) -> argparse.ArgumentParser:
+        sub = parent.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    bookings = command("bookings", cmd_bookings, "show the plan: which booking runs when, on which GPUs")
+    bookings.add_argument("--config", required=True, help="the daemon's TOML config file")
+    bookings.add_argument("--from", dest="start", type=_when, help="window start (ISO 8601; default: now)")
+    bookings.add_argument("--to", dest="end", type=_when, help="window end (ISO 8601; default: start + 7 days)")
+    bookings.add_argument("--json", action="store_true", help="print one JSON object")
+
+    config_group = commands.add_parser("config", help="configuration tools").add_subparsers(
+        dest="config_command", required=True, metavar="SUBCOMMAND")
+    check = command("check", cmd_config_check, "validate a config file, listing every problem",
+                    parent=config_group)
+    check.add_argument("--config", required=True, help="the daemon's TOML config file")
+
+    demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with a demo calendar")
+    demo.add_argument("--keep-running", action="store_true", help="keep the demo calendar server up until Ctrl-C")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args))
+    except GpubookError as error:
+        # One error may carry several lines (config validation lists every problem).
+        print(f"gpubook: {error}", file=sys.stderr)
+        return EXIT_PROBLEM
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
