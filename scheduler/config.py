@@ -227,6 +227,12 @@ def _email_problem(address: str) -> str | None:
     return None if re.match(r"^[^@\s]+@[^@\s]+$", address) else "is not an e-mail address"
 
 
+def _ssh_key_problem(line: str) -> str | None:
+    if re.match(r"^(ssh-|ecdsa-|sk-)\S+ [A-Za-z0-9+/=]+( [^\n]*)?$", line):
+        return None
+    return "is not an SSH public key line (such as 'ssh-ed25519 AAAA... alice@laptop')"
+
+
 def _timezone_problem(name: str) -> str | None:
     try:
         ZoneInfo(name)
@@ -318,8 +324,7 @@ def _user(reader: _Reader, name: str, table: Any) -> UserConfig | None:
     uid = reader.get(table, where, "uid", int, check=uid_check)
     gid = reader.get(table, where, "gid", int, default=uid, check=uid_check)
     email = reader.strings(table, where, "email", (), check=_email_problem)
-    keys = reader.strings(table, where, "ssh_keys", (),
-                          check=lambda k: None if re.match(r"^(ssh-|ecdsa-|sk-)\S+ \S+", k) else "is not an SSH public key line")
+    keys = reader.strings(table, where, "ssh_keys", (), check=_ssh_key_problem)
     max_gpus = reader.get(table, where, "max_gpus", int, default=None,
                           check=lambda v: None if v >= 1 else "must be at least 1")
     templates = reader.strings(table, where, "templates", ("*",))
