@@ -182,10 +182,16 @@ class BookingReader:
                 continue
             for component, occurrence_id, start, end in found:
                 duplicate = holders[one.uid] > 1
-                occurrences.append(_occurrence(
-                    component, one, occurrence_id=occurrence_id, start=start, end=end,
-                    duplicate=duplicate, config=config, templates=templates, host_tz=host_tz,
-                    calendar=calendar))
+                try:
+                    occurrences.append(_occurrence(
+                        component, one, occurrence_id=occurrence_id, start=start, end=end,
+                        duplicate=duplicate, config=config, templates=templates,
+                        host_tz=host_tz, calendar=calendar))
+                except Exception as error:  # noqa: BLE001 - never lose an occurrence silently
+                    occurrences.append(Rejection(
+                        id=occurrence_id, uid=one.uid, start=start, end=end,
+                        reason=f"the event cannot be read: {_short(error)}", user=None,
+                        calendar_url=calendar.url, href=one.href))
         occurrences.sort(key=lambda o: (o.start, o.id, o.href))
         return Expansion(tuple(occurrences), tuple(problems))
 
@@ -233,7 +239,13 @@ def _parse(raw: RawObject) -> _Parsed:
         # Two masters with one UID are a duplicate: expand each alone so that all are rejected.
         groups = [[m, *overrides] for m in masters] if len(masters) > 1 else [components]
         for group in groups:
-            if (series := _series(uid, raw.href, group, timezones, problem)) is not None:
+            try:
+                series = _series(uid, raw.href, group, timezones, problem)
+            except Exception as error:  # noqa: BLE001 - e.g. a broken property: report, skip
+                problem(uid, f"event {_show(uid or '')} cannot be read, so it was ignored: "
+                             f"{_short(error)}")
+                continue
+            if series is not None:
                 parsed.series.append(series)
     return parsed
 
@@ -275,7 +287,8 @@ def _series(uid: str | None, href: str, group: list[icalendar.Event], timezones:
     name = repr(uid) if uid else f"without UID (titled {_show(title)})"
     rule = master.get("RRULE") if master is not None else None
     rules = rule if isinstance(rule, list) else [rule]
-    frequencies = {str(r.get("FREQ", [""])[0]).upper() for r in rules if hasattr(r, "get")}
+    frequencies = {str(r.get("FREQ", [""])[0]).upper() for r in rules
+                   if isinstance(r, icalendar.vRecur)}
     if frequencies & _TOO_FREQUENT:
         unit = "second" if "SECONDLY" in frequencies else "minute"
         problem(uid, f"event {name} repeats every {unit}; GPU bookings may repeat at most hourly, "
