@@ -339,6 +339,14 @@ def _occurrence_id(series: _Series, component: icalendar.Event, host_tz: tzinfo)
         return series.uid
     recurrence = component.get("RECURRENCE-ID") or component["DTSTART"]
     value = recurrence.dt
+    source = _source(series, component, host_tz)
+    if source is not None and "RECURRENCE-ID" in source \
+            and str(source["RECURRENCE-ID"].params.get("RANGE", "")).upper() == "THISANDFUTURE" \
+            and component["DTSTART"].dt != source["DTSTART"].dt:
+        # A later occurrence moved by a RANGE=THISANDFUTURE override carries that override's
+        # RECURRENCE-ID; its own original start is its start moved back by the same amount.
+        moved_by = _utc(source["DTSTART"].dt, host_tz) - _utc(source["RECURRENCE-ID"].dt, host_tz)
+        value = _utc(component["DTSTART"].dt, host_tz) - moved_by
     if isinstance(value, datetime):
         return f"{series.uid}@{_utc(value, host_tz):%Y%m%dT%H%M%SZ}"
     return f"{series.uid}@{value:%Y%m%d}"

@@ -44,12 +44,17 @@ def vcalendar(*events: str, header: str = "") -> str:
             + "".join(events) + "END:VCALENDAR\r\n")
 
 
-def raw(ical: str, name: str = "event", etag: str | None = "1", calendar_url: str = CALENDAR) -> RawObject:
-    return RawObject(href=f"{calendar_url}{name}.ics", etag=etag, ical=ical, calendar_url=calendar_url)
+def raw(ical: str, name: str = "event", etag: str | None = "1",
+        calendar_url: str = CALENDAR) -> RawObject:
+    return RawObject(href=f"{calendar_url}{name}.ics", etag=etag, ical=ical,
+                     calendar_url=calendar_url)
 
 
-def read(*objects: RawObject, config: Config | None = None, start: datetime = utc(2026, 11, 23),
-         end: datetime = utc(2026, 11, 30), calendar_url: str = CALENDAR,
+WINDOW = (datetime(2026, 11, 23, tzinfo=UTC), datetime(2026, 11, 30, tzinfo=UTC))
+
+
+def read(*objects: RawObject, config: Config | None = None, start: datetime = WINDOW[0],
+         end: datetime = WINDOW[1], calendar_url: str = CALENDAR,
          reader: BookingReader | None = None) -> Expansion:
     config = config or make_config()
     calendar = next(c for c in config.calendars if c.url == calendar_url)
@@ -58,7 +63,7 @@ def read(*objects: RawObject, config: Config | None = None, start: datetime = ut
 
 
 def single(*lines: str, uid: str = "u1", **kwargs: object) -> Booking:
-    """The one occurrence of one event; fails the test if it is not exactly one Booking or Rejection."""
+    """The one occurrence of one event; the test fails unless there is exactly one."""
     result = read(raw(vcalendar(vevent(uid, *lines))), **kwargs)  # type: ignore[arg-type]
     assert result.problems == (), result.problems
     assert len(result.occurrences) == 1, result.occurrences

@@ -7,7 +7,15 @@ from datetime import timedelta
 import icalendar
 import pytest
 from booking_kit import (
-    CALENDAR, GPU1_CALENDAR, make_config, raw, read, single, utc, vcalendar, vevent,
+    CALENDAR,
+    GPU1_CALENDAR,
+    make_config,
+    raw,
+    read,
+    single,
+    utc,
+    vcalendar,
+    vevent,
 )
 
 from scheduler.bookings import Booking, BookingReader, Rejection
@@ -21,7 +29,8 @@ END = "DTEND:20261124T110000Z"
 
 def test_description_lines_name_user_template_and_gpus() -> None:
     booking = single(START, END, "SUMMARY:training run",
-                     "DESCRIPTION:user: bob\\nTemplate: tensorflow-cuda9\\nGPUS: 2\\nplease be nice")
+                     "DESCRIPTION:user: bob\\nTemplate: tensorflow-cuda9\\nGPUS: 2\\n"
+                     "please be nice")
     assert isinstance(booking, Booking)
     assert (booking.user, booking.template, booking.gpu_count, booking.gpu_indices) == (
         "bob", "tensorflow-cuda9", 2, None)
@@ -64,8 +73,8 @@ def test_organizer_email_is_the_booker_and_defaults_fill_the_rest() -> None:
 
 
 def test_user_line_wins_over_organizer() -> None:
-    assert single(START, END, "ORGANIZER:mailto:alice@lab.example", "DESCRIPTION:user: carol").user \
-        == "carol"
+    booking = single(START, END, "ORGANIZER:mailto:alice@lab.example", "DESCRIPTION:user: carol")
+    assert booking.user == "carol"
 
 
 def test_unknown_organizer_is_rejected_with_a_hint() -> None:
@@ -194,7 +203,8 @@ def test_all_day_event_is_host_midnight_to_midnight() -> None:
 
 
 def test_duration_instead_of_dtend() -> None:
-    booking = single("DTSTART;TZID=Europe/Berlin:20261124T100000", "DURATION:PT90M", "SUMMARY:alice")
+    booking = single("DTSTART;TZID=Europe/Berlin:20261124T100000", "DURATION:PT90M",
+                     "SUMMARY:alice")
     assert (booking.start, booking.end) == (utc(2026, 11, 24, 9), utc(2026, 11, 24, 10, 30))
 
 
@@ -221,7 +231,8 @@ def test_end_before_start_is_rejected() -> None:
 @pytest.mark.parametrize("end", ["DTEND:20261124T090000Z", "DURATION:PT0S", None])
 def test_zero_length_is_rejected(end: str | None) -> None:
     rejection = single(START, *([end] if end else []), "SUMMARY:alice")
-    assert isinstance(rejection, Rejection) and "starts and ends at the same time" in rejection.reason
+    assert isinstance(rejection, Rejection)
+    assert "starts and ends at the same time" in rejection.reason
 
 
 def test_ten_year_booking_is_read_whole_for_the_plan_to_judge() -> None:
@@ -249,10 +260,12 @@ def test_recurring_ids_moves_exdates_and_cancellations() -> None:
                "DTEND;TZID=Europe/Paris:20261120T120000", "RRULE:FREQ=DAILY",
                "EXDATE;TZID=Europe/Paris:20261125T100000", "SUMMARY:alice"),
         vevent("series", "RECURRENCE-ID;TZID=Europe/Paris:20261126T100000",
-               "DTSTART;TZID=Europe/Paris:20261126T140000", "DTEND;TZID=Europe/Paris:20261126T150000",
+               "DTSTART;TZID=Europe/Paris:20261126T140000",
+               "DTEND;TZID=Europe/Paris:20261126T150000",
                "SUMMARY:alice gpus=2"),
         vevent("series", "RECURRENCE-ID;TZID=Europe/Paris:20261127T100000",
-               "DTSTART;TZID=Europe/Paris:20261127T100000", "DTEND;TZID=Europe/Paris:20261127T120000",
+               "DTSTART;TZID=Europe/Paris:20261127T100000",
+               "DTEND;TZID=Europe/Paris:20261127T120000",
                "STATUS:CANCELLED", "SUMMARY:alice"),
     )
     result = read(raw(text))
@@ -296,14 +309,16 @@ def test_rule_repeating_every_second_is_a_problem() -> None:
                                        "SUMMARY:alice"))))
     assert result.occurrences == ()
     assert [p.reason for p in result.problems] == [
-        "event 'u1' repeats every second; GPU bookings may repeat at most hourly, so it was ignored"]
+        "event 'u1' repeats every second; GPU bookings may repeat at most hourly, "
+        "so it was ignored"]
 
 
 # --- malformed objects and duplicates ------------------------------------------------------------
 
 
 def test_event_without_start_is_a_problem_and_others_survive() -> None:
-    text = vcalendar(vevent("nostart", END, "SUMMARY:alice"), vevent("fine", START, END, "SUMMARY:alice"))
+    text = vcalendar(vevent("nostart", END, "SUMMARY:alice"),
+                     vevent("fine", START, END, "SUMMARY:alice"))
     result = read(raw(text))
     assert [o.id for o in result.occurrences] == ["fine"]
     assert [(p.uid, p.reason) for p in result.problems] == [
@@ -318,7 +333,8 @@ def test_event_without_start_is_a_problem_and_others_survive() -> None:
     "BEGIN:VCALENDAR\r\nBEGIN:VEVENT\r\nUID:x\r\nDTSTART:2026-11-24\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n",
 ])
 def test_malformed_object_is_a_problem_not_a_crash(text: str) -> None:
-    result = read(raw(text, "bad"), raw(vcalendar(vevent("fine", START, END, "SUMMARY:alice")), "ok"))
+    fine = raw(vcalendar(vevent("fine", START, END, "SUMMARY:alice")), "ok")
+    result = read(raw(text, "bad"), fine)
     assert [o.id for o in result.occurrences] == ["fine"]
     assert len(result.problems) == 1
     assert result.problems[0].href.endswith("bad.ics")
@@ -338,7 +354,8 @@ def test_duplicate_uid_in_two_objects_rejects_all_in_any_order() -> None:
 
 def test_two_masters_with_one_uid_in_one_object_are_rejected() -> None:
     text = vcalendar(vevent("dup", START, END, "SUMMARY:alice"),
-                     vevent("dup", "DTSTART:20261125T090000Z", "DTEND:20261125T100000Z", "SUMMARY:bob"))
+                     vevent("dup", "DTSTART:20261125T090000Z", "DTEND:20261125T100000Z",
+                            "SUMMARY:bob"))
     result = read(raw(text))
     assert [type(o) for o in result.occurrences] == [Rejection, Rejection]
     assert all("'dup'" in o.reason for o in result.occurrences)
