@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from hashlib import sha256
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import icalendar
@@ -324,8 +325,8 @@ def _expand(series: _Series, host_tz: tzinfo, window_start: datetime,
     for component in series.query.between(window_start - _MARGIN, window_end + _MARGIN):
         if str(component.get("STATUS", "")).upper() == "CANCELLED":
             continue
-        start = _utc(component["DTSTART"].dt, host_tz)
-        end = _utc(component["DTEND"].dt, host_tz) if "DTEND" in component else start
+        start = _utc(_dt(component, "DTSTART"), host_tz)
+        end = _utc(_dt(component, "DTEND"), host_tz) if "DTEND" in component else start
         inside = (start < window_end and end > window_start) or (
             start == end and window_start <= start < window_end)
         if not inside:
@@ -337,16 +338,16 @@ def _expand(series: _Series, host_tz: tzinfo, window_start: datetime,
 def _occurrence_id(series: _Series, component: icalendar.Event, host_tz: tzinfo) -> str:
     if not series.recurring:
         return series.uid
-    recurrence = component.get("RECURRENCE-ID") or component["DTSTART"]
-    value = recurrence.dt
+    value = _dt(component, "RECURRENCE-ID" if "RECURRENCE-ID" in component else "DTSTART")
     source = _source(series, component, host_tz)
     if source is not None and "RECURRENCE-ID" in source \
             and str(source["RECURRENCE-ID"].params.get("RANGE", "")).upper() == "THISANDFUTURE" \
-            and component["DTSTART"].dt != source["DTSTART"].dt:
+            and _dt(component, "DTSTART") != _dt(source, "DTSTART"):
         # A later occurrence moved by a RANGE=THISANDFUTURE override carries that override's
         # RECURRENCE-ID; its own original start is its start moved back by the same amount.
-        moved_by = _utc(source["DTSTART"].dt, host_tz) - _utc(source["RECURRENCE-ID"].dt, host_tz)
-        value = _utc(component["DTSTART"].dt, host_tz) - moved_by
+        moved_by = (_utc(_dt(source, "DTSTART"), host_tz)
+                    - _utc(_dt(source, "RECURRENCE-ID"), host_tz))
+        value = _utc(_dt(component, "DTSTART"), host_tz) - moved_by
     if isinstance(value, datetime):
         return f"{series.uid}@{_utc(value, host_tz):%Y%m%dT%H%M%SZ}"
     return f"{series.uid}@{value:%Y%m%d}"
@@ -354,11 +355,10 @@ def _occurrence_id(series: _Series, component: icalendar.Event, host_tz: tzinfo)
 
 def _source(series: _Series, component: icalendar.Event, host_tz: tzinfo) -> icalendar.Event | None:
     """The VEVENT an occurrence comes from: its override, else the master."""
-    recurrence = component.get("RECURRENCE-ID")
-    if recurrence is not None:
-        key = _utc(recurrence.dt, host_tz)
+    if "RECURRENCE-ID" in component:
+        key = _utc(_dt(component, "RECURRENCE-ID"), host_tz)
         for override in series.overrides:
-            if _utc(override["RECURRENCE-ID"].dt, host_tz) == key:
+            if _utc(_dt(override, "RECURRENCE-ID"), host_tz) == key:
                 return override
     return series.master or (series.overrides[0] if series.overrides else None)
 
@@ -409,7 +409,7 @@ def _unknown_timezone(component: icalendar.Event) -> str | None:
     # icalendar leaves a time naive when its TZID is neither known nor defined in a VTIMEZONE;
     # reading it as floating would silently shift the booking.
     for name in ("DTSTART", "DTEND", "RECURRENCE-ID"):
-        prop = component.get(name)
+        prop: Any = component.get(name)
         if prop is not None and "TZID" in prop.params and isinstance(prop.dt, datetime) \
                 and prop.dt.tzinfo is None:
             return str(prop.params["TZID"])
@@ -418,12 +418,18 @@ def _unknown_timezone(component: icalendar.Event) -> str | None:
 
 def _inverted(component: icalendar.Event, host_tz: tzinfo) -> bool:
     # recurring-ical-events swaps an end before the start; a booking like that is a typo.
-    duration = component.get("DURATION")
-    if duration is not None and isinstance(duration.dt, timedelta):
-        return duration.dt < timedelta(0)
+    duration = _dt(component, "DURATION") if "DURATION" in component else None
+    if isinstance(duration, timedelta):
+        return duration < timedelta(0)
     if "DTEND" in component:
-        return _utc(component["DTEND"].dt, host_tz) < _utc(component["DTSTART"].dt, host_tz)
+        return _utc(_dt(component, "DTEND"), host_tz) < _utc(_dt(component, "DTSTART"), host_tz)
     return False
+
+
+def _dt(component: icalendar.Component, name: str) -> Any:
+    # icalendar types a property as a union of every value type; these names hold times.
+    prop: Any = component[name]
+    return prop.dt
 
 
 def _stamp(prop: object, host_tz: tzinfo) -> datetime | None:

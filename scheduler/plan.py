@@ -62,6 +62,7 @@ def plan(
 
     valid: list[Booking] = []
     for booking in candidates:
+        reason: str | None
         if booking.uid in duplicated:
             places = ", ".join(sorted(duplicated[booking.uid]))
             reason = (f"the UID {booking.uid!r} is used by events in more than one place "
