@@ -1,0 +1,70 @@
+"""Plain builders shared by the booking and plan tests: a config, events as iCalendar text."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from scheduler.bookings import Booking, BookingReader, Expansion, expand
+from scheduler.config import Config, parse
+from scheduler.sources import RawObject
+
+CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"
+GPU1_CALENDAR = "http://127.0.0.1:5232/lab/devbox1-gpu1/"
+TEMPLATES = frozenset({"debian-ssh", "tensorflow-cuda9", "digits-cuda8"})
+DATA = Path(__file__).parent / "data" / "calendars"
+
+
+def make_config(**defaults: object) -> Config:
+    return parse({
+        "host": {"name": "devbox1", "timezone": "Europe/Paris"},
+        "calendar": [{"url": CALENDAR, "gpus": "all"}, {"url": GPU1_CALENDAR, "gpus": [1]}],
+        "defaults": {"template": "debian-ssh", "gpus": 1, "max_hours": 72, "warn_minutes": 15,
+                     **defaults},
+        "users": {
+            "alice": {"uid": 1000, "email": ["alice@lab.example"], "max_gpus": 2},
+            "bob": {"uid": 1001, "email": ["bob@lab.example"]},
+            "carol": {"uid": 1002, "email": ["carol@lab.example"], "templates": ["debian-*"]},
+        },
+    }, Path("/etc/gpubook/gpubook.toml"))
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def vevent(uid: str, *lines: str) -> str:
+    body = "\r\n".join(lines)
+    return f"BEGIN:VEVENT\r\nUID:{uid}\r\nDTSTAMP:20261101T120000Z\r\n{body}\r\nEND:VEVENT\r\n"
+
+
+def vcalendar(*events: str, header: str = "") -> str:
+    head = f"{header}\r\n" if header else ""
+    return ("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//gpubook tests//EN\r\n" + head
+            + "".join(events) + "END:VCALENDAR\r\n")
+
+
+def raw(ical: str, name: str = "event", etag: str | None = "1",
+        calendar_url: str = CALENDAR) -> RawObject:
+    return RawObject(href=f"{calendar_url}{name}.ics", etag=etag, ical=ical,
+                     calendar_url=calendar_url)
+
+
+WINDOW = (datetime(2026, 11, 23, tzinfo=UTC), datetime(2026, 11, 30, tzinfo=UTC))
+
+
+def read(*objects: RawObject, config: Config | None = None, start: datetime = WINDOW[0],
+         end: datetime = WINDOW[1], calendar_url: str = CALENDAR,
+         reader: BookingReader | None = None) -> Expansion:
+    config = config or make_config()
+    calendar = next(c for c in config.calendars if c.url == calendar_url)
+    return expand(objects, config=config, calendar=calendar, templates=TEMPLATES,
+                  window_start=start, window_end=end, reader=reader)
+
+
+def single(*lines: str, uid: str = "u1", **kwargs: object) -> Booking:
+    """The one occurrence of one event; the test fails unless there is exactly one."""
+    result = read(raw(vcalendar(vevent(uid, *lines))), **kwargs)  # type: ignore[arg-type]
+    assert result.problems == (), result.problems
+    assert len(result.occurrences) == 1, result.occurrences
+    return result.occurrences[0]  # type: ignore[return-value]

@@ -1,0 +1,233 @@
+"""The plan, from plain data: who gets which GPUs, who is refused and why."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+from booking_kit import (
+    CALENDAR,
+    GPU1_CALENDAR,
+    TEMPLATES,
+    make_config,
+    raw,
+    read,
+    utc,
+    vcalendar,
+    vevent,
+)
+
+from scheduler.bookings import Booking, Rejection
+from scheduler.plan import Plan, plan, to_json
+
+NOW = utc(2026, 11, 23, 8)
+CONFIG = make_config()
+INVENTORY = (0, 1, 2, 3)
+
+
+def booking(id: str, *, user: str = "alice", template: str = "debian-ssh", gpus: int = 1,
+            indices: tuple[int, ...] | None = None, start: int = 10, hours: float = 2,
+            created: datetime | None = None, dtstamp: datetime | None = None,
+            calendar_url: str = CALENDAR, uid: str | None = None) -> Booking:
+    """A booking starting `start` hours after midnight UTC on 24 November 2026."""
+    begin = utc(2026, 11, 24) + timedelta(hours=start)
+    return Booking(id=id, uid=uid or id, user=user, template=template,
+                   gpu_count=len(indices) if indices is not None else gpus, gpu_indices=indices,
+                   start=begin, end=begin + timedelta(hours=hours), created=created,
+                   dtstamp=dtstamp, calendar_url=calendar_url,
+                   href=f"{calendar_url}{uid or id}.ics", summary="")
+
+
+def run(*items: Booking | Rejection, running: dict[str, tuple[int, ...]] | None = None,
+        inventory: tuple[int, ...] = INVENTORY, now: datetime = NOW) -> Plan:
+    return plan(items, inventory=inventory, config=CONFIG, templates=TEMPLATES, now=now,
+                running=running or {})
+
+
+def gpus(result: Plan) -> dict[str, tuple[int, ...]]:
+    return {a.booking.id: a.gpus for a in result.accepted}
+
+
+def reasons(result: Plan) -> dict[str, str]:
+    return {r.id: r.reason for r in result.rejected}
+
+
+def test_count_requests_get_the_lowest_free_gpus() -> None:
+    result = run(booking("a", gpus=2, created=utc(2026, 11, 1)),
+                 booking("b", user="bob", gpus=2, created=utc(2026, 11, 2)),
+                 booking("c", user="bob", start=20, created=utc(2026, 11, 3)))
+    assert gpus(result) == {"a": (0, 1), "b": (2, 3), "c": (0,)}
+    assert result.rejected == ()
+
+
+def test_indices_are_honoured() -> None:
+    result = run(booking("a", indices=(1, 3)),
+                 booking("b", user="bob", gpus=2, created=utc(2026, 1, 1)))
+    # b was created first, so it is placed first on 0 and 1; a's GPU 1 is then taken.
+    assert gpus(result) == {"b": (0, 1)}
+    assert reasons(result)["a"].startswith("the GPUs asked for are taken: GPU 1 is booked by bob "
+                                           "from 2026-11-24 11:00 to 13:00 (CET)")
+
+
+def test_earliest_created_wins_whatever_the_input_order() -> None:
+    early = booking("late-uid", indices=(0,), created=utc(2026, 11, 1))
+    late = booking("early-uid", user="bob", indices=(0,), start=11, created=utc(2026, 11, 2))
+    for order in ((early, late), (late, early)):
+        result = run(*order)
+        assert gpus(result) == {"late-uid": (0,)}
+        assert reasons(result) == {"early-uid": "the GPUs asked for are taken: GPU 0 is booked by "
+                                                "alice from 2026-11-24 11:00 to 13:00 (CET)"}
+
+
+def test_dtstamp_then_uid_break_ties() -> None:
+    same = utc(2026, 11, 1)
+    by_stamp = run(booking("x", indices=(0,), created=same, dtstamp=utc(2026, 11, 5)),
+                   booking("y", user="bob", indices=(0,), created=same, dtstamp=utc(2026, 11, 4)))
+    assert gpus(by_stamp) == {"y": (0,)}
+    by_uid = run(booking("y", user="bob", indices=(0,), created=same, dtstamp=same),
+                 booking("x", indices=(0,), created=same, dtstamp=same))
+    assert gpus(by_uid) == {"x": (0,)}
+    missing_created_loses = run(booking("a", indices=(0,)),
+                                booking("b", user="bob", indices=(0,), created=same))
+    assert gpus(missing_created_loses) == {"b": (0,)}
+
+
+def test_running_booking_keeps_its_gpus_against_an_earlier_created_one() -> None:
+    result = run(booking("old", gpus=1, created=utc(2026, 1, 1)),
+                 booking("runs", user="bob", gpus=1, created=utc(2026, 11, 1)),
+                 running={"runs": (0,)})
+    assert gpus(result) == {"runs": (0,), "old": (1,)}
+
+
+def test_running_booking_whose_request_changed_is_planned_again() -> None:
+    result = run(booking("runs", gpus=2), running={"runs": (3,)})
+    assert gpus(result) == {"runs": (0, 1)}
+
+
+def test_a_count_choice_is_stable_when_a_later_booking_appears() -> None:
+    first = run(booking("a", gpus=1, created=utc(2026, 11, 1)))
+    second = run(booking("a", gpus=1, created=utc(2026, 11, 1)),
+                 booking("b", user="bob", indices=(1,), created=utc(2026, 11, 2)))
+    assert gpus(first)["a"] == gpus(second)["a"] == (0,)
+
+
+def test_adjacent_bookings_do_not_conflict() -> None:
+    result = run(booking("a", indices=(0,), start=10, hours=2),
+                 booking("b", indices=(0,), start=12))
+    assert gpus(result) == {"a": (0,), "b": (0,)}
+
+
+def test_not_enough_free_gpus_names_who_holds_them() -> None:
+    result = run(booking("a", user="bob", gpus=3, created=utc(2026, 11, 1)),
+                 booking("b", gpus=2, start=11, created=utc(2026, 11, 2)))
+    assert reasons(result) == {"b": "only 1 of the 2 GPUs asked for is free at that time: "
+                                    "GPU 0 is booked by bob from 2026-11-24 11:00 to 13:00 (CET); "
+                                    "GPU 1 is booked by bob from 2026-11-24 11:00 to 13:00 (CET); "
+                                    "GPU 2 is booked by bob from 2026-11-24 11:00 to 13:00 (CET)"}
+
+
+def test_static_rejections() -> None:
+    result = run(
+        booking("unknown-user", user="mallory"),
+        booking("unknown-template", template="cuda-1"),
+        booking("not-allowed", user="carol", template="tensorflow-cuda9"),
+        booking("over-user-limit", gpus=3),
+        booking("over-calendar", user="bob", gpus=99),
+        booking("not-present", user="bob", indices=(7,)),
+        booking("not-owned", user="bob", indices=(0,), calendar_url=GPU1_CALENDAR),
+        booking("too-many-for-calendar", user="bob", gpus=2, calendar_url=GPU1_CALENDAR),
+        booking("ten-years", start=0, hours=24 * 3652),
+        booking("unknown-calendar", calendar_url="http://elsewhere/cal/"),
+    )
+    assert result.accepted == ()
+    assert reasons(result) == {
+        "unknown-user": "'mallory' is not a known user of devbox1",
+        "unknown-template": "there is no template 'cuda-1' on devbox1 "
+                            "(debian-ssh, digits-cuda8, tensorflow-cuda9)",
+        "not-allowed": "carol may not use template 'tensorflow-cuda9' (allowed: debian-*)",
+        "over-user-limit": "alice may book at most 2 GPUs; this booking asks for 3",
+        "over-calendar": "this calendar books 4 GPUs of devbox1 (GPUs 0, 1, 2, 3); "
+                         "this booking asks for 99",
+        "not-present": "GPU 7 is not present on devbox1 (GPUs 0, 1, 2, 3)",
+        "not-owned": "GPU 0 is not booked through this calendar (GPU 1)",
+        "too-many-for-calendar": "this calendar books 1 GPU of devbox1 (GPU 1); "
+                                 "this booking asks for 2",
+        "ten-years": "the booking lasts 87648 hours; bookings may last at most 72 hours",
+        "unknown-calendar": "the calendar http://elsewhere/cal/ is not configured on devbox1",
+    }
+
+
+def test_calendar_gpus_missing_from_the_inventory() -> None:
+    result = run(booking("a", calendar_url=GPU1_CALENDAR), inventory=(0,))
+    assert reasons(result) == {"a": "this calendar books 0 GPUs of devbox1 (it has no GPU); "
+                                    "this booking asks for 1"}
+
+
+def test_gpu1_calendar_books_gpu1() -> None:
+    result = run(booking("a", calendar_url=GPU1_CALENDAR))
+    assert gpus(result) == {"a": (1,)}
+
+
+def test_same_uid_in_two_calendars_is_rejected_everywhere() -> None:
+    result = run(booking("a", uid="shared"), booking("b", uid="shared", calendar_url=GPU1_CALENDAR),
+                 booking("c"))
+    assert gpus(result) == {"c": (0,)}
+    assert set(reasons(result)) == {"a", "b"}
+    assert all(r.startswith("the UID 'shared' is used by events in more than one place")
+               for r in reasons(result).values())
+
+
+def test_rejections_pass_through() -> None:
+    refused = Rejection(id="r", uid="r", start=utc(2026, 11, 24, 9), end=utc(2026, 11, 24, 10),
+                        reason="the booking names no user", user=None, calendar_url=CALENDAR,
+                        href=f"{CALENDAR}r.ics")
+    result = run(refused, booking("a"))
+    assert result.rejected == (refused,)
+
+
+def test_warning_time_and_next_wakeup() -> None:
+    result = run(booking("a", start=10, hours=2), booking("b", start=30, hours=0.1))
+    warn = {a.booking.id: a.warn_at for a in result.accepted}
+    assert warn == {"a": utc(2026, 11, 24, 11, 45), "b": utc(2026, 11, 25, 6)}  # not before start
+    assert result.next_wakeup == utc(2026, 11, 24, 10)
+    during = run(booking("a", start=10, hours=2), now=utc(2026, 11, 24, 11))
+    assert during.next_wakeup == utc(2026, 11, 24, 11, 45)
+    after = run(booking("a", start=10, hours=2), now=utc(2026, 11, 24, 12))
+    assert after.next_wakeup is None and len(after.accepted) == 1
+    assert run().next_wakeup is None
+
+
+def test_json_shape() -> None:
+    refused = Rejection(id="r", uid="r", start=utc(2026, 11, 24, 9), end=utc(2026, 11, 24, 10),
+                        reason="because", user=None, calendar_url=CALENDAR, href=f"{CALENDAR}r.ics")
+    document = to_json(run(booking("a@20261124T100000Z", uid="a", gpus=2), refused))
+    assert document == {
+        "accepted": [{"id": "a@20261124T100000Z", "uid": "a", "user": "alice", "gpus": [0, 1],
+                      "template": "debian-ssh", "start": "2026-11-24T10:00:00+00:00",
+                      "end": "2026-11-24T12:00:00+00:00"}],
+        "rejected": [{"id": "r", "uid": "r", "start": "2026-11-24T09:00:00+00:00",
+                      "end": "2026-11-24T10:00:00+00:00", "reason": "because"}],
+    }
+    assert json.loads(json.dumps(document)) == document
+
+
+def test_from_calendar_text_to_plan() -> None:
+    text = vcalendar(
+        vevent("train", "DTSTART;TZID=Europe/Paris:20261124T100000",
+               "DTEND;TZID=Europe/Paris:20261124T180000", "CREATED:20261101T000000Z",
+               "SUMMARY:alice tensorflow-cuda9 gpus=2"),
+        vevent("clash", "DTSTART;TZID=Europe/Paris:20261124T120000",
+               "DTEND;TZID=Europe/Paris:20261124T130000", "CREATED:20261102T000000Z",
+               "DESCRIPTION:user: bob\\ngpus: 1,"),
+        vevent("weekly", "DTSTART;TZID=Europe/Paris:20261123T200000",
+               "DTEND;TZID=Europe/Paris:20261123T230000", "RRULE:FREQ=WEEKLY",
+               "ORGANIZER:mailto:carol@lab.example", "LOCATION:gpu 3"),
+    )
+    expansion = read(raw(text))
+    result = plan(expansion.occurrences, inventory=INVENTORY, config=CONFIG, templates=TEMPLATES,
+                  now=NOW)
+    assert [(a.booking.id, a.booking.user, a.gpus) for a in result.accepted] == [
+        ("weekly@20261123T190000Z", "carol", (3,)), ("train", "alice", (0, 1))]
+    assert [(r.id, r.reason) for r in result.rejected] == [
+        ("clash", "the GPUs asked for are taken: GPU 1 is booked by alice from 2026-11-24 10:00 "
+                  "to 18:00 (CET)")]
