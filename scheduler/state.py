@@ -295,40 +295,30 @@ class State:
         """Record that `name` runs for the booking. Idempotent: an open record of that name is returned
         as it is (adopting a container after a restart records nothing new)."""
         with self._transaction() as db:
-            open_row = db.execute(f"SELECT {_CONTAINER_COLUMNS} FROM containers "
-                                  "WHERE name = ? AND stopped_at IS NULL", (name,)).fetchone()
+            open_row = db.execute(_OPEN_CONTAINER, (name,)).fetchone()
             if open_row is not None:
                 return _container(open_row)
             (runs,) = db.execute("SELECT count(*) FROM containers WHERE booking_id = ?", (booking_id,)).fetchone()
             cursor = db.execute(
                 "INSERT INTO containers (booking_id, name, user, gpu_count, started_at, restarts) "
                 "VALUES (?, ?, ?, ?, ?, ?)", (booking_id, name, user, gpu_count, _stamp(at), runs))
-            row = db.execute(f"SELECT {_CONTAINER_COLUMNS} FROM containers WHERE id = ?",
-                             (cursor.lastrowid,)).fetchone()
+            row = db.execute(_CONTAINER_BY_ID, (cursor.lastrowid,)).fetchone()
         return _container(row)
 
     def container_stopped(self, name: str, *, reason: str, at: datetime | None = None) -> ContainerRecord | None:
         """Close the open record of `name` with why it stopped ("ended", "died: exit 137", ...).
         Returns the closed record, or None when none was open (already recorded, or never seen)."""
         with self._transaction() as db:
-            row = db.execute(f"SELECT {_CONTAINER_COLUMNS} FROM containers "
-                             "WHERE name = ? AND stopped_at IS NULL", (name,)).fetchone()
+            row = db.execute(_OPEN_CONTAINER, (name,)).fetchone()
             if row is None:
                 return None
             db.execute("UPDATE containers SET stopped_at = max(started_at, ?), exit_reason = ? WHERE id = ?",
                        (_stamp(at), reason, row[0]))
-            row = db.execute(f"SELECT {_CONTAINER_COLUMNS} FROM containers WHERE id = ?", (row[0],)).fetchone()
+            row = db.execute(_CONTAINER_BY_ID, (row[0],)).fetchone()
         return _container(row)
 
     def containers(self, *, booking_id: str | None = None, running_only: bool = False) -> list[ContainerRecord]:
-        where, parameters = [], []
-        if booking_id is not None:
-            where.append("booking_id = ?")
-            parameters.append(booking_id)
-        if running_only:
-            where.append("stopped_at IS NULL")
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = self._query(f"SELECT {_CONTAINER_COLUMNS} FROM containers {clause} ORDER BY id", tuple(parameters))
+        rows = self._query(_CONTAINERS_WHERE, (booking_id, booking_id, running_only))
         return [_container(row) for row in rows]
 
     def restarts(self, booking_id: str) -> int:
@@ -394,7 +384,13 @@ class State:
                 for i, at, b, lv, m in self._query(sql, tuple(parameters))]
 
 
-_CONTAINER_COLUMNS = "id, booking_id, name, user, gpu_count, started_at, stopped_at, exit_reason, restarts"
+_OPEN_CONTAINER = ("SELECT id, booking_id, name, user, gpu_count, started_at, stopped_at, exit_reason, restarts "
+                   "FROM containers WHERE name = ? AND stopped_at IS NULL")
+_CONTAINER_BY_ID = ("SELECT id, booking_id, name, user, gpu_count, started_at, stopped_at, exit_reason, restarts "
+                    "FROM containers WHERE id = ?")
+_CONTAINERS_WHERE = ("SELECT id, booking_id, name, user, gpu_count, started_at, stopped_at, exit_reason, restarts "
+                     "FROM containers WHERE (? IS NULL OR booking_id = ?) AND (NOT ? OR stopped_at IS NULL) "
+                     "ORDER BY id")
 
 
 def _container(row: tuple) -> ContainerRecord:
