@@ -57,11 +57,14 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from email.message import EmailMessage
 from enum import StrEnum
+from typing import Any
 from zoneinfo import ZoneInfo
 
-import caldav
 import icalendar
 import requests
+from caldav.calendarobjectresource import Event as DavEvent
+from caldav.collection import Calendar as DavCalendar
+from caldav.davclient import DAVClient
 from caldav.elements import cdav
 from caldav.lib import error as dav_error
 
@@ -147,6 +150,13 @@ def find_block(description: str) -> tuple[int, int] | None:
     """(start, end) of gpubook's complete block in `description`, or None."""
     match = _BLOCK.search(description)
     return (match.start(), match.end()) if match else None
+
+
+def strip_block(description: str) -> str:
+    """`description` without gpubook's block: what the booking parser should read, so that a line
+    gpubook wrote can never be taken for the user's `key: value` line."""
+    span = find_block(description)
+    return description if span is None else description[: span[0]] + description[span[1]:]
 
 
 def replace_block(description: str, block: str) -> str:
@@ -244,13 +254,14 @@ def _same_occurrence(a: datetime | date, b: datetime | date, timezone: str) -> b
 
 
 def _target(calendar: icalendar.Calendar, uid: str, occurrence: datetime | date | None,
-            timezone: str) -> tuple[icalendar.Event, datetime | date | None] | None:
+            timezone: str) -> tuple[icalendar.cal.Component, datetime | date | None] | None:
     """The component to write on, and the occurrence to name in it (None: the component is the occurrence)."""
     events = [c for c in calendar.walk("VEVENT") if str(c.get("UID", "")) == uid]
     master = next((e for e in events if "RECURRENCE-ID" not in e), None)
     if occurrence is not None:
         for override in events:
-            if "RECURRENCE-ID" in override and _same_occurrence(override["RECURRENCE-ID"].dt, occurrence, timezone):
+            recurrence_id: Any = override.get("RECURRENCE-ID")
+            if recurrence_id is not None and _same_occurrence(recurrence_id.dt, occurrence, timezone):
                 return override, None
     if master is None:
         return None
@@ -284,7 +295,7 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
     component["DESCRIPTION"] = text
     component.pop(STATUS_PROPERTY, None)
     for value, parameters in statuses:
-        component.add(STATUS_PROPERTY, value, parameters=parameters or None)
+        component.add(STATUS_PROPERTY, value, parameters=parameters)
     return True
 
 
@@ -318,16 +329,16 @@ class CalendarWriter:
         self.timezone = timezone
         self.attempts = attempts
         self.retry_delay = retry_delay
-        self._client: caldav.DAVClient | None = None
+        self._client: DAVClient | None = None
         self._timeout = timeout
 
     @property
     def read_only(self) -> bool:
         return self.config.kind != "caldav"
 
-    def _calendar(self) -> caldav.Calendar:
+    def _calendar(self) -> DavCalendar:
         if self._client is None:
-            self._client = caldav.DAVClient(url=self.config.url, username=self.config.username,
+            self._client = DAVClient(url=self.config.url, username=self.config.username,
                                             password=self.config.password, timeout=self._timeout)
         return self._client.calendar(url=self.config.url)
 
@@ -365,7 +376,7 @@ class CalendarWriter:
     def _try_once(self, ref: EventRef, outcome: Outcome, attempt: int) -> WriteResult | None:
         """One read-modify-write; None when the server said the event changed in between (412)."""
         calendar = self._calendar()
-        event = caldav.Event(client=self._client, url=ref.href, parent=calendar)
+        event = DavEvent(client=self._client, url=ref.href, parent=calendar)
         try:
             event.load(multiget_fallback=False)
         except dav_error.NotFoundError:
@@ -391,7 +402,7 @@ class CalendarWriter:
         return WriteResult(written=True, reason="written", etag=event.etag, attempts=attempt)
 
 
-    def _modify(self, event: caldav.Event, ref: EventRef, outcome: Outcome) -> bool | None:
+    def _modify(self, event: DavEvent, ref: EventRef, outcome: Outcome) -> bool | None:
         """Apply the outcome to the event as read (the step between the GET and the conditional PUT)."""
         with event.edit_icalendar_instance() as ical:
             return apply(ical, uid=ref.uid, occurrence=ref.occurrence, outcome=outcome, timezone=self.timezone)

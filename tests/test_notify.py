@@ -40,6 +40,7 @@ from scheduler.notify import (
     apply,
     post_webhook,
     replace_block,
+    strip_block,
     send_mail,
 )
 
@@ -81,6 +82,8 @@ def test_block_is_appended_after_the_users_text_and_replaced_in_place() -> None:
     second = replace_block(edited, f"{BEGIN}\nended: y\n{END}")
     assert second == USER_TEXT + f"\n\n{BEGIN}\nended: y\n{END}" + "\n\nPS: added later by the user\n"
     assert replace_block("", f"{BEGIN}\n{END}") == f"{BEGIN}\n{END}"
+    assert strip_block(second) == USER_TEXT + "\n\n" + "\n\nPS: added later by the user\n"
+    assert strip_block(USER_TEXT) == USER_TEXT
 
 
 def test_a_block_missing_its_end_marker_is_left_alone() -> None:
