@@ -40,8 +40,8 @@ from scheduler.notify import (
     apply,
     post_webhook,
     replace_block,
-    strip_block,
     send_mail,
+    strip_block,
 )
 
 TZ = "Europe/Paris"
