@@ -1,0 +1,485 @@
+"""scheduler.notify: the block in DESCRIPTION (pure), write-back against real Radicale and Xandikos,
+e-mail against a small real SMTP server, webhook against a real HTTP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from email import message_from_bytes
+from email.policy import default as default_policy
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import caldav
+import icalendar
+import pytest
+import requests
+
+from runtime.errors import CalendarError
+from scheduler import notify
+from scheduler.config import CalendarConfig
+from scheduler.embedded import RadicaleServer, free_port
+from scheduler.notify import (
+    BEGIN,
+    END,
+    MAX_OCCURRENCES,
+    CalendarWriter,
+    EventRef,
+    MailSettings,
+    Message,
+    NotifyError,
+    WebhookSettings,
+    apply,
+    post_webhook,
+    replace_block,
+    send_mail,
+    strip_block,
+)
+
+TZ = "Europe/Paris"
+START = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)  # 09:00 in Paris
+END_TIME = START + timedelta(hours=8)
+USER_TEXT = "template: debian-ssh\ngpus: 1\n\nTraining the ünïcode model; notes for myself:\n  - step 1"
+
+
+def _event(uid: str = "b1@lab", description: str | None = USER_TEXT, rrule: str | None = None,
+           extra: str = "") -> str:
+    lines = ["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//gpubook tests//EN", "BEGIN:VEVENT", f"UID:{uid}",
+             "DTSTAMP:20261120T100000Z", "DTSTART:20261123T080000Z", "DTEND:20261123T160000Z",
+             "SUMMARY:alice training", "SEQUENCE:3"]
+    if description is not None:
+        lines.append("DESCRIPTION:" + icalendar.vText(description).to_ical().decode())
+    if rrule:
+        lines.append(f"RRULE:{rrule}")
+    lines += ["END:VEVENT", *([extra] if extra else []), "END:VCALENDAR"]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def _running(end: datetime = END_TIME, port: int = 2201) -> notify.Outcome:
+    return notify.running(port=port, user="alice", host="devbox1", end=end, timezone=TZ)
+
+
+def _vevents(calendar: icalendar.Calendar) -> list[icalendar.Event]:
+    return list(calendar.walk("VEVENT"))
+
+
+# -- the block, without a server ---------------------------------------------------------------
+
+
+def test_block_is_appended_after_the_users_text_and_replaced_in_place() -> None:
+    first = replace_block(USER_TEXT, f"{BEGIN}\nrunning: x\n{END}")
+    assert first == USER_TEXT + f"\n\n{BEGIN}\nrunning: x\n{END}"
+    # The user adds text below the block; the next update keeps it, and the text above, exactly.
+    edited = first + "\n\nPS: added later by the user\n"
+    second = replace_block(edited, f"{BEGIN}\nended: y\n{END}")
+    assert second == USER_TEXT + f"\n\n{BEGIN}\nended: y\n{END}" + "\n\nPS: added later by the user\n"
+    assert replace_block("", f"{BEGIN}\n{END}") == f"{BEGIN}\n{END}"
+    assert strip_block(second) == USER_TEXT + "\n\n" + "\n\nPS: added later by the user\n"
+    assert strip_block(USER_TEXT) == USER_TEXT
+
+
+def test_a_block_missing_its_end_marker_is_left_alone() -> None:
+    broken = f"my text\n{BEGIN}\nrunning: x\nmore of my text, do not eat"
+    updated = replace_block(broken, f"{BEGIN}\nended: y\n{END}")
+    assert updated.startswith(broken) and updated.endswith(f"{BEGIN}\nended: y\n{END}")
+
+
+def test_block_with_crlf_lines_is_found() -> None:
+    text = f"mine\r\n\r\n{BEGIN}\r\nrunning: x\r\n{END}\r\nbelow"
+    assert replace_block(text, "NEW") == "mine\r\n\r\nNEW\r\nbelow"
+
+
+def test_single_event_gets_block_and_status_and_a_repeat_changes_nothing() -> None:
+    calendar = icalendar.Calendar.from_ical(_event())
+    assert apply(calendar, uid="b1@lab", occurrence=None, outcome=_running(), timezone=TZ) is True
+    (event,) = _vevents(calendar)
+    assert str(event["DESCRIPTION"]) == (USER_TEXT + f"\n\n{BEGIN}\nrunning: ssh -p 2201 alice@devbox1\n"
+                                         f"until 2026-11-23 17:00 +0100\n{END}")
+    assert str(event["X-GPUBOOK-STATUS"]) == "running"
+    assert event["SEQUENCE"] == 3
+    again = icalendar.Calendar.from_ical(calendar.to_ical())  # as a server would hand it back
+    assert apply(again, uid="b1@lab", occurrence=None, outcome=_running(), timezone=TZ) is False
+    assert apply(again, uid="b1@lab", occurrence=START, outcome=_running(), timezone=TZ) is False  # not a series
+    assert apply(again, uid="other@lab", occurrence=None, outcome=_running(), timezone=TZ) is None
+
+
+def test_outcome_texts() -> None:
+    accepted = notify.accepted(gpus=[0, 2], template="tensorflow-cuda9", start=START, end=END_TIME, timezone=TZ)
+    assert accepted.lines == ("2 GPUs (0, 2), template tensorflow-cuda9",
+                              "from 2026-11-23 09:00 +0100 to 2026-11-23 17:00 +0100")
+    rejected = notify.rejected("GPU 1 is already booked\nby bob")
+    assert rejected.lines == ("GPU 1 is already booked by bob",)
+    ended = notify.ended(gpu_hours=16, outputs="/srv/gpubook/alice/output", at=END_TIME, timezone=TZ)
+    assert ended.lines == ("16.00 GPU-hours, stopped 2026-11-23 17:00 +0100", "outputs: /srv/gpubook/alice/output")
+    noted = _running().with_note("the end was not moved to 19:00: GPU 0 is booked then by bob")
+    assert noted.lines[-1] == "the end was not moved to 19:00: GPU 0 is booked then by bob"
+
+
+def test_series_occurrences_are_entries_on_the_master() -> None:
+    calendar = icalendar.Calendar.from_ical(_event(rrule="FREQ=WEEKLY;COUNT=10"))
+    week = timedelta(days=7)
+    apply(calendar, uid="b1@lab", occurrence=START, outcome=notify.ended(
+        gpu_hours=8, outputs=None, at=END_TIME, timezone=TZ), timezone=TZ)
+    apply(calendar, uid="b1@lab", occurrence=START + week, outcome=_running(END_TIME + week), timezone=TZ)
+    (master,) = _vevents(calendar)
+    assert str(master["DESCRIPTION"]).endswith(
+        f"{BEGIN}\n2026-11-23 09:00 +0100: ended: 8.00 GPU-hours, stopped 2026-11-23 17:00 +0100\n"
+        f"2026-11-30 09:00 +0100: running: ssh -p 2201 alice@devbox1\n  until 2026-11-30 17:00 +0100\n{END}")
+    statuses = [(str(p), p.params["X-GPUBOOK-OCCURRENCE"]) for p in master["X-GPUBOOK-STATUS"]]
+    assert statuses == [("ended", "20261123T080000Z"), ("running", "20261130T080000Z")]
+    reread = icalendar.Calendar.from_ical(calendar.to_ical())
+    assert apply(reread, uid="b1@lab", occurrence=START + week, outcome=_running(END_TIME + week),
+                 timezone=TZ) is False
+    # Only the latest entries are kept; an update for one already dropped changes nothing.
+    for n in range(2, 2 + MAX_OCCURRENCES):
+        apply(reread, uid="b1@lab", occurrence=START + n * week, outcome=_running(), timezone=TZ)
+    (master,) = _vevents(reread)
+    assert len(master["X-GPUBOOK-STATUS"]) == MAX_OCCURRENCES
+    assert "2026-11-23 09:00" not in str(master["DESCRIPTION"])
+    assert apply(reread, uid="b1@lab", occurrence=START, outcome=_running(), timezone=TZ) is False
+    assert str(master["DESCRIPTION"]).startswith(USER_TEXT)
+
+
+def test_an_overridden_occurrence_carries_its_own_block() -> None:
+    override = "\r\n".join(["BEGIN:VEVENT", "UID:b1@lab", "DTSTAMP:20261120T100000Z",
+                            "RECURRENCE-ID:20261130T080000Z", "DTSTART:20261130T100000Z",
+                            "DTEND:20261130T180000Z", "SUMMARY:moved", "DESCRIPTION:moved one", "END:VEVENT"])
+    calendar = icalendar.Calendar.from_ical(_event(rrule="FREQ=WEEKLY;COUNT=10", extra=override))
+    occurrence = START + timedelta(days=7)
+    assert apply(calendar, uid="b1@lab", occurrence=occurrence, outcome=_running(), timezone=TZ) is True
+    master, moved = _vevents(calendar)
+    assert "X-GPUBOOK-STATUS" not in master and str(master["DESCRIPTION"]) == USER_TEXT
+    assert str(moved["DESCRIPTION"]).startswith(f"moved one\n\n{BEGIN}\nrunning: ")
+    assert str(moved["X-GPUBOOK-STATUS"]) == "running"
+
+
+def test_all_day_series_occurrence() -> None:
+    text = _event(rrule="FREQ=DAILY;COUNT=3").replace("DTSTART:20261123T080000Z", "DTSTART;VALUE=DATE:20261123") \
+        .replace("DTEND:20261123T160000Z", "DTEND;VALUE=DATE:20261124")
+    calendar = icalendar.Calendar.from_ical(text)
+    assert apply(calendar, uid="b1@lab", occurrence=date(2026, 11, 24), outcome=_running(), timezone=TZ)
+    (master,) = _vevents(calendar)
+    assert "2026-11-24: running: ssh -p 2201" in str(master["DESCRIPTION"])
+    assert master["X-GPUBOOK-STATUS"].params["X-GPUBOOK-OCCURRENCE"] == "20261124"
+    assert apply(icalendar.Calendar.from_ical(calendar.to_ical()), uid="b1@lab", occurrence=date(2026, 11, 24),
+                 outcome=_running(), timezone=TZ) is False
+
+
+def test_read_only_feed_is_skipped_without_a_request() -> None:
+    feed = CalendarConfig(url=f"http://127.0.0.1:{free_port()}/lab.ics", gpus=None, kind="ics")
+    result = CalendarWriter(feed).write(EventRef(feed.url, feed.url + "#b1", "b1"), _running())
+    assert (result.written, result.reason, result.attempts) == (False, "read-only feed", 0)
+
+
+# -- real CalDAV servers -----------------------------------------------------------------------
+
+
+class XandikosServer:
+    """`xandikos serve` on 127.0.0.1 with temporary storage; its default calendar is /user/calendars/calendar/."""
+
+    def __init__(self) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="gpubook-xandikos-")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> XandikosServer:
+        root = Path(self._folder.name)
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID")}
+        argv = [sys.executable, "-m", "xandikos", "serve", "--defaults", "--no-detect-systemd",
+                "-d", str(root / "data"), "--state-dir", str(root / "state"),
+                "-l", "127.0.0.1", "-p", str(self.port)]
+        self._process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError("xandikos exited at start")
+            try:
+                requests.get(self.url, timeout=1)
+                return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        self.__exit__()
+        raise RuntimeError("xandikos did not answer within 30 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        self._folder.cleanup()
+
+
+def _radicale_calendar(server: RadicaleServer) -> str:
+    client = caldav.DAVClient(url=server.url, username="lab", password="lab")  # noqa: S106 - "none" auth
+    return str(client.principal().make_calendar(name="devbox1", cal_id="devbox1").url)
+
+
+@pytest.fixture(scope="module", params=["radicale", "xandikos"])
+def calendar_url(request) -> Iterator[str]:
+    if request.param == "radicale":
+        with RadicaleServer() as server:
+            yield _radicale_calendar(server)
+    else:
+        with XandikosServer() as server:
+            yield server.url + "user/calendars/calendar/"
+
+
+def _config(url: str) -> CalendarConfig:
+    return CalendarConfig(url=url, gpus=None, username="lab", password="lab", kind="caldav")
+
+
+def _user_client(url: str) -> caldav.Calendar:
+    """The booker's own calendar client: a separate connection, as Thunderbird would be."""
+    return caldav.DAVClient(url=url, username="lab", password="lab").calendar(url=url)  # noqa: S106
+
+
+def _put(url: str, text: str) -> str:
+    return str(_user_client(url).save_event(text).url)
+
+
+def _server_copy(href: str) -> tuple[str, icalendar.Calendar]:
+    answer = requests.get(href, auth=("lab", "lab"), timeout=10)
+    answer.raise_for_status()
+    return answer.headers["ETag"], icalendar.Calendar.from_ical(answer.content)
+
+
+def _uid() -> str:
+    return f"{time.time_ns()}@gpubook-test"
+
+
+@pytest.mark.caldav
+def test_write_back_keeps_user_text_sets_status_and_is_idempotent(calendar_url: str) -> None:
+    uid = _uid()
+    href = _put(calendar_url, _event(uid))
+    writer = CalendarWriter(_config(calendar_url), timezone=TZ)
+    ref = EventRef(calendar_url, href, uid, occurrence=START)
+    sequence = _vevents(_server_copy(href)[1])[0]["SEQUENCE"]
+    first = writer.write(ref, _running())
+    assert (first.written, first.reason, first.attempts) == (True, "written", 1)
+    etag, stored = _server_copy(href)
+    (event,) = _vevents(stored)
+    description = str(event["DESCRIPTION"])
+    assert description.startswith(USER_TEXT + "\n\n")
+    assert f"{BEGIN}\nrunning: ssh -p 2201 alice@devbox1\n" in description
+    assert str(event["X-GPUBOOK-STATUS"]) == "running"
+    assert event["SEQUENCE"] == sequence  # no re-invitation
+    assert first.etag in (None, etag)
+
+    # The same outcome again: no write, the ETag stays.
+    second = writer.write(ref, _running())
+    assert (second.written, second.reason, second.attempts) == (False, "unchanged", 0)
+    assert _server_copy(href)[0] == etag
+
+    # A new status replaces the block in place; text the user put below it stays.
+    user = _user_client(calendar_url).event_by_url(href)
+    with user.edit_icalendar_instance() as ical:
+        target = _vevents(ical)[0]
+        target["DESCRIPTION"] = str(target["DESCRIPTION"]) + "\n\nPS from alice"
+    user.save(increase_seqno=False)
+    writer.write(ref, notify.ended(gpu_hours=8, outputs="/srv/out", at=END_TIME, timezone=TZ))
+    (event,) = _vevents(_server_copy(href)[1])
+    assert str(event["DESCRIPTION"]) == (USER_TEXT + f"\n\n{BEGIN}\nended: 8.00 GPU-hours, stopped 2026-11-23 17:00 "
+                                         f"+0100\noutputs: /srv/out\n{END}\n\nPS from alice")
+    assert str(event["X-GPUBOOK-STATUS"]) == "ended"
+    writer.close()
+
+
+class _RacingWriter(CalendarWriter):
+    """The real writer, with a user saving the event between gpubook's read and gpubook's write."""
+
+    races = 1
+
+    def _modify(self, event, ref, outcome):
+        changed = super()._modify(event, ref, outcome)
+        if self.races > 0:
+            self.races -= 1
+            user = _user_client(self.config.url).event_by_url(ref.href)
+            with user.edit_icalendar_instance() as ical:
+                target = _vevents(ical)[0]
+                target["SUMMARY"] = "alice training (moved to the big GPU)"
+                target["DESCRIPTION"] = "USER EDIT\n" + str(target["DESCRIPTION"])
+            user.save(increase_seqno=False)
+        return changed
+
+
+@pytest.mark.caldav
+def test_a_concurrent_user_edit_survives(calendar_url: str) -> None:
+    uid = _uid()
+    href = _put(calendar_url, _event(uid))
+    writer = _RacingWriter(_config(calendar_url), timezone=TZ, retry_delay=0)
+    result = writer.write(EventRef(calendar_url, href, uid), _running())
+    assert (result.written, result.attempts) == (True, 2)  # the first PUT was refused (412), then re-read
+    (event,) = _vevents(_server_copy(href)[1])
+    assert str(event["SUMMARY"]) == "alice training (moved to the big GPU)"
+    description = str(event["DESCRIPTION"])
+    assert description.startswith("USER EDIT\n" + USER_TEXT)
+    assert description.count(BEGIN) == 1 and "running: ssh -p 2201 alice@devbox1" in description
+    assert str(event["X-GPUBOOK-STATUS"]) == "running"
+
+
+@pytest.mark.caldav
+def test_an_event_edited_on_every_try_is_an_error_not_a_lost_edit(calendar_url: str) -> None:
+    uid = _uid()
+    href = _put(calendar_url, _event(uid))
+    writer = _RacingWriter(_config(calendar_url), timezone=TZ, attempts=3, retry_delay=0)
+    writer.races = 3
+    with pytest.raises(CalendarError, match="changed on the server 3 times"):
+        writer.write(EventRef(calendar_url, href, uid), _running())
+    (event,) = _vevents(_server_copy(href)[1])
+    assert str(event["DESCRIPTION"]).startswith("USER EDIT\nUSER EDIT\nUSER EDIT\n")
+    assert BEGIN not in str(event["DESCRIPTION"])
+
+
+@pytest.mark.caldav
+def test_series_occurrence_on_the_server(calendar_url: str) -> None:
+    uid = _uid()
+    href = _put(calendar_url, _event(uid, rrule="FREQ=WEEKLY;COUNT=4"))
+    writer = CalendarWriter(_config(calendar_url), timezone=TZ)
+    second = START + timedelta(days=7)
+    assert writer.write(EventRef(calendar_url, href, uid, occurrence=second), _running()).written
+    (master,) = _vevents(_server_copy(href)[1])
+    assert "2026-11-30 09:00 +0100: running: ssh -p 2201" in str(master["DESCRIPTION"])
+    assert master["X-GPUBOOK-STATUS"].params["X-GPUBOOK-OCCURRENCE"] == "20261130T080000Z"
+    assert "RRULE" in master
+
+
+@pytest.mark.caldav
+def test_deleted_event_is_reported_as_gone(calendar_url: str) -> None:
+    uid = _uid()
+    href = _put(calendar_url, _event(uid))
+    _user_client(calendar_url).event_by_url(href).delete()
+    result = CalendarWriter(_config(calendar_url)).write(EventRef(calendar_url, href, uid), _running())
+    assert (result.written, result.reason) == (False, "event gone")
+
+
+@pytest.mark.caldav
+def test_unreachable_server_is_a_calendar_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}/lab/devbox1/"
+    with pytest.raises(CalendarError, match="writing running back failed"):
+        CalendarWriter(_config(url), timeout=5).write(EventRef(url, url + "x.ics", "x"), _running())
+
+
+# -- e-mail and webhook ------------------------------------------------------------------------
+
+
+class _SmtpHandler(socketserver.StreamRequestHandler):
+    """Just enough SMTP (RFC 5321) for smtplib: EHLO, MAIL, RCPT, DATA, RSET, NOOP, QUIT."""
+
+    def handle(self) -> None:
+        self.wfile.write(b"220 test ESMTP\r\n")
+        envelope: dict[str, object] = {"to": []}
+        while line := self.rfile.readline():
+            verb = line[:4].upper()
+            if verb == b"EHLO":
+                self.wfile.write(b"250-test\r\n250 8BITMIME\r\n")
+            elif verb == b"MAIL":
+                envelope["from"] = line.decode().split(":", 1)[1].strip()
+                self.wfile.write(b"250 ok\r\n")
+            elif verb == b"RCPT":
+                envelope["to"].append(line.decode().split(":", 1)[1].strip())  # type: ignore[union-attr]
+                self.wfile.write(b"250 ok\r\n")
+            elif verb == b"DATA":
+                self.wfile.write(b"354 go on\r\n")
+                data = b""
+                while (chunk := self.rfile.readline()) not in (b".\r\n", b""):
+                    data += chunk[1:] if chunk.startswith(b"..") else chunk
+                envelope["data"] = data
+                self.server.received.append(dict(envelope))  # type: ignore[attr-defined]
+                self.wfile.write(b"250 queued\r\n")
+            elif verb == b"QUIT":
+                self.wfile.write(b"221 bye\r\n")
+                return
+            else:
+                self.wfile.write(b"250 ok\r\n")
+
+
+@pytest.fixture
+def smtp_server():
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _SmtpHandler)
+    server.received = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+MESSAGE = Message(kind="warning", booking_id="b1@lab/20261123T080000Z", user="alice",
+                  subject="gpubook: your booking ends at 17:00\nBcc: everyone@lab.example",
+                  text="Your container on devbox1 stops in 15 minutes. Outputs stay in /srv/gpubook/alice/output.",
+                  fields={"port": 2201, "end": "2026-11-23T17:00:00+01:00", "gpus": [0]})
+
+
+def test_mail_is_delivered_without_forged_headers(smtp_server) -> None:
+    settings = MailSettings(host="127.0.0.1", port=smtp_server.server_address[1], sender="gpubook@devbox1")
+    send_mail(settings, MESSAGE, to=["alice@lab.example"])
+    (envelope,) = smtp_server.received
+    assert envelope["from"] == "<gpubook@devbox1>" and envelope["to"] == ["<alice@lab.example>"]
+    mail = message_from_bytes(envelope["data"], policy=default_policy)
+    assert mail["Subject"] == "gpubook: your booking ends at 17:00 Bcc: everyone@lab.example"
+    assert mail["Bcc"] is None
+    assert mail["X-Gpubook-Booking"] == "b1@lab/20261123T080000Z"
+    assert "stops in 15 minutes" in mail.get_content()
+
+
+def test_mail_server_unreachable_is_a_notify_error() -> None:
+    settings = MailSettings(host="127.0.0.1", port=free_port(), timeout=5)
+    with pytest.raises(NotifyError, match="e-mail to alice@lab.example via 127.0.0.1"):
+        send_mail(settings, MESSAGE, to=["alice@lab.example"])
+
+
+class _Hook(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.received.append((dict(self.headers), json.loads(body)))  # type: ignore[attr-defined]
+        self.send_response(self.server.answer)  # type: ignore[attr-defined]
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hook_server():
+    server = HTTPServer(("127.0.0.1", 0), _Hook)
+    server.received = []  # type: ignore[attr-defined]
+    server.answer = 204  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_webhook_posts_one_json_object(hook_server) -> None:
+    url = f"http://127.0.0.1:{hook_server.server_address[1]}/hooks/gpubook"
+    post_webhook(WebhookSettings(url=url, token="s3cret"), MESSAGE)
+    ((headers, body),) = hook_server.received
+    assert headers["Authorization"] == "Bearer s3cret" and headers["Content-Type"] == "application/json"
+    assert body == {"event": "warning", "booking": "b1@lab/20261123T080000Z", "user": "alice",
+                    "subject": MESSAGE.subject, "text": MESSAGE.text, "port": 2201,
+                    "end": "2026-11-23T17:00:00+01:00", "gpus": [0]}
+    assert "s3cret" not in repr(WebhookSettings(url=url, token="s3cret"))
+
+
+def test_webhook_refusal_and_absence_are_notify_errors(hook_server) -> None:
+    hook_server.answer = 500
+    url = f"http://127.0.0.1:{hook_server.server_address[1]}/"
+    with pytest.raises(NotifyError, match="answered 500"):
+        post_webhook(WebhookSettings(url=url), MESSAGE)
+    with pytest.raises(NotifyError, match="webhook .* failed"):
+        post_webhook(WebhookSettings(url=f"http://127.0.0.1:{free_port()}/", timeout=5), MESSAGE)
