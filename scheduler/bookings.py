@@ -32,6 +32,7 @@ import x_wr_timezone
 from icalendar.parser import Contentlines
 
 from scheduler.config import TEMPLATE_NAME, USER_NAME, CalendarConfig, Config
+from scheduler.notify import strip_block
 from scheduler.sources import RawObject
 
 log = logging.getLogger(__name__)
@@ -442,7 +443,8 @@ def _stamp(prop: object, host_tz: tzinfo) -> datetime | None:
 
 def _request(component: icalendar.Event, *, config: Config, templates: Collection[str]) -> _Request:
     """Read who books, which template and which GPUs; raise _Refused with the reason."""
-    described = _description_values(_text(component.get("DESCRIPTION")))
+    # gpubook's own write-back block is never read as the booker's `key: value` lines.
+    described = _description_values(strip_block(_text(component.get("DESCRIPTION"))))
     titled = _summary_values(_text(component.get("SUMMARY")), users=config.users,
                              templates=templates)
 

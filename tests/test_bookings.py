@@ -396,3 +396,19 @@ def test_window_moves_with_a_cached_parse() -> None:
     assert first.occurrences[0].start == utc(2026, 11, 23, 9)
     assert second.occurrences[0].start == utc(2026, 11, 24, 9)
     assert second.occurrences[-1].start - first.occurrences[-1].start == timedelta(days=1)
+
+
+def test_gpubooks_own_block_is_not_read_as_the_bookers_lines() -> None:
+    import icalendar
+
+    from scheduler import notify
+
+    calendar = icalendar.Calendar.from_ical(vcalendar(vevent("u1", START, END, "DESCRIPTION:user: bob")))
+    outcome = notify.accepted(gpus=[0, 1], template="digits-cuda8", start=utc(2026, 11, 24, 9),
+                              end=utc(2026, 11, 24, 11), timezone="UTC").with_note("gpus: 0,1")
+    assert notify.apply(calendar, uid="u1", occurrence=None, outcome=outcome) is True
+    written = str(calendar.walk("VEVENT")[0]["DESCRIPTION"])
+    assert "gpus: 0,1" in written and "user: bob" in written
+    booking = single(START, END, "DESCRIPTION:" + written.replace("\n", "\\n"))
+    assert isinstance(booking, Booking)
+    assert (booking.user, booking.template, booking.gpu_count) == ("bob", "debian-ssh", 1)
