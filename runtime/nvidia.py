@@ -83,6 +83,7 @@ BINARIES: Mapping[str, tuple[str, ...]] = {
 DEVELOPMENT_LINKS = ("libcuda.so", "libnvidia-ml.so", "libnvcuvid.so", "libnvidia-encode.so",
                      "libnvidia-opticalflow.so")
 
+PROC_GPUS = "/proc/driver/nvidia/gpus"  # a folder per GPU (bus id): model, UUID, minor
 PERSISTENCED_SOCKETS = ("/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket")
 MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # nvidia-cuda-mps-control's default; CUDA_MPS_PIPE_DIRECTORY overrides
 
@@ -174,7 +175,7 @@ class GpuInjection:
     soname_links: tuple[tuple[str, str], ...]  # (link path in the container, target file name)
     library_dir: str  # container folder of the libraries; GPUBOOK_LIBRARY_DIR names it
     environment: tuple[tuple[str, str], ...]
-    hidden_proc_paths: tuple[str, ...]  # /proc/driver/nvidia/gpus/<bus> of the GPUs not booked
+    hidden_proc_paths: tuple[str, ...]  # /proc paths to mask: PROC_GPUS when a GPU is not booked
 
     @property
     def env(self) -> dict[str, str]:
@@ -388,7 +389,7 @@ def library_dirs(root: Path, arch: _Arch, *, ld_cache: str, extra_roots: Sequenc
     candidates += [_under(root, folder) for folder in usual]
     candidates += [_under(root, folder) for folder in environ.get("LD_LIBRARY_PATH", "").split(":")
                    if folder.startswith("/")]
-    return _existing_unique(candidates)
+    return _existing_unique(root, candidates)
 
 
 def binary_dirs(root: Path, *, extra_roots: Sequence[Path] = (),
@@ -400,20 +401,19 @@ def binary_dirs(root: Path, *, extra_roots: Sequence[Path] = (),
                     "/usr/sbin", "/sbin")]
     candidates += [_under(root, folder) for folder in environ.get("PATH", "").split(":")
                    if folder.startswith("/")]
-    return _existing_unique(candidates)
+    return _existing_unique(root, candidates)
 
 
-def _existing_unique(paths: Iterable[Path]) -> list[Path]:
-    seen: set[Path] = set()
-    result = []
+def _existing_unique(root: Path, paths: Iterable[Path]) -> list[Path]:
+    """The folders that exist, symlinks resolved under root (nvidia/current -> /usr/lib/nvidia-580)."""
+    result: list[Path] = []
     for path in paths:
         try:
-            key = path.resolve()
-        except OSError:
+            folder = _resolve(root, path)
+        except (OSError, ValueError, DriverError):
             continue
-        if key not in seen and path.is_dir():
-            seen.add(key)
-            result.append(path)
+        if folder not in result and folder.is_dir():
+            result.append(folder)
     return result
 
 
@@ -752,7 +752,11 @@ def inject(driver: Driver, gpus: Sequence[int | MigInstance], *, library_dir: st
                 devices.append(Device(_under(driver.root, cap), cap))
     binds, links = driver_binds(driver, library_dir=library_dir, cache_dir=cache_dir)
     booked_buses = {driver.gpu(index).bus_id for index in parents}
-    hidden = tuple(path for bus, path in driver.proc_gpu_entries if bus not in booked_buses)
+    # Not each other GPU's /proc/driver/nvidia/gpus/<bus id> folder, as libnvidia-container does:
+    # the engines' mask lists are ':'-separated and every bus id has colons. So the whole folder is
+    # masked when some GPU is not booked; NVML and CUDA work from the device nodes, not from it.
+    others = any(bus not in booked_buses for bus, _ in driver.proc_gpu_entries)
+    hidden = (PROC_GPUS,) if others else ()
     environment = (
         # Overrides an image's NVIDIA_VISIBLE_DEVICES=all, so that where Docker's default runtime is
         # nvidia (nvidia-docker sites) its hook exposes the same GPUs and not every one.
@@ -806,11 +810,11 @@ def container_args(injection: GpuInjection, *, engine: str = "podman") -> list[s
       keeps them unusable, but they should not be there. Device rules are "rw", never "m".
     - hidden /proc entries: libnvidia-container mounts a tmpfs over /proc/driver/nvidia from a
       hook; runc refuses OCI mounts inside /proc, but its maskedPaths are allowed, and podman
-      exposes them as `--security-opt mask=`. runc masks a folder with an empty read-only
-      tmpfs: the other GPU's bus-id folder name stays listed, its information (UUID, model)
-      is gone. Docker's CLI has no mask option; its API has HostConfig.MaskedPaths (which
-      replaces the defaults), so with `engine="docker"` the paths are not hidden by these flags:
-      a Docker engine must pass `hidden_proc_paths` through the API (keeping Docker's defaults).
+      exposes them as `--security-opt mask=` (a ':'-separated list, hence PROC_GPUS as a whole,
+      see `inject`). runc masks a folder with an empty read-only tmpfs. Docker's CLI has no mask
+      option; its API has HostConfig.MaskedPaths (which replaces Docker's defaults), so with
+      `engine="docker"` these flags do not hide it: a Docker engine must pass
+      `hidden_proc_paths` through the API, added to the defaults.
     """
     if engine not in ("podman", "docker"):
         raise DriverError(f"unknown engine {engine!r}")
