@@ -37,7 +37,9 @@ _VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
 
 
 def _edits_of(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [spec.get("containerEdits", {})] + [d.get("containerEdits", {}) for d in spec.get("devices", [])]
+    return [spec.get("containerEdits", {})] + [
+        d.get("containerEdits", {}) for d in spec.get("devices", [])
+    ]
 
 
 def minimum_version(spec: Mapping[str, Any]) -> str:
@@ -46,11 +48,15 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
     if any(e.get("intelRdt") or e.get("additionalGids") for e in edits):
         return "0.7.0"
     vendor, _, kind_class = str(spec.get("kind", "")).partition("/")
-    if (spec.get("annotations") or any(d.get("annotations") for d in spec.get("devices", []))
-            or "." in kind_class):
+    if (
+        spec.get("annotations")
+        or any(d.get("annotations") for d in spec.get("devices", []))
+        or "." in kind_class
+    ):
         return "0.6.0"
-    if (any(not str(d.get("name", "a"))[:1].isalpha() for d in spec.get("devices", []))
-            or any(n.get("hostPath") for e in edits for n in e.get("deviceNodes", []))):
+    if any(not str(d.get("name", "a"))[:1].isalpha() for d in spec.get("devices", [])) or any(
+        n.get("hostPath") for e in edits for n in e.get("deviceNodes", [])
+    ):
         return "0.5.0"
     if any(m.get("type") for e in edits for m in e.get("mounts", [])):
         return "0.4.0"
@@ -69,28 +75,48 @@ def _mount(bind: nvidia.Bind) -> dict[str, Any]:
     return {"hostPath": str(bind.host), "containerPath": bind.container, "options": list(options)}
 
 
-def spec(driver: nvidia.Driver, *, library_dir: str = nvidia.CONTAINER_LIBRARY_DIR,
-         cache_dir: Path | None = None) -> dict[str, Any]:
+def spec(
+    driver: nvidia.Driver,
+    *,
+    library_dir: str = nvidia.CONTAINER_LIBRARY_DIR,
+    cache_dir: Path | None = None,
+) -> dict[str, Any]:
     """The CDI spec of this host's driver and GPUs (MIG instances are not listed)."""
     if not driver.gpus:
         raise DriverError("the driver lists no GPU, so there is nothing to describe")
     binds, _links = nvidia.driver_binds(driver, library_dir=library_dir, cache_dir=cache_dir)
     devices: list[dict[str, Any]] = []
     for gpu in driver.gpus:
-        node = _node(nvidia.Device(driver.root / f"dev/nvidia{gpu.minor}", f"/dev/nvidia{gpu.minor}"))
+        node = _node(
+            nvidia.Device(driver.root / f"dev/nvidia{gpu.minor}", f"/dev/nvidia{gpu.minor}")
+        )
         devices.append({"name": str(gpu.index), "containerEdits": {"deviceNodes": [node]}})
     for gpu in driver.gpus:
         if gpu.uuid:
-            devices.append({"name": gpu.uuid, "containerEdits": devices[gpu.index]["containerEdits"]})
-    devices.append({"name": "all", "containerEdits": {"deviceNodes": [
-        n for d in devices[: len(driver.gpus)] for n in d["containerEdits"]["deviceNodes"]]}})
+            devices.append(
+                {"name": gpu.uuid, "containerEdits": devices[gpu.index]["containerEdits"]}
+            )
+    devices.append(
+        {
+            "name": "all",
+            "containerEdits": {
+                "deviceNodes": [
+                    n
+                    for d in devices[: len(driver.gpus)]
+                    for n in d["containerEdits"]["deviceNodes"]
+                ]
+            },
+        }
+    )
     result: dict[str, Any] = {
         "cdiVersion": "",
         "kind": KIND,
         "devices": devices,
         "containerEdits": {
-            "env": [f"NVIDIA_DRIVER_CAPABILITIES={','.join(driver.capabilities)}",
-                    f"GPUBOOK_LIBRARY_DIR={library_dir}"],
+            "env": [
+                f"NVIDIA_DRIVER_CAPABILITIES={','.join(driver.capabilities)}",
+                f"GPUBOOK_LIBRARY_DIR={library_dir}",
+            ],
             "deviceNodes": [_node(d) for d in driver.control_devices],
             "mounts": [_mount(b) for b in binds],
         },
@@ -117,12 +143,15 @@ def write(cdi_spec: Mapping[str, Any], path: Path) -> None:
         raise
 
 
-def cli_gpus_cdi(args: argparse.Namespace, *, extra_roots: Sequence[Path] = (),
-                 out: TextIO | None = None) -> int:
+def cli_gpus_cdi(
+    args: argparse.Namespace, *, extra_roots: Sequence[Path] = (), out: TextIO | None = None
+) -> int:
     """`gpubook gpus cdi [--output FILE]`: print the spec, or write it to FILE."""
     out = out or sys.stdout
     try:
-        driver = nvidia.discover(capabilities=nvidia.DEFAULT_CAPABILITIES, extra_roots=tuple(extra_roots))
+        driver = nvidia.discover(
+            capabilities=nvidia.DEFAULT_CAPABILITIES, extra_roots=tuple(extra_roots)
+        )
         cache_dir = getattr(args, "cache_dir", None)
         # The spec names the soname-link folder by path: it must outlive this command (for a spec
         # in /etc/cdi, pass a system folder such as /var/lib/gpubook/nvidia).
@@ -137,8 +166,11 @@ def cli_gpus_cdi(args: argparse.Namespace, *, extra_roots: Sequence[Path] = (),
         except OSError as error:
             print(f"cannot write {output}: {error.strerror}", file=out)
             return 1
-        print(f"wrote {output}: CDI {cdi_spec['cdiVersion']}, {KIND}, "
-              f"{len(driver.gpus)} GPU(s), driver {driver.version}", file=out)
+        print(
+            f"wrote {output}: CDI {cdi_spec['cdiVersion']}, {KIND}, "
+            f"{len(driver.gpus)} GPU(s), driver {driver.version}",
+            file=out,
+        )
     else:
         out.write(render(cdi_spec))
     return 0

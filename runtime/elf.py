@@ -50,8 +50,15 @@ def read_elf(path: Path) -> ElfInfo | None:
         header_format = endian + ("HHIQQQIHHHHHH" if bits == 64 else "HHIIIIIHHHHHH")
         header = _unpack(file, header_format, path)
         e_type, e_machine, e_phoff = header[0], header[1], header[4]
-        soname = _soname(file, path, bits=bits, endian=endian, phoff=e_phoff,
-                         phentsize=header[8], phnum=header[9])
+        soname = _soname(
+            file,
+            path,
+            bits=bits,
+            endian=endian,
+            phoff=e_phoff,
+            phentsize=header[8],
+            phnum=header[9],
+        )
         return ElfInfo(bits=bits, machine=e_machine, type=e_type, soname=soname)
 
 
@@ -63,8 +70,9 @@ def _unpack(file, layout: str, path: Path) -> tuple[int, ...]:
     return struct.unpack(layout, data)
 
 
-def _soname(file, path: Path, *, bits: int, endian: str, phoff: int, phentsize: int,
-            phnum: int) -> str | None:
+def _soname(
+    file, path: Path, *, bits: int, endian: str, phoff: int, phentsize: int, phnum: int
+) -> str | None:
     phdr_format = endian + ("IIQQQQQQ" if bits == 64 else "IIIIIIII")
     if phnum > _MAX_PHNUM or (phnum and phentsize < struct.calcsize(phdr_format)):
         raise ElfFormatError(f"{path}: implausible program headers ({phnum} x {phentsize} bytes)")

@@ -79,9 +79,14 @@ def _processes(pynvml, handle) -> tuple[GpuProcess, ...]:
             continue
         for process in running:
             used = getattr(process, "usedGpuMemory", None)
-            seen.setdefault(process.pid, GpuProcess(
-                pid=process.pid, name=_process_name(pynvml, process.pid),
-                used_memory_mib=used // MIB if isinstance(used, int) and used >= 0 else None))
+            seen.setdefault(
+                process.pid,
+                GpuProcess(
+                    pid=process.pid,
+                    name=_process_name(pynvml, process.pid),
+                    used_memory_mib=used // MIB if isinstance(used, int) and used >= 0 else None,
+                ),
+            )
     return tuple(sorted(seen.values(), key=lambda p: p.pid))
 
 
@@ -103,11 +108,17 @@ def _nvml_inventory() -> Inventory:
                 minor: int | None = pynvml.nvmlDeviceGetMinorNumber(handle)
             except Exception:
                 minor = None
-            gpus.append(GpuStatus(
-                index=index, uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                name=_text(pynvml.nvmlDeviceGetName(handle)), minor=minor,
-                memory_total_mib=memory.total // MIB, memory_used_mib=memory.used // MIB,
-                processes=_processes(pynvml, handle)))
+            gpus.append(
+                GpuStatus(
+                    index=index,
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    minor=minor,
+                    memory_total_mib=memory.total // MIB,
+                    memory_used_mib=memory.used // MIB,
+                    processes=_processes(pynvml, handle),
+                )
+            )
         return Inventory("nvml", _text(pynvml.nvmlSystemGetDriverVersion()), tuple(gpus))
     except Exception as error:
         return Inventory("none", None, problem=f"NVML failed while listing GPUs ({error})")
@@ -123,8 +134,12 @@ def inventory(*, static_count: int | None = None) -> Inventory:
     live = _nvml_inventory()
     if live.source == "nvml" or static_count is None:
         return live
-    gpus = tuple(GpuStatus(index=i, uuid=None, name=None, minor=None, memory_total_mib=None,
-                           memory_used_mib=None) for i in range(static_count))
+    gpus = tuple(
+        GpuStatus(
+            index=i, uuid=None, name=None, minor=None, memory_total_mib=None, memory_used_mib=None
+        )
+        for i in range(static_count)
+    )
     return Inventory("config", None, gpus, problem=live.problem)
 
 
@@ -136,19 +151,25 @@ def format_inventory(inv: Inventory) -> list[str]:
     if inv.source == "none" or (inv.source == "nvml" and not inv.gpus):
         return [no_gpu_line(inv)]
     if inv.source == "config":
-        return [f"{inv.count} GPU(s) from the config's [gpus] count; live data unavailable: {inv.problem}"]
+        return [
+            f"{inv.count} GPU(s) from the config's [gpus] count; "
+            f"live data unavailable: {inv.problem}"
+        ]
     lines = [f"NVIDIA driver {inv.driver_version}, {inv.count} GPU(s)"]
     for gpu in inv.gpus:
-        lines.append(f"GPU {gpu.index}: {gpu.name} ({gpu.uuid}), /dev/nvidia{gpu.minor}, "
-                     f"{gpu.memory_used_mib} / {gpu.memory_total_mib} MiB used")
+        lines.append(
+            f"GPU {gpu.index}: {gpu.name} ({gpu.uuid}), /dev/nvidia{gpu.minor}, "
+            f"{gpu.memory_used_mib} / {gpu.memory_total_mib} MiB used"
+        )
         for process in gpu.processes:
             used = "?" if process.used_memory_mib is None else process.used_memory_mib
             lines.append(f"    pid {process.pid} {process.name or '?'}: {used} MiB")
     return lines
 
 
-def cli_gpus(args: argparse.Namespace, *, static_count: int | None = None,
-             out: TextIO | None = None) -> int:
+def cli_gpus(
+    args: argparse.Namespace, *, static_count: int | None = None, out: TextIO | None = None
+) -> int:
     """`gpubook gpus [--json]`. Exit 0 when GPUs are known (live or from the config), else 1."""
     out = out or sys.stdout
     inv = inventory(static_count=static_count)
@@ -189,27 +210,60 @@ def driver_checks(options: DoctorOptions | None = None) -> list[Check]:
         try:
             version = nvidia.driver_version(root, use_nvml=options.use_nvml)
         except DriverError as error:
-            return [Check("NVIDIA driver", False, f"no NVIDIA driver on this machine ({error})",
-                          "Install the NVIDIA driver and load its kernel module (or ignore this on a "
-                          "machine without GPUs).")]
-        checks = [Check("NVIDIA kernel module", False, f"driver {version} installed but "
-                        "/proc/driver/nvidia/version is missing",
-                        "Load the kernel module with `modprobe nvidia` (or reboot after installing).")]
+            return [
+                Check(
+                    "NVIDIA driver",
+                    False,
+                    f"no NVIDIA driver on this machine ({error})",
+                    "Install the NVIDIA driver and load its kernel module (or ignore this on a "
+                    "machine without GPUs).",
+                )
+            ]
+        checks = [
+            Check(
+                "NVIDIA kernel module",
+                False,
+                f"driver {version} installed but /proc/driver/nvidia/version is missing",
+                "Load the kernel module with `modprobe nvidia` (or reboot after installing).",
+            )
+        ]
     else:
         checks = []
     try:
-        driver = nvidia.discover(root=root, extra_roots=options.extra_roots, use_nvml=options.use_nvml,
-                                 environ=options.environ)
+        driver = nvidia.discover(
+            root=root,
+            extra_roots=options.extra_roots,
+            use_nvml=options.use_nvml,
+            environ=options.environ,
+        )
     except DriverError as error:
-        return checks + [Check("NVIDIA driver files", False, str(error),
-                               "Install the driver's user-space libraries matching the kernel module, "
-                               "or add their folder to [nvidia] driver_roots in the config.")]
-    checks.append(Check("NVIDIA driver", True, f"version {driver.version}, "
-                        f"{len(driver.libraries)} libraries, binaries: "
-                        f"{', '.join(b.name for b in driver.binaries) or 'none'}"))
+        return checks + [
+            Check(
+                "NVIDIA driver files",
+                False,
+                str(error),
+                "Install the driver's user-space libraries matching the kernel module, "
+                "or add their folder to [nvidia] driver_roots in the config.",
+            )
+        ]
+    checks.append(
+        Check(
+            "NVIDIA driver",
+            True,
+            f"version {driver.version}, "
+            f"{len(driver.libraries)} libraries, binaries: "
+            f"{', '.join(b.name for b in driver.binaries) or 'none'}",
+        )
+    )
     if not any(b.name == "nvidia-smi" for b in driver.binaries):
-        checks.append(Check("nvidia-smi", False, "not found with the driver",
-                            "Install the driver's utilities (nvidia-utils) so bookers can run nvidia-smi."))
+        checks.append(
+            Check(
+                "nvidia-smi",
+                False,
+                "not found with the driver",
+                "Install the driver's utilities (nvidia-utils) so bookers can run nvidia-smi.",
+            )
+        )
     checks += _device_checks(driver)
     checks.append(_cdi_check(options.cdi_dirs))
     return checks
@@ -218,21 +272,46 @@ def driver_checks(options: DoctorOptions | None = None) -> list[Check]:
 def _device_checks(driver: nvidia.Driver) -> list[Check]:
     checks = []
     if not driver.gpus:
-        return [Check("GPUs", False, "the driver is loaded but lists no GPU",
-                      "Check `nvidia-smi` and `dmesg | grep -i nvrm` for a GPU the driver rejected.")]
+        return [
+            Check(
+                "GPUs",
+                False,
+                "the driver is loaded but lists no GPU",
+                "Check `nvidia-smi` and `dmesg | grep -i nvrm` for a GPU the driver rejected.",
+            )
+        ]
     nodes = [d.host for d in driver.control_devices]
     nodes += [driver.root / f"dev/nvidia{gpu.minor}" for gpu in driver.gpus]
     for node in nodes:
         if not node.exists():
-            checks.append(Check(f"device {node}", False, "missing",
-                                "Create the nodes with `nvidia-modprobe -u -c=N` or by running nvidia-smi once as root."))
+            checks.append(
+                Check(
+                    f"device {node}",
+                    False,
+                    "missing",
+                    "Create the nodes with `nvidia-modprobe -u -c=N` "
+                    "or by running nvidia-smi once as root.",
+                )
+            )
         elif not os.access(node, os.R_OK | os.W_OK):
-            checks.append(Check(f"device {node}", False, f"not readable and writable by {_user()}",
-                                "Give this user access (e.g. the driver's NVreg_DeviceFileMode=0666, "
-                                "or a udev rule adding the device to the user's group)."))
+            checks.append(
+                Check(
+                    f"device {node}",
+                    False,
+                    f"not readable and writable by {_user()}",
+                    "Give this user access (e.g. the driver's NVreg_DeviceFileMode=0666, "
+                    "or a udev rule adding the device to the user's group).",
+                )
+            )
     if not checks:
-        checks.append(Check("device nodes", True, f"{len(nodes)} nodes, all usable by {_user()}; GPUs: "
-                            + ", ".join(f"{g.index}=/dev/nvidia{g.minor}" for g in driver.gpus)))
+        checks.append(
+            Check(
+                "device nodes",
+                True,
+                f"{len(nodes)} nodes, all usable by {_user()}; GPUs: "
+                + ", ".join(f"{g.index}=/dev/nvidia{g.minor}" for g in driver.gpus),
+            )
+        )
     return checks
 
 
@@ -249,13 +328,20 @@ def _cdi_check(directories: Sequence[Path]) -> Check:
     for folder in directories:
         for spec in sorted(folder.glob("*.json")) + sorted(folder.glob("*.yaml")):
             try:
-                if '"nvidia.com/gpu"' in spec.read_text() or "kind: nvidia.com/gpu" in spec.read_text():
+                if (
+                    '"nvidia.com/gpu"' in spec.read_text()
+                    or "kind: nvidia.com/gpu" in spec.read_text()
+                ):
                     return Check("CDI spec", True, f"{spec} describes nvidia.com/gpu")
             except OSError:
                 continue
-    return Check("CDI spec", False, "no nvidia.com/gpu CDI spec in " + ", ".join(map(str, directories)),
-                 "Optional: `gpubook gpus cdi --output /etc/cdi/gpubook-nvidia.json` (as root) lets "
-                 "podman >= 4.1 use --device nvidia.com/gpu=N; gpubook works without it.")
+    return Check(
+        "CDI spec",
+        False,
+        "no nvidia.com/gpu CDI spec in " + ", ".join(map(str, directories)),
+        "Optional: `gpubook gpus cdi --output /etc/cdi/gpubook-nvidia.json` (as root) lets "
+        "podman >= 4.1 use --device nvidia.com/gpu=N; gpubook works without it.",
+    )
 
 
 def format_checks(checks: Sequence[Check]) -> tuple[list[str], int]:
@@ -271,8 +357,9 @@ def format_checks(checks: Sequence[Check]) -> tuple[list[str], int]:
     return lines, 1 if any(not c.ok for c in checks) else 0
 
 
-def cli_doctor_driver(args: argparse.Namespace, *, extra_roots: Sequence[Path] = (),
-                      out: TextIO | None = None) -> int:
+def cli_doctor_driver(
+    args: argparse.Namespace, *, extra_roots: Sequence[Path] = (), out: TextIO | None = None
+) -> int:
     lines, status = format_checks(driver_checks(DoctorOptions(extra_roots=tuple(extra_roots))))
     print("\n".join(lines), file=out or sys.stdout)
     return status

@@ -27,14 +27,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.elf import ET_DYN, ET_EXEC, EM_AARCH64, EM_PPC64, EM_X86_64, ElfFormatError, read_elf
+from runtime.elf import EM_AARCH64, EM_PPC64, EM_X86_64, ET_DYN, ET_EXEC, ElfFormatError, read_elf
 from runtime.errors import DriverError
 
 log = logging.getLogger(__name__)
 
-# In the container the libraries live where nvidia-docker 1 put its driver volume: images of the
-# CUDA 8/9 era (nvidia/cuda, TensorFlow, DIGITS) already carry LD_LIBRARY_PATH=/usr/local/nvidia/lib64
-# and PATH=...:/usr/local/nvidia/bin, so they find the driver even when nothing else runs first.
+# In the container the libraries live where nvidia-docker 1 put its driver volume: images of
+# the CUDA 8/9 era (nvidia/cuda, TensorFlow, DIGITS) already carry
+# LD_LIBRARY_PATH=/usr/local/nvidia/lib64, so they find the driver even when nothing runs first.
 CONTAINER_LIBRARY_DIR = "/usr/local/nvidia/lib64"
 CONTAINER_BINARY_DIR = "/usr/bin"
 LD_SO_CONF = "/etc/ld.so.conf.d/000-gpubook-nvidia.conf"
@@ -55,17 +55,40 @@ DEFAULT_CAPABILITIES = ("utility", "compute")
 LIBRARIES: Mapping[str, tuple[str, ...]] = {
     "utility": ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so"),
     "compute": (
-        "libcuda.so", "libcudadebugger.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so",
-        "libnvidia-gpucomp.so", "libnvidia-allocator.so", "libnvidia-opencl.so",
-        "libnvidia-pkcs11.so", "libnvidia-pkcs11-openssl3.so", "libnvidia-tileiras.so",
-        "libnvidia-fatbinaryloader.so", "libnvidia-compiler.so",
+        "libcuda.so",
+        "libcudadebugger.so",
+        "libnvidia-ptxjitcompiler.so",
+        "libnvidia-nvvm.so",
+        "libnvidia-gpucomp.so",
+        "libnvidia-allocator.so",
+        "libnvidia-opencl.so",
+        "libnvidia-pkcs11.so",
+        "libnvidia-pkcs11-openssl3.so",
+        "libnvidia-tileiras.so",
+        "libnvidia-fatbinaryloader.so",
+        "libnvidia-compiler.so",
     ),
-    "video": ("libvdpau_nvidia.so", "libnvidia-encode.so", "libnvidia-opticalflow.so", "libnvcuvid.so"),
+    "video": (
+        "libvdpau_nvidia.so",
+        "libnvidia-encode.so",
+        "libnvidia-opticalflow.so",
+        "libnvcuvid.so",
+    ),
     "graphics": (
-        "libnvidia-eglcore.so", "libnvidia-glcore.so", "libnvidia-tls.so", "libnvidia-glsi.so",
-        "libnvidia-fbc.so", "libnvidia-ifr.so", "libnvidia-rtcore.so", "libnvoptix.so",
-        "libGLX_nvidia.so", "libEGL_nvidia.so", "libGLESv2_nvidia.so", "libGLESv1_CM_nvidia.so",
-        "libnvidia-glvkspirv.so", "libnvidia-cbl.so",
+        "libnvidia-eglcore.so",
+        "libnvidia-glcore.so",
+        "libnvidia-tls.so",
+        "libnvidia-glsi.so",
+        "libnvidia-fbc.so",
+        "libnvidia-ifr.so",
+        "libnvidia-rtcore.so",
+        "libnvoptix.so",
+        "libGLX_nvidia.so",
+        "libEGL_nvidia.so",
+        "libGLESv2_nvidia.so",
+        "libGLESv1_CM_nvidia.so",
+        "libnvidia-glvkspirv.so",
+        "libnvidia-cbl.so",
     ),
     "display": (),
 }
@@ -80,12 +103,18 @@ BINARIES: Mapping[str, tuple[str, ...]] = {
 }
 
 # Unversioned development links some programs open by name (ctypes.CDLL("libcuda.so"), -lcuda).
-DEVELOPMENT_LINKS = ("libcuda.so", "libnvidia-ml.so", "libnvcuvid.so", "libnvidia-encode.so",
-                     "libnvidia-opticalflow.so")
+DEVELOPMENT_LINKS = (
+    "libcuda.so",
+    "libnvidia-ml.so",
+    "libnvcuvid.so",
+    "libnvidia-encode.so",
+    "libnvidia-opticalflow.so",
+)
 
 PROC_GPUS = "/proc/driver/nvidia/gpus"  # a folder per GPU (bus id): model, UUID, minor
 PERSISTENCED_SOCKETS = ("/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket")
-MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # nvidia-cuda-mps-control's default; CUDA_MPS_PIPE_DIRECTORY overrides
+# nvidia-cuda-mps-control's default; CUDA_MPS_PIPE_DIRECTORY overrides it
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # noqa: S108
 
 
 @dataclass(frozen=True)
@@ -225,8 +254,10 @@ def _host_arch(machine: str | None) -> _Arch:
     try:
         return ARCHITECTURES[name]
     except KeyError:
-        raise DriverError(f"gpubook does not know the NVIDIA driver layout for {name!r} "
-                          f"(known: {', '.join(ARCHITECTURES)})") from None
+        raise DriverError(
+            f"gpubook does not know the NVIDIA driver layout for {name!r} "
+            f"(known: {', '.join(ARCHITECTURES)})"
+        ) from None
 
 
 def _arch_matches(path: Path, arch: _Arch, *, types: tuple[int, ...]) -> tuple[bool, str | None]:
@@ -239,8 +270,13 @@ def _arch_matches(path: Path, arch: _Arch, *, types: tuple[int, ...]) -> tuple[b
         log.debug("skipping %s: not an ELF file", path)
         return False, None
     if info.bits != arch.bits or info.machine != arch.machine or info.type not in types:
-        log.debug("skipping %s: ELF%d machine %d type %d is not this host's", path, info.bits,
-                  info.machine, info.type)
+        log.debug(
+            "skipping %s: ELF%d machine %d type %d is not this host's",
+            path,
+            info.bits,
+            info.machine,
+            info.type,
+        )
         return False, None
     return True, info.soname
 
@@ -250,7 +286,9 @@ def _arch_matches(path: Path, arch: _Arch, *, types: tuple[int, ...]) -> tuple[b
 
 # Proprietary: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 …"
 # Open:        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build …"
-_NVRM_VERSION = re.compile(r"^NVRM version:.*?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s", re.M)
+_NVRM_VERSION = re.compile(
+    r"^NVRM version:.*?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s", re.M
+)
 _VERSION_SUFFIX = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
 
 
@@ -287,9 +325,10 @@ def _nvml_shutdown(pynvml) -> None:
         log.debug("nvmlShutdown: %s", error)
 
 
-def driver_version(root: Path = Path("/"), *, use_nvml: bool | None = None,
-                   library_dirs: Sequence[Path] = ()) -> str:
-    """The running driver's version: the kernel module's, else NVML's, else libcuda's file suffix."""
+def driver_version(
+    root: Path = Path("/"), *, use_nvml: bool | None = None, library_dirs: Sequence[Path] = ()
+) -> str:
+    """The running driver's version: the kernel module's, else NVML's, else libcuda's suffix."""
     proc = _under(root, "/proc/driver/nvidia/version")
     try:
         version = parse_proc_version(proc.read_text(errors="replace"))
@@ -310,12 +349,18 @@ def driver_version(root: Path = Path("/"), *, use_nvml: bool | None = None,
     if len(found) == 1:
         return next(iter(found))
     if not found:
-        raise DriverError("no NVIDIA driver found: no /proc/driver/nvidia/version (kernel module not "
-                          "loaded), NVML unavailable, and no libcuda.so.<version> in "
-                          + (", ".join(str(d) for d in library_dirs) or "any library folder"))
-    listing = "; ".join(f"{v} ({', '.join(str(p) for p in paths)})" for v, paths in sorted(found.items()))
-    raise DriverError(f"the NVIDIA kernel module is not loaded and several driver versions are "
-                      f"installed, so gpubook cannot tell which one runs: {listing}")
+        raise DriverError(
+            "no NVIDIA driver found: no /proc/driver/nvidia/version (kernel module not "
+            "loaded), NVML unavailable, and no libcuda.so.<version> in "
+            + (", ".join(str(d) for d in library_dirs) or "any library folder")
+        )
+    listing = "; ".join(
+        f"{v} ({', '.join(str(p) for p in paths)})" for v, paths in sorted(found.items())
+    )
+    raise DriverError(
+        f"the NVIDIA kernel module is not loaded and several driver versions are "
+        f"installed, so gpubook cannot tell which one runs: {listing}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +369,8 @@ def driver_version(root: Path = Path("/"), *, use_nvml: bool | None = None,
 
 def _ldconfig() -> str | None:
     return shutil.which("ldconfig") or next(
-        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.access(p, os.X_OK)), None)
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.access(p, os.X_OK)), None
+    )
 
 
 def read_ld_cache(root: Path = Path("/")) -> str:
@@ -371,41 +417,76 @@ def _cache_path_under_root(root: Path, path: str) -> Path:
     return _under(root, path)
 
 
-def library_dirs(root: Path, arch: _Arch, *, ld_cache: str, extra_roots: Sequence[Path] = (),
-                 environ: Mapping[str, str] | None = None) -> list[Path]:
+def library_dirs(
+    root: Path,
+    arch: _Arch,
+    *,
+    ld_cache: str,
+    extra_roots: Sequence[Path] = (),
+    environ: Mapping[str, str] | None = None,
+) -> list[Path]:
     """Folders that may hold the driver's libraries, most trusted first, existing ones only."""
     environ = os.environ if environ is None else environ
     candidates: list[Path] = []
     for extra in extra_roots:
         base = _under(root, extra) if extra.is_absolute() else root / extra
-        candidates += [base, base / "lib64", base / "lib", base / "usr/lib64",
-                       base / "usr/lib" / arch.multiarch]
+        candidates += [
+            base,
+            base / "lib64",
+            base / "lib",
+            base / "usr/lib64",
+            base / "usr/lib" / arch.multiarch,
+        ]
     for name, path in parse_ld_cache(ld_cache, arch_tag=arch.ld_cache_tag):
         if name in ("libcuda.so.1", "libnvidia-ml.so.1"):
             candidates.append(_cache_path_under_root(root, path).parent)
-    usual = [f"/usr/lib/{arch.multiarch}", f"/usr/lib/{arch.multiarch}/nvidia/current", "/usr/lib64",
-             "/lib64", "/usr/lib64/nvidia", f"/lib/{arch.multiarch}", "/usr/local/nvidia/lib64",
-             f"/run/nvidia/driver/usr/lib/{arch.multiarch}", "/run/nvidia/driver/usr/lib64", "/usr/lib"]
+    usual = [
+        f"/usr/lib/{arch.multiarch}",
+        f"/usr/lib/{arch.multiarch}/nvidia/current",
+        "/usr/lib64",
+        "/lib64",
+        "/usr/lib64/nvidia",
+        f"/lib/{arch.multiarch}",
+        "/usr/local/nvidia/lib64",
+        f"/run/nvidia/driver/usr/lib/{arch.multiarch}",
+        "/run/nvidia/driver/usr/lib64",
+        "/usr/lib",
+    ]
     candidates += [_under(root, folder) for folder in usual]
-    candidates += [_under(root, folder) for folder in environ.get("LD_LIBRARY_PATH", "").split(":")
-                   if folder.startswith("/")]
+    candidates += [
+        _under(root, folder)
+        for folder in environ.get("LD_LIBRARY_PATH", "").split(":")
+        if folder.startswith("/")
+    ]
     return _existing_unique(root, candidates)
 
 
-def binary_dirs(root: Path, *, extra_roots: Sequence[Path] = (),
-                environ: Mapping[str, str] | None = None) -> list[Path]:
+def binary_dirs(
+    root: Path, *, extra_roots: Sequence[Path] = (), environ: Mapping[str, str] | None = None
+) -> list[Path]:
     environ = os.environ if environ is None else environ
     candidates = [(_under(root, e) if e.is_absolute() else root / e) / "bin" for e in extra_roots]
-    candidates += [_under(root, folder) for folder in
-                   ("/usr/local/nvidia/bin", "/run/nvidia/driver/usr/bin", "/usr/bin", "/bin",
-                    "/usr/sbin", "/sbin")]
-    candidates += [_under(root, folder) for folder in environ.get("PATH", "").split(":")
-                   if folder.startswith("/")]
+    candidates += [
+        _under(root, folder)
+        for folder in (
+            "/usr/local/nvidia/bin",
+            "/run/nvidia/driver/usr/bin",
+            "/usr/bin",
+            "/bin",
+            "/usr/sbin",
+            "/sbin",
+        )
+    ]
+    candidates += [
+        _under(root, folder)
+        for folder in environ.get("PATH", "").split(":")
+        if folder.startswith("/")
+    ]
     return _existing_unique(root, candidates)
 
 
 def _existing_unique(root: Path, paths: Iterable[Path]) -> list[Path]:
-    """The folders that exist, symlinks resolved under root (nvidia/current -> /usr/lib/nvidia-580)."""
+    """The folders that exist, symlinks resolved under root (nvidia/current -> nvidia-580)."""
     result: list[Path] = []
     for path in paths:
         try:
@@ -417,8 +498,9 @@ def _existing_unique(root: Path, paths: Iterable[Path]) -> list[Path]:
     return result
 
 
-def _find_libraries(root: Path, arch: _Arch, folders: Sequence[Path], version: str,
-                    capabilities: Sequence[str]) -> tuple[DriverFile, ...]:
+def _find_libraries(
+    root: Path, arch: _Arch, folders: Sequence[Path], version: str, capabilities: Sequence[str]
+) -> tuple[DriverFile, ...]:
     found: list[DriverFile] = []
     for capability in capabilities:
         for prefix in LIBRARIES[capability]:
@@ -441,20 +523,32 @@ def _find_libraries(root: Path, arch: _Arch, folders: Sequence[Path], version: s
 
 
 def _missing_library_message(prefix: str, version: str, folders: Sequence[Path]) -> str:
-    others = sorted({p.name for folder in folders for p in folder.glob(prefix + ".*")
-                     if re.fullmatch(re.escape(prefix) + r"\.\d+\.\d+(\.\d+)?", p.name)})
+    others = sorted(
+        {
+            p.name
+            for folder in folders
+            for p in folder.glob(prefix + ".*")
+            if re.fullmatch(re.escape(prefix) + r"\.\d+\.\d+(\.\d+)?", p.name)
+        }
+    )
     where = ", ".join(str(f) for f in folders) or "no library folder"
     message = f"{prefix}.{version} of the running driver {version} not found in {where}"
     if others:
-        message += (f"; found {', '.join(others)} instead: the installed libraries do not match the "
-                    f"loaded kernel module (reboot after a driver upgrade, or reinstall the driver)")
+        message += (
+            f"; found {', '.join(others)} instead: the installed libraries do not match the "
+            f"loaded kernel module (reboot after a driver upgrade, or reinstall the driver)"
+        )
     else:
-        message += "; install the NVIDIA driver's user-space libraries, or add their folder to [nvidia] driver_roots"
+        message += (
+            "; install the NVIDIA driver's user-space libraries, "
+            "or add their folder to [nvidia] driver_roots"
+        )
     return message
 
 
-def _find_binaries(root: Path, arch: _Arch, folders: Sequence[Path],
-                   capabilities: Sequence[str]) -> tuple[DriverFile, ...]:
+def _find_binaries(
+    root: Path, arch: _Arch, folders: Sequence[Path], capabilities: Sequence[str]
+) -> tuple[DriverFile, ...]:
     found = []
     for capability in capabilities:
         for name in BINARIES.get(capability, ()):
@@ -474,12 +568,16 @@ def _find_binaries(root: Path, arch: _Arch, folders: Sequence[Path],
 
 
 def normalise_bus_id(bus_id: str) -> str:
-    """"00000000:06:00.0" (NVML) and "0000:06:00.0" (/proc) both become "0000:06:00.0"."""
-    match = re.fullmatch(r"(?:([0-9a-fA-F]+):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])", bus_id.strip())
+    """ "00000000:06:00.0" (NVML) and "0000:06:00.0" (/proc) both become "0000:06:00.0"."""
+    match = re.fullmatch(
+        r"(?:([0-9a-fA-F]+):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])", bus_id.strip()
+    )
     if not match:
         raise DriverError(f"unexpected PCI bus id {bus_id!r}")
     domain = int(match.group(1) or "0", 16)
-    return f"{domain:04x}:{int(match.group(2), 16):02x}:{int(match.group(3), 16):02x}.{match.group(4)}"
+    return (
+        f"{domain:04x}:{int(match.group(2), 16):02x}:{int(match.group(3), 16):02x}.{match.group(4)}"
+    )
 
 
 def parse_information(text: str) -> dict[str, str]:
@@ -493,7 +591,7 @@ def parse_information(text: str) -> dict[str, str]:
 
 
 def proc_gpus(root: Path = Path("/")) -> list[tuple[str, str, dict[str, str]]]:
-    """(normalised bus id, /proc entry path, information fields) per GPU the kernel module drives."""
+    """(normalised bus id, /proc entry path, information fields) per GPU of the kernel module."""
     folder = _under(root, "/proc/driver/nvidia/gpus")
     entries = []
     try:
@@ -519,8 +617,15 @@ def _gpus_from_proc(entries: Sequence[tuple[str, str, dict[str, str]]]) -> list[
         except (KeyError, ValueError):
             raise DriverError(f"{path}/information has no 'Device Minor' line") from None
         uuid = info.get("GPU UUID")
-        gpus.append(Gpu(index=index, minor=minor, bus_id=bus,
-                        uuid=uuid if uuid and "?" not in uuid else None, name=info.get("Model")))
+        gpus.append(
+            Gpu(
+                index=index,
+                minor=minor,
+                bus_id=bus,
+                uuid=uuid if uuid and "?" not in uuid else None,
+                name=info.get("Model"),
+            )
+        )
     return gpus
 
 
@@ -542,10 +647,15 @@ def _gpus_from_nvml() -> list[Gpu] | None:
             bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             name = pynvml.nvmlDeviceGetName(handle)
-            gpus.append(Gpu(index=index, minor=pynvml.nvmlDeviceGetMinorNumber(handle),
-                            bus_id=normalise_bus_id(bus),
-                            uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                            name=name.decode() if isinstance(name, bytes) else str(name)))
+            gpus.append(
+                Gpu(
+                    index=index,
+                    minor=pynvml.nvmlDeviceGetMinorNumber(handle),
+                    bus_id=normalise_bus_id(bus),
+                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                )
+            )
         return gpus
     except Exception as error:
         log.warning("NVML failed while listing GPUs, using /proc instead: %s", error)
@@ -573,9 +683,12 @@ def mig_access_minor(root: Path, gpu_minor: int, gi: int, ci: int | None = None)
         fields = parse_information(access.read_text())
         return int(fields["DeviceFileMinor"])
     except (OSError, KeyError, ValueError):
-        raise DriverError(f"MIG instance gi{gi}" + (f"/ci{ci}" if ci is not None else "")
-                          + f" of GPU minor {gpu_minor}: cannot read {path}/access "
-                          "(is MIG enabled and the instance created?)") from None
+        raise DriverError(
+            f"MIG instance gi{gi}"
+            + (f"/ci{ci}" if ci is not None else "")
+            + f" of GPU minor {gpu_minor}: cannot read {path}/access "
+            "(is MIG enabled and the instance created?)"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -594,8 +707,10 @@ def _control_devices(root: Path, capabilities: Sequence[str]) -> tuple[Device, .
         if host.exists():
             devices.append(Device(host, path))
         elif path in ("/dev/nvidiactl", "/dev/nvidia-uvm"):
-            raise DriverError(f"{path} is missing: load the driver's kernel modules "
-                              "(nvidia-modprobe -u -c=0, or modprobe nvidia nvidia-uvm)")
+            raise DriverError(
+                f"{path} is missing: load the driver's kernel modules "
+                "(nvidia-modprobe -u -c=0, or modprobe nvidia nvidia-uvm)"
+            )
         else:
             log.info("%s is missing; containers run without it", path)
     return tuple(devices)
@@ -622,31 +737,49 @@ def _capabilities(capabilities: Sequence[str] | str) -> tuple[str, ...]:
         return CAPABILITIES
     unknown = [c for c in items if c not in CAPABILITIES]
     if unknown:
-        raise DriverError(f"unknown driver capabilities {', '.join(unknown)} (known: "
-                          f"{', '.join(CAPABILITIES)}, all)")
+        raise DriverError(
+            f"unknown driver capabilities {', '.join(unknown)} (known: "
+            f"{', '.join(CAPABILITIES)}, all)"
+        )
     if not items:
         raise DriverError("no driver capability asked for")
     return tuple(c for c in CAPABILITIES if c in items)
 
 
-def discover(*, capabilities: Sequence[str] | str = DEFAULT_CAPABILITIES, root: Path = Path("/"),
-             extra_roots: Sequence[Path] = (), ld_cache: str | None = None,
-             environ: Mapping[str, str] | None = None, machine: str | None = None,
-             use_nvml: bool | None = None) -> Driver:
+def discover(
+    *,
+    capabilities: Sequence[str] | str = DEFAULT_CAPABILITIES,
+    root: Path = Path("/"),
+    extra_roots: Sequence[Path] = (),
+    ld_cache: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    machine: str | None = None,
+    use_nvml: bool | None = None,
+) -> Driver:
     """Find the running driver and its files under `root`; DriverError says what is missing."""
     caps = _capabilities(capabilities)
     environ = os.environ if environ is None else environ
     arch = _host_arch(machine)
     cache_text = read_ld_cache(root) if ld_cache is None else ld_cache
-    lib_folders = library_dirs(root, arch, ld_cache=cache_text, extra_roots=extra_roots, environ=environ)
+    lib_folders = library_dirs(
+        root, arch, ld_cache=cache_text, extra_roots=extra_roots, environ=environ
+    )
     version = driver_version(root, use_nvml=use_nvml, library_dirs=lib_folders)
     libraries = _find_libraries(root, arch, lib_folders, version, caps)
-    binaries = _find_binaries(root, arch, binary_dirs(root, extra_roots=extra_roots, environ=environ), caps)
+    binaries = _find_binaries(
+        root, arch, binary_dirs(root, extra_roots=extra_roots, environ=environ), caps
+    )
     entries = proc_gpus(root)
     return Driver(
-        version=version, root=root, capabilities=caps, libraries=libraries, binaries=binaries,
-        gpus=list_gpus(root, use_nvml=use_nvml), control_devices=_control_devices(root, caps),
-        ipc=_ipc(root, environ), proc_gpu_entries=tuple((bus, path) for bus, path, _ in entries),
+        version=version,
+        root=root,
+        capabilities=caps,
+        libraries=libraries,
+        binaries=binaries,
+        gpus=list_gpus(root, use_nvml=use_nvml),
+        control_devices=_control_devices(root, caps),
+        ipc=_ipc(root, environ),
+        proc_gpu_entries=tuple((bus, path) for bus, path, _ in entries),
     )
 
 
@@ -684,8 +817,11 @@ def link_folder(driver: Driver, *, library_dir: str, cache_dir: Path) -> Path:
     under its SONAME would work too, but ldconfig then warns about every such file on each start.
     """
     links = soname_links(driver)
-    key = hashlib.sha256(repr((driver.version, library_dir, sorted(f.name for f in driver.libraries),
-                               links)).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        repr(
+            (driver.version, library_dir, sorted(f.name for f in driver.libraries), links)
+        ).encode()
+    ).hexdigest()[:16]
     folder = cache_dir / f"{driver.version}-{key}"
     if (folder / "complete").is_file():
         return folder
@@ -697,7 +833,9 @@ def link_folder(driver: Driver, *, library_dir: str, cache_dir: Path) -> Path:
         (staging / "lib" / library.name).touch(mode=0o644)
     for link, target in links:
         os.symlink(target, staging / "lib" / link)
-    (staging / "ld.so.conf").write_text(f"# gpubook: the host's NVIDIA driver {driver.version}\n{library_dir}\n")
+    (staging / "ld.so.conf").write_text(
+        f"# gpubook: the host's NVIDIA driver {driver.version}\n{library_dir}\n"
+    )
     (staging / "complete").touch()
     try:
         os.rename(staging, folder)
@@ -709,10 +847,13 @@ def link_folder(driver: Driver, *, library_dir: str, cache_dir: Path) -> Path:
     return folder
 
 
-def driver_binds(driver: Driver, *, library_dir: str = CONTAINER_LIBRARY_DIR,
-                 cache_dir: Path | None = None) -> tuple[tuple[Bind, ...], tuple[tuple[str, str], ...]]:
+def driver_binds(
+    driver: Driver, *, library_dir: str = CONTAINER_LIBRARY_DIR, cache_dir: Path | None = None
+) -> tuple[tuple[Bind, ...], tuple[tuple[str, str], ...]]:
     """The binds every GPU container of this driver gets, and the soname links they carry."""
-    folder = link_folder(driver, library_dir=library_dir, cache_dir=cache_dir or default_cache_dir())
+    folder = link_folder(
+        driver, library_dir=library_dir, cache_dir=cache_dir or default_cache_dir()
+    )
     binds = [Bind(folder / "lib", library_dir)]
     binds += [Bind(lib.host_path, f"{library_dir}/{lib.name}") for lib in driver.libraries]
     binds.append(Bind(folder / "ld.so.conf", LD_SO_CONF))
@@ -722,8 +863,13 @@ def driver_binds(driver: Driver, *, library_dir: str = CONTAINER_LIBRARY_DIR,
     return tuple(binds), links
 
 
-def inject(driver: Driver, gpus: Sequence[int | MigInstance], *, library_dir: str = CONTAINER_LIBRARY_DIR,
-           cache_dir: Path | None = None) -> GpuInjection:
+def inject(
+    driver: Driver,
+    gpus: Sequence[int | MigInstance],
+    *,
+    library_dir: str = CONTAINER_LIBRARY_DIR,
+    cache_dir: Path | None = None,
+) -> GpuInjection:
     """The injection for the booked `gpus` (nvidia-smi indices, or MIG instances)."""
     if not gpus:
         raise DriverError("a GPU injection needs at least one booked GPU")
@@ -738,17 +884,23 @@ def inject(driver: Driver, gpus: Sequence[int | MigInstance], *, library_dir: st
         if not any(d.container == node for d in devices):
             host = _under(driver.root, node)
             if not host.exists():
-                raise DriverError(f"{node} (GPU {gpu.index}, bus {gpu.bus_id}) is missing: "
-                                  "run nvidia-smi once as root, or nvidia-modprobe -c=" + str(gpu.minor))
+                raise DriverError(
+                    f"{node} (GPU {gpu.index}, bus {gpu.bus_id}) is missing: "
+                    "run nvidia-smi once as root, or nvidia-modprobe -c=" + str(gpu.minor)
+                )
             devices.append(Device(host, node))
         if isinstance(booked, MigInstance):
             # Only this instance's access capabilities, never all of /dev/nvidia-caps.
-            for minor in (mig_access_minor(driver.root, gpu.minor, booked.gi),
-                          mig_access_minor(driver.root, gpu.minor, booked.gi, booked.ci)):
+            for minor in (
+                mig_access_minor(driver.root, gpu.minor, booked.gi),
+                mig_access_minor(driver.root, gpu.minor, booked.gi, booked.ci),
+            ):
                 cap = f"/dev/nvidia-caps/nvidia-cap{minor}"
                 if not _under(driver.root, cap).exists():
-                    raise DriverError(f"{cap} is missing (nvidia-modprobe -f /proc/driver/nvidia/"
-                                      f"capabilities/gpu{gpu.minor}/mig/gi{booked.gi}/access)")
+                    raise DriverError(
+                        f"{cap} is missing (nvidia-modprobe -f /proc/driver/nvidia/"
+                        f"capabilities/gpu{gpu.minor}/mig/gi{booked.gi}/access)"
+                    )
                 devices.append(Device(_under(driver.root, cap), cap))
     binds, links = driver_binds(driver, library_dir=library_dir, cache_dir=cache_dir)
     booked_buses = {driver.gpu(index).bus_id for index in parents}
@@ -766,8 +918,13 @@ def inject(driver: Driver, gpus: Sequence[int | MigInstance], *, library_dir: st
         ("GPUBOOK_LIBRARY_DIR", library_dir),
     )
     return GpuInjection(
-        driver_version=driver.version, gpus=tuple(dict.fromkeys(parents)), devices=tuple(devices),
-        binds=binds, soname_links=links, library_dir=library_dir, environment=environment,
+        driver_version=driver.version,
+        gpus=tuple(dict.fromkeys(parents)),
+        devices=tuple(devices),
+        binds=binds,
+        soname_links=links,
+        library_dir=library_dir,
+        environment=environment,
         hidden_proc_paths=hidden,
     )
 
@@ -779,14 +936,29 @@ def _visible_devices(driver: Driver, gpus: Sequence[int | MigInstance]) -> str:
     return ",".join(driver.gpu(g).uuid or str(g) for g in gpus if isinstance(g, int))
 
 
-def injection(gpus: Sequence[int | MigInstance], *, capabilities: Sequence[str] | str = DEFAULT_CAPABILITIES,
-              root: Path = Path("/"), extra_roots: Sequence[Path] = (), ld_cache: str | None = None,
-              environ: Mapping[str, str] | None = None, machine: str | None = None,
-              use_nvml: bool | None = None, cache_dir: Path | None = None,
-              library_dir: str = CONTAINER_LIBRARY_DIR) -> GpuInjection:
+def injection(
+    gpus: Sequence[int | MigInstance],
+    *,
+    capabilities: Sequence[str] | str = DEFAULT_CAPABILITIES,
+    root: Path = Path("/"),
+    extra_roots: Sequence[Path] = (),
+    ld_cache: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    machine: str | None = None,
+    use_nvml: bool | None = None,
+    cache_dir: Path | None = None,
+    library_dir: str = CONTAINER_LIBRARY_DIR,
+) -> GpuInjection:
     """Discover the host driver and build the injection for the booked GPUs."""
-    driver = discover(capabilities=capabilities, root=root, extra_roots=extra_roots, ld_cache=ld_cache,
-                      environ=environ, machine=machine, use_nvml=use_nvml)
+    driver = discover(
+        capabilities=capabilities,
+        root=root,
+        extra_roots=extra_roots,
+        ld_cache=ld_cache,
+        environ=environ,
+        machine=machine,
+        use_nvml=use_nvml,
+    )
     return inject(driver, gpus, library_dir=library_dir, cache_dir=cache_dir)
 
 
@@ -820,7 +992,10 @@ def container_args(injection: GpuInjection, *, engine: str = "podman") -> list[s
         raise DriverError(f"unknown engine {engine!r}")
     args = ["--cap-drop", "MKNOD"]
     for device in injection.devices:
-        args += ["--device", f"{_checked(device.host, 'device')}:{_checked(device.container, 'device')}:rw"]
+        args += [
+            "--device",
+            f"{_checked(device.host, 'device')}:{_checked(device.container, 'device')}:rw",
+        ]
     for bind in injection.binds:
         mode = ":ro" if bind.read_only else ""
         args += ["-v", f"{_checked(bind.host, 'path')}:{_checked(bind.container, 'path')}{mode}"]

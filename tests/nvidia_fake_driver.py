@@ -26,15 +26,26 @@ PROC_VERSION_OPEN = (
     "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n"
 )
 
-COMPUTE_LIBS = ("libcuda.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so", "libnvidia-gpucomp.so")
+COMPUTE_LIBS = (
+    "libcuda.so",
+    "libnvidia-ptxjitcompiler.so",
+    "libnvidia-nvvm.so",
+    "libnvidia-gpucomp.so",
+)
 UTILITY_LIBS = ("libnvidia-ml.so", "libnvidia-cfg.so")
-SONAMES = {"libcuda.so": "libcuda.so.1", "libnvidia-ptxjitcompiler.so": "libnvidia-ptxjitcompiler.so.1",
-           "libnvidia-nvvm.so": "libnvidia-nvvm.so.4", "libnvidia-gpucomp.so": None,
-           "libnvidia-ml.so": "libnvidia-ml.so.1", "libnvidia-cfg.so": "libnvidia-cfg.so.1"}
+SONAMES = {
+    "libcuda.so": "libcuda.so.1",
+    "libnvidia-ptxjitcompiler.so": "libnvidia-ptxjitcompiler.so.1",
+    "libnvidia-nvvm.so": "libnvidia-nvvm.so.4",
+    "libnvidia-gpucomp.so": None,
+    "libnvidia-ml.so": "libnvidia-ml.so.1",
+    "libnvidia-cfg.so": "libnvidia-cfg.so.1",
+}
 
 
-def shared_object(path: Path, soname: str | None, *, bits: int = 64, machine: int = EM_X86_64,
-                  elf_type: int = 3) -> Path:
+def shared_object(
+    path: Path, soname: str | None, *, bits: int = 64, machine: int = EM_X86_64, elf_type: int = 3
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     strtab = b"\0" + (soname.encode() + b"\0" if soname else b"")
     if bits == 64:
@@ -53,18 +64,38 @@ def shared_object(path: Path, soname: str | None, *, bits: int = 64, machine: in
     dyn_entries[0] = (5, vaddr + str_off)
     ident = b"\x7fELF" + bytes([2 if bits == 64 else 1, 1, 1, 0]) + b"\0" * 8
     if bits == 64:
-        header = struct.pack("<HHIQQQIHHHHHH", elf_type, machine, 1, 0, phoff, 0, 0, ehsize,
-                             phentsize, 2, 64, 0, 0)
+        header = struct.pack(
+            "<HHIQQQIHHHHHH", elf_type, machine, 1, 0, phoff, 0, 0, ehsize, phentsize, 2, 64, 0, 0
+        )
         load = struct.pack("<IIQQQQQQ", 1, 5, 0, vaddr, vaddr, size, size, 0x1000)
-        dynamic = struct.pack("<IIQQQQQQ", 2, 6, dyn_off, vaddr + dyn_off, vaddr + dyn_off,
-                              dynsize * len(dyn_entries), dynsize * len(dyn_entries), 8)
+        dynamic = struct.pack(
+            "<IIQQQQQQ",
+            2,
+            6,
+            dyn_off,
+            vaddr + dyn_off,
+            vaddr + dyn_off,
+            dynsize * len(dyn_entries),
+            dynsize * len(dyn_entries),
+            8,
+        )
         dyn = b"".join(struct.pack("<qQ", tag, value) for tag, value in dyn_entries)
     else:
-        header = struct.pack("<HHIIIIIHHHHHH", elf_type, machine, 1, 0, phoff, 0, 0, ehsize,
-                             phentsize, 2, 40, 0, 0)
+        header = struct.pack(
+            "<HHIIIIIHHHHHH", elf_type, machine, 1, 0, phoff, 0, 0, ehsize, phentsize, 2, 40, 0, 0
+        )
         load = struct.pack("<IIIIIIII", 1, 0, vaddr, vaddr, size, size, 5, 0x1000)
-        dynamic = struct.pack("<IIIIIIII", 2, dyn_off, vaddr + dyn_off, vaddr + dyn_off,
-                              dynsize * len(dyn_entries), dynsize * len(dyn_entries), 6, 4)
+        dynamic = struct.pack(
+            "<IIIIIIII",
+            2,
+            dyn_off,
+            vaddr + dyn_off,
+            vaddr + dyn_off,
+            dynsize * len(dyn_entries),
+            dynsize * len(dyn_entries),
+            6,
+            4,
+        )
         dyn = b"".join(struct.pack("<iI", tag, value) for tag, value in dyn_entries)
     data = ident + header + load + dynamic + dyn + strtab
     assert len(data) == size
@@ -78,11 +109,20 @@ def executable(path: Path, *, machine: int = EM_X86_64) -> Path:
     return path
 
 
-def driver_libraries(folder: Path, version: str = VERSION, *, names=COMPUTE_LIBS + UTILITY_LIBS,
-                     links: bool = True, bits: int = 64, machine: int = EM_X86_64) -> None:
+def driver_libraries(
+    folder: Path,
+    version: str = VERSION,
+    *,
+    names=COMPUTE_LIBS + UTILITY_LIBS,
+    links: bool = True,
+    bits: int = 64,
+    machine: int = EM_X86_64,
+) -> None:
     """The driver's files as its installer leaves them: <name>.<version> plus the SONAME link."""
     for name in names:
-        real = shared_object(folder / f"{name}.{version}", SONAMES.get(name), bits=bits, machine=machine)
+        real = shared_object(
+            folder / f"{name}.{version}", SONAMES.get(name), bits=bits, machine=machine
+        )
         soname = SONAMES.get(name)
         if links and soname and not (folder / soname).exists():
             os.symlink(real.name, folder / soname)
@@ -90,8 +130,13 @@ def driver_libraries(folder: Path, version: str = VERSION, *, names=COMPUTE_LIBS
             os.symlink(soname or real.name, folder / name)
 
 
-def proc_driver(root: Path, version: str = VERSION, *, gpus=(("0000:00:06.0", 0), ("0000:00:07.0", 1)),
-                open_module: bool = False) -> None:
+def proc_driver(
+    root: Path,
+    version: str = VERSION,
+    *,
+    gpus=(("0000:00:06.0", 0), ("0000:00:07.0", 1)),
+    open_module: bool = False,
+) -> None:
     proc = root / "proc/driver/nvidia"
     proc.mkdir(parents=True, exist_ok=True)
     template = PROC_VERSION_OPEN if open_module else PROC_VERSION_PROPRIETARY
@@ -109,7 +154,8 @@ def proc_driver(root: Path, version: str = VERSION, *, gpus=(("0000:00:06.0", 0)
             "DMA Mask: \t 0xfffffffffffff\n"
             f"Bus Location: \t {bus}\n"
             f"Device Minor: \t {minor}\n"
-            "GPU Excluded:\t No\n")
+            "GPU Excluded:\t No\n"
+        )
 
 
 def device_nodes(root: Path, minors=(0, 1), *, uvm: bool = True) -> None:

@@ -21,7 +21,9 @@ def fake_driver(tmp_path: Path, **kwargs) -> nvidia.Driver:
     executable(root / "usr/bin/nvidia-smi")
     proc_driver(root)
     device_nodes(root)
-    return nvidia.discover(root=root, environ={}, use_nvml=False, machine="x86_64", ld_cache="", **kwargs)
+    return nvidia.discover(
+        root=root, environ={}, use_nvml=False, machine="x86_64", ld_cache="", **kwargs
+    )
 
 
 # --- CDI -----------------------------------------------------------------------------------------
@@ -37,31 +39,42 @@ def test_cdi_spec_structure(tmp_path: Path) -> None:
     assert document["cdiVersion"] == "0.5.0"
     assert set(document) == {"cdiVersion", "kind", "devices", "containerEdits"}
     names = [d["name"] for d in document["devices"]]
-    assert names == ["0", "1", "GPU-00000000-aaaa-bbbb-cccc-000000000000",
-                     "GPU-00000001-aaaa-bbbb-cccc-000000000001", "all"]
+    assert names == [
+        "0",
+        "1",
+        "GPU-00000000-aaaa-bbbb-cccc-000000000000",
+        "GPU-00000001-aaaa-bbbb-cccc-000000000001",
+        "all",
+    ]
     assert all(NAME.match(n) for n in names)
     by_name = {d["name"]: d["containerEdits"] for d in document["devices"]}
     assert [n["path"] for n in by_name["1"]["deviceNodes"]] == ["/dev/nvidia1"]
     assert by_name["GPU-00000001-aaaa-bbbb-cccc-000000000001"] == by_name["1"]
     assert [n["path"] for n in by_name["all"]["deviceNodes"]] == ["/dev/nvidia0", "/dev/nvidia1"]
     common = document["containerEdits"]
-    assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm",
-                                                         "/dev/nvidia-uvm-tools"]
+    assert [n["path"] for n in common["deviceNodes"]] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
     mounts = {m["containerPath"]: m for m in common["mounts"]}
     lib = nvidia.CONTAINER_LIBRARY_DIR
     assert mounts[f"{lib}/libcuda.so.{VERSION}"]["options"] == ["ro", "nosuid", "nodev", "bind"]
     assert Path(mounts[lib]["hostPath"], "libcuda.so.1").is_symlink()
     assert nvidia.LD_SO_CONF in mounts and "/usr/bin/nvidia-smi" in mounts
     assert all(Path(m["hostPath"]).exists() for m in common["mounts"])
-    assert f"NVIDIA_DRIVER_CAPABILITIES=utility,compute" in common["env"]
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility,compute" in common["env"]
     # a fake root's device nodes differ from their container paths: hostPath says where they are
     assert all(n["hostPath"].startswith(str(tmp_path)) for n in common["deviceNodes"])
 
 
 def test_cdi_minimum_version_rules() -> None:
-    base = {"cdiVersion": "", "kind": "nvidia.com/gpu",
-            "devices": [{"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
-            "containerEdits": {"mounts": [{"hostPath": "/a", "containerPath": "/a"}]}}
+    base = {
+        "cdiVersion": "",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
+        "containerEdits": {"mounts": [{"hostPath": "/a", "containerPath": "/a"}]},
+    }
     assert cdi.minimum_version(base) == "0.3.0"
     typed = json.loads(json.dumps(base))
     typed["containerEdits"]["mounts"][0]["type"] = "bind"
@@ -98,14 +111,28 @@ def test_cdi_without_gpus_is_an_error(tmp_path: Path) -> None:
 
 # --- CUDA versus driver --------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("cuda_version", "driver", "ok"), [
-    ("8.0", "375.26", True), ("8.0", "375.20", False), ("9.0", "384.81", True),
-    ("9.0", "384.59", False), ("10.0", "410.48", True), ("12.0", "525.60.13", True),
-    ("12.0", "525.60.12", False), ("12.4", "525.60.13", True),  # minor version compatibility
-    ("12.9", "520.61.05", False), ("13.0", "580.65.06", True), ("13.0", "575.57.08", False),
-    ("11.0", "450.51.05", True), ("11.8", "450.80.02", True), ("11.8", "450.51.06", False),
-    ("none", "1.0", True), ("9.0", "580.159.04", True),
-])
+
+@pytest.mark.parametrize(
+    ("cuda_version", "driver", "ok"),
+    [
+        ("8.0", "375.26", True),
+        ("8.0", "375.20", False),
+        ("9.0", "384.81", True),
+        ("9.0", "384.59", False),
+        ("10.0", "410.48", True),
+        ("12.0", "525.60.13", True),
+        ("12.0", "525.60.12", False),
+        ("12.4", "525.60.13", True),  # minor version compatibility
+        ("12.9", "520.61.05", False),
+        ("13.0", "580.65.06", True),
+        ("13.0", "575.57.08", False),
+        ("11.0", "450.51.05", True),
+        ("11.8", "450.80.02", True),
+        ("11.8", "450.51.06", False),
+        ("none", "1.0", True),
+        ("9.0", "580.159.04", True),
+    ],
+)
 def test_check_cuda(cuda_version: str, driver: str, ok: bool) -> None:
     reason = cuda.check_cuda(cuda_version, driver)
     assert (reason is None) is ok
@@ -132,19 +159,32 @@ def test_unknown_versions_are_reasons_not_crashes() -> None:
 
 def test_validate_templates_against_driver() -> None:
     checks = cuda.validate_against_driver(
-        [("digits-cuda8", "8.0"), ("tensorflow-cuda9", "9.0"), ("torch-cu124", "12.4"),
-         ("torch-cu130", "13.0"), ("debian-ssh", "none")], "535.54.03")
+        [
+            ("digits-cuda8", "8.0"),
+            ("tensorflow-cuda9", "9.0"),
+            ("torch-cu124", "12.4"),
+            ("torch-cu130", "13.0"),
+            ("debian-ssh", "none"),
+        ],
+        "535.54.03",
+    )
     by_name = {c.name: c for c in checks}
     assert by_name["digits-cuda8"].problem is None and by_name["tensorflow-cuda9"].problem is None
-    assert by_name["torch-cu124"].problem is None and "minor version compatibility" in by_name["torch-cu124"].note
+    assert (
+        by_name["torch-cu124"].problem is None
+        and "minor version compatibility" in by_name["torch-cu124"].note
+    )
     assert "580.65.06" in by_name["torch-cu130"].problem
     lines, status = cuda.format_checks(checks, "535.54.03")
     assert status == 1 and any(line.startswith("torch-cu130: REJECTED") for line in lines)
-    _, status = cuda.format_checks(cuda.validate_against_driver([("a", "9.0")], "580.65.06"), "580.65.06")
+    _, status = cuda.format_checks(
+        cuda.validate_against_driver([("a", "9.0")], "580.65.06"), "580.65.06"
+    )
     assert status == 0
 
 
 # --- no GPU on this machine ----------------------------------------------------------------------
+
 
 def no_gpu_here() -> bool:
     return not Path("/proc/driver/nvidia/version").exists()
@@ -189,14 +229,16 @@ def test_cdi_command_without_driver_is_one_line(tmp_path: Path) -> None:
 def test_doctor_on_a_fake_driver_tree(tmp_path: Path) -> None:
     fake_driver(tmp_path)
     root = tmp_path / "root"
-    checks = gpus.driver_checks(gpus.DoctorOptions(root=root, use_nvml=False, environ={},
-                                                   cdi_dirs=(tmp_path / "cdi",)))
+    checks = gpus.driver_checks(
+        gpus.DoctorOptions(root=root, use_nvml=False, environ={}, cdi_dirs=(tmp_path / "cdi",))
+    )
     by_name = {c.name: c for c in checks}
     assert by_name["NVIDIA driver"].ok and VERSION in by_name["NVIDIA driver"].detail
     assert by_name["device nodes"].ok and "1=/dev/nvidia1" in by_name["device nodes"].detail
     assert not by_name["CDI spec"].ok and "gpubook gpus cdi" in by_name["CDI spec"].fix
     (root / "dev/nvidia1").unlink()
-    checks = gpus.driver_checks(gpus.DoctorOptions(root=root, use_nvml=False, environ={},
-                                                   cdi_dirs=(tmp_path / "cdi",)))
+    checks = gpus.driver_checks(
+        gpus.DoctorOptions(root=root, use_nvml=False, environ={}, cdi_dirs=(tmp_path / "cdi",))
+    )
     missing = [c for c in checks if c.name == f"device {root}/dev/nvidia1"]
     assert missing and not missing[0].ok and "nvidia-modprobe" in missing[0].fix

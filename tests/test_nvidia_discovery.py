@@ -65,9 +65,17 @@ def names(driver: nvidia.Driver) -> set[str]:
 def test_debian_multiarch_layout(debian: Path) -> None:
     driver = discover(debian)
     assert driver.version == VERSION
-    assert names(driver) == {f"{n}.{VERSION}" for n in (
-        "libcuda.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so", "libnvidia-gpucomp.so",
-        "libnvidia-ml.so", "libnvidia-cfg.so")}
+    assert names(driver) == {
+        f"{n}.{VERSION}"
+        for n in (
+            "libcuda.so",
+            "libnvidia-ptxjitcompiler.so",
+            "libnvidia-nvvm.so",
+            "libnvidia-gpucomp.so",
+            "libnvidia-ml.so",
+            "libnvidia-cfg.so",
+        )
+    }
     cuda = next(f for f in driver.libraries if f.name.startswith("libcuda.so"))
     assert cuda.soname == "libcuda.so.1"
     assert cuda.host_path == debian / DEBIAN_LIBS / f"libcuda.so.{VERSION}"
@@ -75,7 +83,10 @@ def test_debian_multiarch_layout(debian: Path) -> None:
     assert {b.name for b in driver.binaries} == {"nvidia-smi", "nvidia-debugdump"}
     assert [g.minor for g in driver.gpus] == [0, 1]
     assert [d.container for d in driver.control_devices] == [
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
 
 
 def test_rhel_lib64_layout(tmp_path: Path) -> None:
@@ -97,10 +108,12 @@ def test_usr_local_nvidia_layout_found_through_ld_cache(tmp_path: Path) -> None:
     executable(root / "usr/local/nvidia/bin/nvidia-smi")
     proc_driver(root)
     device_nodes(root)
-    cache = ld_cache_text([
-        ("libnvidia-ml.so.1", "libc6,x86-64", "/usr/local/nvidia/lib64/libnvidia-ml.so.1"),
-        ("libcuda.so.1", "libc6,x86-64", "/usr/local/nvidia/lib64/libcuda.so.1"),
-    ])
+    cache = ld_cache_text(
+        [
+            ("libnvidia-ml.so.1", "libc6,x86-64", "/usr/local/nvidia/lib64/libnvidia-ml.so.1"),
+            ("libcuda.so.1", "libc6,x86-64", "/usr/local/nvidia/lib64/libcuda.so.1"),
+        ]
+    )
     driver = discover(root, ld_cache=cache)
     assert {f.host_path.parent for f in driver.libraries} == {root / "usr/local/nvidia/lib64"}
     assert [b.host_path for b in driver.binaries] == [root / "usr/local/nvidia/bin/nvidia-smi"]
@@ -112,10 +125,16 @@ def test_ld_cache_folder_wins_over_usual_folders(tmp_path: Path) -> None:
     driver_libraries(root / DEBIAN_LIBS, names=("libnvidia-ml.so",))
     proc_driver(root)
     device_nodes(root)
-    cache = ld_cache_text([
-        ("libcuda.so.1", "libc6,x86-64", "/opt/vendor/nvidia/lib/libcuda.so.1"),
-        ("libcuda.so.1", "libc6", "/opt/vendor/nvidia/lib32/libcuda.so.1"),  # i386 entry: ignored
-    ])
+    cache = ld_cache_text(
+        [
+            ("libcuda.so.1", "libc6,x86-64", "/opt/vendor/nvidia/lib/libcuda.so.1"),
+            (
+                "libcuda.so.1",
+                "libc6",
+                "/opt/vendor/nvidia/lib32/libcuda.so.1",
+            ),  # i386 entry: ignored
+        ]
+    )
     driver = discover(root, ld_cache=cache)
     ml = next(f for f in driver.libraries if f.name.startswith("libnvidia-ml"))
     assert ml.host_path.parent == root / "opt/vendor/nvidia/lib"
@@ -132,8 +151,11 @@ def test_real_ldconfig_cache_of_the_tree(tmp_path: Path) -> None:
     device_nodes(root)
     (root / "etc").mkdir()
     # ldconfig builds the cache as it would for the tree (-X: leave the links alone).
-    subprocess.run([ldconfig, "-X", "-f", "/dev/null", "-C", str(root / "etc/ld.so.cache"), str(folder)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [ldconfig, "-X", "-f", "/dev/null", "-C", str(root / "etc/ld.so.cache"), str(folder)],
+        check=True,
+        capture_output=True,
+    )
     text = nvidia.read_ld_cache(root)
     assert "libcuda.so.1 (libc6,x86-64)" in text
     driver = discover(root, ld_cache=None)
@@ -158,7 +180,9 @@ def test_libraries_of_another_version_only_is_a_clear_error(tmp_path: Path) -> N
     driver_libraries(root / DEBIAN_LIBS, OLD_VERSION)
     proc_driver(root, VERSION)  # upgraded on disk? no: module newer than the files
     device_nodes(root)
-    with pytest.raises(DriverError, match=rf"libnvidia-ml\.so\.{VERSION} .*found libnvidia-ml\.so\.{OLD_VERSION}"):
+    with pytest.raises(
+        DriverError, match=rf"libnvidia-ml\.so\.{VERSION} .*found libnvidia-ml\.so\.{OLD_VERSION}"
+    ):
         discover(root)
 
 
@@ -201,8 +225,17 @@ def test_not_elf_file_named_like_a_library_is_skipped(tmp_path: Path) -> None:
 
 
 def test_real_linker_made_library_soname(tmp_path: Path) -> None:
-    libz = next((p for p in (Path("/usr/lib/x86_64-linux-gnu/libz.so.1.2.13"),
-                             Path("/lib/x86_64-linux-gnu/libz.so.1")) if p.exists()), None)
+    libz = next(
+        (
+            p
+            for p in (
+                Path("/usr/lib/x86_64-linux-gnu/libz.so.1.2.13"),
+                Path("/lib/x86_64-linux-gnu/libz.so.1"),
+            )
+            if p.exists()
+        ),
+        None,
+    )
     if libz is None:
         pytest.skip("no libz on this machine")
     info = read_elf(libz)
@@ -222,9 +255,13 @@ def test_symlinks_resolved_inside_the_root(tmp_path: Path) -> None:
 
 
 def test_version_from_proc_formats() -> None:
-    proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  384.81  Sat Sep  2 02:43:11 PDT 2017\n"
-    open_module = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
-                   "(dvs-builder@U22)  Thu Oct  9 2025\n")
+    proprietary = (
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  384.81  Sat Sep  2 02:43:11 PDT 2017\n"
+    )
+    open_module = (
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
+        "(dvs-builder@U22)  Thu Oct  9 2025\n"
+    )
     arm = "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  570.26  Release Build\n"
     assert nvidia.parse_proc_version(proprietary) == "384.81"
     assert nvidia.parse_proc_version(open_module) == "580.159.04"
@@ -251,9 +288,12 @@ def test_device_minor_is_not_the_index(tmp_path: Path) -> None:
     device_nodes(root, minors=(0, 1, 2))
     driver = discover(root)
     assert [(g.index, g.bus_id, g.minor) for g in driver.gpus] == [
-        (0, "0000:01:00.0", 1), (1, "0000:41:00.0", 2), (2, "0000:c1:00.0", 0)]
+        (0, "0000:01:00.0", 1),
+        (1, "0000:41:00.0", 2),
+        (2, "0000:c1:00.0", 0),
+    ]
     booked = nvidia.inject(driver, [1], cache_dir=tmp_path / "cache")
-    gpu_nodes = [d.container for d in booked.devices if d.container[len("/dev/nvidia"):].isdigit()]
+    gpu_nodes = [d.container for d in booked.devices if d.container[len("/dev/nvidia") :].isdigit()]
     assert gpu_nodes == ["/dev/nvidia2"]
     assert booked.hidden_proc_paths == ("/proc/driver/nvidia/gpus",)
 
@@ -269,7 +309,11 @@ def test_injection_of_one_gpu(debian: Path, tmp_path: Path) -> None:
     booked = inject(debian, [1], tmp_path)
     assert booked.driver_version == VERSION and booked.gpus == (1,)
     assert [d.container for d in booked.devices] == [
-        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1"]
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia1",
+    ]
     assert "/dev/nvidia0" not in {d.container for d in booked.devices}
     env = booked.env
     assert env["CUDA_VISIBLE_DEVICES"] == "0"
@@ -279,7 +323,9 @@ def test_injection_of_one_gpu(debian: Path, tmp_path: Path) -> None:
     assert booked.hidden_proc_paths == ("/proc/driver/nvidia/gpus",)
     lib = nvidia.CONTAINER_LIBRARY_DIR
     binds = {b.container: b for b in booked.binds}
-    assert binds[f"{lib}/libcuda.so.{VERSION}"].host == debian / DEBIAN_LIBS / f"libcuda.so.{VERSION}"
+    assert (
+        binds[f"{lib}/libcuda.so.{VERSION}"].host == debian / DEBIAN_LIBS / f"libcuda.so.{VERSION}"
+    )
     assert binds["/usr/bin/nvidia-smi"].host == debian / "usr/bin/nvidia-smi"
     assert all(b.read_only for b in booked.binds)
     assert (f"{lib}/libcuda.so.1", f"libcuda.so.{VERSION}") in booked.soname_links
@@ -339,15 +385,19 @@ def test_mig_instance_gets_parent_and_only_its_caps(debian: Path, tmp_path: Path
     for gi, ci, gi_minor, ci_minor in ((1, 0, 21, 22), (2, 0, 30, 31)):
         (caps / f"gi{gi}/ci{ci}").mkdir(parents=True)
         (caps / f"gi{gi}/access").write_text(f"DeviceFileMinor: {gi_minor}\nDeviceFileMode: 292\n")
-        (caps / f"gi{gi}/ci{ci}/access").write_text(f"DeviceFileMinor: {ci_minor}\nDeviceFileMode: 292\n")
+        (caps / f"gi{gi}/ci{ci}/access").write_text(
+            f"DeviceFileMinor: {ci_minor}\nDeviceFileMode: 292\n"
+        )
     (debian / "dev/nvidia-caps").mkdir()
     for minor in (21, 22, 30, 31):
         (debian / f"dev/nvidia-caps/nvidia-cap{minor}").touch()
     booked = inject(debian, [nvidia.MigInstance(gpu=1, gi=2, ci=0)], tmp_path)
     nodes = [d.container for d in booked.devices]
     assert "/dev/nvidia1" in nodes and "/dev/nvidia0" not in nodes
-    assert [n for n in nodes if "caps" in n] == ["/dev/nvidia-caps/nvidia-cap30",
-                                                 "/dev/nvidia-caps/nvidia-cap31"]
+    assert [n for n in nodes if "caps" in n] == [
+        "/dev/nvidia-caps/nvidia-cap30",
+        "/dev/nvidia-caps/nvidia-cap31",
+    ]
     assert booked.env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert booked.hidden_proc_paths == ("/proc/driver/nvidia/gpus",)
     with pytest.raises(DriverError, match="gi7"):
@@ -360,7 +410,10 @@ def test_ipc_persistenced_and_mps(debian: Path, tmp_path: Path) -> None:
     (debian / "tmp/nvidia-mps").mkdir(parents=True)
     without_mps = inject(debian, [0], tmp_path)
     binds = {b.container: b for b in without_mps.binds}
-    assert binds["/run/nvidia-persistenced/socket"].host == debian / "var/run/nvidia-persistenced/socket"
+    assert (
+        binds["/run/nvidia-persistenced/socket"].host
+        == debian / "var/run/nvidia-persistenced/socket"
+    )
     assert "/tmp/nvidia-mps" not in binds  # folder there, but no MPS control daemon
     (debian / "tmp/nvidia-mps/control").touch()
     with_mps = {b.container: b for b in inject(debian, [0], tmp_path).binds}
@@ -396,14 +449,18 @@ def test_container_args_podman(debian: Path, tmp_path: Path) -> None:
     pairs = list(zip(args[::2], args[1::2], strict=True))
     assert ("--device", f"{debian}/dev/nvidia1:/dev/nvidia1:rw") in pairs
     assert not any(flag == "--device" and "/dev/nvidia0:" in value for flag, value in pairs)
-    assert ("-v", f"{debian}/{DEBIAN_LIBS}/libcuda.so.{VERSION}:"
-                  f"{nvidia.CONTAINER_LIBRARY_DIR}/libcuda.so.{VERSION}:ro") in pairs
+    assert (
+        "-v",
+        f"{debian}/{DEBIAN_LIBS}/libcuda.so.{VERSION}:"
+        f"{nvidia.CONTAINER_LIBRARY_DIR}/libcuda.so.{VERSION}:ro",
+    ) in pairs
     assert ("-e", "CUDA_VISIBLE_DEVICES=0") in pairs
     assert ("--security-opt", "mask=/proc/driver/nvidia/gpus") in pairs
     # the folder bind comes before the files bound into it
     volumes = [value.split(":")[1] for flag, value in pairs if flag == "-v"]
     assert volumes.index(nvidia.CONTAINER_LIBRARY_DIR) < volumes.index(
-        f"{nvidia.CONTAINER_LIBRARY_DIR}/libcuda.so.{VERSION}")
+        f"{nvidia.CONTAINER_LIBRARY_DIR}/libcuda.so.{VERSION}"
+    )
 
 
 def test_container_args_docker_has_no_mask_flag(debian: Path, tmp_path: Path) -> None:
@@ -443,5 +500,7 @@ def test_shared_object_fixture_is_what_readelf_reads(tmp_path: Path) -> None:
     if readelf is None:
         pytest.skip("no readelf (binutils) here")
     path = shared_object(tmp_path / "libx.so.1.0", "libx.so.1")
-    out = subprocess.run([readelf, "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [readelf, "-d", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     assert "Library soname: [libx.so.1]" in out

@@ -30,14 +30,31 @@ HOST_IMAGE = os.environ.get("GPUBOOK_HOST_IMAGE", "localhost/gpubook-hostroot:te
 TORCH_PYTHON = "/opt/torch/.venv/bin/python3"
 PODMAN = os.environ.get("GPUBOOK_PODMAN", "podman")
 # Contents excluded, folders kept (mount points); the NVIDIA driver and CUDA left out entirely.
-EXCLUDES = ("./proc/*", "./sys/*", "./dev/*", "./tmp/*", "./run/*", "./root/*", "./opt/*",
-            "./var/tmp/*", "./var/cache/*", "./var/log/*", "./var/lib/containers/*", "./home/*",
-            "./usr/local/cuda*", "./usr/local/nvidia", "./swap.img", "./swapfile", "./snap/*")
+EXCLUDES = (
+    "./proc/*",
+    "./sys/*",
+    "./dev/*",
+    "./tmp/*",
+    "./run/*",
+    "./root/*",
+    "./opt/*",
+    "./var/tmp/*",
+    "./var/cache/*",
+    "./var/log/*",
+    "./var/lib/containers/*",
+    "./home/*",
+    "./usr/local/cuda*",
+    "./usr/local/nvidia",
+    "./swap.img",
+    "./swapfile",
+    "./snap/*",
+)
 LOADER_SHIM = (
     'if [ -n "${GPUBOOK_LIBRARY_DIR:-}" ]; then '
-    'if command -v ldconfig >/dev/null 2>&1 || [ -x /sbin/ldconfig ]; then '
-    'PATH=$PATH:/sbin:/usr/sbin ldconfig || exit 99; '
-    'else export LD_LIBRARY_PATH=$GPUBOOK_LIBRARY_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi; fi; '
+    "if command -v ldconfig >/dev/null 2>&1 || [ -x /sbin/ldconfig ]; then "
+    "PATH=$PATH:/sbin:/usr/sbin ldconfig || exit 99; "
+    "else export LD_LIBRARY_PATH=$GPUBOOK_LIBRARY_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; "
+    "fi; fi; "
     'exec "$@"'
 )
 
@@ -83,26 +100,52 @@ def ensure_host_image(name: str = HOST_IMAGE) -> str:
     """Import the host's root file system as `name` unless it exists (about 90 s, 5-6 GB)."""
     if subprocess.run([PODMAN, "image", "exists", name], check=False).returncode == 0:
         return name
-    tar = subprocess.Popen(["tar", "--one-file-system", "-C", "/", "-cf", "-",
-                            *[f"--exclude={pattern}" for pattern in EXCLUDES], "."],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tar = subprocess.Popen(
+        [
+            "tar",
+            "--one-file-system",
+            "-C",
+            "/",
+            "-cf",
+            "-",
+            *[f"--exclude={pattern}" for pattern in EXCLUDES],
+            ".",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert tar.stdout is not None
     try:
-        imported = subprocess.run([PODMAN, "import", "-q", "-", name], stdin=tar.stdout,
-                                  capture_output=True, text=True, timeout=900, check=False)
+        imported = subprocess.run(
+            [PODMAN, "import", "-q", "-", name],
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
     finally:
         tar.stdout.close()
         tar_status = tar.wait()
         tar_errors = tar.stderr.read().decode(errors="replace") if tar.stderr else ""
     # tar exits 1 when a file changed while it was read (logs, sockets): harmless here.
     if tar_status > 1 or imported.returncode != 0:
-        raise RuntimeError(f"importing / as {name} failed: tar {tar_status} {tar_errors[-2000:]}; "
-                           f"podman import {imported.returncode} {imported.stderr[-2000:]}")
+        raise RuntimeError(
+            f"importing / as {name} failed: tar {tar_status} {tar_errors[-2000:]}; "
+            f"podman import {imported.returncode} {imported.stderr[-2000:]}"
+        )
     return name
 
 
-def run_argv(image: str, command: Sequence[str], *, injection: nvidia.GpuInjection | None = None,
-             extra: Sequence[str] = (), name: str | None = None, detach: bool = False) -> list[str]:
+def run_argv(
+    image: str,
+    command: Sequence[str],
+    *,
+    injection: nvidia.GpuInjection | None = None,
+    extra: Sequence[str] = (),
+    name: str | None = None,
+    detach: bool = False,
+) -> list[str]:
     """`podman run` argv for a gpubook-like GPU container (no shell string anywhere)."""
     argv = [PODMAN, "run", "--network=host", "--shm-size=1g"]
     argv += ["-d"] if detach else ["--rm"]
