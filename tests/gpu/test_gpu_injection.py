@@ -179,10 +179,17 @@ def test_two_bookings_each_see_only_their_own_gpu(host_image, two_gpus, booking)
             # /proc: no entry of the other GPU is readable (the gpus folder is masked)
             listing = ok(exec_in(name, ["sh", "-c", "ls -A /proc/driver/nvidia/gpus/ | wc -l"]))
             assert listing.strip() == "0"
+            # (named files, not grep -r: some /proc/driver/nvidia files are power-management knobs)
             leaked = exec_in(
-                name, ["sh", "-c", f"grep -rl {other.uuid} /proc/driver/nvidia/ 2>/dev/null"]
+                name,
+                [
+                    "sh",
+                    "-c",
+                    "cat /proc/driver/nvidia/gpus/*/information "
+                    f"/proc/driver/nvidia/gpus/{other.bus_id}/information 2>&1",
+                ],
             )
-            assert leaked.stdout.strip() == ""
+            assert other.uuid not in leaked.stdout and "No such file" in leaked.stdout
 
 
 def test_two_gpu_booking_runs_nccl_all_reduce(
