@@ -23,6 +23,7 @@ import platform
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -826,7 +827,7 @@ def link_folder(driver: Driver, *, library_dir: str, cache_dir: Path) -> Path:
     if (folder / "complete").is_file():
         return folder
     cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(os.path.join(cache_dir, f".{folder.name}.{os.getpid()}"))
+    staging = cache_dir / f".{folder.name}.{os.getpid()}.{threading.get_ident()}"
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "lib").mkdir(parents=True)
     for library in driver.libraries:
