@@ -50,6 +50,27 @@ def cmd_bookings(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _optional_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from scheduler import config
+
+    return config.load(args.config) if getattr(args, "config", None) else None
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from runtime import cdi, gpus
+
+    loaded = _optional_config(args)
+    if args.gpus_command == "cdi":
+        return cdi.cli_gpus_cdi(args, extra_roots=loaded.nvidia.driver_roots if loaded else ())
+    return gpus.cli_gpus(args, static_count=loaded.gpu_count if loaded else None)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from scheduler import doctor
+
+    return doctor.run(args.config)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from scheduler import demo
 
@@ -78,6 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
     check = command("check", cmd_config_check, "validate a config file, listing every problem",
                     parent=config_group)
     check.add_argument("--config", required=True, help="the daemon's TOML config file")
+
+    gpus = command("gpus", cmd_gpus, "the host's GPUs (NVML, else the config's [gpus] count)")
+    gpus.add_argument("--config", help="the daemon's config file (for [gpus] count and [nvidia] driver_roots)")
+    gpus.add_argument("--json", action="store_true", help="print one JSON object")
+    gpus.set_defaults(gpus_command=None)
+    gpus_sub = gpus.add_subparsers(dest="gpus_command", metavar="SUBCOMMAND")
+    cdi = command("cdi", cmd_gpus, "print or write the nvidia.com/gpu CDI spec of this host", parent=gpus_sub)
+    cdi.add_argument("--config", help="the daemon's config file (for [nvidia] driver_roots)")
+    cdi.add_argument("--output", metavar="FILE", help="write the spec to FILE instead of printing it")
+    cdi.add_argument("--cache-dir", metavar="DIR",
+                     help="where the soname-link folder lives (it must outlive the spec)")
+
+    doctor = command("doctor", cmd_doctor, "check driver, devices, engine, calendars and storage; "
+                     "each problem with its fix")
+    doctor.add_argument("--config", help="the daemon's config file")
 
     demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with a demo calendar")
     demo.add_argument("--keep-running", action="store_true", help="keep the demo calendar server up until Ctrl-C")
