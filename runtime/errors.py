@@ -44,4 +44,4 @@ class DriverError(GpubookError):
 
 
 class StorageError(GpubookError):
-    """A booker's data folders cannot be made or used safely (bad name, missing root, escaping path)."""
+    """A booker's data folders cannot be made or used safely (bad name, missing root, escape)."""

@@ -42,7 +42,8 @@ FROM {image}
 RUN set -e; \\
     if command -v apt-get >/dev/null 2>&1; then \\
       apt-get update; \\
-      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openssh-server sudo; \\
+      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+        openssh-server sudo; \\
       rm -rf /var/lib/apt/lists/*; \\
     elif command -v dnf >/dev/null 2>&1; then dnf install -y openssh-server sudo; dnf clean all; \\
     elif command -v yum >/dev/null 2>&1; then yum install -y openssh-server sudo; yum clean all; \\
@@ -117,7 +118,9 @@ def build_overlay(engine: Engine, template: Template) -> str:
         return tag
     engine.ensure_image(template.image)
     with tempfile.TemporaryDirectory(prefix="gpubook-overlay-") as context:
-        (Path(context) / "Containerfile").write_text(OVERLAY_CONTAINERFILE.format(image=template.image))
+        (Path(context) / "Containerfile").write_text(
+            OVERLAY_CONTAINERFILE.format(image=template.image)
+        )
         engine.build(tag, Path(context))
     return tag
 
@@ -140,12 +143,15 @@ def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -
             argv.append("--include=" + ",".join(recipe.include))
         argv += [recipe.suite, str(partial)]
         log.info("template %s: building its root file system with mmdebstrap", template.name)
-        done = subprocess.run(argv, capture_output=True, text=True, check=False,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+        )
         if done.returncode != 0:
             partial.unlink(missing_ok=True)
-            raise EngineError(f"template {template.name}: mmdebstrap failed: "
-                              f"{(done.stderr or done.stdout).strip()[-2000:]}")
+            raise EngineError(
+                f"template {template.name}: mmdebstrap failed: "
+                f"{(done.stderr or done.stdout).strip()[-2000:]}"
+            )
         partial.replace(tarball)
     engine.import_rootfs(tarball, template.image)
     return template.image
@@ -171,20 +177,44 @@ def booking_spec(
     check_user_name(user)
     keys = "\n".join([*(k.strip() for k in ssh_keys if k.strip()), probe_key_line(probe_key)])
     env = dict(template.env)
-    env.update({"GPUBOOK_USER": user, "GPUBOOK_UID": str(uid), "GPUBOOK_GID": str(gid),
-                "GPUBOOK_PORT": str(port), "GPUBOOK_KEYS": keys})
+    env.update(
+        {
+            "GPUBOOK_USER": user,
+            "GPUBOOK_UID": str(uid),
+            "GPUBOOK_GID": str(gid),
+            "GPUBOOK_PORT": str(port),
+            "GPUBOOK_KEYS": keys,
+        }
+    )
     overlay = Mount(entrypoint_dir(cache_dir), OVERLAY_TARGET, read_only=True)
     return ContainerSpec(
-        booking_id=booking_id, user=user, uid=uid, gid=gid, image=run_image(template), port=port,
-        end=end, gpus=gpus, template=template.name,
-        entrypoint=(f"{OVERLAY_TARGET}/entrypoint.sh",), command=template.command,
-        env=tuple(sorted(env.items())), mounts=(overlay, *folders.mounts(), *template.mounts),
-        shm_size=template.shm_size, memory=template.memory, gpu=gpu,  # type: ignore[arg-type]
+        booking_id=booking_id,
+        user=user,
+        uid=uid,
+        gid=gid,
+        image=run_image(template),
+        port=port,
+        end=end,
+        gpus=gpus,
+        template=template.name,
+        entrypoint=(f"{OVERLAY_TARGET}/entrypoint.sh",),
+        command=template.command,
+        env=tuple(sorted(env.items())),
+        mounts=(overlay, *folders.mounts(), *template.mounts),
+        shm_size=template.shm_size,
+        memory=template.memory,
+        gpu=gpu,  # type: ignore[arg-type]
     )
 
 
-def start_booking(engine: Engine, spec: ContainerSpec, *, probe_key: paramiko.PKey,
-                  timeout: float = 60.0, host: str = "127.0.0.1") -> Ready:
+def start_booking(
+    engine: Engine,
+    spec: ContainerSpec,
+    *,
+    probe_key: paramiko.PKey,
+    timeout: float = 60.0,
+    host: str = "127.0.0.1",
+) -> Ready:
     """Start (or adopt) the booking's container and wait until SSH logs the probe in.
 
     On failure nothing is left behind: the container is stopped and removed, and the error carries
@@ -201,8 +231,14 @@ def start_booking(engine: Engine, spec: ContainerSpec, *, probe_key: paramiko.PK
     return Ready(info=info, seconds=time.monotonic() - began, host_key=host_key)
 
 
-def wait_ready(engine: Engine, spec: ContainerSpec, *, probe_key: paramiko.PKey, timeout: float,
-               host: str = "127.0.0.1") -> str:
+def wait_ready(
+    engine: Engine,
+    spec: ContainerSpec,
+    *,
+    probe_key: paramiko.PKey,
+    timeout: float,
+    host: str = "127.0.0.1",
+) -> str:
     """Log in as the booker with the probe key until it works; give the server's host key."""
     deadline = time.monotonic() + timeout
     next_check = time.monotonic() + 1.0
@@ -216,15 +252,21 @@ def wait_ready(engine: Engine, spec: ContainerSpec, *, probe_key: paramiko.PKey,
             info = engine.inspect(spec.name)
             if info is None or not info.running:
                 state = info.state if info else "gone"
-                raise EngineError(f"booking {spec.booking_id}: container {spec.name} is {state} "
-                                  f"before SSH answered")
+                raise EngineError(
+                    f"booking {spec.booking_id}: container {spec.name} is {state} "
+                    f"before SSH answered"
+                )
             next_check = time.monotonic() + 1.0
         time.sleep(0.02)
-    raise EngineError(f"booking {spec.booking_id}: SSH on port {spec.port} did not let the probe in "
-                      f"within {timeout:.0f} s ({last_problem})")
+    raise EngineError(
+        f"booking {spec.booking_id}: SSH on port {spec.port} did not let the probe in "
+        f"within {timeout:.0f} s ({last_problem})"
+    )
 
 
-def probe_login(host: str, port: int, user: str, key: paramiko.PKey, *, timeout: float = 5.0) -> str:
+def probe_login(
+    host: str, port: int, user: str, key: paramiko.PKey, *, timeout: float = 5.0
+) -> str:
     """One SSH login with `key`; raises if it fails; gives the server's host key line."""
     with socket.create_connection((host, port), timeout=timeout) as sock:
         transport = paramiko.Transport(sock)

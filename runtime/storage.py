@@ -1,11 +1,11 @@
 """A booker's data folders under `[storage] data_root`: input (read-only), output, optional home.
 
-`<root>/<user>/input` is bound read-only, `<root>/<user>/output` writable, `<root>/<user>/home` as the
-persistent home when enabled. Folders are made on first use and belong to the booker: as root they
-are chown'ed to the booker's uid/gid; rootless they belong to the daemon user, which the container's
-user namespace shows as the booker (keep-id), so whatever the booker writes lands under the daemon's
-uid on the host. Names are checked against a strict pattern and every path, symlinks resolved,
-must stay under the root.
+`<root>/<user>/input` is bound read-only, `<root>/<user>/output` writable, `<root>/<user>/home` as
+the persistent home when enabled. Folders are made on first use and belong to the booker: as root
+they are chown'ed to the booker's uid/gid; rootless they belong to the daemon user, which the
+container's user namespace shows as the booker (keep-id), so whatever the booker writes lands
+under the daemon's uid on the host. Names are checked against a strict pattern and every path,
+symlinks resolved, must stay under the root.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ class DataFolders:
     home: Path | None
 
     def mounts(self) -> tuple[Mount, ...]:
-        mounts = [Mount(self.input, INPUT_TARGET, read_only=True),
-                  Mount(self.output, OUTPUT_TARGET, read_only=False)]
+        mounts = [
+            Mount(self.input, INPUT_TARGET, read_only=True),
+            Mount(self.output, OUTPUT_TARGET, read_only=False),
+        ]
         if self.home is not None:
             mounts.append(Mount(self.home, f"/home/{self.user}", read_only=False))
         return tuple(mounts)
@@ -42,8 +44,10 @@ class DataFolders:
 
 def check_user_name(user: str) -> str:
     if not USER_NAME.match(user):
-        raise StorageError(f"user name {user!r} is not allowed for data folders (lower-case ASCII "
-                           f"letters, digits, '_' and '-', starting with a letter or '_', at most 32)")
+        raise StorageError(
+            f"user name {user!r} is not allowed for data folders (lower-case ASCII "
+            f"letters, digits, '_' and '-', starting with a letter or '_', at most 32)"
+        )
     return user
 
 
@@ -65,13 +69,17 @@ def _checked_root(data_root: Path) -> Path:
     try:
         info = os.stat(data_root)
     except FileNotFoundError:
-        raise StorageError(f"data_root {data_root} does not exist; create it or fix [storage] data_root") from None
+        raise StorageError(
+            f"data_root {data_root} does not exist; create it or fix [storage] data_root"
+        ) from None
     except OSError as error:
         raise StorageError(f"data_root {data_root}: {error.strerror}") from None
     if not stat.S_ISDIR(info.st_mode):
         raise StorageError(f"data_root {data_root} is not a folder")
     if not os.access(data_root, os.W_OK | os.X_OK):
-        raise StorageError(f"data_root {data_root} is not writable by this user (uid {os.geteuid()})")
+        raise StorageError(
+            f"data_root {data_root} is not writable by this user (uid {os.geteuid()})"
+        )
     return Path(os.path.realpath(data_root))
 
 
@@ -86,7 +94,9 @@ def _folder(root: Path, path: Path, *, uid: int, gid: int, mode: int) -> Path:
         raise StorageError(f"cannot create {path}: {error.strerror}") from None
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise StorageError(f"{path} is not a plain folder (a symlink or a file); refusing to bind it")
+        raise StorageError(
+            f"{path} is not a plain folder (a symlink or a file); refusing to bind it"
+        )
     resolved = Path(os.path.realpath(path))
     if not resolved.is_relative_to(root) or resolved == root:
         raise StorageError(f"{path} resolves to {resolved}, outside data_root {root}")

@@ -27,8 +27,18 @@ _CUDA = re.compile(r"^[0-9]+\.[0-9]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*$", re.IGNORECASE)
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
-KEYS = ["description", "image", "cuda", "has_sshd", "command", "env", "mounts", "shm_size", "memory",
-        "build"]
+KEYS = [
+    "description",
+    "image",
+    "cuda",
+    "has_sshd",
+    "command",
+    "env",
+    "mounts",
+    "shm_size",
+    "memory",
+    "build",
+]
 BUILD_KEYS = ["tool", "suite", "variant", "include"]
 
 
@@ -101,13 +111,15 @@ def get_template(name: str, directory: Path | None = None) -> Template:
     if not path.is_file():
         known = sorted(template_names(folder))
         close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known) or 'none'}"
+        hint = (
+            f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known) or 'none'}"
+        )
         raise TemplateError(f"no template {name!r} in {folder}{hint}")
     return load_template(path)
 
 
 def load_template(path: Path) -> Template:
-    """Read and validate one template file; TemplateError lists every problem as `file: field: ...`."""
+    """Read and validate one template file; TemplateError lists each problem: `file: field: ...`."""
     try:
         with path.open("rb") as file:
             data = tomllib.load(file)
@@ -133,22 +145,39 @@ class _Checker:
     def template(self, data: Mapping[str, Any]) -> Template | None:
         name = self.path.stem
         if not TEMPLATE_NAME.match(name):
-            self.error("file name", "must be a template name: lower-case ASCII letters, digits, "
-                       "'.', '_' and '-', at most 64 characters, then .toml")
+            self.error(
+                "file name",
+                "must be a template name: lower-case ASCII letters, digits, "
+                "'.', '_' and '-', at most 64 characters, then .toml",
+            )
         self.unknown(data, "", KEYS)
-        image = self.string(data, "image", required=True, pattern=_IMAGE,
-                            hint="an image name such as 'nvidia/cuda:9.0-base-ubuntu16.04' or a digest")
-        cuda = self.string(data, "cuda", required=True, pattern=re.compile(r"^(none|[0-9]+\.[0-9]+)$"),
-                           hint='a CUDA version such as "9.0", or "none"')
+        image = self.string(
+            data,
+            "image",
+            required=True,
+            pattern=_IMAGE,
+            hint="an image name such as 'nvidia/cuda:9.0-base-ubuntu16.04' or a digest",
+        )
+        cuda = self.string(
+            data,
+            "cuda",
+            required=True,
+            pattern=re.compile(r"^(none|[0-9]+\.[0-9]+)$"),
+            hint='a CUDA version such as "9.0", or "none"',
+        )
         template = Template(
-            name=name, path=self.path, image=image or "",
+            name=name,
+            path=self.path,
+            image=image or "",
             description=self.string(data, "description") or "",
             cuda=None if cuda in (None, "none") else cuda,
             has_sshd=self.boolean(data, "has_sshd"),
             command=self.command(data),
             env=self.env(data),
             mounts=self.mounts(data),
-            shm_size=self.string(data, "shm_size", pattern=_SIZE, hint="a size such as '512m' or '2g'"),
+            shm_size=self.string(
+                data, "shm_size", pattern=_SIZE, hint="a size such as '512m' or '2g'"
+            ),
             memory=self.string(data, "memory", pattern=_SIZE, hint="a size such as '16g'"),
             build=self.build(data),
         )
@@ -161,8 +190,16 @@ class _Checker:
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
                 self.error(f"{where}{key}", f"unknown key; {hint}")
 
-    def string(self, table: Mapping[str, Any], key: str, *, where: str = "", required: bool = False,
-               pattern: re.Pattern[str] | None = None, hint: str = "") -> str | None:
+    def string(
+        self,
+        table: Mapping[str, Any],
+        key: str,
+        *,
+        where: str = "",
+        required: bool = False,
+        pattern: re.Pattern[str] | None = None,
+        hint: str = "",
+    ) -> str | None:
         if key not in table:
             if required:
                 self.error(f"{where}{key}", "is required" + (f" ({hint})" if hint else ""))
@@ -186,20 +223,25 @@ class _Checker:
     def command(self, data: Mapping[str, Any]) -> tuple[str, ...]:
         value = data.get("command", [])
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            self.error("command", 'must be a list of strings (an argv, e.g. ["jupyter", "notebook"]), '
-                       "never a shell string")
+            self.error(
+                "command",
+                'must be a list of strings (an argv, e.g. ["jupyter", "notebook"]), '
+                "never a shell string",
+            )
             return ()
         return tuple(value)
 
     def env(self, data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         table = data.get("env", {})
         if not isinstance(table, Mapping):
-            self.error("env", "must be a table of NAME = \"value\"")
+            self.error("env", 'must be a table of NAME = "value"')
             return ()
         pairs = []
         for name, value in table.items():
             if not _ENV_NAME.match(name) or name.startswith("GPUBOOK_"):
-                self.error(f"env.{name}", "is not a usable variable name (GPUBOOK_* is gpubook's own)")
+                self.error(
+                    f"env.{name}", "is not a usable variable name (GPUBOOK_* is gpubook's own)"
+                )
             elif not isinstance(value, str) or "\n" in value or "\0" in value:
                 self.error(f"env.{name}", "must be a one-line string")
             else:
@@ -220,10 +262,16 @@ class _Checker:
             self.unknown(item, where, ["source", "target"])
             path = re.compile(r"^/[^:,\0\n]*$")
             hint = "an absolute path without ':' or ','"
-            source = self.string(item, "source", where=where, required=True, pattern=path, hint=hint)
-            target = self.string(item, "target", where=where, required=True, pattern=path, hint=hint)
-            if target is not None and (target in ("/", "/data/input", "/data/output", "/.gpubook")
-                                       or ".." in target.split("/")):
+            source = self.string(
+                item, "source", where=where, required=True, pattern=path, hint=hint
+            )
+            target = self.string(
+                item, "target", where=where, required=True, pattern=path, hint=hint
+            )
+            if target is not None and (
+                target in ("/", "/data/input", "/data/output", "/.gpubook")
+                or ".." in target.split("/")
+            ):
                 self.error(f"{where}target", f"{target!r} is reserved or climbs out with '..'")
             elif source and target:
                 mounts.append(Mount(Path(source), target, read_only=True))
@@ -237,14 +285,40 @@ class _Checker:
             self.error("build", "must be a table ([build])")
             return None
         self.unknown(table, "build.", BUILD_KEYS)
-        tool = self.string(table, "tool", where="build.", pattern=re.compile("^mmdebstrap$"),
-                           hint='"mmdebstrap" (the only builder)') or "mmdebstrap"
-        suite = self.string(table, "suite", where="build.", pattern=re.compile(r"^[a-z]+$"),
-                            hint="a Debian suite such as 'bookworm'") or "bookworm"
-        variant = self.string(table, "variant", where="build.", pattern=re.compile(r"^[a-z]+$"),
-                              hint="an mmdebstrap variant such as 'minbase'") or "minbase"
+        tool = (
+            self.string(
+                table,
+                "tool",
+                where="build.",
+                pattern=re.compile("^mmdebstrap$"),
+                hint='"mmdebstrap" (the only builder)',
+            )
+            or "mmdebstrap"
+        )
+        suite = (
+            self.string(
+                table,
+                "suite",
+                where="build.",
+                pattern=re.compile(r"^[a-z]+$"),
+                hint="a Debian suite such as 'bookworm'",
+            )
+            or "bookworm"
+        )
+        variant = (
+            self.string(
+                table,
+                "variant",
+                where="build.",
+                pattern=re.compile(r"^[a-z]+$"),
+                hint="an mmdebstrap variant such as 'minbase'",
+            )
+            or "minbase"
+        )
         include = table.get("include", [])
-        if not isinstance(include, list) or not all(isinstance(p, str) and _PACKAGE.match(p) for p in include):
+        if not isinstance(include, list) or not all(
+            isinstance(p, str) and _PACKAGE.match(p) for p in include
+        ):
             self.error("build.include", "must be a list of Debian package names")
             include = []
         return BuildRecipe(suite=suite, variant=variant, include=tuple(include), tool=tool)

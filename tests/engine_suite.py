@@ -32,8 +32,10 @@ CACHE_DIR = ssh.default_cache_dir()
 # The template's command: on SIGTERM it notes that, works one more second, then notes it finished.
 # A stop that honours the grace period lets it finish; a stop without one kills it before.
 GRACEFUL_COMMAND = (
-    "/bin/sh", "-c",
-    "trap 'echo term > /data/output/term-marker; sleep 1; echo finished >> /data/output/term-marker;"
+    "/bin/sh",
+    "-c",
+    "trap 'echo term > /data/output/term-marker; sleep 1;"
+    " echo finished >> /data/output/term-marker;"
     " exit 0' TERM; touch /data/output/trap-set; while :; do sleep 0.1; done",
 )
 
@@ -55,8 +57,15 @@ def key_line(key: paramiko.PKey) -> str:
 def connect(port: int, user: str, key: paramiko.PKey) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - fresh test host key
-    client.connect("127.0.0.1", port=port, username=user, pkey=key, look_for_keys=False,
-                   allow_agent=False, timeout=10)
+    client.connect(
+        "127.0.0.1",
+        port=port,
+        username=user,
+        pkey=key,
+        look_for_keys=False,
+        allow_agent=False,
+        timeout=10,
+    )
     return client
 
 
@@ -84,15 +93,31 @@ class Bookings:
         self.probe_key = ssh.load_probe_key(CACHE_DIR / "test-probe-key")
         self.names: list[str] = []
 
-    def spec(self, *, key: paramiko.PKey, command: tuple[str, ...] = (), user: str = BOOKER,
-             uid: int = BOOKER_UID, port: int | None = None) -> tuple[ContainerSpec, storage.DataFolders]:
+    def spec(
+        self,
+        *,
+        key: paramiko.PKey,
+        command: tuple[str, ...] = (),
+        user: str = BOOKER,
+        uid: int = BOOKER_UID,
+        port: int | None = None,
+    ) -> tuple[ContainerSpec, storage.DataFolders]:
         folders = storage.prepare(self.data_root, user, uid=uid, gid=uid)
         template = replace(self.template, command=command)
         spec = ssh.booking_spec(
-            template, booking_id=f"test-{secrets.token_hex(4)}@gpubook", user=user, uid=uid, gid=uid,
-            ssh_keys=[key_line(key)], probe_key=self.probe_key, port=port or free_port(),
-            end=datetime.now(UTC) + timedelta(hours=1), folders=folders, cache_dir=CACHE_DIR,
-            gpus=(0, 1))
+            template,
+            booking_id=f"test-{secrets.token_hex(4)}@gpubook",
+            user=user,
+            uid=uid,
+            gid=uid,
+            ssh_keys=[key_line(key)],
+            probe_key=self.probe_key,
+            port=port or free_port(),
+            end=datetime.now(UTC) + timedelta(hours=1),
+            folders=folders,
+            cache_dir=CACHE_DIR,
+            gpus=(0, 1),
+        )
         self.names.append(spec.name)
         return spec, folders
 
@@ -124,12 +149,17 @@ def bookings(engine: Engine, image: str, tmp_path: Path) -> Iterator[Bookings]:
 class EngineBehaviour:
     """Subclassed by each engine's test module (which adds the marker)."""
 
-    def test_booker_logs_in_with_sudo_and_bound_folders(self, bookings: Bookings, expected_owner) -> None:
+    def test_booker_logs_in_with_sudo_and_bound_folders(
+        self, bookings: Bookings, expected_owner
+    ) -> None:
         booking = bookings.start()
         (booking.folders.input / "dataset.txt").write_text("numbers\n")
         with connect(booking.spec.port, BOOKER, booking.key) as client:
-            assert run(client, "id -un; id -u; id -g")[1].split() == [BOOKER, str(BOOKER_UID),
-                                                                     str(BOOKER_GID)]
+            assert run(client, "id -un; id -u; id -g")[1].split() == [
+                BOOKER,
+                str(BOOKER_UID),
+                str(BOOKER_GID),
+            ]
             assert run(client, "sudo -n true")[0] == 0
             assert run(client, "sudo -n id -u")[1].strip() == "0"
             assert run(client, "cat /data/input/dataset.txt")[1] == "numbers\n"
@@ -137,8 +167,13 @@ class EngineBehaviour:
             assert status != 0 and "Read-only file system" in error
             status, _, error = run(client, "sudo -n touch /data/input/new-file")
             assert status != 0 and "Read-only file system" in error
-            assert run(client, "echo result > /data/output/result.txt; stat -c %u /data/output/result.txt")[1] \
+            assert (
+                run(
+                    client,
+                    "echo result > /data/output/result.txt; stat -c %u /data/output/result.txt",
+                )[1]
                 == f"{BOOKER_UID}\n"
+            )
         bookings.engine.stop(booking.spec.name, 5)
         assert bookings.engine.inspect(booking.spec.name) is None
         written = booking.folders.output / "result.txt"
@@ -180,15 +215,22 @@ class EngineBehaviour:
         bookings.engine.stop(booking.spec.name, 0)
         assert not marker.exists() or "finished" not in marker.read_text()
 
-    def test_list_finds_it_by_labels_and_second_start_is_a_no_op(self, bookings: Bookings,
-                                                                 engine_args: dict) -> None:
+    def test_list_finds_it_by_labels_and_second_start_is_a_no_op(
+        self, bookings: Bookings, engine_args: dict
+    ) -> None:
         booking = bookings.start()
         fresh = engine_from(**engine_args)  # no state shared with the engine that started it
         found = [info for info in fresh.list() if info.booking_id == booking.spec.booking_id]
         assert len(found) == 1
         info = found[0]
         assert (info.name, info.user, info.gpus, info.port, info.template, info.spec_hash) == (
-            booking.spec.name, BOOKER, (0, 1), booking.spec.port, "debian-ssh", booking.spec.spec_hash)
+            booking.spec.name,
+            BOOKER,
+            (0, 1),
+            booking.spec.port,
+            "debian-ssh",
+            booking.spec.spec_hash,
+        )
         assert info.end == booking.spec.end and info.running
         again = fresh.start(booking.spec)
         assert again.id == info.id

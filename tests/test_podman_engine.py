@@ -1,4 +1,4 @@
-"""The engine behaviour against real rootless podman (runc, overlay storage), run by an ordinary user."""
+"""The engine behaviour against real rootless podman (runc, overlay), run as an ordinary user."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import pytest
 from runtime import ssh
 from runtime.engines import Engine, engine_from
 from runtime.templates import get_template
-from tests.engine_suite import CACHE_DIR, EngineBehaviour, bookings, owner_rootless_or_root  # noqa: F401
+from tests import engine_suite
+from tests.engine_suite import CACHE_DIR, Bookings, EngineBehaviour, owner_rootless_or_root
 
 pytestmark = [
     pytest.mark.podman,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
+bookings = engine_suite.bookings  # the shared fixture
 PODMAN = {"name": "podman", "runtime": "runc", "storage_driver": "overlay"}
 
 
@@ -44,8 +46,10 @@ class TestPodman(EngineBehaviour):
     pass
 
 
-def test_own_user_namespace(bookings) -> None:
+def test_own_user_namespace(bookings: Bookings) -> None:
     """Podman gives each container its own user namespace (Docker shares dockerd's)."""
     booking = bookings.start()
-    inside = bookings.engine.exec(booking.spec.name, ["readlink", "/proc/self/ns/user"]).stdout.strip()
+    inside = bookings.engine.exec(
+        booking.spec.name, ["readlink", "/proc/self/ns/user"]
+    ).stdout.strip()
     assert inside.startswith("user:[") and inside != os.readlink("/proc/self/ns/user")

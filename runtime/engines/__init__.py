@@ -33,8 +33,18 @@ LABEL_TEMPLATE = "gpubook.template"
 
 # What sshd and sudo need (and what a booker's `sudo apt-get install` needs); everything else,
 # MKNOD and NET_RAW included, is dropped. MKNOD also keeps NVML from creating other GPUs' nodes.
-KEEP_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
-                     "SYS_CHROOT", "AUDIT_WRITE", "NET_BIND_SERVICE")
+KEEP_CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SYS_CHROOT",
+    "AUDIT_WRITE",
+    "NET_BIND_SERVICE",
+)
 DROP_CAPABILITIES = ("ALL", "MKNOD")
 
 _SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$")
@@ -82,13 +92,19 @@ class ContainerSpec:
         if self.end.tzinfo is None:
             raise EngineError(f"booking {self.booking_id}: end time {self.end} has no time zone")
         if not 1024 <= self.port <= 65535:
-            raise EngineError(f"booking {self.booking_id}: port {self.port} is not between 1024 and 65535")
+            raise EngineError(
+                f"booking {self.booking_id}: port {self.port} is not between 1024 and 65535"
+            )
         for size in (self.shm_size, self.memory):
             if size is not None and not _SIZE.match(size):
-                raise EngineError(f"booking {self.booking_id}: size {size!r} is not like '512m' or '8g'")
+                raise EngineError(
+                    f"booking {self.booking_id}: size {size!r} is not like '512m' or '8g'"
+                )
         for name, _ in self.env:
             if not _ENV_NAME.match(name):
-                raise EngineError(f"booking {self.booking_id}: environment name {name!r} is invalid")
+                raise EngineError(
+                    f"booking {self.booking_id}: environment name {name!r} is invalid"
+                )
 
     @property
     def name(self) -> str:
@@ -177,8 +193,9 @@ def container_name(booking_id: str) -> str:
     return f"gpubook-{readable}-{digest}" if readable else f"gpubook-{digest}"
 
 
-def info_from_labels(*, name: str, id: str, state: str, image: str,
-                     labels: Mapping[str, str]) -> ContainerInfo:
+def info_from_labels(
+    *, name: str, id: str, state: str, image: str, labels: Mapping[str, str]
+) -> ContainerInfo:
     end_text = labels.get(LABEL_END, "")
     try:
         end = datetime.fromisoformat(end_text) if end_text else None
@@ -187,9 +204,15 @@ def info_from_labels(*, name: str, id: str, state: str, image: str,
     gpus = tuple(int(g) for g in labels.get(LABEL_GPUS, "").split(",") if g.strip().isdigit())
     port_text = labels.get(LABEL_PORT, "")
     return ContainerInfo(
-        name=name.lstrip("/"), id=id, state=state.lower(), image=image,
-        booking_id=labels.get(LABEL_BOOKING, ""), user=labels.get(LABEL_USER, ""), gpus=gpus,
-        end=end, spec_hash=labels.get(LABEL_HASH, ""),
+        name=name.lstrip("/"),
+        id=id,
+        state=state.lower(),
+        image=image,
+        booking_id=labels.get(LABEL_BOOKING, ""),
+        user=labels.get(LABEL_USER, ""),
+        gpus=gpus,
+        end=end,
+        spec_hash=labels.get(LABEL_HASH, ""),
         port=int(port_text) if port_text.isdigit() else None,
         template=labels.get(LABEL_TEMPLATE, ""),
     )
@@ -206,18 +229,28 @@ def engine_from(
     cgroup_manager: str | None = "cgroupfs",
     global_args: Sequence[str] = (),
 ) -> Engine:
-    """The engine named in `[engine]` (scheduler.config.EngineConfig's fields, passed one by one)."""
+    """The engine named in `[engine]` (config.EngineConfig's fields, one by one)."""
     from runtime.engines.docker import DockerEngine
     from runtime.engines.podman import PodmanEngine
 
     if network not in ("host", "private"):
         raise EngineError(f'engine network must be "host" or "private", not {network!r}')
     if name == "podman":
-        return PodmanEngine(binary=binary or "podman", runtime=runtime, storage_driver=storage_driver,
-                            cgroup_manager=cgroup_manager, network=network, ulimits=tuple(ulimits),
-                            global_args=tuple(global_args))
+        return PodmanEngine(
+            binary=binary or "podman",
+            runtime=runtime,
+            storage_driver=storage_driver,
+            cgroup_manager=cgroup_manager,
+            network=network,
+            ulimits=tuple(ulimits),
+            global_args=tuple(global_args),
+        )
     if name == "docker":
         # Docker's runtime and storage driver belong to dockerd's own configuration.
-        return DockerEngine(binary=binary or "docker", network=network, ulimits=tuple(ulimits),
-                            global_args=tuple(global_args))
+        return DockerEngine(
+            binary=binary or "docker",
+            network=network,
+            ulimits=tuple(ulimits),
+            global_args=tuple(global_args),
+        )
     raise EngineError(f'unknown engine {name!r} (known: "podman", "docker")')

@@ -18,11 +18,24 @@ from runtime.engines.podman import QUICK_TIMEOUT, PodmanEngine
 class DockerEngine(PodmanEngine):
     name = "docker"
 
-    def __init__(self, *, binary: str = "docker", network: str = "host", ulimits: Sequence[str] = (),
-                 global_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        binary: str = "docker",
+        network: str = "host",
+        ulimits: Sequence[str] = (),
+        global_args: Sequence[str] = (),
+    ) -> None:
         # OCI runtime, storage driver and cgroups are dockerd's own settings, not the client's.
-        super().__init__(binary=binary, runtime=None, storage_driver=None, cgroup_manager=None,
-                         network=network, ulimits=ulimits, global_args=global_args)
+        super().__init__(
+            binary=binary,
+            runtime=None,
+            storage_driver=None,
+            cgroup_manager=None,
+            network=network,
+            ulimits=ulimits,
+            global_args=global_args,
+        )
 
     def global_argv(self) -> list[str]:
         return [self.binary, *self.global_args]

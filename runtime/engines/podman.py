@@ -1,7 +1,8 @@
 """Podman, rootless first (and rootful where the GPU host only allows that).
 
 Every setting that rootless podman would otherwise read from per-user config files is passed as a
-global flag, so the daemon behaves the same under a systemd user session, a plain `runuser`, or root.
+global flag, so the daemon behaves the same under a systemd user session,
+a plain `runuser`, or root.
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ class PodmanEngine:
         if self.image_exists(image):
             return
         if not pull:
-            raise permanent(f"image {image} is not present in {self.name}'s storage; build or "
-                              f"import it first (gpubook templates build NAME)")
+            raise permanent(
+                f"image {image} is not present in {self.name}'s storage; build or "
+                f"import it first (gpubook templates build NAME)"
+            )
         self._call(["pull", image], timeout=BUILD_TIMEOUT)
 
     def start(self, spec: ContainerSpec) -> ContainerInfo:
@@ -81,8 +84,10 @@ class PodmanEngine:
                 log.info("booking %s: already running as %s", spec.booking_id, spec.name)
                 return current
             if current.running:
-                raise permanent(f"booking {spec.booking_id}: {spec.name} already runs with another "
-                                  f"spec (hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first")
+                raise permanent(
+                    f"booking {spec.booking_id}: {spec.name} already runs with another "
+                    f"spec (hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first"
+                )
             self._remove(spec.name)  # an exited leftover of an earlier start
         self._check_port_free(spec)
         self.ensure_image(spec.image)
@@ -95,21 +100,27 @@ class PodmanEngine:
             self._remove(spec.name)
             raise
         if info is None:
-            raise EngineError(f"booking {spec.booking_id}: {spec.name} vanished right after its start")
+            raise EngineError(
+                f"booking {spec.booking_id}: {spec.name} vanished right after its start"
+            )
         return info
 
     def stop(self, name: str, grace: float) -> None:
         """SIGTERM, `grace` seconds for the booker's work to finish, SIGKILL; then remove it."""
         if self.inspect(name) is None:
             return
-        self._call(["stop", "--time", str(math.ceil(grace)), name], timeout=grace + QUICK_TIMEOUT,
-                   missing_ok=True)
+        self._call(
+            ["stop", "--time", str(math.ceil(grace)), name],
+            timeout=grace + QUICK_TIMEOUT,
+            missing_ok=True,
+        )
         self._remove(name)
 
     def list(self) -> list[ContainerInfo]:
         for _attempt in range(3):  # a container may vanish between `ps` and `inspect`
-            ids = self._call(["ps", "--all", "--quiet", "--no-trunc", "--filter",
-                              f"label={LABEL_BOOKING}"]).split()
+            ids = self._call(
+                ["ps", "--all", "--quiet", "--no-trunc", "--filter", f"label={LABEL_BOOKING}"]
+            ).split()
             if not ids:
                 return []
             try:
@@ -137,8 +148,19 @@ class PodmanEngine:
 
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
         # Host network: these machines have no slirp4netns for the unprivileged user.
-        self._call(["build", "--network", "host", "--tag", tag, "--file",
-                    str(context / containerfile), str(context)], timeout=BUILD_TIMEOUT)
+        self._call(
+            [
+                "build",
+                "--network",
+                "host",
+                "--tag",
+                tag,
+                "--file",
+                str(context / containerfile),
+                str(context),
+            ],
+            timeout=BUILD_TIMEOUT,
+        )
 
     def import_rootfs(self, tarball: Path, tag: str) -> None:
         self._call(["import", str(tarball), tag], timeout=BUILD_TIMEOUT)
@@ -174,7 +196,9 @@ class PodmanEngine:
     def pull_never_args(self) -> list[str]:
         return ["--pull", "never"]
 
-    def _inspect_raw(self, names: Sequence[str], *, missing_ok: bool = False) -> list[dict[str, Any]]:
+    def _inspect_raw(
+        self, names: Sequence[str], *, missing_ok: bool = False
+    ) -> list[dict[str, Any]]:
         done = self._process(["container", "inspect", *names], timeout=QUICK_TIMEOUT)
         if done.returncode != 0:
             if missing_ok and _is_missing(done.stderr):
@@ -209,7 +233,10 @@ class PodmanEngine:
         for name, value in spec.env:
             argv += ["--env", f"{name}={value}"]
         for mount in spec.mounts:
-            argv += ["--volume", f"{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"]
+            argv += [
+                "--volume",
+                f"{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}",
+            ]
         if spec.gpu is not None:
             from runtime.nvidia import container_args  # only GPU bookings need the driver code
 
@@ -238,18 +265,24 @@ class PodmanEngine:
                     probe.bind((address, spec.port))
                 except OSError as error:
                     if error.errno == errno.EADDRINUSE:
-                        raise EngineError(f"booking {spec.booking_id}: port {spec.port} is already in "
-                                          f"use on this host") from None
+                        raise EngineError(
+                            f"booking {spec.booking_id}: port {spec.port} is already in "
+                            f"use on this host"
+                        ) from None
                     if error.errno != errno.EADDRNOTAVAIL:
-                        raise EngineError(f"booking {spec.booking_id}: cannot use port {spec.port}: "
-                                          f"{error.strerror}") from None
+                        raise EngineError(
+                            f"booking {spec.booking_id}: cannot use port {spec.port}: "
+                            f"{error.strerror}"
+                        ) from None
 
     def _check_mounts(self, spec: ContainerSpec) -> None:
         for mount in spec.mounts:
             text = str(mount.source)
             if ":" in text or ":" in mount.target or "," in text:
-                raise permanent(f"booking {spec.booking_id}: mount path {text} or {mount.target} "
-                                  f"contains ':' or ','")
+                raise permanent(
+                    f"booking {spec.booking_id}: mount path {text} or {mount.target} "
+                    f"contains ':' or ','"
+                )
             if not mount.source.exists():
                 raise permanent(f"booking {spec.booking_id}: mount source {text} does not exist")
 
@@ -261,21 +294,33 @@ class PodmanEngine:
     def _info(self, raw: dict[str, Any]) -> ContainerInfo:
         config = raw.get("Config") or {}
         image = config.get("Image") or raw.get("ImageName") or raw.get("Image") or ""
-        return info_from_labels(name=raw.get("Name", ""), id=raw.get("Id", ""),
-                                state=(raw.get("State") or {}).get("Status", "unknown"),
-                                image=image, labels=config.get("Labels") or {})
+        return info_from_labels(
+            name=raw.get("Name", ""),
+            id=raw.get("Id", ""),
+            state=(raw.get("State") or {}).get("Status", "unknown"),
+            image=image,
+            labels=config.get("Labels") or {},
+        )
 
     def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
         argv = [*self.global_argv(), *args]
         try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL, check=False)
+            return subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except FileNotFoundError:
             raise permanent(f"{self.name}: {self.binary} is not installed or not on PATH") from None
         except subprocess.TimeoutExpired:
             raise EngineError(f"{self.name} {args[0]}: no answer within {timeout:.0f} s") from None
 
-    def _call(self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, missing_ok: bool = False) -> str:
+    def _call(
+        self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, missing_ok: bool = False
+    ) -> str:
         done = self._process(args, timeout=timeout)
         if done.returncode != 0 and not (missing_ok and _is_missing(done.stderr)):
             raise EngineError(f"{self.name} {args[0]}: {_message(done)}")
@@ -284,8 +329,11 @@ class PodmanEngine:
 
 def _id_map(flag: str, keep: int) -> list[str]:
     count = max(CONTAINER_ID_COUNT, keep + 1)
-    ranges = [(0, ROOTFUL_ID_BASE, keep), (keep, keep, 1),
-              (keep + 1, ROOTFUL_ID_BASE + keep + 1, count - keep - 1)]
+    ranges = [
+        (0, ROOTFUL_ID_BASE, keep),
+        (keep, keep, 1),
+        (keep + 1, ROOTFUL_ID_BASE + keep + 1, count - keep - 1),
+    ]
     return [f"{flag}={inside}:{outside}:{size}" for inside, outside, size in ranges if size > 0]
 
 
