@@ -52,7 +52,11 @@ def check_user_name(user: str) -> str:
 
 
 def prepare(data_root: Path, user: str, *, uid: int, gid: int, home: bool = False) -> DataFolders:
-    """Make (or check) the booker's folders and give them back, ready to bind."""
+    """Make (or check) the booker's folders and give them back, ready to bind.
+
+    `uid`/`gid` are the host ids the folders should belong to: `engine.host_owner(booker's ids)`.
+    Only root can give them away; an unprivileged daemon keeps them (rootless: that is right).
+    """
     check_user_name(user)
     root = _checked_root(data_root)
     user_dir = _folder(root, root / user, uid=uid, gid=gid, mode=0o750)

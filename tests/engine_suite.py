@@ -102,7 +102,8 @@ class Bookings:
         uid: int = BOOKER_UID,
         port: int | None = None,
     ) -> tuple[ContainerSpec, storage.DataFolders]:
-        folders = storage.prepare(self.data_root, user, uid=uid, gid=uid)
+        owner_uid, owner_gid = self.engine.host_owner(uid, uid)
+        folders = storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid)
         template = replace(self.template, command=command)
         spec = ssh.booking_spec(
             template,
@@ -287,6 +288,6 @@ def _wait_for_trap(folders: storage.DataFolders) -> None:
     raise AssertionError("the template's command never started")
 
 
-def owner_rootless_or_root(uid: int) -> int:
-    """Rootless: the daemon user (shown as the booker inside); as root: the booker's own uid."""
-    return uid if os.geteuid() == 0 else os.getuid()
+def owner_for_podman(uid: int) -> int:
+    """Rootless: the daemon user (shown as the booker inside); rootful: the booker's mapped uid."""
+    return uid + 1_000_000_000 if os.geteuid() == 0 else os.getuid()

@@ -27,8 +27,10 @@ DOCKER = "/usr/bin/docker"  # Debian's client, matching Debian's dockerd
 
 pytestmark = [
     pytest.mark.docker,
-    pytest.mark.skipif(not (os.path.exists(DOCKERD) and os.path.exists(DOCKER)),
-                       reason="Debian's docker.io is not installed"),
+    pytest.mark.skipif(
+        not (os.path.exists(DOCKERD) and os.path.exists(DOCKER)),
+        reason="Debian's docker.io is not installed",
+    ),
     pytest.mark.skipif(os.geteuid() != 0, reason="starts dockerd, which needs root"),
 ]
 bookings = engine_suite.bookings  # the shared fixture
@@ -42,10 +44,23 @@ def dockerd() -> Iterator[str]:
     socket_path = home / "docker.sock"
     log = (home / "dockerd.log").open("wb")
     daemon = subprocess.Popen(
-        [DOCKERD, "--iptables=false", "--bridge=none", "--host", f"unix://{socket_path}",
-         "--data-root", str(home / "data"), "--exec-root", str(home / "exec"),
-         "--pidfile", str(home / "dockerd.pid")],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        [
+            DOCKERD,
+            "--iptables=false",
+            "--bridge=none",
+            "--host",
+            f"unix://{socket_path}",
+            "--data-root",
+            str(home / "data"),
+            "--exec-root",
+            str(home / "exec"),
+            "--pidfile",
+            str(home / "dockerd.pid"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     address = f"unix://{socket_path}"
     try:
         _wait_for(address, daemon, home / "dockerd.log")

@@ -11,7 +11,7 @@ from runtime import ssh
 from runtime.engines import Engine, engine_from
 from runtime.templates import get_template
 from tests import engine_suite
-from tests.engine_suite import CACHE_DIR, Bookings, EngineBehaviour, owner_rootless_or_root
+from tests.engine_suite import CACHE_DIR, Bookings, EngineBehaviour, owner_for_podman
 
 pytestmark = [
     pytest.mark.podman,
@@ -39,7 +39,7 @@ def image(engine: Engine) -> str:
 
 @pytest.fixture
 def expected_owner():
-    return owner_rootless_or_root
+    return owner_for_podman
 
 
 class TestPodman(EngineBehaviour):

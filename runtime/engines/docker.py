@@ -43,5 +43,11 @@ class DockerEngine(PodmanEngine):
     def userns_args(self, spec: ContainerSpec) -> list[str]:
         return []
 
+    def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
+        return uid, gid
+
+    def default_ulimits(self) -> list[str]:
+        return []
+
     def image_exists(self, image: str) -> bool:
         return self._process(["image", "inspect", image], timeout=QUICK_TIMEOUT).returncode == 0

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import resource
 import socket
 import subprocess
 from collections.abc import Sequence
@@ -32,11 +33,11 @@ from runtime.errors import EngineError
 
 log = logging.getLogger(__name__)
 
-# Rootful podman (euid 0) maps container ids 0..N onto host ids starting here, except the booker's
-# own uid/gid, which map to themselves so bound folders stay the booker's. Far above any real
+# Rootful podman (euid 0) maps container ids 0..N onto host ids starting here: far above any real
 # account and any /etc/subuid range that useradd hands out.
 ROOTFUL_ID_BASE = 1_000_000_000
 CONTAINER_ID_COUNT = 65536
+NPROC = 32768  # rootful default: runc was refused 65536 on the GPU host and on Debian 12
 QUICK_TIMEOUT = 60.0  # seconds for commands that should answer at once
 RUN_TIMEOUT = 300.0  # seconds for `run` (a first start may set up storage)
 BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
@@ -184,14 +185,33 @@ class PodmanEngine:
         return argv + ["--events-backend", "file"]
 
     def userns_args(self, spec: ContainerSpec) -> list[str]:
-        """The container's own user namespace, with the booker's ids kept for bound folders."""
+        """The container's own user namespace."""
         if os.geteuid() != 0:
             # Rootless: the daemon's uid shows as the booker's inside; the rest of the container's
             # ids come from the daemon user's /etc/subuid range. `--passwd=false`: the entrypoint
             # writes the booker's account itself.
             return [f"--userns=keep-id:uid={spec.uid},gid={spec.gid}", "--passwd=false"]
-        # Rootful (keep-id is rootless only): an explicit map, identity for the booker's ids only.
-        return [*_id_map("--uidmap", spec.uid), *_id_map("--gidmap", spec.gid)]
+        # Rootful (keep-id is rootless only): one contiguous map far above real accounts. A map
+        # with an identity hole for the booker would keep host ownership, but podman 4.3's overlay
+        # driver refuses to mount such a layer ("permission denied"), so folders are chown'ed to
+        # the mapped ids instead (host_owner).
+        count = max(CONTAINER_ID_COUNT, spec.uid + 1, spec.gid + 1)
+        return [f"--uidmap=0:{ROOTFUL_ID_BASE}:{count}", f"--gidmap=0:{ROOTFUL_ID_BASE}:{count}"]
+
+    def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
+        """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""
+        if os.geteuid() != 0:
+            return os.getuid(), os.getgid()
+        return ROOTFUL_ID_BASE + uid, ROOTFUL_ID_BASE + gid
+
+    def default_ulimits(self) -> list[str]:
+        """Rootful runc in a user namespace cannot raise nofile/nproc: keep them within its own."""
+        if os.geteuid() != 0:
+            return []
+        configured = {limit.split("=", 1)[0] for limit in self.ulimits}
+        nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
+        defaults = {"nofile": f"nofile={nofile}:{nofile}", "nproc": f"nproc={NPROC}:{NPROC}"}
+        return [value for key, value in defaults.items() if key not in configured]
 
     def pull_never_args(self) -> list[str]:
         return ["--pull", "never"]
@@ -224,7 +244,7 @@ class PodmanEngine:
             argv += ["--cap-drop", capability]
         for capability in KEEP_CAPABILITIES:
             argv += ["--cap-add", capability]
-        for ulimit in self.ulimits:
+        for ulimit in (*self.default_ulimits(), *self.ulimits):
             argv += ["--ulimit", ulimit]
         if spec.shm_size:
             argv += ["--shm-size", spec.shm_size]
@@ -325,16 +345,6 @@ class PodmanEngine:
         if done.returncode != 0 and not (missing_ok and _is_missing(done.stderr)):
             raise EngineError(f"{self.name} {args[0]}: {_message(done)}")
         return done.stdout
-
-
-def _id_map(flag: str, keep: int) -> list[str]:
-    count = max(CONTAINER_ID_COUNT, keep + 1)
-    ranges = [
-        (0, ROOTFUL_ID_BASE, keep),
-        (keep, keep, 1),
-        (keep + 1, ROOTFUL_ID_BASE + keep + 1, count - keep - 1),
-    ]
-    return [f"{flag}={inside}:{outside}:{size}" for inside, outside, size in ranges if size > 0]
 
 
 def _is_missing(stderr: str) -> bool:
