@@ -43,7 +43,7 @@ class DataFolders:
 
 
 def check_user_name(user: str) -> str:
-    if not USER_NAME.match(user):
+    if not USER_NAME.fullmatch(user):
         raise StorageError(
             f"user name {user!r} is not allowed for data folders (lower-case ASCII "
             f"letters, digits, '_' and '-', starting with a letter or '_', at most 32)"

@@ -105,7 +105,7 @@ def load_all(directory: Path | None = None) -> TemplateSet:
 
 def get_template(name: str, directory: Path | None = None) -> Template:
     folder = directory or default_templates_dir()
-    if not TEMPLATE_NAME.match(name):
+    if not TEMPLATE_NAME.fullmatch(name):
         raise TemplateError(f"{name!r} is not a valid template name")
     path = folder / f"{name}.toml"
     if not path.is_file():
@@ -144,7 +144,7 @@ class _Checker:
 
     def template(self, data: Mapping[str, Any]) -> Template | None:
         name = self.path.stem
-        if not TEMPLATE_NAME.match(name):
+        if not TEMPLATE_NAME.fullmatch(name):
             self.error(
                 "file name",
                 "must be a template name: lower-case ASCII letters, digits, "
