@@ -7,6 +7,7 @@ a plain `runuser`, or root.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import logging
@@ -117,7 +118,7 @@ class PodmanEngine:
         )
         self._remove(name)
 
-    def list(self) -> list[ContainerInfo]:
+    def list(self) -> builtins.list[ContainerInfo]:
         for _attempt in range(3):  # a container may vanish between `ps` and `inspect`
             ids = self._call(
                 ["ps", "--all", "--quiet", "--no-trunc", "--filter", f"label={LABEL_BOOKING}"]
@@ -174,7 +175,7 @@ class PodmanEngine:
 
     # --- what differs between engines ----------------------------------------------------------
 
-    def global_argv(self) -> list[str]:
+    def global_argv(self) -> builtins.list[str]:
         argv = [self.binary, *self.global_args]
         if self.runtime:
             argv += ["--runtime", self.runtime]
@@ -184,7 +185,7 @@ class PodmanEngine:
             argv += ["--cgroup-manager", self.cgroup_manager]
         return argv + ["--events-backend", "file"]
 
-    def userns_args(self, spec: ContainerSpec) -> list[str]:
+    def userns_args(self, spec: ContainerSpec) -> builtins.list[str]:
         """The container's own user namespace."""
         if os.geteuid() != 0:
             # Rootless: the daemon's uid shows as the booker's inside; the rest of the container's
@@ -204,7 +205,7 @@ class PodmanEngine:
             return os.getuid(), os.getgid()
         return ROOTFUL_ID_BASE + uid, ROOTFUL_ID_BASE + gid
 
-    def default_ulimits(self) -> list[str]:
+    def default_ulimits(self) -> builtins.list[str]:
         """Rootful runc in a user namespace cannot raise nofile/nproc: keep them within its own."""
         if os.geteuid() != 0:
             return []
@@ -213,12 +214,12 @@ class PodmanEngine:
         defaults = {"nofile": f"nofile={nofile}:{nofile}", "nproc": f"nproc={NPROC}:{NPROC}"}
         return [value for key, value in defaults.items() if key not in configured]
 
-    def pull_never_args(self) -> list[str]:
+    def pull_never_args(self) -> builtins.list[str]:
         return ["--pull", "never"]
 
     def _inspect_raw(
         self, names: Sequence[str], *, missing_ok: bool = False
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         done = self._process(["container", "inspect", *names], timeout=QUICK_TIMEOUT)
         if done.returncode != 0:
             if missing_ok and _is_missing(done.stderr):
@@ -231,7 +232,7 @@ class PodmanEngine:
 
     # --- building the run command --------------------------------------------------------------
 
-    def run_args(self, spec: ContainerSpec) -> list[str]:
+    def run_args(self, spec: ContainerSpec) -> builtins.list[str]:
         argv = ["run", "--detach", "--name", spec.name, *self.pull_never_args(), "--user", "0:0"]
         for key, value in spec.labels().items():
             argv += ["--label", f"{key}={value}"]
