@@ -41,3 +41,7 @@ class EngineError(GpubookError):
 
 class DriverError(GpubookError):
     """The NVIDIA driver or its files could not be found or used."""
+
+
+class StorageError(GpubookError):
+    """A booker's data folders cannot be made or used safely (bad name, missing root, escape)."""

@@ -1,0 +1,293 @@
+"""The behaviour every engine must show, run against real engines (podman and Docker modules).
+
+A test module provides the fixtures `engine` (a started engine), `image` (the debian-ssh image, in
+that engine) and `expected_owner(uid)` (the host uid that files written by booker `uid` get), then
+subclasses `EngineBehaviour`. Containers are removed even when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from runtime import ssh, storage
+from runtime.engines import ContainerSpec, Engine, engine_from
+from runtime.errors import EngineError, StorageError
+from runtime.templates import Template, get_template
+
+BOOKER = "alice"
+BOOKER_UID = 2001
+BOOKER_GID = 2001
+CACHE_DIR = ssh.default_cache_dir()
+
+# The template's command: on SIGTERM it notes that, works one more second, then notes it finished.
+# A stop that honours the grace period lets it finish; a stop without one kills it before.
+GRACEFUL_COMMAND = (
+    "/bin/sh",
+    "-c",
+    "trap 'echo term > /data/output/term-marker; sleep 1;"
+    " echo finished >> /data/output/term-marker;"
+    " exit 0' TERM; touch /data/output/trap-set; while :; do sleep 0.1; done",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def new_key() -> paramiko.PKey:
+    return paramiko.ECDSAKey.generate(bits=256)
+
+
+def key_line(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.get_base64()} test"
+
+
+def connect(port: int, user: str, key: paramiko.PKey) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - fresh test host key
+    client.connect(
+        "127.0.0.1",
+        port=port,
+        username=user,
+        pkey=key,
+        look_for_keys=False,
+        allow_agent=False,
+        timeout=10,
+    )
+    return client
+
+
+def run(client: paramiko.SSHClient, command: str) -> tuple[int, str, str]:
+    _, stdout, stderr = client.exec_command(command, timeout=30)
+    status = stdout.channel.recv_exit_status()
+    return status, stdout.read().decode(), stderr.read().decode()
+
+
+@dataclass
+class Booking:
+    spec: ContainerSpec
+    folders: storage.DataFolders
+    key: paramiko.PKey
+    ready: ssh.Ready
+
+
+class Bookings:
+    """Starts bookings for tests and removes every one of them afterwards, pass or fail."""
+
+    def __init__(self, engine: Engine, data_root: Path, template: Template) -> None:
+        self.engine = engine
+        self.data_root = data_root
+        self.template = template
+        self.probe_key = ssh.load_probe_key(CACHE_DIR / "test-probe-key")
+        self.names: list[str] = []
+
+    def spec(
+        self,
+        *,
+        key: paramiko.PKey,
+        command: tuple[str, ...] = (),
+        user: str = BOOKER,
+        uid: int = BOOKER_UID,
+        port: int | None = None,
+    ) -> tuple[ContainerSpec, storage.DataFolders]:
+        owner_uid, owner_gid = self.engine.host_owner(uid, uid)
+        folders = storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid)
+        template = replace(self.template, command=command)
+        spec = ssh.booking_spec(
+            template,
+            booking_id=f"test-{secrets.token_hex(4)}@gpubook",
+            user=user,
+            uid=uid,
+            gid=uid,
+            ssh_keys=[key_line(key)],
+            probe_key=self.probe_key,
+            port=port or free_port(),
+            end=datetime.now(UTC) + timedelta(hours=1),
+            folders=folders,
+            cache_dir=CACHE_DIR,
+            gpus=(0, 1),
+        )
+        self.names.append(spec.name)
+        return spec, folders
+
+    def start(self, *, command: tuple[str, ...] = ()) -> Booking:
+        key = new_key()
+        spec, folders = self.spec(key=key, command=command)
+        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, timeout=60)
+        return Booking(spec=spec, folders=folders, key=key, ready=ready)
+
+    def cleanup(self) -> None:
+        for name in self.names:
+            try:
+                self.engine.stop(name, 0)
+            except EngineError:
+                pass
+
+
+@pytest.fixture
+def bookings(engine: Engine, image: str, tmp_path: Path) -> Iterator[Bookings]:
+    data_root = tmp_path / "data"
+    data_root.mkdir()
+    made = Bookings(engine, data_root, get_template("debian-ssh"))
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+class EngineBehaviour:
+    """Subclassed by each engine's test module (which adds the marker)."""
+
+    def test_booker_logs_in_with_sudo_and_bound_folders(
+        self, bookings: Bookings, expected_owner
+    ) -> None:
+        booking = bookings.start()
+        (booking.folders.input / "dataset.txt").write_text("numbers\n")
+        with connect(booking.spec.port, BOOKER, booking.key) as client:
+            assert run(client, "id -un; id -u; id -g")[1].split() == [
+                BOOKER,
+                str(BOOKER_UID),
+                str(BOOKER_GID),
+            ]
+            assert run(client, "sudo -n true")[0] == 0
+            assert run(client, "sudo -n id -u")[1].strip() == "0"
+            assert run(client, "cat /data/input/dataset.txt")[1] == "numbers\n"
+            status, _, error = run(client, "touch /data/input/new-file")
+            assert status != 0 and "Read-only file system" in error
+            status, _, error = run(client, "sudo -n touch /data/input/new-file")
+            assert status != 0 and "Read-only file system" in error
+            assert (
+                run(
+                    client,
+                    "echo result > /data/output/result.txt; stat -c %u /data/output/result.txt",
+                )[1]
+                == f"{BOOKER_UID}\n"
+            )
+        bookings.engine.stop(booking.spec.name, 5)
+        assert bookings.engine.inspect(booking.spec.name) is None
+        written = booking.folders.output / "result.txt"
+        assert written.read_text() == "result\n"
+        assert written.stat().st_uid == expected_owner(BOOKER_UID)
+        assert not (booking.folders.input / "new-file").exists()
+
+    def test_only_the_bookers_key_opens_it(self, bookings: Bookings) -> None:
+        booking = bookings.start()
+        port = booking.spec.port
+        with pytest.raises(paramiko.AuthenticationException):
+            connect(port, BOOKER, new_key()).close()  # another booker's key
+        with pytest.raises(paramiko.AuthenticationException):
+            connect(port, "root", booking.key).close()  # root login is off, even with the key
+        transport = paramiko.Transport(("127.0.0.1", port))
+        try:
+            transport.start_client(timeout=10)
+            with pytest.raises(paramiko.BadAuthenticationType) as refused:
+                transport.auth_password(BOOKER, "any password")
+            assert refused.value.allowed_types == ["publickey"]
+        finally:
+            transport.close()
+        # The daemon's probe key logs in, but may run nothing but `true`.
+        with connect(port, BOOKER, bookings.probe_key) as client:
+            assert run(client, "echo escaped > /data/output/probe; echo out")[1] == ""
+        assert not (booking.folders.output / "probe").exists()
+
+    def test_stop_gives_the_grace_period(self, bookings: Bookings) -> None:
+        booking = bookings.start(command=GRACEFUL_COMMAND)
+        marker = booking.folders.output / "term-marker"
+        _wait_for_trap(booking.folders)
+        bookings.engine.stop(booking.spec.name, 20)
+        assert marker.read_text() == "term\nfinished\n"
+
+    def test_stop_without_grace_kills(self, bookings: Bookings) -> None:
+        booking = bookings.start(command=GRACEFUL_COMMAND)
+        marker = booking.folders.output / "term-marker"
+        _wait_for_trap(booking.folders)
+        bookings.engine.stop(booking.spec.name, 0)
+        assert not marker.exists() or "finished" not in marker.read_text()
+
+    def test_list_finds_it_by_labels_and_second_start_is_a_no_op(
+        self, bookings: Bookings, engine_args: dict
+    ) -> None:
+        booking = bookings.start()
+        fresh = engine_from(**engine_args)  # no state shared with the engine that started it
+        found = [info for info in fresh.list() if info.booking_id == booking.spec.booking_id]
+        assert len(found) == 1
+        info = found[0]
+        assert (info.name, info.user, info.gpus, info.port, info.template, info.spec_hash) == (
+            booking.spec.name,
+            BOOKER,
+            (0, 1),
+            booking.spec.port,
+            "debian-ssh",
+            booking.spec.spec_hash,
+        )
+        assert info.end == booking.spec.end and info.running
+        again = fresh.start(booking.spec)
+        assert again.id == info.id
+        assert [i.id for i in fresh.list() if i.booking_id == booking.spec.booking_id] == [info.id]
+        changed = replace(booking.spec, memory="1g")
+        with pytest.raises(EngineError, match="another spec"):
+            fresh.start(changed)
+
+    def test_isolation(self, bookings: Bookings) -> None:
+        """No host PID or IPC namespace; MKNOD, NET_RAW and SYS_ADMIN gone even for root inside."""
+        booking = bookings.start()
+        with connect(booking.spec.port, BOOKER, booking.key) as client:
+            namespaces = run(client, "readlink /proc/self/ns/pid /proc/self/ns/ipc")[1].split()
+            bounding = run(client, "sudo -n grep CapBnd /proc/self/status")[1].split()[1]
+            status, _, _ = run(client, "sudo -n mknod /tmp/node c 1 3")
+        assert namespaces[0] != os.readlink("/proc/self/ns/pid")
+        assert namespaces[1] != os.readlink("/proc/self/ns/ipc")
+        capabilities = int(bounding, 16)
+        for number in (27, 13, 21):  # CAP_MKNOD, CAP_NET_RAW, CAP_SYS_ADMIN
+            assert not capabilities & (1 << number)
+        assert status != 0
+
+    def test_missing_image_is_a_clear_error_and_leaves_nothing(self, bookings: Bookings) -> None:
+        spec, _ = bookings.spec(key=new_key())
+        spec = replace(spec, image="localhost/gpubook/no-such-image:1")
+        with pytest.raises(EngineError, match="no-such-image.* is not present"):
+            bookings.engine.start(spec)
+        assert bookings.engine.inspect(spec.name) is None
+
+    def test_port_taken_is_a_clear_error_and_leaves_nothing(self, bookings: Bookings) -> None:
+        with socket.socket() as holder:
+            holder.bind(("0.0.0.0", 0))  # noqa: S104 - the engine checks every address, as sshd binds
+            holder.listen()
+            port = holder.getsockname()[1]
+            spec, _ = bookings.spec(key=new_key(), port=port)
+            with pytest.raises(EngineError, match=f"port {port} is already in use"):
+                bookings.engine.start(spec)
+        assert bookings.engine.inspect(spec.name) is None
+
+    def test_bad_user_name_starts_nothing(self, bookings: Bookings) -> None:
+        before = {info.name for info in bookings.engine.list()}
+        with pytest.raises(StorageError, match="not allowed"):
+            bookings.spec(key=new_key(), user="../../etc")
+        assert list(bookings.data_root.iterdir()) == []
+        assert {info.name for info in bookings.engine.list()} == before
+
+
+def _wait_for_trap(folders: storage.DataFolders) -> None:
+    """Wait until the template's command has set its SIGTERM trap (it then touches a file)."""
+    for _ in range(600):
+        if (folders.output / "trap-set").exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError("the template's command never started")
+
+
+def owner_for_podman(uid: int) -> int:
+    """Rootless: the daemon user (shown as the booker inside); rootful: the booker's mapped uid."""
+    return uid + 1_000_000_000 if os.geteuid() == 0 else os.getuid()

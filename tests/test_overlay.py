@@ -1,0 +1,69 @@
+"""The overlay for images without sshd and sudo: a derived image is built once, then used.
+
+The base is Debian minbase made here with mmdebstrap (no openssh-server, no sudo); the derived
+image installs both from Debian's mirror (host network), as it would for an official CUDA image.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runtime import ssh
+from runtime.engines import Engine, engine_from
+from runtime.templates import load_template
+from tests.engine_suite import CACHE_DIR, Bookings, connect, run
+
+pytestmark = [
+    pytest.mark.podman,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return engine_from("podman", runtime="runc", storage_driver="overlay")
+
+
+def test_image_without_sshd_gets_the_overlay(engine: Engine, tmp_path: Path) -> None:
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "bare-debian.toml").write_text(
+        'image = "localhost/gpubook/test-bare-minbase:12"\ncuda = "none"\nhas_sshd = false\n'
+        '[build]\nsuite = "bookworm"\nvariant = "minbase"\n'
+    )
+    template = load_template(folder / "bare-debian.toml")
+    ssh.build_rootfs_image(engine, template, cache_dir=CACHE_DIR)
+    lacking = subprocess.run(
+        [
+            *engine.global_argv(),
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            template.image,
+            "sh",
+            "-c",
+            "command -v sshd || command -v sudo || echo none",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert lacking.stdout.strip() == "none"  # the base really has neither
+    tag = ssh.build_overlay(engine, template)
+    assert tag == ssh.run_image(template) and tag != template.image
+    assert ssh.build_overlay(engine, template) == tag  # cached: no second build
+    data_root = tmp_path / "data"
+    data_root.mkdir()
+    bookings = Bookings(engine, data_root, template)
+    try:
+        booking = bookings.start()
+        with connect(booking.spec.port, "alice", booking.key) as client:
+            assert run(client, "sudo -n id -un")[1] == "root\n"
+    finally:
+        bookings.cleanup()
