@@ -65,6 +65,28 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     return gpus.cli_gpus(args, static_count=loaded.gpu_count if loaded else None)
 
 
+def cmd_templates(args: argparse.Namespace) -> int:
+    from runtime import cuda, templates_cli
+    from runtime.templates import load_all
+
+    loaded = _optional_config(args)
+    if loaded is not None:
+        args.templates_dir = loaded.templates_dir
+        args.engine, args.binary = loaded.engine.name, loaded.engine.binary
+        args.runtime, args.storage_driver = loaded.engine.runtime, loaded.engine.storage_driver
+    action = {"list": templates_cli.list_templates, "show": templates_cli.show,
+              "validate": templates_cli.validate, "build": templates_cli.build}[args.templates_command]
+    status = action(args)
+    if args.templates_command == "validate" and args.driver:
+        templates = load_all(args.templates_dir).templates
+        chosen = [t for t in templates.values() if not args.name or t.name == args.name]
+        lines, driver_status = cuda.format_checks(
+            cuda.validate_against_driver([(t.name, t.cuda or "none") for t in chosen], args.driver), args.driver)
+        print("\n".join(lines))
+        status = status or driver_status
+    return status
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from scheduler import doctor
 
@@ -110,6 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
     cdi.add_argument("--output", metavar="FILE", help="write the spec to FILE instead of printing it")
     cdi.add_argument("--cache-dir", metavar="DIR",
                      help="where the soname-link folder lives (it must outlive the spec)")
+
+    templates_group = commands.add_parser("templates", help="list, show, validate or build container templates")
+    templates_group.add_argument("--config", help="the daemon's config file (for [templates] dir and [engine])")
+    templates_group.set_defaults(handler=cmd_templates, templates_dir=None, name=None, driver=None)
+    templates_sub = templates_group.add_subparsers(dest="templates_command", required=True, metavar="SUBCOMMAND")
+    listing = templates_sub.add_parser("list", help="the templates and whether each is valid")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    templates_sub.add_parser("show", help="one template, resolved").add_argument("name")
+    validate = templates_sub.add_parser("validate", help="check templates; name the file and field at fault")
+    validate.add_argument("name", nargs="?")
+    validate.add_argument("--driver", metavar="VERSION",
+                          help="also check each template's CUDA version against this driver version")
+    templates_sub.add_parser("build", help="build the image a template runs (local rootfs or SSH overlay)"
+                             ).add_argument("name")
 
     doctor = command("doctor", cmd_doctor, "check driver, devices, engine, calendars and storage; "
                      "each problem with its fix")
