@@ -1,0 +1,355 @@
+"""CalDAV calendar source: RFC 6578 sync tokens, then ctag/ETag comparison, then a time-range query.
+
+Ways to learn what changed, best first, picked once per source and kept:
+
+- "sync-token": a sync-collection REPORT with the last token lists changed and deleted hrefs;
+  nothing changed costs that one small request. An expired or unknown token (Radicale 403,
+  Xandikos 412, precondition DAV:valid-sync-token) leads to a full listing compared by URL and
+  ETag ("sync-resync"). caldav's own fallback is disabled on purpose: it silently switches to a
+  fake token after which deletions are never reported again.
+- "etag": for servers without sync: a PROPFIND of the collection's getctag (one small request);
+  when it changed or the server has none, a PROPFIND of every member's ETag, and only changed hrefs
+  are fetched.
+- "time-range": last resort for servers that list nothing: a calendar-query REPORT for a window
+  around now, downloaded whole every poll.
+
+Changed objects are fetched with one GET each when there are few, else with calendar-multiget in
+batches. The snapshot's `objects` mapping is read-only and replaced only when something changed, so
+a no-change poll hands back the very same object and costs no rebuilding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+import caldav
+from caldav.elements import dav
+from caldav.elements.base import ValuedBaseElement
+from caldav.lib import error as dav_error
+
+from runtime.errors import CalendarDataError, CalendarError
+from scheduler.sources import PollStats, RawObject, Snapshot
+from scheduler.sources._http import (
+    WireCounter,
+    http_status_error,
+    split_credentials,
+    transport_error,
+)
+
+log = logging.getLogger(__name__)
+
+VALID_SYNC_TOKEN = "{DAV:}valid-sync-token"
+SUPPORTED_REPORT = "{DAV:}supported-report"
+FEW_CHANGES = 4  # up to this many changed objects are fetched with one GET each
+MULTIGET_BATCH = 500  # hrefs per calendar-multiget: bounds each request's size and time
+METHODS = ("auto", "sync-token", "etag", "time-range")
+T = TypeVar("T")
+
+
+class GetCtag(ValuedBaseElement):
+    """CalendarServer's collection tag: changes whenever any member changes."""
+
+    tag = "{http://calendarserver.org/ns/}getctag"
+
+
+class _NoSync(Exception):
+    """The server cannot do sync-collection: use the next method."""
+
+
+class CaldavSource:
+    """One CalDAV calendar collection, polled incrementally.
+
+    `url` is the collection's URL (credentials in it are moved out of it and never shown).
+    `method` forces one way of polling ("sync-token", "etag" or "time-range"); "auto" starts with
+    sync tokens and steps down only when the server cannot do them. `window` is the (past, future)
+    span of the time-range query, used only by that last resort.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        timeout: float = 30.0,
+        method: str = "auto",
+        window: tuple[timedelta, timedelta] = (timedelta(days=31), timedelta(days=366)),
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+        clean_url, url_user, url_password = split_credentials(url)
+        self.url = clean_url if clean_url.endswith("/") else clean_url + "/"
+        self.timeout = timeout
+        self.window = window
+        self._method = "sync-token" if method == "auto" else method
+        self._may_step_down = method == "auto"
+        self._wire = WireCounter()
+        self._client = caldav.get_davclient(
+            url=self.url, username=username or url_user, password=password or url_password,
+            timeout=timeout, check_config_file=False, environment=False)
+        self._client.session.hooks["response"].append(self._wire.hook)
+        self._calendar = self._client.calendar(url=self.url)
+        self._sync_token: str | None = None
+        self._ctag: str | None = None
+        self._loaded = False
+        self._objects: Mapping[str, RawObject] = MappingProxyType({})
+
+    @property
+    def method(self) -> str:
+        """The way this source polls now ("sync-token", "etag" or "time-range")."""
+        return self._method
+
+    @property
+    def sync_token(self) -> str | None:
+        return self._sync_token
+
+    def close(self) -> None:
+        self._client.close()
+
+    def poll(self) -> Snapshot:
+        """The calendar's complete current objects; `changed` is False when nothing changed."""
+        self._wire.reset()
+        method, changed = self._guarded(self._poll_once)
+        self._loaded = True
+        stats = PollStats(requests=self._wire.requests, bytes_received=self._wire.bytes_received,
+                          bytes_sent=self._wire.bytes_sent, method=method)
+        return Snapshot(calendar_url=self.url, objects=self._objects, changed=changed, stats=stats)
+
+    def _poll_once(self) -> tuple[str, bool]:
+        if self._method == "sync-token":
+            try:
+                return self._poll_sync()
+            except _NoSync as reason:
+                if not self._may_step_down:
+                    raise CalendarError(f"{self.url}: sync tokens do not work here: {reason}") from None
+                log.info("calendar %s: no sync-collection support (%s); comparing ETags instead",
+                         self.url, reason)
+                self._method = "etag"
+        if self._method == "etag":
+            try:
+                return self._poll_etags()
+            except _NoSync as reason:
+                if not self._may_step_down:
+                    raise CalendarError(f"{self.url}: ETag listing does not work here: {reason}") from None
+                log.info("calendar %s: cannot list ETags (%s); using a time-range query",
+                         self.url, reason)
+                self._method = "time-range"
+        return self._poll_time_range()
+
+    # -- sync tokens --------------------------------------------------------------------------
+
+    def _sync_collection(self, token: str | None) -> Any:
+        try:
+            collection = self._calendar.get_objects_by_sync_token(
+                sync_token=token, load_objects=False, disable_fallback=True)
+        except dav_error.DAVError as failure:
+            if VALID_SYNC_TOKEN in failure.preconditions:
+                raise
+            if _means_no_sync(failure):
+                raise _NoSync(_dav_reason(failure)) from None
+            raise
+        self._wire.check_dav_answers(self.url)
+        if not collection.sync_token:
+            raise _NoSync("the sync-collection answer carried no sync-token")
+        return collection
+
+    def _poll_sync(self) -> tuple[str, bool]:
+        method = "sync-token"
+        if self._sync_token is None:
+            collection = self._sync_collection(None)
+            full = True
+        else:
+            try:
+                collection = self._sync_collection(self._sync_token)
+                full = False
+            except dav_error.DAVError as failure:
+                if VALID_SYNC_TOKEN not in failure.preconditions:
+                    raise
+                log.info("calendar %s: sync token no longer valid; comparing every ETag", self.url)
+                collection = self._sync_collection(None)
+                full, method = True, "sync-resync"
+        if full:
+            listing = {str(obj.url.canonical()): _etag(obj.props) for obj in collection}
+            changed = self._apply_listing(listing)
+        else:
+            deleted = {str(url) for url in collection.deleted_urls}
+            updated = {str(obj.url.canonical()): _etag(obj.props) for obj in collection
+                       if str(obj.url.canonical()) not in deleted}
+            changed = self._apply_changes(updated, deleted)
+        self._sync_token = collection.sync_token
+        return method, changed
+
+    # -- ctag and ETags -------------------------------------------------------------------------
+
+    def _poll_etags(self) -> tuple[str, bool]:
+        ctag = self._read_ctag()
+        if ctag is not None and ctag == self._ctag and self._loaded:
+            return "ctag", False
+        try:
+            response = self._calendar._query_properties([dav.GetEtag()], depth=1)
+        except dav_error.DAVError as failure:
+            if _means_no_sync(failure) or failure.status in (400, 403, 405, 501):
+                raise _NoSync(_dav_reason(failure)) from None
+            raise
+        self._wire.check_dav_answers(self.url)
+        listing: dict[str, str | None] = {}
+        own_path = self._calendar.url.canonical()
+        for href, props in response.expand_simple_props([dav.GetEtag()]).items():
+            url = self._calendar.url.join(href).canonical()
+            if url != own_path and str(url).rstrip("/") != str(own_path).rstrip("/"):
+                listing[str(url)] = props.get(dav.GetEtag.tag)
+        changed = self._apply_listing(listing)
+        self._ctag = ctag
+        return "etag", changed
+
+    def _read_ctag(self) -> str | None:
+        try:
+            props = self._calendar.get_properties([GetCtag()])
+        except dav_error.DAVError as failure:
+            if failure.status in (400, 403, 405, 501):
+                return None
+            raise
+        self._wire.check_dav_answers(self.url)
+        value = props.get(GetCtag.tag)
+        return str(value) if value else None
+
+    # -- time range --------------------------------------------------------------------------------
+
+    def _poll_time_range(self) -> tuple[str, bool]:
+        now = datetime.now(UTC)
+        past, future = self.window
+        found = self._calendar.search(start=now - past, end=now + future, event=True, expand=False)
+        self._wire.check_dav_answers(self.url)
+        objects: dict[str, RawObject] = {}
+        for obj in found:
+            href = str(obj.url.canonical())
+            text = _text(obj.data)
+            objects[href] = RawObject(href=href, etag=_etag(obj.props) or _hash(text), ical=text,
+                                      calendar_url=self.url)
+        changed = objects != dict(self._objects)
+        if changed:
+            self._objects = MappingProxyType(objects)
+        return "time-range", changed
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def _apply_listing(self, listing: Mapping[str, str | None]) -> bool:
+        """Compare a full href -> ETag listing with what we hold; fetch only what differs."""
+        known = self._objects
+        updated = {href: etag for href, etag in listing.items()
+                   if href not in known or etag is None or known[href].etag != etag}
+        deleted = set(known) - set(listing)
+        return self._apply_changes(updated, deleted)
+
+    def _apply_changes(self, updated: Mapping[str, str | None], deleted: Iterable[str]) -> bool:
+        deleted = set(deleted) & set(self._objects)
+        if not updated and not deleted:
+            return False
+        fetched = self._fetch(list(updated))
+        objects = dict(self._objects)
+        for href in deleted:
+            objects.pop(href, None)
+        for href in updated:
+            if href in fetched:
+                objects[href] = fetched[href]
+            else:  # gone between the listing and the fetch
+                objects.pop(href, None)
+        if objects == self._objects:
+            return False
+        self._objects = MappingProxyType(objects)
+        return True
+
+    def _fetch(self, hrefs: list[str]) -> dict[str, RawObject]:
+        if len(hrefs) <= FEW_CHANGES:
+            return {href: obj for href in hrefs if (obj := self._get(href)) is not None}
+        fetched: dict[str, RawObject] = {}
+        for start in range(0, len(hrefs), MULTIGET_BATCH):
+            batch = hrefs[start:start + MULTIGET_BATCH]
+            for obj in self._calendar.multiget([caldav.lib.url.URL(h) for h in batch]):
+                if obj.data is None:
+                    continue
+                href = str(obj.url.canonical())
+                text = _text(obj.data)
+                fetched[href] = RawObject(href=href, etag=_etag(obj.props) or _hash(text),
+                                          ical=text, calendar_url=self.url)
+            self._wire.check_dav_answers(self.url)
+        return fetched
+
+    def _get(self, href: str) -> RawObject | None:
+        response = self._client.request(href, "GET")
+        if response.status == 404:
+            return None
+        if response.status != 200:
+            raise http_status_error(self.url, response.status)
+        text = _text(response.raw)
+        if "BEGIN:VCALENDAR" not in text[:2000]:
+            kind = response.headers.get("Content-Type", "no content type").split(";", 1)[0]
+            raise CalendarDataError(f"{self.url}: {href} is not iCalendar data ({kind})")
+        etag = response.headers.get("ETag")
+        return RawObject(href=href, etag=etag or _hash(text), ical=text, calendar_url=self.url)
+
+    def _guarded(self, action: Callable[[], T]) -> T:
+        """Run one poll step; turn every library failure into a one-line CalendarError."""
+        try:
+            return action()
+        except CalendarError:
+            raise
+        except dav_error.AuthorizationError as failure:
+            raise http_status_error(self.url, failure.status or 401) from None
+        except dav_error.NotFoundError:
+            raise http_status_error(self.url, 404) from None
+        except dav_error.DAVError as failure:
+            raise _dav_failure(self.url, failure) from None
+        except Exception as failure:  # noqa: BLE001  # transport and parser errors of any library
+            mapped = transport_error(self.url, failure, timeout=self.timeout)
+            if mapped is not None:
+                raise mapped from None
+            if type(failure).__name__ in ("XMLSyntaxError", "ParseError", "ValueError",
+                                          "UnicodeDecodeError", "ResponseError"):
+                raise CalendarDataError(
+                    f"{self.url}: not a CalDAV calendar: unreadable answer "
+                    f"({type(failure).__name__}: {_short(failure)})") from None
+            raise CalendarError(f"{self.url}: {type(failure).__name__}: {_short(failure)}") from None
+
+
+def _means_no_sync(failure: dav_error.DAVError) -> bool:
+    if SUPPORTED_REPORT in failure.preconditions:
+        return True
+    if isinstance(failure, dav_error.ReportError) and failure.status in (None, 400, 405, 415, 501):
+        return True
+    return "not supported" in str(failure).lower() and failure.status in (None, 400, 405, 501)
+
+
+def _dav_failure(url: str, failure: dav_error.DAVError) -> CalendarError:
+    status = failure.status
+    if isinstance(status, int) and status >= 400:
+        return http_status_error(url, status)
+    return CalendarError(f"{url}: {_dav_reason(failure)}")
+
+
+def _dav_reason(failure: dav_error.DAVError) -> str:
+    status = f"HTTP {failure.status}" if failure.status else type(failure).__name__
+    return f"{status}{' ' + ', '.join(failure.preconditions) if failure.preconditions else ''}"
+
+
+def _etag(props: Mapping[str, Any] | None) -> str | None:
+    value = (props or {}).get(dav.GetEtag.tag)
+    return str(value) if value else None
+
+
+def _text(data: Any) -> str:
+    return data.decode("utf-8") if isinstance(data, bytes) else str(data)
+
+
+def _hash(text: str) -> str:
+    return '"sha256-' + hashlib.sha256(text.encode()).hexdigest() + '"'
+
+
+def _short(failure: BaseException) -> str:
+    text = str(failure).strip().splitlines()
+    return text[0][:200] if text else "no details"
