@@ -7,6 +7,7 @@ until it answers HTTP. `stop()` ends exactly the process it started.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import os
@@ -15,9 +16,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import caldav
@@ -160,3 +164,102 @@ def running(make, **kwargs):  # type: ignore[no-untyped-def]
         server.stop()
         if not os.environ.get("GPUBOOK_KEEP_SERVER_DATA"):
             shutil.rmtree(storage, ignore_errors=True)
+
+
+@dataclass
+class Reply:
+    """What the local HTTP server answers on one path (any method)."""
+
+    status: int = 200
+    body: bytes | Callable[[], Iterator[bytes]] = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds to wait before answering (a server that never answers)
+    honour_validators: bool = True  # answer 304 to a matching If-None-Match / If-Modified-Since
+
+
+class FeedServer:
+    """A plain HTTP server in a thread for ICS feeds and for misbehaving "calendar" servers
+    (HTML pages, 500s, silence) that a real CalDAV server cannot be made to produce.
+
+    `replies` maps a path to a Reply; every request is recorded as (method, path, headers).
+    """
+
+    def __init__(self) -> None:
+        self.replies: dict[str, Reply] = {}
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.auth: tuple[str, str] | None = None
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FeedServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                owner.requests.append((self.command, self.path, dict(self.headers.items())))
+                reply = owner.replies.get(self.path.split("?", 1)[0], Reply(status=404))
+                if reply.delay:
+                    time.sleep(reply.delay)
+                if owner.auth and not self._authorised():
+                    return self._send(401, b"", {"WWW-Authenticate": 'Basic realm="feed"'})
+                if reply.status == 200 and reply.honour_validators and self._not_modified(reply):
+                    return self._send(304, b"", {k: v for k, v in reply.headers.items()
+                                                 if k in ("ETag", "Last-Modified")})
+                self._send(reply.status, reply.body, reply.headers)
+
+            def _authorised(self) -> bool:
+                assert owner.auth is not None
+                expected = base64.b64encode(":".join(owner.auth).encode()).decode()
+                return self.headers.get("Authorization", "") == f"Basic {expected}"
+
+            def _not_modified(self, reply: Reply) -> bool:
+                etag = reply.headers.get("ETag")
+                if etag and self.headers.get("If-None-Match") == etag:
+                    return True
+                modified = reply.headers.get("Last-Modified")
+                return bool(modified) and self.headers.get("If-Modified-Since") == modified
+
+            def _send(self, status: int, body: bytes | Callable[[], Iterator[bytes]],
+                      headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                if callable(body):  # streamed without a length: the client must cap it itself
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    try:
+                        for chunk in body():
+                            self.wfile.write(chunk)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    self.close_connection = True
+                    return
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = do_PROPFIND = do_REPORT = do_OPTIONS = do_PUT = _answer
+
+        return Handler

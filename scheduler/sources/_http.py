@@ -62,7 +62,8 @@ class WireCounter:
             body_size = len(response.content or b"")
         else:
             body_size = 0
-        self.bytes_received += len("HTTP/1.1 200 OK\r\n") + _header_bytes(response.headers) + body_size
+        status_line = len("HTTP/1.1 200 OK\r\n")
+        self.bytes_received += status_line + _header_bytes(response.headers) + body_size
         content_type = response.headers.get("Content-Type", "")
         self.answers.append((str(request.method), int(response.status_code), content_type))
         return response

@@ -43,7 +43,7 @@ from scheduler.sources._http import (
 
 log = logging.getLogger(__name__)
 
-VALID_SYNC_TOKEN = "{DAV:}valid-sync-token"
+VALID_SYNC_TOKEN = "{DAV:}valid-sync-token"  # noqa: S105  # an XML tag, not a secret
 SUPPORTED_REPORT = "{DAV:}supported-report"
 FEW_CHANGES = 4  # up to this many changed objects are fetched with one GET each
 MULTIGET_BATCH = 500  # hrefs per calendar-multiget: bounds each request's size and time
@@ -126,7 +126,8 @@ class CaldavSource:
                 return self._poll_sync()
             except _NoSync as reason:
                 if not self._may_step_down:
-                    raise CalendarError(f"{self.url}: sync tokens do not work here: {reason}") from None
+                    raise CalendarError(
+                        f"{self.url}: sync tokens do not work here: {reason}") from None
                 log.info("calendar %s: no sync-collection support (%s); comparing ETags instead",
                          self.url, reason)
                 self._method = "etag"
@@ -135,7 +136,8 @@ class CaldavSource:
                 return self._poll_etags()
             except _NoSync as reason:
                 if not self._may_step_down:
-                    raise CalendarError(f"{self.url}: ETag listing does not work here: {reason}") from None
+                    raise CalendarError(
+                        f"{self.url}: ETag listing does not work here: {reason}") from None
                 log.info("calendar %s: cannot list ETags (%s); using a time-range query",
                          self.url, reason)
                 self._method = "time-range"
@@ -173,14 +175,14 @@ class CaldavSource:
                 log.info("calendar %s: sync token no longer valid; comparing every ETag", self.url)
                 collection = self._sync_collection(None)
                 full, method = True, "sync-resync"
+        # Radicale lists members deleted long ago (404) even in a reply to an empty token.
+        deleted = {str(url) for url in collection.deleted_urls}
+        listing = {str(obj.url.canonical()): _etag(obj.props) for obj in collection
+                   if str(obj.url.canonical()) not in deleted}
         if full:
-            listing = {str(obj.url.canonical()): _etag(obj.props) for obj in collection}
             changed = self._apply_listing(listing)
         else:
-            deleted = {str(url) for url in collection.deleted_urls}
-            updated = {str(obj.url.canonical()): _etag(obj.props) for obj in collection
-                       if str(obj.url.canonical()) not in deleted}
-            changed = self._apply_changes(updated, deleted)
+            changed = self._apply_changes(self._differing(listing), deleted)
         self._sync_token = collection.sync_token
         return method, changed
 
@@ -240,11 +242,13 @@ class CaldavSource:
 
     def _apply_listing(self, listing: Mapping[str, str | None]) -> bool:
         """Compare a full href -> ETag listing with what we hold; fetch only what differs."""
+        deleted = set(self._objects) - set(listing)
+        return self._apply_changes(self._differing(listing), deleted)
+
+    def _differing(self, listing: Mapping[str, str | None]) -> dict[str, str | None]:
         known = self._objects
-        updated = {href: etag for href, etag in listing.items()
-                   if href not in known or etag is None or known[href].etag != etag}
-        deleted = set(known) - set(listing)
-        return self._apply_changes(updated, deleted)
+        return {href: etag for href, etag in listing.items()
+                if href not in known or etag is None or known[href].etag != etag}
 
     def _apply_changes(self, updated: Mapping[str, str | None], deleted: Iterable[str]) -> bool:
         deleted = set(deleted) & set(self._objects)
@@ -307,6 +311,7 @@ class CaldavSource:
             raise _dav_failure(self.url, failure) from None
         except Exception as failure:  # noqa: BLE001  # transport and parser errors of any library
             mapped = transport_error(self.url, failure, timeout=self.timeout)
+            self._wire.check_dav_answers(self.url)  # caldav stumbles on HTML in many ways
             if mapped is not None:
                 raise mapped from None
             if type(failure).__name__ in ("XMLSyntaxError", "ParseError", "ValueError",
@@ -314,7 +319,8 @@ class CaldavSource:
                 raise CalendarDataError(
                     f"{self.url}: not a CalDAV calendar: unreadable answer "
                     f"({type(failure).__name__}: {_short(failure)})") from None
-            raise CalendarError(f"{self.url}: {type(failure).__name__}: {_short(failure)}") from None
+            raise CalendarError(
+                f"{self.url}: {type(failure).__name__}: {_short(failure)}") from None
 
 
 def _means_no_sync(failure: dav_error.DAVError) -> bool:
