@@ -32,7 +32,8 @@ from scheduler.sources._http import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+MIB = 1024 * 1024
+DEFAULT_MAX_BYTES = 20 * MIB
 CHUNK_BYTES = 64 * 1024
 
 
@@ -111,8 +112,8 @@ class IcsFeedSource:
         declared = response.headers.get("Content-Length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             raise CalendarDataError(
-                f"{self.url}: feed of {int(declared) / 1e6:.1f} MB is larger than the "
-                f"{self.max_bytes / 1e6:.1f} MB limit")
+                f"{self.url}: feed of {int(declared) / MIB:.1f} MiB is larger than the "
+                f"{self.max_bytes / MIB:g} MiB limit")
         deadline = time.monotonic() + self.timeout * 10
         chunks: list[bytes] = []
         size = 0
@@ -121,7 +122,7 @@ class IcsFeedSource:
                 size += len(chunk)
                 if size > self.max_bytes:
                     raise CalendarDataError(
-                        f"{self.url}: feed is larger than the {self.max_bytes / 1e6:.1f} MB limit "
+                        f"{self.url}: feed is larger than the {self.max_bytes / MIB:g} MiB limit "
                         "(download stopped)")
                 if time.monotonic() > deadline:
                     raise CalendarError(
@@ -153,7 +154,9 @@ def decode_feed(url: str, body: bytes, content_type: str = "") -> str:
     if start[:1] == "<" or "html" in content_type.lower():
         raise CalendarDataError(f"{url}: answered with HTML, not an iCalendar feed")
     if not start.upper().startswith("BEGIN:VCALENDAR"):
-        shown = start.splitlines()[0][:60] if start else "an empty body"
+        if not start:
+            raise CalendarDataError(f"{url}: not an iCalendar feed: the body is empty")
+        shown = start.splitlines()[0][:60]
         raise CalendarDataError(f"{url}: not an iCalendar feed: starts with {shown!r}")
     return text
 
