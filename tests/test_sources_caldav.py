@@ -157,7 +157,9 @@ def test_open_source_picks_the_kind(radicale_server):
                             password=radicale_server.password)
     source = open_source(config, timeout=5)
     assert isinstance(source, CaldavSource)
-    assert source.poll().objects == {}
+    first = source.poll()
+    assert first.objects == {} and first.changed
+    assert not source.poll().changed
 
 
 # -- failures ------------------------------------------------------------------------------------

@@ -63,6 +63,8 @@ _SYNC = ('<?xml version="1.0" encoding="utf-8"?>'
          '<D:sync-token/><D:sync-level>1</D:sync-level>{props}</D:sync-collection>')
 SYNC_ALL = _SYNC.format(props=_PROPS.format(data=""))
 SYNC_ALL_WITH_DATA = _SYNC.format(props=_PROPS.format(data="<C:calendar-data/>"))
+PROPFIND_ETAGS = ('<?xml version="1.0" encoding="utf-8"?>'
+                  '<D:propfind xmlns:D="DAV:"><D:prop><D:getetag/></D:prop></D:propfind>')
 MULTIGET = ('<?xml version="1.0" encoding="utf-8"?>'
             '<C:calendar-multiget xmlns:D="DAV:" xmlns:C="urn:ietf:params:xml:ns:caldav">'
             + _PROPS.format(data="<C:calendar-data/>") + "{hrefs}</C:calendar-multiget>")
@@ -132,6 +134,7 @@ class CaldavSource:
         """The calendar's complete current objects; `changed` is False when nothing changed."""
         self._wire.reset()
         method, changed = self._guarded(self._poll_once)
+        changed = changed or not self._loaded  # the first snapshot is news, even when empty
         self._loaded = True
         stats = PollStats(requests=self._wire.requests, bytes_received=self._wire.bytes_received,
                           bytes_sent=self._wire.bytes_sent, method=method)
@@ -250,19 +253,17 @@ class CaldavSource:
         ctag = self._read_ctag()
         if ctag is not None and ctag == self._ctag and self._loaded:
             return "ctag", False
-        try:
-            response = self._calendar._query_properties([dav.GetEtag()], depth=1)
-        except dav_error.DAVError as failure:
-            if _means_no_sync(failure) or failure.status in (400, 403, 405, 501):
-                raise _NoSync(_dav_reason(failure)) from None
-            raise
+        response = self._client.propfind(self.url, PROPFIND_ETAGS, depth=1)
         self._wire.check_dav_answers(self.url)
-        listing: dict[str, str | None] = {}
-        own_path = self._calendar.url.canonical()
-        for href, props in response.expand_simple_props([dav.GetEtag()]).items():
-            url = self._calendar.url.join(href).canonical()
-            if url != own_path and str(url).rstrip("/") != str(own_path).rstrip("/"):
-                listing[str(url)] = props.get(dav.GetEtag.tag)
+        if response.status in (400, 403, 405, 501):
+            raise _NoSync(f"PROPFIND of member ETags answered HTTP {response.status}")
+        if response.status != 207 or response.tree is None or response.tree.tag != MULTISTATUS:
+            if response.status >= 300:
+                raise http_status_error(self.url, response.status)
+            raise CalendarDataError(f"{self.url}: not a CalDAV calendar: PROPFIND answered "
+                                    f"{response.status} without a WebDAV multistatus")
+        members, _deleted, _token = _read_multistatus(response.tree, self._calendar.url)
+        listing = {href: etag for href, (etag, _data) in members.items()}
         changed = self._apply_listing(listing)
         self._ctag = ctag
         return "etag", changed
