@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from scheduler.config import CalendarConfig
 
 
 @dataclass(frozen=True)
@@ -46,3 +49,19 @@ class Source(Protocol):
     def poll(self) -> Snapshot:
         """Fetch what changed since the last poll; raise CalendarError when that is impossible."""
         ...
+
+
+DEFAULT_TIMEOUT = 30.0  # seconds any one network wait may take
+
+
+def open_source(calendar: CalendarConfig, *, timeout: float = DEFAULT_TIMEOUT) -> Source:
+    """The source for one configured calendar: a CalDAV collection or an ICS feed (`kind`)."""
+    if calendar.kind == "ics":
+        from scheduler.sources.ics_feed import IcsFeedSource
+
+        return IcsFeedSource(calendar.url, username=calendar.username, password=calendar.password,
+                             timeout=timeout)
+    from scheduler.sources.caldav_source import CaldavSource
+
+    return CaldavSource(calendar.url, username=calendar.username, password=calendar.password,
+                        timeout=timeout)

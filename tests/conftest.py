@@ -1,0 +1,50 @@
+"""Shared fixtures: real Radicale and Xandikos servers, started once per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import caldav
+import pytest
+
+from tests import servers
+
+RADICALE_USER = ("alice", "correct horse battery")
+
+
+@pytest.fixture(scope="session")
+def radicale_server() -> Iterator[servers.CalendarServer]:
+    with servers.running(servers.radicale) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def xandikos_server() -> Iterator[servers.CalendarServer]:
+    with servers.running(servers.xandikos) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def radicale_auth_server() -> Iterator[servers.CalendarServer]:
+    """Radicale asking for a password (htpasswd); its first user is RADICALE_USER."""
+    with servers.running(servers.radicale, htpasswd=dict([RADICALE_USER])) as server:
+        yield server
+
+
+@pytest.fixture(params=["radicale", "xandikos"])
+def caldav_server(request: pytest.FixtureRequest) -> servers.CalendarServer:
+    """Each test using this runs once against Radicale and once against Xandikos."""
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+@pytest.fixture
+def new_calendar(caldav_server: servers.CalendarServer) -> caldav.Calendar:
+    """A fresh, empty calendar on the server of `caldav_server`."""
+    return caldav_server.new_calendar()
+
+
+@pytest.fixture
+def feed_server() -> Iterator[servers.FeedServer]:
+    server = servers.FeedServer().start()
+    yield server
+    server.stop()
