@@ -43,8 +43,10 @@ def cmd_bookings(args: argparse.Namespace) -> int:
         raise GpubookError(f"--to ({end.isoformat()}) must be after --from ({start.isoformat()})")
     result = service.plan_window(loaded, window_start=start, window_end=end, now=now)
     if args.json:
-        json.dump(plan.to_json(result), sys.stdout, indent=2)
+        json.dump(plan.to_json(result.plan), sys.stdout, indent=2)
         print()
+        for problem in result.problems:
+            print(f"gpubook: not a booking: {problem.uid or problem.href}: {problem.reason}", file=sys.stderr)
     else:
         print(service.describe_plan(result, timezone=loaded.host.timezone))
     return EXIT_OK

@@ -105,7 +105,7 @@ def run(*, keep_running: bool = False) -> int:
         result = service.plan_window(loaded, window_start=now, window_end=now + timedelta(days=7),
                                      now=now)
         print(service.describe_plan(result, timezone=loaded.host.timezone))
-        summary = plan_module.to_json(result)
+        summary = plan_module.to_json(result.plan)
         print(f"\n{len(summary['accepted'])} accepted, {len(summary['rejected'])} rejected.")
         if keep_running:
             print(f"\nThe calendar stays at {calendar_url} (no password); try:\n"

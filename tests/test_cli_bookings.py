@@ -1,0 +1,140 @@
+"""`gpubook bookings` end to end: a real Radicale calendar, the real CLI in a child process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import caldav
+import pytest
+
+from tests import servers
+
+pytestmark = pytest.mark.caldav
+
+REPO = Path(__file__).resolve().parents[1]
+START = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)  # a Monday
+
+
+def event(uid: str, start: datetime, hours: float, *lines: str, created: str = "20261101T000000Z") -> str:
+    end = start + timedelta(hours=hours)
+    body = "\r\n".join(lines)
+    return ("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//gpubook tests//EN\r\nBEGIN:VEVENT\r\n"
+            f"UID:{uid}\r\nDTSTAMP:20261101T000000Z\r\nCREATED:{created}\r\n"
+            f"DTSTART:{start:%Y%m%dT%H%M%SZ}\r\nDTEND:{end:%Y%m%dT%H%M%SZ}\r\n{body}\r\n"
+            "END:VEVENT\r\nEND:VCALENDAR\r\n")
+
+
+def gpubook(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scheduler.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.fixture
+def calendar(radicale_server: servers.CalendarServer) -> caldav.Calendar:
+    return radicale_server.new_calendar()
+
+
+def write_config(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "gpubook.toml"
+    path.write_text(f"""
+[host]
+name = "devbox1"
+timezone = "Europe/Paris"
+[[calendar]]
+url = "{url}"
+[gpus]
+count = 2
+[defaults]
+max_hours = 24
+[users.alice]
+uid = 2001
+email = ["alice@lab.example"]
+max_gpus = 2
+[users.bob]
+uid = 2002
+templates = ["debian-*"]
+""")
+    return path
+
+
+def test_every_occurrence_is_accepted_or_rejected_with_a_reason(tmp_path: Path, calendar: caldav.Calendar) -> None:
+    calendar.save_event(event("weekly", START, 2, "SUMMARY:alice debian-ssh gpus=2", "RRULE:FREQ=DAILY;COUNT=3"))
+    calendar.save_event(event("clash", START + timedelta(days=1), 1, "DESCRIPTION:user: bob\\ngpus: 1,",
+                              created="20261115T000000Z"))
+    calendar.save_event(event("cuda", START + timedelta(hours=5), 1,
+                              "DESCRIPTION:user: bob\\ntemplate: tensorflow-cuda9"))
+    calendar.save_event(event("mail", START + timedelta(hours=6), 1, "ORGANIZER:mailto:Alice@lab.example"))
+    calendar.save_event(event("stranger", START + timedelta(hours=7), 1, "ORGANIZER:mailto:eve@evil.example"))
+    calendar.save_event(event("long", START + timedelta(hours=8), 30, "DESCRIPTION:user: alice"))
+    calendar.save_event(event("evil", START + timedelta(hours=9), 1, "DESCRIPTION:user: ../../etc"))
+    calendar.save_event(event("gone", START + timedelta(hours=10), 1, "DESCRIPTION:user: alice",
+                              "STATUS:CANCELLED"))
+    config = write_config(tmp_path, str(calendar.url))
+
+    done = gpubook("bookings", "--config", str(config), "--from", "2026-12-07T00:00+00:00",
+                   "--to", "2026-12-14T00:00+00:00", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert set(result) == {"accepted", "rejected"}
+    accepted = {item["id"]: item for item in result["accepted"]}
+    rejected = {item["id"]: item for item in result["rejected"]}
+    assert not set(accepted) & set(rejected)
+    weekly_ids = [f"weekly@{(START + timedelta(days=d)):%Y%m%dT%H%M%SZ}" for d in range(3)]
+    assert set(accepted) == {*weekly_ids, "mail"}
+    assert set(rejected) == {"clash", "cuda", "stranger", "long", "evil"}
+    for item in result["accepted"]:
+        assert set(item) == {"id", "uid", "user", "gpus", "template", "start", "end"}
+        assert datetime.fromisoformat(item["start"]).utcoffset() is not None
+    assert accepted[weekly_ids[0]]["gpus"] == [0, 1] and accepted[weekly_ids[0]]["user"] == "alice"
+    assert accepted["mail"] == {"id": "mail", "uid": "mail", "user": "alice", "gpus": [0],
+                                "template": "debian-ssh", "start": "2026-12-07T15:00:00+00:00",
+                                "end": "2026-12-07T16:00:00+00:00"}
+    for item in result["rejected"]:
+        assert set(item) == {"id", "uid", "start", "end", "reason"} and item["reason"]
+    assert "alice" in rejected["clash"]["reason"]
+    assert "not allowed" in rejected["cuda"]["reason"] or "tensorflow-cuda9" in rejected["cuda"]["reason"]
+    assert "eve@evil.example" in rejected["stranger"]["reason"]
+    assert "24 hours" in rejected["long"]["reason"]
+    assert "../../etc" in rejected["evil"]["reason"]
+
+
+def test_edits_and_deletions_are_seen_by_the_next_run(tmp_path: Path, calendar: caldav.Calendar) -> None:
+    saved = calendar.save_event(event("one", START, 1, "DESCRIPTION:user: alice"))
+    config = write_config(tmp_path, str(calendar.url))
+    window = ("--from", "2026-12-07T00:00+00:00", "--to", "2026-12-08T00:00+00:00", "--json")
+    first = json.loads(gpubook("bookings", "--config", str(config), *window).stdout)
+    assert [item["gpus"] for item in first["accepted"]] == [[0]]
+    saved.data = event("one", START, 1, "DESCRIPTION:user: alice\\ngpus: 2")
+    saved.save()
+    second = json.loads(gpubook("bookings", "--config", str(config), *window).stdout)
+    assert [item["gpus"] for item in second["accepted"]] == [[0, 1]]
+    saved.delete()
+    third = json.loads(gpubook("bookings", "--config", str(config), *window).stdout)
+    assert third == {"accepted": [], "rejected": []}
+
+
+def test_human_readable_plan_and_errors(tmp_path: Path, calendar: caldav.Calendar) -> None:
+    calendar.save_event(event("one", START, 1, "DESCRIPTION:user: alice"))
+    config = write_config(tmp_path, str(calendar.url))
+    done = gpubook("bookings", "--config", str(config), "--from", "2026-12-07T00:00+01:00")
+    assert done.returncode == 0, done.stderr
+    assert "Accepted (1), times in Europe/Paris:" in done.stdout
+    assert "Mon 2026-12-07 10:00 → Mon 2026-12-07 11:00  alice" in done.stdout
+    unreachable = write_config(tmp_path, f"http://127.0.0.1:{servers.free_port()}/nobody/cal/")
+    done = gpubook("bookings", "--config", str(unreachable))
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("gpubook: ") and "127.0.0.1" in done.stderr
+    assert "Traceback" not in done.stderr
+    bad_window = gpubook("bookings", "--config", str(config), "--from", "tomorrow")
+    assert bad_window.returncode == 2 and "not an ISO 8601 time" in bad_window.stderr
+
+
+def test_demo_runs_on_embedded_defaults() -> None:
+    done = gpubook("demo")
+    assert done.returncode == 0, done.stderr
+    assert "2 accepted, 3 rejected." in done.stdout
+    assert "is not a known user" in done.stdout and "at most 72 hours" in done.stdout
