@@ -146,15 +146,40 @@ def run_argv(
     name: str | None = None,
     detach: bool = False,
 ) -> list[str]:
-    """`podman run` argv for a gpubook-like GPU container (no shell string anywhere)."""
-    argv = [PODMAN, "run", "--network=host", "--shm-size=1g"]
-    argv += ["-d"] if detach else ["--rm"]
-    if name:
-        argv += ["--name", name]
-    if injection is not None:
-        argv += nvidia.container_args(injection)
-    argv += list(extra)
-    argv += [image, "sh", "-c", LOADER_SHIM, "sh", *command]
+    """`podman run` argv exactly as gpubook's podman engine builds it for a booking (its user
+    namespace, dropped capabilities, ulimits, labels and GPU injection), run in the foreground
+    with --rm unless `detach`. GPUBOOK_GPU_TESTS_RAW=1 uses a bare `podman run` instead."""
+    if os.environ.get("GPUBOOK_GPU_TESTS_RAW"):
+        argv = [PODMAN, "run", "--network=host", "--shm-size=1g"]
+        argv += ["-d"] if detach else ["--rm"]
+        if name:
+            argv += ["--name", name]
+        if injection is not None:
+            argv += nvidia.container_args(injection)
+        return [*argv, *extra, image, "sh", "-c", LOADER_SHIM, "sh", *command]
+    from datetime import UTC, datetime, timedelta
+
+    from runtime.engines import ContainerSpec, engine_from
+
+    # The host's own storage and cgroup defaults, so that plain `podman exec/rm` find the container.
+    # The bundle's limits (podman-on-gpuhost.sh): runc there refuses higher nofile/nproc values.
+    engine = engine_from("podman", binary=PODMAN, storage_driver=None, cgroup_manager=None,
+                         ulimits=("nofile=1024:1024", "nproc=4096:4096"))
+    spec = ContainerSpec(
+        booking_id=name or f"gpu-test-{os.getpid()}-{id(command)}",
+        user="booker", uid=2001, gid=2001, image=image, port=2299,
+        end=datetime.now(UTC) + timedelta(hours=1),
+        gpus=injection.gpus if injection is not None else (),
+        entrypoint=("sh", "-c", LOADER_SHIM, "sh"), command=tuple(command), gpu=injection,
+    )
+    argv = [*engine.global_argv(), *engine.run_args(spec)]  # type: ignore[attr-defined]
+    image_at = len(argv) - 1 - len(spec.command) - (len(spec.entrypoint) - 1)
+    assert argv[image_at] == image, argv
+    argv = [*argv[:image_at], *(extra if any(a.startswith("--shm-size") for a in extra)
+                                else ["--shm-size=1g", *extra]), *argv[image_at:]]
+    argv[argv.index("--name") + 1] = name or spec.name
+    if not detach:
+        argv[argv.index("--detach")] = "--rm"
     return argv
 
 
