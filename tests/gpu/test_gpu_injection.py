@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import hostroot
 import pytest
@@ -196,7 +198,11 @@ def test_two_gpu_booking_runs_nccl_all_reduce(
     host_image, two_gpus, booking, torch_python, tmp_path
 ):
     # A file, not `python -c`: mp.spawn's children import the main module by its path.
-    program = tmp_path / "nccl_allreduce.py"
+    # pytest's tmp_path is mode 700 under /tmp/pytest-of-root: the container's root, a mapped
+    # uid of the booking's user namespace, could not read it. A folder anyone can read instead.
+    folder = Path(tempfile.mkdtemp(prefix="gpubook-nccl-"))
+    folder.chmod(0o755)
+    program = folder / "nccl_allreduce.py"
     program.write_text(r"""
 import os, torch, torch.distributed as dist, torch.multiprocessing as mp
 def work(rank):
@@ -222,7 +228,7 @@ if __name__ == "__main__":
             extra=[
                 *hostroot.torch_bind(),
                 "-v",
-                f"{tmp_path}:/gpubook-test:ro",
+                f"{folder}:/gpubook-test:ro",
                 "-e",
                 "NCCL_NVLS_ENABLE=0",
             ],
