@@ -1,0 +1,158 @@
+#!/bin/sh
+# gpubook's entrypoint, bind-mounted read-only at /.gpubook/entrypoint.sh into every booking's container.
+#
+# Plain POSIX sh with nothing but coreutils, grep and awk, because it must run unchanged in Debian,
+# Ubuntu 16.04 (CUDA 8 images) and RHEL-family images alike. It runs as root of the container's own
+# user namespace (never root of the host) and:
+#   1. creates the booker's account (name, uid, gid) and passwordless sudo,
+#   2. installs the booker's public keys and the daemon's restricted probe key,
+#   3. makes this booking's own host key and runs sshd on the booking's port
+#      (keys only: password, keyboard-interactive and root logins are off),
+#   4. runs the template's command, if any, as the booker,
+#   5. forwards SIGTERM to both, so a stop gives the booker's work its grace period.
+# Inputs come from the environment (GPUBOOK_*), set by runtime/ssh.py.
+set -eu
+
+say() { echo "gpubook-entrypoint: $*" >&2; }
+die() { say "$*"; exit 70; }
+
+user=${GPUBOOK_USER:?GPUBOOK_USER is not set}
+uid=${GPUBOOK_UID:?GPUBOOK_UID is not set}
+gid=${GPUBOOK_GID:?GPUBOOK_GID is not set}
+port=${GPUBOOK_PORT:?GPUBOOK_PORT is not set}
+home=/home/$user
+state=/run/gpubook
+mkdir -p "$state/keys"
+chmod 755 "$state" "$state/keys"
+
+# The daemon validated the name already; checked again because this file is what runs as root.
+case "$user" in
+  ''|*[!a-z0-9_-]*|[!a-z_]*) die "refusing user name '$user'" ;;
+esac
+
+# --- 1. account -----------------------------------------------------------------------------------
+# Drop any entry that holds the name or the ids (an image's own 'ubuntu' user at uid 1000), then add
+# the booker. Editing the files in place works in every image, with or without useradd.
+rewrite() {  # rewrite FILE AWK-PROGRAM: filter FILE through awk, keeping the file (and its mode)
+  awk -F: -v user="$user" -v uid="$uid" -v gid="$gid" "$2" "$1" > "$state/rewrite.tmp"
+  cat "$state/rewrite.tmp" > "$1"
+  rm -f "$state/rewrite.tmp"
+}
+rewrite /etc/passwd '$1 != user && $3 != uid'
+group_name=$(awk -F: -v gid="$gid" '$3 == gid { print $1; exit }' /etc/group)
+if [ -z "$group_name" ]; then
+  rewrite /etc/group '$1 != user'
+  echo "$user:x:$gid:" >> /etc/group
+fi
+shell=/bin/sh
+[ -x /bin/bash ] && shell=/bin/bash
+echo "$user:x:$uid:$gid:gpubook booker:$home:$shell" >> /etc/passwd
+if [ -f /etc/shadow ]; then
+  # '*': no password can ever match, yet the account is not "locked" (sshd refuses locked ones).
+  rewrite /etc/shadow '$1 != user'
+  echo "$user:*:19000:0:99999:7:::" >> /etc/shadow
+fi
+if [ ! -d "$home" ]; then
+  mkdir -p "$home"
+  if [ -d /etc/skel ]; then cp -R /etc/skel/. "$home/" 2>/dev/null || true; fi
+  chown -R "$uid:$gid" "$home"
+  chmod 750 "$home"
+fi
+if [ -d /etc/sudoers.d ]; then
+  echo "$user ALL=(ALL:ALL) NOPASSWD: ALL" > /etc/sudoers.d/gpubook
+  chmod 440 /etc/sudoers.d/gpubook
+elif [ -f /etc/sudoers ]; then
+  echo "$user ALL=(ALL:ALL) NOPASSWD: ALL" >> /etc/sudoers
+else
+  say "warning: this image has no sudo; the booker gets no root inside"
+fi
+
+# --- GPU loader -----------------------------------------------------------------------------------
+# runtime/nvidia binds the host driver's libraries under GPUBOOK_LIBRARY_DIR and an ld.so.conf.d
+# entry for it; ldconfig makes them visible to every process. Without ldconfig, prepend the folder.
+if [ -n "${GPUBOOK_LIBRARY_DIR:-}" ]; then
+  if command -v ldconfig >/dev/null 2>&1 || [ -x /sbin/ldconfig ]; then
+    PATH=$PATH:/sbin:/usr/sbin ldconfig || die "ldconfig failed"
+  else
+    LD_LIBRARY_PATH=$GPUBOOK_LIBRARY_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export LD_LIBRARY_PATH
+  fi
+fi
+
+# --- environment for SSH sessions -----------------------------------------------------------------
+# sshd gives sessions a fresh environment; carry the image's and template's (PATH with CUDA's bin,
+# LD_LIBRARY_PATH, ...) over: /etc/profile.d for login shells, SetEnv for plain `ssh host cmd`.
+env_file=$state/environment
+: > "$env_file"
+env | while IFS= read -r line; do
+  name=${line%%=*}
+  case "$name" in
+    GPUBOOK_USER|GPUBOOK_UID|GPUBOOK_GID|GPUBOOK_PORT|GPUBOOK_KEYS) continue ;;
+    HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|HOSTNAME|TERM|MAIL|_|container) continue ;;
+  esac
+  case "$name" in *[!A-Za-z0-9_]*|'') continue ;; esac
+  printf '%s\n' "$line" >> "$env_file"
+done
+if [ -d /etc/profile.d ]; then
+  awk '{ i = index($0, "="); v = substr($0, i + 1); gsub(/\047/, "\047\\\047\047", v);
+         printf "export %s=\047%s\047\n", substr($0, 1, i - 1), v }' "$env_file" > /etc/profile.d/gpubook.sh
+fi
+
+# --- 2. keys --------------------------------------------------------------------------------------
+# Outside the home folder, so a persistent home with loose modes cannot break (or widen) key login.
+printf '%s\n' "${GPUBOOK_KEYS:-}" > "$state/keys/$user"
+chmod 644 "$state/keys/$user"
+
+# --- 3. sshd --------------------------------------------------------------------------------------
+sshd=$(PATH=$PATH:/usr/sbin:/sbin command -v sshd) || die "this image has no sshd"
+mkdir -p /run/sshd /var/empty/sshd
+chmod 755 /run/sshd
+rm -f "$state/ssh_host_ed25519_key" "$state/ssh_host_ed25519_key.pub"
+ssh-keygen -q -t ed25519 -N '' -C "gpubook booking" -f "$state/ssh_host_ed25519_key" || die "ssh-keygen failed"
+config=$state/sshd_config
+cat > "$config" <<EOF
+Port $port
+HostKey $state/ssh_host_ed25519_key
+PidFile $state/sshd.pid
+AuthorizedKeysFile $state/keys/%u
+PubkeyAuthentication yes
+PasswordAuthentication no
+ChallengeResponseAuthentication no
+PermitEmptyPasswords no
+PermitRootLogin no
+AllowUsers $user
+UsePAM no
+PrintMotd no
+X11Forwarding no
+Subsystem sftp internal-sftp
+EOF
+# SetEnv exists from OpenSSH 7.8 on; older sshd (Ubuntu 16.04) only gets the profile.d file.
+cp "$config" "$config.new"
+awk '{ printf "SetEnv \"%s\"\n", $0 }' "$env_file" | grep -v '\\' >> "$config.new" || true
+if "$sshd" -t -f "$config.new" 2>/dev/null; then mv "$config.new" "$config"; else rm -f "$config.new"; fi
+"$sshd" -t -f "$config" || die "sshd refuses its configuration"
+
+# --- 4 and 5. run -------------------------------------------------------------------------------
+set +e
+children=
+forward() { trap - TERM INT; say "stopping"; kill -TERM $children 2>/dev/null; }
+trap forward TERM INT
+"$sshd" -D -e -f "$config" &
+children=$!
+if [ $# -gt 0 ]; then
+  (
+    cd "$home" || exit 70
+    export HOME="$home" USER="$user" LOGNAME="$user"
+    if command -v setpriv >/dev/null 2>&1; then
+      exec setpriv --reuid="$uid" --regid="$gid" --init-groups -- "$@"
+    fi
+    exec su -s /bin/sh "$user" -c 'exec "$0" "$@"' -- "$@"
+  ) &
+  children="$children $!"
+fi
+say "sshd for $user on port $port started"
+# `wait` returns early (status > 128) when a trapped signal arrives; then wait for the children.
+while :; do
+  wait
+  [ $? -gt 128 ] || break
+done

@@ -1,0 +1,301 @@
+"""The "local overlay" on a template: the booker's account, SSH with keys only, sudo; and readiness.
+
+- Images without sshd/sudo get a derived image (FROM the template's image + openssh-server + sudo,
+  Debian/Ubuntu or RHEL family), built once and tagged with a hash of image and recipe, so a change
+  of either builds a new one.
+- At start a read-only bind-mounted entrypoint (overlay/entrypoint.sh) makes the account, keys,
+  sudo, this booking's host key and sshd on the booking's port; then the template's command runs as
+  the booker.
+- A booking is ready only when a paramiko client logs in with the daemon's probe key (restricted
+  in authorized_keys to running `true`, with no forwarding or pty).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import paramiko
+
+from runtime.engines import ContainerInfo, ContainerSpec, Engine, Mount
+from runtime.errors import EngineError, TemplateError
+from runtime.storage import DataFolders, check_user_name
+from runtime.templates import Template
+
+log = logging.getLogger(__name__)
+
+ENTRYPOINT_SOURCE = Path(__file__).with_name("overlay") / "entrypoint.sh"
+OVERLAY_TARGET = "/.gpubook"
+OVERLAY_CONTAINERFILE = """\
+FROM {image}
+# gpubook overlay: sshd and sudo for images that lack them (Debian/Ubuntu, then RHEL family).
+RUN set -e; \\
+    if command -v apt-get >/dev/null 2>&1; then \\
+      apt-get update; \\
+      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+        openssh-server sudo; \\
+      rm -rf /var/lib/apt/lists/*; \\
+    elif command -v dnf >/dev/null 2>&1; then dnf install -y openssh-server sudo; dnf clean all; \\
+    elif command -v yum >/dev/null 2>&1; then yum install -y openssh-server sudo; yum clean all; \\
+    else echo "gpubook overlay: no apt-get, dnf or yum in {image}" >&2; exit 1; fi
+LABEL gpubook.overlay-of="{image}"
+"""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A booking whose SSH answered: how long it took from start, and its host key."""
+
+    info: ContainerInfo
+    seconds: float
+    host_key: str  # "ssh-ed25519 AAAA...", for the booker's known_hosts
+
+
+def entrypoint_dir(cache_dir: Path) -> Path:
+    """A folder holding the entrypoint, named by its hash, readable by the container's root."""
+    text = ENTRYPOINT_SOURCE.read_bytes()
+    folder = cache_dir / "overlay" / hashlib.sha256(text).hexdigest()[:16]
+    script = folder / "entrypoint.sh"
+    if not script.is_file() or script.read_bytes() != text:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o755)
+        partial = folder / f".entrypoint.{os.getpid()}"
+        partial.write_bytes(text)
+        partial.chmod(0o755)
+        partial.replace(script)
+    return folder
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpubook"
+
+
+def load_probe_key(path: Path) -> paramiko.PKey:
+    """The daemon's own key for readiness probes; made (ECDSA P-256, mode 600) on first use."""
+    if path.exists():
+        return paramiko.ECDSAKey.from_private_key_file(str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = paramiko.ECDSAKey.generate(bits=256)
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        key.write_private_key(file)
+    partial.replace(path)
+    return key
+
+
+def probe_key_line(key: paramiko.PKey) -> str:
+    # `restrict` (OpenSSH >= 7.2): no pty, no forwarding; and the probe can only run `true`.
+    return f'restrict,command="true" {key.get_name()} {key.get_base64()} gpubook-probe'
+
+
+def overlay_tag(template: Template) -> str:
+    recipe = OVERLAY_CONTAINERFILE.format(image=template.image)
+    digest = hashlib.sha256(f"{template.image}\n{recipe}".encode()).hexdigest()[:12]
+    return f"localhost/gpubook/overlay-{template.name}:{digest}"
+
+
+def run_image(template: Template) -> str:
+    """The image a booking of this template runs: the template's own, or its derived overlay."""
+    return template.image if template.has_sshd else overlay_tag(template)
+
+
+def build_overlay(engine: Engine, template: Template) -> str:
+    """Build the derived image with sshd and sudo unless it is there already; give its tag."""
+    tag = overlay_tag(template)
+    if _image_exists(engine, tag):
+        return tag
+    engine.ensure_image(template.image)
+    with tempfile.TemporaryDirectory(prefix="gpubook-overlay-") as context:
+        (Path(context) / "Containerfile").write_text(
+            OVERLAY_CONTAINERFILE.format(image=template.image)
+        )
+        engine.build(tag, Path(context))
+    return tag
+
+
+def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -> str:
+    """Make a template's image locally with mmdebstrap (its [build] recipe), the tarball cached."""
+    recipe = template.build
+    if recipe is None:
+        raise TemplateError(f"{template.path}: build: this template has no [build] recipe")
+    if _image_exists(engine, template.image):
+        return template.image
+    key = f"{recipe.suite} {recipe.variant} {','.join(sorted(recipe.include))}"
+    tarball = cache_dir / "rootfs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.tar"
+    if not tarball.is_file():
+        tarball.parent.mkdir(parents=True, exist_ok=True)
+        partial = tarball.with_suffix(".partial.tar")
+        mode = "root" if os.geteuid() == 0 else "unshare"
+        argv = ["mmdebstrap", f"--mode={mode}", f"--variant={recipe.variant}", "--quiet"]
+        if recipe.include:
+            argv.append("--include=" + ",".join(recipe.include))
+        argv += [recipe.suite, str(partial)]
+        log.info("template %s: building its root file system with mmdebstrap", template.name)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+        )
+        if done.returncode != 0:
+            partial.unlink(missing_ok=True)
+            raise EngineError(
+                f"template {template.name}: mmdebstrap failed: "
+                f"{(done.stderr or done.stdout).strip()[-2000:]}"
+            )
+        partial.replace(tarball)
+    engine.import_rootfs(tarball, template.image)
+    return template.image
+
+
+def booking_spec(
+    template: Template,
+    *,
+    booking_id: str,
+    user: str,
+    uid: int,
+    gid: int,
+    ssh_keys: Sequence[str],
+    probe_key: paramiko.PKey,
+    port: int,
+    end: datetime,
+    folders: DataFolders,
+    cache_dir: Path,
+    gpus: tuple[int, ...] = (),
+    gpu: object | None = None,
+) -> ContainerSpec:
+    """The container for one booking of `template`: overlay entrypoint, data folders, keys."""
+    check_user_name(user)
+    keys = "\n".join([*(k.strip() for k in ssh_keys if k.strip()), probe_key_line(probe_key)])
+    env = dict(template.env)
+    env.update(
+        {
+            "GPUBOOK_USER": user,
+            "GPUBOOK_UID": str(uid),
+            "GPUBOOK_GID": str(gid),
+            "GPUBOOK_PORT": str(port),
+            "GPUBOOK_KEYS": keys,
+        }
+    )
+    overlay = Mount(entrypoint_dir(cache_dir), OVERLAY_TARGET, read_only=True)
+    return ContainerSpec(
+        booking_id=booking_id,
+        user=user,
+        uid=uid,
+        gid=gid,
+        image=run_image(template),
+        port=port,
+        end=end,
+        gpus=gpus,
+        template=template.name,
+        entrypoint=(f"{OVERLAY_TARGET}/entrypoint.sh",),
+        command=template.command,
+        env=tuple(sorted(env.items())),
+        mounts=(overlay, *folders.mounts(), *template.mounts),
+        shm_size=template.shm_size,
+        memory=template.memory,
+        gpu=gpu,  # type: ignore[arg-type]
+    )
+
+
+def start_booking(
+    engine: Engine,
+    spec: ContainerSpec,
+    *,
+    probe_key: paramiko.PKey,
+    timeout: float = 60.0,
+    host: str = "127.0.0.1",
+) -> Ready:
+    """Start (or adopt) the booking's container and wait until SSH logs the probe in.
+
+    On failure nothing is left behind: the container is stopped and removed, and the error carries
+    the end of its log.
+    """
+    began = time.monotonic()
+    info = engine.start(spec)
+    try:
+        host_key = wait_ready(engine, spec, probe_key=probe_key, timeout=timeout, host=host)
+    except EngineError as error:
+        log_tail = _safe_logs(engine, spec.name)
+        engine.stop(spec.name, 0)
+        raise EngineError(f"{error}\ncontainer log:\n{log_tail}") from None
+    return Ready(info=info, seconds=time.monotonic() - began, host_key=host_key)
+
+
+def wait_ready(
+    engine: Engine,
+    spec: ContainerSpec,
+    *,
+    probe_key: paramiko.PKey,
+    timeout: float,
+    host: str = "127.0.0.1",
+) -> str:
+    """Log in as the booker with the probe key until it works; give the server's host key."""
+    deadline = time.monotonic() + timeout
+    next_check = time.monotonic() + 1.0
+    last_problem = "no answer yet"
+    while time.monotonic() < deadline:
+        try:
+            return probe_login(host, spec.port, spec.user, probe_key)
+        except (OSError, paramiko.SSHException, EOFError) as error:
+            last_problem = str(error) or type(error).__name__
+        if time.monotonic() >= next_check:  # a dead container never answers: say so at once
+            info = engine.inspect(spec.name)
+            if info is None or not info.running:
+                state = info.state if info else "gone"
+                raise EngineError(
+                    f"booking {spec.booking_id}: container {spec.name} is {state} "
+                    f"before SSH answered"
+                )
+            next_check = time.monotonic() + 1.0
+        time.sleep(0.02)
+    raise EngineError(
+        f"booking {spec.booking_id}: SSH on port {spec.port} did not let the probe in "
+        f"within {timeout:.0f} s ({last_problem})"
+    )
+
+
+def probe_login(
+    host: str, port: int, user: str, key: paramiko.PKey, *, timeout: float = 5.0
+) -> str:
+    """One SSH login with `key`; raises if it fails; gives the server's host key line."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        transport = paramiko.Transport(sock)
+        try:
+            transport.banner_timeout = timeout
+            transport.start_client(timeout=timeout)
+            transport.auth_publickey(user, key)
+            if not transport.is_authenticated():
+                raise paramiko.AuthenticationException("probe key refused")
+            server_key = transport.get_remote_server_key()
+            return f"{server_key.get_name()} {server_key.get_base64()}"
+        finally:
+            transport.close()
+
+
+def _image_exists(engine: Engine, image: str) -> bool:
+    try:
+        engine.ensure_image(image)
+    except EngineError:
+        return False
+    return True
+
+
+def _safe_logs(engine: Engine, name: str) -> str:
+    try:
+        return engine.logs(name, tail=30).strip() or "(empty)"
+    except EngineError as error:
+        return f"(no log: {error})"
+
+
+def mmdebstrap_available() -> bool:
+    return shutil.which("mmdebstrap") is not None

@@ -1,0 +1,1 @@
+"""gpubook's scheduler: calendar sources, the booking convention, the plan and the daemon."""

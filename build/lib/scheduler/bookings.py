@@ -1,0 +1,569 @@
+"""Turn raw calendar objects into booking occurrences: a `Booking`, or a `Rejection` saying why not.
+
+Recurrence, time zones (VTIMEZONE, Windows names, X-WR-TIMEZONE), all-day events, DURATION and
+moved or cancelled occurrences are left to icalendar, x-wr-timezone and recurring-ical-events;
+this module only reads the booking convention (who, which template, how many GPUs) and checks it.
+
+Every occurrence inside the asked window that is not cancelled becomes exactly one `Booking` or
+`Rejection`. What cannot be tied to an occurrence at all (an unreadable object, an event without
+UID or start, a repeat rule the library refuses) becomes a `Problem` naming the object.
+
+Occurrence ids: a recurring event's occurrence is `UID@RECURRENCE-ID` (the occurrence's original
+start, so a moved occurrence keeps its id); a single, non-recurring event is its UID alone, so
+that moving its start or end keeps its identity (and its container and write-back state).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import unicodedata
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from hashlib import sha256
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import icalendar
+import recurring_ical_events
+import x_wr_timezone
+from icalendar.parser import Contentlines
+
+from scheduler.config import TEMPLATE_NAME, USER_NAME, CalendarConfig, Config
+from scheduler.notify import strip_block
+from scheduler.sources import RawObject
+
+log = logging.getLogger(__name__)
+
+# Occurrences are asked for with this margin on both sides, then filtered exactly in UTC: floating
+# and all-day times are only placed on the time line by us (host time zone), not by the library.
+_MARGIN = timedelta(days=1)
+# Nobody books GPUs by the second or minute; such a rule would make millions of occurrences.
+_TOO_FREQUENT = {"SECONDLY", "MINUTELY"}
+_KEYS = ("user", "template", "gpus")
+_DESCRIPTION_LINE = re.compile(r"^[ \t]*(user|template|gpus)[ \t]*:[ \t]*(.*?)[ \t]*$",
+                               re.IGNORECASE | re.MULTILINE)
+_LOCATION_GPUS = re.compile(
+    r"\bgpus?[ \t]*[#:]?[ \t]*([0-9]{1,3}(?:[ \t]*,[ \t]*(?:gpu[ \t]*)?[0-9]{1,3})*)",
+    re.IGNORECASE | re.ASCII)
+_ProblemSink = Callable[[str | None, str], None]
+_COUNT = re.compile(r"[0-9]{1,3}", re.ASCII)
+_INDICES = re.compile(r"[0-9]{1,3}(?:[ \t]*,[ \t]*[0-9]{1,3})*[ \t]*,?", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One occurrence of a booking that follows the convention (the plan still checks it)."""
+
+    id: str  # see the module docstring
+    uid: str
+    user: str  # a syntactically valid user name; the plan checks that the user exists
+    template: str  # a syntactically valid template name; the plan checks that it exists
+    gpu_count: int
+    gpu_indices: tuple[int, ...] | None  # when the booker named GPUs; else the plan picks
+    start: datetime  # aware, UTC
+    end: datetime  # aware, UTC
+    created: datetime | None  # CREATED (UTC): earlier bookings win conflicts
+    dtstamp: datetime | None  # DTSTAMP (UTC): the next tie-breaker
+    calendar_url: str
+    href: str
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """An occurrence that will not run, with a sentence its booker understands."""
+
+    id: str
+    uid: str
+    start: datetime  # aware, UTC
+    end: datetime  # aware, UTC
+    reason: str
+    user: str | None  # the booker, where known
+    calendar_url: str
+    href: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something in a calendar that could not be tied to an occurrence (no UID, unreadable, …)."""
+
+    calendar_url: str
+    href: str
+    uid: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Expansion:
+    occurrences: tuple[Booking | Rejection, ...]  # sorted by start, then id
+    problems: tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class _Request:
+    user: str
+    template: str
+    gpu_count: int
+    gpu_indices: tuple[int, ...] | None
+
+
+class _Refused(Exception):
+    """A booking convention value that is wrong; the message is the rejection reason."""
+
+    def __init__(self, reason: str, user: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.user = user
+
+
+@dataclass
+class _Series:
+    """One UID's master (or lone overrides) and overrides, ready to expand."""
+
+    uid: str
+    href: str
+    query: recurring_ical_events.CalendarQuery
+    recurring: bool
+    master: icalendar.Event | None
+    overrides: list[icalendar.Event]
+
+
+@dataclass
+class _Parsed:
+    series: list[_Series] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+class BookingReader:
+    """Expands calendars into occurrences, keeping each object's parse while its ETag is unchanged.
+
+    One reader serves every calendar of the daemon; a poll that changed nothing re-parses nothing.
+    Objects that disappear from a calendar leave the cache on that calendar's next read.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str, str], _Parsed] = {}
+
+    def read(
+        self,
+        objects: Iterable[RawObject],
+        *,
+        config: Config,
+        calendar: CalendarConfig,
+        templates: Collection[str],
+        window_start: datetime,
+        window_end: datetime,
+    ) -> Expansion:
+        host_tz = ZoneInfo(config.host.timezone)
+        seen: set[tuple[str, str, str]] = set()
+        series: list[_Series] = []
+        problems: list[Problem] = []
+        for raw in sorted(objects, key=lambda o: o.href):
+            key = (calendar.url, raw.href, raw.etag or sha256(raw.ical.encode()).hexdigest())
+            seen.add(key)
+            if (parsed := self._cache.get(key)) is None:
+                parsed = self._cache[key] = _parse(raw)
+            series.extend(parsed.series)
+            problems.extend(parsed.problems)
+        for stale in [k for k in self._cache if k[0] == calendar.url and k not in seen]:
+            del self._cache[stale]
+
+        holders: dict[str, int] = defaultdict(int)
+        for one in series:
+            holders[one.uid] += 1
+        occurrences: list[Booking | Rejection] = []
+        for one in series:
+            try:
+                found = _expand(one, host_tz, window_start, window_end)
+            except Exception as error:  # noqa: BLE001 - a hostile series must not stop the others
+                reason = f"event {_show(one.uid)} could not be expanded: {_short(error)}"
+                problems.append(Problem(calendar.url, one.href, one.uid, reason))
+                continue
+            for component, occurrence_id, start, end in found:
+                duplicate = holders[one.uid] > 1
+                try:
+                    occurrences.append(_occurrence(
+                        component, one, occurrence_id=occurrence_id, start=start, end=end,
+                        duplicate=duplicate, config=config, templates=templates,
+                        host_tz=host_tz, calendar=calendar))
+                except Exception as error:  # noqa: BLE001 - never lose an occurrence silently
+                    occurrences.append(Rejection(
+                        id=occurrence_id, uid=one.uid, start=start, end=end,
+                        reason=f"the event cannot be read: {_short(error)}", user=None,
+                        calendar_url=calendar.url, href=one.href))
+        occurrences.sort(key=lambda o: (o.start, o.id, o.href))
+        return Expansion(tuple(occurrences), tuple(problems))
+
+
+def expand(
+    objects: Iterable[RawObject],
+    *,
+    config: Config,
+    calendar: CalendarConfig,
+    templates: Collection[str],
+    window_start: datetime,
+    window_end: datetime,
+    reader: BookingReader | None = None,
+) -> Expansion:
+    """The occurrences of one calendar's objects overlapping [window_start, window_end)."""
+    return (reader or BookingReader()).read(
+        objects, config=config, calendar=calendar, templates=templates,
+        window_start=window_start, window_end=window_end)
+
+
+# --- parsing one calendar object -------------------------------------------------------------
+
+
+def _parse(raw: RawObject) -> _Parsed:
+    parsed = _Parsed()
+
+    def problem(uid: str | None, reason: str) -> None:
+        parsed.problems.append(Problem(raw.calendar_url, raw.href, uid, reason))
+
+    try:
+        calendar = _read_calendar(raw.ical, problem)
+        calendar = x_wr_timezone.to_standard(calendar)
+    except Exception as error:  # noqa: BLE001 - any malformed text becomes a problem report
+        problem(None, f"not a readable calendar object: {_short(error)}")
+        return parsed
+    timezones = [c for c in calendar.subcomponents if c.name == "VTIMEZONE"]
+    by_uid: dict[str | None, list[icalendar.Event]] = defaultdict(list)
+    for component in calendar.subcomponents:
+        if component.name == "VEVENT":
+            uid = str(component.get("UID", "")).strip() or None
+            by_uid[uid].append(component)
+    for uid, components in by_uid.items():
+        masters = [c for c in components if "RECURRENCE-ID" not in c]
+        overrides = [c for c in components if "RECURRENCE-ID" in c]
+        # Two masters with one UID are a duplicate: expand each alone so that all are rejected.
+        groups = [[m, *overrides] for m in masters] if len(masters) > 1 else [components]
+        for group in groups:
+            try:
+                series = _series(uid, raw.href, group, timezones, problem)
+            except Exception as error:  # noqa: BLE001 - e.g. a broken property: report, skip
+                problem(uid, f"event {_show(uid or '')} cannot be read, so it was ignored: "
+                             f"{_short(error)}")
+                continue
+            if series is not None:
+                parsed.series.append(series)
+    return parsed
+
+
+def _read_calendar(text: str, problem: _ProblemSink) -> icalendar.Calendar:
+    try:
+        calendar = icalendar.Calendar.from_ical(text)
+    except ValueError as error:
+        # Reminders do not matter for a booking, and a bad VALARM (TRIGGER:PT-2H, seen from a
+        # railway's ticket export) makes icalendar refuse the whole file: read it without them.
+        without_alarms = _drop_alarms(text)
+        if without_alarms == text:
+            raise
+        calendar = icalendar.Calendar.from_ical(without_alarms)
+        problem(None, f"reminders (VALARM) that could not be read were ignored: {_short(error)}")
+    if not isinstance(calendar, icalendar.Calendar) or calendar.name != "VCALENDAR":
+        raise ValueError("it holds no VCALENDAR")
+    return calendar
+
+
+def _drop_alarms(text: str) -> str:
+    lines = Contentlines.from_ical(text)
+    kept, depth = [], 0
+    for line in lines:
+        upper = str(line).upper()
+        if upper.startswith("BEGIN:VALARM"):
+            depth += 1
+        elif upper.startswith("END:VALARM") and depth:
+            depth -= 1
+        elif not depth:
+            kept.append(line)
+    return "\r\n".join(str(line) for line in kept if str(line)) + "\r\n"
+
+
+def _series(uid: str | None, href: str, group: list[icalendar.Event], timezones: list,
+            problem: _ProblemSink) -> _Series | None:
+    master = next((c for c in group if "RECURRENCE-ID" not in c), None)
+    title = _text(group[0].get("SUMMARY"))
+    name = repr(uid) if uid else f"without UID (titled {_show(title)})"
+    rule = master.get("RRULE") if master is not None else None
+    rules = rule if isinstance(rule, list) else [rule]
+    frequencies = {str(r.get("FREQ", [""])[0]).upper() for r in rules
+                   if isinstance(r, icalendar.vRecur)}
+    if frequencies & _TOO_FREQUENT:
+        unit = "second" if "SECONDLY" in frequencies else "minute"
+        problem(uid, f"event {name} repeats every {unit}; GPU bookings may repeat at most hourly, "
+                     "so it was ignored")
+        return None
+    if any("DTSTART" not in c for c in group):
+        problem(uid, f"event {name} has no start (DTSTART) and was ignored")
+        return None
+    calendar = icalendar.Calendar()
+    for zone in timezones:
+        calendar.add_component(zone)
+    for component in group:
+        calendar.add_component(component)
+    try:
+        query = recurring_ical_events.of(calendar)
+    except Exception as error:  # noqa: BLE001 - e.g. Outlook's "BYDAY=MO, TU": report, skip
+        problem(uid, f"the repeat rule of event {name} cannot be read, so it was ignored: "
+                     f"{_short(error)}")
+        return None
+    if uid is None:
+        problem(None, f"an event {name} has no UID and was ignored; every event needs one")
+        return None
+    recurring = master is None or "RRULE" in master or "RDATE" in master or len(group) > 1
+    return _Series(uid, href, query, recurring, master, [c for c in group if c is not master])
+
+
+# --- expanding one series ----------------------------------------------------------------------
+
+
+def _expand(series: _Series, host_tz: tzinfo, window_start: datetime,
+            window_end: datetime) -> list[tuple[icalendar.Event, str, datetime, datetime]]:
+    found = []
+    for component in series.query.between(window_start - _MARGIN, window_end + _MARGIN):
+        if str(component.get("STATUS", "")).upper() == "CANCELLED":
+            continue
+        start = _utc(_dt(component, "DTSTART"), host_tz)
+        end = _utc(_dt(component, "DTEND"), host_tz) if "DTEND" in component else start
+        inside = (start < window_end and end > window_start) or (
+            start == end and window_start <= start < window_end)
+        if not inside:
+            continue
+        found.append((component, _occurrence_id(series, component, host_tz), start, end))
+    return found
+
+
+def _occurrence_id(series: _Series, component: icalendar.Event, host_tz: tzinfo) -> str:
+    if not series.recurring:
+        return series.uid
+    value = _dt(component, "RECURRENCE-ID" if "RECURRENCE-ID" in component else "DTSTART")
+    source = _source(series, component, host_tz)
+    if source is not None and "RECURRENCE-ID" in source \
+            and str(source["RECURRENCE-ID"].params.get("RANGE", "")).upper() == "THISANDFUTURE" \
+            and _dt(component, "DTSTART") != _dt(source, "DTSTART"):
+        # A later occurrence moved by a RANGE=THISANDFUTURE override carries that override's
+        # RECURRENCE-ID; its own original start is its start moved back by the same amount.
+        moved_by = (_utc(_dt(source, "DTSTART"), host_tz)
+                    - _utc(_dt(source, "RECURRENCE-ID"), host_tz))
+        value = _utc(_dt(component, "DTSTART"), host_tz) - moved_by
+    if isinstance(value, datetime):
+        return f"{series.uid}@{_utc(value, host_tz):%Y%m%dT%H%M%SZ}"
+    return f"{series.uid}@{value:%Y%m%d}"
+
+
+def _source(series: _Series, component: icalendar.Event, host_tz: tzinfo) -> icalendar.Event | None:
+    """The VEVENT an occurrence comes from: its override, else the master."""
+    if "RECURRENCE-ID" in component:
+        key = _utc(_dt(component, "RECURRENCE-ID"), host_tz)
+        for override in series.overrides:
+            if _utc(_dt(override, "RECURRENCE-ID"), host_tz) == key:
+                return override
+    return series.master or (series.overrides[0] if series.overrides else None)
+
+
+def _utc(value: date | datetime, host_tz: tzinfo) -> datetime:
+    """Place a calendar time on the time line: floating times and dates are host-local."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=host_tz)
+        return value.astimezone(UTC)
+    return datetime.combine(value, time(), host_tz).astimezone(UTC)
+
+
+# --- one occurrence ----------------------------------------------------------------------------
+
+
+def _occurrence(component: icalendar.Event, series: _Series, *, occurrence_id: str, start: datetime,
+                end: datetime, duplicate: bool, config: Config, templates: Collection[str],
+                host_tz: tzinfo, calendar: CalendarConfig) -> Booking | Rejection:
+    def reject(reason: str, user: str | None = None) -> Rejection:
+        return Rejection(id=occurrence_id, uid=series.uid, start=start, end=end, reason=reason,
+                         user=user, calendar_url=calendar.url, href=series.href)
+
+    if duplicate:
+        return reject(f"the UID {_show(series.uid)} is used by more than one event in this "
+                      "calendar, so they cannot be told apart; give each booking its own event")
+    source = _source(series, component, host_tz)
+    if source is not None and (zone := _unknown_timezone(source)):
+        return reject(f"time zone {_show(zone)} is unknown (the calendar defines no VTIMEZONE for "
+                      "it); use a time zone such as Europe/Paris")
+    if source is not None and _inverted(source, host_tz):
+        return reject("the booking ends before it starts; correct its end time")
+    if end <= start:
+        return reject("the booking starts and ends at the same time; give it an end time")
+    try:
+        request = _request(component, config=config, templates=templates)
+    except _Refused as refused:
+        return reject(refused.reason, refused.user)
+    return Booking(
+        id=occurrence_id, uid=series.uid, user=request.user, template=request.template,
+        gpu_count=request.gpu_count, gpu_indices=request.gpu_indices, start=start, end=end,
+        created=_stamp(component.get("CREATED"), host_tz),
+        dtstamp=_stamp(component.get("DTSTAMP"), host_tz),
+        calendar_url=calendar.url, href=series.href, summary=_text(component.get("SUMMARY")))
+
+
+def _unknown_timezone(component: icalendar.Event) -> str | None:
+    # icalendar leaves a time naive when its TZID is neither known nor defined in a VTIMEZONE;
+    # reading it as floating would silently shift the booking.
+    for name in ("DTSTART", "DTEND", "RECURRENCE-ID"):
+        prop: Any = component.get(name)
+        if prop is not None and "TZID" in prop.params and isinstance(prop.dt, datetime) \
+                and prop.dt.tzinfo is None:
+            return str(prop.params["TZID"])
+    return None
+
+
+def _inverted(component: icalendar.Event, host_tz: tzinfo) -> bool:
+    # recurring-ical-events swaps an end before the start; a booking like that is a typo.
+    duration = _dt(component, "DURATION") if "DURATION" in component else None
+    if isinstance(duration, timedelta):
+        return duration < timedelta(0)
+    if "DTEND" in component:
+        return _utc(_dt(component, "DTEND"), host_tz) < _utc(_dt(component, "DTSTART"), host_tz)
+    return False
+
+
+def _dt(component: icalendar.Component, name: str) -> Any:
+    # icalendar types a property as a union of every value type; these names hold times.
+    prop: Any = component[name]
+    return prop.dt
+
+
+def _stamp(prop: object, host_tz: tzinfo) -> datetime | None:
+    value = getattr(prop, "dt", None)
+    return _utc(value, host_tz) if isinstance(value, date) else None
+
+
+# --- the booking convention --------------------------------------------------------------------
+
+
+def _request(component: icalendar.Event, *, config: Config, templates: Collection[str]) -> _Request:
+    """Read who books, which template and which GPUs; raise _Refused with the reason."""
+    # gpubook's own write-back block is never read as the booker's `key: value` lines.
+    described = _description_values(strip_block(_text(component.get("DESCRIPTION"))))
+    titled = _summary_values(_text(component.get("SUMMARY")), users=config.users,
+                             templates=templates)
+
+    user = _booker(component, described, titled, config=config)
+    try:
+        template = _checked_name(described["template"], TEMPLATE_NAME, "template") \
+            if "template" in described else titled.get("template") or config.defaults.template
+        if "gpus" in described:
+            count, indices = _gpus(described["gpus"], "gpus:")
+        elif "gpus" in titled:
+            count, indices = _gpus(titled["gpus"], "gpus=")
+        elif (located := _location_gpus(_text(component.get("LOCATION")))) is not None:
+            count, indices = _gpus(located, "the location's GPU")
+        else:
+            count, indices = config.defaults.gpus, None
+    except _Refused as refused:
+        raise _Refused(refused.reason, user) from None
+    return _Request(user=user, template=template, gpu_count=count, gpu_indices=indices)
+
+
+def _booker(component: icalendar.Event, described: Mapping[str, str], titled: Mapping[str, str], *,
+            config: Config) -> str:
+    if "user" in described:
+        return _checked_name(described["user"], USER_NAME, "user")
+    if "user" in titled:
+        return titled["user"]
+    organizer = component.get("ORGANIZER")
+    if organizer is None:
+        raise _Refused("the booking names no user; add a line `user: NAME` to its description "
+                       "(or start its title with your user name)")
+    email = re.sub(r"(?i)^mailto:", "", str(organizer).strip())
+    user = config.user_by_email(email)
+    if user is None:
+        raise _Refused(f"{_show(email, quote=False)} is not a known user; add `user: NAME` to the "
+                       "description or ask the admin to add this e-mail address to your user")
+    return user.name
+
+
+def _description_values(description: str) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for key, value in _DESCRIPTION_LINE.findall(description):
+        key = key.lower()
+        if key in values and values[key] != value:
+            raise _Refused(f"the description has more than one `{key}:` line "
+                           f"({_show(values[key])} and {_show(value)}); keep one")
+        values[key] = value
+    return values
+
+
+def _summary_values(summary: str, *, users: Collection[str],
+                    templates: Collection[str]) -> dict[str, str]:
+    """The title's short form, e.g. `alice tensorflow-cuda9 gpus=2`; other words are ignored."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for word in summary.split():
+        word = word.strip(",;:()[]")
+        lower = word.lower()
+        if lower.startswith("gpus="):
+            found["gpus"].add(word[len("gpus="):])
+        elif lower in users:
+            found["user"].add(lower)
+        elif lower in templates:
+            found["template"].add(lower)
+    values = {}
+    for key, candidates in found.items():
+        if len(candidates) > 1:
+            shown = ", ".join(_show(c) for c in sorted(candidates))
+            raise _Refused(f"the title names more than one {key} ({shown}); "
+                           f"put a `{key}: …` line in the description")
+        values[key] = candidates.pop()
+    return values
+
+
+def _location_gpus(location: str) -> str | None:
+    """GPU indices named in LOCATION (`gpu 1`, `GPU0,GPU2`), as booking systems fill it."""
+    matches = _LOCATION_GPUS.findall(location)
+    if not matches:
+        return None
+    return ",".join(n for match in matches for n in re.findall(r"[0-9]+", match)) + ","
+
+
+def _checked_name(value: str, pattern: re.Pattern[str], what: str) -> str:
+    """A user or template name exactly as configured: ASCII, no look-alikes, no path tricks."""
+    normal = unicodedata.normalize("NFKC", value)
+    if any(unicodedata.category(c).startswith("C") for c in value) or normal != value \
+            or not normal.isascii() or not pattern.match(normal):
+        rule = ("lower-case ASCII letters, digits, '_' and '-', starting with a letter"
+                if what == "user" else "lower-case ASCII letters, digits, '.', '_' and '-'")
+        raise _Refused(f"{what} {_show(value)} is not a valid {what} name ({rule})")
+    return normal
+
+
+def _gpus(value: str, where: str) -> tuple[int, tuple[int, ...] | None]:
+    """`2` is a count; `0,2` (or `1,` for one GPU) are indices."""
+    if _COUNT.fullmatch(value):
+        count = int(value)
+        if count == 0:
+            raise _Refused(f"{where} 0 asks for no GPU; ask for 1 or more")
+        return count, None
+    if _INDICES.fullmatch(value):
+        indices = [int(n) for n in re.findall(r"[0-9]+", value)]
+        for index in indices:
+            if indices.count(index) > 1:
+                raise _Refused(f"{where} {_show(value)} names GPU {index} twice")
+        return len(indices), tuple(sorted(indices))
+    raise _Refused(f"{where} {_show(value)} is neither a number of GPUs (such as 2) nor a list of "
+                   "GPU indices (such as 0,2)")
+
+
+def _text(prop: object) -> str:
+    return "" if prop is None else str(prop)
+
+
+def _show(value: str, *, quote: bool = True, limit: int = 40) -> str:
+    """A calendar value made safe to print: escaped, ASCII, truncated."""
+    shown = ascii(value[:limit] + ("…" if len(value) > limit else ""))
+    shown = shown.replace("\\u2026", "…")
+    return shown if quote else shown[1:-1]
+
+
+def _short(error: BaseException, limit: int = 200) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[:limit] + "…"

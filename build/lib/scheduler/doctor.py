@@ -1,0 +1,112 @@
+"""`gpubook doctor`: every check an admin needs before trusting gpubook, each problem with its fix.
+
+The driver and device checks come from runtime.gpus; this module adds the config, the engine, the
+templates, the calendars and the data folders. Exit status 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from runtime import gpus
+from runtime.errors import GpubookError
+from runtime.gpus import Check
+from runtime.templates import load_all
+from scheduler import config as config_module
+from scheduler.sources import open_source
+
+
+def _config_check(path: str | None) -> tuple[Check, config_module.Config | None]:
+    if path is None:
+        return Check("config", False, "no --config given; only host checks were made",
+                     "run `gpubook doctor --config FILE` with the daemon's config"), None
+    try:
+        loaded = config_module.load(path)
+    except GpubookError as error:
+        return Check("config", False, str(error), "correct the lines named above"), None
+    return Check("config", True, f"{loaded.path}: {len(loaded.calendars)} calendar(s), "
+                 f"{len(loaded.users)} user(s)"), loaded
+
+
+def _engine_check(loaded: config_module.Config | None) -> Check:
+    name = loaded.engine.name if loaded else "podman"
+    binary = (loaded.engine.binary if loaded else None) or name
+    path = shutil.which(binary)
+    if path is None:
+        package = "podman" if name == "podman" else "docker.io"
+        return Check("engine", False, f"{binary} is not installed or not on PATH",
+                     f"install it (apt-get install {package}) or set [engine] binary")
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return Check("engine", False, f"{path} --version failed: {error}", f"check that {path} runs")
+    if done.returncode != 0:
+        return Check("engine", False, f"{path} --version: {done.stderr.strip()[:200]}", f"check that {path} runs")
+    detail = done.stdout.strip()
+    if name == "podman" and os.geteuid() != 0 and not shutil.which("newuidmap"):
+        return Check("engine", False, f"{detail}, but newuidmap is missing (rootless podman needs it)",
+                     "install the uidmap package")
+    return Check("engine", True, detail)
+
+
+def _templates_check(loaded: config_module.Config | None) -> Check:
+    templates = load_all(loaded.templates_dir if loaded else None)
+    if templates.errors:
+        return Check("templates", False, "; ".join(m.splitlines()[0] for m in templates.errors.values()),
+                     "fix the named fields (`gpubook templates validate` lists them); invalid templates are skipped")
+    return Check("templates", True, ", ".join(sorted(templates.templates)) or "none")
+
+
+def _calendar_checks(loaded: config_module.Config) -> list[Check]:
+    checks = []
+    for calendar in loaded.calendars:
+        try:
+            snapshot = open_source(calendar, timeout=15).poll()
+        except GpubookError as error:
+            checks.append(Check(f"calendar {calendar.url}", False, str(error),
+                                "check the URL, the credentials and that the server is up"))
+        else:
+            checks.append(Check(f"calendar {calendar.url}", True, f"{len(snapshot.objects)} object(s)"))
+    return checks
+
+
+def _storage_check(loaded: config_module.Config) -> Check:
+    root = loaded.storage.data_root
+    if root is None:
+        return Check("data_root", True, "not set: bookings get no input/output folders")
+    if not root.is_dir():
+        return Check("data_root", False, f"{root} does not exist",
+                     f"create it and give it to the daemon's user (mkdir -p {root})")
+    if not os.access(root, os.W_OK | os.X_OK):
+        return Check("data_root", False, f"{root} is not writable by this user",
+                     f"chown it to the daemon's user (chown {os.getuid()} {root})")
+    return Check("data_root", True, str(root))
+
+
+def checks(config_path: str | None) -> list[Check]:
+    config_check, loaded = _config_check(config_path)
+    result = [config_check]
+    driver = gpus.driver_checks(gpus.DoctorOptions(extra_roots=loaded.nvidia.driver_roots if loaded else ()))
+    if loaded is not None and loaded.gpu_count is not None and not all(c.ok for c in driver):
+        # A host declared GPU-less on purpose ([gpus] count) runs bookings without driver injection.
+        result.append(Check("driver", True, f"no NVIDIA driver; the config's [gpus] count = {loaded.gpu_count} "
+                            "is used and containers get no GPU"))
+    else:
+        result.extend(driver)
+    result.append(_engine_check(loaded))
+    result.append(_templates_check(loaded))
+    if loaded is not None:
+        result.extend(_calendar_checks(loaded))
+        result.append(_storage_check(loaded))
+    return result
+
+
+def run(config_path: str | None) -> int:
+    lines, status = gpus.format_checks(checks(config_path))
+    print("\n".join(lines))
+    return status
+
+
+

@@ -1,0 +1,108 @@
+"""One pass of the pipeline: calendars → bookings → plan, shared by the CLI and the daemon."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from runtime import gpus as gpu_inventory
+from runtime.templates import template_names
+from scheduler import plan as plan_module
+from scheduler.bookings import Booking, BookingReader, Problem, Rejection
+from scheduler.config import Config
+from scheduler.sources import Snapshot, Source, open_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Calendars:
+    """The configured calendars' sources and the parse cache, kept between polls."""
+
+    config: Config
+    sources: dict[str, Source] = field(default_factory=dict)
+    reader: BookingReader = field(default_factory=BookingReader)
+
+    def poll(self) -> dict[str, Snapshot]:
+        """Poll every calendar; a CalendarError of one stops the pass (the caller decides)."""
+        snapshots = {}
+        for calendar in self.config.calendars:
+            source = self.sources.get(calendar.url)
+            if source is None:
+                source = self.sources[calendar.url] = open_source(calendar)
+            snapshots[calendar.url] = source.poll()
+        return snapshots
+
+    def occurrences(self, snapshots: Mapping[str, Snapshot], *, window_start: datetime,
+                    window_end: datetime) -> tuple[list[Booking | Rejection], list[Problem]]:
+        templates = template_names(self.config.templates_dir)
+        occurrences: list[Booking | Rejection] = []
+        problems: list[Problem] = []
+        for calendar in self.config.calendars:
+            expansion = self.reader.read(snapshots[calendar.url].objects.values(), config=self.config,
+                                         calendar=calendar, templates=templates,
+                                         window_start=window_start, window_end=window_end)
+            occurrences.extend(expansion.occurrences)
+            problems.extend(expansion.problems)
+        return occurrences, problems
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: plan_module.Plan
+    problems: tuple[Problem, ...]
+    inventory: gpu_inventory.Inventory
+
+
+def inventory_indices(inventory: gpu_inventory.Inventory) -> tuple[int, ...]:
+    return tuple(gpu.index for gpu in inventory.gpus)
+
+
+def plan_window(config: Config, *, window_start: datetime, window_end: datetime, now: datetime,
+                calendars: Calendars | None = None,
+                running: Mapping[str, tuple[int, ...]] | None = None) -> PlanResult:
+    """Read every calendar once and plan the window."""
+    calendars = calendars or Calendars(config)
+    snapshots = calendars.poll()
+    occurrences, problems = calendars.occurrences(snapshots, window_start=window_start, window_end=window_end)
+    inventory = gpu_inventory.inventory(static_count=config.gpu_count)
+    result = plan_module.plan(occurrences, inventory=inventory_indices(inventory), config=config,
+                              templates=template_names(config.templates_dir), now=now, running=running or {})
+    for problem in problems:
+        log.warning("calendar %s: %s: %s", problem.calendar_url, problem.uid or problem.href, problem.reason)
+    return PlanResult(plan=result, problems=tuple(problems), inventory=inventory)
+
+
+def _local(moment: datetime, zone: ZoneInfo) -> str:
+    return moment.astimezone(zone).strftime("%a %Y-%m-%d %H:%M")
+
+
+def describe_plan(result: PlanResult, *, timezone: str) -> str:
+    """The plan as a person reads it: accepted bookings, then rejections with their reasons."""
+    zone = ZoneInfo(timezone)
+    inventory = result.inventory
+    lines: list[str] = []
+    if inventory.source != "nvml":
+        lines.append(f"GPUs: {inventory.count} from the config's [gpus] count "
+                     f"({gpu_inventory.no_gpu_line(inventory)})" if inventory.count
+                     else gpu_inventory.no_gpu_line(inventory))
+    accepted: Sequence[plan_module.Accepted] = sorted(result.plan.accepted, key=lambda a: (a.booking.start, a.gpus))
+    lines.append(f"Accepted ({len(accepted)}), times in {timezone}:")
+    for item in accepted:
+        booking = item.booking
+        gpu_list = ",".join(map(str, item.gpus))
+        lines.append(f"  {_local(booking.start, zone)} → {_local(booking.end, zone)}  {booking.user:<12} "
+                     f"GPU {gpu_list:<7} {booking.template:<18} {booking.summary}")
+    rejected = sorted(result.plan.rejected, key=lambda r: (r.start, r.id))
+    lines.append(f"Rejected ({len(rejected)}):")
+    for rejection in rejected:
+        lines.append(f"  {_local(rejection.start, zone)} → {_local(rejection.end, zone)}  "
+                     f"{rejection.user or '?':<12} {rejection.reason}")
+    if result.problems:
+        lines.append(f"Not readable as bookings ({len(result.problems)}):")
+        for problem in result.problems:
+            lines.append(f"  {problem.uid or problem.href}: {problem.reason}")
+    return "\n".join(lines)

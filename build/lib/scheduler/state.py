@@ -1,0 +1,413 @@
+"""What the daemon remembers between runs: one SQLite file (stdlib sqlite3, WAL).
+
+It holds the SSH ports handed out, the containers started and stopped, the calendar write-backs
+done, an append-only event log and, from the start/stop records, GPU-hours per user and booking.
+
+It is a memory, not the truth: what runs is what the engine lists under gpubook's labels. So a
+missing or corrupt database is set aside and recreated with a warning, and the reconciler adopts
+running containers (`adopt_port`, `container_started`) from their labels. Every method commits
+its own transaction; WAL with synchronous=NORMAL keeps every committed transaction through a
+kill -9 of the daemon (a power cut may lose the last few, which the labels make up for).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from runtime.errors import GpubookError
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+class StateError(GpubookError):
+    """The state database cannot be used (a newer schema, an unwritable folder, no free port)."""
+
+
+class _Corrupt(Exception):
+    """The file is not a readable SQLite database."""
+
+
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+# Schema migrations, in order. PRAGMA user_version is the number applied; each runs in one
+# transaction together with the version bump, so a crash never leaves half a migration.
+# Never edit a released migration: append a new one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE ports (
+        booking_id   TEXT PRIMARY KEY,
+        port         INTEGER NOT NULL UNIQUE,
+        allocated_at REAL NOT NULL
+    );
+    CREATE TABLE containers (
+        id          INTEGER PRIMARY KEY,
+        booking_id  TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        user        TEXT NOT NULL,
+        gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 0),
+        started_at  REAL NOT NULL,
+        stopped_at  REAL,
+        exit_reason TEXT,
+        restarts    INTEGER NOT NULL DEFAULT 0
+    );
+    -- at most one open (running) record per container name
+    CREATE UNIQUE INDEX containers_open ON containers (name) WHERE stopped_at IS NULL;
+    CREATE INDEX containers_booking ON containers (booking_id);
+    CREATE INDEX containers_user ON containers (user);
+    CREATE TABLE write_backs (
+        booking_id TEXT PRIMARY KEY,
+        status     TEXT NOT NULL,
+        etag       TEXT,
+        written_at REAL NOT NULL
+    );
+    CREATE TABLE events (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        at         REAL NOT NULL,
+        booking_id TEXT,
+        level      TEXT NOT NULL CHECK (level IN ('debug', 'info', 'warning', 'error')),
+        message    TEXT NOT NULL
+    );
+    CREATE INDEX events_booking ON events (booking_id);
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
+    """,
+)
+
+
+@dataclass(frozen=True)
+class ContainerRecord:
+    id: int
+    booking_id: str
+    name: str
+    user: str
+    gpu_count: int
+    started_at: datetime
+    stopped_at: datetime | None
+    exit_reason: str | None
+    restarts: int  # runs of this booking before this one
+
+    def gpu_hours(self, now: datetime) -> float:
+        end = self.stopped_at or now
+        return max(0.0, (end - self.started_at).total_seconds()) / 3600 * self.gpu_count
+
+
+@dataclass(frozen=True)
+class WriteBack:
+    booking_id: str
+    status: str
+    etag: str | None
+    written_at: datetime
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    id: int
+    at: datetime
+    booking_id: str | None
+    level: str
+    message: str
+
+
+def port_is_free(port: int) -> bool:
+    """True when nothing on this host listens on `port` (TCP, all addresses).
+
+    SO_REUSEADDR is left off on purpose: a port in TIME_WAIT would also stop the container's
+    sshd from binding it.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))  # noqa: S104 - a probe: sshd in the container binds all addresses
+        except OSError as error:
+            if error.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def _stamp(moment: datetime | None) -> float:
+    if moment is None:
+        return time.time()
+    if moment.tzinfo is None:
+        raise ValueError(f"a naive datetime has no place in the state database: {moment!r}")
+    return moment.timestamp()
+
+
+def _moment(stamp: float | None) -> datetime | None:
+    return None if stamp is None else datetime.fromtimestamp(stamp, UTC)
+
+
+class State:
+    """`State(path)`: open (or create, or recreate) the database; every method is one transaction.
+
+    Safe to share between the daemon's threads (one connection behind a lock); other processes
+    (`gpubook status`, `gpubook log`) may open the same file at the same time.
+    """
+
+    def __init__(self, path: str | Path, *, port_probe: Callable[[int], bool] = port_is_free) -> None:
+        self.path = Path(path)
+        self._port_probe = port_probe
+        self._lock = threading.RLock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            log.warning("state database %s does not exist; starting a new one "
+                        "(running containers are adopted from their labels)", self.path)
+        try:
+            self._db = self._open()
+        except _Corrupt as error:
+            self._set_aside(error)
+            self._db = self._open()
+
+    # -- opening -------------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
+        db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        try:
+            try:
+                db.execute("PRAGMA busy_timeout=10000")
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA foreign_keys=ON")
+                (verdict,) = db.execute("PRAGMA quick_check").fetchone()
+            except sqlite3.DatabaseError as error:
+                # Only damage sets the file aside; "database is locked" and the like are raised.
+                if getattr(error, "sqlite_errorcode", None) in _DAMAGED:
+                    raise _Corrupt(str(error)) from error
+                raise
+            if verdict != "ok":
+                raise _Corrupt(f"quick_check: {verdict}")
+            self._migrate(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version > len(MIGRATIONS):
+            raise StateError(f"state database {self.path} has schema version {version}, newer than this "
+                             f"gpubook knows ({len(MIGRATIONS)}); upgrade gpubook or move the file away")
+        for number in range(version, len(MIGRATIONS)):
+            # executescript() would commit on its own; run the statements inside our transaction.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _statements(MIGRATIONS[number]):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {number + 1}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            log.info("state database %s: schema migrated to version %d", self.path, number + 1)
+
+    def _set_aside(self, error: _Corrupt) -> None:
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+        log.warning("state database %s is unreadable (%s); moved to %s and starting a new one "
+                    "(running containers are adopted from their labels)", self.path, error, aside)
+        self.path.replace(aside)
+        for suffix in ("-wal", "-shm"):
+            sidecar = self.path.with_name(self.path.name + suffix)
+            if sidecar.exists():
+                sidecar.replace(aside.with_name(aside.name + suffix))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> State:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, parameters).fetchall()
+
+    # -- ports ---------------------------------------------------------------------------------
+
+    def port_for(self, booking_id: str, *, port_min: int, port_max: int, now: datetime | None = None) -> int:
+        """The booking's SSH port: the one it has, else the lowest port in [port_min, port_max] that
+        no other booking holds and that is free on this host. Raises StateError when none is left."""
+        with self._transaction() as db:
+            row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
+            if row is not None:
+                return int(row[0])
+            taken = {port for (port,) in db.execute("SELECT port FROM ports")}
+            for port in range(port_min, port_max + 1):
+                if port not in taken and self._port_probe(port):
+                    db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?)",
+                               (booking_id, port, _stamp(now)))
+                    return port
+        raise StateError(f"booking {booking_id}: no free SSH port left in {port_min}-{port_max} "
+                         f"({len(taken)} held by bookings, the rest in use on this host)")
+
+    def adopt_port(self, booking_id: str, port: int, *, now: datetime | None = None) -> None:
+        """Record the port a running container already uses (read from its labels after a lost
+        database). A stale record of another booking on that port gives way: the running container wins."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM ports WHERE port = ? AND booking_id != ?", (port, booking_id))
+            db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?) "
+                       "ON CONFLICT (booking_id) DO UPDATE SET port = excluded.port",
+                       (booking_id, port, _stamp(now)))
+
+    def release_port(self, booking_id: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
+
+    def ports(self) -> dict[str, int]:
+        return {booking: port for booking, port in self._query("SELECT booking_id, port FROM ports ORDER BY port")}
+
+    # -- containers ----------------------------------------------------------------------------
+
+    def container_started(self, booking_id: str, name: str, *, user: str, gpu_count: int,
+                          at: datetime | None = None) -> ContainerRecord:
+        """Record that `name` runs for the booking. Idempotent: an open record of that name is returned
+        as it is (adopting a container after a restart records nothing new)."""
+        with self._transaction() as db:
+            open_row = db.execute(_OPEN_CONTAINER, (name,)).fetchone()
+            if open_row is not None:
+                return _container(open_row)
+            (runs,) = db.execute("SELECT count(*) FROM containers WHERE booking_id = ?", (booking_id,)).fetchone()
+            cursor = db.execute(
+                "INSERT INTO containers (booking_id, name, user, gpu_count, started_at, restarts) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (booking_id, name, user, gpu_count, _stamp(at), runs))
+            row = db.execute(_CONTAINER_BY_ID, (cursor.lastrowid,)).fetchone()
+        return _container(row)
+
+    def container_stopped(self, name: str, *, reason: str, at: datetime | None = None) -> ContainerRecord | None:
+        """Close the open record of `name` with why it stopped ("ended", "died: exit 137", ...).
+        Returns the closed record, or None when none was open (already recorded, or never seen)."""
+        with self._transaction() as db:
+            row = db.execute(_OPEN_CONTAINER, (name,)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE containers SET stopped_at = max(started_at, ?), exit_reason = ? WHERE id = ?",
+                       (_stamp(at), reason, row[0]))
+            row = db.execute(_CONTAINER_BY_ID, (row[0],)).fetchone()
+        return _container(row)
+
+    def containers(self, *, booking_id: str | None = None, running_only: bool = False) -> list[ContainerRecord]:
+        rows = self._query(_CONTAINERS_WHERE, (booking_id, booking_id, running_only))
+        return [_container(row) for row in rows]
+
+    def restarts(self, booking_id: str) -> int:
+        """How many times the booking's container was started again after its first start."""
+        (runs,) = self._query("SELECT count(*) FROM containers WHERE booking_id = ?", (booking_id,))[0]
+        return max(0, int(runs) - 1)
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    def gpu_hours_by_booking(self, *, now: datetime | None = None) -> dict[str, float]:
+        """GPU-hours per booking; a container still running counts up to `now`."""
+        return self._gpu_hours("booking_id", now)
+
+    def gpu_hours_by_user(self, *, now: datetime | None = None) -> dict[str, float]:
+        return self._gpu_hours("user", now)
+
+    def _gpu_hours(self, column: str, now: datetime | None) -> dict[str, float]:
+        rows = self._query(
+            f"SELECT {column}, sum(max(0, coalesce(stopped_at, ?) - started_at) * gpu_count) / 3600.0 "  # noqa: S608 - column is one of two literals
+            f"FROM containers GROUP BY {column} ORDER BY {column}", (_stamp(now),))
+        return {key: float(hours) for key, hours in rows}
+
+    # -- write-backs ---------------------------------------------------------------------------
+
+    def write_back_done(self, booking_id: str, *, status: str, etag: str | None, at: datetime | None = None) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT INTO write_backs (booking_id, status, etag, written_at) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT (booking_id) DO UPDATE SET status = excluded.status, etag = excluded.etag, "
+                       "written_at = excluded.written_at", (booking_id, status, etag, _stamp(at)))
+
+    def write_back(self, booking_id: str) -> WriteBack | None:
+        """The last status written into the booking's event and the event's ETag after it, if any."""
+        rows = self._query("SELECT booking_id, status, etag, written_at FROM write_backs WHERE booking_id = ?",
+                           (booking_id,))
+        if not rows:
+            return None
+        booking, status, etag, written_at = rows[0]
+        return WriteBack(booking_id=booking, status=status, etag=etag, written_at=_moment(written_at))  # type: ignore[arg-type]
+
+    # -- event log -----------------------------------------------------------------------------
+
+    def log_event(self, message: str, *, level: str = "info", booking_id: str | None = None,
+                  at: datetime | None = None) -> int:
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+        with self._transaction() as db:
+            cursor = db.execute("INSERT INTO events (at, booking_id, level, message) VALUES (?, ?, ?, ?)",
+                                (_stamp(at), booking_id, level, message))
+            return int(cursor.lastrowid or 0)
+
+    def events(self, *, after_id: int = 0, booking_id: str | None = None, limit: int | None = None) -> list[LogEntry]:
+        """Log entries in order; `after_id` lets `gpubook log --follow` read only what is new."""
+        sql = "SELECT id, at, booking_id, level, message FROM events WHERE id > ?"
+        parameters: list[object] = [after_id]
+        if booking_id is not None:
+            sql += " AND booking_id = ?"
+            parameters.append(booking_id)
+        sql += " ORDER BY id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            parameters.append(limit)
+        return [LogEntry(id=i, at=_moment(at), booking_id=b, level=lv, message=m)  # type: ignore[arg-type]
+                for i, at, b, lv, m in self._query(sql, tuple(parameters))]
+
+
+_OPEN_CONTAINER = ("SELECT id, booking_id, name, user, gpu_count, started_at, stopped_at, exit_reason, restarts "
+                   "FROM containers WHERE name = ? AND stopped_at IS NULL")
+_CONTAINER_BY_ID = ("SELECT id, booking_id, name, user, gpu_count, started_at, stopped_at, exit_reason, restarts "
+                    "FROM containers WHERE id = ?")
+_CONTAINERS_WHERE = ("SELECT id, booking_id, name, user, gpu_count, started_at, stopped_at, exit_reason, restarts "
+                     "FROM containers WHERE (? IS NULL OR booking_id = ?) AND (NOT ? OR stopped_at IS NULL) "
+                     "ORDER BY id")
+
+
+def _container(row: tuple) -> ContainerRecord:
+    id_, booking, name, user, gpus, started, stopped, reason, restarts = row
+    return ContainerRecord(id=id_, booking_id=booking, name=name, user=user, gpu_count=gpus,
+                           started_at=_moment(started), stopped_at=_moment(stopped),  # type: ignore[arg-type]
+                           exit_reason=reason, restarts=restarts)
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a migration into statements with sqlite3.complete_statement (triggers hold ';' inside)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n\t;"):
+                yield pending.strip()
+            pending = ""
+    if pending.strip(" \n\t;"):
+        raise ValueError(f"incomplete SQL statement in a migration: {pending.strip()[:80]!r}")
