@@ -1,1 +1,0 @@
-"""gpubook's scheduler: calendar sources, the booking convention, the plan and the daemon."""
