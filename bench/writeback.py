@@ -18,9 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scheduler import notify  # noqa: E402
 from scheduler.config import CalendarConfig  # noqa: E402
-from scheduler.embedded import RadicaleServer  # noqa: E402
 from scheduler.state import State  # noqa: E402
-from tests.test_notify import XandikosServer, _event, _put, _radicale_calendar  # noqa: E402
+from tests.test_notify import PASSWORD, USER, _event, _put, calendar_on  # noqa: E402
 
 ROUNDS = 20
 START = datetime(2026, 11, 23, 8, tzinfo=UTC)
@@ -34,7 +33,7 @@ def _ms(samples: list[float]) -> str:
 
 def bench_calendar(name: str, url: str) -> None:
     href = _put(url, _event("bench@gpubook"))
-    writer = notify.CalendarWriter(CalendarConfig(url=url, gpus=None, username="lab", password="lab"),  # noqa: S106
+    writer = notify.CalendarWriter(CalendarConfig(url=url, gpus=None, username=USER, password=PASSWORD),
                                    timezone="Europe/Paris")
     ref = notify.EventRef(url, href, "bench@gpubook")
     changing, unchanged = [], []
@@ -63,10 +62,9 @@ def bench_state() -> None:
 
 
 def main() -> None:
-    with RadicaleServer() as server:
-        bench_calendar("Radicale", _radicale_calendar(server))
-    with XandikosServer() as server:
-        bench_calendar("Xandikos", server.url + "user/calendars/calendar/")
+    for kind, label in (("radicale", "Radicale"), ("xandikos", "Xandikos")):
+        for url in calendar_on(kind):
+            bench_calendar(label, url)
     bench_state()
 
 

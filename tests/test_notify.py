@@ -4,11 +4,7 @@ e-mail against a small real SMTP server, webhook against a real HTTP server."""
 from __future__ import annotations
 
 import json
-import os
 import socketserver
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +12,6 @@ from datetime import UTC, date, datetime, timedelta
 from email import message_from_bytes
 from email.policy import default as default_policy
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import caldav
 import icalendar
@@ -26,7 +21,6 @@ import requests
 from runtime.errors import CalendarError
 from scheduler import notify
 from scheduler.config import CalendarConfig
-from scheduler.embedded import RadicaleServer, free_port
 from scheduler.notify import (
     BEGIN,
     END,
@@ -43,6 +37,8 @@ from scheduler.notify import (
     send_mail,
     strip_block,
 )
+from tests import servers
+from tests.servers import free_port
 
 TZ = "Europe/Paris"
 START = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)  # 09:00 in Paris
@@ -182,68 +178,28 @@ def test_read_only_feed_is_skipped_without_a_request() -> None:
 # -- real CalDAV servers -----------------------------------------------------------------------
 
 
-class XandikosServer:
-    """`xandikos serve` on 127.0.0.1 with temporary storage; its default calendar is /user/calendars/calendar/."""
-
-    def __init__(self) -> None:
-        self._folder = tempfile.TemporaryDirectory(prefix="gpubook-xandikos-")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> XandikosServer:
-        root = Path(self._folder.name)
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID")}
-        argv = [sys.executable, "-m", "xandikos", "serve", "--defaults", "--no-detect-systemd",
-                "-d", str(root / "data"), "--state-dir", str(root / "state"),
-                "-l", "127.0.0.1", "-p", str(self.port)]
-        self._process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError("xandikos exited at start")
-            try:
-                requests.get(self.url, timeout=1)
-                return self
-            except requests.ConnectionError:
-                time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError("xandikos did not answer within 30 s")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-            self._process = None
-        self._folder.cleanup()
+# The servers of tests/servers.py; Radicale's "none" auth takes this name (owner of the calendars),
+# Xandikos ignores credentials.
+USER, PASSWORD = "test", "any"
 
 
-def _radicale_calendar(server: RadicaleServer) -> str:
-    client = caldav.DAVClient(url=server.url, username="lab", password="lab")  # noqa: S106 - "none" auth
-    return str(client.principal().make_calendar(name="devbox1", cal_id="devbox1").url)
+def calendar_on(kind: str) -> Iterator[str]:
+    with servers.running(getattr(servers, kind)) as server:
+        yield str(server.new_calendar().url)
 
 
 @pytest.fixture(scope="module", params=["radicale", "xandikos"])
 def calendar_url(request) -> Iterator[str]:
-    if request.param == "radicale":
-        with RadicaleServer() as server:
-            yield _radicale_calendar(server)
-    else:
-        with XandikosServer() as server:
-            yield server.url + "user/calendars/calendar/"
+    yield from calendar_on(request.param)
 
 
 def _config(url: str) -> CalendarConfig:
-    return CalendarConfig(url=url, gpus=None, username="lab", password="lab", kind="caldav")
+    return CalendarConfig(url=url, gpus=None, username=USER, password=PASSWORD, kind="caldav")
 
 
 def _user_client(url: str) -> caldav.Calendar:
     """The booker's own calendar client: a separate connection, as Thunderbird would be."""
-    return caldav.DAVClient(url=url, username="lab", password="lab").calendar(url=url)  # noqa: S106
+    return caldav.DAVClient(url=url, username=USER, password=PASSWORD).calendar(url=url)
 
 
 def _put(url: str, text: str) -> str:
@@ -251,7 +207,7 @@ def _put(url: str, text: str) -> str:
 
 
 def _server_copy(href: str) -> tuple[str, icalendar.Calendar]:
-    answer = requests.get(href, auth=("lab", "lab"), timeout=10)
+    answer = requests.get(href, auth=(USER, PASSWORD), timeout=10)
     answer.raise_for_status()
     return answer.headers["ETag"], icalendar.Calendar.from_ical(answer.content)
 
