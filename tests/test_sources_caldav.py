@@ -238,3 +238,39 @@ def test_port_is_free_helper_gives_a_closed_port():
     with socket.socket() as probe, pytest.raises(OSError):
         probe.settimeout(1)
         probe.connect(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(("refuse_listing", "method"), [(False, "etag"), (True, "time-range")])
+def test_a_server_without_sync_is_polled_by_etag_then_time_range(caldav_server, new_calendar,
+                                                                 refuse_listing, method):
+    events = add_events(new_calendar, 5)
+    proxy = servers.NoSyncProxy(caldav_server.base_url, refuse_listing=refuse_listing).start()
+    try:
+        url = str(new_calendar.url).replace(caldav_server.base_url, proxy.base_url)
+        source = CaldavSource(url, username=caldav_server.username,
+                              password=caldav_server.password, timeout=10)
+        first = source.poll()
+        assert source.method == method and first.stats.method == method
+        assert summaries(first) == {f"booking {n}" for n in range(5)}
+        assert "REPORT" in proxy.refused
+        unchanged = source.poll()
+        assert not unchanged.changed and unchanged.objects is first.objects
+        if method == "etag":
+            assert unchanged.stats.method == "ctag" and unchanged.stats.requests == 1
+        events[0].delete()
+        assert summaries(source.poll()) == {f"booking {n}" for n in range(1, 5)}
+    finally:
+        proxy.stop()
+
+
+def test_forcing_sync_tokens_on_a_server_without_them_is_an_error(radicale_server):
+    calendar = radicale_server.new_calendar()
+    proxy = servers.NoSyncProxy(radicale_server.base_url).start()
+    try:
+        url = str(calendar.url).replace(radicale_server.base_url, proxy.base_url)
+        source = CaldavSource(url, username=radicale_server.username,
+                              password=radicale_server.password, timeout=10, method="sync-token")
+        with pytest.raises(CalendarError, match="sync tokens do not work here"):
+            source.poll()
+    finally:
+        proxy.stop()

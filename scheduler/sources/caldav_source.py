@@ -231,7 +231,12 @@ class CaldavSource:
         return True
 
     def _report(self, body: str, *, depth: int | None) -> Any:
-        response = self._client.report(self.url, body, depth=depth)
+        try:
+            response = self._client.report(self.url, body, depth=depth)
+        except dav_error.DAVError as failure:  # caldav raises on 401/403 itself
+            if _means_no_sync(failure):
+                raise _NoSync(_dav_reason(failure)) from None
+            raise
         self._wire.check_dav_answers(self.url)
         if response.status == 207 and response.tree is not None:
             if response.tree.tag != MULTISTATUS:
@@ -253,7 +258,12 @@ class CaldavSource:
         ctag = self._read_ctag()
         if ctag is not None and ctag == self._ctag and self._loaded:
             return "ctag", False
-        response = self._client.propfind(self.url, PROPFIND_ETAGS, depth=1)
+        try:
+            response = self._client.propfind(self.url, PROPFIND_ETAGS, depth=1)
+        except dav_error.AuthorizationError as failure:
+            if ctag is None and not self._loaded:
+                raise  # nothing answered yet: most likely the credentials
+            raise _NoSync(f"PROPFIND of member ETags answered HTTP {failure.status}") from None
         self._wire.check_dav_answers(self.url)
         if response.status in (400, 403, 405, 501):
             raise _NoSync(f"PROPFIND of member ETags answered HTTP {response.status}")
