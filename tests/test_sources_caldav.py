@@ -274,3 +274,31 @@ def test_forcing_sync_tokens_on_a_server_without_them_is_an_error(radicale_serve
             source.poll()
     finally:
         proxy.stop()
+
+
+def test_many_changes_are_fetched_in_bulk(caldav_server, new_calendar):
+    events = add_events(new_calendar, 7)
+    source = source_for(caldav_server, new_calendar)
+    source.multiget_batch = 2  # what 500 is to a 10,000-event calendar
+    first = source.poll()
+    assert summaries(first) == {f"booking {n}" for n in range(7)}
+    # Radicale answers the first sync with the data in it; Xandikos needs one calendar-query.
+    assert first.stats.requests == (1 if caldav_server.name == "radicale" else 2)
+
+    for event in events[:6]:  # more than a few GETs' worth: calendar-multiget in batches
+        event.icalendar_component["SUMMARY"] = event.icalendar_component["SUMMARY"] + " v2"
+        event.save(increase_seqno=False)
+    second = source.poll()
+    assert second.stats.method == "sync-token" and second.stats.requests == 1 + 3
+    assert summaries(second) == {f"booking {n} v2" for n in range(6)} | {"booking 6"}
+
+    for event in events[:3]:
+        event.icalendar_component["SUMMARY"] = event.icalendar_component["SUMMARY"] + " v3"
+        event.save(increase_seqno=False)
+    events[6].delete()
+    source._sync_token = "http://radicale.org/ns/sync/" + "0" * 64 if caldav_server.name == \
+        "radicale" else "0" * 40
+    third = source.poll()  # refused token, ETag listing, one calendar-query for the three
+    assert third.stats.method == "sync-resync" and third.stats.requests == 3
+    assert summaries(third) == ({f"booking {n} v2 v3" for n in range(3)}
+                                | {f"booking {n} v2" for n in range(3, 6)})
