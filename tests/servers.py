@@ -123,7 +123,8 @@ def radicale(storage: Path, *, htpasswd: dict[str, str] | None = None,
              port: int | None = None) -> CalendarServer:
     """Radicale with filesystem storage in `storage`; auth none, or htpasswd (plain) users."""
     port = port or free_port()
-    argv = [sys.executable, "-m", "radicale", "--server-hosts", f"127.0.0.1:{port}",
+    # "--config" with no file: ignore /etc/radicale/config, ~/.config/radicale and $RADICALE_CONFIG
+    argv = [sys.executable, "-m", "radicale", "--config", "--server-hosts", f"127.0.0.1:{port}",
             "--storage-filesystem-folder", str(storage / "collections"),
             "--logging-level", "warning"]
     username = password = None
