@@ -29,6 +29,7 @@ import requests
 from caldav.lib.http_sync import HTTPBasicAuth
 
 STARTUP_SECONDS = 20.0
+RADICALE_USER = ("alice", "correct horse battery")  # the htpasswd Radicale's user and password
 
 
 def free_port() -> int:

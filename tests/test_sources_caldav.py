@@ -17,7 +17,6 @@ from scheduler.config import CalendarConfig
 from scheduler.sources import open_source
 from scheduler.sources.caldav_source import CaldavSource
 from tests import servers
-from tests.conftest import RADICALE_USER
 
 pytestmark = pytest.mark.caldav
 
@@ -166,7 +165,7 @@ def test_open_source_picks_the_kind(radicale_server):
 
 def test_wrong_password_is_refused_without_showing_it(radicale_auth_server):
     calendar = radicale_auth_server.new_calendar()
-    user, _ = RADICALE_USER
+    user, _ = servers.RADICALE_USER
     source = CaldavSource(str(calendar.url), username=user, password="wrong-secret-42", timeout=5)
     with pytest.raises(CalendarError, match="credentials refused") as caught:
         source.poll()
@@ -178,7 +177,7 @@ def test_wrong_password_is_refused_without_showing_it(radicale_auth_server):
 def test_password_in_the_url_is_used_and_never_shown(radicale_auth_server):
     calendar = radicale_auth_server.new_calendar()
     add_events(calendar, 1)
-    user, password = RADICALE_USER
+    user, password = servers.RADICALE_USER
     with_secret = str(calendar.url).replace("://", f"://{user}:{password.replace(' ', '%20')}@")
     source = CaldavSource(with_secret, timeout=5)
     snapshot = source.poll()
