@@ -9,7 +9,7 @@ import pytest
 
 from tests import servers
 
-RADICALE_USER = ("alice", "correct horse battery")
+RADICALE_USER = servers.RADICALE_USER
 
 
 @pytest.fixture(scope="session")

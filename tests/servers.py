@@ -25,9 +25,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import caldav
+import requests
 from caldav.lib.http_sync import HTTPBasicAuth
 
 STARTUP_SECONDS = 20.0
+RADICALE_USER = ("alice", "correct horse battery")  # the htpasswd Radicale's user and password
 
 
 def free_port() -> int:
@@ -122,7 +124,8 @@ def radicale(storage: Path, *, htpasswd: dict[str, str] | None = None,
              port: int | None = None) -> CalendarServer:
     """Radicale with filesystem storage in `storage`; auth none, or htpasswd (plain) users."""
     port = port or free_port()
-    argv = [sys.executable, "-m", "radicale", "--server-hosts", f"127.0.0.1:{port}",
+    # "--config" with no file: ignore /etc/radicale/config, ~/.config/radicale and $RADICALE_CONFIG
+    argv = [sys.executable, "-m", "radicale", "--config", "--server-hosts", f"127.0.0.1:{port}",
             "--storage-filesystem-folder", str(storage / "collections"),
             "--logging-level", "warning"]
     username = password = None
@@ -267,5 +270,75 @@ class FeedServer:
                     self.wfile.write(body)
 
             do_GET = do_HEAD = do_PROPFIND = do_REPORT = do_OPTIONS = do_PUT = _answer
+
+        return Handler
+
+
+class NoSyncProxy:
+    """Puts a real server behind a front that lacks sync-collection (like many older servers):
+    such REPORTs get 403 DAV:supported-report; with `refuse_listing` a Depth: 1 PROPFIND gets
+    403 too. Everything else is passed to the real server unchanged."""
+
+    REFUSAL = (b'<?xml version="1.0" encoding="utf-8"?>'
+               b'<D:error xmlns:D="DAV:"><D:supported-report/></D:error>')
+
+    def __init__(self, target: str, *, refuse_listing: bool = False) -> None:
+        self.target = target.rstrip("/")
+        self.refuse_listing = refuse_listing
+        self.refused: list[str] = []
+        self._upstream = requests.Session()
+        self._upstream.trust_env = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> NoSyncProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._upstream.close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                refuse = (self.command == "REPORT" and b"sync-collection" in body) or (
+                    owner.refuse_listing and self.command == "PROPFIND"
+                    and self.headers.get("Depth") == "1")
+                if refuse:
+                    owner.refused.append(self.command)
+                    return self._send(403, owner.REFUSAL, {"Content-Type": "application/xml"})
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "content-length", "accept-encoding")}
+                answer = owner._upstream.request(self.command, owner.target + self.path,
+                                                 data=body, headers=headers, timeout=30)
+                kept = {k: v for k, v in answer.headers.items()
+                        if k.lower() not in ("content-length", "content-encoding",
+                                             "transfer-encoding", "connection")}
+                self._send(answer.status_code, answer.content, kept)
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_PUT = do_DELETE = do_PROPFIND = do_REPORT = do_OPTIONS = _forward
 
         return Handler

@@ -17,7 +17,6 @@ from scheduler.config import CalendarConfig
 from scheduler.sources import open_source
 from scheduler.sources.caldav_source import CaldavSource
 from tests import servers
-from tests.conftest import RADICALE_USER
 
 pytestmark = pytest.mark.caldav
 
@@ -166,7 +165,7 @@ def test_open_source_picks_the_kind(radicale_server):
 
 def test_wrong_password_is_refused_without_showing_it(radicale_auth_server):
     calendar = radicale_auth_server.new_calendar()
-    user, _ = RADICALE_USER
+    user, _ = servers.RADICALE_USER
     source = CaldavSource(str(calendar.url), username=user, password="wrong-secret-42", timeout=5)
     with pytest.raises(CalendarError, match="credentials refused") as caught:
         source.poll()
@@ -178,7 +177,7 @@ def test_wrong_password_is_refused_without_showing_it(radicale_auth_server):
 def test_password_in_the_url_is_used_and_never_shown(radicale_auth_server):
     calendar = radicale_auth_server.new_calendar()
     add_events(calendar, 1)
-    user, password = RADICALE_USER
+    user, password = servers.RADICALE_USER
     with_secret = str(calendar.url).replace("://", f"://{user}:{password.replace(' ', '%20')}@")
     source = CaldavSource(with_secret, timeout=5)
     snapshot = source.poll()
@@ -238,3 +237,67 @@ def test_port_is_free_helper_gives_a_closed_port():
     with socket.socket() as probe, pytest.raises(OSError):
         probe.settimeout(1)
         probe.connect(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(("refuse_listing", "method"), [(False, "etag"), (True, "time-range")])
+def test_a_server_without_sync_is_polled_by_etag_then_time_range(caldav_server, new_calendar,
+                                                                 refuse_listing, method):
+    events = add_events(new_calendar, 5)
+    proxy = servers.NoSyncProxy(caldav_server.base_url, refuse_listing=refuse_listing).start()
+    try:
+        url = str(new_calendar.url).replace(caldav_server.base_url, proxy.base_url)
+        source = CaldavSource(url, username=caldav_server.username,
+                              password=caldav_server.password, timeout=10)
+        first = source.poll()
+        assert source.method == method and first.stats.method == method
+        assert summaries(first) == {f"booking {n}" for n in range(5)}
+        assert "REPORT" in proxy.refused
+        unchanged = source.poll()
+        assert not unchanged.changed and unchanged.objects is first.objects
+        if method == "etag":
+            assert unchanged.stats.method == "ctag" and unchanged.stats.requests == 1
+        events[0].delete()
+        assert summaries(source.poll()) == {f"booking {n}" for n in range(1, 5)}
+    finally:
+        proxy.stop()
+
+
+def test_forcing_sync_tokens_on_a_server_without_them_is_an_error(radicale_server):
+    calendar = radicale_server.new_calendar()
+    proxy = servers.NoSyncProxy(radicale_server.base_url).start()
+    try:
+        url = str(calendar.url).replace(radicale_server.base_url, proxy.base_url)
+        source = CaldavSource(url, username=radicale_server.username,
+                              password=radicale_server.password, timeout=10, method="sync-token")
+        with pytest.raises(CalendarError, match="sync tokens do not work here"):
+            source.poll()
+    finally:
+        proxy.stop()
+
+
+def test_many_changes_are_fetched_in_bulk(caldav_server, new_calendar):
+    events = add_events(new_calendar, 7)
+    source = source_for(caldav_server, new_calendar)
+    source.multiget_batch = 2  # what 500 is to a 10,000-event calendar
+    first = source.poll()
+    assert summaries(first) == {f"booking {n}" for n in range(7)}
+    # Radicale answers the first sync with the data in it; Xandikos needs one calendar-query.
+    assert first.stats.requests == (1 if caldav_server.name == "radicale" else 2)
+
+    for event in events[:6]:  # more than a few GETs' worth: calendar-multiget in batches
+        event.icalendar_component["SUMMARY"] = event.icalendar_component["SUMMARY"] + " v2"
+        event.save(increase_seqno=False)
+    second = source.poll()
+    assert second.stats.method == "sync-token" and second.stats.requests == 1 + 3
+    assert summaries(second) == {f"booking {n} v2" for n in range(6)} | {"booking 6"}
+
+    for event in events[:3]:
+        event.icalendar_component["SUMMARY"] = event.icalendar_component["SUMMARY"] + " v3"
+        event.save(increase_seqno=False)
+    events[6].delete()
+    source._sync_token = "http://radicale.org/ns/sync/" + "0" * 64 if caldav_server.name == \
+        "radicale" else "0" * 40
+    third = source.poll()  # refused token, ETag listing, one calendar-query for the three
+    assert third.stats.method == "sync-resync" and third.stats.requests == 3
+    assert summaries(third) == ({f"booking {n} v2 v3" for n in range(3)}
+                                | {f"booking {n} v2" for n in range(3, 6)})
