@@ -1,0 +1,69 @@
+"""`gpubook doctor`: every check, each problem with its fix, exit 1 if any failed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import servers
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scheduler.cli", "doctor", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.caldav
+def test_doctor_checks_calendar_storage_and_the_static_inventory(
+        tmp_path: Path, radicale_server: servers.CalendarServer) -> None:
+    calendar = radicale_server.new_calendar()
+    missing = tmp_path / "no-such-folder"
+    config = tmp_path / "gpubook.toml"
+    config.write_text(f"""
+[[calendar]]
+url = "{calendar.url}"
+[[calendar]]
+url = "http://127.0.0.1:{servers.free_port()}/gone/"
+[gpus]
+count = 2
+[storage]
+data_root = "{missing}"
+""")
+    done = doctor("--config", str(config))
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert any(line.startswith("ok    config: ") for line in lines)
+    assert any(line.startswith(f"ok    calendar {calendar.url}: 0 object(s)") for line in lines)
+    assert any(line.startswith("FAIL  calendar http://127.0.0.1:") and "connection refused" in line
+               for line in lines)
+    assert f"FAIL  data_root: {missing} does not exist" in lines
+    assert f"      fix: create it and give it to the daemon's user (mkdir -p {missing})" in lines
+    if not Path("/dev/nvidiactl").exists():
+        assert any(line.startswith("ok    driver: no NVIDIA driver; the config's [gpus] count = 2") for line in lines)
+    missing.mkdir()
+    config.write_text(f"""
+[[calendar]]
+url = "{calendar.url}"
+[gpus]
+count = 2
+[storage]
+data_root = "{missing}"
+""")
+    done = doctor("--config", str(config))
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert (done.returncode == 1) == bool(failed), done.stdout
+    assert f"ok    data_root: {missing}" in done.stdout.splitlines()
+
+
+def test_doctor_with_a_broken_config_names_the_fault(tmp_path: Path) -> None:
+    config = tmp_path / "gpubook.toml"
+    config.write_text("[[calendar]]\nurl = 'ftp://x'\n")
+    done = doctor("--config", str(config))
+    assert done.returncode == 1
+    assert f"FAIL  config: {config}: calendar[0].url: must be an http:// or https:// URL" in done.stdout
+    assert "Traceback" not in done.stderr
