@@ -91,8 +91,7 @@ def run(*, keep_running: bool = False) -> int:
     booker = _booker_name()
     with tempfile.TemporaryDirectory(prefix="gpubook-demo-") as folder, RadicaleServer() as server:
         # Radicale's "none" authentication takes any name; a name is needed to own a calendar.
-        client = caldav.get_davclient(url=server.url, username="demo", password="demo",  # noqa: S106 - Radicale's "none" auth ignores it
-                                      check_config_file=False, environment=False)
+        client = caldav.DAVClient(url=server.url, username="demo", password="demo")  # noqa: S106 - ignored by "none" auth
         principal_calendar = client.principal().make_calendar(name="devbox", cal_id="devbox")
         now = datetime.now().astimezone()
         for text in demo_events(now, booker):
