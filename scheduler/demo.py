@@ -91,8 +91,8 @@ def run(*, keep_running: bool = False) -> int:
     booker = _booker_name()
     with tempfile.TemporaryDirectory(prefix="gpubook-demo-") as folder, RadicaleServer() as server:
         # Radicale's "none" authentication takes any name; a name is needed to own a calendar.
-        client = caldav.DAVClient(url=server.url, username="demo", password="demo")  # noqa: S106 - ignored by "none" auth
-        principal_calendar = client.principal().make_calendar(name="devbox", cal_id="devbox")  # type: ignore[operator]
+        client = caldav.DAVClient(url=server.url, username="demo", password="demo")  # type: ignore[operator]  # noqa: S106 - ignored by "none" auth
+        principal_calendar = client.principal().make_calendar(name="devbox", cal_id="devbox")
         now = datetime.now().astimezone()
         for text in demo_events(now, booker):
             principal_calendar.save_event(text)
