@@ -23,9 +23,8 @@ from runtime import cuda, ssh, storage
 from runtime.engines import ContainerInfo, Engine, container_name
 from runtime.errors import GpubookError
 from runtime.templates import Template, TemplateSet
-from scheduler import notify
+from scheduler import notify, reconcile
 from scheduler import plan as plan_module
-from scheduler import reconcile
 from scheduler.bookings import Booking, Rejection
 from scheduler.config import Config
 from scheduler.state import State

@@ -31,7 +31,18 @@ from runtime.engines import ContainerInfo, container_name
 from scheduler.bookings import Booking
 from scheduler.plan import Accepted, Plan
 from scheduler.reconcile import (
-    Action, Clear, Hold, Memory, Policy, Recheck, Runs, Start, Stop, Warn, Warned, decide,
+    Action,
+    Clear,
+    Hold,
+    Memory,
+    Policy,
+    Recheck,
+    Runs,
+    Start,
+    Stop,
+    Warn,
+    Warned,
+    decide,
 )
 
 CASES = sorted((Path(__file__).parent / "cases").glob("*.toml"))
