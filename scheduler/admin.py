@@ -29,7 +29,7 @@ def run(config_path: str) -> int:
     if not root.handlers:
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     root.setLevel(logging.INFO)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is expected
     return Daemon(config_module.load(config_path)).run()
 
 

@@ -159,9 +159,10 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
 def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datetime,
                        memory: Memory, policy: Policy) -> list[Action]:
     if not info.running:
-        why = f"{DIED}: the container was {info.state}" if accepted and now < accepted.booking.end \
-            else f"its container was {info.state}"
-        return [Clear(info.name, info.booking_id, why)]
+        if accepted is None or now >= accepted.booking.end:
+            return [Clear(info.name, info.booking_id, f"its container was {info.state}")]
+        return [Clear(info.name, info.booking_id, f"{DIED}: the container was {info.state}"),
+                _restart_check(info.booking_id, now=now, memory=memory, policy=policy)]
     if accepted is not None:
         return _ending(info, accepted.booking.end, accepted.warn_at, now=now, memory=memory, policy=policy,
                        moved=info.end is not None and accepted.booking.end < info.end)
@@ -209,6 +210,11 @@ def _gone(info: ContainerInfo, *, now: datetime, memory: Memory, policy: Policy)
             Recheck(stop_at, f"stop of {info.booking_id}")]
 
 
+def _restart_check(booking_id: str, *, now: datetime, memory: Memory, policy: Policy) -> Recheck:
+    runs = memory.runs.get(booking_id, Runs())
+    return Recheck(now + policy.restart_backoff * (2 ** runs.restarts), f"restart of {booking_id}")
+
+
 def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy: Policy,
                    busy: dict[int, str], may_start: bool, stale_reason: str) -> list[Action]:
     booking = accepted.booking
@@ -218,7 +224,8 @@ def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy:
     attempt = 0
     if runs is not None and runs.running:
         # State says it runs, the engine lists nothing: it vanished. Record that first.
-        return [Clear(container_name(booking.id), booking.id, f"{DIED}: the container vanished")]
+        return [Clear(container_name(booking.id), booking.id, f"{DIED}: the container vanished"),
+                _restart_check(booking.id, now=now, memory=memory, policy=policy)]
     if runs is not None and runs.last_reason is not None:
         if not runs.last_reason.startswith(DIED):
             return []  # stopped on purpose (an admin, or an earlier end): stays stopped
