@@ -4,9 +4,11 @@ the booker logging in with paramiko. Bookings last seconds; warn_minutes is 0.1 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,6 +24,7 @@ from runtime.templates import get_template
 from scheduler.state import State
 from tests import servers
 from tests.daemon_kit import (
+    ROOT,
     DaemonProcess,
     book,
     description,
@@ -304,3 +307,68 @@ def test_user_edit_during_write_back_survives(tmp_path: Path, radicale, engine, 
     assert str(component["LOCATION"]) == f"room {edits - 1}"
     assert str(component["X-GPUBOOK-STATUS"]) == "running"
     assert "user: alice" in str(component["DESCRIPTION"])
+
+
+def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scheduler.cli", *args, "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_status_stop_and_log_commands(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1)
+    book(calendar, "admin@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    later = soon(300)
+    book(calendar, "next@test", user="bob", start=later, end=later + timedelta(seconds=60))
+    cleanup += ["admin@test"]
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    info = wait_for("the container", lambda: running_container(engine, "admin@test"), timeout=60, daemon=daemon)
+    wait_for("a pass that wrote the status file", lambda: (tmp_path / "state" / "daemon-status.json").exists(),
+             timeout=30)
+
+    done = cli(config, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["gpus"]["source"] in ("config", "nvml")
+    assert [(r["booking"], r["port"], r["state"]) for r in report["running"]] == [("admin@test", info.port, "running")]
+    assert [n["id"] for n in report["next"]] == ["next@test"]
+    assert report["last_poll"] and report["outage"] is None
+    text = cli(config, "status")
+    assert "admin@test" in text.stdout and f"port {info.port}" in text.stdout
+
+    done = cli(config, "stop", "admin@test")
+    assert done.returncode == 0, done.stderr
+    assert engine.inspect(info.name) is None
+    assert "stopped early by an admin" in description(calendar, "admin@test")
+    assert "ended:" in description(calendar, "admin@test")
+    time.sleep(3)  # three polls: the daemon does not start it again
+    assert engine.inspect(info.name) is None
+
+    done = cli(config, "log")
+    assert done.returncode == 0
+    assert "admin@test: stopped (stopped by an admin)" in done.stdout
+    assert "admin@test: started on GPU" in done.stdout
+    assert cli(config, "stop", "admin@test").returncode == 1  # nothing runs any more
+
+
+def test_sighup_refuses_a_broken_config_and_keeps_running(tmp_path: Path, radicale, engine, keys,
+                                                          daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1)
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    wait_for("the first pass", lambda: (tmp_path / "state" / "daemon-status.json").exists(), timeout=60)
+    good = config.read_text()
+    config.write_text(good.replace("poll_seconds = 1", "poll_seconds = -5"))
+    daemon.signal(signal.SIGHUP)
+    wait_for("the refusal", lambda: any(m.startswith("reload refused") for m in events(tmp_path)), timeout=20,
+             daemon=daemon)
+    assert "daemon.poll_seconds: must be greater than 0" in next(
+        m for m in events(tmp_path) if m.startswith("reload refused"))
+    config.write_text(good)
+    daemon.signal(signal.SIGHUP)
+    wait_for("the reload", lambda: any("and templates reloaded" in m for m in events(tmp_path)), timeout=20,
+             daemon=daemon)
+    assert daemon.process is not None and daemon.process.poll() is None

@@ -7,12 +7,12 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from booking_kit import TEMPLATES, make_config, utc
+from test_plan import booking
 
 from runtime.engines import ContainerInfo, container_name
 from scheduler.bookings import Booking
 from scheduler.plan import plan
 from scheduler.reconcile import Memory, Start, Stop, decide, pin_running, plan_with_extensions
-from test_plan import booking
 
 CONFIG = make_config()
 NOW = utc(2026, 11, 24, 11)  # "a" runs 10:00-12:00 on GPU 0
