@@ -102,7 +102,6 @@ def stop(config_path: str, booking: str) -> int:
     daemon.reconciler.stop_now(info.booking_id, now=now)
     print(f"stopped {container_name(info.booking_id)} (booking {info.booking_id})")
     try:
-        daemon.calendar.last_poll = now
         snapshots = daemon.calendars.poll()
         occurrences, _ = daemon.calendars.occurrences(
             snapshots, window_start=now - timedelta(hours=config.defaults.max_hours), window_end=now + WINDOW_AHEAD)
