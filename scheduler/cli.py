@@ -101,6 +101,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(keep_running=args.keep_running)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from scheduler import admin
+
+    return admin.run(args.config)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from scheduler import admin
+
+    return admin.status(args.config, as_json=args.json)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from scheduler import admin
+
+    return admin.stop(args.config, args.booking)
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from scheduler import admin
+
+    return admin.show_log(args.config, follow=args.follow, booking=args.booking, last=args.lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpubook", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
@@ -152,6 +176,21 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = command("doctor", cmd_doctor, "check driver, devices, engine, calendars and storage; "
                      "each problem with its fix")
     doctor.add_argument("--config", help="the daemon's config file")
+
+    run = command("run", cmd_run, "run the daemon in the foreground (logs to stderr)")
+    run.add_argument("--config", required=True, help="the daemon's TOML config file")
+    status = command("status", cmd_status, "GPUs, running bookings with ports and ends, next bookings, "
+                     "last poll, problems")
+    status.add_argument("--config", required=True, help="the daemon's TOML config file")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    stop = command("stop", cmd_stop, "stop a booking's container now (admin); the event says it ended")
+    stop.add_argument("booking", help="the booking id (or container name), as gpubook status shows it")
+    stop.add_argument("--config", required=True, help="the daemon's TOML config file")
+    log_parser = command("log", cmd_log, "the daemon's event log")
+    log_parser.add_argument("--config", required=True, help="the daemon's TOML config file")
+    log_parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")
+    log_parser.add_argument("--booking", help="only this booking's entries")
+    log_parser.add_argument("-n", "--lines", type=int, default=50, help="entries shown first (0: all)")
 
     demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with a demo calendar")
     demo.add_argument("--keep-running", action="store_true", help="keep the demo calendar server up until Ctrl-C")

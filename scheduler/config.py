@@ -95,6 +95,9 @@ class DaemonConfig:
     poll_seconds: float = 60.0
     state_dir: Path | None = None  # default: $XDG_STATE_HOME/gpubook
     stale_after_minutes: float = 30.0  # nothing starts from calendar data older than this
+    notice_seconds: float = 300.0  # end moved earlier / event deleted while running: warning → stop
+    restart_limit: int = 3  # restarts of a container that died during its booking
+    restart_backoff_seconds: float = 10.0  # wait before the first restart; doubled each time
 
 
 @dataclass(frozen=True)
@@ -436,13 +439,21 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     nvidia = NvidiaConfig(driver_roots=tuple(Path(p) for p in reader.strings(n, "nvidia", "driver_roots", ())))
 
     dm = reader.table(data, "daemon", "daemon")
-    reader.unknown(dm, "daemon", ["poll_seconds", "state_dir", "stale_after_minutes"])
+    reader.unknown(dm, "daemon", ["poll_seconds", "state_dir", "stale_after_minutes", "notice_seconds",
+                                  "restart_limit", "restart_backoff_seconds"])
     state_dir = reader.get(dm, "daemon", "state_dir", str, default=None)
     daemon = DaemonConfig(
         poll_seconds=float(reader.get(dm, "daemon", "poll_seconds", (int, float), default=60.0, check=_positive)),
         state_dir=(base / state_dir).expanduser() if state_dir else None,
         stale_after_minutes=float(reader.get(dm, "daemon", "stale_after_minutes", (int, float), default=30.0,
                                              check=_positive)),
+        notice_seconds=float(reader.get(dm, "daemon", "notice_seconds", (int, float), default=300.0,
+                                        check=lambda v: None if v >= 0 else "must be 0 or more")),
+        restart_limit=reader.get(dm, "daemon", "restart_limit", int, default=3,
+                                 check=lambda v: None if v >= 0 else "must be 0 or more"),
+        restart_backoff_seconds=float(reader.get(dm, "daemon", "restart_backoff_seconds", (int, float),
+                                                 default=10.0,
+                                                 check=lambda v: None if v >= 0 else "must be 0 or more")),
     )
 
     if reader.errors:

@@ -85,6 +85,17 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER events_no_delete BEFORE DELETE ON events
         BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
     """,
+    # 2: what the reconciler remembers per booking beyond containers: the warning given (and the
+    # stop it announced), an end extension granted while running, a note for the event.
+    """
+    CREATE TABLE booking_notes (
+        booking_id TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        value      TEXT NOT NULL,
+        at         REAL NOT NULL,
+        PRIMARY KEY (booking_id, key)
+    );
+    """,
 )
 
 
@@ -357,6 +368,22 @@ class State:
             return None
         booking, status, etag, written_at = rows[0]
         return WriteBack(booking_id=booking, status=status, etag=etag, written_at=_moment(written_at))  # type: ignore[arg-type]
+
+    # -- per-booking notes (reconciler memory) ---------------------------------------------------
+
+    def set_note(self, booking_id: str, key: str, value: str, *, at: datetime | None = None) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT INTO booking_notes (booking_id, key, value, at) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT (booking_id, key) DO UPDATE SET value = excluded.value, at = excluded.at",
+                       (booking_id, key, value, _stamp(at)))
+
+    def clear_note(self, booking_id: str, key: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM booking_notes WHERE booking_id = ? AND key = ?", (booking_id, key))
+
+    def notes(self, key: str) -> dict[str, str]:
+        """booking id → value of every note called `key`."""
+        return dict(self._query("SELECT booking_id, value FROM booking_notes WHERE key = ?", (key,)))
 
     # -- event log -----------------------------------------------------------------------------
 

@@ -1,0 +1,218 @@
+"""The daemon's figures: start-to-login latency, idle RSS and CPU, plan+reconcile time. Prints them.
+
+    PYTHONPATH=. python bench/daemon.py latency [--bookings 20]      # real Radicale + rootless podman
+    PYTHONPATH=. python bench/daemon.py idle [--seconds 300]         # `gpubook run`, poll every 30 s
+    PYTHONPATH=. python bench/daemon.py plan [--bookings 1000 --gpus 100]
+
+latency: bookings made through CalDAV, one after the other; `gpubook run` as a real process; for
+each, the time from the booking's start time to the first successful SSH login of the booker's
+key (paramiko), measured by this script. The booking's port is read from the state database as
+soon as the daemon allocates it. Targets: p95 <= 1.5 s.
+idle: `gpubook run` with poll_seconds = 30 and one booking a day ahead; RSS (VmRSS, max) and CPU
+(utime + stime of the process over the run, as a share of one core). Targets: 80 MB, 1 %.
+plan: 1,000 accepted-or-rejected bookings on 100 GPUs over a week, 100 of them running now:
+pin_running + plan_with_extensions (the real plan) + decide with the running containers' infos.
+Target: 200 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import paramiko  # noqa: E402
+
+from runtime.engines import ContainerInfo, container_name  # noqa: E402
+from scheduler.bookings import Booking  # noqa: E402
+from scheduler.config import parse  # noqa: E402
+from scheduler.plan import plan  # noqa: E402
+from scheduler.reconcile import Memory, decide, pin_running, plan_with_extensions  # noqa: E402
+from scheduler.state import State  # noqa: E402
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def machine() -> str:
+    cores = os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.platform()}, {cores} cores, {memory:.0f} GiB, Python {platform.python_version()}"
+
+
+# -- latency -----------------------------------------------------------------------------------
+
+
+def latency(count: int) -> None:
+    from runtime import ssh
+    from runtime.engines import engine_from
+    from runtime.templates import get_template
+    from tests import servers
+    from tests.daemon_kit import DaemonProcess, book, soon, try_login, write_config
+    from tests.engine_suite import CACHE_DIR
+
+    engine = engine_from("podman", runtime="runc", storage_driver="overlay")
+    ssh.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    key = paramiko.ECDSAKey.generate(bits=256)
+    figures: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as folder, \
+            servers.running(servers.radicale) as radicale:
+        calendar = radicale.new_calendar()
+        config = write_config(Path(folder), str(calendar.url), keys={"alice": key}, poll_seconds=30,
+                              warn_minutes=0.02)
+        spacing, length = 6, 4
+        first = soon(12)
+        ids = [f"bench-{n}@gpubook" for n in range(count)]
+        for n, booking_id in enumerate(ids):
+            start = first + timedelta(seconds=spacing * n)
+            book(calendar, booking_id, user="alice", start=start, end=start + timedelta(seconds=length))
+        daemon = DaemonProcess(config).start()
+        try:
+            state_path = Path(folder) / "state" / "state.sqlite"
+            while not state_path.exists():
+                time.sleep(0.1)
+            with State(state_path) as state:
+                for n, booking_id in enumerate(ids):
+                    start = first + timedelta(seconds=spacing * n)
+                    while datetime.now(UTC) < start:
+                        time.sleep(0.005)
+                    port = None
+                    client = None
+                    while client is None:
+                        port = port or state.ports().get(booking_id)
+                        client = try_login(port, "alice", key, timeout=2) if port else None
+                        if client is None:
+                            time.sleep(0.01)
+                        if (datetime.now(UTC) - start).total_seconds() > 60:
+                            raise SystemExit(f"{booking_id}: no login within 60 s\n{daemon.tail()}")
+                    seconds = (datetime.now(UTC) - start).total_seconds()
+                    client.close()
+                    figures.append(seconds)
+                    print(f"  {booking_id}: logged in {seconds:.3f} s after its start", flush=True)
+        finally:
+            daemon.stop()
+            for booking_id in ids:
+                engine.stop(container_name(booking_id), 0)
+    print(f"start time → booker's SSH login, {count} bookings: median {statistics.median(figures):.3f} s, "
+          f"p95 {percentile(figures, 0.95):.3f} s, max {max(figures):.3f} s (target p95 <= 1.5 s)")
+
+
+# -- idle --------------------------------------------------------------------------------------
+
+
+def idle(seconds: float) -> None:
+    from tests import servers
+    from tests.daemon_kit import DaemonProcess, book, write_config
+
+    key = paramiko.ECDSAKey.generate(bits=256)
+    ticks = os.sysconf("SC_CLK_TCK")
+    with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as folder, \
+            servers.running(servers.radicale) as radicale:
+        calendar = radicale.new_calendar()
+        config = write_config(Path(folder), str(calendar.url), keys={"alice": key}, poll_seconds=30)
+        tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+        book(calendar, "tomorrow@gpubook", user="alice", start=tomorrow, end=tomorrow + timedelta(hours=2))
+        daemon = DaemonProcess(config).start()
+        assert daemon.process is not None
+        pid = daemon.process.pid
+        try:
+            time.sleep(15)  # the start and the first pass are not "idle"
+
+            def cpu() -> tuple[float, float]:
+                """(the daemon's own CPU seconds, those of its finished children: podman list)."""
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks
+
+            def rss_mb() -> float:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+                return 0.0
+
+            began, cpu_before = time.monotonic(), cpu()
+            peak = rss_mb()
+            while time.monotonic() - began < seconds:
+                time.sleep(1)
+                peak = max(peak, rss_mb())
+            wall = time.monotonic() - began
+            own, children = (after - before for after, before in zip(cpu(), cpu_before, strict=True))
+        finally:
+            daemon.stop()
+    print(f"idle daemon over {wall:.0f} s, poll every 30 s: RSS max {peak:.1f} MB (target <= 80 MB), "
+          f"CPU {own:.2f} s = {100 * own / wall:.2f} % of one core, with the podman commands it ran "
+          f"{own + children:.2f} s = {100 * (own + children) / wall:.2f} % (target <= 1 %)")
+
+
+# -- plan + reconcile --------------------------------------------------------------------------
+
+
+def plan_and_reconcile(count: int, gpus: int, rounds: int = 20) -> None:
+    users = {f"user{n}": {"uid": 2000 + n} for n in range(20)}
+    config = parse({"host": {"name": "bench", "timezone": "UTC"},
+                    "calendar": [{"url": "http://127.0.0.1/cal/", "gpus": "all"}], "users": users},
+                   Path("bench.toml"))
+    rng = random.Random(7)
+    now = datetime(2026, 11, 24, 12, tzinfo=UTC)
+    bookings = []
+    for n in range(count):
+        if n < 100:  # running now
+            start = now - timedelta(hours=rng.choice([1, 2, 3]))
+        else:
+            start = now + timedelta(minutes=30 * rng.randrange(7 * 48))
+        end = start + timedelta(hours=rng.choice([1, 2, 4, 8, 24]))
+        indices = (n % gpus,) if n < 100 else None
+        bookings.append(Booking(
+            id=f"b{n}", uid=f"b{n}", user=f"user{n % 20}", template="debian-ssh",
+            gpu_count=1 if indices else rng.choice([1, 1, 2, 4]), gpu_indices=indices, start=start, end=end,
+            created=now - timedelta(days=30, seconds=n), dtstamp=None, calendar_url="http://127.0.0.1/cal/",
+            href=f"http://127.0.0.1/cal/b{n}.ics"))
+    actual = [ContainerInfo(name=container_name(b.id), id=b.id, state="running", image="i", booking_id=b.id,
+                            user=b.user, gpus=b.gpu_indices or (), end=b.end, spec_hash="h", port=2200 + n,
+                            template="debian-ssh") for n, b in enumerate(bookings[:100])]
+    running = {i.booking_id: i.gpus for i in actual}
+    memory = Memory(known=frozenset(running))
+    timings = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        pinned = pin_running(bookings, actual)
+        result, _, _ = plan_with_extensions(
+            pinned.occurrences, agreed_ends={i.booking_id: i.end for i in actual if i.end},
+            plan=lambda items: plan(items, inventory=range(gpus), config=config,
+                                    templates=frozenset({"debian-ssh"}), now=now, running=running))
+        actions = decide(result, actual, now=now, memory=memory)
+        timings.append(time.perf_counter() - began)
+    print(f"plan + reconcile, {count} bookings on {gpus} GPUs ({len(result.accepted)} accepted, "
+          f"{len(result.rejected)} rejected, 100 running, {len(actions)} actions): median "
+          f"{1000 * statistics.median(timings):.1f} ms, max {1000 * max(timings):.1f} ms over {rounds} rounds "
+          f"(target <= 200 ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["latency", "idle", "plan", "all"])
+    parser.add_argument("--bookings", type=int, help="latency: bookings (20); plan: bookings (1000)")
+    parser.add_argument("--gpus", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=300.0, help="idle: how long to measure (300)")
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    if args.what in ("plan", "all"):
+        plan_and_reconcile(args.bookings or 1000, args.gpus)
+    if args.what in ("latency", "all"):
+        latency(args.bookings or 20)
+    if args.what in ("idle", "all"):
+        idle(args.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""The daemon: APScheduler wakes the reconciler on a poll interval and exactly at each boundary.
+
+- A poll job every `[daemon] poll_seconds` reads the calendars (outside the pass lock, so a slow
+  server never delays a start), then runs a pass.
+- One date job, replaced after every pass, wakes at the next start, warning, end or recheck: a
+  booking starts within a second of its start time. Jobs coalesce and have no misfire limit, so a
+  job missed during a suspend runs once, late.
+- Calendar unreachable: the last known bookings are kept; running containers go on to their known
+  end; nothing starts from data older than `stale_after_minutes`; the outage is logged once with
+  its cause and once when it ends.
+- SIGTERM/SIGINT: the scheduler stops, containers keep running (KillMode=process in the unit).
+  SIGHUP: the config and templates are read again; an invalid config is refused and the old one kept.
+- Under systemd: READY=1 after the first pass, WATCHDOG=1, and a STATUS line with counts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import FrameType
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from runtime import gpus as gpu_inventory
+from runtime import ssh
+from runtime.engines import Engine, engine_from
+from runtime.errors import CalendarError, ConfigError, GpubookError
+from runtime.templates import load_all
+from scheduler import config as config_module
+from scheduler.bookings import Booking, Rejection
+from scheduler.executor import Reconciler
+from scheduler.sdnotify import Notifier
+from scheduler.service import Calendars, inventory_indices
+from scheduler.state import State
+
+log = logging.getLogger(__name__)
+
+STATUS_FILE = "daemon-status.json"
+WINDOW_AHEAD = timedelta(days=7)  # bookings further ahead are neither planned nor written back
+
+
+def state_dir(config: config_module.Config) -> Path:
+    if config.daemon.state_dir is not None:
+        return config.daemon.state_dir
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpubook"
+
+
+def make_engine(config: config_module.Config) -> Engine:
+    e = config.engine
+    return engine_from(e.name, binary=e.binary, runtime=e.runtime, storage_driver=e.storage_driver,
+                       network=e.network, ulimits=e.ulimits)
+
+
+@dataclass
+class _Calendar:
+    """What the daemon knows of the calendars between polls."""
+
+    occurrences: Sequence[Booking | Rejection] = ()
+    etags: dict[str, str | None] = field(default_factory=dict)
+    last_poll: datetime | None = None
+    last_ok: datetime | None = None
+    outage: str | None = None
+    outage_since: datetime | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+class Daemon:
+    def __init__(self, config: config_module.Config, *, notifier: Notifier | None = None,
+                 engine: Engine | None = None) -> None:
+        self.config = config
+        self.notifier = notifier or Notifier.from_environment()
+        self.engine = engine or make_engine(config)
+        self.state_dir = state_dir(config)
+        self.state = State(self.state_dir / "state.sqlite")
+        self.probe_key = ssh.load_probe_key(self.state_dir / "probe-key")
+        self.calendar = _Calendar()
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._last_pass: datetime | None = None
+        self._build(config)
+        self.scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(2)}, timezone=UTC,
+            job_defaults={"coalesce": True, "misfire_grace_time": None, "max_instances": 1})
+
+    def _build(self, config: config_module.Config) -> None:
+        inventory = gpu_inventory.inventory(static_count=config.gpu_count)
+        if inventory.source != "nvml":
+            line = (f"no NVIDIA driver here ({inventory.problem or 'NVML lists no GPU'}): bookings run on "
+                    f"the [gpus] count of {inventory.count} without driver injection")
+            log.warning("%s", line)
+            self.state.log_event(line, level="warning")
+        templates = load_all(config.templates_dir)
+        for name, problem in templates.errors.items():
+            log.warning("template %s is broken and skipped: %s", name, problem.splitlines()[0])
+        old = getattr(self, "reconciler", None)
+        if old is not None:
+            old.close()
+        self.inventory = inventory
+        self.reconciler = Reconciler(
+            config, engine=self.engine, state=self.state, templates=templates, probe_key=self.probe_key,
+            cache_dir=ssh.default_cache_dir(), inventory=inventory_indices(inventory),
+            driver_version=inventory.driver_version if inventory.source == "nvml" else None)
+        self.calendars = Calendars(config)
+        self.config = config
+
+    # -- passes --------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Read the calendars, then run a pass. A CalendarError keeps the last known bookings."""
+        now = datetime.now(UTC)
+        try:
+            snapshots = self.calendars.poll()
+            occurrences, problems = self.calendars.occurrences(
+                snapshots, window_start=now - timedelta(hours=self.config.defaults.max_hours),
+                window_end=now + WINDOW_AHEAD)
+        except CalendarError as error:
+            self._outage(str(error), now)
+        else:
+            with self._lock:
+                self.calendar.occurrences = occurrences
+                self.calendar.etags = {href: obj.etag for snap in snapshots.values()
+                                       for href, obj in snap.objects.items()}
+                self.calendar.problems = [f"{p.uid or p.href}: {p.reason}" for p in problems]
+                self.calendar.last_ok = now
+                if self.calendar.outage is not None:
+                    since = self.calendar.outage_since or now
+                    message = (f"calendar reachable again after {_duration(now - since)} "
+                               f"(was: {self.calendar.outage})")
+                    log.warning("%s", message)
+                    self.state.log_event(message, level="warning", at=now)
+                    self.calendar.outage = self.calendar.outage_since = None
+        self.calendar.last_poll = now
+        self.reconcile()
+
+    def _outage(self, cause: str, now: datetime) -> None:
+        with self._lock:
+            if self.calendar.outage is None:
+                self.calendar.outage, self.calendar.outage_since = cause, now
+                message = (f"calendar unreachable: {cause}; keeping the last known bookings, "
+                           f"nothing starts from data older than {self.config.daemon.stale_after_minutes:g} min")
+                log.warning("%s", message)
+                self.state.log_event(message, level="warning", at=now)
+
+    def reconcile(self) -> None:
+        """One pass with the bookings known now; schedules the next boundary."""
+        with self._lock:
+            now = datetime.now(UTC)
+            may_start, stale_reason = self._fresh(now)
+            try:
+                result = self.reconciler.run(self.calendar.occurrences, now=now, may_start=may_start,
+                                             stale_reason=stale_reason, etags=self.calendar.etags)
+            except GpubookError as error:  # the engine itself failing: try again soon
+                log.error("reconcile pass failed: %s; retrying in 10 s", error)
+                self._wake_at(now + timedelta(seconds=10))
+                return
+            self._last_pass = now
+            if result.wake_at is not None:
+                self._wake_at(result.wake_at)
+            self._report(result, now)
+
+    def _fresh(self, now: datetime) -> tuple[bool, str]:
+        last_ok = self.calendar.last_ok
+        if last_ok is None:
+            return False, "no calendar data read yet"
+        age = now - last_ok
+        if age > timedelta(minutes=self.config.daemon.stale_after_minutes):
+            return False, (f"the calendar data is {_duration(age)} old (calendar unreachable: "
+                           f"{self.calendar.outage or 'unknown'})")
+        return True, ""
+
+    def _wake_at(self, moment: datetime) -> None:
+        if self.scheduler.running:
+            self.scheduler.add_job(self.reconcile, "date", run_date=moment, id="boundary", replace_existing=True)
+
+    def _report(self, result, now: datetime) -> None:  # type: ignore[no-untyped-def]
+        running = [a for a in result.plan.accepted if a.booking.start <= now < a.booking.end]
+        upcoming = [a for a in result.plan.accepted if a.booking.start > now]
+        status = (f"{len(running)} booking(s) now, {len(upcoming)} upcoming, "
+                  f"{len(result.plan.rejected)} rejected; last poll "
+                  f"{self.calendar.last_poll:%H:%M:%S}" if self.calendar.last_poll else "no poll yet")
+        if self.calendar.outage:
+            status += f"; calendar unreachable since {self.calendar.outage_since:%H:%M:%S}"
+        self.notifier.status(status)
+        data = {
+            "pid": os.getpid(), "updated": now.isoformat(), "status": status,
+            "last_poll": _iso(self.calendar.last_poll), "last_poll_ok": _iso(self.calendar.last_ok),
+            "outage": self.calendar.outage, "outage_since": _iso(self.calendar.outage_since),
+            "problems": [*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())],
+            "next": [{"id": a.booking.id, "user": a.booking.user, "gpus": list(a.gpus),
+                      "start": a.booking.start.isoformat(), "end": a.booking.end.isoformat()}
+                     for a in upcoming[:20]],
+            "inventory": {"source": self.inventory.source, "count": self.inventory.count,
+                          "driver": self.inventory.driver_version, "problem": self.inventory.problem},
+        }
+        path = self.state_dir / STATUS_FILE
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(data, indent=2))
+        partial.replace(path)
+
+    # -- signals and the main loop -------------------------------------------------------------
+
+    def reload(self) -> bool:
+        """SIGHUP: read config and templates again; an invalid config is refused, the old one kept."""
+        self.notifier.reloading()
+        try:
+            new = config_module.load(self.config.path)
+        except ConfigError as error:
+            message = f"reload refused, keeping the running config: {error}"
+            log.error("%s", message)
+            self.state.log_event(message, level="error")
+            self.notifier.ready()
+            return False
+        with self._lock:
+            self._build(new)
+            self.scheduler.reschedule_job("poll", trigger="interval", seconds=new.daemon.poll_seconds)
+        log.warning("config %s and templates reloaded", new.path)
+        self.state.log_event(f"config {new.path} and templates reloaded")
+        self.notifier.ready()
+        self.poll()
+        return True
+
+    def _signal(self, number: int, frame: FrameType | None) -> None:
+        if number == signal.SIGHUP:
+            self._reload.set()
+        else:
+            self._stop.set()
+
+    def run(self) -> int:
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, self._signal)
+        self.state.log_event(f"daemon started (pid {os.getpid()}), config {self.config.path}")
+        self.scheduler.start()
+        self.scheduler.add_job(self.poll, "interval", seconds=self.config.daemon.poll_seconds, id="poll",
+                               next_run_time=datetime.now(UTC))
+        first = self._wait_first_pass()
+        self.notifier.ready(status="first pass done" if first else "started; first pass still running")
+        interval = self.notifier.watchdog_interval or 5.0
+        try:
+            while not self._stop.wait(min(interval, 5.0)):
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self.reload()
+                if self.scheduler.running:
+                    self.notifier.watchdog()
+        finally:
+            self.notifier.stopping()
+            self.scheduler.shutdown(wait=True)
+            self.reconciler.close()
+            self.state.log_event("daemon stopped; containers keep running")
+            log.warning("gpubook daemon stopped; running containers keep running")
+            self.state.close()
+        return 0
+
+    def _wait_first_pass(self, timeout: float = 120.0) -> bool:
+        deadline = datetime.now(UTC) + timedelta(seconds=timeout)
+        while self._last_pass is None and datetime.now(UTC) < deadline and not self._stop.is_set():
+            self._stop.wait(0.05)
+        return self._last_pass is not None
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def _duration(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,317 @@
+"""Desired containers (the plan at time t) against actual ones (the engine's labels) → actions.
+
+`decide` is pure: plain data in, a list of frozen actions out, in the order they must be applied
+(clear dead leftovers, stop, start, warn; holds and rechecks only inform). It is level-triggered:
+applying its actions and calling it again with the new actual state yields no further change, and
+calling it twice on the same input gives the same list. What cannot be read from the engine (a
+warning already given, how often a booking's container died) comes in as `Memory`, read from
+State by the executor (scheduler/executor.py).
+
+Rules, in the words a booker would use:
+
+- A booking runs from its start to its end. Its container is found by booking id, never by spec
+  hash: a running booking whose GPUs or template were edited keeps its container (the change takes
+  effect at the next booking; `pin_running` says so).
+- At the warning time the booker is warned once; at the end the container stops.
+- End moved earlier past the warning time, or event deleted (or the booking no longer accepted)
+  while it runs: warn now, give `Policy.notice`, then stop.
+- A gpubook container whose booking gpubook never knew (another host's config, a lost database)
+  is left alone until the end written in its labels.
+- A container that died during its booking is started again at most `restart_limit` times, with a
+  back-off that doubles each time. One stopped by an admin stays stopped.
+- Nothing starts from calendar data older than the staleness bound (`may_start=False`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from types import MappingProxyType
+
+from runtime.engines import ContainerInfo, container_name
+from scheduler.bookings import Booking, Rejection
+from scheduler.plan import Accepted, Plan
+
+ADMIN_STOP = "stopped by an admin"  # container_stopped reason that keeps a booking from restarting
+DIED = "died"  # prefix of the reason recorded for a container that died during its booking
+_ON_TIME = timedelta(seconds=60)  # a warning this late after its time still counts as on time
+
+
+# -- actions -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Clear:
+    """Remove a dead container's leftover and record why it is gone."""
+
+    name: str
+    booking_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    name: str
+    booking_id: str
+    reason: str  # "ended", "the event was deleted", ...
+    grace: float  # seconds between SIGTERM and SIGKILL
+
+
+@dataclass(frozen=True)
+class Start:
+    accepted: Accepted
+    attempt: int = 0  # 0: first start; n: the n-th restart after the container died
+
+
+@dataclass(frozen=True)
+class Warn:
+    name: str
+    booking_id: str
+    user: str
+    end: datetime | None  # the end warned about; None: the booking is gone from the calendar
+    stop_at: datetime  # when the container will be stopped
+    reason: str  # "end-near", "end-moved", "gone"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A booking that should run but is not started now, and why (logged once)."""
+
+    booking_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """Something is due at `at` that the plan's own boundaries do not cover."""
+
+    at: datetime
+    reason: str
+
+
+Action = Clear | Stop | Start | Warn | Hold | Recheck
+_ORDER = {Clear: 0, Stop: 1, Start: 2, Warn: 3, Hold: 4, Recheck: 5}
+
+
+# -- what decide needs besides the plan and the engine -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Warned:
+    at: datetime
+    end: datetime | None  # as in Warn
+    stop_at: datetime
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A booking's container history from State."""
+
+    restarts: int = 0  # starts after the first
+    running: bool = False  # State has an open record (the container should be there)
+    last_stopped: datetime | None = None
+    last_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    known: frozenset[str] = frozenset()  # bookings gpubook started a container for
+    warned: Mapping[str, Warned] = field(default_factory=lambda: MappingProxyType({}))
+    runs: Mapping[str, Runs] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class Policy:
+    notice: timedelta = timedelta(minutes=5)  # warning → stop when the end comes early
+    stop_grace: float = 10.0  # SIGTERM → SIGKILL, seconds
+    restart_limit: int = 3
+    restart_backoff: timedelta = timedelta(seconds=10)  # doubled after each restart
+    warn_before: timedelta = timedelta(minutes=15)  # for containers with no booking in the plan
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+
+def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory: Memory = Memory(),
+           policy: Policy = Policy(), may_start: bool = True, stale_reason: str = "") -> list[Action]:
+    """The actions that bring `actual` to what `plan` wants at `now`, in the order to apply them."""
+    wanted = {a.booking.id: a for a in plan.accepted}
+    actions: list[Action] = []
+    present: dict[str, ContainerInfo] = {}
+    for info in sorted(actual, key=lambda i: (i.booking_id, i.name)):
+        if not info.booking_id:
+            continue
+        present[info.booking_id] = info
+        actions.extend(_container_actions(info, wanted.get(info.booking_id), now=now, memory=memory,
+                                          policy=policy))
+    stopping = {a.booking_id for a in actions if isinstance(a, Stop | Clear)}
+    busy = {gpu: info.booking_id for info in present.values()
+            if info.running and info.booking_id not in stopping for gpu in info.gpus}
+    for accepted in plan.accepted:
+        if accepted.booking.id not in present:
+            actions.extend(_start_actions(accepted, now=now, memory=memory, policy=policy, busy=busy,
+                                          may_start=may_start, stale_reason=stale_reason))
+    actions = [a for a in actions if not (isinstance(a, Warn) and a.booking_id in stopping)]
+    return sorted(actions, key=lambda a: _ORDER[type(a)])
+
+
+def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datetime,
+                       memory: Memory, policy: Policy) -> list[Action]:
+    if not info.running:
+        if accepted is None or now >= accepted.booking.end:
+            return [Clear(info.name, info.booking_id, f"its container was {info.state}")]
+        return [Clear(info.name, info.booking_id, f"{DIED}: the container was {info.state}"),
+                _restart_check(info.booking_id, now=now, memory=memory, policy=policy)]
+    if accepted is not None:
+        return _ending(info, accepted.booking.end, accepted.warn_at, now=now, memory=memory, policy=policy,
+                       moved=info.end is not None and accepted.booking.end < info.end)
+    if info.booking_id in memory.known:
+        return _gone(info, now=now, memory=memory, policy=policy)
+    # Not ours to judge: stop it only after the end its labels carry.
+    if info.end is None or now >= info.end:
+        return [Stop(info.name, info.booking_id, "it has no booking here and its end has passed",
+                     policy.stop_grace)]
+    return [Recheck(info.end, f"end of unknown container {info.name}")]
+
+
+def _ending(info: ContainerInfo, end: datetime, warn_at: datetime, *, now: datetime, memory: Memory,
+            policy: Policy, moved: bool) -> list[Action]:
+    warned = memory.warned.get(info.booking_id)
+    if warned is not None and warned.end == end:
+        if now >= warned.stop_at:
+            return [Stop(info.name, info.booking_id, "ended", policy.stop_grace)]
+        return [Recheck(warned.stop_at, f"stop of {info.booking_id}")]
+    if now < warn_at:
+        return []
+    on_time = now <= warn_at + _ON_TIME or not moved
+    stop_at = end if on_time else max(end, now + policy.notice)
+    actions: list[Action] = [Warn(info.name, info.booking_id, info.user, end, stop_at,
+                                  "end-moved" if moved else "end-near")]
+    if now >= stop_at:
+        actions.append(Stop(info.name, info.booking_id, "ended", policy.stop_grace))
+    else:
+        actions.append(Recheck(stop_at, f"stop of {info.booking_id}"))
+    return actions
+
+
+def _gone(info: ContainerInfo, *, now: datetime, memory: Memory, policy: Policy) -> list[Action]:
+    """The booking of a running container is no longer in the plan: deleted, or not accepted now."""
+    warned = memory.warned.get(info.booking_id)
+    if warned is not None and warned.end is None:
+        if now >= warned.stop_at:
+            return [Stop(info.name, info.booking_id, "its booking is gone from the calendar",
+                         policy.stop_grace)]
+        return [Recheck(warned.stop_at, f"stop of {info.booking_id}")]
+    stop_at = now + policy.notice
+    if warned is not None:
+        stop_at = min(stop_at, max(now, warned.stop_at))
+    return [Warn(info.name, info.booking_id, info.user, None, stop_at, "gone"),
+            Recheck(stop_at, f"stop of {info.booking_id}")]
+
+
+def _restart_check(booking_id: str, *, now: datetime, memory: Memory, policy: Policy) -> Recheck:
+    runs = memory.runs.get(booking_id, Runs())
+    return Recheck(now + policy.restart_backoff * (2 ** runs.restarts), f"restart of {booking_id}")
+
+
+def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy: Policy,
+                   busy: dict[int, str], may_start: bool, stale_reason: str) -> list[Action]:
+    booking = accepted.booking
+    if not booking.start <= now < booking.end:
+        return []
+    runs = memory.runs.get(booking.id)
+    attempt = 0
+    if runs is not None and runs.running:
+        # State says it runs, the engine lists nothing: it vanished. Record that first.
+        return [Clear(container_name(booking.id), booking.id, f"{DIED}: the container vanished"),
+                _restart_check(booking.id, now=now, memory=memory, policy=policy)]
+    if runs is not None and runs.last_reason is not None:
+        if not runs.last_reason.startswith(DIED):
+            return []  # stopped on purpose (an admin, or an earlier end): stays stopped
+        if runs.restarts >= policy.restart_limit:
+            return [Hold(booking.id, f"its container died {runs.restarts + 1} times; not starting it again")]
+        due = (runs.last_stopped or now) + policy.restart_backoff * (2 ** runs.restarts)
+        if now < due:
+            return [Hold(booking.id, f"its container died; starting it again at {due:%H:%M:%S}"),
+                    Recheck(due, f"restart of {booking.id}")]
+        attempt = runs.restarts + 1
+    if not may_start:
+        return [Hold(booking.id, stale_reason or "the calendar data is too old to start anything from")]
+    holders = sorted({busy[gpu] for gpu in accepted.gpus if gpu in busy and busy[gpu] != booking.id})
+    if holders:
+        return [Hold(booking.id, f"GPU {', '.join(map(str, accepted.gpus))} still used by {', '.join(holders)}"),
+                Recheck(now + timedelta(seconds=2), f"start of {booking.id}")]
+    for gpu in accepted.gpus:
+        busy[gpu] = booking.id
+    return [Start(accepted, attempt)]
+
+
+# -- before planning: running bookings keep what they run with ---------------------------------
+
+
+@dataclass(frozen=True)
+class Pinned:
+    occurrences: tuple[Booking | Rejection, ...]
+    notes: Mapping[str, str]  # booking id → a sentence for its event
+
+
+def pin_running(occurrences: Sequence[Booking | Rejection], actual: Sequence[ContainerInfo]) -> Pinned:
+    """Give each running booking the GPUs and template its container runs with, noting edits."""
+    running = {i.booking_id: i for i in actual if i.running and i.booking_id}
+    result: list[Booking | Rejection] = []
+    notes: dict[str, str] = {}
+    for item in occurrences:
+        info = running.get(item.id) if isinstance(item, Booking) else None
+        if info is None or not isinstance(item, Booking):
+            result.append(item)
+            continue
+        pinned = item
+        changed = []
+        if info.gpus and (item.gpu_indices not in (None, info.gpus) or item.gpu_count != len(info.gpus)):
+            changed.append("GPUs")
+        if info.gpus:
+            pinned = replace(pinned, gpu_indices=info.gpus, gpu_count=len(info.gpus))
+        if info.template and item.template != info.template:
+            changed.append("template")
+            pinned = replace(pinned, template=info.template)
+        if changed:
+            notes[item.id] = (f"the change of {' and '.join(changed)} takes effect at the next booking; "
+                              f"this one keeps running with GPU {','.join(map(str, info.gpus)) or '-'} "
+                              f"and template {info.template}")
+        result.append(pinned)
+    return Pinned(tuple(result), notes)
+
+
+def plan_with_extensions(occurrences: Sequence[Booking | Rejection], *, agreed_ends: Mapping[str, datetime],
+                         plan: Callable[[Sequence[Booking | Rejection]], Plan],
+                         describe: Callable[[datetime], str] = lambda t: t.isoformat()
+                         ) -> tuple[Plan, dict[str, datetime], dict[str, str]]:
+    """Plan, letting a running booking's end move later only where that takes nobody's slot.
+
+    `agreed_ends` holds each running booking's end as last agreed (its label, or an extension
+    granted earlier). Returns the plan, the new agreed ends and a note per refused extension.
+    """
+    later = {b.id: b for b in occurrences
+             if isinstance(b, Booking) and b.id in agreed_ends and b.end > agreed_ends[b.id]}
+    if not later:
+        return plan(occurrences), {}, {}
+    clamped = [replace(b, end=agreed_ends[b.id]) if isinstance(b, Booking) and b.id in later else b
+               for b in occurrences]
+    best = plan(clamped)
+    granted: dict[str, datetime] = {}
+    notes: dict[str, str] = {}
+    for booking_id, booking in sorted(later.items()):
+        trial_input = [booking if isinstance(b, Booking) and b.id == booking_id else b for b in clamped]
+        trial = plan(trial_input)
+        before = {a.booking.id for a in best.accepted}
+        after = {a.booking.id for a in trial.accepted}
+        if before <= after:
+            clamped, best = trial_input, trial
+            granted[booking_id] = booking.end
+        else:
+            lost = sorted(before - after)
+            notes[booking_id] = (f"the end was not moved to {describe(booking.end)}: the GPUs are booked "
+                                 f"then ({', '.join(lost)}); this booking still ends at "
+                                 f"{describe(agreed_ends[booking_id])}")
+    return best, granted, notes

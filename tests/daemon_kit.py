@@ -1,0 +1,183 @@
+"""What the daemon tests and the daemon benchmark share: a config on real Radicale and rootless
+podman, events made through CalDAV, the daemon as a real process, SSH as the booker."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TypeVar
+
+import caldav
+import icalendar
+import paramiko
+
+from runtime.engines import Engine, container_name
+
+ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+def port_range(size: int = 20) -> tuple[int, int]:
+    """A block of ports that nothing uses now, away from other tests' free_port() picks."""
+    import socket
+
+    for _ in range(200):
+        base = 20000 + secrets.randbelow(9000) * 4
+        free = True
+        for port in range(base, base + size):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("0.0.0.0", port))  # noqa: S104 - the container's sshd binds all addresses
+                except OSError:
+                    free = False
+                    break
+        if free:
+            return base, base + size - 1
+    raise RuntimeError("no free block of ports")
+
+
+def key_line(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.get_base64()} test"
+
+
+def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PKey], gpus: int = 2,
+                 poll_seconds: float = 60, warn_minutes: float = 0.1, stale_after_minutes: float = 30,
+                 notice_seconds: float = 3, restart_backoff_seconds: float = 1) -> Path:
+    low, high = port_range()
+    (folder / "data").mkdir(exist_ok=True)
+    lines = [
+        '[host]', 'name = "127.0.0.1"', 'timezone = "UTC"', '',
+        '[[calendar]]', f'url = "{calendar_url}"', 'username = "test"', '',
+        '[gpus]', f'count = {gpus}', '',
+        '[defaults]', 'template = "debian-ssh"', 'gpus = 1', f'warn_minutes = {warn_minutes}', '',
+        '[engine]', 'name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"',
+        'stop_grace_seconds = 1', '',
+        '[storage]', f'data_root = "{folder / "data"}"', '',
+        '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
+        '[daemon]', f'poll_seconds = {poll_seconds}', f'state_dir = "{folder / "state"}"',
+        f'stale_after_minutes = {stale_after_minutes}', f'notice_seconds = {notice_seconds}',
+        f'restart_backoff_seconds = {restart_backoff_seconds}', '',
+    ]
+    for number, (user, key) in enumerate(keys.items()):
+        lines += [f'[users.{user}]', f'uid = {2001 + number}', f'email = ["{user}@lab.example"]',
+                  f'ssh_keys = ["{key_line(key)}"]', '']
+    path = folder / "gpubook.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def event_text(uid: str, *, user: str, start: datetime, end: datetime, gpus: str = "1",
+               description: str = "") -> str:
+    calendar = icalendar.Calendar()
+    calendar.add("prodid", "-//gpubook tests//EN")
+    calendar.add("version", "2.0")
+    event = icalendar.Event()
+    event.add("uid", uid)
+    event.add("summary", f"{user} debian-ssh")
+    event.add("dtstart", start)
+    event.add("dtend", end)
+    event.add("dtstamp", datetime.now(UTC))
+    event.add("created", datetime.now(UTC))
+    event.add("description", f"{description}user: {user}\ngpus: {gpus}\n")
+    calendar.add_component(event)
+    return calendar.to_ical().decode()
+
+
+def book(calendar: caldav.Calendar, uid: str, *, user: str, start: datetime, end: datetime,
+         gpus: str = "1", description: str = "") -> caldav.Event:
+    return calendar.save_event(event_text(uid, user=user, start=start, end=end, gpus=gpus,
+                                          description=description))
+
+
+def description(calendar: caldav.Calendar, uid: str) -> str:
+    event = calendar.event_by_uid(uid)
+    component = event.icalendar_component
+    return str(component.get("DESCRIPTION", ""))
+
+
+class DaemonProcess:
+    """`gpubook run` as a real process; stderr kept in a file for the failure message."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.log = config.with_name("daemon.log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> DaemonProcess:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "run", "--config",
+                                             str(self.config)], stdout=log, stderr=log, env=env,
+                                            stdin=subprocess.DEVNULL, cwd=ROOT)
+        return self
+
+    def signal(self, number: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(number)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, timeout: float = 30) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+
+def wait_for(what: str, check: Callable[[], T | None], *, timeout: float, interval: float = 0.1,
+             daemon: DaemonProcess | None = None) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n"
+                         + (f"daemon log:\n{daemon.tail()}" if daemon else ""))
+
+
+def try_login(port: int, user: str, key: paramiko.PKey, *, timeout: float = 3) -> paramiko.SSHClient | None:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - a fresh container's host key
+    try:
+        client.connect("127.0.0.1", port=port, username=user, pkey=key, look_for_keys=False, allow_agent=False,
+                       timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+    except (OSError, paramiko.SSHException, EOFError):
+        client.close()
+        return None
+    return client
+
+
+def running_container(engine: Engine, booking_id: str):  # type: ignore[no-untyped-def]
+    info = engine.inspect(container_name(booking_id))
+    return info if info is not None and info.running else None
+
+
+def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
+    _, stdout, _ = client.exec_command(command, timeout=30)
+    status = stdout.channel.recv_exit_status()
+    return status, stdout.read().decode()
+
+
+def soon(seconds: float) -> datetime:
+    """A whole second `seconds` from now (calendar times have no fractions)."""
+    return (datetime.now(UTC) + timedelta(seconds=seconds + 1)).replace(microsecond=0)

@@ -1,0 +1,374 @@
+"""The daemon end to end: real Radicale, real rootless podman, `gpubook run` as a real process,
+the booker logging in with paramiko. Bookings last seconds; warn_minutes is 0.1 (6 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import paramiko
+import pytest
+from caldav.lib import error as dav_error
+
+from runtime import ssh
+from runtime.engines import Engine, container_name, engine_from
+from runtime.templates import get_template
+from scheduler.state import State
+from tests import servers
+from tests.daemon_kit import (
+    ROOT,
+    DaemonProcess,
+    book,
+    description,
+    run,
+    running_container,
+    soon,
+    try_login,
+    wait_for,
+    write_config,
+)
+from tests.engine_suite import CACHE_DIR
+
+pytestmark = [
+    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    engine = engine_from("podman", runtime="runc", storage_driver="overlay")
+    ssh.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    return engine
+
+
+@pytest.fixture
+def radicale(tmp_path: Path) -> Iterator[servers.CalendarServer]:
+    """A Radicale of this test alone: some tests stop and start it."""
+    storage = tmp_path / "radicale"
+    storage.mkdir()
+    server = servers.radicale(storage).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def keys() -> dict[str, paramiko.PKey]:
+    return {"alice": paramiko.ECDSAKey.generate(bits=256), "bob": paramiko.ECDSAKey.generate(bits=256)}
+
+
+@pytest.fixture
+def cleanup(engine: Engine) -> Iterator[list[str]]:
+    """Booking ids whose containers are removed after the test, pass or fail."""
+    booking_ids: list[str] = []
+    yield booking_ids
+    for booking_id in booking_ids:
+        engine.stop(container_name(booking_id), 0)
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[DaemonProcess]]:
+    started: list[DaemonProcess] = []
+    yield started
+    for daemon in started:
+        daemon.stop()
+
+
+def events(config_dir: Path, booking_id: str | None = None) -> list[str]:
+    with State(config_dir / "state" / "state.sqlite") as state:
+        return [e.message for e in state.events(booking_id=booking_id)]
+
+
+def test_booking_runs_from_start_to_end(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60)
+    start = soon(8)
+    end = start + timedelta(seconds=16)  # warned at end - 6 s
+    book(calendar, "life@test", user="alice", start=start, end=end)
+    cleanup.append("life@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+
+    wait_for("the daemon's first pass", lambda: (tmp_path / "state" / "daemon-status.json").exists(),
+             timeout=60, daemon=daemon)
+    assert running_container(engine, "life@test") is None  # not before its start
+    accepted = wait_for("accepted in the event", lambda: "accepted:" in description(calendar, "life@test"),
+                        timeout=20, daemon=daemon)
+    assert accepted
+
+    while datetime.now(UTC) < start:
+        time.sleep(0.02)
+    info = wait_for("the container", lambda: running_container(engine, "life@test"), timeout=30,
+                    interval=0.02, daemon=daemon)
+    client = wait_for("SSH login as the booker", lambda: try_login(info.port, "alice", keys["alice"]),
+                      timeout=30, interval=0.02, daemon=daemon)
+    login_after = (datetime.now(UTC) - start).total_seconds()
+    # Long before the next poll (60 s): the start came from the boundary job, not a poll.
+    assert login_after < 30, login_after
+    print(f"booker logged in {login_after:.2f} s after the start")
+    try:
+        line = f"running: ssh -p {info.port} alice@127.0.0.1"
+        wait_for("the ssh line in the event", lambda: line in description(calendar, "life@test"), timeout=10,
+                 daemon=daemon)
+        assert run(client, "echo result > /data/output/result.txt")[0] == 0
+        shell = client.invoke_shell(term="xterm")
+        shell.settimeout(1.0)
+        seen = b""
+        deadline = time.monotonic() + 20
+        while b"this booking ends at" not in seen and time.monotonic() < deadline:
+            try:
+                seen += shell.recv(4096)
+            except TimeoutError:
+                pass
+        assert b"this booking ends at" in seen, seen[-500:]
+        warned_at = datetime.now(UTC)
+        assert warned_at < end
+    finally:
+        client.close()
+
+    wait_for("the stop at the end", lambda: engine.inspect(container_name("life@test")) is None,
+             timeout=30, daemon=daemon)
+    assert datetime.now(UTC) >= end
+    assert (tmp_path / "data" / "alice" / "output" / "result.txt").read_text() == "result\n"
+    ended = wait_for("ended in the event", lambda: "ended:" in description(calendar, "life@test"), timeout=10,
+                     daemon=daemon)
+    assert ended
+    text = description(calendar, "life@test")
+    assert "GPU-hours" in text and "outputs: 127.0.0.1:" in text and "user: alice" in text
+    assert daemon.process is not None and daemon.process.poll() is None
+    daemon.signal(signal.SIGTERM)
+    assert daemon.process.wait(timeout=30) == 0
+
+
+def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                       daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60)
+    book(calendar, "adopt@test", user="alice", start=soon(0) - timedelta(seconds=1),
+         end=soon(600))
+    cleanup.append("adopt@test")
+    daemon = DaemonProcess(config).start()
+    first = wait_for("the container", lambda: running_container(engine, "adopt@test"), timeout=60, daemon=daemon)
+    status_file = tmp_path / "state" / "daemon-status.json"
+    for round_number in range(20):
+        daemon.kill()
+        daemon = DaemonProcess(config).start()
+        daemons.append(daemon)
+        pid = daemon.process.pid  # type: ignore[union-attr]
+        if round_number % 2:
+            # Every other round dies mid-way through its first pass, at a different moment each time.
+            time.sleep(0.3 + 0.1 * (round_number % 7))
+            continue
+        wait_for(f"round {round_number}: a pass of the new daemon",
+                 lambda pid=pid: status_file.exists() and json.loads(status_file.read_text())["pid"] == pid,
+                 timeout=60, interval=0.05, daemon=daemon)
+        mine = [c for c in engine.list() if c.booking_id == "adopt@test"]
+        assert [(c.id, c.state) for c in mine] == [(first.id, "running")], round_number
+    daemon.kill()
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    pid = daemon.process.pid  # type: ignore[union-attr]
+    wait_for("a pass of the last daemon", lambda: json.loads(status_file.read_text())["pid"] == pid,
+             timeout=60, daemon=daemon)
+    mine = [c for c in engine.list() if c.booking_id == "adopt@test"]
+    assert [(c.id, c.state) for c in mine] == [(first.id, "running")]
+    with State(tmp_path / "state" / "state.sqlite") as state:
+        assert len(state.containers(booking_id="adopt@test")) == 1
+        assert state.ports() == {"adopt@test": first.port}
+
+
+def test_calendar_outage(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    calendar = radicale.new_calendar()
+    # Data older than 0.1 min (6 s) starts nothing.
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, stale_after_minutes=0.1)
+    book(calendar, "now@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600), gpus="0,")
+    later_start = soon(14)
+    book(calendar, "later@test", user="bob", start=later_start, end=later_start + timedelta(seconds=600),
+         gpus="1,")
+    cleanup += ["now@test", "later@test"]
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    running = wait_for("the running booking", lambda: running_container(engine, "now@test"), timeout=60,
+                       daemon=daemon)
+    wait_for("a poll that knows the later booking", lambda: "accepted:" in description(calendar, "later@test"),
+             timeout=20, daemon=daemon)
+
+    radicale.stop()
+    try:
+        wait_for("the later booking's start", lambda: datetime.now(UTC) >= later_start + timedelta(seconds=3),
+                 timeout=30)
+        assert running_container(engine, "later@test") is None  # stale data starts nothing
+        assert running_container(engine, "now@test").id == running.id  # unaffected
+        time.sleep(2)  # a few failed polls more: still logged once
+        log = events(tmp_path)
+        assert len([m for m in log if m.startswith("calendar unreachable")]) == 1, log
+        assert "connection refused" in next(m for m in log if m.startswith("calendar unreachable")).lower()
+    finally:
+        radicale.start()
+    later = wait_for("the later booking after the outage", lambda: running_container(engine, "later@test"),
+                     timeout=30, daemon=daemon)
+    assert later.gpus == (1,)
+    assert running_container(engine, "now@test").id == running.id
+    log = events(tmp_path)
+    assert len([m for m in log if m.startswith("calendar reachable again")]) == 1, log
+    assert any("not started: the calendar data is" in m for m in events(tmp_path, "later@test"))
+
+
+def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                   daemons) -> None:
+    calendar = radicale.new_calendar()
+    # The death is noticed on the next poll (2 s here); the restart comes after the 1 s back-off.
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, restart_backoff_seconds=1)
+    book(calendar, "dies@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("dies@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    first = wait_for("the container", lambda: running_container(engine, "dies@test"), timeout=60, daemon=daemon)
+    wait_for("the start in the log", lambda: any(m.startswith("started") for m in events(tmp_path, "dies@test")),
+             timeout=30, daemon=daemon)
+    first = running_container(engine, "dies@test")
+    subprocess.run([*engine.global_argv(), "kill", first.name], check=True, capture_output=True)  # type: ignore[attr-defined]
+    second = wait_for("a new container", lambda: (c := running_container(engine, "dies@test")) and c.id != first.id
+                      and c, timeout=60, daemon=daemon)
+    assert second.port == first.port
+    client = wait_for("SSH after the restart", lambda: try_login(second.port, "alice", keys["alice"]), timeout=30)
+    client.close()
+    log = events(tmp_path, "dies@test")
+    assert any(m.startswith("died:") for m in log), log
+    assert any("restart 1 after it died" in m for m in log), log
+
+
+def test_back_to_back_bookings_hand_over_one_gpu(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, gpus=1, poll_seconds=60, warn_minutes=0.05)
+    handover = soon(14)
+    book(calendar, "first@test", user="alice", start=soon(0) - timedelta(seconds=1), end=handover, gpus="0,")
+    book(calendar, "second@test", user="bob", start=handover, end=handover + timedelta(seconds=600), gpus="0,")
+    cleanup += ["first@test", "second@test"]
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    first = wait_for("the first booking", lambda: running_container(engine, "first@test"), timeout=60,
+                     daemon=daemon)
+    assert first.gpus == (0,)
+    assert running_container(engine, "second@test") is None
+    second = wait_for("the second booking", lambda: running_container(engine, "second@test"), timeout=40,
+                      interval=0.05, daemon=daemon)
+    assert second.gpus == (0,)
+    assert engine.inspect(first.name) is None  # never both at once on GPU 0
+    client = wait_for("bob's login", lambda: try_login(second.port, "bob", keys["bob"]), timeout=30)
+    client.close()
+    wait_for("the second start in the log",
+             lambda: any(m.startswith("started") for m in events(tmp_path, "second@test")), timeout=30)
+    with State(tmp_path / "state" / "state.sqlite") as state:
+        log = [(e.id, e.booking_id, e.message) for e in state.events()]
+    stopped = next(i for i, b, m in log if b == "first@test" and m.startswith("stopped"))
+    started = next(i for i, b, m in log if b == "second@test" and m.startswith("started"))
+    assert stopped < started
+
+
+def test_user_edit_during_write_back_survives(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1)
+    start = soon(6)
+    book(calendar, "edit@test", user="alice", start=start, end=start + timedelta(seconds=600))
+    cleanup.append("edit@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    # The user keeps editing the event (each edit a read and a conditional write, as clients do)
+    # while gpubook writes accepted, then running, into the same event.
+    edits = 0
+    deadline = time.monotonic() + 25
+    while time.monotonic() < deadline and not (edits >= 10 and running_container(engine, "edit@test")):
+        event = calendar.event_by_uid("edit@test")
+        component = event.icalendar_component
+        component["SUMMARY"] = f"alice debian-ssh, edit {edits}"
+        component["LOCATION"] = f"room {edits}"
+        try:
+            event.save(increase_seqno=False, precondition="etag")
+            edits += 1
+        except (dav_error.ETagMismatchError, dav_error.ScheduleTagMismatchError):
+            continue  # a 412: gpubook wrote in between; read again, as a client does
+        time.sleep(0.2)
+    wait_for("running in the event", lambda: "running: ssh -p" in description(calendar, "edit@test"),
+             timeout=20, daemon=daemon)
+    component = calendar.event_by_uid("edit@test").icalendar_component
+    assert str(component["SUMMARY"]) == f"alice debian-ssh, edit {edits - 1}"
+    assert str(component["LOCATION"]) == f"room {edits - 1}"
+    assert str(component["X-GPUBOOK-STATUS"]) == "running"
+    assert "user: alice" in str(component["DESCRIPTION"])
+
+
+def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scheduler.cli", *args, "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_status_stop_and_log_commands(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1)
+    book(calendar, "admin@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    later = soon(300)
+    book(calendar, "next@test", user="bob", start=later, end=later + timedelta(seconds=60))
+    cleanup += ["admin@test"]
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    info = wait_for("the container", lambda: running_container(engine, "admin@test"), timeout=60, daemon=daemon)
+    wait_for("a pass that wrote the status file", lambda: (tmp_path / "state" / "daemon-status.json").exists(),
+             timeout=30)
+
+    done = cli(config, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["gpus"]["source"] in ("config", "nvml")
+    assert [(r["booking"], r["port"], r["state"]) for r in report["running"]] == [("admin@test", info.port, "running")]
+    assert [n["id"] for n in report["next"]] == ["next@test"]
+    assert report["last_poll"] and report["outage"] is None
+    text = cli(config, "status")
+    assert "admin@test" in text.stdout and f"port {info.port}" in text.stdout
+
+    done = cli(config, "stop", "admin@test")
+    assert done.returncode == 0, done.stderr
+    assert engine.inspect(info.name) is None
+    assert "stopped early by an admin" in description(calendar, "admin@test")
+    assert "ended:" in description(calendar, "admin@test")
+    time.sleep(3)  # three polls: the daemon does not start it again
+    assert engine.inspect(info.name) is None
+
+    done = cli(config, "log")
+    assert done.returncode == 0
+    assert "admin@test: stopped (stopped by an admin)" in done.stdout
+    assert "admin@test: started on GPU" in done.stdout
+    assert cli(config, "stop", "admin@test").returncode == 1  # nothing runs any more
+
+
+def test_sighup_refuses_a_broken_config_and_keeps_running(tmp_path: Path, radicale, engine, keys,
+                                                          daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1)
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    wait_for("the first pass", lambda: (tmp_path / "state" / "daemon-status.json").exists(), timeout=60)
+    good = config.read_text()
+    config.write_text(good.replace("poll_seconds = 1", "poll_seconds = -5"))
+    daemon.signal(signal.SIGHUP)
+    wait_for("the refusal", lambda: any(m.startswith("reload refused") for m in events(tmp_path)), timeout=20,
+             daemon=daemon)
+    assert "daemon.poll_seconds: must be greater than 0" in next(
+        m for m in events(tmp_path) if m.startswith("reload refused"))
+    config.write_text(good)
+    daemon.signal(signal.SIGHUP)
+    wait_for("the reload", lambda: any("and templates reloaded" in m for m in events(tmp_path)), timeout=20,
+             daemon=daemon)
+    assert daemon.process is not None and daemon.process.poll() is None

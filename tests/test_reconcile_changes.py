@@ -1,0 +1,76 @@
+"""Changes while a booking runs (issue section 5), through the real plan: pin_running keeps a running
+booking's GPUs and template; plan_with_extensions lets an end move later only into free time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from booking_kit import TEMPLATES, make_config, utc
+from test_plan import booking
+
+from runtime.engines import ContainerInfo, container_name
+from scheduler.bookings import Booking
+from scheduler.plan import plan
+from scheduler.reconcile import Memory, Start, Stop, decide, pin_running, plan_with_extensions
+
+CONFIG = make_config()
+NOW = utc(2026, 11, 24, 11)  # "a" runs 10:00-12:00 on GPU 0
+
+
+def running(b: Booking, gpus: tuple[int, ...], *, end: datetime | None = None, template: str = "debian-ssh"
+            ) -> ContainerInfo:
+    return ContainerInfo(name=container_name(b.id), id="c", state="running", image="i", booking_id=b.id,
+                         user=b.user, gpus=gpus, end=end or b.end, spec_hash="old", port=2200, template=template)
+
+
+def planner(actual: list[ContainerInfo]):  # type: ignore[no-untyped-def]
+    pinned_running = {i.booking_id: i.gpus for i in actual}
+    return lambda items: plan(items, inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW,
+                              running=pinned_running)
+
+
+def test_gpus_and_template_edited_while_running_take_effect_next_time() -> None:
+    a = booking("a", indices=(0,))
+    actual = [running(a, (0,))]
+    edited = replace(a, gpu_indices=(1,), template="tensorflow-cuda9")
+    pinned = pin_running([edited], actual)
+    assert pinned.occurrences == (a,)  # planned as it runs
+    assert "takes effect at the next booking" in pinned.notes["a"]
+    assert "GPUs and template" in pinned.notes["a"]
+    result = planner(actual)(pinned.occurrences)
+    assert [(x.booking.id, x.gpus) for x in result.accepted] == [("a", (0,))]
+    # The container is matched by booking id, not by spec hash: nothing is restarted.
+    assert [x for x in decide(result, actual, now=NOW, memory=Memory(known=frozenset({"a"})))
+            if isinstance(x, Start | Stop)] == []
+
+
+def test_end_moved_later_into_free_time_is_followed() -> None:
+    a = booking("a", indices=(0,))
+    moved = replace(a, end=a.end + timedelta(hours=1))
+    actual = [running(a, (0,))]
+    result, granted, notes = plan_with_extensions([moved], agreed_ends={"a": a.end}, plan=planner(actual))
+    assert granted == {"a": moved.end} and notes == {}
+    assert result.accepted[0].booking.end == moved.end
+
+
+def test_end_moved_later_into_someone_elses_booking_keeps_the_old_end() -> None:
+    a = booking("a", indices=(0,))
+    bob = booking("b", user="bob", indices=(0,), start=12, hours=2)  # right after a, on GPU 0
+    moved = replace(a, end=a.end + timedelta(hours=1))
+    actual = [running(a, (0,))]
+    result, granted, notes = plan_with_extensions([moved, bob], agreed_ends={"a": a.end}, plan=planner(actual))
+    assert granted == {}
+    assert "the end was not moved" in notes["a"] and "b" in notes["a"]
+    assert {x.booking.id: x.booking.end for x in result.accepted} == {"a": a.end, "b": bob.end}
+    assert result.rejected == ()
+
+
+def test_end_moved_earlier_warns_then_stops_after_the_notice() -> None:
+    a = booking("a", indices=(0,))
+    earlier = replace(a, end=NOW - timedelta(minutes=10))
+    actual = [running(a, (0,))]
+    result = planner(actual)(pin_running([earlier], actual).occurrences)
+    actions = decide(result, actual, now=NOW, memory=Memory(known=frozenset({"a"})))
+    assert [type(x).__name__ for x in actions] == ["Warn", "Recheck"]
+    assert actions[0].stop_at == NOW + timedelta(minutes=5)  # type: ignore[union-attr]
