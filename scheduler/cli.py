@@ -98,7 +98,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from scheduler import demo
 
-    return demo.run(keep_running=args.keep_running)
+    return demo.run(plan_only=args.plan_only, until_ready=args.until_ready)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -192,8 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     log_parser.add_argument("--booking", help="only this booking's entries")
     log_parser.add_argument("-n", "--lines", type=int, default=50, help="entries shown first (0: all)")
 
-    demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with a demo calendar")
-    demo.add_argument("--keep-running", action="store_true", help="keep the demo calendar server up until Ctrl-C")
+    demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with demo bookings, "
+                   "the daemon, and an SSH login to your booking; Ctrl-C ends it")
+    demo.add_argument("--plan-only", action="store_true", help="show the plan of the demo bookings and stop")
+    demo.add_argument("--until-ready", action="store_true",
+                      help="stop (and clean up) once your booking answers on SSH, instead of at Ctrl-C")
     return parser
 
 

@@ -100,6 +100,39 @@ class DaemonConfig:
     restart_backoff_seconds: float = 10.0  # wait before the first restart; doubled each time
 
 
+NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended")
+
+
+@dataclass(frozen=True)
+class EmailConfig:
+    """[notify.email]: notices mailed to the booker's `email` addresses (off unless enabled)."""
+
+    host: str = "localhost"
+    port: int = 25
+    security: str = "none"  # "none", "starttls" or "tls" (SMTPS)
+    sender: str = "gpubook@localhost"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    timeout_seconds: float = 10.0
+    events: tuple[str, ...] = ("warning", "ended")
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """[notify.webhook]: one JSON POST per notice (off unless enabled)."""
+
+    url: str
+    token: str | None = field(default=None, repr=False)  # sent as "Authorization: Bearer <token>"
+    timeout_seconds: float = 10.0
+    events: tuple[str, ...] = ("warning", "ended")
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    email: EmailConfig | None = None  # None: off
+    webhook: WebhookConfig | None = None  # None: off
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path
@@ -114,6 +147,7 @@ class Config:
     ssh: SshConfig
     nvidia: NvidiaConfig
     daemon: DaemonConfig
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")
@@ -277,7 +311,12 @@ def _gpu_indices(reader: _Reader, where: str, value: Any) -> tuple[int, ...] | N
 def _read_password(reader: _Reader, where: str, base: Path, password_file: str | None) -> str | None:
     if password_file is None:
         return os.environ.get(PASSWORD_ENV)
-    path = (base / password_file).expanduser()
+    return _read_secret(reader, where, base, password_file)
+
+
+def _read_secret(reader: _Reader, where: str, base: Path, secret_file: str) -> str | None:
+    """A secret file's content; it must be readable by its owner only."""
+    path = (base / secret_file).expanduser()
     try:
         info = path.stat()
         if stat.S_IMODE(info.st_mode) & 0o077:
@@ -337,12 +376,60 @@ def _user(reader: _Reader, name: str, table: Any) -> UserConfig | None:
                       ssh_keys=keys, max_gpus=max_gpus, templates=templates)
 
 
+def _events(reader: _Reader, table: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    def known(kind: str) -> str | None:
+        return None if kind in NOTICE_KINDS else f"is not a notice ({', '.join(NOTICE_KINDS)})"
+
+    return reader.strings(table, where, "events", ("warning", "ended"), check=known)
+
+
+def _notify(reader: _Reader, table: Mapping[str, Any], base: Path) -> NotifyConfig:
+    reader.unknown(table, "notify", ["email", "webhook"])
+    mail_table = reader.table(table, "email", "notify.email")
+    hook_table = reader.table(table, "webhook", "notify.webhook")
+    where = "notify.email"
+    reader.unknown(mail_table, where, ["enabled", "host", "port", "security", "sender", "username",
+                                       "password_file", "timeout_seconds", "events"])
+    email = None
+    if reader.get(mail_table, where, "enabled", bool, default=False):
+        password_file = reader.get(mail_table, where, "password_file", str, default=None)
+        email = EmailConfig(
+            host=reader.get(mail_table, where, "host", str, default="localhost"),
+            port=reader.get(mail_table, where, "port", int, default=25,
+                            check=lambda v: None if 1 <= v <= 65535 else "must be a port number"),
+            security=reader.get(mail_table, where, "security", str, default="none",
+                                check=lambda v: None if v in ("none", "starttls", "tls")
+                                else 'must be "none", "starttls" or "tls"'),
+            sender=reader.get(mail_table, where, "sender", str, default="gpubook@localhost", check=_email_problem),
+            username=reader.get(mail_table, where, "username", str, default=None),
+            password=_read_secret(reader, f"{where}.password_file", base, password_file) if password_file else None,
+            timeout_seconds=float(reader.get(mail_table, where, "timeout_seconds", (int, float), default=10.0,
+                                             check=_positive)),
+            events=_events(reader, mail_table, where),
+        )
+    where = "notify.webhook"
+    reader.unknown(hook_table, where, ["enabled", "url", "token_file", "timeout_seconds", "events"])
+    webhook = None
+    if reader.get(hook_table, where, "enabled", bool, default=False):
+        url = reader.get(hook_table, where, "url", str,
+                         check=lambda u: None if re.match(r"^https?://[^\s/]+", u) else "must be an http(s):// URL")
+        token_file = reader.get(hook_table, where, "token_file", str, default=None)
+        webhook = WebhookConfig(
+            url=url or "",
+            token=_read_secret(reader, f"{where}.token_file", base, token_file) if token_file else None,
+            timeout_seconds=float(reader.get(hook_table, where, "timeout_seconds", (int, float), default=10.0,
+                                             check=_positive)),
+            events=_events(reader, hook_table, where),
+        )
+    return NotifyConfig(email=email, webhook=webhook)
+
+
 def parse(data: Mapping[str, Any], path: Path) -> Config:
     """Validate parsed TOML; raise ConfigError listing every problem."""
     reader = _Reader(path)
     base = path.parent
     sections = ["host", "calendar", "defaults", "users", "gpus", "templates", "engine", "storage",
-                "ssh", "nvidia", "daemon"]
+                "ssh", "nvidia", "daemon", "notify"]
     reader.unknown(data, "", sections)
 
     host_table = reader.table(data, "host", "host")
@@ -456,12 +543,14 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
                                                  check=lambda v: None if v >= 0 else "must be 0 or more")),
     )
 
+    notify = _notify(reader, reader.table(data, "notify", "notify"), base)
+
     if reader.errors:
         raise ConfigError("\n".join(reader.errors))
     return Config(
         path=path, host=host, calendars=tuple(calendars), defaults=defaults, users=users,
         gpu_count=gpu_count, templates_dir=(base / templates_dir).expanduser() if templates_dir else None,
-        engine=engine, storage=storage, ssh=ssh, nvidia=nvidia, daemon=daemon,
+        engine=engine, storage=storage, ssh=ssh, nvidia=nvidia, daemon=daemon, notify=notify,
     )
 
 

@@ -35,6 +35,7 @@ from runtime.engines import Engine, engine_from
 from runtime.errors import CalendarError, ConfigError, GpubookError
 from runtime.templates import load_all
 from scheduler import config as config_module
+from scheduler import notify
 from scheduler.bookings import Booking, Rejection
 from scheduler.executor import Reconciler
 from scheduler.sdnotify import Notifier
@@ -109,7 +110,8 @@ class Daemon:
         self.reconciler = Reconciler(
             config, engine=self.engine, state=self.state, templates=templates, probe_key=self.probe_key,
             cache_dir=ssh.default_cache_dir(), inventory=inventory_indices(inventory),
-            driver_version=inventory.driver_version if inventory.source == "nvml" else None)
+            driver_version=inventory.driver_version if inventory.source == "nvml" else None,
+            send_notice=notify.Notices.from_config(config))
         self.calendars = Calendars(config)
         self.config = config
 

@@ -271,6 +271,13 @@ class Reconciler:
         self._closed(action.name, action.booking_id, action.reason, now=now)
         self.state.release_port(action.booking_id)
         self._say(action.booking_id, f"stopped ({action.reason})", now=now)
+        if self.send_notice is not None:
+            record = next(iter(self.state.containers(booking_id=action.booking_id)[-1:]), None)
+            user = record.user if record is not None else ""
+            self.send_notice(notify.Message(
+                kind="ended", booking_id=action.booking_id, user=user, subject="gpubook: your booking ended",
+                text=f"gpubook: booking {action.booking_id} ended ({action.reason}); files in /data/output are kept.",
+                fields={"reason": action.reason}))
 
     def _clear(self, action: reconcile.Clear, *, now: datetime) -> None:
         self.engine.stop(action.name, 0)  # removes the exited leftover; nothing if it is gone

@@ -52,7 +52,7 @@ import re
 import smtplib
 import ssl
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from email.message import EmailMessage
@@ -69,7 +69,7 @@ from caldav.elements import cdav
 from caldav.lib import error as dav_error
 
 from runtime.errors import CalendarError, GpubookError
-from scheduler.config import CalendarConfig
+from scheduler.config import CalendarConfig, Config, NotifyConfig, UserConfig
 
 log = logging.getLogger(__name__)
 
@@ -499,3 +499,40 @@ def post_webhook(settings: WebhookSettings, message: Message) -> None:
     if not 200 <= answer.status_code < 300:
         raise NotifyError(f"booking {message.booking_id}: webhook {settings.url} answered "
                           f"{answer.status_code} {answer.reason}")
+
+
+class Notices:
+    """The optional e-mail and webhook notices, as `[notify]` configures them (both off by default).
+
+    Called with each notice the daemon gives (warning, ended, …); a delivery that fails is logged
+    with its cause and never stops a pass: the calendar and the container's own message remain.
+    """
+
+    def __init__(self, settings: NotifyConfig, users: Mapping[str, UserConfig]) -> None:
+        self.settings = settings
+        self.users = users
+
+    @classmethod
+    def from_config(cls, config: Config) -> Notices | None:
+        if config.notify.email is None and config.notify.webhook is None:
+            return None
+        return cls(config.notify, config.users)
+
+    def __call__(self, message: Message) -> None:
+        email, webhook = self.settings.email, self.settings.webhook
+        if email is not None and message.kind in email.events:
+            user = self.users.get(message.user)
+            mail = MailSettings(host=email.host, port=email.port, sender=email.sender, security=email.security,
+                                username=email.username, password=email.password, timeout=email.timeout_seconds)
+            self._deliver("e-mail", message, lambda: send_mail(mail, message, to=user.email if user else ()))
+        if webhook is not None and message.kind in webhook.events:
+            hook = WebhookSettings(url=webhook.url, token=webhook.token, timeout=webhook.timeout_seconds)
+            self._deliver("webhook", message, lambda: post_webhook(hook, message))
+
+    @staticmethod
+    def _deliver(channel: str, message: Message, send: Callable[[], None]) -> None:
+        try:
+            send()
+        except NotifyError as error:
+            log.warning("booking %s: the %s notice (%s) was not delivered: %s", message.booking_id, channel,
+                        message.kind, error)

@@ -134,7 +134,28 @@ def test_human_readable_plan_and_errors(tmp_path: Path, calendar: caldav.Calenda
 
 
 def test_demo_runs_on_embedded_defaults() -> None:
-    done = gpubook("demo")
+    done = gpubook("demo", "--plan-only")
     assert done.returncode == 0, done.stderr
     assert "2 accepted, 3 rejected." in done.stdout
     assert "is not a known user" in done.stdout and "at most 72 hours" in done.stdout
+
+
+@pytest.mark.podman
+@pytest.mark.slow
+def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
+    """The README's first command, without the Ctrl-C: the daemon starts the demo booking, SSH answers
+    with the demo's key (and sudo works), then everything is stopped and removed."""
+    done = subprocess.run([sys.executable, "-m", "scheduler.cli", "demo", "--until-ready"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Your booking is up" in done.stdout
+    line = next(line for line in done.stdout.splitlines() if line.strip().startswith("ssh -i "))
+    key_path = Path(line.split()[2])
+    assert not key_path.exists(), "the demo's files must be removed"
+    assert "stopped the daemon and the demo's containers" in done.stdout
+    from runtime.engines import container_name
+    from scheduler import demo
+
+    listing = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert container_name(demo.NOW_BOOKING) not in listing.stdout

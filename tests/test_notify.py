@@ -439,3 +439,66 @@ def test_webhook_refusal_and_absence_are_notify_errors(hook_server) -> None:
         post_webhook(WebhookSettings(url=url), MESSAGE)
     with pytest.raises(NotifyError, match="webhook .* failed"):
         post_webhook(WebhookSettings(url=f"http://127.0.0.1:{free_port()}/", timeout=5), MESSAGE)
+
+
+def _notify_config(tmp_path, body: str):  # type: ignore[no-untyped-def]
+    from scheduler import config as config_module
+
+    path = tmp_path / "gpubook.toml"
+    path.write_text('[[calendar]]\nurl = "http://127.0.0.1:5232/lab/devbox1/"\n'
+                    '[users.alice]\nuid = 2001\nemail = ["alice@lab.example"]\n' + body)
+    return config_module.load(path)
+
+
+def test_notices_are_off_by_default(tmp_path) -> None:
+    assert notify.Notices.from_config(_notify_config(tmp_path, "")) is None
+
+
+def test_notices_go_by_mail_and_webhook_as_configured(tmp_path, smtp_server, hook_server, caplog) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    token.chmod(0o600)
+    config = _notify_config(tmp_path, f"""
+[notify.email]
+enabled = true
+host = "127.0.0.1"
+port = {smtp_server.server_address[1]}
+sender = "gpubook@devbox1"
+events = ["warning"]
+[notify.webhook]
+enabled = true
+url = "http://127.0.0.1:{hook_server.server_address[1]}/hook"
+token_file = "token"
+events = ["warning", "ended"]
+""")
+    assert "t0ken" not in repr(config)
+    notices = notify.Notices.from_config(config)
+    assert notices is not None
+    notices(MESSAGE)
+    ended = Message(kind="ended", booking_id="b1", user="alice", subject="ended", text="ended")
+    notices(ended)
+    assert [envelope["to"] for envelope in smtp_server.received] == [["<alice@lab.example>"]]  # ended: no mail
+    assert [body["event"] for _, body in hook_server.received] == ["warning", "ended"]
+    assert hook_server.received[0][0]["Authorization"] == "Bearer t0ken"
+    hook_server.answer = 500
+    notices(ended)  # a failed delivery is logged, never raised
+    assert "the webhook notice (ended) was not delivered" in caplog.text
+
+
+def test_notify_config_errors_are_named(tmp_path) -> None:
+    from runtime.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        _notify_config(tmp_path, """
+[notify.email]
+enabled = true
+securty = "tls"
+events = ["warnings"]
+[notify.webhook]
+enabled = true
+url = "ftp://x"
+""")
+    text = str(caught.value)
+    assert "notify.email.securty: unknown key; did you mean 'security'?" in text
+    assert "notify.email.events[0]: is not a notice" in text
+    assert "notify.webhook.url: must be an http(s):// URL" in text
