@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Self
 
 import caldav
 import requests
@@ -180,7 +181,31 @@ class Reply:
     honour_validators: bool = True  # answer 304 to a matching If-None-Match / If-Modified-Since
 
 
-class FeedServer:
+class _ThreadedHTTP:
+    """An HTTP server of this process on a free 127.0.0.1 port, served by a thread."""
+
+    def __init__(self) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
+
+
+class FeedServer(_ThreadedHTTP):
     """A plain HTTP server in a thread for ICS feeds and for misbehaving "calendar" servers
     (HTML pages, 500s, silence) that a real CalDAV server cannot be made to produce.
 
@@ -191,21 +216,7 @@ class FeedServer:
         self.replies: dict[str, Reply] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.auth: tuple[str, str] | None = None
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> FeedServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         owner = self
@@ -274,7 +285,7 @@ class FeedServer:
         return Handler
 
 
-class NoSyncProxy:
+class NoSyncProxy(_ThreadedHTTP):
     """Puts a real server behind a front that lacks sync-collection (like many older servers):
     such REPORTs get 403 DAV:supported-report; with `refuse_listing` a Depth: 1 PROPFIND gets
     403 too. Everything else is passed to the real server unchanged."""
@@ -288,21 +299,10 @@ class NoSyncProxy:
         self.refused: list[str] = []
         self._upstream = requests.Session()
         self._upstream.trust_env = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> NoSyncProxy:
-        self._thread.start()
-        return self
+        super().__init__()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().stop()
         self._upstream.close()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
