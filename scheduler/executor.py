@@ -266,9 +266,10 @@ class Reconciler:
         owner_uid, owner_gid = self.engine.host_owner(uid, gid)
         return storage.prepare(root, user, uid=owner_uid, gid=owner_gid, home=self.config.storage.persistent_home)
 
-    def _stop(self, action: reconcile.Stop, *, now: datetime) -> None:
+    def _stop(self, action: reconcile.Stop, *, now: datetime, recorded: bool = False) -> None:
         self.engine.stop(action.name, action.grace)
-        self._closed(action.name, action.booking_id, action.reason, now=now)
+        if not recorded:
+            self._closed(action.name, action.booking_id, action.reason, now=now)
         self.state.release_port(action.booking_id)
         self._say(action.booking_id, f"stopped ({action.reason})", now=now)
         if self.send_notice is not None:
@@ -320,8 +321,11 @@ class Reconciler:
         name = container_name(booking_id)
         if self.engine.inspect(name) is None:
             return False
+        # Recorded before the container goes: a pass of the running daemon in between then sees an
+        # admin's stop (not started again), never a death (which it would restart).
+        self._closed(name, booking_id, reconcile.ADMIN_STOP, now=now)
         self._stop(reconcile.Stop(name, booking_id, reconcile.ADMIN_STOP, self.config.engine.stop_grace_seconds),
-                   now=now)
+                   now=now, recorded=True)
         return True
 
     # -- telling the booker --------------------------------------------------------------------
@@ -350,6 +354,10 @@ class Reconciler:
         outcome: notify.Outcome | None
         if booking.id in self._refused:
             return notify.rejected(self._refused[booking.id])
+        if info is None and records and records[-1].stopped_at is None:
+            # Its container is gone but its stop is not recorded yet (an admin's `gpubook stop` in
+            # another process, or a death this pass handles): say nothing rather than something stale.
+            return None
         if info is not None and info.port is not None:
             outcome = notify.running(port=info.port, user=booking.user, host=self.config.host.name,
                                      end=booking.end, timezone=zone)
