@@ -10,9 +10,8 @@ paramiko login of the probe key; stop is `engine.stop(name, grace)` (SIGTERM, ss
 from __future__ import annotations
 
 import argparse
-import shutil
+import contextlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,19 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runtime import ssh, storage  # noqa: E402
 from runtime.engines import Engine, engine_from  # noqa: E402
 from runtime.templates import get_template  # noqa: E402
+from tests.engine_suite import DOCKER, free_port, private_dockerd  # noqa: E402
 
 
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def bench(engine: Engine, runs: int) -> tuple[list[float], list[float]]:
@@ -75,56 +67,19 @@ def bench(engine: Engine, runs: int) -> tuple[list[float], list[float]]:
     return starts, stops
 
 
-def start_dockerd() -> tuple[subprocess.Popen[bytes], str, Path]:
-    home = Path(tempfile.mkdtemp(prefix="gpubook-dockerd-", dir="/tmp"))
-    address = f"unix://{home}/docker.sock"
-    daemon = subprocess.Popen(
-        [
-            "/usr/sbin/dockerd",
-            "--iptables=false",
-            "--bridge=none",
-            "--host",
-            address,
-            "--data-root",
-            str(home / "data"),
-            "--exec-root",
-            str(home / "exec"),
-            "--pidfile",
-            str(home / "dockerd.pid"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(600):
-        check = ["/usr/bin/docker", "-H", address, "info"]
-        if subprocess.run(check, capture_output=True, check=False).returncode == 0:
-            return daemon, address, home
-        time.sleep(0.1)
-    daemon.terminate()
-    raise SystemExit("dockerd did not start")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=["podman", "docker"], default="podman")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--docker-host", help="an existing dockerd's address (default: start one)")
     args = parser.parse_args()
-    daemon = None
-    if args.engine == "podman":
-        engine = engine_from("podman", runtime="runc", storage_driver="overlay")
-    else:
-        address = args.docker_host
-        if address is None:
-            daemon, address, home = start_dockerd()
-        engine = engine_from("docker", binary="/usr/bin/docker", global_args=("-H", address))
-    try:
+    with contextlib.ExitStack() as stack:
+        if args.engine == "podman":
+            engine = engine_from("podman", runtime="runc", storage_driver="overlay")
+        else:
+            address = args.docker_host or stack.enter_context(private_dockerd())
+            engine = engine_from("docker", binary=DOCKER, global_args=("-H", address))
         starts, stops = bench(engine, args.runs)
-    finally:
-        if daemon is not None:
-            daemon.terminate()
-            daemon.wait(timeout=60)
-            shutil.rmtree(home, ignore_errors=True)
     print(
         f"{args.engine}: start-to-SSH-login over {len(starts)} runs: "
         f"median {statistics.median(starts):.3f} s, p95 {percentile(starts, 0.95):.3f} s, "

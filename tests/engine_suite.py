@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,6 +32,8 @@ BOOKER = "alice"
 BOOKER_UID = 2001
 BOOKER_GID = 2001
 CACHE_DIR = ssh.default_cache_dir()
+DOCKERD = "/usr/sbin/dockerd"
+DOCKER = "/usr/bin/docker"  # Debian's client, matching Debian's dockerd
 
 # The template's command: on SIGTERM it notes that, works one more second, then notes it finished.
 # A stop that honours the grace period lets it finish; a stop without one kills it before.
@@ -38,6 +44,45 @@ GRACEFUL_COMMAND = (
     " echo finished >> /data/output/term-marker;"
     " exit 0' TERM; touch /data/output/trap-set; while :; do sleep 0.1; done",
 )
+
+
+@contextmanager
+def private_dockerd() -> Iterator[str]:
+    """Debian's dockerd on a private socket (host network only: `--iptables=false --bridge=none`),
+    its data under a temporary folder; gives its address. Stopped and removed afterwards."""
+    # Short path: containerd's socket under exec-root must fit in 108 bytes.
+    home = Path(tempfile.mkdtemp(prefix="gpubook-dockerd-", dir="/tmp"))
+    address = f"unix://{home / 'docker.sock'}"
+    log_path = home / "dockerd.log"
+    with log_path.open("wb") as log:
+        daemon = subprocess.Popen(
+            [DOCKERD, "--iptables=false", "--bridge=none", "--host", address,
+             "--data-root", str(home / "data"), "--exec-root", str(home / "exec"),
+             "--pidfile", str(home / "dockerd.pid")],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+    try:
+        _wait_for_dockerd(address, daemon, log_path)
+        yield address
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _wait_for_dockerd(address: str, daemon: subprocess.Popen[bytes], log_path: Path) -> None:
+    for _ in range(600):
+        if daemon.poll() is not None:
+            raise RuntimeError(f"dockerd exited: {log_path.read_text()[-2000:]}")
+        done = subprocess.run([DOCKER, "-H", address, "info"], capture_output=True, check=False)
+        if done.returncode == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"dockerd did not answer within 60 s: {log_path.read_text()[-2000:]}")
 
 
 def free_port() -> int:
@@ -134,6 +179,18 @@ class Bookings:
                 self.engine.stop(name, 0)
             except EngineError:
                 pass
+
+
+@pytest.fixture(scope="session")
+def engine(engine_args: dict) -> Engine:
+    """The engine under test; each test module gives `engine_args`."""
+    return engine_from(**engine_args)
+
+
+@pytest.fixture(scope="session")
+def image(engine: Engine) -> str:
+    """The debian-ssh image, built once with mmdebstrap (tarball cached in ~/.cache/gpubook)."""
+    return ssh.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
 
 
 @pytest.fixture

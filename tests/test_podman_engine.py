@@ -7,34 +7,20 @@ import shutil
 
 import pytest
 
-from runtime import ssh
-from runtime.engines import Engine, engine_from
-from runtime.templates import get_template
 from tests import engine_suite
-from tests.engine_suite import CACHE_DIR, Bookings, EngineBehaviour, owner_for_podman
+from tests.engine_suite import Bookings, EngineBehaviour, owner_for_podman
 
 pytestmark = [
     pytest.mark.podman,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
-bookings = engine_suite.bookings  # the shared fixture
+bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 PODMAN = {"name": "podman", "runtime": "runc", "storage_driver": "overlay"}
 
 
 @pytest.fixture(scope="session")
 def engine_args() -> dict:
     return dict(PODMAN)
-
-
-@pytest.fixture(scope="session")
-def engine(engine_args: dict) -> Engine:
-    return engine_from(**engine_args)
-
-
-@pytest.fixture(scope="session")
-def image(engine: Engine) -> str:
-    """The debian-ssh image, built once with mmdebstrap (tarball cached in ~/.cache/gpubook)."""
-    return ssh.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
 
 
 @pytest.fixture
