@@ -71,6 +71,11 @@ def private_dockerd() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait()
+        # dockerd leaves its default network namespace mounted under exec-root; rmtree cannot
+        # remove a mount point.
+        netns = home / "exec" / "netns" / "default"
+        if netns.exists():
+            subprocess.run(["umount", str(netns)], capture_output=True, check=False)
         shutil.rmtree(home, ignore_errors=True)
 
 
