@@ -34,7 +34,7 @@ from scheduler import config as config_module
 from scheduler import daemon as daemon_module
 from scheduler import plan as plan_module
 from scheduler import service
-from scheduler.embedded import RadicaleServer
+from scheduler.embedded import RadicaleServer, end_process
 
 NOW_BOOKING = "demo-now@gpubook"
 READY_TIMEOUT = 120.0  # seconds from the booking's start to a successful login, at most
@@ -155,13 +155,8 @@ def _wait_until_ready(engine: Engine, daemon: subprocess.Popen[bytes], booker: s
 
 
 def _clean_up(engine: Engine, daemon: subprocess.Popen[bytes] | None, booking_ids: set[str]) -> None:
-    if daemon is not None and daemon.poll() is None:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+    if daemon is not None:
+        end_process(daemon, timeout=30)
     # The daemon leaves containers running on purpose (they outlive it); the demo's must go.
     for info in engine.list():
         if info.booking_id in booking_ids or info.booking_id.split("@20", 1)[0] in booking_ids:

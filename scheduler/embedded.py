@@ -19,6 +19,18 @@ import requests
 from runtime.errors import GpubookError
 
 
+def end_process(process: subprocess.Popen[bytes], *, timeout: float) -> int:
+    """SIGTERM, `timeout` seconds to exit, then SIGKILL; the exit status. Nothing if it has exited."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -58,12 +70,7 @@ class RadicaleServer:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            end_process(self._process, timeout=10)
             if self._process.stderr:
                 self._process.stderr.close()
             self._process = None

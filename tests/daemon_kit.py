@@ -19,6 +19,7 @@ import icalendar
 import paramiko
 
 from runtime.engines import Engine, container_name
+from scheduler.embedded import end_process
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -130,14 +131,7 @@ class DaemonProcess:
     def stop(self, timeout: float = 30) -> int | None:
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return end_process(self.process, timeout=timeout)
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""

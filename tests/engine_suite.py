@@ -27,6 +27,7 @@ from runtime import ssh, storage
 from runtime.engines import ContainerSpec, Engine, engine_from
 from runtime.errors import EngineError, StorageError
 from runtime.templates import Template, get_template
+from scheduler.embedded import end_process, free_port
 
 BOOKER = "alice"
 BOOKER_UID = 2001
@@ -65,12 +66,7 @@ def private_dockerd() -> Iterator[str]:
         _wait_for_dockerd(address, daemon, log_path)
         yield address
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        end_process(daemon, timeout=30)
         # dockerd leaves its default network namespace mounted under exec-root; rmtree cannot
         # remove a mount point.
         netns = home / "exec" / "netns" / "default"
@@ -89,11 +85,6 @@ def _wait_for_dockerd(address: str, daemon: subprocess.Popen[bytes], log_path: P
         time.sleep(0.1)
     raise RuntimeError(f"dockerd did not answer within 60 s: {log_path.read_text()[-2000:]}")
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def new_key() -> paramiko.PKey:

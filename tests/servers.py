@@ -12,7 +12,6 @@ import contextlib
 import http.client
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,15 +28,11 @@ import caldav
 import requests
 from caldav.lib.http_sync import HTTPBasicAuth
 
+from scheduler.embedded import end_process, free_port
+
 STARTUP_SECONDS = 20.0
 RADICALE_USER = ("alice", "correct horse battery")  # the htpasswd Radicale's user and password
 
-
-def free_port() -> int:
-    """A port nobody listens on right now (the server binds it a moment later)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_until_answering(port: int, process: subprocess.Popen[bytes], *, timeout: float) -> None:
@@ -88,13 +83,8 @@ class CalendarServer:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            end_process(self.process, timeout=10)
         self.process = None
 
     def log_tail(self) -> str:
