@@ -243,6 +243,10 @@ def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, en
     assert second.port == first.port
     client = wait_for("SSH after the restart", lambda: try_login(second.port, "alice", keys["alice"]), timeout=30)
     client.close()
+    # The daemon logs the restart once its own SSH probe has answered, which may be just after ours.
+    wait_for("the restart in the log",
+             lambda: any("restart 1 after it died" in m for m in events(tmp_path, "dies@test")),
+             timeout=15, daemon=daemon)
     log = events(tmp_path, "dies@test")
     assert any(m.startswith("died:") for m in log), log
     assert any("restart 1 after it died" in m for m in log), log
