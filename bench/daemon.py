@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import paramiko  # noqa: E402
 
 from runtime.engines import ContainerInfo, container_name  # noqa: E402
-from scheduler.bookings import Booking  # noqa: E402
 from scheduler.config import parse  # noqa: E402
-from scheduler.plan import plan  # noqa: E402
-from scheduler.reconcile import Memory, decide, pin_running, plan_with_extensions  # noqa: E402
+from scheduler.core.bookings import Booking  # noqa: E402
+from scheduler.core.decide import Memory, decide, pin_running, plan_with_extensions  # noqa: E402
+from scheduler.core.plan import plan  # noqa: E402
 from scheduler.state import State  # noqa: E402
 
 

@@ -19,9 +19,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from scheduler.bookings import BookingReader, Rejection
 from scheduler.config import parse
-from scheduler.plan import plan
+from scheduler.core.bookings import BookingReader, Rejection
+from scheduler.core.plan import plan
 from scheduler.sources import RawObject
 
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"

@@ -16,8 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scheduler import notify  # noqa: E402
 from scheduler.config import CalendarConfig  # noqa: E402
+from scheduler.sources import block  # noqa: E402
+from scheduler.sources.caldav_writer import CalendarWriter, EventRef  # noqa: E402
 from scheduler.state import State  # noqa: E402
 from tests.test_notify import PASSWORD, USER, _event, _put, calendar_on  # noqa: E402
 
@@ -33,12 +34,12 @@ def _ms(samples: list[float]) -> str:
 
 def bench_calendar(name: str, url: str) -> None:
     href = _put(url, _event("bench@gpubook"))
-    writer = notify.CalendarWriter(CalendarConfig(url=url, gpus=None, username=USER, password=PASSWORD),
+    writer = CalendarWriter(CalendarConfig(url=url, gpus=None, username=USER, password=PASSWORD),
                                    timezone="Europe/Paris")
-    ref = notify.EventRef(url, href, "bench@gpubook")
+    ref = EventRef(url, href, "bench@gpubook")
     changing, unchanged = [], []
     for n in range(ROUNDS):
-        outcome = notify.running(port=2200 + n, user="alice", host="devbox1", end=START + timedelta(hours=8),
+        outcome = block.running(port=2200 + n, user="alice", host="devbox1", end=START + timedelta(hours=8),
                                  timezone="Europe/Paris")
         began = time.perf_counter()
         assert writer.write(ref, outcome).written

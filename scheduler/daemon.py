@@ -35,9 +35,9 @@ from runtime.engines import Engine, engine_from
 from runtime.errors import CalendarError, ConfigError, GpubookError
 from runtime.templates import load_all
 from scheduler import config as config_module
-from scheduler import notify
-from scheduler.bookings import Booking, Rejection
+from scheduler.core.bookings import Booking, Rejection
 from scheduler.executor import Reconciler
+from scheduler.outbox import notices
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
 from scheduler.state import State
@@ -111,7 +111,7 @@ class Daemon:
             config, engine=self.engine, state=self.state, templates=templates, probe_key=self.probe_key,
             cache_dir=ssh.default_cache_dir(), inventory=inventory_indices(inventory),
             driver_version=inventory.driver_version if inventory.source == "nvml" else None,
-            send_notice=notify.Notices.from_config(config))
+            send_notice=notices.Notices.from_config(config))
         self.calendars = Calendars(config)
         self.config = config
 

@@ -23,10 +23,13 @@ from runtime import cuda, ssh, storage
 from runtime.engines import ContainerInfo, Engine, container_name
 from runtime.errors import GpubookError
 from runtime.templates import Template, TemplateSet
-from scheduler import notify, reconcile
-from scheduler import plan as plan_module
-from scheduler.bookings import Booking, Rejection
 from scheduler.config import Config
+from scheduler.core import decide as reconcile
+from scheduler.core import plan as plan_module
+from scheduler.core.bookings import Booking, Rejection
+from scheduler.outbox import notices
+from scheduler.sources import block as notify
+from scheduler.sources.caldav_writer import CalendarWriter, EventRef
 from scheduler.state import State
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,7 @@ class PassResult:
     wake_at: datetime | None = None  # the earliest moment something is due (plan or rechecks)
 
 
-def event_ref(item: Booking | Rejection) -> notify.EventRef:
+def event_ref(item: Booking | Rejection) -> EventRef:
     """Which event (and occurrence) a booking id points at: UID, or UID@original start."""
     occurrence: datetime | date | None = None
     if item.id != item.uid and item.id.startswith(item.uid + "@"):
@@ -68,7 +71,7 @@ def event_ref(item: Booking | Rejection) -> notify.EventRef:
             occurrence = datetime.strptime(suffix, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
         except ValueError:
             occurrence = datetime.strptime(suffix, "%Y%m%d").date()  # noqa: DTZ007 - a date
-    return notify.EventRef(calendar_url=item.calendar_url, href=item.href, uid=item.uid, occurrence=occurrence)
+    return EventRef(calendar_url=item.calendar_url, href=item.href, uid=item.uid, occurrence=occurrence)
 
 
 class Reconciler:
@@ -77,7 +80,7 @@ class Reconciler:
     def __init__(self, config: Config, *, engine: Engine, state: State, templates: TemplateSet,
                  probe_key: paramiko.PKey, cache_dir: Path, inventory: Sequence[int],
                  driver_version: str | None = None, probe_host: str = "127.0.0.1",
-                 send_notice: Callable[[notify.Message], None] | None = None) -> None:
+                 send_notice: Callable[[notices.Message], None] | None = None) -> None:
         self.config = config
         self.engine = engine
         self.state = state
@@ -88,7 +91,7 @@ class Reconciler:
         self.driver_version = driver_version
         self.probe_host = probe_host
         self.send_notice = send_notice
-        self.writers: dict[str, notify.CalendarWriter] = {}
+        self.writers: dict[str, CalendarWriter] = {}
         self._held: dict[str, str] = {}
         self._failed: dict[str, tuple[str, datetime, bool]] = {}  # id → (reason, when, permanent)
         self._refused: dict[str, str] = {}  # id → why it can never start (CUDA, template)
@@ -275,7 +278,7 @@ class Reconciler:
         if self.send_notice is not None:
             record = next(iter(self.state.containers(booking_id=action.booking_id)[-1:]), None)
             user = record.user if record is not None else ""
-            self.send_notice(notify.Message(
+            self.send_notice(notices.Message(
                 kind="ended", booking_id=action.booking_id, user=user, subject="gpubook: your booking ended",
                 text=f"gpubook: booking {action.booking_id} ended ({action.reason}); files in /data/output are kept.",
                 fields={"reason": action.reason}))
@@ -312,7 +315,7 @@ class Reconciler:
             log.warning("booking %s: the notice inside the container failed: %s", action.booking_id,
                         done.stderr.strip()[:200])
         if self.send_notice is not None:
-            self.send_notice(notify.Message(kind="warning", booking_id=action.booking_id, user=action.user,
+            self.send_notice(notices.Message(kind="warning", booking_id=action.booking_id, user=action.user,
                                             subject="gpubook: your booking ends soon", text=text,
                                             fields={"stop_at": action.stop_at.isoformat()}))
 
@@ -391,7 +394,7 @@ class Reconciler:
             return
         writer = self.writers.get(calendar.url)
         if writer is None:
-            writer = self.writers[calendar.url] = notify.CalendarWriter(calendar, timezone=self.config.host.timezone)
+            writer = self.writers[calendar.url] = CalendarWriter(calendar, timezone=self.config.host.timezone)
         try:
             result = writer.write(event_ref(item), outcome)
         except GpubookError as error:

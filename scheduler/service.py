@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 
 from runtime import gpus as gpu_inventory
 from runtime.templates import template_names
-from scheduler import plan as plan_module
-from scheduler.bookings import Booking, BookingReader, Problem, Rejection
 from scheduler.config import Config
+from scheduler.core import plan as plan_module
+from scheduler.core.bookings import Booking, BookingReader, Problem, Rejection
 from scheduler.sources import Snapshot, Source, open_source
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scheduler.bookings import Booking, BookingReader, Expansion, expand
 from scheduler.config import Config, parse
+from scheduler.core.bookings import Booking, BookingReader, Expansion, expand
 from scheduler.sources import RawObject
 
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"

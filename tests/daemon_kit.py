@@ -19,7 +19,7 @@ import icalendar
 import paramiko
 
 from runtime.engines import Engine, container_name
-from scheduler.embedded import end_process
+from scheduler.commands.embedded import end_process
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -114,7 +114,7 @@ class DaemonProcess:
     def start(self) -> DaemonProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "run", "--config",
+            self.process = subprocess.Popen([sys.executable, "-m", "scheduler.commands.cli", "run", "--config",
                                              str(self.config)], stdout=log, stderr=log, env=env,
                                             stdin=subprocess.DEVNULL, cwd=ROOT)
         return self

@@ -27,7 +27,7 @@ from runtime import ssh, storage
 from runtime.engines import ContainerSpec, Engine, engine_from
 from runtime.errors import EngineError, StorageError
 from runtime.templates import Template, get_template
-from scheduler.embedded import end_process, free_port
+from scheduler.commands.embedded import end_process, free_port
 
 BOOKER = "alice"
 BOOKER_UID = 2001

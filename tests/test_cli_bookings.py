@@ -29,7 +29,7 @@ def event(uid: str, start: datetime, hours: float, *lines: str, created: str = "
 
 
 def gpubook(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False)
 
 
@@ -145,7 +145,7 @@ def test_demo_runs_on_embedded_defaults() -> None:
 def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
     """The README's first command, without the Ctrl-C: the daemon starts the demo booking, SSH answers
     with the demo's key (and sudo works), then everything is stopped and removed."""
-    done = subprocess.run([sys.executable, "-m", "scheduler.cli", "demo", "--until-ready"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "scheduler.commands.cli", "demo", "--until-ready"], cwd=REPO,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Your booking is up" in done.stdout
@@ -154,7 +154,7 @@ def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
     assert not key_path.exists(), "the demo's files must be removed"
     assert "stopped the daemon and the demo's containers" in done.stdout
     from runtime.engines import container_name
-    from scheduler import demo
+    from scheduler.commands import demo
 
     listing = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
                              timeout=60, check=False)

@@ -140,7 +140,7 @@ email = ["Shared@lab.example"]
 
 
 def test_cli_config_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from scheduler import cli
+    from scheduler.commands import cli
 
     assert cli.main(["config", "check", "--config", str(REPO / "config" / "gpubook.example.toml")]) == 0
     assert "ok" in capsys.readouterr().out

@@ -314,7 +314,7 @@ def test_user_edit_during_write_back_survives(tmp_path: Path, radicale, engine, 
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.cli", *args, "--config", str(config)],
+    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args, "--config", str(config)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.cli", "doctor", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", "doctor", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
 
 

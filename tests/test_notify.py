@@ -1,5 +1,6 @@
-"""scheduler.notify: the block in DESCRIPTION (pure), write-back against real Radicale and Xandikos,
-e-mail against a small real SMTP server, webhook against a real HTTP server."""
+"""The event block (sources.block), the CalDAV writer and the notices: the block in DESCRIPTION
+(pure), write-back against real Radicale and Xandikos, e-mail against a small real SMTP
+server, webhook against a real HTTP server."""
 
 from __future__ import annotations
 
@@ -19,24 +20,12 @@ import pytest
 import requests
 
 from runtime.errors import CalendarError
-from scheduler import notify
 from scheduler.config import CalendarConfig
-from scheduler.notify import (
-    BEGIN,
-    END,
-    MAX_OCCURRENCES,
-    CalendarWriter,
-    EventRef,
-    MailSettings,
-    Message,
-    NotifyError,
-    WebhookSettings,
-    apply,
-    post_webhook,
-    replace_block,
-    send_mail,
-    strip_block,
-)
+from scheduler.outbox import notices
+from scheduler.outbox.notices import MailSettings, Message, NotifyError, WebhookSettings, post_webhook, send_mail
+from scheduler.sources import block as notify
+from scheduler.sources.block import BEGIN, END, MAX_OCCURRENCES, apply, replace_block, strip_block
+from scheduler.sources.caldav_writer import CalendarWriter, EventRef
 from tests import servers
 from tests.servers import free_port
 
@@ -451,7 +440,7 @@ def _notify_config(tmp_path, body: str):  # type: ignore[no-untyped-def]
 
 
 def test_notices_are_off_by_default(tmp_path) -> None:
-    assert notify.Notices.from_config(_notify_config(tmp_path, "")) is None
+    assert notices.Notices.from_config(_notify_config(tmp_path, "")) is None
 
 
 def test_notices_go_by_mail_and_webhook_as_configured(tmp_path, smtp_server, hook_server, caplog) -> None:
@@ -472,16 +461,16 @@ token_file = "token"
 events = ["warning", "ended"]
 """)
     assert "t0ken" not in repr(config)
-    notices = notify.Notices.from_config(config)
-    assert notices is not None
-    notices(MESSAGE)
+    sender = notices.Notices.from_config(config)
+    assert sender is not None
+    sender(MESSAGE)
     ended = Message(kind="ended", booking_id="b1", user="alice", subject="ended", text="ended")
-    notices(ended)
+    sender(ended)
     assert [envelope["to"] for envelope in smtp_server.received] == [["<alice@lab.example>"]]  # ended: no mail
     assert [body["event"] for _, body in hook_server.received] == ["warning", "ended"]
     assert hook_server.received[0][0]["Authorization"] == "Bearer t0ken"
     hook_server.answer = 500
-    notices(ended)  # a failed delivery is logged, never raised
+    sender(ended)  # a failed delivery is logged, never raised
     assert "the webhook notice (ended) was not delivered" in caplog.text
 
 

@@ -17,8 +17,8 @@ from booking_kit import (
     vevent,
 )
 
-from scheduler.bookings import Booking, Rejection
-from scheduler.plan import Plan, plan, to_json
+from scheduler.core.bookings import Booking, Rejection
+from scheduler.core.plan import Plan, plan, to_json
 
 NOW = utc(2026, 11, 23, 8)
 CONFIG = make_config()

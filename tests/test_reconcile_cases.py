@@ -28,9 +28,8 @@ from typing import Any
 import pytest
 
 from runtime.engines import ContainerInfo, container_name
-from scheduler.bookings import Booking
-from scheduler.plan import Accepted, Plan
-from scheduler.reconcile import (
+from scheduler.core.bookings import Booking
+from scheduler.core.decide import (
     Action,
     Clear,
     Hold,
@@ -44,6 +43,7 @@ from scheduler.reconcile import (
     Warned,
     decide,
 )
+from scheduler.core.plan import Accepted, Plan
 
 CASES = sorted((Path(__file__).parent / "cases").glob("*.toml"))
 

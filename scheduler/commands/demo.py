@@ -32,9 +32,9 @@ from runtime.errors import GpubookError
 from runtime.templates import get_template
 from scheduler import config as config_module
 from scheduler import daemon as daemon_module
-from scheduler import plan as plan_module
 from scheduler import service
-from scheduler.embedded import RadicaleServer, end_process
+from scheduler.commands.embedded import RadicaleServer, end_process
+from scheduler.core import plan as plan_module
 
 NOW_BOOKING = "demo-now@gpubook"
 READY_TIMEOUT = 120.0  # seconds from the booking's start to a successful login, at most
@@ -183,8 +183,8 @@ def _run_daemon(config: config_module.Config, config_path: Path, booker: str, ke
     daemon = None
     try:
         with log_path.open("wb") as log:
-            daemon = subprocess.Popen([sys.executable, "-m", "scheduler.cli", "run", "--config", str(config_path)],
-                                      stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            daemon = subprocess.Popen([sys.executable, "-m", "scheduler.commands.cli", "run", "--config",
+                                       str(config_path)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         wait = (start - datetime.now(start.tzinfo)).total_seconds()
         print(f"gpubook demo: the daemon runs; your booking starts in {max(wait, 0):.0f} s …", flush=True)
         port = _wait_until_ready(engine, daemon, booker, key, deadline=time.monotonic() + max(wait, 0) + READY_TIMEOUT)

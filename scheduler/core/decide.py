@@ -30,8 +30,8 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 
 from runtime.engines import ContainerInfo, container_name
-from scheduler.bookings import Booking, Rejection
-from scheduler.plan import Accepted, Plan
+from scheduler.core.bookings import Booking, Rejection
+from scheduler.core.plan import Accepted, Plan
 
 ADMIN_STOP = "stopped by an admin"  # container_stopped reason that keeps a booking from restarting
 DIED = "died"  # prefix of the reason recorded for a container that died during its booking

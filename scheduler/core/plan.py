@@ -18,8 +18,8 @@ from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from scheduler.bookings import Booking, Rejection
 from scheduler.config import CalendarConfig, Config
+from scheduler.core.bookings import Booking, Rejection
 
 _NOTHING_RUNNING: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 _LATEST = datetime.max.replace(tzinfo=ZoneInfo("UTC"))

@@ -33,7 +33,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bookings(args: argparse.Namespace) -> int:
-    from scheduler import config, plan, service
+    from scheduler import config, service
+    from scheduler.core import plan
 
     loaded = config.load(args.config)
     now = datetime.now(UTC)
@@ -90,37 +91,37 @@ def cmd_templates(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from scheduler import doctor
+    from scheduler.commands import doctor
 
     return doctor.run(args.config)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from scheduler import demo
+    from scheduler.commands import demo
 
     return demo.run(plan_only=args.plan_only, until_ready=args.until_ready)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from scheduler import admin
+    from scheduler.commands import admin
 
     return admin.run(args.config)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from scheduler import admin
+    from scheduler.commands import admin
 
     return admin.status(args.config, as_json=args.json)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from scheduler import admin
+    from scheduler.commands import admin
 
     return admin.stop(args.config, args.booking)
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from scheduler import admin
+    from scheduler.commands import admin
 
     return admin.show_log(args.config, follow=args.follow, booking=args.booking, last=args.lines)
 

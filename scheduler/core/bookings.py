@@ -32,8 +32,8 @@ import x_wr_timezone
 from icalendar.parser import Contentlines
 
 from scheduler.config import TEMPLATE_NAME, USER_NAME, CalendarConfig, Config
-from scheduler.notify import strip_block
 from scheduler.sources import RawObject
+from scheduler.sources.block import strip_block
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The commands a person runs: `gpubook ...`, the demo, doctor. Nothing below imports this layer."""

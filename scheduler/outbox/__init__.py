@@ -1,0 +1,1 @@
+"""What consumes recorded outcomes: calendar write-back, e-mail and webhook notices, the status model."""

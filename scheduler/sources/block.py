@@ -1,0 +1,280 @@
+"""The event block: what gpubook writes into an event's DESCRIPTION, and how reading strips it.
+
+One module for both directions, pure (no I/O): the booking parser calls `strip_block` so that a
+line gpubook wrote is never taken for the user's `key: value` line; the CalDAV source's writer
+calls `apply` between its GET and its conditional PUT.
+
+gpubook owns one marked block at the end of the event's DESCRIPTION::
+
+    (the user's own text, never touched)
+
+    --- gpubook ---
+    running: ssh -p 2201 alice@devbox1
+    until 2026-11-23 17:00 +0100
+    --- end gpubook ---
+
+and an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs. The block
+is replaced in place on each update; text above and below it stays byte for byte. A block whose
+end marker the user deleted is not recognised and is left alone (a new block is added), so a
+half-edited block can never make gpubook eat the user's text.
+
+Writes are conditional (If-Match with the ETag of the version just read). When someone changed
+the event in between, the server answers 412; gpubook reads the new version, applies its block
+to it and tries again (a bounded number of times), so a concurrent edit is never lost. When the
+block and status already say the same, nothing is written: a write-back is idempotent and a
+level-triggered reconciler may call it on every pass. Read-only ICS feeds have no writer.
+
+Recurring events — the choice made here
+---------------------------------------
+A booker who opens one occurrence of a series expects to see *that* occurrence's outcome.
+
+- An occurrence that already has its own component (a RECURRENCE-ID override: the user moved or
+  edited that instance) gets the block and status on that component, like a single event.
+- Any other occurrence gets an entry in the block of the series' master, named by the
+  occurrence's start, with one ``X-GPUBOOK-STATUS;X-GPUBOOK-OCCURRENCE=<start>`` per entry::
+
+      --- gpubook ---
+      2026-11-23 09:00 +0100: running: ssh -p 2201 alice@devbox1
+        until 2026-11-23 17:00 +0100
+      2026-11-30 09:00 +0100: accepted: 1 GPU (0), template debian-ssh
+      --- end gpubook ---
+
+  Only the latest ``MAX_OCCURRENCES`` entries are kept. gpubook does not create an override per
+  occurrence: an override freezes a copy of the series' properties, so a later edit of the whole
+  series (say, a new ``template:`` line) would silently not reach those occurrences — in the
+  user's calendar and in gpubook's own reading of it. Every client shows the master's
+  description on each occurrence, so the entry with the matching date is where the user looks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, date, datetime
+from enum import StrEnum
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import icalendar
+
+BEGIN = "--- gpubook ---"
+END = "--- end gpubook ---"
+STATUS_PROPERTY = "X-GPUBOOK-STATUS"
+OCCURRENCE_PARAMETER = "X-GPUBOOK-OCCURRENCE"
+MAX_OCCURRENCES = 4  # entries kept in a series' block
+_BLOCK = re.compile(rf"^{re.escape(BEGIN)}[ \t]*\r?\n(?P<body>.*?)^{re.escape(END)}[ \t]*(?=\r?$)", re.M | re.S)
+_ENTRY = re.compile(r"^(?P<when>\d{4}-\d\d-\d\d(?: \d\d:\d\d [+-]\d{4})?): (?P<status>[a-z]+): (?P<head>.*)$")
+
+
+class Status(StrEnum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    RUNNING = "running"
+    ENDED = "ended"
+
+
+# -- what is written ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A status and the lines a booker reads; the first line is the headline."""
+
+    status: Status
+    lines: tuple[str, ...]
+
+    def with_note(self, note: str) -> Outcome:
+        """Add a sentence, e.g. why a moved end was not followed."""
+        return replace(self, lines=(*self.lines, one_line(note)))
+
+
+def ssh_line(*, port: int, user: str, host: str) -> str:
+    return f"ssh -p {port} {user}@{host}"
+
+
+def _when(moment: datetime, timezone: str) -> str:
+    return moment.astimezone(ZoneInfo(timezone)).strftime("%Y-%m-%d %H:%M %z")
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def accepted(*, gpus: Sequence[int], template: str, start: datetime, end: datetime, timezone: str) -> Outcome:
+    count = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} ({', '.join(map(str, gpus))})"
+    return Outcome(Status.ACCEPTED, (f"{count}, template {template}",
+                                     f"from {_when(start, timezone)} to {_when(end, timezone)}"))
+
+
+def rejected(reason: str) -> Outcome:
+    return Outcome(Status.REJECTED, (one_line(reason),))
+
+
+def running(*, port: int, user: str, host: str, end: datetime, timezone: str) -> Outcome:
+    return Outcome(Status.RUNNING, (ssh_line(port=port, user=user, host=host), f"until {_when(end, timezone)}"))
+
+
+def ended(*, gpu_hours: float, outputs: str | None, at: datetime, timezone: str) -> Outcome:
+    lines = [f"{gpu_hours:.2f} GPU-hours, stopped {_when(at, timezone)}"]
+    if outputs:
+        lines.append(f"outputs: {outputs}")
+    return Outcome(Status.ENDED, tuple(lines))
+
+
+# -- the block in DESCRIPTION (pure) -----------------------------------------------------------
+
+
+def find_block(description: str) -> tuple[int, int] | None:
+    """(start, end) of gpubook's complete block in `description`, or None."""
+    match = _BLOCK.search(description)
+    return (match.start(), match.end()) if match else None
+
+
+def strip_block(description: str) -> str:
+    """`description` without gpubook's block: what the booking parser should read, so that a line
+    gpubook wrote can never be taken for the user's `key: value` line."""
+    span = find_block(description)
+    return description if span is None else description[: span[0]] + description[span[1]:]
+
+
+def replace_block(description: str, block: str) -> str:
+    """`description` with gpubook's block replaced in place, or appended after a blank line."""
+    span = find_block(description)
+    if span is not None:
+        return description[: span[0]] + block + description[span[1]:]
+    if not description.strip():
+        return block
+    return description.rstrip("\r\n") + "\n\n" + block
+
+
+def _render(body: Iterable[str]) -> str:
+    return "\n".join([BEGIN, *body, END])
+
+
+def _single_body(outcome: Outcome) -> list[str]:
+    head, *rest = outcome.lines or ("",)
+    return [f"{outcome.status}: {head}", *rest]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    when: datetime | date
+    label: str
+    status: str
+    lines: tuple[str, ...]
+
+
+def _sort_key(when: datetime | date) -> datetime:
+    if isinstance(when, datetime):
+        return when.astimezone(UTC)
+    return datetime(when.year, when.month, when.day, tzinfo=UTC)
+
+
+def _parse_entries(body: str) -> list[_Entry]:
+    """Entries of a series' block as gpubook wrote them; foreign lines inside the block are dropped."""
+    entries: list[_Entry] = []
+    for line in body.splitlines():
+        if match := _ENTRY.match(line):
+            label = match["when"]
+            when = (datetime.strptime(label, "%Y-%m-%d %H:%M %z") if " " in label  # noqa: DTZ007 - %z is in it
+                    else date.fromisoformat(label))
+            entries.append(_Entry(when, label, match["status"], (match["head"],)))
+        elif line.startswith("  ") and entries:
+            last = entries[-1]
+            entries[-1] = replace(last, lines=(*last.lines, line[2:]))
+    return entries
+
+
+def _series_entries(description: str, occurrence: datetime | date, label: str,
+                    outcome: Outcome) -> list[_Entry]:
+    span = find_block(description)
+    old = _parse_entries(_BLOCK.match(description, span[0])["body"]) if span else []  # type: ignore[index]
+    mine = _Entry(occurrence, label, str(outcome.status), outcome.lines or ("",))
+    kept = [e for e in old if _sort_key(e.when) != _sort_key(occurrence)] + [mine]
+    kept.sort(key=lambda e: _sort_key(e.when))
+    return kept[-MAX_OCCURRENCES:]
+
+
+def _series_body(entries: Sequence[_Entry]) -> list[str]:
+    body = []
+    for entry in entries:
+        head, *rest = entry.lines
+        body.append(f"{entry.label}: {entry.status}: {head}")
+        body.extend(f"  {line}" for line in rest)
+    return body
+
+
+def _occurrence_value(when: datetime | date) -> str:
+    if isinstance(when, datetime):
+        return when.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return when.strftime("%Y%m%d")
+
+
+def label(when: datetime | date, timezone: str) -> str:
+    if isinstance(when, datetime):
+        return _when(when if when.tzinfo else when.replace(tzinfo=ZoneInfo(timezone)), timezone)
+    return when.isoformat()
+
+
+def _status_properties(component: icalendar.cal.Component) -> list[tuple[str, dict[str, str]]]:
+    found = component.get(STATUS_PROPERTY)
+    values = found if isinstance(found, list) else [] if found is None else [found]
+    return [(str(v), {k.upper(): str(p) for k, p in getattr(v, "params", {}).items()}) for v in values]
+
+
+def _same_occurrence(a: datetime | date, b: datetime | date, timezone: str) -> bool:
+    if isinstance(a, datetime) != isinstance(b, datetime):
+        return False
+    if isinstance(a, datetime) and isinstance(b, datetime):
+        zone = ZoneInfo(timezone)  # floating times are read in the host's zone, as bookings do
+        return (a if a.tzinfo else a.replace(tzinfo=zone)) == (b if b.tzinfo else b.replace(tzinfo=zone))
+    return a == b
+
+
+def _target(calendar: icalendar.Calendar, uid: str, occurrence: datetime | date | None,
+            timezone: str) -> tuple[icalendar.cal.Component, datetime | date | None] | None:
+    """The component to write on, and the occurrence to name in it (None: the component is the occurrence)."""
+    events = [c for c in calendar.walk("VEVENT") if str(c.get("UID", "")) == uid]
+    master = next((e for e in events if "RECURRENCE-ID" not in e), None)
+    if occurrence is not None:
+        for override in events:
+            recurrence_id: Any = override.get("RECURRENCE-ID")
+            if recurrence_id is not None and _same_occurrence(recurrence_id.dt, occurrence, timezone):
+                return override, None
+    if master is None:
+        return None
+    recurring = "RRULE" in master or "RDATE" in master
+    return master, occurrence if recurring and occurrence is not None else None
+
+
+def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date | None, outcome: Outcome,
+          timezone: str = "UTC") -> bool | None:
+    """Put `outcome` into the event `uid` of `calendar` (in place). True: changed; False: it already
+    said this; None: no such event or occurrence in the object."""
+    found = _target(calendar, uid, occurrence, timezone)
+    if found is None:
+        return None
+    component, named = found
+    old_description = component.get("DESCRIPTION")
+    description = str(old_description) if old_description is not None else ""
+    if named is None:
+        block = _render(_single_body(outcome))
+        statuses: list[tuple[str, dict[str, str]]] = [(str(outcome.status), {})]
+    else:
+        entries = _series_entries(description, named, label(named, timezone), outcome)
+        block = _render(_series_body(entries))
+        statuses = [(e.status, {OCCURRENCE_PARAMETER: _occurrence_value(e.when)}) for e in entries]
+    new_description = replace_block(description, block)
+    if new_description == description and statuses == _status_properties(component):
+        return False
+    text = icalendar.vText(new_description)
+    if old_description is not None:
+        text.params.update(getattr(old_description, "params", {}))
+    component["DESCRIPTION"] = text
+    component.pop(STATUS_PROPERTY, None)
+    for value, parameters in statuses:
+        component.add(STATUS_PROPERTY, value, parameters=parameters)
+    return True
+
+
