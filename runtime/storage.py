@@ -11,16 +11,15 @@ symlinks resolved, must stay under the root.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.engines import Mount
 from runtime.errors import StorageError
+from runtime.names import USER_NAME, USER_NAME_RULE
 
 # The same rule as the config's user names (runtime does not import scheduler).
-USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 INPUT_TARGET = "/data/input"
 OUTPUT_TARGET = "/data/output"
 
@@ -45,8 +44,7 @@ class DataFolders:
 def check_user_name(user: str) -> str:
     if not USER_NAME.fullmatch(user):
         raise StorageError(
-            f"user name {user!r} is not allowed for data folders (lower-case ASCII "
-            f"letters, digits, '_' and '-', starting with a letter or '_', at most 32)"
+            f"user name {user!r} is not allowed for data folders ({USER_NAME_RULE})"
         )
     return user
 

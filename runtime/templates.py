@@ -20,8 +20,8 @@ from typing import Any
 
 from runtime.engines import Mount
 from runtime.errors import TemplateError
+from runtime.names import TEMPLATE_NAME
 
-TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$")
 _CUDA = re.compile(r"^[0-9]+\.[0-9]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

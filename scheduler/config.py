@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from runtime.engines import EngineSettings as EngineConfig
 from runtime.errors import ConfigError
+from runtime.names import template_name_problem as _template_name_problem
+from runtime.names import user_name_problem as _user_name_problem
 
-# Names that end up in container names, paths and ssh lines: strict, ASCII only, no look-alikes.
-USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-TEMPLATE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
 _REQUIRED = object()
 
@@ -60,17 +60,6 @@ class UserConfig:
     ssh_keys: tuple[str, ...] = ()
     max_gpus: int | None = None  # None: no per-user limit beyond the calendar's GPUs
     templates: tuple[str, ...] = ("*",)  # fnmatch patterns of allowed templates
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    name: str = "podman"  # "podman" or "docker"
-    binary: str | None = None  # default: the engine's name, looked up on PATH
-    runtime: str | None = None  # OCI runtime for podman ("runc", "crun"); None: the engine's default
-    storage_driver: str | None = "overlay"  # podman storage driver; None: the engine's default
-    network: str = "host"  # "host" (sshd on the booking's port) or "private" (published port)
-    ulimits: tuple[str, ...] = ()  # e.g. ("nofile=1024:1024",)
-    stop_grace_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -244,20 +233,6 @@ def _positive(value: float) -> str | None:
 
 def _port(value: int) -> str | None:
     return None if 1024 <= value <= 65535 else "must be a port between 1024 and 65535"
-
-
-def _user_name_problem(name: str) -> str | None:
-    if USER_NAME.match(name):
-        return None
-    return ("is not a valid user name (lower-case ASCII letters, digits, '_' and '-', "
-            "starting with a letter or '_', at most 32 characters)")
-
-
-def _template_name_problem(name: str) -> str | None:
-    if TEMPLATE_NAME.match(name):
-        return None
-    return ("is not a valid template name (lower-case ASCII letters, digits, '.', '_' and '-', "
-            "at most 64 characters)")
 
 
 def _email_problem(address: str) -> str | None:

@@ -29,9 +29,9 @@ from types import FrameType
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from runtime import engines, ssh
 from runtime import gpus as gpu_inventory
-from runtime import ssh
-from runtime.engines import Engine, engine_from
+from runtime.engines import Engine
 from runtime.errors import CalendarError, ConfigError, GpubookError
 from runtime.templates import load_all
 from scheduler import config as config_module
@@ -56,9 +56,7 @@ def state_dir(config: config_module.Config) -> Path:
 
 
 def make_engine(config: config_module.Config) -> Engine:
-    e = config.engine
-    return engine_from(e.name, binary=e.binary, runtime=e.runtime, storage_driver=e.storage_driver,
-                       network=e.network, ulimits=e.ulimits)
+    return engines.make_engine(config.engine)
 
 
 @dataclass

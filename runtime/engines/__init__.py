@@ -220,6 +220,26 @@ def info_from_labels(
     )
 
 
+@dataclass(frozen=True)
+class EngineSettings:
+    """`[engine]` in the config: which engine, and the settings every engine understands."""
+
+    name: str = "podman"  # "podman" or "docker"
+    binary: str | None = None  # default: the engine's name, looked up on PATH
+    runtime: str | None = None  # OCI runtime for podman ("runc", "crun"); None: the engine's default
+    storage_driver: str | None = "overlay"  # podman storage driver; None: the engine's default
+    network: str = "host"  # "host" (sshd on the booking's port) or "private" (published port)
+    ulimits: tuple[str, ...] = ()  # e.g. ("nofile=1024:1024",)
+    stop_grace_seconds: float = 10.0
+
+
+
+def make_engine(settings: EngineSettings) -> Engine:
+    """The engine that `[engine]` names."""
+    return engine_from(settings.name, binary=settings.binary, runtime=settings.runtime,
+                       storage_driver=settings.storage_driver, network=settings.network, ulimits=settings.ulimits)
+
+
 def engine_from(
     name: str = "podman",
     *,

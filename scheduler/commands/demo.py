@@ -29,6 +29,7 @@ from icalendar import Calendar, Event, vCalAddress
 from runtime import ssh
 from runtime.engines import Engine, container_name
 from runtime.errors import GpubookError
+from runtime.names import USER_NAME
 from runtime.templates import get_template
 from scheduler import config as config_module
 from scheduler import daemon as daemon_module
@@ -42,7 +43,7 @@ READY_TIMEOUT = 120.0  # seconds from the booking's start to a successful login,
 
 def _booker_name() -> str:
     name = getpass.getuser()
-    return name if config_module.USER_NAME.match(name) and name != "root" else "demo"
+    return name if USER_NAME.match(name) and name != "root" else "demo"
 
 
 def _event(uid: str, summary: str, start: datetime, end: datetime, *, description: str = "",

@@ -31,7 +31,8 @@ import recurring_ical_events
 import x_wr_timezone
 from icalendar.parser import Contentlines
 
-from scheduler.config import TEMPLATE_NAME, USER_NAME, CalendarConfig, Config
+from runtime.names import TEMPLATE_NAME, USER_NAME
+from scheduler.config import CalendarConfig, Config
 from scheduler.sources import RawObject
 from scheduler.sources.block import strip_block
 
