@@ -1,4 +1,4 @@
-"""The daemon: APScheduler wakes the reconciler on a poll interval and exactly at each boundary.
+"""The daemon: APScheduler wakes a pass (scheduler/apply) on a poll interval and exactly at each boundary.
 
 - A poll job every `[daemon] poll_seconds` reads the calendars (outside the pass lock, so a slow
   server never delays a start), then runs a pass.
@@ -35,9 +35,11 @@ from runtime.engines import Engine
 from runtime.errors import CalendarError, ConfigError, GpubookError
 from runtime.templates import load_all
 from scheduler import config as config_module
+from scheduler.apply.passes import Pass, PassResult
 from scheduler.core.bookings import Booking, Rejection
-from scheduler.executor import Reconciler
-from scheduler.outbox import notices
+from scheduler.core.plan import LOCAL
+from scheduler.hosts.local import LocalHost
+from scheduler.outbox import notices, status
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
 from scheduler.state import State
@@ -45,7 +47,6 @@ from scheduler.state import State
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "daemon-status.json"
-WINDOW_AHEAD = timedelta(days=7)  # bookings further ahead are neither planned nor written back
 
 
 def state_dir(config: config_module.Config) -> Path:
@@ -101,15 +102,17 @@ class Daemon:
         templates = load_all(config.templates_dir)
         for name, problem in templates.errors.items():
             log.warning("template %s is broken and skipped: %s", name, problem.splitlines()[0])
-        old = getattr(self, "reconciler", None)
+        old = getattr(self, "passes", None)
         if old is not None:
             old.close()
         self.inventory = inventory
-        self.reconciler = Reconciler(
-            config, engine=self.engine, state=self.state, templates=templates, probe_key=self.probe_key,
-            cache_dir=ssh.default_cache_dir(), inventory=inventory_indices(inventory),
+        local = LocalHost(
+            engine=self.engine, gpus=inventory_indices(inventory),
             driver_version=inventory.driver_version if inventory.source == "nvml" else None,
-            send_notice=notices.Notices.from_config(config))
+            probe_key=self.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
+            persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots)
+        self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
+                           notices=notices.Notices.from_config(config))
         self.calendars = Calendars(config)
         self.config = config
 
@@ -119,18 +122,14 @@ class Daemon:
         """Read the calendars, then run a pass. A CalendarError keeps the last known bookings."""
         now = datetime.now(UTC)
         try:
-            snapshots = self.calendars.poll()
-            occurrences, problems = self.calendars.occurrences(
-                snapshots, window_start=now - timedelta(hours=self.config.defaults.max_hours),
-                window_end=now + WINDOW_AHEAD)
+            reading = self.calendars.read(now=now)
         except CalendarError as error:
             self._outage(str(error), now)
         else:
             with self._lock:
-                self.calendar.occurrences = occurrences
-                self.calendar.etags = {href: obj.etag for snap in snapshots.values()
-                                       for href, obj in snap.objects.items()}
-                self.calendar.problems = [f"{p.uid or p.href}: {p.reason}" for p in problems]
+                self.calendar.occurrences = reading.occurrences
+                self.calendar.etags = reading.etags
+                self.calendar.problems = [f"{p.uid or p.href}: {p.reason}" for p in reading.problems]
                 self.calendar.last_ok = now
                 if self.calendar.outage is not None:
                     since = self.calendar.outage_since or now
@@ -157,8 +156,8 @@ class Daemon:
             now = datetime.now(UTC)
             may_start, stale_reason = self._fresh(now)
             try:
-                result = self.reconciler.run(self.calendar.occurrences, now=now, may_start=may_start,
-                                             stale_reason=stale_reason, etags=self.calendar.etags)
+                result = self.passes.run(self.calendar.occurrences, now=now, may_start=may_start,
+                                         stale_reason=stale_reason, etags=self.calendar.etags)
             except GpubookError as error:  # the engine itself failing: try again soon
                 log.error("reconcile pass failed: %s; retrying in 10 s", error)
                 self._wake_at(now + timedelta(seconds=10))
@@ -182,29 +181,24 @@ class Daemon:
         if self.scheduler.running:
             self.scheduler.add_job(self.reconcile, "date", run_date=moment, id="boundary", replace_existing=True)
 
-    def _report(self, result, now: datetime) -> None:  # type: ignore[no-untyped-def]
-        running = [a for a in result.plan.accepted if a.booking.start <= now < a.booking.end]
-        upcoming = [a for a in result.plan.accepted if a.booking.start > now]
-        status = (f"{len(running)} booking(s) now, {len(upcoming)} upcoming, "
-                  f"{len(result.plan.rejected)} rejected; last poll "
-                  f"{self.calendar.last_poll:%H:%M:%S}" if self.calendar.last_poll else "no poll yet")
-        if self.calendar.outage:
-            status += f"; calendar unreachable since {self.calendar.outage_since:%H:%M:%S}"
-        self.notifier.status(status)
-        data = {
-            "pid": os.getpid(), "updated": now.isoformat(), "status": status,
-            "last_poll": _iso(self.calendar.last_poll), "last_poll_ok": _iso(self.calendar.last_ok),
-            "outage": self.calendar.outage, "outage_since": _iso(self.calendar.outage_since),
-            "problems": [*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())],
-            "next": [{"id": a.booking.id, "user": a.booking.user, "gpus": list(a.gpus),
-                      "start": a.booking.start.isoformat(), "end": a.booking.end.isoformat()}
-                     for a in upcoming[:20]],
-            "inventory": {"source": self.inventory.source, "count": self.inventory.count,
-                          "driver": self.inventory.driver_version, "problem": self.inventory.problem},
-        }
+    def _report(self, result: PassResult, now: datetime) -> None:
+        summary = status.GpuSummary(source=self.inventory.source, count=self.inventory.count,
+                                    driver=self.inventory.driver_version,
+                                    note=None if self.inventory.source == "nvml" else
+                                    gpu_inventory.no_gpu_line(self.inventory))
+        containers = result.world.actual() if result.world is not None else []
+        report = status.Status(
+            hosts=status.hosts_status({LOCAL: summary}, plan=result.plan, now=now, containers=containers,
+                                      ports=self.state.ports()),
+            updated=now.isoformat(), pid=os.getpid(), last_poll=status.iso(self.calendar.last_poll),
+            last_poll_ok=status.iso(self.calendar.last_ok), outage=self.calendar.outage,
+            outage_since=status.iso(self.calendar.outage_since),
+            problems=(*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())),
+            counts=status.counts(result.plan, now=now))
+        self.notifier.status(report.line())
         path = self.state_dir / STATUS_FILE
         partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(data, indent=2))
+        partial.write_text(json.dumps(report.to_json(), indent=2))
         partial.replace(path)
 
     # -- signals and the main loop -------------------------------------------------------------
@@ -255,7 +249,7 @@ class Daemon:
         finally:
             self.notifier.stopping()
             self.scheduler.shutdown(wait=True)
-            self.reconciler.close()
+            self.passes.close()
             self.state.log_event("daemon stopped; containers keep running")
             log.warning("gpubook daemon stopped; running containers keep running")
             self.state.close()
@@ -266,10 +260,6 @@ class Daemon:
         while self._last_pass is None and datetime.now(UTC) < deadline and not self._stop.is_set():
             self._stop.wait(0.05)
         return self._last_pass is not None
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat() if moment else None
 
 
 def _duration(span: timedelta) -> str:

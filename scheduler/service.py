@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from runtime import gpus as gpu_inventory
@@ -16,6 +16,17 @@ from scheduler.core.bookings import Booking, BookingReader, Problem, Rejection
 from scheduler.sources import Snapshot, Source, open_source
 
 log = logging.getLogger(__name__)
+
+WINDOW_AHEAD = timedelta(days=7)  # bookings further ahead are neither planned nor written back
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One read of every calendar over the daemon's window."""
+
+    occurrences: list[Booking | Rejection]
+    problems: list[Problem]
+    etags: dict[str, str | None]  # event href → its ETag as read
 
 
 @dataclass
@@ -35,6 +46,15 @@ class Calendars:
                 source = self.sources[calendar.url] = open_source(calendar)
             snapshots[calendar.url] = source.poll()
         return snapshots
+
+    def read(self, *, now: datetime) -> Reading:
+        """Poll and expand over the daemon's window: from the longest booking back to a week ahead."""
+        snapshots = self.poll()
+        occurrences, problems = self.occurrences(
+            snapshots, window_start=now - timedelta(hours=self.config.defaults.max_hours),
+            window_end=now + WINDOW_AHEAD)
+        etags = {href: obj.etag for snap in snapshots.values() for href, obj in snap.objects.items()}
+        return Reading(occurrences, problems, etags)
 
     def occurrences(self, snapshots: Mapping[str, Snapshot], *, window_start: datetime,
                     window_end: datetime) -> tuple[list[Booking | Rejection], list[Problem]]:

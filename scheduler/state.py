@@ -1,10 +1,12 @@
 """What the daemon remembers between runs: one SQLite file (stdlib sqlite3, WAL).
 
 It holds the SSH ports handed out, the containers started and stopped, the calendar write-backs
-done, an append-only event log and, from the start/stop records, GPU-hours per user and booking.
+done, an append-only event log, the outbox of notices (e-mail, webhook) waiting to be delivered
+and, from the start/stop records, GPU-hours per user and booking. Each outcome of a pass is
+recorded here once; the write-back, the notices and the status file read it from here.
 
 It is a memory, not the truth: what runs is what the engine lists under gpubook's labels. So a
-missing or corrupt database is set aside and recreated with a warning, and the reconciler adopts
+missing or corrupt database is set aside and recreated with a warning, and the apply stage adopts
 running containers (`adopt_port`, `container_started`) from their labels. Every method commits
 its own transaction; WAL with synchronous=NORMAL keeps every committed transaction through a
 kill -9 of the daemon (a power cut may lose the last few, which the labels make up for).
@@ -13,16 +15,18 @@ kill -9 of the daemon (a power cut may lose the last few, which the labels make 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from runtime.errors import GpubookError
 
@@ -85,7 +89,7 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER events_no_delete BEFORE DELETE ON events
         BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
     """,
-    # 2: what the reconciler remembers per booking beyond containers: the warning given (and the
+    # 2: what the apply stage remembers per booking beyond containers: the warning given (and the
     # stop it announced), an end extension granted while running, a note for the event.
     """
     CREATE TABLE booking_notes (
@@ -95,6 +99,21 @@ MIGRATIONS: tuple[str, ...] = (
         at         REAL NOT NULL,
         PRIMARY KEY (booking_id, key)
     );
+    """,
+    # 3: the outbox: notices a pass recorded, delivered after it by the e-mail/webhook senders.
+    """
+    CREATE TABLE outbox (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        at           REAL NOT NULL,
+        kind         TEXT NOT NULL,
+        booking_id   TEXT NOT NULL,
+        user         TEXT NOT NULL,
+        subject      TEXT NOT NULL,
+        text         TEXT NOT NULL,
+        fields       TEXT NOT NULL,
+        delivered_at REAL
+    );
+    CREATE INDEX outbox_pending ON outbox (id) WHERE delivered_at IS NULL;
     """,
 )
 
@@ -122,6 +141,20 @@ class WriteBack:
     status: str
     etag: str | None
     written_at: datetime
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A notice waiting in the outbox: what the e-mail says and what the webhook posts."""
+
+    id: int
+    at: datetime
+    kind: str  # "warning", "ended", ...
+    booking_id: str
+    user: str
+    subject: str
+    text: str
+    fields: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -369,7 +402,7 @@ class State:
         booking, status, etag, written_at = rows[0]
         return WriteBack(booking_id=booking, status=status, etag=etag, written_at=_moment(written_at))  # type: ignore[arg-type]
 
-    # -- per-booking notes (reconciler memory) ---------------------------------------------------
+    # -- per-booking notes (apply memory) --- ---------------------------------------------------
 
     def set_note(self, booking_id: str, key: str, value: str, *, at: datetime | None = None) -> None:
         with self._transaction() as db:
@@ -377,13 +410,35 @@ class State:
                        "ON CONFLICT (booking_id, key) DO UPDATE SET value = excluded.value, at = excluded.at",
                        (booking_id, key, value, _stamp(at)))
 
-    def clear_note(self, booking_id: str, key: str) -> None:
+    def clear_notes(self, booking_id: str) -> None:
+        """Forget a booking's notes once its container is stopped for good."""
         with self._transaction() as db:
-            db.execute("DELETE FROM booking_notes WHERE booking_id = ? AND key = ?", (booking_id, key))
+            db.execute("DELETE FROM booking_notes WHERE booking_id = ?", (booking_id,))
 
     def notes(self, key: str) -> dict[str, str]:
         """booking id → value of every note called `key`."""
         return dict(self._query("SELECT booking_id, value FROM booking_notes WHERE key = ?", (key,)))
+
+    # -- the outbox ------------------------------------------------------------------------------
+
+    def queue_notice(self, *, kind: str, booking_id: str, user: str, subject: str, text: str,
+                     fields: Mapping[str, Any], at: datetime | None = None) -> int:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO outbox (at, kind, booking_id, user, subject, text, fields) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (_stamp(at), kind, booking_id, user, subject, text, json.dumps(dict(fields), default=str)))
+            return int(cursor.lastrowid or 0)
+
+    def pending_notices(self) -> list[Notice]:
+        rows = self._query("SELECT id, at, kind, booking_id, user, subject, text, fields FROM outbox "
+                           "WHERE delivered_at IS NULL ORDER BY id")
+        return [Notice(id=i, at=_moment(at), kind=k, booking_id=b, user=u, subject=s, text=x,  # type: ignore[arg-type]
+                       fields=json.loads(f)) for i, at, k, b, u, s, x, f in rows]
+
+    def notice_delivered(self, notice_id: int, *, at: datetime | None = None) -> None:
+        """Done with a notice: delivered, or tried and logged (a failed delivery is not retried)."""
+        with self._transaction() as db:
+            db.execute("UPDATE outbox SET delivered_at = ? WHERE id = ?", (_stamp(at), notice_id))
 
     # -- event log -----------------------------------------------------------------------------
 

@@ -142,6 +142,7 @@ class ContainerInfo:
     spec_hash: str
     port: int | None
     template: str
+    host: str = ""  # which host backend listed it (the scheduler's hosts dimension); "" until one does
 
     @property
     def running(self) -> bool:

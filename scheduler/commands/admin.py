@@ -10,14 +10,18 @@ import json
 import logging
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from runtime import gpus as gpu_inventory
 from runtime.engines import container_name
 from runtime.errors import GpubookError
 from scheduler import config as config_module
-from scheduler.daemon import STATUS_FILE, WINDOW_AHEAD, Daemon, make_engine, state_dir
+from scheduler.apply.passes import World
+from scheduler.core.plan import LOCAL
+from scheduler.daemon import STATUS_FILE, Daemon, make_engine, state_dir
+from scheduler.outbox.status import GpuSummary, HostStatus, Status
 from scheduler.state import State
 
 log = logging.getLogger(__name__)
@@ -36,57 +40,25 @@ def run(config_path: str) -> int:
 def status(config_path: str, *, as_json: bool = False) -> int:
     config = config_module.load(config_path)
     folder = state_dir(config)
-    engine = make_engine(config)
-    containers = engine.list()
-    daemon_status = {}
+    containers = [replace(info, host=LOCAL) for info in make_engine(config).list()]
     status_path = folder / STATUS_FILE
     if status_path.is_file():
-        daemon_status = json.loads(status_path.read_text())
-    inventory = gpu_inventory.inventory(static_count=config.gpu_count)
+        report = Status.from_json(json.loads(status_path.read_text()))
+    else:  # the daemon has not run a pass yet: this host's GPUs, nothing planned
+        inventory = gpu_inventory.inventory(static_count=config.gpu_count)
+        summary = GpuSummary(source=inventory.source, count=inventory.count, driver=inventory.driver_version,
+                             note=None if inventory.source == "nvml" else gpu_inventory.no_gpu_line(inventory))
+        report = Status(hosts=(HostStatus(name=LOCAL, gpus=summary),))
     with State(folder / "state.sqlite") as state:
-        ports = state.ports()
+        report = report.with_containers(containers, ports=state.ports())
         problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
-    report = {
-        "gpus": {"source": inventory.source, "count": inventory.count, "driver": inventory.driver_version,
-                 "note": None if inventory.source == "nvml" else gpu_inventory.no_gpu_line(inventory)},
-        "running": [{"booking": c.booking_id, "user": c.user, "gpus": list(c.gpus), "state": c.state,
-                     "port": c.port or ports.get(c.booking_id), "end": c.end.isoformat() if c.end else None,
-                     "container": c.name} for c in containers],
-        "next": daemon_status.get("next", []),
-        "last_poll": daemon_status.get("last_poll"),
-        "last_poll_ok": daemon_status.get("last_poll_ok"),
-        "outage": daemon_status.get("outage"),
-        "problems": daemon_status.get("problems", []),
-        "recent_warnings": [f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}" for e in problems],
-    }
+    report = replace(report, recent_warnings=tuple(
+        f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}" for e in problems))
     if as_json:
-        json.dump(report, sys.stdout, indent=2)
+        json.dump(report.to_json(), sys.stdout, indent=2)
         print()
         return 0
-    zone = ZoneInfo(config.host.timezone)
-
-    def local(text: str | None) -> str:
-        return datetime.fromisoformat(text).astimezone(zone).strftime("%Y-%m-%d %H:%M:%S") if text else "-"
-
-    gpus = report["gpus"]
-    print(f"GPUs: {gpus['count']} ({gpus['source']}" + (f", driver {gpus['driver']})" if gpus["driver"] else ")"))
-    if gpus["note"]:
-        print(f"  {gpus['note']}")
-    print(f"Running ({len(report['running'])}):")
-    for item in report["running"]:
-        print(f"  {item['booking']:<40} {item['user']:<10} GPU {','.join(map(str, item['gpus'])) or '-':<5} "
-              f"port {item['port']}  until {local(item['end'])}  [{item['state']}]")
-    print(f"Next ({len(report['next'])}):")
-    for item in report["next"]:
-        print(f"  {item['id']:<40} {item['user']:<10} GPU {','.join(map(str, item['gpus'])):<5} "
-              f"{local(item['start'])} → {local(item['end'])}")
-    print(f"Last poll: {local(report['last_poll'])} (last successful: {local(report['last_poll_ok'])})")
-    if report["outage"]:
-        print(f"Calendar unreachable: {report['outage']}")
-    if report["problems"]:
-        print("Problems:")
-        for line in report["problems"]:
-            print(f"  {line}")
+    print("\n".join(report.render(config.host.timezone)))
     return 0
 
 
@@ -99,20 +71,18 @@ def stop(config_path: str, booking: str) -> int:
     if not matches:
         raise GpubookError(f"no running container for booking {booking!r} (see gpubook status)")
     info = matches[0]
-    daemon.reconciler.stop_now(info.booking_id, now=now)
+    daemon.passes.stop_now(info.booking_id, now=now)
     print(f"stopped {container_name(info.booking_id)} (booking {info.booking_id})")
     try:
-        snapshots = daemon.calendars.poll()
-        occurrences, _ = daemon.calendars.occurrences(
-            snapshots, window_start=now - timedelta(hours=config.defaults.max_hours), window_end=now + WINDOW_AHEAD)
-        etags = {href: obj.etag for snap in snapshots.values() for href, obj in snap.objects.items()}
-        plan = daemon.reconciler.plan([o for o in occurrences if o.id == info.booking_id], [], now=now)
-        daemon.reconciler.write_back(plan, now=now, etags=etags)
+        reading = daemon.calendars.read(now=now)
+        plan = daemon.passes.plan([o for o in reading.occurrences if o.id == info.booking_id], [], now=now)
+        world = World.read(list(daemon.passes.hosts.values()), daemon.state)
+        daemon.passes.write_back(plan, world, now=now, etags=reading.etags)
     except GpubookError as error:
         print(f"gpubook: the calendar was not updated ({error}); the daemon writes it on its next pass",
               file=sys.stderr)
     finally:
-        daemon.reconciler.close()
+        daemon.passes.close()
         daemon.state.close()
     return 0
 

@@ -5,7 +5,7 @@
 applying its actions and calling it again with the new actual state yields no further change, and
 calling it twice on the same input gives the same list. What cannot be read from the engine (a
 warning already given, how often a booking's container died) comes in as `Memory`, read from
-State by the executor (scheduler/executor.py).
+State by the apply stage (scheduler/apply/memory.py).
 
 Rules, in the words a booker would use:
 
@@ -31,7 +31,7 @@ from types import MappingProxyType
 
 from runtime.engines import ContainerInfo, container_name
 from scheduler.core.bookings import Booking, Rejection
-from scheduler.core.plan import Accepted, Plan
+from scheduler.core.plan import LOCAL, Accepted, Plan
 
 ADMIN_STOP = "stopped by an admin"  # container_stopped reason that keeps a booking from restarting
 DIED = "died"  # prefix of the reason recorded for a container that died during its booking
@@ -48,6 +48,7 @@ class Clear:
     name: str
     booking_id: str
     reason: str
+    host: str = LOCAL
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Stop:
     booking_id: str
     reason: str  # "ended", "the event was deleted", ...
     grace: float  # seconds between SIGTERM and SIGKILL
+    host: str = LOCAL
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Warn:
     end: datetime | None  # the end warned about; None: the booking is gone from the calendar
     stop_at: datetime  # when the container will be stopped
     reason: str  # "end-near", "end-moved", "gone"
+    host: str = LOCAL
 
 
 @dataclass(frozen=True)
@@ -143,10 +146,10 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
         if not info.booking_id:
             continue
         present[info.booking_id] = info
-        actions.extend(_container_actions(info, wanted.get(info.booking_id), now=now, memory=memory,
-                                          policy=policy))
+        found = _container_actions(info, wanted.get(info.booking_id), now=now, memory=memory, policy=policy)
+        actions.extend(replace(a, host=_host(info)) if isinstance(a, Clear | Stop | Warn) else a for a in found)
     stopping = {a.booking_id for a in actions if isinstance(a, Stop | Clear)}
-    busy = {gpu: info.booking_id for info in present.values()
+    busy = {(_host(info), gpu): info.booking_id for info in present.values()
             if info.running and info.booking_id not in stopping for gpu in info.gpus}
     for accepted in plan.accepted:
         if accepted.booking.id not in present:
@@ -216,7 +219,7 @@ def _restart_check(booking_id: str, *, now: datetime, memory: Memory, policy: Po
 
 
 def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy: Policy,
-                   busy: dict[int, str], may_start: bool, stale_reason: str) -> list[Action]:
+                   busy: dict[tuple[str, int], str], may_start: bool, stale_reason: str) -> list[Action]:
     booking = accepted.booking
     if not booking.start <= now < booking.end:
         return []
@@ -224,7 +227,7 @@ def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy:
     attempt = 0
     if runs is not None and runs.running:
         # State says it runs, the engine lists nothing: it vanished. Record that first.
-        return [Clear(container_name(booking.id), booking.id, f"{DIED}: the container vanished"),
+        return [Clear(container_name(booking.id), booking.id, f"{DIED}: the container vanished", accepted.host),
                 _restart_check(booking.id, now=now, memory=memory, policy=policy)]
     if runs is not None and runs.last_reason is not None:
         if not runs.last_reason.startswith(DIED):
@@ -238,13 +241,18 @@ def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy:
         attempt = runs.restarts + 1
     if not may_start:
         return [Hold(booking.id, stale_reason or "the calendar data is too old to start anything from")]
-    holders = sorted({busy[gpu] for gpu in accepted.gpus if gpu in busy and busy[gpu] != booking.id})
+    places = [(accepted.host, gpu) for gpu in accepted.gpus]
+    holders = sorted({busy[place] for place in places if place in busy and busy[place] != booking.id})
     if holders:
         return [Hold(booking.id, f"GPU {', '.join(map(str, accepted.gpus))} still used by {', '.join(holders)}"),
                 Recheck(now + timedelta(seconds=2), f"start of {booking.id}")]
-    for gpu in accepted.gpus:
-        busy[gpu] = booking.id
+    for place in places:
+        busy[place] = booking.id
     return [Start(accepted, attempt)]
+
+
+def _host(info: ContainerInfo) -> str:
+    return info.host or LOCAL
 
 
 # -- before planning: running bookings keep what they run with ---------------------------------

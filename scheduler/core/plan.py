@@ -5,6 +5,11 @@ containers already run come first (they never move GPUs), then the earliest CREA
 then UID, then the occurrence's start. A booking that asks for a number of GPUs gets the
 lowest-numbered GPUs of its calendar that are free for its whole time, so the choice is the same
 on every poll while nothing earlier in that order changes.
+
+Hosts are a dimension: the inventory maps each host to its GPU indices, and each accepted booking
+is placed on (host, GPUs). The machine the daemon runs on is the host `LOCAL`; a plain list of
+indices is the one-host case. A calendar's bookings go to its host (today every calendar belongs
+to the local host; a cluster backend adds hosts here, not a second planner).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from zoneinfo import ZoneInfo
 from scheduler.config import CalendarConfig, Config
 from scheduler.core.bookings import Booking, Rejection
 
+LOCAL = "local"  # the host the daemon runs on
+Inventory = Mapping[str, Sequence[int]]  # host → the GPU indices present on it
 _NOTHING_RUNNING: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 _LATEST = datetime.max.replace(tzinfo=ZoneInfo("UTC"))
 
@@ -30,6 +37,7 @@ class Accepted:
     booking: Booking
     gpus: tuple[int, ...]  # concrete GPU indices, ascending
     warn_at: datetime  # when the booker is warned that the end is near (never before the start)
+    host: str = LOCAL  # the host whose GPUs these are
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class Plan:
 def plan(
     bookings: Sequence[Booking | Rejection],
     *,
-    inventory: Sequence[int],
+    inventory: Inventory | Sequence[int],
     config: Config,
     templates: Collection[str],
     now: datetime,
@@ -50,12 +58,15 @@ def plan(
 ) -> Plan:
     """Decide every occurrence: accepted on concrete GPUs, or rejected with a reason.
 
-    `inventory` lists the GPU indices present; `running` maps the id of each booking whose
-    container runs now to the GPUs it runs on.
+    `inventory` maps each host to the GPU indices present on it (a plain list: the local host's);
+    `running` maps the id of each booking whose container runs now to the GPUs it runs on.
     """
     host_tz = ZoneInfo(config.host.timezone)
     calendars = {calendar.url: calendar for calendar in config.calendars}
-    present = frozenset(inventory)
+    hosts = one_host(inventory) if not isinstance(inventory, Mapping) else \
+        {name: frozenset(gpus) for name, gpus in inventory.items()}
+    host = next(iter(hosts), LOCAL)  # every calendar belongs to the first host (see the docstring)
+    present = frozenset(hosts.get(host, ()))
     rejected = [item for item in bookings if isinstance(item, Rejection)]
     candidates = [item for item in bookings if isinstance(item, Booking)]
     duplicated = _duplicated_uids(bookings)
@@ -69,13 +80,13 @@ def plan(
                       f"({places}); give each booking its own event")
         else:
             reason = _static_problem(booking, calendars=calendars, present=present, config=config,
-                                     templates=templates)
+                                     templates=templates, host=_host_name(host, config))
         if reason is None:
             valid.append(booking)
         else:
             rejected.append(_rejection(booking, reason))
 
-    busy: dict[int, list[Booking]] = defaultdict(list)
+    busy: dict[int, list[Booking]] = defaultdict(list)  # the GPUs of `host`
     accepted: list[Accepted] = []
     warn = timedelta(minutes=config.defaults.warn_minutes)
     for booking in sorted(valid, key=lambda b: _priority(b, running)):
@@ -89,7 +100,7 @@ def plan(
             gpus = gpus_or_reason
         for gpu in gpus:
             busy[gpu].append(booking)
-        accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn)))
+        accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn), host))
 
     accepted.sort(key=lambda a: _order(a.booking))
     rejected.sort(key=_order)
@@ -114,6 +125,15 @@ def to_json(plan: Plan) -> dict[str, Any]:
     }
 
 
+def one_host(gpus: Sequence[int]) -> dict[str, frozenset[int]]:
+    """The inventory of a single machine: the local host with these GPUs."""
+    return {LOCAL: frozenset(gpus)}
+
+
+def _host_name(host: str, config: Config) -> str:
+    return config.host.name if host == LOCAL else host
+
+
 def _duplicated_uids(items: Sequence[Booking | Rejection]) -> dict[str, set[str]]:
     """UIDs held by more than one calendar object (within or across calendars)."""
     places: dict[str, set[tuple[str, str]]] = defaultdict(set)
@@ -124,20 +144,20 @@ def _duplicated_uids(items: Sequence[Booking | Rejection]) -> dict[str, set[str]
 
 def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig],
                     present: frozenset[int], config: Config,
-                    templates: Collection[str]) -> str | None:
+                    templates: Collection[str], host: str) -> str | None:
     """What is wrong with a booking on its own, before looking at other bookings."""
     user = config.users.get(booking.user)
     if user is None:
-        return f"{booking.user!r} is not a known user of {config.host.name}"
+        return f"{booking.user!r} is not a known user of {host}"
     if booking.template not in templates:
         known = ", ".join(sorted(templates)) or "none"
-        return f"there is no template {booking.template!r} on {config.host.name} ({known})"
+        return f"there is no template {booking.template!r} on {host} ({known})"
     if not any(fnmatch.fnmatchcase(booking.template, pattern) for pattern in user.templates):
         allowed = ", ".join(user.templates)
         return f"{user.name} may not use template {booking.template!r} (allowed: {allowed})"
     calendar = calendars.get(booking.calendar_url)
     if calendar is None:
-        return f"the calendar {booking.calendar_url} is not configured on {config.host.name}"
+        return f"the calendar {booking.calendar_url} is not configured on {host}"
     if user.max_gpus is not None and booking.gpu_count > user.max_gpus:
         return (f"{user.name} may book at most {_gpus_text(user.max_gpus)}; "
                 f"this booking asks for {booking.gpu_count}")
@@ -145,11 +165,11 @@ def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig]
     if booking.gpu_indices is not None:
         for index in booking.gpu_indices:
             if index not in present:
-                return f"GPU {index} is not present on {config.host.name} ({_list_text(present)})"
+                return f"GPU {index} is not present on {host} ({_list_text(present)})"
             if index not in owned:
                 return f"GPU {index} is not booked through this calendar ({_list_text(owned)})"
     elif booking.gpu_count > len(owned):
-        return (f"this calendar books {_gpus_text(len(owned))} of {config.host.name} "
+        return (f"this calendar books {_gpus_text(len(owned))} of {host} "
                 f"({_list_text(owned)}); this booking asks for {booking.gpu_count}")
     hours = (booking.end - booking.start) / timedelta(hours=1)
     if hours > config.defaults.max_hours:

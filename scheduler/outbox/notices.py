@@ -12,6 +12,7 @@ import smtplib
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from email.message import EmailMessage
 
 import requests
@@ -19,6 +20,7 @@ import requests
 from runtime.errors import GpubookError
 from scheduler.config import Config, NotifyConfig, UserConfig
 from scheduler.sources.block import one_line
+from scheduler.state import State
 
 log = logging.getLogger(__name__)
 
@@ -140,3 +142,14 @@ class Notices:
         except NotifyError as error:
             log.warning("booking %s: the %s notice (%s) was not delivered: %s", message.booking_id, channel,
                         message.kind, error)
+
+
+def deliver_pending(state: State, notices: Callable[[Message], None] | None, *, now: datetime | None = None) -> int:
+    """Send the notices a pass recorded in State's outbox; each is tried once. Returns how many."""
+    pending = state.pending_notices()
+    for notice in pending:
+        if notices is not None:
+            notices(Message(kind=notice.kind, booking_id=notice.booking_id, user=notice.user,
+                            subject=notice.subject, text=notice.text, fields=dict(notice.fields)))
+        state.notice_delivered(notice.id, at=now)
+    return len(pending)

@@ -1,0 +1,181 @@
+"""One handler per action kind, each with only the collaborators it needs.
+
+A handler does its action, records the outcome in State once (a container started or stopped, a
+warning given, a notice queued in the outbox) and returns a `Change` that the pass folds into its
+view of the world. Nothing here writes to a calendar or sends a notice: the outbox consumers do
+that after the pass, from what was recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from runtime import cuda
+from runtime.engines import ContainerInfo
+from runtime.templates import Template, TemplateSet
+from scheduler.apply.memory import WARNED, Journal, Recall, warned_note
+from scheduler.config import Config
+from scheduler.core import decide
+from scheduler.core.bookings import Booking
+from scheduler.hosts import Booker, Host, StartRequest
+from scheduler.state import ContainerRecord, State
+
+# A constant script; the message is its $1, never part of the script (nothing from a calendar
+# reaches a shell as code). It leaves the notice in /run/gpubook for sessions that log in later.
+NOTICE_SCRIPT = ('msg=$1; printf "%s\\n" "$msg" > /run/gpubook/notice 2>/dev/null; '
+                 'for t in /dev/pts/[0-9]*; do [ -c "$t" ] && printf "\\r\\n%s\\r\\n" "$msg" > "$t" 2>/dev/null; '
+                 'done; exit 0')
+
+
+def notice_argv(message: str) -> list[str]:
+    return ["/bin/sh", "-c", NOTICE_SCRIPT, "gpubook-notice", " ".join(message.split())]
+
+
+@dataclass(frozen=True)
+class Change:
+    """What an action changed, for the pass's view: a container now running, one gone, records written."""
+
+    running: ContainerInfo | None = None
+    gone: str | None = None  # container name
+    records: tuple[ContainerRecord, ...] = ()
+
+
+NOTHING = Change()
+
+
+def record_stop(state: State, *, name: str, booking_id: str, reason: str, now: datetime) -> ContainerRecord:
+    """Close the container's open record; one never recorded (a lost database) is recorded first,
+    so that restarts stay bounded."""
+    closed = state.container_stopped(name, reason=reason, at=now)
+    if closed is None:
+        state.container_started(booking_id, name, user="", gpu_count=0, at=now)
+        closed = state.container_stopped(name, reason=reason, at=now)
+    assert closed is not None  # noqa: S101 - just opened above
+    return closed
+
+
+class StartHandler:
+    def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
+                 recall: Recall, journal: Journal) -> None:
+        self.config, self.hosts, self.state, self.templates = config, hosts, state, templates
+        self.recall, self.journal = recall, journal
+
+    def __call__(self, action: decide.Start, *, now: datetime) -> Change:
+        accepted = action.accepted
+        booking = accepted.booking
+        failure = self.recall.failures.get(booking.id)
+        if booking.id in self.recall.refused or (failure is not None and failure.waiting(now)):
+            return NOTHING
+        host = self.hosts[accepted.host]
+        template = self._template(booking, host)
+        if template is None:
+            return NOTHING
+        user = self.config.users[booking.user]
+        port = self.state.port_for(booking.id, port_min=self.config.ssh.port_min,
+                                   port_max=self.config.ssh.port_max, now=now)
+        started = host.start(StartRequest(
+            booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys), template=template,
+            gpus=accepted.gpus, port=port, end=booking.end))
+        record = self.state.container_started(booking.id, started.info.name, user=user.name,
+                                              gpu_count=len(accepted.gpus), at=now)
+        self.recall.failures.pop(booking.id, None)
+        self.recall.held.pop(booking.id, None)
+        again = f" (restart {action.attempt} after it died)" if action.attempt else ""
+        self.journal.say(booking.id, f"started{again} on GPU {','.join(map(str, accepted.gpus)) or '-'}, "
+                         f"ssh -p {port} {user.name}@{self.config.host.name}, SSH answered after "
+                         f"{started.seconds_to_ssh:.2f} s", now=now)
+        return Change(running=started.info, records=(record,))
+
+    def _template(self, booking: Booking, host: Host) -> Template | None:
+        template = self.templates.templates.get(booking.template)
+        if template is None:
+            problem = self.templates.errors.get(booking.template, f"there is no template {booking.template!r}")
+            self._refuse(booking.id, f"the template {booking.template} cannot be used: {problem.splitlines()[0]}")
+            return None
+        if host.driver_version is not None and template.cuda:
+            reason = cuda.check_cuda(template.cuda, host.driver_version)
+            if reason:
+                self._refuse(booking.id, reason)
+                return None
+        return template
+
+    def _refuse(self, booking_id: str, reason: str) -> None:
+        self.recall.refused[booking_id] = reason
+        self.journal.say(booking_id, f"rejected at its start: {reason}", now=None, level="warning")
+
+
+class StopHandler:
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
+        self.hosts, self.state, self.journal = hosts, state, journal
+
+    def __call__(self, action: decide.Stop, *, now: datetime, recorded: bool = False) -> Change:
+        """`recorded`: the stop was recorded before the container went (an admin's `gpubook stop`)."""
+        self.hosts[action.host].stop(action.name, action.grace)
+        records: tuple[ContainerRecord, ...] = ()
+        if not recorded:
+            records = (record_stop(self.state, name=action.name, booking_id=action.booking_id,
+                                   reason=action.reason, now=now),)
+        self.state.release_port(action.booking_id)
+        self.state.clear_notes(action.booking_id)  # stopped for good: its warning and extension are history
+        self.journal.say(action.booking_id, f"stopped ({action.reason})", now=now)
+        last = records[-1] if records else next(iter(self.state.containers(booking_id=action.booking_id)[-1:]), None)
+        self.state.queue_notice(
+            kind="ended", booking_id=action.booking_id, user=last.user if last is not None else "",
+            subject="gpubook: your booking ended",
+            text=f"gpubook: booking {action.booking_id} ended ({action.reason}); files in /data/output are kept.",
+            fields={"reason": action.reason}, at=now)
+        return Change(gone=action.name, records=records)
+
+
+class ClearHandler:
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
+        self.hosts, self.state, self.journal = hosts, state, journal
+
+    def __call__(self, action: decide.Clear, *, now: datetime) -> Change:
+        self.hosts[action.host].stop(action.name, 0)  # removes the exited leftover; nothing if it is gone
+        record = record_stop(self.state, name=action.name, booking_id=action.booking_id, reason=action.reason,
+                             now=now)
+        self.journal.say(action.booking_id, action.reason, now=now, level="warning")
+        return Change(gone=action.name, records=(record,))
+
+
+class WarnHandler:
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal, timezone: str) -> None:
+        self.hosts, self.state, self.journal = hosts, state, journal
+        self.zone = ZoneInfo(timezone)
+
+    def __call__(self, action: decide.Warn, *, now: datetime) -> Change:
+        stop = action.stop_at.astimezone(self.zone).strftime("%H:%M:%S %Z")
+        minutes = max(0, round((action.stop_at - now).total_seconds() / 60))
+        text = {
+            "end-near": f"gpubook: this booking ends at {stop} (in {minutes} min); the container stops then. "
+                        f"Save your work to /data/output.",
+            "end-moved": f"gpubook: the end of this booking was moved earlier; the container stops at {stop} "
+                         f"(in {minutes} min). Save your work to /data/output.",
+            "gone": f"gpubook: this booking was removed from the calendar; the container stops at {stop} "
+                    f"(in {minutes} min). Save your work to /data/output.",
+        }[action.reason]
+        self.state.set_note(action.booking_id, WARNED, warned_note(action, now=now), at=now)
+        self.journal.say(action.booking_id, f"warned: {text}", now=now)
+        done = self.hosts[action.host].exec(action.name, notice_argv(text))
+        if done.returncode != 0:
+            self.journal.log.warning("booking %s: the notice inside the container failed: %s", action.booking_id,
+                                     done.stderr.strip()[:200])
+        self.state.queue_notice(kind="warning", booking_id=action.booking_id, user=action.user,
+                                subject="gpubook: your booking ends soon", text=text,
+                                fields={"stop_at": action.stop_at.isoformat()}, at=now)
+        return NOTHING
+
+
+class HoldHandler:
+    def __init__(self, *, recall: Recall, journal: Journal) -> None:
+        self.recall, self.journal = recall, journal
+
+    def __call__(self, action: decide.Hold, *, now: datetime) -> Change:
+        if self.recall.held.get(action.booking_id) != action.reason:
+            self.recall.held[action.booking_id] = action.reason
+            self.journal.say(action.booking_id, f"not started: {action.reason}", now=now, level="warning")
+        return NOTHING

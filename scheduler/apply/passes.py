@@ -1,0 +1,231 @@
+"""One pass, as a short story: read the hosts and State once, plan, decide, apply each action
+through the handler for its kind, fold each recorded outcome into the pass's view, then let the
+outbox read what was recorded (calendar write-back, notices).
+
+Each booking's failure is caught, logged as a sentence naming the booking, and retried on a later
+pass (temporary errors at once, permanent ones after `PERMANENT_RETRY`); it never stops the other
+bookings. Not thread-safe: one pass at a time (the daemon holds a lock).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import paramiko
+
+from runtime.engines import ContainerInfo, container_name
+from runtime.errors import GpubookError
+from runtime.templates import TemplateSet
+from scheduler.apply.handlers import (
+    Change,
+    ClearHandler,
+    HoldHandler,
+    StartHandler,
+    StopHandler,
+    WarnHandler,
+    record_stop,
+)
+from scheduler.apply.memory import AGREED_END, PERMANENT_RETRY, WARNED, Failure, Journal, Recall, decide_memory
+from scheduler.config import Config
+from scheduler.core import decide
+from scheduler.core import plan as plan_module
+from scheduler.core.bookings import Booking, Rejection
+from scheduler.hosts import Host
+from scheduler.outbox import notices as notices_module
+from scheduler.outbox.writeback import Remarks, WriteBack
+from scheduler.state import ContainerRecord, State
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class World:
+    """The pass's view: what each host runs and what State recorded, read once and kept up to date
+    from the handlers' changes."""
+
+    containers: dict[str, ContainerInfo]  # by container name
+    records: dict[int, ContainerRecord]  # by record id, in id order
+
+    @classmethod
+    def read(cls, hosts: Sequence[Host], state: State) -> World:
+        containers = {info.name: info for host in hosts for info in host.list()}
+        return cls(containers=containers, records={r.id: r for r in state.containers()})
+
+    def fold(self, change: Change) -> None:
+        if change.gone is not None:
+            self.containers.pop(change.gone, None)
+        if change.running is not None:
+            self.containers[change.running.name] = change.running
+        for record in change.records:
+            self.records[record.id] = record
+
+    def actual(self) -> list[ContainerInfo]:
+        return list(self.containers.values())
+
+    def running(self) -> dict[str, ContainerInfo]:
+        return {i.booking_id: i for i in self.containers.values() if i.running and i.booking_id}
+
+    def records_by_booking(self) -> dict[str, list[ContainerRecord]]:
+        grouped: dict[str, list[ContainerRecord]] = {}
+        for record in sorted(self.records.values(), key=lambda r: r.id):
+            grouped.setdefault(record.booking_id, []).append(record)
+        return grouped
+
+
+@dataclass
+class PassResult:
+    plan: plan_module.Plan
+    actions: list[decide.Action]
+    failures: dict[str, str] = field(default_factory=dict)  # booking id → why it failed this pass
+    wake_at: datetime | None = None  # the earliest moment something is due (plan, rechecks, retries)
+    world: World | None = None
+
+
+class Pass:
+    """The daemon's hands: one `run` per pass, with the handlers built once."""
+
+    def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
+                 notices: Callable[[notices_module.Message], None] | None = None) -> None:
+        self.config = config
+        self.hosts = dict(hosts)
+        self.state = state
+        self.templates = templates
+        self.notices = notices
+        self.recall = Recall()
+        self.journal = Journal(state, self.recall)
+        self.writeback = WriteBack(config, state)
+        hosts_, journal = self.hosts, self.journal
+        self.stop = StopHandler(hosts=hosts_, state=state, journal=journal)
+        self.handlers: dict[type, Callable[..., Change]] = {
+            decide.Start: StartHandler(config, hosts=hosts_, state=state, templates=templates, recall=self.recall,
+                                       journal=journal),
+            decide.Stop: self.stop,
+            decide.Clear: ClearHandler(hosts=hosts_, state=state, journal=journal),
+            decide.Warn: WarnHandler(hosts=hosts_, state=state, journal=journal, timezone=config.host.timezone),
+            decide.Hold: HoldHandler(recall=self.recall, journal=journal),
+        }
+
+    @property
+    def inventory(self) -> dict[str, tuple[int, ...]]:
+        return {name: host.gpus for name, host in self.hosts.items()}
+
+    def policy(self) -> decide.Policy:
+        daemon = self.config.daemon
+        return decide.Policy(notice=timedelta(seconds=daemon.notice_seconds),
+                             stop_grace=self.config.engine.stop_grace_seconds,
+                             restart_limit=daemon.restart_limit,
+                             restart_backoff=timedelta(seconds=daemon.restart_backoff_seconds),
+                             warn_before=timedelta(minutes=self.config.defaults.warn_minutes))
+
+    def run(self, occurrences: Sequence[Booking | Rejection], *, now: datetime, may_start: bool = True,
+            stale_reason: str = "", etags: Mapping[str, str | None] | None = None,
+            write_back: bool = True) -> PassResult:
+        world = World.read(list(self.hosts.values()), self.state)
+        plan = self.plan(occurrences, world.actual(), now=now)
+        self._adopt(plan, world, now=now)
+        memory = decide_memory(world.records.values(), self.state.notes(WARNED))
+        actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
+                                may_start=may_start, stale_reason=stale_reason)
+        result = PassResult(plan=plan, actions=actions, world=world)
+        for action in actions:
+            self._apply(action, world, now=now, result=result)
+        rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
+        result.wake_at = min([t for t in (plan.next_wakeup, *rechecks, *self.recall.retries()) if t is not None],
+                             default=None)
+        if write_back:
+            self.write_back(plan, world, now=now, etags=etags or {})
+        notices_module.deliver_pending(self.state, self.notices, now=now)
+        return result
+
+    def plan(self, occurrences: Sequence[Booking | Rejection], actual: Sequence[ContainerInfo], *,
+             now: datetime) -> plan_module.Plan:
+        """The plan around what runs: running bookings keep their GPUs, template and (unless later
+        is free) their end."""
+        pinned = decide.pin_running(occurrences, actual)
+        running = {i.booking_id: i.gpus for i in actual if i.running and i.booking_id}
+        agreed = self.state.notes(AGREED_END)
+        ends = {i.booking_id: datetime.fromisoformat(agreed[i.booking_id]) if i.booking_id in agreed else i.end
+                for i in actual if i.running and i.booking_id and i.end is not None}
+        templates = frozenset(self.templates.templates) | frozenset(self.templates.errors)
+        zone = ZoneInfo(self.config.host.timezone)
+        inventory = self.inventory
+        result, granted, refused = decide.plan_with_extensions(
+            pinned.occurrences, agreed_ends=ends,  # type: ignore[arg-type]
+            plan=lambda items: plan_module.plan(items, inventory=inventory, config=self.config,
+                                                templates=templates, now=now, running=running),
+            describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
+        for booking_id, end in granted.items():
+            self.state.set_note(booking_id, AGREED_END, end.isoformat(), at=now)
+            self.state.log_event(f"the end moved later, to {end.isoformat()}; the booking keeps running",
+                                 booking_id=booking_id, at=now)
+        self.recall.notes = {**pinned.notes, **refused}
+        for booking_id, note in self.recall.notes.items():
+            self.journal.note(booking_id, note, now=now)
+        return result
+
+    def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime) -> None:
+        """Running containers of accepted bookings that State does not know (a lost database): adopt them."""
+        wanted = {a.booking.id for a in plan.accepted}
+        open_names = {r.name for r in world.records.values() if r.stopped_at is None}
+        for info in world.actual():
+            if info.running and info.booking_id in wanted and info.name not in open_names:
+                record = self.state.container_started(info.booking_id, info.name, user=info.user,
+                                                      gpu_count=len(info.gpus), at=now)
+                world.fold(Change(records=(record,)))
+                if info.port is not None:
+                    self.state.adopt_port(info.booking_id, info.port, now=now)
+                self.journal.say(info.booking_id, f"adopted the running container {info.name}", now=now)
+
+    def _apply(self, action: decide.Action, world: World, *, now: datetime, result: PassResult) -> None:
+        handler = self.handlers.get(type(action))
+        if handler is None:  # Recheck: only informs the wake-up time
+            return
+        booking_id = _booking_of(action)
+        try:
+            world.fold(handler(action, now=now))
+        except (GpubookError, OSError, paramiko.SSHException) as error:
+            what = type(action).__name__.lower()
+            permanent = getattr(error, "temporary", True) is False
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            result.failures[booking_id or "?"] = reason
+            if booking_id:
+                self.recall.failures[booking_id] = Failure(reason, now, permanent)
+            retry = f"retry in {PERMANENT_RETRY.seconds // 60} min" if permanent else "retry on the next pass"
+            self.journal.say(booking_id, f"{what} failed: {reason}; {retry}", now=now, level="error",
+                             detail=str(error))
+
+    def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
+                   etags: Mapping[str, str | None]) -> None:
+        remarks = Remarks(refused=self.recall.refused,
+                          failures={k: f.reason for k, f in self.recall.failures.items()},
+                          notes=self.recall.notes)
+        self.writeback.write(plan, running=world.running(), records=world.records_by_booking(), remarks=remarks,
+                             now=now, etags=etags)
+
+    def stop_now(self, booking_id: str, *, now: datetime) -> bool:
+        """`gpubook stop`: stop a booking's container at once; it is not started again."""
+        name = container_name(booking_id)
+        host = next((h for h in self.hosts.values() if h.inspect(name) is not None), None)
+        if host is None:
+            return False
+        # Recorded before the container goes: a pass of the running daemon in between then sees an
+        # admin's stop (not started again), never a death (which it would restart).
+        record_stop(self.state, name=name, booking_id=booking_id, reason=decide.ADMIN_STOP, now=now)
+        self.stop(decide.Stop(name, booking_id, decide.ADMIN_STOP, self.config.engine.stop_grace_seconds, host.name),
+                  now=now, recorded=True)
+        notices_module.deliver_pending(self.state, self.notices, now=now)
+        return True
+
+    def close(self) -> None:
+        self.writeback.close()
+
+
+def _booking_of(action: Any) -> str | None:
+    if isinstance(action, decide.Start):
+        return action.accepted.booking.id
+    return getattr(action, "booking_id", None)

@@ -1,0 +1,68 @@
+"""Hosts: the machines bookings run on, each behind one small interface.
+
+The plan places every booking on (host, GPUs); the apply stage hands each action to the host it
+names. The machine the daemon runs on is one host backend (`hosts/local.py`: a container engine,
+the host's NVIDIA driver, SSH). A cluster backend (Slurm: reservations and jobs) is another module
+here that meets the same `Host` protocol and is chosen by the config: the planner, the decision
+and the stages after it do not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from runtime.engines import ContainerInfo, ExecResult
+from runtime.templates import Template
+
+
+@dataclass(frozen=True)
+class Booker:
+    """Who a container is for: the account made inside, with the booker's keys."""
+
+    name: str
+    uid: int
+    gid: int
+    ssh_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """Everything a host needs to start one booking's container."""
+
+    booking_id: str
+    booker: Booker
+    template: Template
+    gpus: tuple[int, ...]
+    port: int
+    end: datetime
+
+
+@dataclass(frozen=True)
+class Started:
+    info: ContainerInfo
+    seconds_to_ssh: float  # from the start call until SSH let the probe key in
+
+
+class Host(Protocol):
+    """What the apply stage needs from a place where containers run."""
+
+    name: str
+    gpus: tuple[int, ...]  # the GPU indices present (the inventory's row for this host)
+    driver_version: str | None  # None: no NVIDIA driver; containers get no GPU
+
+    def list(self) -> list[ContainerInfo]:
+        """gpubook's containers on this host, each with `host` set to this host's name."""
+        ...
+
+    def start(self, request: StartRequest) -> Started:
+        """Start the booking's container and wait until SSH answers (the probe)."""
+        ...
+
+    def stop(self, name: str, grace: float) -> None: ...
+
+    def exec(self, name: str, argv: Sequence[str]) -> ExecResult: ...
+
+    def inspect(self, name: str) -> ContainerInfo | None: ...

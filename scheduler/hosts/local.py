@@ -1,0 +1,79 @@
+"""The machine the daemon runs on, as a host: a container engine, the host's driver, SSH.
+
+Starting a booking here means: the booker's data folders, the GPU injection for exactly the
+booked GPUs (from the driver found once per driver version), the sshd overlay where the template
+has none, the container, and the probe login that says SSH really answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import paramiko
+
+from runtime import ssh, storage
+from runtime.engines import ContainerInfo, Engine, ExecResult
+from scheduler.core.plan import LOCAL
+from scheduler.hosts import Started, StartRequest
+
+
+class _NoFolders(storage.DataFolders):
+    """No [storage] data_root: bookings get no input/output folders."""
+
+    def mounts(self) -> tuple:  # type: ignore[override]
+        return ()
+
+
+class LocalHost:
+    def __init__(self, *, engine: Engine, gpus: Sequence[int], driver_version: str | None,
+                 probe_key: paramiko.PKey, cache_dir: Path, data_root: Path | None = None,
+                 persistent_home: bool = False, driver_roots: Sequence[Path] = (),
+                 probe_address: str = "127.0.0.1", name: str = LOCAL) -> None:
+        self.name = name
+        self.engine = engine
+        self.gpus = tuple(gpus)
+        self.driver_version = driver_version
+        self.probe_key = probe_key
+        self.cache_dir = cache_dir
+        self.data_root = data_root
+        self.persistent_home = persistent_home
+        self.driver_roots = tuple(driver_roots)
+        self.probe_address = probe_address
+
+    def list(self) -> list[ContainerInfo]:
+        return [replace(info, host=self.name) for info in self.engine.list()]
+
+    def inspect(self, name: str) -> ContainerInfo | None:
+        info = self.engine.inspect(name)
+        return None if info is None else replace(info, host=self.name)
+
+    def start(self, request: StartRequest) -> Started:
+        booker, template = request.booker, request.template
+        folders = self._folders(booker.name, booker.uid, booker.gid)
+        gpu = None
+        if self.driver_version is not None and request.gpus:
+            from runtime import nvidia  # only hosts with a driver need it
+
+            gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir)
+        if not template.has_sshd:
+            ssh.build_overlay(self.engine, template)
+        spec = ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
+                                gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
+                                port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
+                                gpus=request.gpus, gpu=gpu)
+        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address)
+        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds)
+
+    def stop(self, name: str, grace: float) -> None:
+        self.engine.stop(name, grace)
+
+    def exec(self, name: str, argv: Sequence[str]) -> ExecResult:
+        return self.engine.exec(name, argv)
+
+    def _folders(self, user: str, uid: int, gid: int) -> storage.DataFolders:
+        if self.data_root is None:
+            return _NoFolders(user=user, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
+        owner_uid, owner_gid = self.engine.host_owner(uid, gid)
+        return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home)

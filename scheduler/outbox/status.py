@@ -1,0 +1,175 @@
+"""One status model, per host: its GPUs, the bookings running (with ports and ends), the next
+bookings, the last poll and the problems. The daemon builds it after each pass and writes it as
+`daemon-status.json` and as its sd_notify STATUS line; `gpubook status` reads that file, adds what
+runs now (the engine is the truth) and prints it; a web page or metrics read the same model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from runtime.engines import ContainerInfo
+from scheduler.core.plan import LOCAL, Plan
+
+NEXT_SHOWN = 20  # upcoming bookings kept per host
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    source: str  # "nvml", "config" ([gpus] count) or "none"
+    count: int
+    driver: str | None = None
+    note: str | None = None  # why there is no live GPU data, one line
+
+
+@dataclass(frozen=True)
+class RunningBooking:
+    booking: str
+    user: str
+    gpus: tuple[int, ...]
+    state: str
+    port: int | None
+    end: str | None  # ISO 8601
+    container: str
+
+
+@dataclass(frozen=True)
+class NextBooking:
+    id: str
+    user: str
+    gpus: tuple[int, ...]
+    start: str  # ISO 8601
+    end: str
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    gpus: GpuSummary
+    running: tuple[RunningBooking, ...] = ()
+    next: tuple[NextBooking, ...] = ()
+
+
+@dataclass(frozen=True)
+class Status:
+    hosts: tuple[HostStatus, ...]
+    updated: str | None = None
+    pid: int | None = None
+    last_poll: str | None = None
+    last_poll_ok: str | None = None
+    outage: str | None = None
+    outage_since: str | None = None
+    problems: tuple[str, ...] = ()
+    recent_warnings: tuple[str, ...] = ()
+    counts: Mapping[str, int] = field(default_factory=dict)  # "now", "upcoming", "rejected" at the last pass
+
+    @property
+    def main(self) -> HostStatus:
+        """The local host (the single-host view that `gpus`, `running` and `next` show at the top level)."""
+        return next((h for h in self.hosts if h.name == LOCAL), self.hosts[0])
+
+    def line(self) -> str:
+        """The one-line summary: systemd's STATUS, the first line of `gpubook status`."""
+        if not self.last_poll:
+            return "no poll yet"
+        text = (f"{self.counts.get('now', 0)} booking(s) now, {self.counts.get('upcoming', 0)} upcoming, "
+                f"{self.counts.get('rejected', 0)} rejected; last poll {_clock(self.last_poll)}")
+        if self.outage:
+            text += f"; calendar unreachable since {_clock(self.outage_since)}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        main = asdict(self.main)
+        data.update(status=self.line(), gpus=main["gpus"], running=main["running"], next=main["next"])
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Status:
+        hosts = tuple(HostStatus(name=h["name"], gpus=GpuSummary(**h["gpus"]),
+                                 running=tuple(RunningBooking(**{**r, "gpus": tuple(r["gpus"])}) for r in h["running"]),
+                                 next=tuple(NextBooking(**{**n, "gpus": tuple(n["gpus"])}) for n in h["next"]))
+                      for h in data.get("hosts", ()))
+        known = {k: data.get(k) for k in ("updated", "pid", "last_poll", "last_poll_ok", "outage", "outage_since")}
+        return cls(hosts=hosts, problems=tuple(data.get("problems", ())),
+                   recent_warnings=tuple(data.get("recent_warnings", ())), counts=data.get("counts", {}), **known)
+
+    def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
+        """The same status with what runs now, as the engine lists it (ports from State where a label lacks one)."""
+        by_host: dict[str, list[RunningBooking]] = {}
+        for info in containers:
+            by_host.setdefault(info.host or LOCAL, []).append(running_booking(info, ports=ports))
+        hosts = tuple(replace(h, running=tuple(by_host.get(h.name, ()))) for h in self.hosts)
+        return replace(self, hosts=hosts)
+
+    def render(self, timezone: str) -> list[str]:
+        zone = ZoneInfo(timezone)
+
+        def local(text: str | None) -> str:
+            return datetime.fromisoformat(text).astimezone(zone).strftime("%Y-%m-%d %H:%M:%S") if text else "-"
+
+        lines = []
+        for host in self.hosts:
+            gpus = host.gpus
+            title = "GPUs" if len(self.hosts) == 1 else f"Host {host.name}: GPUs"
+            lines.append(f"{title}: {gpus.count} ({gpus.source}" + (f", driver {gpus.driver})" if gpus.driver else ")"))
+            if gpus.note:
+                lines.append(f"  {gpus.note}")
+            lines.append(f"Running ({len(host.running)}):")
+            for item in host.running:
+                lines.append(f"  {item.booking:<40} {item.user:<10} GPU {','.join(map(str, item.gpus)) or '-':<5} "
+                             f"port {item.port}  until {local(item.end)}  [{item.state}]")
+            lines.append(f"Next ({len(host.next)}):")
+            for upcoming in host.next:
+                lines.append(f"  {upcoming.id:<40} {upcoming.user:<10} GPU {','.join(map(str, upcoming.gpus)):<5} "
+                             f"{local(upcoming.start)} → {local(upcoming.end)}")
+        lines.append(f"Last poll: {local(self.last_poll)} (last successful: {local(self.last_poll_ok)})")
+        if self.outage:
+            lines.append(f"Calendar unreachable: {self.outage}")
+        if self.problems:
+            lines.append("Problems:")
+            lines.extend(f"  {line}" for line in self.problems)
+        return lines
+
+
+def running_booking(info: ContainerInfo, *, ports: Mapping[str, int]) -> RunningBooking:
+    return RunningBooking(booking=info.booking_id, user=info.user, gpus=info.gpus, state=info.state,
+                          port=info.port or ports.get(info.booking_id),
+                          end=info.end.isoformat() if info.end else None, container=info.name)
+
+
+def next_bookings(plan: Plan, *, now: datetime, host: str) -> tuple[NextBooking, ...]:
+    upcoming = [a for a in plan.accepted if a.booking.start > now and a.host == host]
+    return tuple(NextBooking(id=a.booking.id, user=a.booking.user, gpus=a.gpus, start=a.booking.start.isoformat(),
+                             end=a.booking.end.isoformat()) for a in upcoming[:NEXT_SHOWN])
+
+
+def counts(plan: Plan, *, now: datetime) -> dict[str, int]:
+    return {"now": sum(1 for a in plan.accepted if a.booking.start <= now < a.booking.end),
+            "upcoming": sum(1 for a in plan.accepted if a.booking.start > now),
+            "rejected": len(plan.rejected)}
+
+
+def _clock(text: str | None) -> str:
+    return datetime.fromisoformat(text).strftime("%H:%M:%S") if text else "-"
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def hosts_status(summaries: Mapping[str, GpuSummary], *, plan: Plan | None, now: datetime,
+                 containers: Sequence[ContainerInfo] = (), ports: Mapping[str, int] | None = None
+                 ) -> tuple[HostStatus, ...]:
+    """Each host's status from its GPUs, the plan (next bookings) and what runs there."""
+    running: dict[str, list[RunningBooking]] = {}
+    for info in containers:
+        if info.running:
+            running.setdefault(info.host or LOCAL, []).append(running_booking(info, ports=ports or {}))
+    return tuple(HostStatus(name=name, gpus=gpus, running=tuple(running.get(name, ())),
+                            next=next_bookings(plan, now=now, host=name) if plan is not None else ())
+                 for name, gpus in summaries.items())
