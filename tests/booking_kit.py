@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from scheduler.config import Config, parse
-from scheduler.core.bookings import Booking, BookingReader, Expansion, expand
+from scheduler.core.bookings import Booking, BookingReader, Expansion
 from scheduler.sources import RawObject
 
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"
@@ -58,8 +58,8 @@ def read(*objects: RawObject, config: Config | None = None, start: datetime = WI
          reader: BookingReader | None = None) -> Expansion:
     config = config or make_config()
     calendar = next(c for c in config.calendars if c.url == calendar_url)
-    return expand(objects, config=config, calendar=calendar, templates=TEMPLATES,
-                  window_start=start, window_end=end, reader=reader)
+    return (reader or BookingReader()).read(objects, config=config, calendar=calendar, templates=TEMPLATES,
+                                            window_start=start, window_end=end)
 
 
 def single(*lines: str, uid: str = "u1", **kwargs: object) -> Booking:

@@ -23,3 +23,9 @@ def test_mypy() -> None:
     # The tree may be read-only for the test user: no cache.
     done = run(sys.executable, "-m", "mypy", "--cache-dir", "/dev/null")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_import_contracts() -> None:
+    """The layers written down in docs/ARCHITECTURE.md hold (.importlinter)."""
+    done = run(str(BIN / "lint-imports"), "--no-cache")
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -199,22 +199,6 @@ class BookingReader:
         return Expansion(tuple(occurrences), tuple(problems))
 
 
-def expand(
-    objects: Iterable[RawObject],
-    *,
-    config: Config,
-    calendar: CalendarConfig,
-    templates: Collection[str],
-    window_start: datetime,
-    window_end: datetime,
-    reader: BookingReader | None = None,
-) -> Expansion:
-    """The occurrences of one calendar's objects overlapping [window_start, window_end)."""
-    return (reader or BookingReader()).read(
-        objects, config=config, calendar=calendar, templates=templates,
-        window_start=window_start, window_end=window_end)
-
-
 # --- parsing one calendar object -------------------------------------------------------------
 
 
