@@ -169,11 +169,15 @@ class Pass:
         return result
 
     def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime) -> None:
-        """Running containers of accepted bookings that State does not know (a lost database): adopt them."""
+        """Running containers of accepted bookings that State has no record of (a lost database): adopt them.
+
+        A container whose record is closed is not adopted: it is being stopped (an admin's `gpubook
+        stop` records the stop before the container goes), and adopting it would turn that stop
+        into a death and a restart."""
         wanted = {a.booking.id for a in plan.accepted}
-        open_names = {r.name for r in world.records.values() if r.stopped_at is None}
+        recorded = {r.name for r in world.records.values()}
         for info in world.actual():
-            if info.running and info.booking_id in wanted and info.name not in open_names:
+            if info.running and info.booking_id in wanted and info.name not in recorded:
                 record = self.state.container_started(info.booking_id, info.name, user=info.user,
                                                       gpu_count=len(info.gpus), at=now)
                 world.fold(Change(records=(record,)))
