@@ -32,7 +32,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from runtime import engines, ssh
 from runtime import gpus as gpu_inventory
 from runtime.engines import Engine
-from runtime.errors import CalendarError, ConfigError, GpubookError
+from runtime.errors import ConfigError, GpubookError
 from runtime.templates import load_all
 from scheduler import config as config_module
 from scheduler.core.bookings import Booking, Rejection
@@ -40,6 +40,7 @@ from scheduler.executor import Reconciler
 from scheduler.outbox import notices
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
+from scheduler.sources.errors import CalendarError
 from scheduler.state import State
 
 log = logging.getLogger(__name__)

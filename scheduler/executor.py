@@ -28,8 +28,8 @@ from scheduler.core import decide as reconcile
 from scheduler.core import plan as plan_module
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.outbox import notices
+from scheduler.sources import EventRef, Writer, open_writer
 from scheduler.sources import block as notify
-from scheduler.sources.caldav_writer import CalendarWriter, EventRef
 from scheduler.state import State
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Reconciler:
         self.driver_version = driver_version
         self.probe_host = probe_host
         self.send_notice = send_notice
-        self.writers: dict[str, CalendarWriter] = {}
+        self.writers: dict[str, Writer] = {}
         self._held: dict[str, str] = {}
         self._failed: dict[str, tuple[str, datetime, bool]] = {}  # id → (reason, when, permanent)
         self._refused: dict[str, str] = {}  # id → why it can never start (CUDA, template)
@@ -385,16 +385,17 @@ class Reconciler:
 
     def _write(self, item: Booking | Rejection, outcome: notify.Outcome, *, etag: str | None, now: datetime) -> None:
         calendar = next((c for c in self.config.calendars if c.url == item.calendar_url), None)
-        if calendar is None or calendar.kind != "caldav":
+        if calendar is None:
             return
         digest = hashlib.sha256("\n".join(outcome.lines).encode()).hexdigest()[:12]
         key = f"{outcome.status} {digest}"
         done = self.state.write_back(item.id)
         if done is not None and done.status == key and (etag is None or done.etag == etag):
             return
-        writer = self.writers.get(calendar.url)
-        if writer is None:
-            writer = self.writers[calendar.url] = CalendarWriter(calendar, timezone=self.config.host.timezone)
+        writer = self.writers.get(calendar.url) or open_writer(calendar, timezone=self.config.host.timezone)
+        if writer is None:  # a read-only source (an ICS feed)
+            return
+        self.writers[calendar.url] = writer
         try:
             result = writer.write(event_ref(item), outcome)
         except GpubookError as error:

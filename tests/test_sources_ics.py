@@ -9,9 +9,9 @@ from email.utils import format_datetime
 import pytest
 from icalendar import Calendar
 
-from runtime.errors import CalendarDataError, CalendarError
 from scheduler.config import CalendarConfig
 from scheduler.sources import open_source
+from scheduler.sources.errors import CalendarDataError, CalendarError
 from scheduler.sources.ics_feed import IcsFeedSource
 from tests import servers
 
