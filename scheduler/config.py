@@ -115,7 +115,7 @@ def _system_timezone() -> str:
     return "UTC"
 
 
-def setting(default: Any = MISSING, help: str = "", *, check: Check | None = None,  # noqa: A002
+def setting(default: Any = MISSING, help: str = "", *, check: Check | None = None,
             factory: Callable[[], Any] | None = None, key: str | None = None,
             secret: bool = False, env: str | None = None, default_from: str | None = None) -> Any:
     """A config field: its default (or `factory`), help with its unit, and its check.
