@@ -398,7 +398,7 @@ class _Reader:
         if item.default is not MISSING:
             default = item.default
         elif item.default_factory is not MISSING:
-            default = item.default_factory() if key not in table else None
+            default = item.default_factory()
         elif meta.get("default_from"):
             default = values.get(meta["default_from"])
         kind = _optional_of(hint)
