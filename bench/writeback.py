@@ -16,9 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scheduler.config import CalendarConfig  # noqa: E402
-from scheduler.sources import block  # noqa: E402
-from scheduler.sources.caldav_writer import CalendarWriter, EventRef  # noqa: E402
+from scheduler.sources import EventRef, block  # noqa: E402
+from scheduler.sources.caldav_writer import CalendarWriter  # noqa: E402
 from scheduler.state import State  # noqa: E402
 from tests.test_notify import PASSWORD, USER, _event, _put, calendar_on  # noqa: E402
 
@@ -34,8 +33,7 @@ def _ms(samples: list[float]) -> str:
 
 def bench_calendar(name: str, url: str) -> None:
     href = _put(url, _event("bench@gpubook"))
-    writer = CalendarWriter(CalendarConfig(url=url, gpus=None, username=USER, password=PASSWORD),
-                                   timezone="Europe/Paris")
+    writer = CalendarWriter(url, username=USER, password=PASSWORD, timezone="Europe/Paris")
     ref = EventRef(url, href, "bench@gpubook")
     changing, unchanged = [], []
     for n in range(ROUNDS):

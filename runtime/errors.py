@@ -1,5 +1,8 @@
 """The one exception tree of gpubook (scheduler imports it from here; runtime never imports scheduler).
 
+Subsystems of scheduler root their own errors here too: the calendar sources' CalendarError and
+CalendarDataError live in scheduler/sources/errors.py.
+
 Temporary errors are worth a retry after a delay (a server that did not answer); permanent ones are
 reported once and skipped (a malformed template). The CLI turns each into one line and an exit code.
 """
@@ -15,18 +18,6 @@ class GpubookError(Exception):
 
 class ConfigError(GpubookError):
     """The daemon's configuration is invalid; the message lists every problem found."""
-
-
-class CalendarError(GpubookError):
-    """A calendar source could not be read (unreachable, refused, not a calendar)."""
-
-    temporary = True
-
-
-class CalendarDataError(CalendarError):
-    """A calendar answered, but with something that is not usable calendar data."""
-
-    temporary = False
 
 
 class TemplateError(GpubookError):

@@ -32,7 +32,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from runtime import engines, ssh
 from runtime import gpus as gpu_inventory
 from runtime.engines import Engine
-from runtime.errors import CalendarError, ConfigError, GpubookError
+from runtime.errors import ConfigError, GpubookError
 from runtime.templates import load_all
 from scheduler import config as config_module
 from scheduler.apply.passes import Pass, PassResult
@@ -42,6 +42,7 @@ from scheduler.hosts.local import LocalHost
 from scheduler.outbox import notices, status
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
+from scheduler.sources.errors import CalendarError
 from scheduler.state import State
 
 log = logging.getLogger(__name__)

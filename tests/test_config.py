@@ -156,3 +156,46 @@ def test_unreadable_password_file(tmp_path: Path) -> None:
     secret.chmod(0o000)
     [line] = problems(tmp_path, MINIMAL + 'password_file = "secret"\n')
     assert "cannot read" in line
+
+
+def test_a_calendar_kind_may_name_a_source_class(tmp_path: Path) -> None:
+    loaded = config.load(write(tmp_path, MINIMAL + 'kind = "scheduler.sources.ics_feed:IcsFeedSource"\n'))
+    assert loaded.calendars[0].kind == "scheduler.sources.ics_feed:IcsFeedSource"
+    [line] = problems(tmp_path, MINIMAL + 'kind = "no_such_package.sources:Feed"\n')
+    assert line.endswith("calendar[0].kind: cannot load the calendar source no_such_package.sources:Feed: "
+                         "No module named 'no_such_package'")
+    [line] = problems(tmp_path, MINIMAL + 'kind = "scheduler.config:Config"\n')
+    assert "is not a calendar source" in line
+
+
+def test_calendar_keys_come_from_the_source_kind(tmp_path: Path) -> None:
+    from scheduler.sources import source_class
+
+    assert source_class("caldav").calendar_keys == ("username", "password_file")
+    [line] = problems(tmp_path, MINIMAL + "zzzzzz = 1\n")
+    assert line.endswith("calendar[0].zzzzzz: unknown key; known keys: url, username, password_file, gpus, kind")
+
+
+def test_each_default_is_declared_once_with_help() -> None:
+    import dataclasses
+
+    for section in (config.Defaults, config.DaemonConfig, config.SshConfig, config.EmailConfig,
+                    config.WebhookConfig, config.StorageConfig, config.NvidiaConfig):
+        for item in dataclasses.fields(section):
+            assert item.metadata.get("help"), f"{section.__name__}.{item.name} says nothing about itself"
+    assert config.DaemonConfig().poll_seconds == 60.0
+
+
+def test_engine_section_is_read_from_the_engines_own_settings(tmp_path: Path) -> None:
+    from runtime.engines import EngineSettings
+
+    loaded = config.load(write(tmp_path, MINIMAL + '[engine]\nname = "docker"\nstop_grace_seconds = 3\n'))
+    assert loaded.engine == EngineSettings(name="docker", stop_grace_seconds=3.0)
+    lines = problems(tmp_path, MINIMAL + '[engine]\nname = "rkt"\nnetwork = "bridge"\nstop_grace_seconds = -1\n'
+                     'storage_drive = "vfs"\n')
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "engine.storage_drive: unknown key; did you mean 'storage_driver'?",
+        'engine.name: must be "podman" or "docker"',
+        'engine.network: must be "host" or "private"',
+        "engine.stop_grace_seconds: must be 0 or more",
+    ]

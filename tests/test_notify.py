@@ -19,13 +19,14 @@ import icalendar
 import pytest
 import requests
 
-from runtime.errors import CalendarError
 from scheduler.config import CalendarConfig
 from scheduler.outbox import notices
 from scheduler.outbox.notices import MailSettings, Message, NotifyError, WebhookSettings, post_webhook, send_mail
+from scheduler.sources import EventRef, open_writer
 from scheduler.sources import block as notify
 from scheduler.sources.block import BEGIN, END, MAX_OCCURRENCES, apply, replace_block, strip_block
-from scheduler.sources.caldav_writer import CalendarWriter, EventRef
+from scheduler.sources.caldav_writer import CalendarWriter
+from scheduler.sources.errors import CalendarError
 from tests import servers
 from tests.servers import free_port
 
@@ -158,10 +159,13 @@ def test_all_day_series_occurrence() -> None:
                  outcome=_running(), timezone=TZ) is False
 
 
-def test_read_only_feed_is_skipped_without_a_request() -> None:
+def test_read_only_feed_offers_no_writer_without_a_request() -> None:
+    # Nothing listens on these ports: asking for the capability sends nothing.
     feed = CalendarConfig(url=f"http://127.0.0.1:{free_port()}/lab.ics", gpus=None, kind="ics")
-    result = CalendarWriter(feed).write(EventRef(feed.url, feed.url + "#b1", "b1"), _running())
-    assert (result.written, result.reason, result.attempts) == (False, "read-only feed", 0)
+    assert open_writer(feed, timezone=TZ) is None
+    calendar = CalendarConfig(url=f"http://127.0.0.1:{free_port()}/lab/devbox1/", gpus=None, kind="caldav")
+    writer = open_writer(calendar, timezone=TZ)
+    assert isinstance(writer, CalendarWriter) and writer.timezone == TZ
 
 
 # -- real CalDAV servers -----------------------------------------------------------------------
@@ -184,6 +188,10 @@ def calendar_url(request) -> Iterator[str]:
 
 def _config(url: str) -> CalendarConfig:
     return CalendarConfig(url=url, gpus=None, username=USER, password=PASSWORD, kind="caldav")
+
+
+def _writer(url: str, **settings) -> CalendarWriter:  # type: ignore[no-untyped-def]
+    return CalendarWriter(url, username=USER, password=PASSWORD, **settings)
 
 
 def _user_client(url: str) -> caldav.Calendar:
@@ -209,7 +217,8 @@ def _uid() -> str:
 def test_write_back_keeps_user_text_sets_status_and_is_idempotent(calendar_url: str) -> None:
     uid = _uid()
     href = _put(calendar_url, _event(uid))
-    writer = CalendarWriter(_config(calendar_url), timezone=TZ)
+    writer = open_writer(_config(calendar_url), timezone=TZ)  # the source's capability
+    assert isinstance(writer, CalendarWriter)
     ref = EventRef(calendar_url, href, uid, occurrence=START)
     sequence = _vevents(_server_copy(href)[1])[0]["SEQUENCE"]
     first = writer.write(ref, _running())
@@ -251,7 +260,7 @@ class _RacingWriter(CalendarWriter):
         changed = super()._modify(event, ref, outcome)
         if self.races > 0:
             self.races -= 1
-            user = _user_client(self.config.url).event_by_url(ref.href)
+            user = _user_client(self.url).event_by_url(ref.href)
             with user.edit_icalendar_instance() as ical:
                 target = _vevents(ical)[0]
                 target["SUMMARY"] = "alice training (moved to the big GPU)"
@@ -264,7 +273,7 @@ class _RacingWriter(CalendarWriter):
 def test_a_concurrent_user_edit_survives(calendar_url: str) -> None:
     uid = _uid()
     href = _put(calendar_url, _event(uid))
-    writer = _RacingWriter(_config(calendar_url), timezone=TZ, retry_delay=0)
+    writer = _RacingWriter(calendar_url, username=USER, password=PASSWORD, timezone=TZ, retry_delay=0)
     result = writer.write(EventRef(calendar_url, href, uid), _running())
     assert (result.written, result.attempts) == (True, 2)  # the first PUT was refused (412), then re-read
     (event,) = _vevents(_server_copy(href)[1])
@@ -279,7 +288,7 @@ def test_a_concurrent_user_edit_survives(calendar_url: str) -> None:
 def test_an_event_edited_on_every_try_is_an_error_not_a_lost_edit(calendar_url: str) -> None:
     uid = _uid()
     href = _put(calendar_url, _event(uid))
-    writer = _RacingWriter(_config(calendar_url), timezone=TZ, attempts=3, retry_delay=0)
+    writer = _RacingWriter(calendar_url, username=USER, password=PASSWORD, timezone=TZ, attempts=3, retry_delay=0)
     writer.races = 3
     with pytest.raises(CalendarError, match="changed on the server 3 times"):
         writer.write(EventRef(calendar_url, href, uid), _running())
@@ -292,7 +301,7 @@ def test_an_event_edited_on_every_try_is_an_error_not_a_lost_edit(calendar_url: 
 def test_series_occurrence_on_the_server(calendar_url: str) -> None:
     uid = _uid()
     href = _put(calendar_url, _event(uid, rrule="FREQ=WEEKLY;COUNT=4"))
-    writer = CalendarWriter(_config(calendar_url), timezone=TZ)
+    writer = _writer(calendar_url, timezone=TZ)
     second = START + timedelta(days=7)
     assert writer.write(EventRef(calendar_url, href, uid, occurrence=second), _running()).written
     (master,) = _vevents(_server_copy(href)[1])
@@ -306,7 +315,7 @@ def test_deleted_event_is_reported_as_gone(calendar_url: str) -> None:
     uid = _uid()
     href = _put(calendar_url, _event(uid))
     _user_client(calendar_url).event_by_url(href).delete()
-    result = CalendarWriter(_config(calendar_url)).write(EventRef(calendar_url, href, uid), _running())
+    result = _writer(calendar_url).write(EventRef(calendar_url, href, uid), _running())
     assert (result.written, result.reason) == (False, "event gone")
 
 
@@ -314,7 +323,7 @@ def test_deleted_event_is_reported_as_gone(calendar_url: str) -> None:
 def test_unreachable_server_is_a_calendar_error() -> None:
     url = f"http://127.0.0.1:{free_port()}/lab/devbox1/"
     with pytest.raises(CalendarError, match="writing running back failed"):
-        CalendarWriter(_config(url), timeout=5).write(EventRef(url, url + "x.ics", "x"), _running())
+        _writer(url, timeout=5).write(EventRef(url, url + "x.ics", "x"), _running())
 
 
 # -- e-mail and webhook ------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from email.utils import format_datetime
 import pytest
 from icalendar import Calendar
 
-from runtime.errors import CalendarDataError, CalendarError
 from scheduler.config import CalendarConfig
 from scheduler.sources import open_source
+from scheduler.sources.errors import CalendarDataError, CalendarError
 from scheduler.sources.ics_feed import IcsFeedSource
 from tests import servers
 
@@ -148,6 +148,19 @@ def test_open_source_gives_a_feed_source(feed_server):
     source = open_source(config, timeout=5)
     assert isinstance(source, IcsFeedSource)
     assert len(source.poll().objects) == 2
+    assert source.open_writer(timezone="UTC") is None  # a feed is read-only
+
+
+def test_a_source_named_by_its_class_path_and_its_preflight(feed_server):
+    feed_server.replies["/lab.ics"] = servers.Reply(body=FEED.encode())
+    config = CalendarConfig(url=feed_server.base_url + "/lab.ics", gpus=None,
+                            kind="scheduler.sources.ics_feed:IcsFeedSource")
+    source = open_source(config, timeout=5)
+    assert isinstance(source, IcsFeedSource)
+    assert source.preflight() == "2 object(s)"
+    absent = CalendarConfig(url=feed_server.base_url + "/absent.ics", gpus=None, kind="ics")
+    with pytest.raises(CalendarDataError, match="no such calendar"):
+        open_source(absent, timeout=5).preflight()
 
 
 def test_feed_credentials(feed_server):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from contextlib import closing
 
 from runtime import gpus
 from runtime.errors import GpubookError
@@ -63,12 +64,13 @@ def _calendar_checks(loaded: config_module.Config) -> list[Check]:
     checks = []
     for calendar in loaded.calendars:
         try:
-            snapshot = open_source(calendar, timeout=15).poll()
+            with closing(open_source(calendar, timeout=15)) as source:
+                found = source.preflight()
         except GpubookError as error:
             checks.append(Check(f"calendar {calendar.url}", False, str(error),
                                 "check the URL, the credentials and that the server is up"))
         else:
-            checks.append(Check(f"calendar {calendar.url}", True, f"{len(snapshot.objects)} object(s)"))
+            checks.append(Check(f"calendar {calendar.url}", True, found))
     return checks
 
 

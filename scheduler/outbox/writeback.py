@@ -4,7 +4,8 @@ After a pass, the outcome of every booking in the window is read from what was r
 plan, the containers the pass saw or started, State's start/stop records, the pass's notes) and
 written through the calendar's writer where its source has one (CalDAV yes, ICS feeds no). A
 write whose content and event ETag match the last one recorded is skipped, so calling this on
-every pass costs nothing while nothing changes.
+every pass costs nothing while nothing changes. A source that cannot write (an ICS feed) gives
+no writer, and its bookings are only planned.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from scheduler.config import Config
 from scheduler.core import decide
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import Accepted, Plan
-from scheduler.sources import block
-from scheduler.sources.caldav_writer import CalendarWriter, EventRef
+from scheduler.sources import EventRef, Writer, block, open_writer
 from scheduler.state import ContainerRecord, State
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class WriteBack:
     def __init__(self, config: Config, state: State) -> None:
         self.config = config
         self.state = state
-        self.writers: dict[str, CalendarWriter] = {}
+        self.writers: dict[str, Writer] = {}
 
     def write(self, plan: Plan, *, running: Mapping[str, ContainerInfo],
               records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
@@ -107,16 +107,17 @@ class WriteBack:
 
     def _write(self, item: Booking | Rejection, outcome: block.Outcome, *, etag: str | None, now: datetime) -> None:
         calendar = next((c for c in self.config.calendars if c.url == item.calendar_url), None)
-        if calendar is None or calendar.kind != "caldav":
+        if calendar is None:
             return
         digest = hashlib.sha256("\n".join(outcome.lines).encode()).hexdigest()[:12]
         key = f"{outcome.status} {digest}"
         done = self.state.write_back(item.id)
         if done is not None and done.status == key and (etag is None or done.etag == etag):
             return
-        writer = self.writers.get(calendar.url)
-        if writer is None:
-            writer = self.writers[calendar.url] = CalendarWriter(calendar, timezone=self.config.host.timezone)
+        writer = self.writers.get(calendar.url) or open_writer(calendar, timezone=self.config.host.timezone)
+        if writer is None:  # a read-only source (an ICS feed)
+            return
+        self.writers[calendar.url] = writer
         try:
             result = writer.write(event_ref(item), outcome)
         except GpubookError as error:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from runtime.errors import CalendarDataError, CalendarError
+from scheduler.sources.errors import CalendarDataError, CalendarError, short
 
 XML_TYPES = ("text/xml", "application/xml")
 
@@ -111,12 +111,7 @@ def transport_error(url: str, error: BaseException, *, timeout: float) -> Calend
     if any(isinstance(e, socket.gaierror) for e in chain) or "Name or service" in text:
         return CalendarError(f"{url}: host name not found")
     if "SSL" in names or "SSLError" in text:
-        return CalendarError(f"{url}: TLS failed: {_first_line(str(error))}")
+        return CalendarError(f"{url}: TLS failed: {short(error)}")
     if "ConnectionError" in names or "RemoteDisconnected" in names or isinstance(error, OSError):
-        return CalendarError(f"{url}: connection failed: {_first_line(str(error))}")
+        return CalendarError(f"{url}: connection failed: {short(error)}")
     return None
-
-
-def _first_line(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else "no details"
-    return line[:200]

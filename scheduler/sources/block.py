@@ -18,11 +18,10 @@ is replaced in place on each update; text above and below it stays byte for byte
 end marker the user deleted is not recognised and is left alone (a new block is added), so a
 half-edited block can never make gpubook eat the user's text.
 
-Writes are conditional (If-Match with the ETag of the version just read). When someone changed
-the event in between, the server answers 412; gpubook reads the new version, applies its block
-to it and tries again (a bounded number of times), so a concurrent edit is never lost. When the
-block and status already say the same, nothing is written: a write-back is idempotent and a
-level-triggered reconciler may call it on every pass. Read-only ICS feeds have no writer.
+`apply` says whether anything changed, so that a writer skips the write when the block and status
+already say the same: a write-back is idempotent and a level-triggered reconciler may call it on
+every pass. How the write itself stays safe against concurrent edits is the writer's story
+(scheduler/sources/caldav_writer.py); read-only sources (ICS feeds) have no writer.
 
 Recurring events — the choice made here
 ---------------------------------------

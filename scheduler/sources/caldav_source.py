@@ -38,14 +38,14 @@ from caldav.elements import dav
 from caldav.elements.base import ValuedBaseElement
 from caldav.lib import error as dav_error
 
-from runtime.errors import CalendarDataError, CalendarError
-from scheduler.sources import PollStats, RawObject, Snapshot
+from scheduler.sources import DEFAULT_TIMEOUT, BaseSource, PollStats, RawObject, Snapshot, Writer
 from scheduler.sources._http import (
     WireCounter,
     http_status_error,
     split_credentials,
     transport_error,
 )
+from scheduler.sources.errors import CalendarDataError, CalendarError, short
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +88,14 @@ class _NoSync(Exception):
     """The server cannot do sync-collection: use the next method."""
 
 
-class CaldavSource:
+class CaldavSource(BaseSource):
     """One CalDAV calendar collection, polled incrementally.
 
     `url` is the collection's URL (credentials in it are moved out of it and never shown).
     `method` forces one way of polling ("sync-token", "etag" or "time-range"); "auto" starts with
     sync tokens and steps down only when the server cannot do them. `window` is the (past, future)
-    span of the time-range query, used only by that last resort.
+    span of the time-range query, used only by that last resort. Its write capability is the
+    CalendarWriter (scheduler/sources/caldav_writer.py).
     """
 
     multiget_batch = MULTIGET_BATCH
@@ -105,7 +106,7 @@ class CaldavSource:
         *,
         username: str | None = None,
         password: str | None = None,
-        timeout: float = 30.0,
+        timeout: float = DEFAULT_TIMEOUT,
         method: str = "auto",
         window: tuple[timedelta, timedelta] = (timedelta(days=31), timedelta(days=366)),
     ) -> None:
@@ -115,11 +116,12 @@ class CaldavSource:
         self.url = clean_url if clean_url.endswith("/") else clean_url + "/"
         self.timeout = timeout
         self.window = window
+        self._username, self._password = username or url_user, password or url_password
         self._method = "sync-token" if method == "auto" else method
         self._may_step_down = method == "auto"
         self._wire = WireCounter()
         client = get_davclient(
-            url=self.url, username=username or url_user, password=password or url_password,
+            url=self.url, username=self._username, password=self._password,
             timeout=timeout, check_config_file=False, environment=False)
         if client is None:  # only when it has no URL, which it always has here
             raise CalendarError(f"{self.url}: caldav made no client for this URL")
@@ -142,6 +144,12 @@ class CaldavSource:
 
     def close(self) -> None:
         self._client.close()
+
+    def open_writer(self, *, timezone: str) -> Writer:
+        from scheduler.sources.caldav_writer import CalendarWriter
+
+        return CalendarWriter(self.url, username=self._username, password=self._password,
+                              timezone=timezone, timeout=self.timeout)
 
     def poll(self) -> Snapshot:
         """The calendar's complete current objects; `changed` is False when nothing changed."""
@@ -415,9 +423,9 @@ class CaldavSource:
                                           "UnicodeDecodeError", "ResponseError"):
                 raise CalendarDataError(
                     f"{self.url}: not a CalDAV calendar: unreadable answer "
-                    f"({type(failure).__name__}: {_short(failure)})") from None
+                    f"({type(failure).__name__}: {short(failure)})") from None
             raise CalendarError(
-                f"{self.url}: {type(failure).__name__}: {_short(failure)}") from None
+                f"{self.url}: {type(failure).__name__}: {short(failure)}") from None
 
 
 def _read_multistatus(tree: Any, base: Any) -> tuple[
@@ -484,8 +492,3 @@ def _text(data: Any) -> str:
 
 def _hash(text: str) -> str:
     return '"sha256-' + hashlib.sha256(text.encode()).hexdigest() + '"'
-
-
-def _short(failure: BaseException) -> str:
-    text = str(failure).strip().splitlines()
-    return text[0][:200] if text else "no details"

@@ -4,14 +4,13 @@ Writes are conditional (If-Match with the ETag of the version just read). When s
 the event in between, the server answers 412; gpubook reads the new version, applies its block
 to it (scheduler/sources/block.py) and tries again a bounded number of times, so a concurrent
 edit is never lost. When the block and status already say the same, nothing is written.
+Obtained from the source (`CaldavSource.open_writer`); read-only sources offer none.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from datetime import date, datetime
 
 from caldav.calendarobjectresource import Event as DavEvent
 from caldav.collection import Calendar as DavCalendar
@@ -19,52 +18,33 @@ from caldav.davclient import DAVClient
 from caldav.elements import cdav
 from caldav.lib import error as dav_error
 
-from runtime.errors import CalendarError
-from scheduler.config import CalendarConfig
+from scheduler.sources import DEFAULT_TIMEOUT, EventRef, WriteResult
 from scheduler.sources.block import Outcome, apply, label
+from scheduler.sources.errors import CalendarError, cause, short
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class EventRef:
-    """Which event (and which occurrence of it) a booking came from."""
-
-    calendar_url: str
-    href: str  # the calendar object's URL, as the source reported it
-    uid: str
-    occurrence: datetime | date | None = None  # the occurrence's RECURRENCE-ID (original start); None: the event
-
-
-@dataclass(frozen=True)
-class WriteResult:
-    written: bool
-    reason: str  # "written", "unchanged", "read-only feed", "event gone", "no etag"
-    etag: str | None = None  # the event's ETag after the write (or as read, when unchanged)
-    attempts: int = 0  # PUTs sent
-
-
 class CalendarWriter:
-    """Writes outcomes into one configured calendar. One DAV client per calendar, reused."""
+    """Writes outcomes into one CalDAV calendar. One DAV client per calendar, reused."""
 
-    def __init__(self, calendar: CalendarConfig, *, timezone: str = "UTC", attempts: int = 5,
-                 timeout: int = 30, retry_delay: float = 0.2) -> None:
-        self.config = calendar
+    def __init__(self, url: str, *, username: str | None = None, password: str | None = None,
+                 timezone: str = "UTC", attempts: int = 5, timeout: float = DEFAULT_TIMEOUT,
+                 retry_delay: float = 0.2) -> None:
+        self.url = url
+        self._username, self._password = username, password
         self.timezone = timezone
         self.attempts = attempts
         self.retry_delay = retry_delay
         self._client: DAVClient | None = None
         self._timeout = timeout
 
-    @property
-    def read_only(self) -> bool:
-        return self.config.kind != "caldav"
-
     def _calendar(self) -> DavCalendar:
         if self._client is None:
-            self._client = DAVClient(url=self.config.url, username=self.config.username,
-                                            password=self.config.password, timeout=self._timeout)
-        return self._client.calendar(url=self.config.url)
+            # caldav's hint says int, but it hands the timeout to requests, which takes float seconds.
+            self._client = DAVClient(url=self.url, username=self._username, password=self._password,
+                                     timeout=self._timeout)  # type: ignore[arg-type]
+        return self._client.calendar(url=self.url)
 
     def close(self) -> None:
         if self._client is not None:
@@ -76,8 +56,6 @@ class CalendarWriter:
 
         Raises CalendarError when the server cannot be reached or refuses, or when the event kept
         changing for `attempts` tries in a row (the next reconcile pass tries again)."""
-        if self.read_only:
-            return WriteResult(written=False, reason="read-only feed")
         what = f"event {ref.uid}" + (f" ({label(ref.occurrence, self.timezone)})" if ref.occurrence else "")
         try:
             for attempt in range(1, self.attempts + 1):
@@ -93,7 +71,7 @@ class CalendarWriter:
             raise CalendarError(f"{what}: writing {outcome.status} back failed: "
                                 f"{type(failure).__name__} {_reason(failure)}") from None
         except OSError as failure:  # requests' and niquests' (caldav's HTTP library) errors are OSErrors
-            raise CalendarError(f"{what}: writing {outcome.status} back failed: {_short(failure)}") from None
+            raise CalendarError(f"{what}: writing {outcome.status} back failed: {cause(failure)}") from None
         raise CalendarError(f"{what}: changed on the server {self.attempts} times while gpubook wrote "
                             f"{outcome.status}; will try again on the next pass")
 
@@ -125,24 +103,12 @@ class CalendarWriter:
             return None
         return WriteResult(written=True, reason="written", etag=event.etag, attempts=attempt)
 
-
     def _modify(self, event: DavEvent, ref: EventRef, outcome: Outcome) -> bool | None:
         """Apply the outcome to the event as read (the step between the GET and the conditional PUT)."""
         with event.edit_icalendar_instance() as ical:
             return apply(ical, uid=ref.uid, occurrence=ref.occurrence, outcome=outcome, timezone=self.timezone)
 
 
-def _short(failure: Exception) -> str:
-    """The cause without urllib3's nesting: "Connection refused" rather than a 300-character repr."""
-    text = str(failure)
-    for known in ("Connection refused", "timed out", "Name or service not known", "No route to host"):
-        if known in text:
-            return known
-    return text.splitlines()[0][:200] if text else type(failure).__name__
-
-
 def _reason(failure: dav_error.DAVError) -> str:
     status = getattr(failure, "status", None)
-    return f"(HTTP {status})" if status else str(failure).splitlines()[0][:200]
-
-
+    return f"(HTTP {status})" if status else short(failure)

@@ -21,14 +21,14 @@ from types import MappingProxyType
 import requests
 from icalendar import Calendar, Component
 
-from runtime.errors import CalendarDataError, CalendarError
-from scheduler.sources import PollStats, RawObject, Snapshot
+from scheduler.sources import DEFAULT_TIMEOUT, BaseSource, PollStats, RawObject, Snapshot, https_url
 from scheduler.sources._http import (
     WireCounter,
     http_status_error,
     split_credentials,
     transport_error,
 )
+from scheduler.sources.errors import CalendarDataError, CalendarError, short
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,9 @@ DEFAULT_MAX_BYTES = 20 * MIB
 CHUNK_BYTES = 64 * 1024
 
 
-class IcsFeedSource:
+class IcsFeedSource(BaseSource):
     """An http(s) .ics feed. `max_bytes` caps the download (default 20 MiB); `timeout` bounds each
-    network wait and ten times it the whole download."""
+    network wait and ten times it the whole download. A feed is read-only: it offers no writer."""
 
     def __init__(
         self,
@@ -47,12 +47,10 @@ class IcsFeedSource:
         *,
         username: str | None = None,
         password: str | None = None,
-        timeout: float = 30.0,
+        timeout: float = DEFAULT_TIMEOUT,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
-        if url.startswith("webcal://"):
-            url = "https://" + url.removeprefix("webcal://")
-        clean_url, url_user, url_password = split_credentials(url)
+        clean_url, url_user, url_password = split_credentials(https_url(url))
         self.url = clean_url
         self.timeout = timeout
         self.max_bytes = max_bytes
@@ -166,11 +164,11 @@ def split_feed(url: str, text: str) -> dict[str, RawObject]:
     try:
         feed = Calendar.from_ical(text)
     except Exception as failure:  # noqa: BLE001  # icalendar raises ValueError and others
-        raise CalendarDataError(f"{url}: malformed iCalendar: {_short(failure)}") from None
+        raise CalendarDataError(f"{url}: malformed iCalendar: {short(failure)}") from None
     if not isinstance(feed, Calendar) or feed.name != "VCALENDAR":
         raise CalendarDataError(f"{url}: malformed iCalendar: no VCALENDAR at the top")
     if feed.errors:
-        log.warning("feed %s: icalendar skipped broken lines: %s", url, _short(feed.errors))
+        log.warning("feed %s: icalendar skipped broken lines: %s", url, short(feed.errors))
     zones = {str(zone.get("TZID")): zone for zone in feed.walk("VTIMEZONE")}
     groups: dict[str, list[Component]] = {}
     for component in feed.subcomponents:
@@ -203,8 +201,3 @@ def _calendar_text(feed: Calendar, components: list[Component],
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
-
-
-def _short(failure: object) -> str:
-    lines = str(failure).strip().splitlines()
-    return lines[0][:200] if lines else "no details"
