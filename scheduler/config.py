@@ -15,7 +15,6 @@ import dataclasses
 import difflib
 import os
 import re
-import socket
 import stat
 import tomllib
 import types
@@ -137,7 +136,7 @@ def setting(default: Any = MISSING, help: str = "", *, check: Check | None = Non
 @dataclass(frozen=True)
 class HostConfig:
     name: str = setting(help="shown in ssh lines; default: this machine's host name",
-                        factory=socket.gethostname, check=_host_name)
+                        factory=lambda: os.uname().nodename, check=_host_name)
     timezone: str = setting(help="IANA name; floating calendar times are read in it; default: the system's",
                             factory=_system_timezone, check=_timezone_problem)
 
