@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from runtime.checks import Check
 from runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, checked_proc_path, message_of
 from runtime.engines.spec import ContainerSpec
+from runtime.errors import EngineError
 
 if TYPE_CHECKING:
     from runtime.engines import EngineOptions, EngineSettings
@@ -67,7 +68,7 @@ class PodmanEngine(CliEngine):
         """`podman info` with gpubook's own flags: the cheapest command that opens the store."""
         try:
             done = self._process(["info", "--format", "json"], timeout=QUICK_TIMEOUT)
-        except Exception as error:  # EngineError from a timeout, or the binary gone meanwhile
+        except EngineError as error:  # no answer in time, or the binary gone meanwhile
             return Check("engine storage", False, f"podman info: {error}", "run `podman info` as this user")
         if done.returncode != 0:
             return self._storage_failure(message_of(done))
@@ -90,14 +91,16 @@ class PodmanEngine(CliEngine):
                 f"podman info: {message[:300]}",
                 "run `podman info` as this user and fix what it reports",
             )
-        store = mismatch.group("store") or "podman's configured default"
+        store, ours = mismatch.group("store"), mismatch.group("ours")
+        made_with = f'"{store}"' if store else "podman's default driver"
         return Check(
             "engine storage",
             False,
-            f"the store was made with {store!s} but gpubook asks podman for "
-            f'"{mismatch.group("ours")}", so every podman command fails ({message[:200]})',
-            "remove [engine] storage_driver (podman then uses the store's own driver) or set it to "
-            "the store's driver, or run `podman system reset` if the store's images may be lost",
+            f"podman's store was made with {made_with} but gpubook asks for \"{ours}\" "
+            f"([engine] storage_driver), so every podman command fails: {message[:200]}",
+            "remove [engine] storage_driver so podman uses its store's own driver"
+            + (f' (or set it to "{store}")' if store else "")
+            + ", or run `podman system reset` if the store's images and containers may be lost",
         )
 
     # --- podman's own flags --------------------------------------------------------------------
