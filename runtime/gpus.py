@@ -1,6 +1,6 @@
 """The host's GPUs as gpubook sees them, `gpubook gpus`, and the driver part of `gpubook doctor`.
 
-NVML (nvidia-ml-py's pynvml) gives the live view: index, UUID, model, memory, device minor, and
+NVML (read in runtime.nvidia.nvml) gives the live view: index, UUID, model, memory, device minor, and
 the processes using each GPU. Where NVML cannot be read (no driver on this machine, a broken
 install) the config's `[gpus] count` is the static inventory the scheduler plans with. On a
 machine without a GPU every entry point says so in one line and returns; nothing raises.
@@ -19,35 +19,19 @@ from pathlib import Path
 from typing import TextIO
 
 from runtime import nvidia
+from runtime.checks import Check
 from runtime.errors import DriverError
+from runtime.nvidia import nvml
+from runtime.nvidia.model import Gpu
 
 log = logging.getLogger(__name__)
-MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    name: str | None
-    used_memory_mib: int | None  # None where the driver does not say (e.g. in a container)
-
-
-@dataclass(frozen=True)
-class GpuStatus:
-    index: int
-    uuid: str | None
-    name: str | None
-    minor: int | None
-    memory_total_mib: int | None
-    memory_used_mib: int | None
-    processes: tuple[GpuProcess, ...] = ()
 
 
 @dataclass(frozen=True)
 class Inventory:
     source: str  # "nvml", "config" ([gpus] count) or "none"
     driver_version: str | None
-    gpus: tuple[GpuStatus, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
     problem: str | None = None  # why NVML could not be read, one line
 
     @property
@@ -55,78 +39,11 @@ class Inventory:
         return len(self.gpus)
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _process_name(pynvml, pid: int) -> str | None:
-    try:
-        return _text(pynvml.nvmlSystemGetProcessName(pid))
-    except Exception:  # NVML refuses for processes of other users or namespaces
-        try:
-            return Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            return None
-
-
-def _processes(pynvml, handle) -> tuple[GpuProcess, ...]:
-    seen: dict[int, GpuProcess] = {}
-    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        try:
-            running = getattr(pynvml, getter)(handle)
-        except Exception as error:
-            log.debug("%s: %s", getter, error)
-            continue
-        for process in running:
-            used = getattr(process, "usedGpuMemory", None)
-            seen.setdefault(
-                process.pid,
-                GpuProcess(
-                    pid=process.pid,
-                    name=_process_name(pynvml, process.pid),
-                    used_memory_mib=used // MIB if isinstance(used, int) and used >= 0 else None,
-                ),
-            )
-    return tuple(sorted(seen.values(), key=lambda p: p.pid))
-
-
 def _nvml_inventory() -> Inventory:
-    try:
-        import pynvml
-    except ImportError:
-        return Inventory("none", None, problem="nvidia-ml-py (pynvml) is not installed")
-    try:
-        pynvml.nvmlInit()
-    except Exception as error:
-        return Inventory("none", None, problem=f"NVML cannot be read ({_text(str(error))})")
-    try:
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            try:
-                minor: int | None = pynvml.nvmlDeviceGetMinorNumber(handle)
-            except Exception:
-                minor = None
-            gpus.append(
-                GpuStatus(
-                    index=index,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    name=_text(pynvml.nvmlDeviceGetName(handle)),
-                    minor=minor,
-                    memory_total_mib=memory.total // MIB,
-                    memory_used_mib=memory.used // MIB,
-                    processes=_processes(pynvml, handle),
-                )
-            )
-        return Inventory("nvml", _text(pynvml.nvmlSystemGetDriverVersion()), tuple(gpus))
-    except Exception as error:
-        return Inventory("none", None, problem=f"NVML failed while listing GPUs ({error})")
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception as error:
-            log.debug("nvmlShutdown: %s", error)
+    view = nvml.read(status=True)
+    if view.driver_version is None:
+        return Inventory("none", None, problem=view.problem)
+    return Inventory("nvml", view.driver_version, view.gpus)
 
 
 def inventory(*, static_count: int | None = None) -> Inventory:
@@ -134,12 +51,7 @@ def inventory(*, static_count: int | None = None) -> Inventory:
     live = _nvml_inventory()
     if live.source == "nvml" or static_count is None:
         return live
-    gpus = tuple(
-        GpuStatus(
-            index=i, uuid=None, name=None, minor=None, memory_total_mib=None, memory_used_mib=None
-        )
-        for i in range(static_count)
-    )
+    gpus = tuple(Gpu(index=i) for i in range(static_count))
     return Inventory("config", None, gpus, problem=live.problem)
 
 
@@ -182,14 +94,6 @@ def cli_gpus(
 
 # ---------------------------------------------------------------------------------------------
 # doctor
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str | None = None  # one sentence, when not ok
 
 
 @dataclass(frozen=True)
@@ -342,24 +246,3 @@ def _cdi_check(directories: Sequence[Path]) -> Check:
         "Optional: `gpubook gpus cdi --output /etc/cdi/gpubook-nvidia.json` (as root) lets "
         "podman >= 4.1 use --device nvidia.com/gpu=N; gpubook works without it.",
     )
-
-
-def format_checks(checks: Sequence[Check]) -> tuple[list[str], int]:
-    """One line per check (and its fix); exit code 1 if any failed."""
-    lines = []
-    for check in checks:
-        if check.ok:
-            lines.append(f"ok    {check.name}: {check.detail}")
-        else:
-            lines.append(f"FAIL  {check.name}: {check.detail}")
-            if check.fix:
-                lines.append(f"      fix: {check.fix}")
-    return lines, 1 if any(not c.ok for c in checks) else 0
-
-
-def cli_doctor_driver(
-    args: argparse.Namespace, *, extra_roots: Sequence[Path] = (), out: TextIO | None = None
-) -> int:
-    lines, status = format_checks(driver_checks(DoctorOptions(extra_roots=tuple(extra_roots))))
-    print("\n".join(lines), file=out or sys.stdout)
-    return status

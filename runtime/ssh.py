@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -27,8 +26,9 @@ from pathlib import Path
 
 import paramiko
 
-from runtime.engines import ContainerInfo, ContainerSpec, Engine, Mount
+from runtime.engines import ContainerInfo, ContainerSpec, Engine
 from runtime.errors import EngineError, TemplateError
+from runtime.mounts import Mount
 from runtime.storage import DataFolders, check_user_name
 from runtime.templates import Template
 
@@ -295,7 +295,3 @@ def _safe_logs(engine: Engine, name: str) -> str:
         return engine.logs(name, tail=30).strip() or "(empty)"
     except EngineError as error:
         return f"(no log: {error})"
-
-
-def mmdebstrap_available() -> bool:
-    return shutil.which("mmdebstrap") is not None

@@ -15,8 +15,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.engines import Mount
 from runtime.errors import StorageError
+from runtime.mounts import Mount
 from runtime.names import USER_NAME, USER_NAME_RULE
 
 # The same rule as the config's user names (runtime does not import scheduler).

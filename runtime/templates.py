@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.engines import Mount
 from runtime.errors import TemplateError
+from runtime.mounts import Mount
 from runtime.names import TEMPLATE_NAME
 
 _SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$")

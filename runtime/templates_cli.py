@@ -2,7 +2,8 @@
 
 Arguments read: `templates_dir` (None: the default folder), `json` (list), `name` (show, validate,
 build); build also reads `engine`, `binary`, `runtime`, `storage_driver` (None: podman, runc unset,
-overlay) so it builds into the same storage the daemon starts from.
+the user's own storage configuration, as the daemon) so it builds into the same storage the daemon
+starts from.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def build(args: Namespace) -> int:
             getattr(args, "engine", None) or "podman",
             binary=getattr(args, "binary", None),
             runtime=getattr(args, "runtime", None),
-            storage_driver=getattr(args, "storage_driver", None) or "overlay",
+            storage_driver=getattr(args, "storage_driver", None),
         )
         cache = ssh.default_cache_dir()
         if template.build is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from runtime import engines
 from runtime.engines import EngineSettings as EngineConfig
 from runtime.errors import ConfigError
 from runtime.names import template_name_problem as _template_name_problem
@@ -32,7 +33,6 @@ from scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind,
 
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
 NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended")
-ENGINE_NAMES = ("podman", "docker")  # what runtime.engines.engine_from knows
 _REQUIRED = object()
 T = TypeVar("T")
 Check = Callable[[Any], "str | None"]
@@ -252,7 +252,7 @@ class NotifyConfig:
 
 # Checks of [engine] fields that runtime.engines declares without a "check" in their metadata.
 ENGINE_CHECKS: dict[str, Check] = {
-    "name": _one_of(ENGINE_NAMES),
+    "name": engines.name_problem,  # a registered engine, or "package.module:Class"
     "network": _one_of(("host", "private")),
     "stop_grace_seconds": _not_negative,
 }

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from nvidia_fake_driver import VERSION, device_nodes, driver_libraries, executable, proc_driver
 
-from runtime import cdi, cuda, gpus, nvidia
+from runtime import cuda, gpus, nvidia
+from runtime.checks import format_checks
 from runtime.errors import DriverError
+from runtime.nvidia import cdi
 
 
 def fake_driver(tmp_path: Path, **kwargs) -> nvidia.Driver:
@@ -212,9 +214,8 @@ def test_gpus_falls_back_to_config_count() -> None:
 
 @pytest.mark.skipif(not no_gpu_here(), reason="this machine has an NVIDIA driver")
 def test_doctor_without_driver_is_one_problem() -> None:
-    out = io.StringIO()
-    assert gpus.cli_doctor_driver(argparse.Namespace(), out=out) == 1
-    lines = out.getvalue().splitlines()
+    lines, status = format_checks(gpus.driver_checks())
+    assert status == 1
     assert len(lines) == 2 and lines[0].startswith("FAIL  NVIDIA driver: no NVIDIA driver")
     assert lines[1].startswith("      fix: ")
 

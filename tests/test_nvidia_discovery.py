@@ -27,7 +27,8 @@ from nvidia_fake_driver import (
 
 from runtime import nvidia
 from runtime.elf import read_elf
-from runtime.errors import DriverError
+from runtime.engines import engine_from
+from runtime.errors import DriverError, EngineError
 
 DEBIAN_LIBS = "usr/lib/x86_64-linux-gnu"
 NO_ENV: dict[str, str] = {}
@@ -322,11 +323,11 @@ def test_injection_of_one_gpu(debian: Path, tmp_path: Path) -> None:
     assert env["GPUBOOK_LIBRARY_DIR"] == nvidia.CONTAINER_LIBRARY_DIR == booked.library_dir
     assert booked.hidden_proc_paths == ("/proc/driver/nvidia/gpus",)
     lib = nvidia.CONTAINER_LIBRARY_DIR
-    binds = {b.container: b for b in booked.binds}
+    binds = {b.target: b for b in booked.binds}
     assert (
-        binds[f"{lib}/libcuda.so.{VERSION}"].host == debian / DEBIAN_LIBS / f"libcuda.so.{VERSION}"
+        binds[f"{lib}/libcuda.so.{VERSION}"].source == debian / DEBIAN_LIBS / f"libcuda.so.{VERSION}"
     )
-    assert binds["/usr/bin/nvidia-smi"].host == debian / "usr/bin/nvidia-smi"
+    assert binds["/usr/bin/nvidia-smi"].source == debian / "usr/bin/nvidia-smi"
     assert all(b.read_only for b in booked.binds)
     assert (f"{lib}/libcuda.so.1", f"libcuda.so.{VERSION}") in booked.soname_links
     assert (f"{lib}/libcuda.so", "libcuda.so.1") in booked.soname_links
@@ -336,16 +337,16 @@ def test_injection_of_one_gpu(debian: Path, tmp_path: Path) -> None:
 def test_link_folder_holds_links_placeholders_and_ld_conf(debian: Path, tmp_path: Path) -> None:
     booked = inject(debian, [0], tmp_path)
     lib = nvidia.CONTAINER_LIBRARY_DIR
-    folder = next(b.host for b in booked.binds if b.container == lib)
+    folder = next(b.source for b in booked.binds if b.target == lib)
     assert os.readlink(folder / "libcuda.so.1") == f"libcuda.so.{VERSION}"
     assert os.readlink(folder / "libcuda.so") == "libcuda.so.1"
     assert (folder / f"libcuda.so.{VERSION}").is_file()  # the mount point of the real file
     assert (folder / f"libcuda.so.{VERSION}").stat().st_size == 0
-    conf = next(b.host for b in booked.binds if b.container == nvidia.LD_SO_CONF)
+    conf = next(b.source for b in booked.binds if b.target == nvidia.LD_SO_CONF)
     assert conf.read_text().splitlines()[-1] == lib
     # a second injection reuses the folder
     again = inject(debian, [1], tmp_path)
-    assert next(b.host for b in again.binds if b.container == lib) == folder
+    assert next(b.source for b in again.binds if b.target == lib) == folder
 
 
 def test_two_gpus_and_errors(debian: Path, tmp_path: Path) -> None:
@@ -409,14 +410,14 @@ def test_ipc_persistenced_and_mps(debian: Path, tmp_path: Path) -> None:
     (debian / "var/run/nvidia-persistenced/socket").touch()
     (debian / "tmp/nvidia-mps").mkdir(parents=True)
     without_mps = inject(debian, [0], tmp_path)
-    binds = {b.container: b for b in without_mps.binds}
+    binds = {b.target: b for b in without_mps.binds}
     assert (
-        binds["/run/nvidia-persistenced/socket"].host
+        binds["/run/nvidia-persistenced/socket"].source
         == debian / "var/run/nvidia-persistenced/socket"
     )
     assert "/tmp/nvidia-mps" not in binds  # folder there, but no MPS control daemon
     (debian / "tmp/nvidia-mps/control").touch()
-    with_mps = {b.container: b for b in inject(debian, [0], tmp_path).binds}
+    with_mps = {b.target: b for b in inject(debian, [0], tmp_path).binds}
     assert with_mps["/tmp/nvidia-mps"].read_only is False
 
 
@@ -444,7 +445,7 @@ def test_ld_library_path_is_searched(tmp_path: Path) -> None:
 
 def test_container_args_podman(debian: Path, tmp_path: Path) -> None:
     booked = inject(debian, [1], tmp_path)
-    args = nvidia.container_args(booked)
+    args = engine_from("podman").gpu_args(booked)  # type: ignore[attr-defined]
     assert args[:2] == ["--cap-drop", "MKNOD"]
     pairs = list(zip(args[::2], args[1::2], strict=True))
     assert ("--device", f"{debian}/dev/nvidia1:/dev/nvidia1:rw") in pairs
@@ -464,10 +465,10 @@ def test_container_args_podman(debian: Path, tmp_path: Path) -> None:
 
 
 def test_container_args_docker_has_no_mask_flag(debian: Path, tmp_path: Path) -> None:
-    args = nvidia.container_args(inject(debian, [1], tmp_path), engine="docker")
+    args = engine_from("docker").gpu_args(inject(debian, [1], tmp_path))  # type: ignore[attr-defined]
     assert "--security-opt" not in args and "--cap-drop" in args
-    with pytest.raises(DriverError, match="unknown engine"):
-        nvidia.container_args(inject(debian, [1], tmp_path), engine="lxc")
+    with pytest.raises(EngineError, match="unknown engine"):
+        engine_from("lxc")
 
 
 def test_container_args_refuse_paths_the_cli_would_split(tmp_path: Path) -> None:
@@ -476,7 +477,7 @@ def test_container_args_refuse_paths_the_cli_would_split(tmp_path: Path) -> None
     proc_driver(root)
     device_nodes(root)
     with pytest.raises(DriverError, match="contains ':'"):
-        nvidia.container_args(inject(root, [0], tmp_path))
+        engine_from("podman").gpu_args(inject(root, [0], tmp_path))  # type: ignore[attr-defined]
 
 
 def test_injection_is_frozen_and_hashable_for_the_engine(debian: Path, tmp_path: Path) -> None:

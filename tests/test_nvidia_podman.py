@@ -1,4 +1,4 @@
-"""`container_args` applied by real rootless podman, without a GPU.
+"""The podman engine's GPU arguments applied by real rootless podman, without a GPU.
 
 What can be proven here without NVIDIA hardware: the library-folder scheme works in a real
 container (the soname-link folder bound read-only, each library bound onto its placeholder, the
@@ -22,6 +22,7 @@ import pytest
 from nvidia_fake_driver import VERSION, device_nodes, driver_libraries, proc_driver
 
 from runtime import nvidia
+from runtime.engines import engine_from
 
 pytestmark = pytest.mark.podman
 
@@ -119,7 +120,7 @@ def run(
         "run",
         "--rm",
         "--network=host",
-        *nvidia.container_args(injection),
+        *engine_from("podman").gpu_args(injection),  # type: ignore[attr-defined]
         image,
         "/bin/sh",
         "-c",

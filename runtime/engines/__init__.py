@@ -1,159 +1,71 @@
-"""Container engines behind one small protocol: what runs is read back from the engine's labels.
+"""Container engines behind one small protocol, registered by name: what runs is read back from
+the engine's labels, and engines take argv lists only (nothing reaches a shell).
 
-A `ContainerSpec` says everything about one booking's container; its hash travels in a label, so
-`list()` rebuilds the truth after a crash with no state file, and starting a booking that already
-runs with the same hash changes nothing. Engines take argv lists only; nothing reaches a shell.
+Adding an engine (udocker, Apptainer) is one module here and one `register` line below; a site may
+also name its own class in `[engine] name` as a dotted path "package.module:Class", the way
+Radicale loads its storage and auth plugins. Engines never import each other: podman and Docker
+share the CLI plumbing through `cli_engine.CliEngine`, and each spells its own flags.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import re
-from collections.abc import Mapping, Sequence
+import builtins
+import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from runtime.errors import EngineError
-
-if TYPE_CHECKING:
-    from runtime.nvidia import GpuInjection
-
-LABEL_PREFIX = "gpubook."
-LABEL_BOOKING = "gpubook.booking"
-LABEL_USER = "gpubook.user"
-LABEL_GPUS = "gpubook.gpus"
-LABEL_END = "gpubook.end"
-LABEL_HASH = "gpubook.spec-hash"
-LABEL_PORT = "gpubook.port"
-LABEL_TEMPLATE = "gpubook.template"
-
-# What sshd and sudo need (and what a booker's `sudo apt-get install` needs); everything else,
-# MKNOD and NET_RAW included, is dropped. MKNOD also keeps NVML from creating other GPUs' nodes.
-KEEP_CAPABILITIES = (
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "SETGID",
-    "SETUID",
-    "SYS_CHROOT",
-    "AUDIT_WRITE",
-    "NET_BIND_SERVICE",
+from runtime.checks import Check
+from runtime.engines.spec import (
+    DROP_CAPABILITIES,
+    KEEP_CAPABILITIES,
+    LABEL_BOOKING,
+    LABEL_END,
+    LABEL_GPUS,
+    LABEL_HASH,
+    LABEL_PORT,
+    LABEL_PREFIX,
+    LABEL_TEMPLATE,
+    LABEL_USER,
+    ContainerInfo,
+    ContainerSpec,
+    ExecResult,
+    container_name,
+    info_from_labels,
+    permanent,
 )
-DROP_CAPABILITIES = ("ALL", "MKNOD")
+from runtime.errors import EngineError
+from runtime.mounts import Mount
 
-_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class Mount:
-    """A host folder bound into the container."""
-
-    source: Path
-    target: str
-    read_only: bool = True
-
-
-@dataclass(frozen=True)
-class ContainerSpec:
-    """One booking's container, complete: equal specs give equal hashes.
-
-    `uid`/`gid` are the booker's: the engine maps them so files the booker writes in bound folders
-    belong to the booker on the host (rootless: to the daemon user, which the container sees as
-    the booker). `entrypoint` and `command` are argv lists.
-    """
-
-    booking_id: str
-    user: str
-    uid: int
-    gid: int
-    image: str
-    port: int
-    end: datetime
-    gpus: tuple[int, ...] = ()
-    template: str = ""
-    entrypoint: tuple[str, ...] = ()
-    command: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    mounts: tuple[Mount, ...] = ()
-    shm_size: str | None = None  # like "1g"; None: the engine's default
-    memory: str | None = None  # like "16g"; None: no limit
-    gpu: GpuInjection | None = None
-
-    def __post_init__(self) -> None:
-        if not self.booking_id or any(ord(c) < 32 or c == "\x7f" for c in self.booking_id):
-            raise EngineError(f"booking id {self.booking_id!r} is empty or has control characters")
-        if self.end.tzinfo is None:
-            raise EngineError(f"booking {self.booking_id}: end time {self.end} has no time zone")
-        if not 1024 <= self.port <= 65535:
-            raise EngineError(
-                f"booking {self.booking_id}: port {self.port} is not between 1024 and 65535"
-            )
-        for size in (self.shm_size, self.memory):
-            if size is not None and not _SIZE.match(size):
-                raise EngineError(
-                    f"booking {self.booking_id}: size {size!r} is not like '512m' or '8g'"
-                )
-        for name, _ in self.env:
-            if not _ENV_NAME.match(name):
-                raise EngineError(
-                    f"booking {self.booking_id}: environment name {name!r} is invalid"
-                )
-
-    @property
-    def name(self) -> str:
-        return container_name(self.booking_id)
-
-    @property
-    def spec_hash(self) -> str:
-        data = json.dumps(dataclasses.asdict(self), default=str, sort_keys=True)
-        return hashlib.sha256(data.encode()).hexdigest()[:16]
-
-    def labels(self) -> dict[str, str]:
-        return {
-            LABEL_BOOKING: self.booking_id,
-            LABEL_USER: self.user,
-            LABEL_GPUS: ",".join(str(gpu) for gpu in self.gpus),
-            LABEL_END: self.end.astimezone(UTC).isoformat(),
-            LABEL_HASH: self.spec_hash,
-            LABEL_PORT: str(self.port),
-            LABEL_TEMPLATE: self.template,
-        }
-
-
-@dataclass(frozen=True)
-class ContainerInfo:
-    """A gpubook container as the engine reports it, rebuilt from its labels."""
-
-    name: str
-    id: str
-    state: str  # the engine's word: "running", "exited", "created", ...
-    image: str
-    booking_id: str
-    user: str
-    gpus: tuple[int, ...]
-    end: datetime | None
-    spec_hash: str
-    port: int | None
-    template: str
-    host: str = ""  # which host backend listed it (the scheduler's hosts dimension); "" until one does
-
-    @property
-    def running(self) -> bool:
-        return self.state == "running"
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    returncode: int
-    stdout: str
-    stderr: str
+__all__ = [
+    "DROP_CAPABILITIES",
+    "ENGINES",
+    "KEEP_CAPABILITIES",
+    "LABEL_BOOKING",
+    "LABEL_END",
+    "LABEL_GPUS",
+    "LABEL_HASH",
+    "LABEL_PORT",
+    "LABEL_PREFIX",
+    "LABEL_TEMPLATE",
+    "LABEL_USER",
+    "ContainerInfo",
+    "ContainerSpec",
+    "Engine",
+    "EngineOptions",
+    "EngineSettings",
+    "ExecResult",
+    "Mount",
+    "container_name",
+    "engine_from",
+    "info_from_labels",
+    "make_engine",
+    "permanent",
+    "name_problem",
+    "preflight",
+    "register",
+]
 
 
 class Engine(Protocol):
@@ -181,64 +93,83 @@ class Engine(Protocol):
 
     def import_rootfs(self, tarball: Path, tag: str) -> None: ...
 
-
-def permanent(message: str) -> EngineError:
-    """An EngineError that no retry will cure (a missing image, a port in use by something else)."""
-    error = EngineError(message)
-    error.temporary = False
-    return error
-
-
-def container_name(booking_id: str) -> str:
-    """A readable, engine-safe name that stays unique for any booking id (UIDs are free text)."""
-    readable = re.sub(r"[^a-zA-Z0-9_.-]+", "-", booking_id).strip("-.")[:40]
-    digest = hashlib.sha256(booking_id.encode()).hexdigest()[:10]
-    return f"gpubook-{readable}-{digest}" if readable else f"gpubook-{digest}"
-
-
-def info_from_labels(
-    *, name: str, id: str, state: str, image: str, labels: Mapping[str, str]
-) -> ContainerInfo:
-    end_text = labels.get(LABEL_END, "")
-    try:
-        end = datetime.fromisoformat(end_text) if end_text else None
-    except ValueError:
-        end = None
-    gpus = tuple(int(g) for g in labels.get(LABEL_GPUS, "").split(",") if g.strip().isdigit())
-    port_text = labels.get(LABEL_PORT, "")
-    return ContainerInfo(
-        name=name.lstrip("/"),
-        id=id,
-        state=state.lower(),
-        image=image,
-        booking_id=labels.get(LABEL_BOOKING, ""),
-        user=labels.get(LABEL_USER, ""),
-        gpus=gpus,
-        end=end,
-        spec_hash=labels.get(LABEL_HASH, ""),
-        port=int(port_text) if port_text.isdigit() else None,
-        template=labels.get(LABEL_TEMPLATE, ""),
-    )
+    def preflight(self) -> builtins.list[Check]:
+        """What `gpubook doctor` reports about this engine: installed, usable, configured."""
+        ...
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     """`[engine]` in the config: which engine, and the settings every engine understands."""
 
-    name: str = "podman"  # "podman" or "docker"
+    name: str = "podman"  # "podman", "docker", or a dotted path "package.module:Class"
     binary: str | None = None  # default: the engine's name, looked up on PATH
     runtime: str | None = None  # OCI runtime for podman ("runc", "crun"); None: the engine's default
-    storage_driver: str | None = "overlay"  # podman storage driver; None: the engine's default
+    # podman storage driver ("overlay", "vfs"); None: the user's own podman configuration, so that
+    # gpubook and a plain `podman` see the same store (a store made with another driver refuses
+    # every command that overrides it)
+    storage_driver: str | None = None
     network: str = "host"  # "host" (sshd on the booking's port) or "private" (published port)
     ulimits: tuple[str, ...] = ()  # e.g. ("nofile=1024:1024",)
     stop_grace_seconds: float = 10.0
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """How this process talks to the engine, beside the site's `[engine]`: tests and tools only."""
 
-def make_engine(settings: EngineSettings) -> Engine:
+    global_args: tuple[str, ...] = ()  # e.g. ("-H", "unix:///tmp/x/docker.sock") for a private dockerd
+    cgroup_manager: str | None = "cgroupfs"  # podman: works without a systemd user session
+
+
+EngineFactory = Callable[[EngineSettings, EngineOptions], Engine]
+
+# name -> "module:Class", imported only when that engine is used (Docker sites never load podman's).
+ENGINES: dict[str, str | EngineFactory] = {}
+
+
+def register(name: str, factory: str | EngineFactory) -> None:
+    """Make `[engine] name = "<name>"` mean this engine: a class (or "module:Class")."""
+    ENGINES[name] = factory
+
+
+register("podman", "runtime.engines.podman:PodmanEngine")
+register("docker", "runtime.engines.docker:DockerEngine")
+
+
+def name_problem(name: str) -> str | None:
+    """None when `[engine] name` names a registered engine or a loadable class, else what is wrong."""
+    if ":" not in name:
+        return None if name in ENGINES else "must be " + " or ".join(f'"{known}"' for known in ENGINES)
+    try:
+        _factory(name)
+    except EngineError as error:
+        return str(error)
+    return None
+
+
+def _factory(name: str) -> EngineFactory:
+    target = ENGINES.get(name, name if ":" in name else None)
+    if target is None:
+        known = ", ".join(f'"{known}"' for known in ENGINES)
+        raise EngineError(f'unknown engine {name!r} (known: {known}, or "package.module:Class")')
+    if not isinstance(target, str):
+        return target
+    module_name, _, class_name = target.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise EngineError(f"engine {name!r}: cannot load {target}: {error}") from None
+    if not callable(factory):
+        raise EngineError(f"engine {name!r}: {target} is not a class")
+    return factory  # type: ignore[no-any-return]
+
+
+def make_engine(settings: EngineSettings, options: EngineOptions | None = None) -> Engine:
     """The engine that `[engine]` names."""
-    return engine_from(settings.name, binary=settings.binary, runtime=settings.runtime,
-                       storage_driver=settings.storage_driver, network=settings.network, ulimits=settings.ulimits)
+    if settings.network not in ("host", "private"):
+        raise EngineError(f'engine network must be "host" or "private", not {settings.network!r}')
+    return _factory(settings.name)(settings, options or EngineOptions())
 
 
 def engine_from(
@@ -246,34 +177,29 @@ def engine_from(
     *,
     binary: str | None = None,
     runtime: str | None = None,
-    storage_driver: str | None = "overlay",
+    storage_driver: str | None = None,
     network: str = "host",
     ulimits: Sequence[str] = (),
     cgroup_manager: str | None = "cgroupfs",
     global_args: Sequence[str] = (),
 ) -> Engine:
-    """The engine named in `[engine]` (config.EngineConfig's fields, one by one)."""
-    from runtime.engines.docker import DockerEngine
-    from runtime.engines.podman import PodmanEngine
+    """`make_engine` with the settings one by one (tools, tests and benchmarks)."""
+    settings = EngineSettings(
+        name=name,
+        binary=binary,
+        runtime=runtime,
+        storage_driver=storage_driver,
+        network=network,
+        ulimits=tuple(ulimits),
+    )
+    options = EngineOptions(global_args=tuple(global_args), cgroup_manager=cgroup_manager)
+    return make_engine(settings, options)
 
-    if network not in ("host", "private"):
-        raise EngineError(f'engine network must be "host" or "private", not {network!r}')
-    if name == "podman":
-        return PodmanEngine(
-            binary=binary or "podman",
-            runtime=runtime,
-            storage_driver=storage_driver,
-            cgroup_manager=cgroup_manager,
-            network=network,
-            ulimits=tuple(ulimits),
-            global_args=tuple(global_args),
-        )
-    if name == "docker":
-        # Docker's runtime and storage driver belong to dockerd's own configuration.
-        return DockerEngine(
-            binary=binary or "docker",
-            network=network,
-            ulimits=tuple(ulimits),
-            global_args=tuple(global_args),
-        )
-    raise EngineError(f'unknown engine {name!r} (known: "podman", "docker")')
+
+def preflight(settings: EngineSettings) -> list[Check]:
+    """The engine's own preflight; one failed check when the engine cannot even be made."""
+    try:
+        engine = make_engine(settings)
+    except EngineError as error:
+        return [Check("engine", False, str(error), 'set [engine] name to "podman" or "docker"')]
+    return engine.preflight()

@@ -1,179 +1,109 @@
 """Podman, rootless first (and rootful where the GPU host only allows that).
 
 Every setting that rootless podman would otherwise read from per-user config files is passed as a
-global flag, so the daemon behaves the same under a systemd user session,
-a plain `runuser`, or root.
+global flag, so the daemon behaves the same under a systemd user session, a plain `runuser`, or
+root; except the storage driver, which by default follows the user's own podman configuration:
+overriding it makes podman refuse a store that was made with another driver.
 """
 
 from __future__ import annotations
 
 import builtins
-import errno
 import json
-import logging
-import math
 import os
+import re
 import resource
-import socket
-import subprocess
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+import shutil
+from typing import TYPE_CHECKING
 
-from runtime.engines import (
-    DROP_CAPABILITIES,
-    KEEP_CAPABILITIES,
-    LABEL_BOOKING,
-    ContainerInfo,
-    ContainerSpec,
-    ExecResult,
-    info_from_labels,
-    permanent,
-)
+from runtime.checks import Check
+from runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, checked_proc_path, message_of
+from runtime.engines.spec import ContainerSpec
 from runtime.errors import EngineError
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from runtime.engines import EngineOptions, EngineSettings
+    from runtime.nvidia.model import GpuInjection
 
 # Rootful podman (euid 0) maps container ids 0..N onto host ids starting here: far above any real
 # account and any /etc/subuid range that useradd hands out.
 ROOTFUL_ID_BASE = 1_000_000_000
 CONTAINER_ID_COUNT = 65536
 NPROC = 32768  # rootful default: runc was refused 65536 on the GPU host and on Debian 12
-QUICK_TIMEOUT = 60.0  # seconds for commands that should answer at once
-RUN_TIMEOUT = 300.0  # seconds for `run` (a first start may set up storage)
-BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
+
+# podman 4: `database storage graph driver "" does not match our storage graph driver "overlay"`;
+# older: `database graph driver "vfs" does not match our graph driver "overlay"`.
+_DRIVER_MISMATCH = re.compile(
+    r'database (?:storage )?graph driver "(?P<store>[^"]*)" does not match our '
+    r'(?:storage )?graph driver "(?P<ours>[^"]*)"'
+)
 
 
-class PodmanEngine:
+class PodmanEngine(CliEngine):
     name = "podman"
+    package = "podman"
 
-    def __init__(
-        self,
-        *,
-        binary: str = "podman",
-        runtime: str | None = None,
-        storage_driver: str | None = "overlay",
-        cgroup_manager: str | None = "cgroupfs",
-        network: str = "host",
-        ulimits: Sequence[str] = (),
-        global_args: Sequence[str] = (),
-    ) -> None:
-        self.binary = binary
-        self.runtime = runtime
-        self.storage_driver = storage_driver
-        self.cgroup_manager = cgroup_manager
-        self.network = network
-        self.ulimits = tuple(ulimits)
-        self.global_args = tuple(global_args)
+    def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
+        super().__init__(settings, options)
+        self.runtime = settings.runtime
+        self.storage_driver = settings.storage_driver
+        self.cgroup_manager = options.cgroup_manager
 
-    # --- the protocol --------------------------------------------------------------------------
-
-    def ensure_image(self, image: str, *, pull: bool = False) -> None:
-        if self.image_exists(image):
-            return
-        if not pull:
-            raise permanent(
-                f"image {image} is not present in {self.name}'s storage; build or "
-                f"import it first (gpubook templates build NAME)"
-            )
-        self._call(["pull", image], timeout=BUILD_TIMEOUT)
-
-    def start(self, spec: ContainerSpec) -> ContainerInfo:
-        """Start the booking's container; a no-op if it already runs with the same spec."""
-        current = self.inspect(spec.name)
-        if current is not None:
-            if current.running and current.spec_hash == spec.spec_hash:
-                log.info("booking %s: already running as %s", spec.booking_id, spec.name)
-                return current
-            if current.running:
-                raise permanent(
-                    f"booking {spec.booking_id}: {spec.name} already runs with another "
-                    f"spec (hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first"
+    def preflight(self) -> builtins.list[Check]:
+        binary = self.binary_check()
+        if not binary.ok:
+            return [binary]
+        if os.geteuid() != 0 and not shutil.which("newuidmap"):
+            return [
+                Check(
+                    "engine",
+                    False,
+                    f"{binary.detail}, but newuidmap is missing (rootless podman needs it)",
+                    "install the uidmap package",
                 )
-            self._remove(spec.name)  # an exited leftover of an earlier start
-        self._check_port_free(spec)
-        self.ensure_image(spec.image)
-        self._check_mounts(spec)
-        argv = self.run_args(spec)
+            ]
+        return [binary, self.storage_check()]
+
+    def storage_check(self) -> Check:
+        """`podman info` with gpubook's own flags: the cheapest command that opens the store."""
         try:
-            self._call(argv, timeout=RUN_TIMEOUT)
-            info = self.inspect(spec.name)
-        except EngineError:
-            self._remove(spec.name)
-            raise
-        if info is None:
-            raise EngineError(
-                f"booking {spec.booking_id}: {spec.name} vanished right after its start"
+            done = self._process(["info", "--format", "json"], timeout=QUICK_TIMEOUT)
+        except EngineError as error:  # no answer in time, or the binary gone meanwhile
+            return Check("engine storage", False, f"podman info: {error}", "run `podman info` as this user")
+        if done.returncode != 0:
+            return self._storage_failure(message_of(done))
+        try:
+            store = json.loads(done.stdout).get("store") or {}
+        except ValueError:
+            store = {}
+        return Check(
+            "engine storage",
+            True,
+            f"driver {store.get('graphDriverName', '?')}, store {store.get('graphRoot', '?')}",
+        )
+
+    def _storage_failure(self, message: str) -> Check:
+        mismatch = _DRIVER_MISMATCH.search(message)
+        if mismatch is None:
+            return Check(
+                "engine storage",
+                False,
+                f"podman info: {message[:300]}",
+                "run `podman info` as this user and fix what it reports",
             )
-        return info
-
-    def stop(self, name: str, grace: float) -> None:
-        """SIGTERM, `grace` seconds for the booker's work to finish, SIGKILL; then remove it."""
-        if self.inspect(name) is None:
-            return
-        self._call(
-            ["stop", "--time", str(math.ceil(grace)), name],
-            timeout=grace + QUICK_TIMEOUT,
-            missing_ok=True,
-        )
-        self._remove(name)
-
-    def list(self) -> builtins.list[ContainerInfo]:
-        for _attempt in range(3):  # a container may vanish between `ps` and `inspect`
-            ids = self._call(
-                ["ps", "--all", "--quiet", "--no-trunc", "--filter", f"label={LABEL_BOOKING}"]
-            ).split()
-            if not ids:
-                return []
-            try:
-                return [self._info(raw) for raw in self._inspect_raw(ids)]
-            except EngineError:
-                continue
-        raise EngineError(f"{self.name}: containers kept changing while being listed")
-
-    def inspect(self, name: str) -> ContainerInfo | None:
-        raws = self._inspect_raw([name], missing_ok=True)
-        if not raws:
-            return None
-        info = self._info(raws[0])
-        return info if info.booking_id else None  # not one of gpubook's containers
-
-    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None) -> ExecResult:
-        user_args = ["--user", user] if user else []
-        done = self._process(["exec", *user_args, name, *argv], timeout=RUN_TIMEOUT)
-        return ExecResult(done.returncode, done.stdout, done.stderr)
-
-    def logs(self, name: str, *, tail: int | None = None) -> str:
-        tail_args = ["--tail", str(tail)] if tail is not None else []
-        done = self._process(["logs", *tail_args, name], timeout=QUICK_TIMEOUT)
-        return done.stdout + done.stderr
-
-    def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
-        # Host network: these machines have no slirp4netns for the unprivileged user.
-        self._call(
-            [
-                "build",
-                "--network",
-                "host",
-                "--tag",
-                tag,
-                "--file",
-                str(context / containerfile),
-                str(context),
-            ],
-            timeout=BUILD_TIMEOUT,
+        store, ours = mismatch.group("store"), mismatch.group("ours")
+        made_with = f'"{store}"' if store else "podman's default driver"
+        return Check(
+            "engine storage",
+            False,
+            f"podman's store was made with {made_with} but gpubook asks for \"{ours}\" "
+            f"([engine] storage_driver), so every podman command fails: {message[:200]}",
+            "remove [engine] storage_driver so podman uses its store's own driver"
+            + (f' (or set it to "{store}")' if store else "")
+            + ", or run `podman system reset` if the store's images and containers may be lost",
         )
 
-    def import_rootfs(self, tarball: Path, tag: str) -> None:
-        self._call(["import", str(tarball), tag], timeout=BUILD_TIMEOUT)
-
-    def image_exists(self, image: str) -> bool:
-        return self._process(["image", "exists", image], timeout=QUICK_TIMEOUT).returncode == 0
-
-    def remove_image(self, image: str) -> None:
-        self._call(["rmi", "--force", image], missing_ok=True)
-
-    # --- what differs between engines ----------------------------------------------------------
+    # --- podman's own flags --------------------------------------------------------------------
 
     def global_argv(self) -> builtins.list[str]:
         argv = [self.binary, *self.global_args]
@@ -184,6 +114,9 @@ class PodmanEngine:
         if self.cgroup_manager:
             argv += ["--cgroup-manager", self.cgroup_manager]
         return argv + ["--events-backend", "file"]
+
+    def image_exists(self, image: str) -> bool:
+        return self._process(["image", "exists", image], timeout=QUICK_TIMEOUT).returncode == 0
 
     def userns_args(self, spec: ContainerSpec) -> builtins.list[str]:
         """The container's own user namespace."""
@@ -214,145 +147,14 @@ class PodmanEngine:
         defaults = {"nofile": f"nofile={nofile}:{nofile}", "nproc": f"nproc={NPROC}:{NPROC}"}
         return [value for key, value in defaults.items() if key not in configured]
 
-    def pull_never_args(self) -> builtins.list[str]:
-        return ["--pull", "never"]
-
-    def _inspect_raw(
-        self, names: Sequence[str], *, missing_ok: bool = False
-    ) -> builtins.list[dict[str, Any]]:
-        done = self._process(["container", "inspect", *names], timeout=QUICK_TIMEOUT)
-        if done.returncode != 0:
-            if missing_ok and _is_missing(done.stderr):
-                return []
-            raise EngineError(f"{self.name} inspect: {_message(done)}")
-        try:
-            return list(json.loads(done.stdout or "[]"))
-        except ValueError as error:
-            raise EngineError(f"{self.name} inspect gave unreadable JSON: {error}") from None
-
-    # --- building the run command --------------------------------------------------------------
-
-    def run_args(self, spec: ContainerSpec) -> builtins.list[str]:
-        argv = ["run", "--detach", "--name", spec.name, *self.pull_never_args(), "--user", "0:0"]
-        for key, value in spec.labels().items():
-            argv += ["--label", f"{key}={value}"]
-        if self.network == "host":
-            argv += ["--network", "host"]
-        else:
-            argv += ["--publish", f"{spec.port}:{spec.port}"]
-        argv += self.userns_args(spec)
-        for capability in DROP_CAPABILITIES:
-            argv += ["--cap-drop", capability]
-        for capability in KEEP_CAPABILITIES:
-            argv += ["--cap-add", capability]
-        for ulimit in (*self.default_ulimits(), *self.ulimits):
-            argv += ["--ulimit", ulimit]
-        if spec.shm_size:
-            argv += ["--shm-size", spec.shm_size]
-        if spec.memory:
-            argv += ["--memory", spec.memory]
-        for name, value in spec.env:
-            argv += ["--env", f"{name}={value}"]
-        for mount in spec.mounts:
-            argv += [
-                "--volume",
-                f"{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}",
-            ]
-        if spec.gpu is not None:
-            from runtime.nvidia import container_args  # only GPU bookings need the driver code
-
-            argv += list(container_args(spec.gpu))
-        command = list(spec.command)
-        if spec.entrypoint:
-            # Docker's --entrypoint takes one executable; its arguments lead the command.
-            argv += ["--entrypoint", spec.entrypoint[0]]
-            command = [*spec.entrypoint[1:], *command]
-        return [*argv, spec.image, *command]
-
-    # --- checks before anything starts ---------------------------------------------------------
-
-    def _check_port_free(self, spec: ContainerSpec) -> None:
-        for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # noqa: S104
-            try:
-                probe = socket.socket(family, socket.SOCK_STREAM)
-            except OSError:
-                continue  # no IPv6 on this host
-            with probe:
-                # As sshd does: a port held only by TIME_WAIT leftovers is free for it.
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                try:
-                    probe.bind((address, spec.port))
-                except OSError as error:
-                    if error.errno == errno.EADDRINUSE:
-                        raise EngineError(
-                            f"booking {spec.booking_id}: port {spec.port} is already in "
-                            f"use on this host"
-                        ) from None
-                    if error.errno != errno.EADDRNOTAVAIL:
-                        raise EngineError(
-                            f"booking {spec.booking_id}: cannot use port {spec.port}: "
-                            f"{error.strerror}"
-                        ) from None
-
-    def _check_mounts(self, spec: ContainerSpec) -> None:
-        for mount in spec.mounts:
-            text = str(mount.source)
-            if ":" in text or ":" in mount.target or "," in text:
-                raise permanent(
-                    f"booking {spec.booking_id}: mount path {text} or {mount.target} "
-                    f"contains ':' or ','"
-                )
-            if not mount.source.exists():
-                raise permanent(f"booking {spec.booking_id}: mount source {text} does not exist")
-
-    # --- running the engine --------------------------------------------------------------------
-
-    def _remove(self, name: str) -> None:
-        self._process(["rm", "--force", name], timeout=QUICK_TIMEOUT)
-
-    def _info(self, raw: dict[str, Any]) -> ContainerInfo:
-        config = raw.get("Config") or {}
-        image = config.get("Image") or raw.get("ImageName") or raw.get("Image") or ""
-        return info_from_labels(
-            name=raw.get("Name", ""),
-            id=raw.get("Id", ""),
-            state=(raw.get("State") or {}).get("Status", "unknown"),
-            image=image,
-            labels=config.get("Labels") or {},
-        )
-
-    def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-        argv = [*self.global_argv(), *args]
-        try:
-            return subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-        except FileNotFoundError:
-            raise permanent(f"{self.name}: {self.binary} is not installed or not on PATH") from None
-        except subprocess.TimeoutExpired:
-            raise EngineError(f"{self.name} {args[0]}: no answer within {timeout:.0f} s") from None
-
-    def _call(
-        self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, missing_ok: bool = False
-    ) -> str:
-        done = self._process(args, timeout=timeout)
-        if done.returncode != 0 and not (missing_ok and _is_missing(done.stderr)):
-            raise EngineError(f"{self.name} {args[0]}: {_message(done)}")
-        return done.stdout
+    def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
+        """libnvidia-container mounts a tmpfs over /proc/driver/nvidia from a hook; runc refuses
+        OCI mounts inside /proc, but its maskedPaths are allowed, and podman exposes them as
+        `--security-opt mask=` (a ':'-separated list, hence PROC_GPUS as a whole, see
+        nvidia.inject). runc masks a folder with an empty read-only tmpfs."""
+        if not injection.hidden_proc_paths:
+            return []
+        paths = [checked_proc_path(p) for p in injection.hidden_proc_paths]
+        return ["--security-opt", "mask=" + ":".join(paths)]
 
 
-def _is_missing(stderr: str) -> bool:
-    text = stderr.lower()
-    return "no such" in text or "not known" in text or "no container with name" in text
-
-
-def _message(done: subprocess.CompletedProcess[str]) -> str:
-    text = (done.stderr or done.stdout).strip()
-    return text.removeprefix("Error: ").strip() or f"exit status {done.returncode}"

@@ -60,7 +60,8 @@ def _optional_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
-    from runtime import cdi, gpus
+    from runtime import gpus
+    from runtime.nvidia import cdi
 
     loaded = _optional_config(args)
     if args.gpus_command == "cdi":

@@ -1,19 +1,17 @@
 """`gpubook doctor`: every check an admin needs before trusting gpubook, each problem with its fix.
 
-The driver and device checks come from runtime.gpus; this module adds the config, the engine, the
-templates, the calendars and the data folders. Exit status 1 if any check failed.
+The driver and device checks come from runtime.gpus and the engine's from its own preflight; this
+module adds the config, the templates, the calendars and the data folders. Exit status 1 if any check failed.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from contextlib import closing
 
-from runtime import gpus
+from runtime import engines, gpus
+from runtime.checks import Check, format_checks
 from runtime.errors import GpubookError
-from runtime.gpus import Check
 from runtime.templates import load_all
 from scheduler import config as config_module
 from scheduler.sources import open_source
@@ -29,27 +27,6 @@ def _config_check(path: str | None) -> tuple[Check, config_module.Config | None]
         return Check("config", False, str(error), "correct the lines named above"), None
     return Check("config", True, f"{loaded.path}: {len(loaded.calendars)} calendar(s), "
                  f"{len(loaded.users)} user(s)"), loaded
-
-
-def _engine_check(loaded: config_module.Config | None) -> Check:
-    name = loaded.engine.name if loaded else "podman"
-    binary = (loaded.engine.binary if loaded else None) or name
-    path = shutil.which(binary)
-    if path is None:
-        package = "podman" if name == "podman" else "docker.io"
-        return Check("engine", False, f"{binary} is not installed or not on PATH",
-                     f"install it (apt-get install {package}) or set [engine] binary")
-    try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return Check("engine", False, f"{path} --version failed: {error}", f"check that {path} runs")
-    if done.returncode != 0:
-        return Check("engine", False, f"{path} --version: {done.stderr.strip()[:200]}", f"check that {path} runs")
-    detail = done.stdout.strip()
-    if name == "podman" and os.geteuid() != 0 and not shutil.which("newuidmap"):
-        return Check("engine", False, f"{detail}, but newuidmap is missing (rootless podman needs it)",
-                     "install the uidmap package")
-    return Check("engine", True, detail)
 
 
 def _templates_check(loaded: config_module.Config | None) -> Check:
@@ -97,7 +74,7 @@ def checks(config_path: str | None) -> list[Check]:
                             "is used and containers get no GPU"))
     else:
         result.extend(driver)
-    result.append(_engine_check(loaded))
+    result.extend(engines.preflight(loaded.engine if loaded else engines.EngineSettings()))
     result.append(_templates_check(loaded))
     if loaded is not None:
         result.extend(_calendar_checks(loaded))
@@ -106,7 +83,7 @@ def checks(config_path: str | None) -> list[Check]:
 
 
 def run(config_path: str | None) -> int:
-    lines, status = gpus.format_checks(checks(config_path))
+    lines, status = format_checks(checks(config_path))
     print("\n".join(lines))
     return status
 

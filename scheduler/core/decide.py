@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
-from runtime.engines import ContainerInfo, container_name
+from runtime.engines.spec import ContainerInfo, container_name
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL, Accepted, Plan
 

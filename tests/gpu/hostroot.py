@@ -5,8 +5,8 @@ userspace, so the test image is the host's root file system (`tar --one-file-sys
 without /proc, /sys, /dev, /tmp, /root, /opt, /usr/local/cuda* and /usr/local/nvidia: the driver
 must come from the injection, not the image), imported once into podman and reused.
 
-The containers are started with `podman run` argv built here from `nvidia.container_args`; once
-the podman engine (runtime/engines/podman.py) takes a `ContainerSpec(gpu=injection)`, `run_argv`
+The containers are started with `podman run` argv built here from the podman engine's
+`gpu_args`; once the podman engine (runtime/engines/podman.py) takes a `ContainerSpec(gpu=injection)`, `run_argv`
 is the one place to switch. `LOADER_SHIM` does what gpubook's entrypoint does for the driver:
 ldconfig if the image has it, else LD_LIBRARY_PATH prepended.
 """
@@ -25,6 +25,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from runtime import nvidia  # noqa: E402
+from runtime.engines import engine_from  # noqa: E402
 
 HOST_IMAGE = os.environ.get("GPUBOOK_HOST_IMAGE", "localhost/gpubook-hostroot:test")
 TORCH_PYTHON = "/opt/torch/.venv/bin/python3"
@@ -155,11 +156,11 @@ def run_argv(
         if name:
             argv += ["--name", name]
         if injection is not None:
-            argv += nvidia.container_args(injection)
+            argv += engine_from("podman").gpu_args(injection)  # type: ignore[attr-defined]
         return [*argv, *extra, image, "sh", "-c", LOADER_SHIM, "sh", *command]
     from datetime import UTC, datetime, timedelta
 
-    from runtime.engines import ContainerSpec, engine_from
+    from runtime.engines import ContainerSpec
 
     # The host's own storage and cgroup defaults, so that plain `podman exec/rm` find the container.
     # The bundle's limits (podman-on-gpuhost.sh): runc there refuses higher nofile/nproc values.

@@ -1,7 +1,7 @@
 """On a real GPU: a booking's container sees exactly its GPUs, with the host's driver.
 
 Containers come from the host's own root file system (hostroot.py), started by rootful podman
-with `nvidia.container_args(injection)`, as gpubook's podman engine starts them.
+with the podman engine's `gpu_args(injection)`, as gpubook's podman engine starts them.
 """
 
 from __future__ import annotations

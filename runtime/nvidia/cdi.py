@@ -6,8 +6,8 @@ adds its /dev/nvidiaN. Written as JSON, which CDI accepts as well as YAML.
 
 What a CDI spec cannot say, and the engine must still add: `--cap-drop MKNOD`, masking
 /proc/driver/nvidia/gpus (CDI has no masked paths), and CUDA_VISIBLE_DEVICES=0..n-1 (a per-device
-value would be overwritten when several devices are requested). `nvidia.container_args` does all
-of these for the explicit form.
+value would be overwritten when several devices are requested). Each engine's GPU arguments
+(runtime.engines) do all of these for the explicit form.
 
 cdiVersion is the lowest version the content needs, decided as the CDI project's own
 specs-go/version.go does (cncf-tags/container-device-interface): 0.3.0 is the earliest still
@@ -28,8 +28,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from runtime import nvidia
 from runtime.errors import DriverError
+from runtime.mounts import Mount
+from runtime.nvidia.catalog import CONTAINER_LIBRARY_DIR, DEFAULT_CAPABILITIES
+from runtime.nvidia.discovery import discover
+from runtime.nvidia.injection import driver_binds
+from runtime.nvidia.model import Device, Driver
 
 KIND = "nvidia.com/gpu"
 MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "bind"]
@@ -63,32 +67,32 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
     return "0.3.0"
 
 
-def _node(device: nvidia.Device) -> dict[str, str]:
+def _node(device: Device) -> dict[str, str]:
     node = {"path": device.container}
     if str(device.host) != device.container:
         node["hostPath"] = str(device.host)
     return node
 
 
-def _mount(bind: nvidia.Bind) -> dict[str, Any]:
+def _mount(bind: Mount) -> dict[str, Any]:
     options = MOUNT_OPTIONS if bind.read_only else ["nosuid", "nodev", "bind"]
-    return {"hostPath": str(bind.host), "containerPath": bind.container, "options": list(options)}
+    return {"hostPath": str(bind.source), "containerPath": bind.target, "options": list(options)}
 
 
 def spec(
-    driver: nvidia.Driver,
+    driver: Driver,
     *,
-    library_dir: str = nvidia.CONTAINER_LIBRARY_DIR,
+    library_dir: str = CONTAINER_LIBRARY_DIR,
     cache_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The CDI spec of this host's driver and GPUs (MIG instances are not listed)."""
     if not driver.gpus:
         raise DriverError("the driver lists no GPU, so there is nothing to describe")
-    binds, _links = nvidia.driver_binds(driver, library_dir=library_dir, cache_dir=cache_dir)
+    binds, _links = driver_binds(driver, library_dir=library_dir, cache_dir=cache_dir)
     devices: list[dict[str, Any]] = []
     for gpu in driver.gpus:
         node = _node(
-            nvidia.Device(driver.root / f"dev/nvidia{gpu.minor}", f"/dev/nvidia{gpu.minor}")
+            Device(driver.root / f"dev/nvidia{gpu.minor}", f"/dev/nvidia{gpu.minor}")
         )
         devices.append({"name": str(gpu.index), "containerEdits": {"deviceNodes": [node]}})
     for gpu in driver.gpus:
@@ -149,9 +153,7 @@ def cli_gpus_cdi(
     """`gpubook gpus cdi [--output FILE]`: print the spec, or write it to FILE."""
     out = out or sys.stdout
     try:
-        driver = nvidia.discover(
-            capabilities=nvidia.DEFAULT_CAPABILITIES, extra_roots=tuple(extra_roots)
-        )
+        driver = discover(capabilities=DEFAULT_CAPABILITIES, extra_roots=tuple(extra_roots))
         cache_dir = getattr(args, "cache_dir", None)
         # The spec names the soname-link folder by path: it must outlive this command (for a spec
         # in /etc/cdi, pass a system folder such as /var/lib/gpubook/nvidia).

@@ -1,0 +1,379 @@
+"""What podman and Docker share: both are driven through a CLI that takes the same `run` flags.
+
+`CliEngine` runs the binary (argv lists only), reads containers back from their labels, and builds
+the `run` argv from a ContainerSpec. What differs between engines is a handful of hooks
+(`global_argv`, `userns_args`, `gpu_isolation_args`, `host_owner`, …) that each engine module
+defines for itself, so no engine inherits another's flags.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import json
+import logging
+import math
+import shutil
+import socket
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from runtime.checks import Check
+from runtime.engines.spec import (
+    DROP_CAPABILITIES,
+    KEEP_CAPABILITIES,
+    LABEL_BOOKING,
+    ContainerInfo,
+    ContainerSpec,
+    ExecResult,
+    info_from_labels,
+    permanent,
+)
+from runtime.errors import DriverError, EngineError
+
+if TYPE_CHECKING:
+    from runtime.engines import EngineOptions, EngineSettings
+    from runtime.nvidia.model import GpuInjection
+
+log = logging.getLogger(__name__)
+
+QUICK_TIMEOUT = 60.0  # seconds for commands that should answer at once
+RUN_TIMEOUT = 300.0  # seconds for `run` (a first start may set up storage)
+BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
+
+
+class CliEngine:
+    name: ClassVar[str]
+    package: ClassVar[str]  # the Debian package that installs the binary, for doctor's fix
+
+    def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
+        self.settings = settings
+        self.binary = settings.binary or self.name
+        self.network = settings.network
+        self.ulimits = tuple(settings.ulimits)
+        self.global_args = tuple(options.global_args)
+
+    # --- the protocol --------------------------------------------------------------------------
+
+    def ensure_image(self, image: str, *, pull: bool = False) -> None:
+        if self.image_exists(image):
+            return
+        if not pull:
+            raise permanent(
+                f"image {image} is not present in {self.name}'s storage; build or "
+                f"import it first (gpubook templates build NAME)"
+            )
+        self._call(["pull", image], timeout=BUILD_TIMEOUT)
+
+    def start(self, spec: ContainerSpec) -> ContainerInfo:
+        """Start the booking's container; a no-op if it already runs with the same spec."""
+        current = self.inspect(spec.name)
+        if current is not None:
+            if current.running and current.spec_hash == spec.spec_hash:
+                log.info("booking %s: already running as %s", spec.booking_id, spec.name)
+                return current
+            if current.running:
+                raise permanent(
+                    f"booking {spec.booking_id}: {spec.name} already runs with another "
+                    f"spec (hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first"
+                )
+            self._remove(spec.name)  # an exited leftover of an earlier start
+        self._check_port_free(spec)
+        self.ensure_image(spec.image)
+        self._check_mounts(spec)
+        argv = self.run_args(spec)
+        try:
+            self._call(argv, timeout=RUN_TIMEOUT)
+            info = self.inspect(spec.name)
+        except EngineError:
+            self._remove(spec.name)
+            raise
+        if info is None:
+            raise EngineError(
+                f"booking {spec.booking_id}: {spec.name} vanished right after its start"
+            )
+        return info
+
+    def stop(self, name: str, grace: float) -> None:
+        """SIGTERM, `grace` seconds for the booker's work to finish, SIGKILL; then remove it."""
+        if self.inspect(name) is None:
+            return
+        self._call(
+            ["stop", "--time", str(math.ceil(grace)), name],
+            timeout=grace + QUICK_TIMEOUT,
+            missing_ok=True,
+        )
+        self._remove(name)
+
+    def list(self) -> builtins.list[ContainerInfo]:
+        for _attempt in range(3):  # a container may vanish between `ps` and `inspect`
+            ids = self._call(
+                ["ps", "--all", "--quiet", "--no-trunc", "--filter", f"label={LABEL_BOOKING}"]
+            ).split()
+            if not ids:
+                return []
+            try:
+                return [self._info(raw) for raw in self._inspect_raw(ids)]
+            except EngineError:
+                continue
+        raise EngineError(f"{self.name}: containers kept changing while being listed")
+
+    def inspect(self, name: str) -> ContainerInfo | None:
+        raws = self._inspect_raw([name], missing_ok=True)
+        if not raws:
+            return None
+        info = self._info(raws[0])
+        return info if info.booking_id else None  # not one of gpubook's containers
+
+    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None) -> ExecResult:
+        user_args = ["--user", user] if user else []
+        done = self._process(["exec", *user_args, name, *argv], timeout=RUN_TIMEOUT)
+        return ExecResult(done.returncode, done.stdout, done.stderr)
+
+    def logs(self, name: str, *, tail: int | None = None) -> str:
+        tail_args = ["--tail", str(tail)] if tail is not None else []
+        done = self._process(["logs", *tail_args, name], timeout=QUICK_TIMEOUT)
+        return done.stdout + done.stderr
+
+    def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
+        # Host network: these machines have no slirp4netns for the unprivileged user.
+        self._call(
+            [
+                "build",
+                "--network",
+                "host",
+                "--tag",
+                tag,
+                "--file",
+                str(context / containerfile),
+                str(context),
+            ],
+            timeout=BUILD_TIMEOUT,
+        )
+
+    def import_rootfs(self, tarball: Path, tag: str) -> None:
+        self._call(["import", str(tarball), tag], timeout=BUILD_TIMEOUT)
+
+    def preflight(self) -> builtins.list[Check]:
+        """The binary is installed and runs; engines add their own checks after this one."""
+        return [self.binary_check()]
+
+    # --- what each engine spells its own way ---------------------------------------------------
+
+    def global_argv(self) -> builtins.list[str]:
+        return [self.binary, *self.global_args]
+
+    def image_exists(self, image: str) -> bool:
+        raise NotImplementedError
+
+    def userns_args(self, spec: ContainerSpec) -> builtins.list[str]:
+        """The container's own user namespace, where the engine gives it one."""
+        return []
+
+    def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
+        """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""
+        return uid, gid
+
+    def default_ulimits(self) -> builtins.list[str]:
+        return []
+
+    def pull_never_args(self) -> builtins.list[str]:
+        return ["--pull", "never"]
+
+    def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
+        """Flags that hide `injection.hidden_proc_paths` (the other GPUs' /proc entries)."""
+        raise NotImplementedError
+
+    # --- building the run command --------------------------------------------------------------
+
+    def run_args(self, spec: ContainerSpec) -> builtins.list[str]:
+        argv = ["run", "--detach", "--name", spec.name, *self.pull_never_args(), "--user", "0:0"]
+        for key, value in spec.labels().items():
+            argv += ["--label", f"{key}={value}"]
+        if self.network == "host":
+            argv += ["--network", "host"]
+        else:
+            argv += ["--publish", f"{spec.port}:{spec.port}"]
+        argv += self.userns_args(spec)
+        for capability in DROP_CAPABILITIES:
+            argv += ["--cap-drop", capability]
+        for capability in KEEP_CAPABILITIES:
+            argv += ["--cap-add", capability]
+        for ulimit in (*self.default_ulimits(), *self.ulimits):
+            argv += ["--ulimit", ulimit]
+        if spec.shm_size:
+            argv += ["--shm-size", spec.shm_size]
+        if spec.memory:
+            argv += ["--memory", spec.memory]
+        for name, value in spec.env:
+            argv += ["--env", f"{name}={value}"]
+        for mount in spec.mounts:
+            argv += [
+                "--volume",
+                f"{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}",
+            ]
+        if spec.gpu is not None:
+            argv += self.gpu_args(spec.gpu, booking_id=spec.booking_id)
+        command = list(spec.command)
+        if spec.entrypoint:
+            # Docker's --entrypoint takes one executable; its arguments lead the command.
+            argv += ["--entrypoint", spec.entrypoint[0]]
+            command = [*spec.entrypoint[1:], *command]
+        return [*argv, spec.image, *command]
+
+    def gpu_args(self, injection: GpuInjection, *, booking_id: str = "") -> builtins.list[str]:
+        """The `run` flags that apply the injection: device nodes, binds and environment, which
+        both CLIs spell alike, then the engine's own way to hide the other GPUs' /proc entries.
+
+        `--cap-drop MKNOD`: with the default capabilities NVML (ModifyDeviceFiles=1) creates the
+        other GPUs' /dev/nvidiaN inside the container (seen on a 2-GPU host); the device cgroup
+        keeps them unusable, but they should not be there. Device rules are "rw", never "m".
+        """
+        args = ["--cap-drop", "MKNOD"]
+        for device in injection.devices:
+            args += [
+                "--device",
+                f"{_checked(device.host, 'device')}:{_checked(device.container, 'device')}:rw",
+            ]
+        for bind in injection.binds:
+            mode = ":ro" if bind.read_only else ""
+            args += ["-v", f"{_checked(bind.source, 'path')}:{_checked(bind.target, 'path')}{mode}"]
+        for name, value in injection.environment:
+            args += ["-e", f"{name}={value}"]
+        return args + self.gpu_isolation_args(injection, booking_id=booking_id)
+
+    # --- checks before anything starts ---------------------------------------------------------
+
+    def binary_check(self) -> Check:
+        path = shutil.which(self.binary)
+        if path is None:
+            return Check(
+                "engine",
+                False,
+                f"{self.binary} is not installed or not on PATH",
+                f"install it (apt-get install {self.package}) or set [engine] binary",
+            )
+        try:
+            done = subprocess.run(
+                [path, "--version"], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return Check("engine", False, f"{path} --version failed: {error}", f"check that {path} runs")
+        if done.returncode != 0:
+            return Check(
+                "engine", False, f"{path} --version: {done.stderr.strip()[:200]}", f"check that {path} runs"
+            )
+        return Check("engine", True, done.stdout.strip())
+
+    def _check_port_free(self, spec: ContainerSpec) -> None:
+        for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # noqa: S104
+            try:
+                probe = socket.socket(family, socket.SOCK_STREAM)
+            except OSError:
+                continue  # no IPv6 on this host
+            with probe:
+                # As sshd does: a port held only by TIME_WAIT leftovers is free for it.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    probe.bind((address, spec.port))
+                except OSError as error:
+                    if error.errno == errno.EADDRINUSE:
+                        raise EngineError(
+                            f"booking {spec.booking_id}: port {spec.port} is already in "
+                            f"use on this host"
+                        ) from None
+                    if error.errno != errno.EADDRNOTAVAIL:
+                        raise EngineError(
+                            f"booking {spec.booking_id}: cannot use port {spec.port}: "
+                            f"{error.strerror}"
+                        ) from None
+
+    def _check_mounts(self, spec: ContainerSpec) -> None:
+        for mount in spec.mounts:
+            text = str(mount.source)
+            if ":" in text or ":" in mount.target or "," in text:
+                raise permanent(
+                    f"booking {spec.booking_id}: mount path {text} or {mount.target} "
+                    f"contains ':' or ','"
+                )
+            if not mount.source.exists():
+                raise permanent(f"booking {spec.booking_id}: mount source {text} does not exist")
+
+    # --- running the engine --------------------------------------------------------------------
+
+    def _inspect_raw(
+        self, names: Sequence[str], *, missing_ok: bool = False
+    ) -> builtins.list[dict[str, Any]]:
+        done = self._process(["container", "inspect", *names], timeout=QUICK_TIMEOUT)
+        if done.returncode != 0:
+            if missing_ok and _is_missing(done.stderr):
+                return []
+            raise EngineError(f"{self.name} inspect: {message_of(done)}")
+        try:
+            return list(json.loads(done.stdout or "[]"))
+        except ValueError as error:
+            raise EngineError(f"{self.name} inspect gave unreadable JSON: {error}") from None
+
+    def _remove(self, name: str) -> None:
+        self._process(["rm", "--force", name], timeout=QUICK_TIMEOUT)
+
+    def _info(self, raw: dict[str, Any]) -> ContainerInfo:
+        config = raw.get("Config") or {}
+        image = config.get("Image") or raw.get("ImageName") or raw.get("Image") or ""
+        return info_from_labels(
+            name=raw.get("Name", ""),
+            id=raw.get("Id", ""),
+            state=(raw.get("State") or {}).get("Status", "unknown"),
+            image=image,
+            labels=config.get("Labels") or {},
+        )
+
+    def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+        argv = [*self.global_argv(), *args]
+        try:
+            return subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise permanent(f"{self.name}: {self.binary} is not installed or not on PATH") from None
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"{self.name} {args[0]}: no answer within {timeout:.0f} s") from None
+
+    def _call(
+        self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, missing_ok: bool = False
+    ) -> str:
+        done = self._process(args, timeout=timeout)
+        if done.returncode != 0 and not (missing_ok and _is_missing(done.stderr)):
+            raise EngineError(f"{self.name} {args[0]}: {message_of(done)}")
+        return done.stdout
+
+
+def _checked(path: str | Path, what: str) -> str:
+    text = str(path)
+    # -v and --device split on ':'; a comma would break --mount and --security-opt mask lists.
+    if ":" in text or "," in text or "\n" in text:
+        raise DriverError(f"{what} {text!r} contains ':' or ',' and cannot be passed to the engine")
+    return text
+
+
+def checked_proc_path(path: str) -> str:
+    return _checked(path, "/proc path")
+
+
+def _is_missing(stderr: str) -> bool:
+    text = stderr.lower()
+    return "no such" in text or "not known" in text or "no container with name" in text
+
+
+def message_of(done: subprocess.CompletedProcess[str]) -> str:
+    text = (done.stderr or done.stdout).strip()
+    return text.removeprefix("Error: ").strip() or f"exit status {done.returncode}"

@@ -1,0 +1,150 @@
+"""Each engine's own `run` argv for a GPU booking, its registry, and the per-version driver search.
+
+No engine runs here: the argv is what the engine would pass, built from a fake driver tree
+(tests/nvidia_fake_driver.py); the real engines run these flags in test_nvidia_podman.py and
+test_docker_engine.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from nvidia_fake_driver import OLD_VERSION, VERSION, device_nodes, driver_libraries, proc_driver
+
+from runtime import nvidia
+from runtime.engines import ContainerSpec, EngineSettings, engine_from, make_engine, register
+from runtime.errors import EngineError
+
+LIBS = "usr/lib/x86_64-linux-gnu"
+
+
+@pytest.fixture
+def two_gpu_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    driver_libraries(root / LIBS)
+    proc_driver(root)  # two GPUs, minors 0 and 1
+    device_nodes(root)
+    return root
+
+
+def booking(injection: nvidia.GpuInjection) -> ContainerSpec:
+    return ContainerSpec(
+        booking_id="20261121-alice", user="alice", uid=2001, gid=2001, image="debian-ssh",
+        port=2222, end=datetime.now(UTC) + timedelta(hours=1), gpus=injection.gpus, gpu=injection,
+    )
+
+
+def one_of_two(root: Path, tmp_path: Path) -> nvidia.GpuInjection:
+    driver = nvidia.discover(root=root, environ={}, use_nvml=False, machine="x86_64", ld_cache="")
+    return nvidia.inject(driver, [1], cache_dir=tmp_path / "cache")
+
+
+def test_docker_gpu_booking_on_one_of_two_gpus_never_gets_podmans_mask(
+        two_gpu_root: Path, tmp_path: Path) -> None:
+    injection = one_of_two(two_gpu_root, tmp_path)
+    assert injection.hidden_proc_paths  # GPU 0 is not booked: podman would mask its /proc entry
+    argv = engine_from("docker").run_args(booking(injection))  # type: ignore[attr-defined]
+    assert not any("mask=" in arg for arg in argv), argv
+    assert "--security-opt" not in argv
+    assert f"{two_gpu_root}/dev/nvidia1:/dev/nvidia1:rw" in argv  # the booked GPU is still given
+
+
+def test_docker_says_once_per_start_that_proc_entries_stay_visible(
+        two_gpu_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spec = booking(one_of_two(two_gpu_root, tmp_path))
+    with caplog.at_level(logging.WARNING, logger="runtime.engines.docker"):
+        engine_from("docker").run_args(spec)  # type: ignore[attr-defined]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "booking 20261121-alice" in warnings[0] and "/proc/driver/nvidia/gpus" in warnings[0]
+
+
+def test_podman_masks_the_other_gpus_proc_entries(two_gpu_root: Path, tmp_path: Path) -> None:
+    argv = engine_from("podman").run_args(booking(one_of_two(two_gpu_root, tmp_path)))  # type: ignore[attr-defined]
+    assert argv[argv.index("--security-opt") + 1] == "mask=/proc/driver/nvidia/gpus"
+    driver = nvidia.discover(root=two_gpu_root, environ={}, use_nvml=False, machine="x86_64", ld_cache="")
+    every_gpu = nvidia.inject(driver, [0, 1], cache_dir=tmp_path / "cache")
+    assert "--security-opt" not in engine_from("podman").run_args(booking(every_gpu))  # type: ignore[attr-defined]
+
+
+# --- registry ------------------------------------------------------------------------------------
+
+
+def test_engines_by_name_and_by_dotted_path() -> None:
+    assert make_engine(EngineSettings(name="podman")).name == "podman"
+    assert make_engine(EngineSettings(name="docker", binary="/usr/bin/docker")).name == "docker"
+    dotted = make_engine(EngineSettings(name="runtime.engines.docker:DockerEngine"))
+    assert dotted.name == "docker"
+    with pytest.raises(EngineError, match='unknown engine .lxc. \\(known: "podman", "docker"'):
+        make_engine(EngineSettings(name="lxc"))
+    with pytest.raises(EngineError, match="cannot load runtime.engines.docker:NoSuchEngine"):
+        make_engine(EngineSettings(name="runtime.engines.docker:NoSuchEngine"))
+    with pytest.raises(EngineError, match="network"):
+        make_engine(EngineSettings(network="bridge"))
+
+
+def test_a_new_engine_is_one_registration_line() -> None:
+    from runtime.engines import ENGINES
+    from runtime.engines.podman import PodmanEngine
+
+    class Udocker(PodmanEngine):  # a stand-in: any class taking (settings, options)
+        name = "udocker"
+
+    register("udocker", Udocker)
+    try:
+        assert make_engine(EngineSettings(name="udocker")).name == "udocker"
+    finally:
+        del ENGINES["udocker"]
+
+
+def test_podman_follows_the_users_storage_driver_unless_told() -> None:
+    assert EngineSettings().storage_driver is None
+    default = engine_from("podman").global_argv()  # type: ignore[attr-defined]
+    assert "--storage-driver" not in default
+    explicit = engine_from("podman", storage_driver="vfs").global_argv()  # type: ignore[attr-defined]
+    assert explicit[explicit.index("--storage-driver") + 1] == "vfs"
+
+
+def test_engine_preflight_names_a_missing_binary() -> None:
+    checks = make_engine(EngineSettings(name="docker", binary="/nonexistent/docker")).preflight()
+    assert [c.ok for c in checks] == [False]
+    assert "not installed" in checks[0].detail and "apt-get install docker.io" in (checks[0].fix or "")
+
+
+# --- the driver search, kept per driver version --------------------------------------------------
+
+
+def test_a_second_start_with_the_same_driver_searches_no_files(two_gpu_root: Path, tmp_path: Path) -> None:
+    def start() -> nvidia.GpuInjection:
+        return nvidia.injection([1], root=two_gpu_root, environ={}, use_nvml=False, machine="x86_64",
+                                ld_cache="", cache_dir=tmp_path / "cache")
+
+    def bound(injection: nvidia.GpuInjection) -> set[str]:
+        return {m.target.rsplit("/", 1)[-1] for m in injection.binds}
+
+    first = start()
+    assert f"libnvidia-cfg.so.{VERSION}" in bound(first)
+    # Files vanish, the version stays: a search would notice, the cached result does not.
+    for name in (f"libnvidia-cfg.so.{VERSION}", "libnvidia-cfg.so.1"):
+        (two_gpu_root / LIBS / name).unlink()
+    assert f"libnvidia-cfg.so.{VERSION}" in bound(start())
+    # A driver upgrade changes the version the kernel module reports: the files are searched again.
+    driver_libraries(two_gpu_root / LIBS, OLD_VERSION)
+    proc_driver(two_gpu_root, OLD_VERSION)
+    upgraded = start()
+    assert upgraded.driver_version == OLD_VERSION
+    assert f"libcuda.so.{OLD_VERSION}" in bound(upgraded) and f"libcuda.so.{VERSION}" not in bound(upgraded)
+
+
+def test_gpus_and_ipc_are_read_afresh_at_each_start(two_gpu_root: Path, tmp_path: Path) -> None:
+    def start() -> nvidia.GpuInjection:
+        return nvidia.injection([0], root=two_gpu_root, environ={}, use_nvml=False, machine="x86_64",
+                                ld_cache="", cache_dir=tmp_path / "cache")
+
+    assert "/tmp/nvidia-mps" not in {m.target for m in start().binds}
+    (two_gpu_root / "tmp/nvidia-mps").mkdir(parents=True)
+    (two_gpu_root / "tmp/nvidia-mps/control").touch()  # MPS started while the driver stayed
+    assert "/tmp/nvidia-mps" in {m.target for m in start().binds}
