@@ -17,7 +17,7 @@ The API the rest of gpubook uses (nothing else of this package is needed outside
 - `Writer.write(EventRef, Outcome) -> WriteResult` and `Writer.close()`; the `Outcome` and the
   block it becomes in the event are `scheduler.sources.block`'s.
 
-Adding a source is one module with a `BaseSource` subclass and one line in `SOURCE_KINDS`; the
+Adding a source is one module with a `BaseSource` subclass and one `register` line; the
 module is imported only when a calendar uses it, so loading the config stays light.
 """
 
@@ -149,6 +149,13 @@ class BaseSource:
 
     def close(self) -> None:
         pass
+
+
+def register(kind: str, target: str) -> None:
+    """Make `[[calendar]] kind = "<kind>"` mean the source class at `target` ("module:Class")."""
+    if not _PATH.match(target):
+        raise ValueError(f"{target!r} is not a 'package.module:Class' path")
+    SOURCE_KINDS[kind] = target
 
 
 def source_class(kind: str) -> type[BaseSource]:
