@@ -2,7 +2,7 @@
 
 Recurrence, time zones (VTIMEZONE, Windows names, X-WR-TIMEZONE), all-day events, DURATION and
 moved or cancelled occurrences are left to icalendar, x-wr-timezone and recurring-ical-events;
-this module only reads the booking convention (who, which template, how many GPUs) and checks it.
+the booking convention itself (who, which template, how many GPUs) is read by core/convention.py.
 
 Every occurrence inside the asked window that is not cancelled becomes exactly one `Booking` or
 `Rejection`. What cannot be tied to an occurrence at all (an unreadable object, an event without
@@ -16,10 +16,8 @@ that moving its start or end keeps its identity (and its container and write-bac
 from __future__ import annotations
 
 import logging
-import re
-import unicodedata
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from hashlib import sha256
@@ -31,10 +29,9 @@ import recurring_ical_events
 import x_wr_timezone
 from icalendar.parser import Contentlines
 
-from runtime.names import TEMPLATE_NAME, USER_NAME
 from scheduler.config import CalendarConfig, Config
+from scheduler.core.convention import Refused, request, show, text
 from scheduler.sources import RawObject
-from scheduler.sources.block import strip_block
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +40,7 @@ log = logging.getLogger(__name__)
 _MARGIN = timedelta(days=1)
 # Nobody books GPUs by the second or minute; such a rule would make millions of occurrences.
 _TOO_FREQUENT = {"SECONDLY", "MINUTELY"}
-_KEYS = ("user", "template", "gpus")
-_DESCRIPTION_LINE = re.compile(r"^[ \t]*(user|template|gpus)[ \t]*:[ \t]*(.*?)[ \t]*$",
-                               re.IGNORECASE | re.MULTILINE)
-_LOCATION_GPUS = re.compile(
-    r"\bgpus?[ \t]*[#:]?[ \t]*([0-9]{1,3}(?:[ \t]*,[ \t]*(?:gpu[ \t]*)?[0-9]{1,3})*)",
-    re.IGNORECASE | re.ASCII)
 _ProblemSink = Callable[[str | None, str], None]
-_COUNT = re.compile(r"[0-9]{1,3}", re.ASCII)
-_INDICES = re.compile(r"[0-9]{1,3}(?:[ \t]*,[ \t]*[0-9]{1,3})*[ \t]*,?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -101,23 +90,6 @@ class Problem:
 class Expansion:
     occurrences: tuple[Booking | Rejection, ...]  # sorted by start, then id
     problems: tuple[Problem, ...]
-
-
-@dataclass(frozen=True)
-class _Request:
-    user: str
-    template: str
-    gpu_count: int
-    gpu_indices: tuple[int, ...] | None
-
-
-class _Refused(Exception):
-    """A booking convention value that is wrong; the message is the rejection reason."""
-
-    def __init__(self, reason: str, user: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.user = user
 
 
 @dataclass
@@ -180,7 +152,7 @@ class BookingReader:
             try:
                 found = _expand(one, host_tz, window_start, window_end)
             except Exception as error:  # noqa: BLE001 - a hostile series must not stop the others
-                reason = f"event {_show(one.uid)} could not be expanded: {_short(error)}"
+                reason = f"event {show(one.uid)} could not be expanded: {_short(error)}"
                 problems.append(Problem(calendar.url, one.href, one.uid, reason))
                 continue
             for component, occurrence_id, start, end in found:
@@ -229,7 +201,7 @@ def _parse(raw: RawObject) -> _Parsed:
             try:
                 series = _series(uid, raw.href, group, timezones, problem)
             except Exception as error:  # noqa: BLE001 - e.g. a broken property: report, skip
-                problem(uid, f"event {_show(uid or '')} cannot be read, so it was ignored: "
+                problem(uid, f"event {show(uid or '')} cannot be read, so it was ignored: "
                              f"{_short(error)}")
                 continue
             if series is not None:
@@ -270,8 +242,8 @@ def _drop_alarms(text: str) -> str:
 def _series(uid: str | None, href: str, group: list[icalendar.Event], timezones: list,
             problem: _ProblemSink) -> _Series | None:
     master = next((c for c in group if "RECURRENCE-ID" not in c), None)
-    title = _text(group[0].get("SUMMARY"))
-    name = repr(uid) if uid else f"without UID (titled {_show(title)})"
+    title = text(group[0].get("SUMMARY"))
+    name = repr(uid) if uid else f"without UID (titled {show(title)})"
     rule = master.get("RRULE") if master is not None else None
     rules = rule if isinstance(rule, list) else [rule]
     frequencies = {str(r.get("FREQ", [""])[0]).upper() for r in rules
@@ -369,26 +341,26 @@ def _occurrence(component: icalendar.Event, series: _Series, *, occurrence_id: s
                          user=user, calendar_url=calendar.url, href=series.href)
 
     if duplicate:
-        return reject(f"the UID {_show(series.uid)} is used by more than one event in this "
+        return reject(f"the UID {show(series.uid)} is used by more than one event in this "
                       "calendar, so they cannot be told apart; give each booking its own event")
     source = _source(series, component, host_tz)
     if source is not None and (zone := _unknown_timezone(source)):
-        return reject(f"time zone {_show(zone)} is unknown (the calendar defines no VTIMEZONE for "
+        return reject(f"time zone {show(zone)} is unknown (the calendar defines no VTIMEZONE for "
                       "it); use a time zone such as Europe/Paris")
     if source is not None and _inverted(source, host_tz):
         return reject("the booking ends before it starts; correct its end time")
     if end <= start:
         return reject("the booking starts and ends at the same time; give it an end time")
     try:
-        request = _request(component, config=config, templates=templates)
-    except _Refused as refused:
+        asked = request(component, config=config, templates=templates)
+    except Refused as refused:
         return reject(refused.reason, refused.user)
     return Booking(
-        id=occurrence_id, uid=series.uid, user=request.user, template=request.template,
-        gpu_count=request.gpu_count, gpu_indices=request.gpu_indices, start=start, end=end,
+        id=occurrence_id, uid=series.uid, user=asked.user, template=asked.template,
+        gpu_count=asked.gpu_count, gpu_indices=asked.gpu_indices, start=start, end=end,
         created=_stamp(component.get("CREATED"), host_tz),
         dtstamp=_stamp(component.get("DTSTAMP"), host_tz),
-        calendar_url=calendar.url, href=series.href, summary=_text(component.get("SUMMARY")))
+        calendar_url=calendar.url, href=series.href, summary=text(component.get("SUMMARY")))
 
 
 def _unknown_timezone(component: icalendar.Event) -> str | None:
@@ -424,129 +396,6 @@ def _stamp(prop: object, host_tz: tzinfo) -> datetime | None:
 
 
 # --- the booking convention --------------------------------------------------------------------
-
-
-def _request(component: icalendar.Event, *, config: Config, templates: Collection[str]) -> _Request:
-    """Read who books, which template and which GPUs; raise _Refused with the reason."""
-    # gpubook's own write-back block is never read as the booker's `key: value` lines.
-    described = _description_values(strip_block(_text(component.get("DESCRIPTION"))))
-    titled = _summary_values(_text(component.get("SUMMARY")), users=config.users,
-                             templates=templates)
-
-    user = _booker(component, described, titled, config=config)
-    try:
-        template = _checked_name(described["template"], TEMPLATE_NAME, "template") \
-            if "template" in described else titled.get("template") or config.defaults.template
-        if "gpus" in described:
-            count, indices = _gpus(described["gpus"], "gpus:")
-        elif "gpus" in titled:
-            count, indices = _gpus(titled["gpus"], "gpus=")
-        elif (located := _location_gpus(_text(component.get("LOCATION")))) is not None:
-            count, indices = _gpus(located, "the location's GPU")
-        else:
-            count, indices = config.defaults.gpus, None
-    except _Refused as refused:
-        raise _Refused(refused.reason, user) from None
-    return _Request(user=user, template=template, gpu_count=count, gpu_indices=indices)
-
-
-def _booker(component: icalendar.Event, described: Mapping[str, str], titled: Mapping[str, str], *,
-            config: Config) -> str:
-    if "user" in described:
-        return _checked_name(described["user"], USER_NAME, "user")
-    if "user" in titled:
-        return titled["user"]
-    organizer = component.get("ORGANIZER")
-    if organizer is None:
-        raise _Refused("the booking names no user; add a line `user: NAME` to its description "
-                       "(or start its title with your user name)")
-    email = re.sub(r"(?i)^mailto:", "", str(organizer).strip())
-    user = config.user_by_email(email)
-    if user is None:
-        raise _Refused(f"{_show(email, quote=False)} is not a known user; add `user: NAME` to the "
-                       "description or ask the admin to add this e-mail address to your user")
-    return user.name
-
-
-def _description_values(description: str) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for key, value in _DESCRIPTION_LINE.findall(description):
-        key = key.lower()
-        if key in values and values[key] != value:
-            raise _Refused(f"the description has more than one `{key}:` line "
-                           f"({_show(values[key])} and {_show(value)}); keep one")
-        values[key] = value
-    return values
-
-
-def _summary_values(summary: str, *, users: Collection[str],
-                    templates: Collection[str]) -> dict[str, str]:
-    """The title's short form, e.g. `alice tensorflow-cuda9 gpus=2`; other words are ignored."""
-    found: dict[str, set[str]] = defaultdict(set)
-    for word in summary.split():
-        word = word.strip(",;:()[]")
-        lower = word.lower()
-        if lower.startswith("gpus="):
-            found["gpus"].add(word[len("gpus="):])
-        elif lower in users:
-            found["user"].add(lower)
-        elif lower in templates:
-            found["template"].add(lower)
-    values = {}
-    for key, candidates in found.items():
-        if len(candidates) > 1:
-            shown = ", ".join(_show(c) for c in sorted(candidates))
-            raise _Refused(f"the title names more than one {key} ({shown}); "
-                           f"put a `{key}: …` line in the description")
-        values[key] = candidates.pop()
-    return values
-
-
-def _location_gpus(location: str) -> str | None:
-    """GPU indices named in LOCATION (`gpu 1`, `GPU0,GPU2`), as booking systems fill it."""
-    matches = _LOCATION_GPUS.findall(location)
-    if not matches:
-        return None
-    return ",".join(n for match in matches for n in re.findall(r"[0-9]+", match)) + ","
-
-
-def _checked_name(value: str, pattern: re.Pattern[str], what: str) -> str:
-    """A user or template name exactly as configured: ASCII, no look-alikes, no path tricks."""
-    normal = unicodedata.normalize("NFKC", value)
-    if any(unicodedata.category(c).startswith("C") for c in value) or normal != value \
-            or not normal.isascii() or not pattern.match(normal):
-        rule = ("lower-case ASCII letters, digits, '_' and '-', starting with a letter"
-                if what == "user" else "lower-case ASCII letters, digits, '.', '_' and '-'")
-        raise _Refused(f"{what} {_show(value)} is not a valid {what} name ({rule})")
-    return normal
-
-
-def _gpus(value: str, where: str) -> tuple[int, tuple[int, ...] | None]:
-    """`2` is a count; `0,2` (or `1,` for one GPU) are indices."""
-    if _COUNT.fullmatch(value):
-        count = int(value)
-        if count == 0:
-            raise _Refused(f"{where} 0 asks for no GPU; ask for 1 or more")
-        return count, None
-    if _INDICES.fullmatch(value):
-        indices = [int(n) for n in re.findall(r"[0-9]+", value)]
-        for index in indices:
-            if indices.count(index) > 1:
-                raise _Refused(f"{where} {_show(value)} names GPU {index} twice")
-        return len(indices), tuple(sorted(indices))
-    raise _Refused(f"{where} {_show(value)} is neither a number of GPUs (such as 2) nor a list of "
-                   "GPU indices (such as 0,2)")
-
-
-def _text(prop: object) -> str:
-    return "" if prop is None else str(prop)
-
-
-def _show(value: str, *, quote: bool = True, limit: int = 40) -> str:
-    """A calendar value made safe to print: escaped, ASCII, truncated."""
-    shown = ascii(value[:limit] + ("…" if len(value) > limit else ""))
-    shown = shown.replace("\\u2026", "…")
-    return shown if quote else shown[1:-1]
 
 
 def _short(error: BaseException, limit: int = 200) -> str:

@@ -1,0 +1,170 @@
+"""The booking convention: who books, which template and which GPUs, read from one event.
+
+`key: value` lines in the description win, then the title's short form (`alice tensorflow-cuda9
+gpus=2`), then GPUs named in LOCATION, then the organizer's e-mail and the config's defaults.
+Every value is checked here (names against runtime/names.py, no look-alikes); a wrong one becomes
+`Refused` with the sentence the booker reads. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import defaultdict
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+import icalendar
+
+from runtime.names import TEMPLATE_NAME, USER_NAME
+from scheduler.config import Config
+from scheduler.sources.block import strip_block
+
+_KEYS = ("user", "template", "gpus")
+_DESCRIPTION_LINE = re.compile(r"^[ \t]*(user|template|gpus)[ \t]*:[ \t]*(.*?)[ \t]*$",
+                               re.IGNORECASE | re.MULTILINE)
+_LOCATION_GPUS = re.compile(
+    r"\bgpus?[ \t]*[#:]?[ \t]*([0-9]{1,3}(?:[ \t]*,[ \t]*(?:gpu[ \t]*)?[0-9]{1,3})*)",
+    re.IGNORECASE | re.ASCII)
+_COUNT = re.compile(r"[0-9]{1,3}", re.ASCII)
+_INDICES = re.compile(r"[0-9]{1,3}(?:[ \t]*,[ \t]*[0-9]{1,3})*[ \t]*,?", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Request:
+    user: str
+    template: str
+    gpu_count: int
+    gpu_indices: tuple[int, ...] | None
+
+
+class Refused(Exception):
+    """A booking convention value that is wrong; the message is the rejection reason."""
+
+    def __init__(self, reason: str, user: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.user = user
+
+
+def request(component: icalendar.Event, *, config: Config, templates: Collection[str]) -> Request:
+    """Read who books, which template and which GPUs; raise Refused with the reason."""
+    # gpubook's own write-back block is never read as the booker's `key: value` lines.
+    described = _description_values(strip_block(text(component.get("DESCRIPTION"))))
+    titled = _summary_values(text(component.get("SUMMARY")), users=config.users,
+                             templates=templates)
+
+    user = _booker(component, described, titled, config=config)
+    try:
+        template = _checked_name(described["template"], TEMPLATE_NAME, "template") \
+            if "template" in described else titled.get("template") or config.defaults.template
+        if "gpus" in described:
+            count, indices = _gpus(described["gpus"], "gpus:")
+        elif "gpus" in titled:
+            count, indices = _gpus(titled["gpus"], "gpus=")
+        elif (located := _location_gpus(text(component.get("LOCATION")))) is not None:
+            count, indices = _gpus(located, "the location's GPU")
+        else:
+            count, indices = config.defaults.gpus, None
+    except Refused as refused:
+        raise Refused(refused.reason, user) from None
+    return Request(user=user, template=template, gpu_count=count, gpu_indices=indices)
+
+
+def _booker(component: icalendar.Event, described: Mapping[str, str], titled: Mapping[str, str], *,
+            config: Config) -> str:
+    if "user" in described:
+        return _checked_name(described["user"], USER_NAME, "user")
+    if "user" in titled:
+        return titled["user"]
+    organizer = component.get("ORGANIZER")
+    if organizer is None:
+        raise Refused("the booking names no user; add a line `user: NAME` to its description "
+                       "(or start its title with your user name)")
+    email = re.sub(r"(?i)^mailto:", "", str(organizer).strip())
+    user = config.user_by_email(email)
+    if user is None:
+        raise Refused(f"{show(email, quote=False)} is not a known user; add `user: NAME` to the "
+                       "description or ask the admin to add this e-mail address to your user")
+    return user.name
+
+
+def _description_values(description: str) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for key, value in _DESCRIPTION_LINE.findall(description):
+        key = key.lower()
+        if key in values and values[key] != value:
+            raise Refused(f"the description has more than one `{key}:` line "
+                           f"({show(values[key])} and {show(value)}); keep one")
+        values[key] = value
+    return values
+
+
+def _summary_values(summary: str, *, users: Collection[str],
+                    templates: Collection[str]) -> dict[str, str]:
+    """The title's short form, e.g. `alice tensorflow-cuda9 gpus=2`; other words are ignored."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for word in summary.split():
+        word = word.strip(",;:()[]")
+        lower = word.lower()
+        if lower.startswith("gpus="):
+            found["gpus"].add(word[len("gpus="):])
+        elif lower in users:
+            found["user"].add(lower)
+        elif lower in templates:
+            found["template"].add(lower)
+    values = {}
+    for key, candidates in found.items():
+        if len(candidates) > 1:
+            shown = ", ".join(show(c) for c in sorted(candidates))
+            raise Refused(f"the title names more than one {key} ({shown}); "
+                           f"put a `{key}: …` line in the description")
+        values[key] = candidates.pop()
+    return values
+
+
+def _location_gpus(location: str) -> str | None:
+    """GPU indices named in LOCATION (`gpu 1`, `GPU0,GPU2`), as booking systems fill it."""
+    matches = _LOCATION_GPUS.findall(location)
+    if not matches:
+        return None
+    return ",".join(n for match in matches for n in re.findall(r"[0-9]+", match)) + ","
+
+
+def _checked_name(value: str, pattern: re.Pattern[str], what: str) -> str:
+    """A user or template name exactly as configured: ASCII, no look-alikes, no path tricks."""
+    normal = unicodedata.normalize("NFKC", value)
+    if any(unicodedata.category(c).startswith("C") for c in value) or normal != value \
+            or not normal.isascii() or not pattern.match(normal):
+        rule = ("lower-case ASCII letters, digits, '_' and '-', starting with a letter"
+                if what == "user" else "lower-case ASCII letters, digits, '.', '_' and '-'")
+        raise Refused(f"{what} {show(value)} is not a valid {what} name ({rule})")
+    return normal
+
+
+def _gpus(value: str, where: str) -> tuple[int, tuple[int, ...] | None]:
+    """`2` is a count; `0,2` (or `1,` for one GPU) are indices."""
+    if _COUNT.fullmatch(value):
+        count = int(value)
+        if count == 0:
+            raise Refused(f"{where} 0 asks for no GPU; ask for 1 or more")
+        return count, None
+    if _INDICES.fullmatch(value):
+        indices = [int(n) for n in re.findall(r"[0-9]+", value)]
+        for index in indices:
+            if indices.count(index) > 1:
+                raise Refused(f"{where} {show(value)} names GPU {index} twice")
+        return len(indices), tuple(sorted(indices))
+    raise Refused(f"{where} {show(value)} is neither a number of GPUs (such as 2) nor a list of "
+                   "GPU indices (such as 0,2)")
+
+
+def text(prop: object) -> str:
+    return "" if prop is None else str(prop)
+
+
+def show(value: str, *, quote: bool = True, limit: int = 40) -> str:
+    """A calendar value made safe to print: escaped, ASCII, truncated."""
+    shown = ascii(value[:limit] + ("…" if len(value) > limit else ""))
+    shown = shown.replace("\\u2026", "…")
+    return shown if quote else shown[1:-1]
