@@ -20,7 +20,6 @@ from runtime.names import TEMPLATE_NAME, USER_NAME
 from scheduler.config import Config
 from scheduler.sources.block import strip_block
 
-_KEYS = ("user", "template", "gpus")
 _DESCRIPTION_LINE = re.compile(r"^[ \t]*(user|template|gpus)[ \t]*:[ \t]*(.*?)[ \t]*$",
                                re.IGNORECASE | re.MULTILINE)
 _LOCATION_GPUS = re.compile(
