@@ -183,13 +183,10 @@ class Daemon:
             self.scheduler.add_job(self.reconcile, "date", run_date=moment, id="boundary", replace_existing=True)
 
     def _report(self, result: PassResult, now: datetime) -> None:
-        summary = status.GpuSummary(source=self.inventory.source, count=self.inventory.count,
-                                    driver=self.inventory.driver_version,
-                                    note=None if self.inventory.source == "nvml" else
-                                    gpu_inventory.no_gpu_line(self.inventory))
         containers = result.world.actual() if result.world is not None else []
         report = status.Status(
-            hosts=status.hosts_status({LOCAL: summary}, plan=result.plan, now=now, containers=containers,
+            hosts=status.hosts_status({LOCAL: status.GpuSummary.of(self.inventory)}, plan=result.plan, now=now,
+                                      containers=containers,
                                       ports=self.state.ports()),
             updated=now.isoformat(), pid=os.getpid(), last_poll=status.iso(self.calendar.last_poll),
             last_poll_ok=status.iso(self.calendar.last_ok), outage=self.calendar.outage,

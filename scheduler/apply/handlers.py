@@ -111,19 +111,19 @@ class StopHandler:
     def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
         self.hosts, self.state, self.journal = hosts, state, journal
 
-    def __call__(self, action: decide.Stop, *, now: datetime, recorded: bool = False) -> Change:
-        """`recorded`: the stop was recorded before the container went (an admin's `gpubook stop`)."""
+    def __call__(self, action: decide.Stop, *, now: datetime, recorded: ContainerRecord | None = None) -> Change:
+        """`recorded`: the record closed before the container went (an admin's `gpubook stop`)."""
         self.hosts[action.host].stop(action.name, action.grace)
         records: tuple[ContainerRecord, ...] = ()
-        if not recorded:
-            records = (record_stop(self.state, name=action.name, booking_id=action.booking_id,
-                                   reason=action.reason, now=now),)
+        if recorded is None:
+            recorded = record_stop(self.state, name=action.name, booking_id=action.booking_id,
+                                   reason=action.reason, now=now)
+            records = (recorded,)
         self.state.release_port(action.booking_id)
         self.state.clear_notes(action.booking_id)  # stopped for good: its warning and extension are history
         self.journal.say(action.booking_id, f"stopped ({action.reason})", now=now)
-        last = records[-1] if records else next(iter(self.state.containers(booking_id=action.booking_id)[-1:]), None)
         self.state.queue_notice(
-            kind="ended", booking_id=action.booking_id, user=last.user if last is not None else "",
+            kind="ended", booking_id=action.booking_id, user=recorded.user,
             subject="gpubook: your booking ended",
             text=f"gpubook: booking {action.booking_id} ended ({action.reason}); files in /data/output are kept.",
             fields={"reason": action.reason}, at=now)

@@ -219,9 +219,9 @@ class Pass:
             return False
         # Recorded before the container goes: a pass of the running daemon in between then sees an
         # admin's stop (not started again), never a death (which it would restart).
-        record_stop(self.state, name=name, booking_id=booking_id, reason=decide.ADMIN_STOP, now=now)
+        closed = record_stop(self.state, name=name, booking_id=booking_id, reason=decide.ADMIN_STOP, now=now)
         self.stop(decide.Stop(name, booking_id, decide.ADMIN_STOP, self.config.engine.stop_grace_seconds, host.name),
-                  now=now, recorded=True)
+                  now=now, recorded=closed)
         notices_module.deliver_pending(self.state, self.notices, now=now)
         return True
 

@@ -45,9 +45,7 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     if status_path.is_file():
         report = Status.from_json(json.loads(status_path.read_text()))
     else:  # the daemon has not run a pass yet: this host's GPUs, nothing planned
-        inventory = gpu_inventory.inventory(static_count=config.gpu_count)
-        summary = GpuSummary(source=inventory.source, count=inventory.count, driver=inventory.driver_version,
-                             note=None if inventory.source == "nvml" else gpu_inventory.no_gpu_line(inventory))
+        summary = GpuSummary.of(gpu_inventory.inventory(static_count=config.gpu_count))
         report = Status(hosts=(HostStatus(name=LOCAL, gpus=summary),))
     with State(folder / "state.sqlite") as state:
         report = report.with_containers(containers, ports=state.ports())

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from runtime import gpus as gpu_inventory
 from runtime.engines import ContainerInfo
 from scheduler.core.plan import LOCAL, Plan
 
@@ -24,6 +25,11 @@ class GpuSummary:
     count: int
     driver: str | None = None
     note: str | None = None  # why there is no live GPU data, one line
+
+    @classmethod
+    def of(cls, inventory: gpu_inventory.Inventory) -> GpuSummary:
+        return cls(source=inventory.source, count=inventory.count, driver=inventory.driver_version,
+                   note=None if inventory.source == "nvml" else gpu_inventory.no_gpu_line(inventory))
 
 
 @dataclass(frozen=True)
@@ -100,11 +106,8 @@ class Status:
 
     def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
         """The same status with what runs now, as the engine lists it (ports from State where a label lacks one)."""
-        by_host: dict[str, list[RunningBooking]] = {}
-        for info in containers:
-            by_host.setdefault(info.host or LOCAL, []).append(running_booking(info, ports=ports))
-        hosts = tuple(replace(h, running=tuple(by_host.get(h.name, ()))) for h in self.hosts)
-        return replace(self, hosts=hosts)
+        by_host = _by_host(containers, ports=ports)
+        return replace(self, hosts=tuple(replace(h, running=by_host.get(h.name, ())) for h in self.hosts))
 
     def render(self, timezone: str) -> list[str]:
         zone = ZoneInfo(timezone)
@@ -162,14 +165,19 @@ def iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment else None
 
 
-def hosts_status(summaries: Mapping[str, GpuSummary], *, plan: Plan | None, now: datetime,
+def hosts_status(summaries: Mapping[str, GpuSummary], *, plan: Plan, now: datetime,
                  containers: Sequence[ContainerInfo] = (), ports: Mapping[str, int] | None = None
                  ) -> tuple[HostStatus, ...]:
-    """Each host's status from its GPUs, the plan (next bookings) and what runs there."""
-    running: dict[str, list[RunningBooking]] = {}
-    for info in containers:
-        if info.running:
-            running.setdefault(info.host or LOCAL, []).append(running_booking(info, ports=ports or {}))
-    return tuple(HostStatus(name=name, gpus=gpus, running=tuple(running.get(name, ())),
-                            next=next_bookings(plan, now=now, host=name) if plan is not None else ())
+    """Each host's status from its GPUs, the plan (next bookings) and the containers running there."""
+    running = _by_host([info for info in containers if info.running], ports=ports or {})
+    return tuple(HostStatus(name=name, gpus=gpus, running=running.get(name, ()),
+                            next=next_bookings(plan, now=now, host=name))
                  for name, gpus in summaries.items())
+
+
+def _by_host(containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]
+             ) -> dict[str, tuple[RunningBooking, ...]]:
+    grouped: dict[str, list[RunningBooking]] = {}
+    for info in containers:
+        grouped.setdefault(info.host or LOCAL, []).append(running_booking(info, ports=ports))
+    return {host: tuple(bookings) for host, bookings in grouped.items()}
