@@ -235,3 +235,21 @@ def test_survives_kill_9_while_writing(tmp_path: Path) -> None:
         assert messages == [f"event {n}" for n in range(len(messages))]
         assert len(db.containers()) >= last + 1
     assert not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_record_stop_keeps_a_run_already_closed_and_records_a_lost_one(db: State) -> None:
+    """The handlers' record_stop: a run `gpubook stop` already closed stays closed with its reason (a
+    pass that finds the leftover must not add a death, which would be restarted); a container State
+    never saw (a lost database) gets a record, so that its restarts stay bounded."""
+    from scheduler.apply.handlers import record_stop
+
+    db.container_started("b1", "gpubook-b1", user="alice", gpu_count=1, at=T0)
+    admin = record_stop(db, name="gpubook-b1", booking_id="b1", reason="stopped by an admin",
+                        now=T0 + timedelta(minutes=5))
+    leftover = record_stop(db, name="gpubook-b1", booking_id="b1", reason="died: the container was exited",
+                           now=T0 + timedelta(minutes=6))
+    assert leftover == admin and leftover.exit_reason == "stopped by an admin"
+    assert [r.exit_reason for r in db.containers(booking_id="b1")] == ["stopped by an admin"]
+    lost = record_stop(db, name="gpubook-b2", booking_id="b2", reason="died: the container vanished",
+                       now=T0 + timedelta(minutes=7))
+    assert lost.exit_reason == "died: the container vanished" and lost.stopped_at is not None

@@ -48,9 +48,12 @@ NOTHING = Change()
 
 def record_stop(state: State, *, name: str, booking_id: str, reason: str, now: datetime) -> ContainerRecord:
     """Close the container's open record; one never recorded (a lost database) is recorded first,
-    so that restarts stay bounded."""
+    so that restarts stay bounded. A record already closed (by `gpubook stop`) stays as it is."""
     closed = state.container_stopped(name, reason=reason, at=now)
     if closed is None:
+        earlier = [r for r in state.containers(booking_id=booking_id) if r.name == name]
+        if earlier:
+            return earlier[-1]
         state.container_started(booking_id, name, user="", gpu_count=0, at=now)
         closed = state.container_stopped(name, reason=reason, at=now)
     assert closed is not None  # noqa: S101 - just opened above

@@ -162,8 +162,13 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
 def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datetime,
                        memory: Memory, policy: Policy) -> list[Action]:
     if not info.running:
+        runs = memory.runs.get(info.booking_id)
         if accepted is None or now >= accepted.booking.end:
             return [Clear(info.name, info.booking_id, f"its container was {info.state}")]
+        if runs is not None and not runs.running:
+            # State closed its run before the container went (an admin's `gpubook stop` caught
+            # between its stop and its removal): a leftover to remove, not a death to restart.
+            return [Clear(info.name, info.booking_id, f"its container was {info.state} after {runs.last_reason}")]
         return [Clear(info.name, info.booking_id, f"{DIED}: the container was {info.state}"),
                 _restart_check(info.booking_id, now=now, memory=memory, policy=policy)]
     if accepted is not None:
