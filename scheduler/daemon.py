@@ -192,7 +192,7 @@ class Daemon:
             last_poll_ok=status.iso(self.calendar.last_ok), outage=self.calendar.outage,
             outage_since=status.iso(self.calendar.outage_since),
             problems=(*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())),
-            counts=status.counts(result.plan, now=now))
+            counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine))
         self.notifier.status(report.line())
         path = self.state_dir / STATUS_FILE
         partial = path.with_name(path.name + ".partial")

@@ -24,7 +24,7 @@ import paramiko
 import pytest
 
 from runtime import ssh, storage
-from runtime.engines import ContainerSpec, Engine, engine_from
+from runtime.engines import ContainerSpec, Engine, container_name, engine_from
 from runtime.errors import EngineError, StorageError
 from runtime.templates import Template, get_template
 from scheduler.commands.embedded import end_process, free_port
@@ -146,9 +146,11 @@ class Bookings:
         owner_uid, owner_gid = self.engine.host_owner(uid, uid)
         folders = storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid)
         template = replace(self.template, command=command)
+        booking_id = f"test-{secrets.token_hex(4)}@gpubook"
+        host_key = ssh.booking_host_key(CACHE_DIR, container_name(booking_id), owner=self.engine.host_owner(0, 0))
         spec = ssh.booking_spec(
             template,
-            booking_id=f"test-{secrets.token_hex(4)}@gpubook",
+            booking_id=booking_id,
             user=user,
             uid=uid,
             gid=uid,
@@ -158,6 +160,7 @@ class Bookings:
             end=datetime.now(UTC) + timedelta(hours=1),
             folders=folders,
             cache_dir=CACHE_DIR,
+            host_key=host_key,
             gpus=(0, 1),
         )
         self.names.append(spec.name)
@@ -175,6 +178,7 @@ class Bookings:
                 self.engine.stop(name, 0)
             except EngineError:
                 pass
+            ssh.forget_host_key(CACHE_DIR, name)
 
 
 @pytest.fixture(scope="session")

@@ -192,10 +192,7 @@ class CliEngine:
         argv = ["run", "--detach", "--name", spec.name, *self.pull_never_args(), "--user", "0:0"]
         for key, value in spec.labels().items():
             argv += ["--label", f"{key}={value}"]
-        if self.network == "host":
-            argv += ["--network", "host"]
-        else:
-            argv += ["--publish", f"{spec.port}:{spec.port}"]
+        argv += self.network_args(spec)
         argv += self.userns_args(spec)
         for capability in DROP_CAPABILITIES:
             argv += ["--cap-drop", capability]
@@ -222,6 +219,19 @@ class CliEngine:
             argv += ["--entrypoint", spec.entrypoint[0]]
             command = [*spec.entrypoint[1:], *command]
         return [*argv, spec.image, *command]
+
+    def network_args(self, spec: ContainerSpec) -> builtins.list[str]:
+        """Private (the default): the container's own network namespace with only the booking's
+        port published on the host, where sshd listens inside on that same port; a booker's other
+        services stay inside and cannot hold a host port. Host: sshd binds the host's port itself,
+        and every booker's services share the host's ports (an admin's explicit choice)."""
+        if self.network == "host":
+            return ["--network", "host"]
+        return [*self.private_network_args(), "--publish", f"{spec.port}:{spec.port}"]
+
+    def private_network_args(self) -> builtins.list[str]:
+        """The engine's per-container network: a bridge unless the engine spells its own."""
+        return ["--network", "bridge"]
 
     def gpu_args(self, injection: GpuInjection, *, booking_id: str = "") -> builtins.list[str]:
         """The `run` flags that apply the injection: device nodes, binds and environment, which

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
+from runtime import ssh
 from runtime.engines import ContainerInfo
 from runtime.errors import GpubookError
 from scheduler.config import Config
@@ -84,8 +85,10 @@ class WriteBack:
             # another process, or a death this pass handles): say nothing rather than something stale.
             return None
         if info is not None and info.port is not None:
-            outcome = block.running(port=info.port, user=booking.user, host=self.config.host.name,
-                                    end=booking.end, timezone=zone)
+            host = self.config.host.name
+            known = ssh.known_hosts_line(host=host, port=info.port, host_key=info.host_key) if info.host_key else ""
+            outcome = block.running(port=info.port, user=booking.user, host=host, end=booking.end, timezone=zone,
+                                    known_hosts=known)
         elif records and all(r.stopped_at is not None for r in records) and (
                 now >= booking.end or (records[-1].exit_reason or "") == decide.ADMIN_STOP):
             hours = sum(r.gpu_hours(now) for r in records)
