@@ -126,7 +126,8 @@ def _squatted_host(network: str | None) -> tuple[LocalHost, SquattedPodman]:
 
 
 def _request(port: int) -> StartRequest:
-    return StartRequest(booking_id=f"squat-{port}@test", booker=Booker(BOOKER, 2001, 2001, (engine_suite.key_line(new_key()),)),
+    booker = Booker(BOOKER, 2001, 2001, (engine_suite.key_line(new_key()),))
+    return StartRequest(booking_id=f"squat-{port}@test", booker=booker,
                         template=get_template("debian-ssh"), gpus=(), port=port,
                         end=datetime.now(UTC) + timedelta(hours=1))
 
@@ -162,8 +163,12 @@ def _host_addresses() -> list[str]:
     return [field.split("/")[0] for line in done.stdout.splitlines() for field in line.split()[3:4]]
 
 
+def _connect_command(address: str, port: int) -> str:
+    return f"python3 -c 'import socket; socket.create_connection((\"{address}\", {port}), 2)'"
+
+
 def _wait_listening(client: paramiko.SSHClient, port: int) -> None:
-    probe = f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'"
+    probe = _connect_command("127.0.0.1", port)
     for _ in range(100):
         if run(client, probe)[0] == 0:
             return
@@ -179,8 +184,7 @@ def test_a_service_in_one_booking_is_out_of_reach_of_another(bookings: Bookings)
     with connect(x.spec.port, BOOKER, x.key) as client:
         _wait_listening(client, service_port)
     with connect(y.spec.port, BOOKER, y.key) as client:
-        reached = [address for address in addresses if run(
-            client, f"python3 -c 'import socket; socket.create_connection((\"{address}\", {service_port}), 2)'")[0] == 0]
+        reached = [address for address in addresses if run(client, _connect_command(address, service_port))[0] == 0]
     assert reached == [], f"booking Y reached booking X's service at {reached}"
     with socket.socket() as on_host:
         on_host.bind(("0.0.0.0", service_port))  # noqa: S104 - the host port is still free
