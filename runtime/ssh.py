@@ -363,6 +363,10 @@ def probe_login(
     """One SSH login with `key` to the server whose host key is `host_key`; raises if it fails
     (ForeignHostKey before any authentication when the server shows another key); gives the key."""
     with socket.create_connection((host, port), timeout=timeout) as sock:
+        # A published port's proxy (rootlessport) accepts at once and hangs up while sshd is not
+        # listening yet: say so here, before paramiko's transport thread logs it as an error.
+        if not sock.recv(4, socket.MSG_PEEK):
+            raise EOFError(f"port {port} is open but no SSH server answers behind it yet")
         transport = paramiko.Transport(sock)
         try:
             transport.banner_timeout = timeout
