@@ -22,6 +22,12 @@ TUN_FIX = (
 )
 
 
+DOCKER_ICC = (
+    "Docker publishes only each booking's SSH port, but bookings on its bridge reach each other's "
+    'services unless dockerd runs with "icc": false (and its iptables rules) in /etc/docker/daemon.json'
+)
+
+
 def checks(settings: EngineSettings) -> list[Check]:
     """One check for the network setting; more for what rootless podman's private network needs."""
     if settings.network == "host":
@@ -32,6 +38,9 @@ def checks(settings: EngineSettings) -> list[Check]:
                     "port published on the host")]
     if settings.name == "podman" and os.geteuid() != 0:
         result += [slirp4netns_check(), tun_check()]
+    if settings.name == "docker":
+        # A limit to know of (shown, not failed): Docker's default bridge lets containers talk.
+        result.append(Check("engine network isolation", True, DOCKER_ICC))
     return result
 
 

@@ -47,17 +47,22 @@ GRACEFUL_COMMAND = (
 )
 
 
+BRIDGE_ADDRESS = "172.31.250.1/24"  # the bridge of `private_dockerd(bridge=True)`, a rarely used range
+
+
 @contextmanager
-def private_dockerd() -> Iterator[str]:
-    """Debian's dockerd on a private socket (host network only: `--iptables=false --bridge=none`),
-    its data under a temporary folder; gives its address. Stopped and removed afterwards."""
+def private_dockerd(*, bridge: bool = False) -> Iterator[str]:
+    """Debian's dockerd on a private socket, its data under a temporary folder; gives its address.
+    Stopped and removed afterwards. Host network only (`--iptables=false --bridge=none`) unless
+    `bridge`: then its docker0 bridge (no iptables rules: docker-proxy forwards published ports),
+    deleted afterwards, so gpubook's private network runs under Docker too."""
     # Short path: containerd's socket under exec-root must fit in 108 bytes.
     home = Path(tempfile.mkdtemp(prefix="gpubook-dockerd-", dir="/tmp"))
     address = f"unix://{home / 'docker.sock'}"
     log_path = home / "dockerd.log"
     with log_path.open("wb") as log:
         daemon = subprocess.Popen(
-            [DOCKERD, "--iptables=false", "--bridge=none", "--host", address,
+            [DOCKERD, "--iptables=false", f"--bip={BRIDGE_ADDRESS}" if bridge else "--bridge=none", "--host", address,
              "--data-root", str(home / "data"), "--exec-root", str(home / "exec"),
              "--pidfile", str(home / "dockerd.pid")],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -73,6 +78,8 @@ def private_dockerd() -> Iterator[str]:
         if netns.exists():
             subprocess.run(["umount", str(netns)], capture_output=True, check=False)
         shutil.rmtree(home, ignore_errors=True)
+        if bridge:  # dockerd leaves its bridge behind
+            subprocess.run(["ip", "link", "delete", "docker0"], capture_output=True, check=False)
 
 
 def _wait_for_dockerd(address: str, daemon: subprocess.Popen[bytes], log_path: Path) -> None:
