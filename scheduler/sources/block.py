@@ -46,8 +46,8 @@ A booker who opens one occurrence of a series expects to see *that* occurrence's
   At most ``MAX_OCCURRENCES`` entries are kept, chosen by what the booker needs: the running
   occurrence's (its ssh line) always, then the next ones to start, then the latest ended.
   gpubook does not create an override per occurrence: an override freezes a copy of the
-  series' properties, so a later edit of the whole series (say, a new ``template:`` line) would silently not reach those occurrences — in the
-  user's calendar and in gpubook's own reading of it. Every client shows the master's
+  series' properties, so a later edit of the whole series (say, a new ``template:`` line)
+  would silently not reach those occurrences — in the user's calendar and in gpubook's own reading of it. Every client shows the master's
   description on each occurrence, so the entry with the matching date is where the user looks.
 """
 
