@@ -47,8 +47,9 @@ A booker who opens one occurrence of a series expects to see *that* occurrence's
   occurrence's (its ssh line) always, then the next ones to start, then the latest ended.
   gpubook does not create an override per occurrence: an override freezes a copy of the
   series' properties, so a later edit of the whole series (say, a new ``template:`` line)
-  would silently not reach those occurrences — in the user's calendar and in gpubook's own reading of it. Every client shows the master's
-  description on each occurrence, so the entry with the matching date is where the user looks.
+  would silently not reach those occurrences — in the user's calendar and in gpubook's own
+  reading of it. Every client shows the master's description on each occurrence, so the entry
+  with the matching date is where the user looks.
 """
 
 from __future__ import annotations
