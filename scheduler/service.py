@@ -94,7 +94,7 @@ def plan_window(config: Config, *, window_start: datetime, window_end: datetime,
                               templates=template_names(config.templates_dir), now=now, running=running or {})
     for problem in problems:
         log.warning("calendar %s: %s: %s", redact_url(problem.calendar_url),
-                    printable(problem.uid or problem.href), printable(problem.reason))
+                    printable(problem.uid or redact_url(problem.href)), printable(problem.reason))
     return PlanResult(plan=result, problems=tuple(problems), inventory=inventory)
 
 
@@ -126,5 +126,5 @@ def describe_plan(result: PlanResult, *, timezone: str) -> str:
     if result.problems:
         lines.append(f"Not readable as bookings ({len(result.problems)}):")
         for problem in result.problems:
-            lines.append(f"  {printable(problem.uid or problem.href)}: {printable(problem.reason)}")
+            lines.append(f"  {printable(problem.uid or redact_url(problem.href))}: {printable(problem.reason)}")
     return "\n".join(lines)
