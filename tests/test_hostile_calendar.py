@@ -19,7 +19,7 @@ from booking_kit import CALENDAR, make_config, raw, read, single, utc, vcalendar
 from scheduler import service
 from scheduler.commands import admin
 from scheduler.config import parse
-from scheduler.core.bookings import MAX_OCCURRENCES, Booking, BookingReader, Rejection
+from scheduler.core.bookings import Booking, BookingReader, Rejection
 from scheduler.sources import BaseSource, RawObject, Snapshot
 from scheduler.sources import block as notify
 from scheduler.sources.block import BEGIN, END, apply, strip_block
@@ -33,6 +33,7 @@ END_LINE = "DTEND:20261124T110000Z"
 SIXTY = ",".join(str(n) for n in range(60))
 CORPUS = Path("/work/shared/testdata/calendars")
 REPO = Path(__file__).resolve().parents[1]
+MAX_OCCURRENCES = 1000  # scheduler.core.bookings.MAX_OCCURRENCES, written out so that this file loads on main
 
 
 def _text(description: str) -> str:
