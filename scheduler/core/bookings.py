@@ -323,7 +323,8 @@ def _series(uid: str | None, href: str, group: list[icalendar.Event], timezones:
         return None
     recurring = master is None or "RRULE" in master or "RDATE" in master or len(group) > 1
     return _Series(uid, href, query, recurring, master, [c for c in group if c is not master],
-                   never=any(_never_matches(r) for r in _rules(master)), query_source=calendar.to_ical())
+                   never=any(_never_matches(r) for r in _rules(master)),
+                   query_source=calendar.to_ical() if _rules(master) else b"")
 
 
 # --- expanding one series ----------------------------------------------------------------------
