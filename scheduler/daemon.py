@@ -11,10 +11,14 @@
 - SIGTERM/SIGINT: the scheduler stops, containers keep running (KillMode=process in the unit).
   SIGHUP: the config and templates are read again; an invalid config is refused and the old one kept.
 - Under systemd: READY=1 after the first pass, WATCHDOG=1, and a STATUS line with counts.
+- One daemon per state folder: `gpubook run` holds an flock on `daemon.lock` there for its whole
+  life; a second one exits at once, naming the pid that holds it (two daemons would start, stop
+  and remove each other's containers).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -48,6 +52,29 @@ from scheduler.state import State
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "daemon-status.json"
+LOCK_FILE = "daemon.lock"
+
+
+class AlreadyRunning(GpubookError):
+    """Another gpubook daemon holds this state folder."""
+
+
+def hold_lock(folder: Path) -> int:
+    """Take the state folder's daemon lock (kept until this process ends); give its descriptor.
+    Raises AlreadyRunning with the holder's pid when another daemon has it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise AlreadyRunning(f"another gpubook daemon (pid {holder}) already runs on the state folder {folder} "
+                             f"(it holds {path}); stop it first, or give this one another [daemon] state_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def state_dir(config: config_module.Config) -> Path:
@@ -76,11 +103,14 @@ class _Calendar:
 
 class Daemon:
     def __init__(self, config: config_module.Config, *, notifier: Notifier | None = None,
-                 engine: Engine | None = None) -> None:
+                 engine: Engine | None = None, exclusive: bool = False) -> None:
+        """`exclusive`: this is the daemon (`gpubook run`), not a command borrowing its parts: take
+        the state folder's lock first, before the state database is opened."""
+        self.state_dir = state_dir(config)
+        self.lock_fd = hold_lock(self.state_dir) if exclusive else None
         self.config = config
         self.notifier = notifier or Notifier.from_environment()
         self.engine = engine or make_engine(config)
-        self.state_dir = state_dir(config)
         self.state = State(self.state_dir / "state.sqlite")
         self.probe_key = ssh.load_probe_key(self.state_dir / "probe-key")
         self.calendar = _Calendar()
@@ -114,6 +144,8 @@ class Daemon:
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots)
         self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
                            notices=notices.Notices.from_config(config))
+        # A booking's work that outlasted its pass, or an image built in the background: a pass now.
+        self.passes.on_settled = local.builds.on_done = self._soon
         self.calendars = Calendars(config)
         self.config = config
 
@@ -177,6 +209,12 @@ class Daemon:
             return False, (f"the calendar data is {_duration(age)} old (calendar unreachable: "
                            f"{self.calendar.outage or 'unknown'})")
         return True, ""
+
+    def _soon(self) -> None:
+        """A pass now, as a job of its own: the pass running meanwhile replaces only "boundary"."""
+        if self.scheduler.running:
+            self.scheduler.add_job(self.reconcile, "date", run_date=datetime.now(UTC), id="settled",
+                                   replace_existing=True)
 
     def _wake_at(self, moment: datetime) -> None:
         if self.scheduler.running:
