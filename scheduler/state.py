@@ -211,8 +211,11 @@ class State:
     is raised as `StateUnavailable`, a GpubookError the pass handles per booking.
     """
 
-    def __init__(self, path: str | Path, *, port_probe: Callable[[int], bool] = port_is_free) -> None:
+    def __init__(self, path: str | Path, *, port_probe: Callable[[int], bool] = port_is_free,
+                 busy_timeout: float = 10.0) -> None:
+        """`busy_timeout`: seconds a write waits for another process's transaction before it fails."""
         self.path = Path(path)
+        self.busy_timeout = busy_timeout
         self._port_probe = port_probe
         self._lock = threading.Lock()  # guards the list of connections only
         self._local = threading.local()
@@ -232,9 +235,9 @@ class State:
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
-        db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
-            _set_up(db)
+            _set_up(db, self.busy_timeout)
         except BaseException:
             db.close()
             raise
@@ -257,10 +260,10 @@ class State:
         return db
 
     def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
             try:
-                _set_up(db)
+                _set_up(db, self.busy_timeout)
                 db.execute("PRAGMA journal_mode=WAL")
                 (verdict,) = db.execute("PRAGMA quick_check").fetchone()
             except sqlite3.DatabaseError as error:
@@ -545,8 +548,8 @@ def _container(row: tuple) -> ContainerRecord:
                            exit_reason=reason, restarts=restarts)
 
 
-def _set_up(db: sqlite3.Connection) -> None:
-    db.execute("PRAGMA busy_timeout=10000")
+def _set_up(db: sqlite3.Connection, busy_timeout: float) -> None:
+    db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA foreign_keys=ON")
 
