@@ -379,3 +379,29 @@ def test_sighup_refuses_a_broken_config_and_keeps_running(tmp_path: Path, radica
     wait_for("the reload", lambda: any("and templates reloaded" in m for m in events(tmp_path)), timeout=20,
              daemon=daemon)
     assert daemon.process is not None and daemon.process.poll() is None
+
+
+def test_a_second_daemon_on_the_same_state_folder_exits_and_leaves_the_first_ones_container(
+        tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    """issue 9, finding 13: two daemons on one account start, stop and remove each other's
+    containers. The second one exits at once, naming the first one's pid; nothing of the first
+    one's is touched."""
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60)
+    book(calendar, "one@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("one@test")
+    first = DaemonProcess(config).start()
+    daemons.append(first)
+    info = wait_for("the first daemon's container", lambda: running_container(engine, "one@test"), timeout=60,
+                    daemon=first)
+    second = DaemonProcess(config)
+    second.log = tmp_path / "second.log"
+    second.start()
+    daemons.append(second)
+    assert second.process is not None and second.process.wait(timeout=60) != 0
+    pid = first.process.pid  # type: ignore[union-attr]
+    said = second.log.read_text()
+    assert f"another gpubook daemon (pid {pid}) already runs on the state folder" in said, said
+    assert first.process is not None and first.process.poll() is None
+    again = running_container(engine, "one@test")
+    assert again is not None and again.id == info.id
