@@ -47,7 +47,7 @@ from scheduler.outbox import notices, status
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
 from scheduler.sources.errors import CalendarError
-from scheduler.state import State
+from scheduler.state import State, StateError
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class Daemon:
                     message = (f"calendar reachable again after {_duration(now - since)} "
                                f"(was: {self.calendar.outage})")
                     log.warning("%s", message)
-                    self.state.log_event(message, level="warning", at=now)
+                    self._event(message, now)
                     self.calendar.outage = self.calendar.outage_since = None
         self.calendar.last_poll = now
         self.reconcile()
@@ -181,7 +181,14 @@ class Daemon:
                 message = (f"calendar unreachable: {cause}; keeping the last known bookings, "
                            f"nothing starts from data older than {self.config.daemon.stale_after_minutes:g} min")
                 log.warning("%s", message)
-                self.state.log_event(message, level="warning", at=now)
+                self._event(message, now)
+
+    def _event(self, message: str, now: datetime) -> None:
+        """A warning for the event log; a database that cannot be written costs the line, not the poll."""
+        try:
+            self.state.log_event(message, level="warning", at=now)
+        except StateError as error:
+            log.warning("not in the event log: %s", error)
 
     def reconcile(self) -> None:
         """One pass with the bookings known now; schedules the next boundary."""
@@ -210,6 +217,12 @@ class Daemon:
                            f"{self.calendar.outage or 'unknown'})")
         return True, ""
 
+    def _ports(self) -> dict[str, int]:
+        try:
+            return self.state.ports()
+        except StateError:
+            return {}  # the status file shows no ports this time; the next pass writes them
+
     def _soon(self) -> None:
         """A pass now, as a job of its own: the pass running meanwhile replaces only "boundary"."""
         if self.scheduler.running:
@@ -225,7 +238,7 @@ class Daemon:
         report = status.Status(
             hosts=status.hosts_status({LOCAL: status.GpuSummary.of(self.inventory)}, plan=result.plan, now=now,
                                       containers=containers,
-                                      ports=self.state.ports()),
+                                      ports=self._ports()),
             updated=now.isoformat(), pid=os.getpid(), last_poll=status.iso(self.calendar.last_poll),
             last_poll_ok=status.iso(self.calendar.last_ok), outage=self.calendar.outage,
             outage_since=status.iso(self.calendar.outage_since),

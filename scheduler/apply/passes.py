@@ -179,8 +179,9 @@ class Pass:
     def run(self, occurrences: Sequence[Booking | Rejection], *, now: datetime, may_start: bool = True,
             stale_reason: str = "", etags: Mapping[str, str | None] | None = None,
             write_back: bool = True) -> PassResult:
+        at_work = self._at_work()  # before the hosts are read: a start ending in between keeps its port
         world = World.read(list(self.hosts.values()), self.state)
-        self._release_idle_ports(world)
+        self._release_idle_ports(world, at_work)
         plan = self.plan(occurrences, world.actual(), now=now)
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
@@ -259,12 +260,14 @@ class Pass:
         if self.on_settled is not None:
             self.on_settled()
 
-    def _release_idle_ports(self, world: World) -> None:
-        """Ports are held only by running containers and starts in progress."""
+    def _at_work(self) -> set[str]:
         with self._lock:
-            keep = set(world.running()) | {b for b, f in self.busy.items() if not f.done()}
+            return {booking_id for booking_id, future in self.busy.items() if not future.done()}
+
+    def _release_idle_ports(self, world: World, at_work: set[str]) -> None:
+        """Ports are held only by running containers and starts in progress."""
         try:
-            self.state.release_ports_except(keep)
+            self.state.release_ports_except(set(world.running()) | at_work)
         except StateError as error:
             log.warning("the SSH ports of stopped bookings stay held until a later pass: %s", error)
 
