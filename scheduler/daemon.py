@@ -129,7 +129,7 @@ class Daemon:
             line = (f"no NVIDIA driver here ({inventory.problem or 'NVML lists no GPU'}): bookings run on "
                     f"the [gpus] count of {inventory.count} without driver injection")
             log.warning("%s", line)
-            self.state.log_event(line, level="warning")
+            self._event(line)
         templates = load_all(config.templates_dir)
         for name, problem in templates.errors.items():
             log.warning("template %s is broken and skipped: %s", name, problem.splitlines()[0])
@@ -183,10 +183,10 @@ class Daemon:
                 log.warning("%s", message)
                 self._event(message, now)
 
-    def _event(self, message: str, now: datetime) -> None:
-        """A warning for the event log; a database that cannot be written costs the line, not the poll."""
+    def _event(self, message: str, now: datetime | None = None, *, level: str = "warning") -> None:
+        """A line for the event log; a database that cannot be written costs the line, never the daemon."""
         try:
-            self.state.log_event(message, level="warning", at=now)
+            self.state.log_event(message, level=level, at=now)
         except StateError as error:
             log.warning("not in the event log: %s", error)
 
@@ -260,14 +260,14 @@ class Daemon:
         except ConfigError as error:
             message = f"reload refused, keeping the running config: {error}"
             log.error("%s", message)
-            self.state.log_event(message, level="error")
+            self._event(message, level="error")
             self.notifier.ready()
             return False
         with self._lock:
             self._build(new)
             self.scheduler.reschedule_job("poll", trigger="interval", seconds=new.daemon.poll_seconds)
         log.warning("config %s and templates reloaded", new.path)
-        self.state.log_event(f"config {new.path} and templates reloaded")
+        self._event(f"config {new.path} and templates reloaded", level="info")
         self.notifier.ready()
         self.poll()
         return True
@@ -281,7 +281,7 @@ class Daemon:
     def run(self) -> int:
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(number, self._signal)
-        self.state.log_event(f"daemon started (pid {os.getpid()}), config {self.config.path}")
+        self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
         self.scheduler.add_job(self.poll, "interval", seconds=self.config.daemon.poll_seconds, id="poll",
                                next_run_time=datetime.now(UTC))
@@ -299,7 +299,7 @@ class Daemon:
             self.notifier.stopping()
             self.scheduler.shutdown(wait=True)
             self.passes.close()
-            self.state.log_event("daemon stopped; containers keep running")
+            self._event("daemon stopped; containers keep running", level="info")
             log.warning("gpubook daemon stopped; running containers keep running")
             self.state.close()
         return 0
