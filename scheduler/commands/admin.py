@@ -35,7 +35,7 @@ def run(config_path: str) -> int:
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     root.setLevel(logging.INFO)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is expected
-    return Daemon(config_module.load(config_path)).run()
+    return Daemon(config_module.load(config_path), exclusive=True).run()
 
 
 def status(config_path: str, *, as_json: bool = False) -> int:

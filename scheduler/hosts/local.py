@@ -41,6 +41,7 @@ class LocalHost:
         self.persistent_home = persistent_home
         self.driver_roots = tuple(driver_roots)
         self.probe_address = probe_address
+        self.builds = ssh.OverlayBuilds()
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -51,14 +52,14 @@ class LocalHost:
 
     def start(self, request: StartRequest) -> Started:
         booker, template = request.booker, request.template
+        if not template.has_sshd:
+            self.builds.ready(self.engine, template)  # Preparing until the overlay is built, in the background
         folders = self._folders(booker.name, booker.uid, booker.gid)
         gpu = None
         if self.driver_version is not None and request.gpus:
             from runtime import nvidia  # only hosts with a driver need it
 
             gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir)
-        if not template.has_sshd:
-            ssh.build_overlay(self.engine, template)
         spec = ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
                                 gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
                                 port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
@@ -69,8 +70,8 @@ class LocalHost:
     def stop(self, name: str, grace: float) -> None:
         self.engine.stop(name, grace)
 
-    def exec(self, name: str, argv: Sequence[str]) -> ExecResult:
-        return self.engine.exec(name, argv)
+    def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
+        return self.engine.exec(name, argv, timeout=timeout)
 
     def _folders(self, user: str, uid: int, gid: int) -> storage.DataFolders:
         if self.data_root is None:
