@@ -22,8 +22,10 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from runtime.engines import ContainerInfo, ContainerSpec, Engine
-from runtime.errors import EngineError, TemplateError
+from runtime.errors import EngineError, Preparing, TemplateError
 from runtime.mounts import Mount
 from runtime.storage import DataFolders, check_user_name
 from runtime.templates import Template
@@ -205,6 +207,46 @@ def build_overlay(engine: Engine, template: Template) -> str:
         )
         engine.build(tag, Path(context))
     return tag
+
+
+class OverlayBuilds:
+    """Overlay builds in the background, so that a first booking of a template (an `apt-get` that may
+    take an hour) never holds a pass or any other booking: `ready` gives the tag when the image is
+    there, else starts its build (once per tag) and raises `Preparing`. A failed build is raised
+    once by the next `ready`, which then builds again on the call after."""
+
+    def __init__(self, *, workers: int = 2, on_done: Callable[[], None] | None = None) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubook-overlay")
+        self._builds: dict[str, Future[str]] = {}
+        self._lock = threading.Lock()
+        self.on_done = on_done  # told when a build ends (the daemon wakes a pass)
+
+    def ready(self, engine: Engine, template: Template) -> str:
+        tag = overlay_tag(template)
+        with self._lock:
+            build = self._builds.get(tag)
+            if build is not None and build.done():
+                del self._builds[tag]
+                build.result()  # a failed build raises its error here, once
+                return tag
+            if build is None:
+                if _image_exists(engine, tag):
+                    return tag
+                log.info("template %s: building its sshd overlay %s in the background", template.name, tag)
+                build = self._pool.submit(build_overlay, engine, template)
+                build.add_done_callback(self._done)
+                self._builds[tag] = build
+        raise Preparing(f"preparing the image: the sshd overlay of template {template.name} is being built")
+
+    def _done(self, build: Future[str]) -> None:
+        error = build.exception()
+        if error is not None:
+            log.warning("sshd overlay build failed: %s", str(error).splitlines()[0] if str(error) else error)
+        if self.on_done is not None:
+            self.on_done()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -> str:

@@ -24,7 +24,8 @@ import paramiko
 import pytest
 
 from runtime import ssh, storage
-from runtime.engines import ContainerSpec, Engine, container_name, engine_from
+from runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
+from runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from runtime.errors import EngineError, StorageError
 from runtime.templates import Template, get_template
 from scheduler.commands.embedded import end_process, free_port
@@ -341,6 +342,34 @@ class EngineBehaviour:
             bookings.spec(key=new_key(), user="../../etc")
         assert list(bookings.data_root.iterdir()) == []
         assert {info.name for info in bookings.engine.list()} == before
+
+
+    def test_a_failed_run_never_removes_a_container_it_did_not_create(self, bookings: Bookings) -> None:
+        """issue 9, finding 13: a second daemon (or any caller) whose `run` fails because the name is
+        in use must not remove the container by that name: it is someone else's, and running."""
+        booking = bookings.start()
+        engine = bookings.engine
+
+        class Racing(type(engine)):  # type: ignore[misc]
+            """Saw no container by that name, as a second daemon racing the first one does."""
+
+            def inspect(self, name: str) -> None:  # type: ignore[override]
+                return None
+
+        racer = Racing(engine.settings, EngineOptions(global_args=engine.global_args))
+        with pytest.raises(EngineError):
+            racer.start(replace(booking.spec, port=free_port()))
+        after = engine.inspect(booking.spec.name)
+        assert after is not None and after.running and after.id == booking.ready.info.id
+
+    def test_exec_is_bounded_in_time_and_output(self, bookings: Bookings) -> None:
+        """What runs inside belongs to the booker: it may never return, or write without end."""
+        booking = bookings.start()
+        with pytest.raises(EngineError, match="no answer within"):
+            bookings.engine.exec(booking.spec.name, ["sleep", "600"], timeout=1)
+        flood = bookings.engine.exec(booking.spec.name, ["sh", "-c", "yes | head -c 5000000"], timeout=60)
+        assert flood.returncode == 0
+        assert len(flood.stdout) == EXEC_OUTPUT_LIMIT
 
 
 def _wait_for_trap(folders: storage.DataFolders) -> None:

@@ -32,6 +32,7 @@ from runtime.engines.spec import (
     ContainerInfo,
     ContainerSpec,
     ExecResult,
+    booking_id_problem,
     container_name,
     info_from_labels,
     permanent,
@@ -61,6 +62,7 @@ __all__ = [
     "EngineSettings",
     "ExecResult",
     "Mount",
+    "booking_id_problem",
     "container_name",
     "engine_from",
     "info_from_labels",
@@ -87,7 +89,11 @@ class Engine(Protocol):
 
     def inspect(self, name: str) -> ContainerInfo | None: ...
 
-    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None) -> ExecResult: ...
+    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None,
+             timeout: float | None = None) -> ExecResult:
+        """Run argv in the container; `timeout` seconds at most (None: the engine's default), the
+        output kept only up to a bound (a booker's process decides how much it writes)."""
+        ...
 
     def logs(self, name: str, *, tail: int | None = None) -> str: ...
 

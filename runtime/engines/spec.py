@@ -82,8 +82,9 @@ class ContainerSpec:
     host_key: str = ""  # "ssh-ed25519 AAAA...": the public host key gpubook made for this booking
 
     def __post_init__(self) -> None:
-        if not self.booking_id or any(ord(c) < 32 or c == "\x7f" for c in self.booking_id):
-            raise EngineError(f"booking id {self.booking_id!r} is empty or has control characters")
+        problem = booking_id_problem(self.booking_id)
+        if problem:
+            raise EngineError(problem)
         if self.end.tzinfo is None:
             raise EngineError(f"booking {self.booking_id}: end time {self.end} has no time zone")
         if not 1024 <= self.port <= 65535:
@@ -162,6 +163,14 @@ def permanent(message: str) -> EngineError:
     error = EngineError(message)
     error.temporary = False
     return error
+
+
+def booking_id_problem(booking_id: str) -> str | None:
+    """None for a booking id a container can carry in its labels, else the sentence saying why not.
+    Checked before anything is taken for a start (its SSH port), so a bad UID costs nothing."""
+    if not booking_id or any(ord(c) < 32 or c == "\x7f" for c in booking_id):
+        return f"booking id {booking_id!r} is empty or has control characters"
+    return None
 
 
 def container_name(booking_id: str) -> str:

@@ -42,6 +42,7 @@ class LocalHost:
         self.persistent_home = persistent_home
         self.driver_roots = tuple(driver_roots)
         self.probe_address = probe_address
+        self.builds = ssh.OverlayBuilds()
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -52,14 +53,14 @@ class LocalHost:
 
     def start(self, request: StartRequest) -> Started:
         booker, template = request.booker, request.template
+        if not template.has_sshd:
+            self.builds.ready(self.engine, template)  # Preparing until the overlay is built, in the background
         folders = self._folders(booker.name, booker.uid, booker.gid)
         gpu = None
         if self.driver_version is not None and request.gpus:
             from runtime import nvidia  # only hosts with a driver need it
 
             gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir)
-        if not template.has_sshd:
-            ssh.build_overlay(self.engine, template)
         name = container_name(request.booking_id)
         host_key = ssh.booking_host_key(self.cache_dir, name, owner=self.engine.host_owner(0, 0))
         spec = ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
@@ -73,8 +74,8 @@ class LocalHost:
         self.engine.stop(name, grace)
         ssh.forget_host_key(self.cache_dir, name)
 
-    def exec(self, name: str, argv: Sequence[str]) -> ExecResult:
-        return self.engine.exec(name, argv)
+    def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
+        return self.engine.exec(name, argv, timeout=timeout)
 
     def _folders(self, user: str, uid: int, gid: int) -> storage.DataFolders:
         if self.data_root is None:
