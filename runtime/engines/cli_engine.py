@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import math
+import os
 import shutil
 import socket
 import subprocess
@@ -175,6 +176,11 @@ class CliEngine:
     def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
         """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""
         return uid, gid
+
+    def chown(self, path: Path, uid: int, gid: int) -> None:
+        """Give a data folder to host ids `uid`/`gid` (as host_owner names them); only root can."""
+        if os.geteuid() == 0:
+            os.chown(path, uid, gid, follow_symlinks=False)
 
     def default_ulimits(self) -> builtins.list[str]:
         return []

@@ -2,7 +2,8 @@
 
 Starting a booking here means: the booker's data folders, the GPU injection for exactly the
 booked GPUs (from the driver found once per driver version), the sshd overlay where the template
-has none, the container, and the probe login that says SSH really answers.
+has none, the container, and the probe login that says SSH really answers. Data folders are only
+made on a nosuid,nodev data_root (storage.mount_problem): a booking is refused otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import paramiko
 
 from runtime import ssh, storage
 from runtime.engines import ContainerInfo, Engine, ExecResult
+from runtime.errors import StorageError
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import Started, StartRequest
 
@@ -75,5 +77,9 @@ class LocalHost:
     def _folders(self, user: str, uid: int, gid: int) -> storage.DataFolders:
         if self.data_root is None:
             return _NoFolders(user=user, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
+        problem = storage.mount_problem(self.data_root)
+        if problem is not None:  # checked at every start: a remount may drop the flags
+            raise StorageError(problem)
         owner_uid, owner_gid = self.engine.host_owner(uid, gid)
-        return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home)
+        return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home,
+                               chown=self.engine.chown)
