@@ -32,7 +32,7 @@ class LocalHost:
     def __init__(self, *, engine: Engine, gpus: Sequence[int], driver_version: str | None,
                  probe_key: paramiko.PKey, cache_dir: Path, data_root: Path | None = None,
                  persistent_home: bool = False, driver_roots: Sequence[Path] = (),
-                 probe_address: str = "127.0.0.1", name: str = LOCAL) -> None:
+                 probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False) -> None:
         self.name = name
         self.engine = engine
         self.gpus = tuple(gpus)
@@ -43,6 +43,7 @@ class LocalHost:
         self.persistent_home = persistent_home
         self.driver_roots = tuple(driver_roots)
         self.probe_address = probe_address
+        self.mps = mps
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -58,7 +59,8 @@ class LocalHost:
         if self.driver_version is not None and request.gpus:
             from runtime import nvidia  # only hosts with a driver need it
 
-            gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir)
+            gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir,
+                                   mps=self.mps)
         if not template.has_sshd:
             ssh.build_overlay(self.engine, template)
         spec = ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
