@@ -257,6 +257,8 @@ ENGINE_CHECKS: dict[str, Check] = {
     "name": engines.name_problem,  # a registered engine, or "package.module:Class"
     "network": _one_of(("host", "private")),
     "stop_grace_seconds": _not_negative,
+    "pids_limit": _not_negative,
+    "memory": lambda v: None if v is None or re.fullmatch(r"[1-9][0-9]*[bkmg]?", v) else "must be like '512m' or '32g'",
 }
 
 

@@ -115,6 +115,12 @@ class EngineSettings:
     storage_driver: str | None = None
     network: str = "host"  # "host" (sshd on the booking's port) or "private" (published port)
     ulimits: tuple[str, ...] = ()  # e.g. ("nofile=1024:1024",)
+    # processes per container (--pids-limit, where cgroups enforce it) and per uid inside it (the
+    # nproc ulimit, which holds on cgroup-v1 rootless hosts too); 0: no limit
+    pids_limit: int = 4096
+    # a container's memory (--memory, like "32g") where its template sets none; None: no limit
+    # (doctor says so)
+    memory: str | None = None
     stop_grace_seconds: float = 10.0
 
 
@@ -184,6 +190,7 @@ def engine_from(
     storage_driver: str | None = None,
     network: str = "host",
     ulimits: Sequence[str] = (),
+    pids_limit: int = EngineSettings.pids_limit,
     cgroup_manager: str | None = "cgroupfs",
     global_args: Sequence[str] = (),
 ) -> Engine:
@@ -195,6 +202,7 @@ def engine_from(
         storage_driver=storage_driver,
         network=network,
         ulimits=tuple(ulimits),
+        pids_limit=pids_limit,
     )
     options = EngineOptions(global_args=tuple(global_args), cgroup_manager=cgroup_manager)
     return make_engine(settings, options)

@@ -76,6 +76,15 @@ def _subordinate_range(text: str, name: str) -> tuple[int, int]:
     )
 
 
+def cgroup_version(mounts: Path = Path("/proc/self/mounts")) -> int:
+    """2 where /sys/fs/cgroup is the unified hierarchy, else 1 (v1 or hybrid)."""
+    for line in mounts.read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "/sys/fs/cgroup":
+            return 2 if fields[2] == "cgroup2" else 1
+    return 1
+
+
 class PodmanEngine(CliEngine):
     name = "podman"
     package = "podman"
@@ -100,7 +109,7 @@ class PodmanEngine(CliEngine):
                     "install the uidmap package",
                 )
             ]
-        return [binary, self.storage_check()]
+        return [binary, self.storage_check(), self.limits_check()]
 
     def storage_check(self) -> Check:
         """`podman info` with gpubook's own flags: the cheapest command that opens the store."""
@@ -219,13 +228,36 @@ class PodmanEngine(CliEngine):
         return self._subordinate
 
     def default_ulimits(self) -> builtins.list[str]:
-        """Rootful runc in a user namespace cannot raise nofile/nproc: keep them within its own."""
+        """nproc from pids_limit (cli_engine). Rootful runc in a user namespace cannot raise
+        nofile/nproc: keep them within its own."""
         if os.geteuid() != 0:
-            return []
+            return super().default_ulimits()
         configured = {limit.split("=", 1)[0] for limit in self.ulimits}
         nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
-        defaults = {"nofile": f"nofile={nofile}:{nofile}", "nproc": f"nproc={NPROC}:{NPROC}"}
+        nproc = min(NPROC, self.pids_limit or NPROC)
+        defaults = {"nofile": f"nofile={nofile}:{nofile}", "nproc": f"nproc={nproc}:{nproc}"}
         return [value for key, value in defaults.items() if key not in configured]
+
+    def limits_problem(self) -> str | None:
+        """What podman will not enforce here: on a cgroup-v1 host rootless podman ignores
+        --pids-limit and --memory (it says so only as a warning at each start)."""
+        if os.geteuid() == 0 or cgroup_version() == 2:
+            return None
+        return (
+            "this host has cgroups v1, where rootless podman ignores every resource limit "
+            "(--pids-limit, --memory): only the per-uid nproc ulimit bounds a booking's processes, "
+            "and root inside can get around it by changing uids"
+        )
+
+    def limits_check(self) -> Check:
+        problem = self.limits_problem()
+        memory = f"memory {self.memory}" if self.memory else "no memory limit unless the template sets one"
+        if problem is not None:
+            return Check("engine limits", False, problem,
+                         "boot with cgroups v2 (systemd.unified_cgroup_hierarchy=1) and delegate "
+                         "cpu, memory and pids to the daemon's user (systemd user@.service Delegate=)")
+        pids = f"{self.pids_limit} processes per container" if self.pids_limit else "no process limit"
+        return Check("engine limits", True, f"{pids}, {memory}")
 
     def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
         """libnvidia-container mounts a tmpfs over /proc/driver/nvidia from a hook; runc refuses
