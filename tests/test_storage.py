@@ -11,10 +11,10 @@ import pytest
 
 from runtime import storage
 from runtime.engines import engine_from
+from runtime.errors import StorageError
 from runtime.templates import get_template
 from scheduler.hosts import Booker, StartRequest
 from scheduler.hosts.local import LocalHost
-from runtime.errors import StorageError
 from tests import safe_data
 
 
