@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -60,14 +61,14 @@ def check_store(store: tuple[str, ...]) -> None:
     assert [c.ok for c in made[:2]] == [True, True], made
     assert made[1].detail.startswith("driver vfs")
     checks = engine_from("podman", storage_driver="overlay", global_args=store).preflight()
-    storage = checks[-1]
+    storage = checks[1]
     assert storage.name == "engine storage" and not storage.ok, checks
     assert 'made with "vfs" but gpubook asks for "overlay"' in storage.detail
     assert storage.fix is not None and "remove [engine] storage_driver" in storage.fix
     assert '"vfs"' in storage.fix and "podman system reset" in storage.fix
     # The default follows the store, whatever driver made it.
     follows = engine_from("podman", global_args=store).preflight()
-    assert all(c.ok for c in follows) and follows[-1].detail.startswith("driver vfs"), follows
+    assert all(c.ok for c in follows[:2]) and follows[1].detail.startswith("driver vfs"), follows
 
 
 def _processes_of_this_user() -> int:
@@ -106,3 +107,17 @@ def test_a_fork_bomb_stops_at_its_own_limit_and_the_daemon_still_starts_bookings
         assert bookings.engine.inspect(second.spec.name) is not None
     finally:
         resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+
+
+def test_doctor_and_status_say_when_podman_ignores_limits(engine_args: dict, image: str) -> None:
+    """Rootless podman on cgroups v1 only warns, at each start, that it ignores --pids-limit and
+    --memory; gpubook must say so where an admin looks (doctor's check, status's problems)."""
+    engine = engine_from(**engine_args)
+    warned = subprocess.run(["podman", "--cgroup-manager", "cgroupfs", "run", "--rm", "--network", "host",
+                             "--pids-limit", "100", image, "true"], capture_output=True, text=True, check=True)
+    ignored = "Resource limits are not supported and ignored on cgroups V1 rootless" in warned.stderr
+    limits = next(check for check in engine.preflight() if check.name == "engine limits")
+    problem = engine.limits_problem()  # type: ignore[attr-defined]
+    assert ignored == (problem is not None) == (not limits.ok), (warned.stderr, limits)
+    if ignored:
+        assert "cgroups v1" in limits.detail and "cgroups v2" in (limits.fix or "")
