@@ -77,7 +77,7 @@ def one_start(engine: Engine, template: Template, folders: storage.DataFolders, 
     """One booking started until the probe logs in, then stopped: (seconds to SSH, seconds to stop)."""
     cache = ssh.default_cache_dir()
     name = container_name(booking_id)
-    host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0))
+    host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
     spec = ssh.booking_spec(template, booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=[],
                             probe_key=probe_key, port=free_port(), end=datetime.now(UTC) + timedelta(hours=1),
                             folders=folders, cache_dir=cache, host_key=host_key)

@@ -43,7 +43,7 @@ def start(engine: Engine, network: str, *, folders: storage.DataFolders, booker_
     booking_id = f"bench-copy-{network}"
     name = container_name(booking_id)
     engine.stop(name, 0)
-    host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0))
+    host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
     spec = ssh.booking_spec(get_template("debian-ssh"), booking_id=booking_id, user="alice", uid=2001, gid=2001,
                             ssh_keys=[f"{booker_key.get_name()} {booker_key.get_base64()} bench"],
                             probe_key=probe_key, port=free_port(), end=datetime.now(UTC) + timedelta(hours=1),

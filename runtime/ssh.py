@@ -88,19 +88,23 @@ def host_key_folder(cache_dir: Path, name: str) -> Path:
     return cache_dir / "host-keys" / name
 
 
-def booking_host_key(cache_dir: Path, name: str, *, owner: tuple[int, int] | None = None) -> HostKey:
+def booking_host_key(cache_dir: Path, name: str, *, owner: tuple[int, int] | None = None,
+                     chown: Callable[[Path, int, int], None] | None = None) -> HostKey:
     """The host key of container `name`, made on first use and kept for its restarts.
 
-    Made here, not inside the container, so the daemon knows it before sshd runs. The folder and
-    key are the daemon's, mode 700/600; `owner` (host uid, gid of the container's root, where the
-    daemon may chown: rootful engines) lets sshd read it inside.
+    Made here, not inside the container, so the daemon knows it before sshd runs. The folder is the
+    daemon's, mode 711 (sshd inside, whose root is never the daemon's uid, may pass it, nobody may
+    list it); the private key is mode 600 and handed to `owner` (the host ids of the container's
+    root) through `chown`, the engine's own way (rootless podman: only its namespace can), so that
+    sshd reads it and no other container or host user does. The daemon may still remove it: the
+    folder is its own.
     """
     folder = host_key_folder(cache_dir, name)
     private, public = folder / HOST_KEY_FILE, folder / f"{HOST_KEY_FILE}.pub"
     if private.is_file() and public.is_file():
         return HostKey(folder=folder, public=public.read_text().strip())
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    folder.chmod(0o700)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o711)
+    folder.chmod(0o711)
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                             serialization.NoEncryption())
@@ -108,9 +112,12 @@ def booking_host_key(cache_dir: Path, name: str, *, owner: tuple[int, int] | Non
                                          serialization.PublicFormat.OpenSSH).decode()
     _write_private(private, pem)
     public.write_text(line + "\n")
-    if owner is not None and os.geteuid() == 0:
-        for path in (folder, private, public):
-            os.chown(path, *owner)
+    public.chmod(0o644)
+    if owner is not None:
+        if chown is not None:
+            chown(private, *owner)
+        elif os.geteuid() == 0:
+            os.chown(private, *owner)
     return HostKey(folder=folder, public=line)
 
 

@@ -179,6 +179,8 @@ class UserConfig:
 class GpusSection:
     count: int | None = setting(None, "the static inventory where NVML cannot be read",
                                 check=lambda v: None if 0 <= v <= 64 else "must be between 0 and 64")
+    mps: bool = setting(False, "bind the MPS pipe folder (writable: MPS clients need it) into GPU containers "
+                        "while an MPS control daemon runs; any booker can then stop or reconfigure MPS for all")
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,8 @@ ENGINE_CHECKS: dict[str, Check] = {
     "name": engines.name_problem,  # a registered engine, or "package.module:Class"
     "network": _one_of(engines.NETWORKS),
     "stop_grace_seconds": _not_negative,
+    "pids_limit": _not_negative,
+    "memory": lambda v: None if v is None or re.fullmatch(r"[1-9][0-9]*[bkmg]?", v) else "must be like '512m' or '32g'",
 }
 
 
@@ -274,6 +278,7 @@ class Config:
     nvidia: NvidiaConfig
     daemon: DaemonConfig
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    gpu_mps: bool = False  # [gpus] mps: bind the MPS pipe folder (shared by every booker)
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")
@@ -600,7 +605,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         path=path, host=read["host"], calendars=read["calendar"], defaults=read["defaults"],
         users=read["users"], gpu_count=read["gpus"].count, templates_dir=read["templates"].dir,
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
-        daemon=read["daemon"], notify=read["notify"],
+        daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps,
     )
 
 

@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -29,6 +30,7 @@ from runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from runtime.errors import EngineError, StorageError
 from runtime.templates import Template, get_template
 from scheduler.commands.embedded import end_process, free_port
+from tests import safe_data
 
 BOOKER = "alice"
 BOOKER_UID = 2001
@@ -152,10 +154,11 @@ class Bookings:
         port: int | None = None,
     ) -> tuple[ContainerSpec, storage.DataFolders]:
         owner_uid, owner_gid = self.engine.host_owner(uid, uid)
-        folders = storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid)
+        folders = storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, chown=self.engine.chown)
         template = replace(self.template, command=command)
         booking_id = f"test-{secrets.token_hex(4)}@gpubook"
-        host_key = ssh.booking_host_key(CACHE_DIR, container_name(booking_id), owner=self.engine.host_owner(0, 0))
+        host_key = ssh.booking_host_key(CACHE_DIR, container_name(booking_id),
+                                        owner=self.engine.host_owner(0, 0), chown=self.engine.chown)
         spec = ssh.booking_spec(
             template,
             booking_id=booking_id,
@@ -202,14 +205,13 @@ def image(engine: Engine) -> str:
 
 
 @pytest.fixture
-def bookings(engine: Engine, image: str, tmp_path: Path) -> Iterator[Bookings]:
-    data_root = tmp_path / "data"
-    data_root.mkdir()
-    made = Bookings(engine, data_root, get_template("debian-ssh"))
-    try:
-        yield made
-    finally:
-        made.cleanup()
+def bookings(engine: Engine, image: str) -> Iterator[Bookings]:
+    with safe_data.data_root() as data_root:
+        made = Bookings(engine, data_root, get_template("debian-ssh"))
+        try:
+            yield made
+        finally:
+            made.cleanup()
 
 
 class EngineBehaviour:
@@ -219,7 +221,7 @@ class EngineBehaviour:
         self, bookings: Bookings, expected_owner
     ) -> None:
         booking = bookings.start()
-        (booking.folders.input / "dataset.txt").write_text("numbers\n")
+        _put(booking.folders.input / "dataset.txt", "numbers\n")
         with connect(booking.spec.port, BOOKER, booking.key) as client:
             assert run(client, "id -un; id -u; id -g")[1].split() == [
                 BOOKER,
@@ -319,6 +321,23 @@ class EngineBehaviour:
             assert not capabilities & (1 << number)
         assert status != 0
 
+    def test_a_setuid_file_made_inside_gives_nothing_on_the_host(self, bookings: Bookings) -> None:
+        """Root and the booker inside make setuid copies of `id` in /data/output. On the host
+        neither may belong to the daemon's user (whose uid runs every container and reads the
+        calendar password), and neither may run as its owner: data_root is nosuid."""
+        booking = bookings.start()
+        with connect(booking.spec.port, BOOKER, booking.key) as client:
+            made = "cp /usr/bin/id /data/output/mine && chmod 4755 /data/output/mine && " \
+                   "sudo -n cp /usr/bin/id /data/output/roots && sudo -n chmod 4755 /data/output/roots"
+            assert run(client, made)[0] == 0
+        for name in ("mine", "roots"):
+            path = booking.folders.output / name
+            info = path.stat()
+            assert info.st_mode & stat.S_ISUID, f"{name} lost its setuid bit: the attack was not staged"
+            if bookings.engine.name == "podman":  # Docker maps nothing: root inside is host root
+                assert info.st_uid not in (os.getuid(), 0), f"{name} belongs to uid {info.st_uid}"
+            assert "euid=" not in _run_as_someone_else(path), f"{name} ran as its owner"
+
     def test_missing_image_is_a_clear_error_and_leaves_nothing(self, bookings: Bookings) -> None:
         spec, _ = bookings.spec(key=new_key())
         spec = replace(spec, image="localhost/gpubook/no-such-image:1")
@@ -370,6 +389,28 @@ class EngineBehaviour:
         flood = bookings.engine.exec(booking.spec.name, ["sh", "-c", "yes | head -c 5000000"], timeout=60)
         assert flood.returncode == 0
         assert len(flood.stdout) == EXEC_OUTPUT_LIMIT
+def _put(path: Path, text: str) -> None:
+    """Write a file into a booker's folder, as its owner would (rootless: a subordinate id, which
+    only podman's namespace can act as)."""
+    if os.geteuid() == 0:
+        path.write_text(text)
+        return
+    subprocess.run(["podman", "unshare", "tee", str(path)], input=text, text=True, capture_output=True,
+                   check=True)
+
+
+def _run_as_someone_else(path: Path) -> str:
+    """`path` (a copy of id) run by a user other than its owner: as the daemon's user when that is
+    not root, else as nobody, through an open descriptor (nobody cannot walk data_root)."""
+    handle = os.open(path, os.O_PATH)
+    try:
+        kwargs: dict = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+        done = subprocess.run([f"/proc/self/fd/{handle}"], pass_fds=(handle,), capture_output=True,
+                              text=True, check=True, **kwargs)
+    finally:
+        os.close(handle)
+    assert done.stdout.startswith("uid="), done.stdout
+    return done.stdout
 
 
 def _wait_for_trap(folders: storage.DataFolders) -> None:
@@ -382,5 +423,10 @@ def _wait_for_trap(folders: storage.DataFolders) -> None:
 
 
 def owner_for_podman(uid: int) -> int:
-    """Rootless: the daemon user (shown as the booker inside); rootful: the booker's mapped uid."""
-    return uid + 1_000_000_000 if os.geteuid() == 0 else os.getuid()
+    """Rootless: the daemon user's subordinate id base+uid; rootful: the booker's mapped uid."""
+    if os.geteuid() == 0:
+        return uid + 1_000_000_000
+    uid_map = subprocess.run(["podman", "unshare", "cat", "/proc/self/uid_map"], capture_output=True,
+                             text=True, check=True).stdout
+    base = next(int(f[1]) for f in (line.split() for line in uid_map.splitlines()) if f[0] == "1")
+    return base + uid

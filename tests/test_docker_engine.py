@@ -7,11 +7,14 @@ iptables rules to spare) and its data under a temporary folder, and is stopped a
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests import engine_suite
+from runtime import storage
+from runtime.engines import Engine
+from tests import engine_suite, safe_data
 from tests.engine_suite import DOCKER, DOCKERD, EngineBehaviour
 
 pytestmark = [
@@ -46,3 +49,22 @@ def expected_owner():
 
 class TestDocker(EngineBehaviour):
     pass
+
+
+def test_a_booker_cannot_swap_output_for_another_bookers_folder(engine: Engine) -> None:
+    """Docker binds host paths as root: a booker who owned `<root>/<user>` could swap `output` for a
+    symlink to `../bob/output` between gpubook's check and `docker run`, and get bob's folder. The
+    per-user folder belongs to root (taken back from a booker who owns it from an older gpubook)."""
+    with safe_data.data_root() as root:
+        root.chmod(0o755)  # as an admin's data_root is: every booker may walk it
+        (root / "alice").mkdir()
+        os.chown(root / "alice", 2001, 2001)  # what gpubook made before
+        storage.prepare(root, "bob", uid=2002, gid=2002, chown=engine.chown)
+        alice = storage.prepare(root, "alice", uid=2001, gid=2001, chown=engine.chown)
+        swap = f"cd {root / 'alice'} && mv output old && ln -s ../bob/output output"
+        done = subprocess.run(["/bin/sh", "-c", swap], user=2001, group=2001, extra_groups=[],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode != 0, "alice renamed entries of her per-user folder"
+        assert not (root / "alice" / "output").is_symlink() and alice.output.is_dir()
+        assert (root / "alice").stat().st_uid == 0
+        assert alice.output.stat().st_uid == 2001  # only what is inside is hers

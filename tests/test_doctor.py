@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import servers
+from tests import safe_data, servers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,12 @@ data_root = "{missing}"
     done = doctor("--config", str(config))
     failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
     assert (done.returncode == 1) == bool(failed), done.stdout
-    assert f"ok    data_root: {missing}" in done.stdout.splitlines()
+    assert any(line.startswith(f"FAIL  data_root: data_root {missing} is on a mount without nosuid,nodev")
+               for line in failed), done.stdout
+    with safe_data.data_root() as safe:
+        config.write_text(config.read_text().replace(str(missing), str(safe)))
+        done = doctor("--config", str(config))
+        assert f"ok    data_root: {safe} (nosuid,nodev)" in done.stdout.splitlines()
 
 
 def test_doctor_with_a_broken_config_names_the_fault(tmp_path: Path) -> None:

@@ -143,7 +143,7 @@ def test_a_second_start_with_the_same_driver_searches_no_files(two_gpu_root: Pat
 def test_gpus_and_ipc_are_read_afresh_at_each_start(two_gpu_root: Path, tmp_path: Path) -> None:
     def start() -> nvidia.GpuInjection:
         return nvidia.injection([0], root=two_gpu_root, environ={}, use_nvml=False, machine="x86_64",
-                                ld_cache="", cache_dir=tmp_path / "cache")
+                                ld_cache="", cache_dir=tmp_path / "cache", mps=True)  # a site with [gpus] mps
 
     assert "/tmp/nvidia-mps" not in {m.target for m in start().binds}
     (two_gpu_root / "tmp/nvidia-mps").mkdir(parents=True)

@@ -42,9 +42,9 @@ def discover(root: Path, **kwargs):
     return nvidia.discover(root=root, **kwargs)
 
 
-def inject(root: Path, gpus, tmp_path: Path, **kwargs):
+def inject(root: Path, gpus, tmp_path: Path, *, mps: bool = False, **kwargs):
     driver = discover(root, **kwargs)
-    return nvidia.inject(driver, gpus, cache_dir=tmp_path / "cache")
+    return nvidia.inject(driver, gpus, cache_dir=tmp_path / "cache", mps=mps)
 
 
 @pytest.fixture
@@ -417,8 +417,17 @@ def test_ipc_persistenced_and_mps(debian: Path, tmp_path: Path) -> None:
     )
     assert "/tmp/nvidia-mps" not in binds  # folder there, but no MPS control daemon
     (debian / "tmp/nvidia-mps/control").touch()
-    with_mps = {b.target: b for b in inject(debian, [0], tmp_path).binds}
+    with_mps = {b.target: b for b in inject(debian, [0], tmp_path, mps=True).binds}
     assert with_mps["/tmp/nvidia-mps"].read_only is False
+
+
+def test_mps_pipe_is_not_bound_unless_the_site_asks(debian: Path, tmp_path: Path) -> None:
+    """A running MPS control daemon's pipe folder is writable by every client: bound into every GPU
+    container, any booker could stop or reconfigure MPS for all. Only `[gpus] mps = true` binds it."""
+    (debian / "tmp/nvidia-mps").mkdir(parents=True)
+    (debian / "tmp/nvidia-mps/control").touch()
+    binds = inject(debian, [0], tmp_path).binds
+    assert not any(b.target == "/tmp/nvidia-mps" or b.source == debian / "tmp/nvidia-mps" for b in binds)
 
 
 def test_extra_roots_from_config(tmp_path: Path) -> None:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from runtime import storage
+from runtime.engines import engine_from
 from runtime.errors import StorageError
+from runtime.templates import get_template
+from scheduler.hosts import Booker, StartRequest
+from scheduler.hosts.local import LocalHost
+from tests import safe_data
 
 
 def test_folders_are_made_once_and_bound_as_asked(tmp_path: Path) -> None:
@@ -63,3 +70,35 @@ def test_symlinks_out_of_the_root_are_refused(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="not a plain folder"):
         storage.prepare(root, "alice", uid=os.getuid(), gid=os.getgid())
     assert list(outside.iterdir()) == []
+
+
+def test_a_data_root_without_nosuid_nodev_is_named_with_the_fix(tmp_path: Path) -> None:
+    """A setuid file a container made there would run as its owner on the host."""
+    if storage.mount_problem(tmp_path) is None:
+        pytest.skip(f"{tmp_path} is on a nosuid,nodev mount already")
+    problem = storage.mount_problem(tmp_path)
+    assert problem is not None and "without nosuid,nodev" in problem and "mount it with nosuid,nodev" in problem
+    with safe_data.data_root() as safe:
+        assert storage.mount_problem(safe) is None
+
+
+def test_the_per_user_folder_is_the_daemons(tmp_path: Path) -> None:
+    """Only input/output are the booker's: who owns `<root>/<user>` may swap them for symlinks."""
+    folders = storage.prepare(tmp_path, "alice", uid=os.getuid(), gid=os.getgid())
+    user_dir = folders.output.parent
+    assert user_dir.stat().st_uid == os.geteuid() and user_dir.stat().st_mode & 0o777 == 0o700
+    assert folders.output.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_booking_is_refused_on_a_data_root_without_nosuid_nodev(tmp_path: Path) -> None:
+    if storage.mount_problem(tmp_path) is None:
+        pytest.skip(f"{tmp_path} is on a nosuid,nodev mount already")
+    host = LocalHost(engine=engine_from("podman"), gpus=(0,), driver_version=None,
+                     probe_key=paramiko.ECDSAKey.generate(bits=256), cache_dir=tmp_path, data_root=tmp_path)
+    request = StartRequest(booking_id="b@test", booker=Booker(name="alice", uid=2001, gid=2001),
+                           template=get_template("debian-ssh"), gpus=(), port=2222,
+                           end=datetime.now(UTC) + timedelta(hours=1))
+    with pytest.raises(StorageError, match="mount it with nosuid,nodev") as refused:
+        host.start(request)
+    assert not refused.value.temporary
+    assert list(tmp_path.iterdir()) == []

@@ -99,6 +99,10 @@ class Engine(Protocol):
 
     def host_owner(self, uid: int, gid: int) -> tuple[int, int]: ...
 
+    def chown(self, path: Path, uid: int, gid: int) -> None:
+        """Give a data folder to the host ids that `host_owner` named, without following symlinks."""
+        ...
+
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None: ...
 
     def import_rootfs(self, tarball: Path, tag: str) -> None: ...
@@ -124,6 +128,12 @@ class EngineSettings:
     # other's services and can squat ports (an admin's explicit choice, flagged by status and doctor)
     network: str = "private"
     ulimits: tuple[str, ...] = ()  # e.g. ("nofile=1024:1024",)
+    # processes per container (--pids-limit, where cgroups enforce it) and per uid inside it (the
+    # nproc ulimit, which holds on cgroup-v1 rootless hosts too); 0: no limit
+    pids_limit: int = 4096
+    # a container's memory (--memory, like "32g") where its template sets none; None: no limit
+    # (doctor says so)
+    memory: str | None = None
     stop_grace_seconds: float = 10.0
 
 
@@ -196,6 +206,7 @@ def engine_from(
     storage_driver: str | None = None,
     network: str = "private",
     ulimits: Sequence[str] = (),
+    pids_limit: int = EngineSettings.pids_limit,
     cgroup_manager: str | None = "cgroupfs",
     global_args: Sequence[str] = (),
 ) -> Engine:
@@ -207,6 +218,7 @@ def engine_from(
         storage_driver=storage_driver,
         network=network,
         ulimits=tuple(ulimits),
+        pids_limit=pids_limit,
     )
     options = EngineOptions(global_args=tuple(global_args), cgroup_manager=cgroup_manager)
     return make_engine(settings, options)

@@ -59,6 +59,8 @@ class CliEngine:
         self.binary = settings.binary or self.name
         self.network = settings.network
         self.ulimits = tuple(settings.ulimits)
+        self.pids_limit = settings.pids_limit
+        self.memory = settings.memory
         self.global_args = tuple(options.global_args)
 
     # --- the protocol --------------------------------------------------------------------------
@@ -193,8 +195,17 @@ class CliEngine:
         """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""
         return uid, gid
 
+    def chown(self, path: Path, uid: int, gid: int) -> None:
+        """Give a data folder to host ids `uid`/`gid` (as host_owner names them); only root can."""
+        if os.geteuid() == 0:
+            os.chown(path, uid, gid, follow_symlinks=False)
+
     def default_ulimits(self) -> builtins.list[str]:
-        return []
+        """nproc: a fork bomb inside stops at its own limit (RLIMIT_NPROC counts per uid in the
+        container's namespace, with or without cgroups)."""
+        if not self.pids_limit or "nproc" in {limit.split("=", 1)[0] for limit in self.ulimits}:
+            return []
+        return [f"nproc={self.pids_limit}:{self.pids_limit}"]
 
     def pull_never_args(self) -> builtins.list[str]:
         return ["--pull", "never"]
@@ -219,8 +230,10 @@ class CliEngine:
             argv += ["--ulimit", ulimit]
         if spec.shm_size:
             argv += ["--shm-size", spec.shm_size]
-        if spec.memory:
-            argv += ["--memory", spec.memory]
+        if self.pids_limit:
+            argv += ["--pids-limit", str(self.pids_limit)]
+        if spec.memory or self.memory:
+            argv += ["--memory", spec.memory or str(self.memory)]
         for name, value in spec.env:
             argv += ["--env", f"{name}={value}"]
         for mount in spec.mounts:

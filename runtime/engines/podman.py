@@ -14,11 +14,13 @@ import os
 import re
 import resource
 import shutil
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.checks import Check
 from runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, checked_proc_path, message_of
-from runtime.engines.spec import ContainerSpec
+from runtime.engines.spec import ContainerSpec, permanent
 from runtime.errors import EngineError
 
 if TYPE_CHECKING:
@@ -44,6 +46,50 @@ _DRIVER_MISMATCH = re.compile(
 )
 
 
+@dataclass(frozen=True)
+class SubordinateIds:
+    """The daemon user's subordinate ids: intermediate id 1+N is host id `base+N`."""
+
+    uid_base: int
+    uid_count: int
+    gid_base: int
+    gid_count: int
+
+    def inner_uid(self, host: int) -> int:
+        return _inner(host, self.uid_base, self.uid_count, what="uid")
+
+    def inner_gid(self, host: int) -> int:
+        return _inner(host, self.gid_base, self.gid_count, what="gid")
+
+
+def _inner(host: int, base: int, count: int, *, what: str) -> int:
+    if not base <= host < base + count:
+        raise EngineError(f"host {what} {host} is not one of the daemon's subordinate {what}s")
+    return host - base + 1
+
+
+def _subordinate_range(text: str, name: str) -> tuple[int, int]:
+    """The host base and count of the line of `podman unshare cat /proc/self/<name>` that starts
+    at intermediate id 1 (id 0 is the daemon's own)."""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0] == "1":
+            return int(fields[1]), int(fields[2])
+    raise permanent(
+        f"rootless podman maps no subordinate ids ({name}: {text.strip()!r}); give the daemon's "
+        f"user a range in /etc/subuid and /etc/subgid (usermod --add-subuids/--add-subgids)"
+    )
+
+
+def cgroup_version(mounts: Path = Path("/proc/self/mounts")) -> int:
+    """2 where /sys/fs/cgroup is the unified hierarchy, else 1 (v1 or hybrid)."""
+    for line in mounts.read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "/sys/fs/cgroup":
+            return 2 if fields[2] == "cgroup2" else 1
+    return 1
+
+
 class PodmanEngine(CliEngine):
     name = "podman"
     package = "podman"
@@ -53,6 +99,7 @@ class PodmanEngine(CliEngine):
         self.runtime = settings.runtime
         self.storage_driver = settings.storage_driver
         self.cgroup_manager = options.cgroup_manager
+        self._subordinate: SubordinateIds | None = None
 
     def preflight(self) -> builtins.list[Check]:
         binary = self.binary_check()
@@ -67,7 +114,7 @@ class PodmanEngine(CliEngine):
                     "install the uidmap package",
                 )
             ]
-        return [binary, self.storage_check()]
+        return [binary, self.storage_check(), self.limits_check()]
 
     def storage_check(self) -> Check:
         """`podman info` with gpubook's own flags: the cheapest command that opens the store."""
@@ -124,16 +171,20 @@ class PodmanEngine(CliEngine):
         return self._process(["image", "exists", image], timeout=QUICK_TIMEOUT).returncode == 0
 
     def userns_args(self, spec: ContainerSpec) -> builtins.list[str]:
-        """The container's own user namespace."""
+        """The container's own user namespace: never the daemon's own uid (nor host root).
+
+        Rootless, container id N is id N+1 of podman's intermediate namespace, which is the
+        daemon user's subordinate id `base+N` (/etc/subuid): root inside and the booker are
+        subordinate ids, so a file they make on a bound folder, setuid or not, never belongs to
+        the daemon user (keep-id mapped the booker onto it). `--passwd=false`: the entrypoint
+        writes the booker's account itself. Rootful: one contiguous map far above real accounts.
+        A map with an identity hole for the booker would keep host ownership, but podman 4.3's
+        overlay driver refuses to mount such a layer ("permission denied"), so folders are
+        chown'ed to the mapped ids instead (host_owner).
+        """
         if os.geteuid() != 0:
-            # Rootless: the daemon's uid shows as the booker's inside; the rest of the container's
-            # ids come from the daemon user's /etc/subuid range. `--passwd=false`: the entrypoint
-            # writes the booker's account itself.
-            return [f"--userns=keep-id:uid={spec.uid},gid={spec.gid}", "--passwd=false"]
-        # Rootful (keep-id is rootless only): one contiguous map far above real accounts. A map
-        # with an identity hole for the booker would keep host ownership, but podman 4.3's overlay
-        # driver refuses to mount such a layer ("permission denied"), so folders are chown'ed to
-        # the mapped ids instead (host_owner).
+            ids = self._subordinate_ids(spec.uid, spec.gid)
+            return [f"--uidmap=0:1:{ids.uid_count}", f"--gidmap=0:1:{ids.gid_count}", "--passwd=false"]
         count = max(CONTAINER_ID_COUNT, spec.uid + 1, spec.gid + 1)
         return [f"--uidmap=0:{ROOTFUL_ID_BASE}:{count}", f"--gidmap=0:{ROOTFUL_ID_BASE}:{count}"]
 
@@ -149,17 +200,78 @@ class PodmanEngine(CliEngine):
     def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
         """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""
         if os.geteuid() != 0:
-            return os.getuid(), os.getgid()
+            ids = self._subordinate_ids(uid, gid)
+            return ids.uid_base + uid, ids.gid_base + gid
         return ROOTFUL_ID_BASE + uid, ROOTFUL_ID_BASE + gid
 
+    def chown(self, path: Path, uid: int, gid: int) -> None:
+        """Give a data folder to host ids `uid`/`gid`; rootless, only podman's namespace can."""
+        if os.geteuid() == 0:
+            os.chown(path, uid, gid, follow_symlinks=False)
+            return
+        ids = self._read_subordinate_ids()
+        inner = (ids.inner_uid(uid), ids.inner_gid(gid))
+        done = self._process(
+            ["unshare", "chown", "--no-dereference", f"{inner[0]}:{inner[1]}", "--", str(path)],
+            timeout=QUICK_TIMEOUT,
+        )
+        if done.returncode != 0:
+            raise EngineError(f"podman unshare chown {path}: {message_of(done)}")
+
+    def _subordinate_ids(self, uid: int, gid: int) -> SubordinateIds:
+        ids = self._read_subordinate_ids()
+        if uid >= ids.uid_count or gid >= ids.gid_count:
+            raise permanent(
+                f"booker uid {uid} or gid {gid} is outside the {ids.uid_count} uids and "
+                f"{ids.gid_count} gids that /etc/subuid and /etc/subgid give the daemon's user; "
+                f"give that user a larger range (usermod --add-subuids/--add-subgids) or the "
+                f"booker a smaller uid"
+            )
+        return ids
+
+    def _read_subordinate_ids(self) -> SubordinateIds:
+        """The daemon user's subordinate ranges as podman's namespace maps them (read once)."""
+        if self._subordinate is None:
+            maps = []
+            for name in ("uid_map", "gid_map"):
+                done = self._process(["unshare", "cat", f"/proc/self/{name}"], timeout=QUICK_TIMEOUT)
+                if done.returncode != 0:
+                    raise EngineError(f"podman unshare: {message_of(done)}")
+                maps.append(_subordinate_range(done.stdout, name))
+            self._subordinate = SubordinateIds(*maps[0], *maps[1])
+        return self._subordinate
+
     def default_ulimits(self) -> builtins.list[str]:
-        """Rootful runc in a user namespace cannot raise nofile/nproc: keep them within its own."""
+        """nproc from pids_limit (cli_engine). Rootful runc in a user namespace cannot raise
+        nofile/nproc: keep them within its own."""
         if os.geteuid() != 0:
-            return []
+            return super().default_ulimits()
         configured = {limit.split("=", 1)[0] for limit in self.ulimits}
         nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
-        defaults = {"nofile": f"nofile={nofile}:{nofile}", "nproc": f"nproc={NPROC}:{NPROC}"}
+        nproc = min(NPROC, self.pids_limit or NPROC)
+        defaults = {"nofile": f"nofile={nofile}:{nofile}", "nproc": f"nproc={nproc}:{nproc}"}
         return [value for key, value in defaults.items() if key not in configured]
+
+    def limits_problem(self) -> str | None:
+        """What podman will not enforce here: on a cgroup-v1 host rootless podman ignores
+        --pids-limit and --memory (it says so only as a warning at each start)."""
+        if os.geteuid() == 0 or cgroup_version() == 2:
+            return None
+        return (
+            "this host has cgroups v1, where rootless podman ignores every resource limit "
+            "(--pids-limit, --memory): only the per-uid nproc ulimit bounds a booking's processes, "
+            "and root inside can get around it by changing uids"
+        )
+
+    def limits_check(self) -> Check:
+        problem = self.limits_problem()
+        memory = f"memory {self.memory}" if self.memory else "no memory limit unless the template sets one"
+        if problem is not None:
+            return Check("engine limits", False, problem,
+                         "boot with cgroups v2 (systemd.unified_cgroup_hierarchy=1) and delegate "
+                         "cpu, memory and pids to the daemon's user (systemd user@.service Delegate=)")
+        pids = f"{self.pids_limit} processes per container" if self.pids_limit else "no process limit"
+        return Check("engine limits", True, f"{pids}, {memory}")
 
     def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
         """libnvidia-container mounts a tmpfs over /proc/driver/nvidia from a hook; runc refuses

@@ -58,9 +58,9 @@ _HOST_KEY = re.compile(r"^(ssh-ed25519 [A-Za-z0-9+/]+={0,2})?$")
 class ContainerSpec:
     """One booking's container, complete: equal specs give equal hashes.
 
-    `uid`/`gid` are the booker's: the engine maps them so files the booker writes in bound folders
-    belong to the booker on the host (rootless: to the daemon user, which the container sees as
-    the booker). `entrypoint` and `command` are argv lists.
+    `uid`/`gid` are the booker's: the engine maps them onto host ids (`host_owner`: Docker the same
+    number, rootless podman a subordinate id of the daemon user, never its own uid), which the
+    booker's files in bound folders get. `entrypoint` and `command` are argv lists.
     """
 
     booking_id: str

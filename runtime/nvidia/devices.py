@@ -136,16 +136,21 @@ def control_devices(root: Path, capabilities: Sequence[str]) -> tuple[Device, ..
     return tuple(devices)
 
 
-def ipc_binds(root: Path, environ: Mapping[str, str]) -> tuple[Mount, ...]:
-    """The driver services' sockets a container talks to: persistenced, and MPS while it runs."""
-    binds = []
+def ipc_binds(root: Path) -> tuple[Mount, ...]:
+    """The driver service socket every GPU container talks to: persistenced's, when it runs."""
     for socket_path in PERSISTENCED_SOCKETS:
         host = under(root, socket_path)
         if host.exists():
-            binds.append(Mount(host, PERSISTENCED_SOCKETS[0]))
-            break
+            return (Mount(host, PERSISTENCED_SOCKETS[0]),)
+    return ()
+
+
+def mps_bind(root: Path, environ: Mapping[str, str]) -> Mount | None:
+    """The MPS pipe folder while an MPS control daemon runs. Clients need it writable, and with it
+    any of them can stop or reconfigure MPS for every container: bound only where the site asks
+    (`[gpus] mps`)."""
     mps = environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DIRECTORY)
     # The control pipe exists only while nvidia-cuda-mps-control runs: MPS "in use".
     if mps.startswith("/") and under(root, mps + "/control").exists():
-        binds.append(Mount(under(root, mps), mps, read_only=False))
-    return tuple(binds)
+        return Mount(under(root, mps), mps, read_only=False)
+    return None

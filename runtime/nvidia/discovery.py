@@ -23,7 +23,7 @@ from runtime.elf import ET_DYN, ET_EXEC
 from runtime.errors import DriverError
 from runtime.nvidia import nvml
 from runtime.nvidia.catalog import BINARIES, CAPABILITIES, DEFAULT_CAPABILITIES, LIBRARIES, REQUIRED_LIBRARIES, Arch
-from runtime.nvidia.devices import control_devices, ipc_binds, list_gpus, proc_gpus
+from runtime.nvidia.devices import control_devices, ipc_binds, list_gpus, mps_bind, proc_gpus
 from runtime.nvidia.folders import binary_dirs, library_dirs, read_ld_cache
 from runtime.nvidia.model import Driver, DriverFile
 from runtime.nvidia.paths import arch_matches, host_arch, resolve, under
@@ -281,6 +281,7 @@ def discover(
         binaries=files.binaries,
         gpus=list_gpus(root, use_nvml=use_nvml),
         control_devices=control_devices(root, caps),
-        ipc=ipc_binds(root, environ),
+        ipc=ipc_binds(root),
+        mps=mps_bind(root, environ),
         proc_gpu_entries=tuple((bus, path) for bus, path, _ in entries),
     )

@@ -89,9 +89,11 @@ def link_folder(driver: Driver, *, library_dir: str, cache_dir: Path) -> Path:
 
 
 def driver_binds(
-    driver: Driver, *, library_dir: str = CONTAINER_LIBRARY_DIR, cache_dir: Path | None = None
+    driver: Driver, *, library_dir: str = CONTAINER_LIBRARY_DIR, cache_dir: Path | None = None,
+    mps: bool = False,
 ) -> tuple[tuple[Mount, ...], tuple[tuple[str, str], ...]]:
-    """The binds every GPU container of this driver gets, and the soname links they carry."""
+    """The binds every GPU container of this driver gets, and the soname links they carry; the MPS
+    pipe folder only with `mps` (it lets any client stop MPS for everyone)."""
     folder = link_folder(
         driver, library_dir=library_dir, cache_dir=cache_dir or default_cache_dir()
     )
@@ -100,6 +102,8 @@ def driver_binds(
     binds.append(Mount(folder / "ld.so.conf", LD_SO_CONF))
     binds += [Mount(b.host_path, f"{CONTAINER_BINARY_DIR}/{b.name}") for b in driver.binaries]
     binds += list(driver.ipc)
+    if mps and driver.mps is not None:
+        binds.append(driver.mps)
     links = tuple((f"{library_dir}/{link}", target) for link, target in soname_links(driver))
     return tuple(binds), links
 
@@ -110,8 +114,10 @@ def inject(
     *,
     library_dir: str = CONTAINER_LIBRARY_DIR,
     cache_dir: Path | None = None,
+    mps: bool = False,
 ) -> GpuInjection:
-    """The injection for the booked `gpus` (nvidia-smi indices, or MIG instances)."""
+    """The injection for the booked `gpus` (nvidia-smi indices, or MIG instances); the MPS pipe
+    folder only with `mps`."""
     if not gpus:
         raise DriverError("a GPU injection needs at least one booked GPU")
     parents = [g.gpu if isinstance(g, MigInstance) else g for g in gpus]
@@ -143,7 +149,7 @@ def inject(
                         f"capabilities/gpu{gpu.minor}/mig/gi{booked.gi}/access)"
                     )
                 devices.append(Device(under(driver.root, cap), cap))
-    binds, links = driver_binds(driver, library_dir=library_dir, cache_dir=cache_dir)
+    binds, links = driver_binds(driver, library_dir=library_dir, cache_dir=cache_dir, mps=mps)
     booked_buses = {driver.gpu(index).bus_id for index in parents}
     # Not each other GPU's /proc/driver/nvidia/gpus/<bus id> folder, as libnvidia-container does:
     # the engines' mask lists are ':'-separated and every bus id has colons. So the whole folder is
@@ -189,6 +195,7 @@ def injection(
     use_nvml: bool | None = None,
     cache_dir: Path | None = None,
     library_dir: str = CONTAINER_LIBRARY_DIR,
+    mps: bool = False,
 ) -> GpuInjection:
     """Discover the host driver and build the injection for the booked GPUs. Called at every
     booking start: the file search of an earlier start with the same driver version is reused."""
@@ -202,5 +209,5 @@ def injection(
         machine=machine,
         use_nvml=use_nvml,
     )
-    return inject(driver, gpus, library_dir=library_dir, cache_dir=cache_dir)
+    return inject(driver, gpus, library_dir=library_dir, cache_dir=cache_dir, mps=mps)
 

@@ -73,8 +73,9 @@ class Driver:
     binaries: tuple[DriverFile, ...]
     gpus: tuple[Gpu, ...]
     control_devices: tuple[Device, ...]  # nvidiactl, nvidia-uvm, …: every container gets these
-    ipc: tuple[Mount, ...]  # persistenced socket, MPS pipe folder when MPS runs
+    ipc: tuple[Mount, ...]  # persistenced socket
     proc_gpu_entries: tuple[tuple[str, str], ...]  # (bus id normalised, entry path in /proc)
+    mps: Mount | None = None  # the MPS pipe folder while MPS runs; bound only where asked for
 
     def gpu(self, index: int) -> Gpu:
         for gpu in self.gpus:

@@ -41,7 +41,8 @@ def run(config_path: str) -> int:
 def status(config_path: str, *, as_json: bool = False) -> int:
     config = config_module.load(config_path)
     folder = state_dir(config)
-    containers = [replace(info, host=LOCAL) for info in make_engine(config).list()]
+    engine = make_engine(config)
+    containers = [replace(info, host=LOCAL) for info in engine.list()]
     status_path = folder / STATUS_FILE
     if status_path.is_file():
         report = Status.from_json(json.loads(status_path.read_text()))
@@ -53,6 +54,9 @@ def status(config_path: str, *, as_json: bool = False) -> int:
         problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
     report = replace(report, findings=setup_findings(config.engine), recent_warnings=tuple(
         printable(f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}") for e in problems))
+    limits = getattr(engine, "limits_problem", lambda: None)()  # an engine may enforce everything
+    if limits is not None:
+        report = replace(report, problems=(*report.problems, f"resource limits: {limits}"))
     if as_json:
         json.dump(report.to_json(), sys.stdout, indent=2)
         print()

@@ -26,7 +26,7 @@ import caldav
 import paramiko
 from icalendar import Calendar, Event, vCalAddress
 
-from runtime import ssh
+from runtime import ssh, storage
 from runtime.engines import Engine, container_name
 from runtime.errors import GpubookError
 from runtime.names import USER_NAME
@@ -102,16 +102,28 @@ def _free_ports(size: int = 10) -> tuple[int, int]:
     raise GpubookError("no free block of 10 ports between 2200 and 2900 for the demo's SSH")
 
 
+def _demo_data_root(folder: Path) -> Path:
+    """The demo's data folders, on a nosuid,nodev mount as gpubook requires (`./quickstart demo`
+    mounts one at /srv/gpubook-test-data); in the demo's own folder when none is found, where the
+    daemon then says what to mount."""
+    for candidate in (os.environ.get("GPUBOOK_DEMO_DATA_ROOT"), "/srv/gpubook-test-data",
+                      os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):  # noqa: S108 - a tmpfs, nosuid on most hosts
+        if candidate and os.access(candidate, os.W_OK | os.X_OK) and storage.mount_problem(Path(candidate)) is None:
+            return Path(tempfile.mkdtemp(prefix="gpubook-demo-data-", dir=candidate))
+    (folder / "data").mkdir()
+    return folder / "data"
+
+
 def demo_config(folder: Path, calendar_url: str, booker: str, key_line: str) -> Path:
     users = {booker: os.getuid() if os.getuid() else 1000, "alice": 2001, "bob": 2002}
     low, high = _free_ports()
-    (folder / "data").mkdir()
+    data_root = _demo_data_root(folder)
     lines = [
         '[host]', 'name = "localhost"', f'timezone = "{config_module._system_timezone()}"', '',
         '[[calendar]]', f'url = "{calendar_url}"', 'gpus = "all"', '',
         '[gpus]', 'count = 2', '',
         '[defaults]', 'template = "debian-ssh"', 'gpus = 1', 'max_hours = 72', '',
-        '[storage]', f'data_root = "{folder / "data"}"', '',
+        '[storage]', f'data_root = "{data_root}"', '',
         '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
         '[daemon]', 'poll_seconds = 30', f'state_dir = "{folder / "state"}"', '',
     ]

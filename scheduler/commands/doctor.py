@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from contextlib import closing
 
-from runtime import engines, gpus, network
+from runtime import engines, gpus, network, storage
 from runtime.checks import Check, format_checks
 from runtime.errors import GpubookError
 from runtime.templates import load_all
@@ -62,7 +62,11 @@ def _storage_check(loaded: config_module.Config) -> Check:
     if not os.access(root, os.W_OK | os.X_OK):
         return Check("data_root", False, f"{root} is not writable by this user",
                      f"chown it to the daemon's user (chown {os.getuid()} {root})")
-    return Check("data_root", True, str(root))
+    problem = storage.mount_problem(root)
+    if problem is not None:
+        detail, _, fix = problem.partition("; ")
+        return Check("data_root", False, detail, fix + " (bookings are refused until then)")
+    return Check("data_root", True, f"{root} (nosuid,nodev)")
 
 
 def checks(config_path: str | None) -> list[Check]:

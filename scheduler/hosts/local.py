@@ -3,7 +3,8 @@
 Starting a booking here means: the booker's data folders, the GPU injection for exactly the
 booked GPUs (from the driver found once per driver version), the sshd overlay where the template
 has none, the booking's own SSH host key, the container, and the probe login that says SSH really
-answers, from the server that shows that key.
+answers, from the server that shows that key. Data folders are only made on a nosuid,nodev data_root
+(storage.mount_problem): a booking is refused otherwise.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import paramiko
 
 from runtime import ssh, storage
 from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
+from runtime.errors import StorageError
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import Started, StartRequest
 
@@ -31,7 +33,7 @@ class LocalHost:
     def __init__(self, *, engine: Engine, gpus: Sequence[int], driver_version: str | None,
                  probe_key: paramiko.PKey, cache_dir: Path, data_root: Path | None = None,
                  persistent_home: bool = False, driver_roots: Sequence[Path] = (),
-                 probe_address: str = "127.0.0.1", name: str = LOCAL) -> None:
+                 probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False) -> None:
         self.name = name
         self.engine = engine
         self.gpus = tuple(gpus)
@@ -43,6 +45,7 @@ class LocalHost:
         self.driver_roots = tuple(driver_roots)
         self.probe_address = probe_address
         self.builds = ssh.OverlayBuilds()
+        self.mps = mps
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -60,9 +63,11 @@ class LocalHost:
         if self.driver_version is not None and request.gpus:
             from runtime import nvidia  # only hosts with a driver need it
 
-            gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir)
+            gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir,
+                                   mps=self.mps)
         name = container_name(request.booking_id)
-        host_key = ssh.booking_host_key(self.cache_dir, name, owner=self.engine.host_owner(0, 0))
+        host_key = ssh.booking_host_key(self.cache_dir, name, owner=self.engine.host_owner(0, 0),
+                                        chown=self.engine.chown)
         spec = ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
                                 gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
                                 port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
@@ -80,5 +85,9 @@ class LocalHost:
     def _folders(self, user: str, uid: int, gid: int) -> storage.DataFolders:
         if self.data_root is None:
             return _NoFolders(user=user, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
+        problem = storage.mount_problem(self.data_root)
+        if problem is not None:  # checked at every start: a remount may drop the flags
+            raise StorageError(problem)
         owner_uid, owner_gid = self.engine.host_owner(uid, gid)
-        return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home)
+        return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home,
+                               chown=self.engine.chown)
