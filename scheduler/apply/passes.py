@@ -124,13 +124,15 @@ class Pass:
 
     def run(self, occurrences: Sequence[Booking | Rejection], *, now: datetime, may_start: bool = True,
             stale_reason: str = "", etags: Mapping[str, str | None] | None = None,
-            write_back: bool = True) -> PassResult:
+            write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
+            complete: bool = True) -> PassResult:
         world = World.read(list(self.hosts.values()), self.state)
         plan = self.plan(occurrences, world.actual(), now=now)
         self._adopt(plan, world, now=now)
         memory = decide_memory(world.records.values(), self.state.notes(WARNED))
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
-                                may_start=may_start, stale_reason=stale_reason)
+                                may_start=may_start, stale_reason=stale_reason,
+                                stale_calendars=stale_calendars or {}, complete=complete)
         result = PassResult(plan=plan, actions=actions, world=world)
         for action in actions:
             self._apply(action, world, now=now, result=result)
@@ -146,18 +148,21 @@ class Pass:
              now: datetime) -> plan_module.Plan:
         """The plan around what runs: running bookings keep their GPUs, template and (unless later
         is free) their end."""
-        pinned = decide.pin_running(occurrences, actual)
-        running = {i.booking_id: i.gpus for i in actual if i.running and i.booking_id}
+        pinned = decide.pin_running(occurrences, actual, now=now)
+        running = dict(pinned.running)
         agreed = self.state.notes(AGREED_END)
         ends = {i.booking_id: datetime.fromisoformat(agreed[i.booking_id]) if i.booking_id in agreed else i.end
-                for i in actual if i.running and i.booking_id and i.end is not None}
+                for i in actual if i.booking_id in running and i.end is not None}
+        first_seen = self.state.first_seen(map(plan_module.seen_key, occurrences), now=now,
+                                           forget_before=now - plan_module.FIRST_SEEN_KEPT)
         templates = frozenset(self.templates.templates) | frozenset(self.templates.errors)
         zone = ZoneInfo(self.config.host.timezone)
         inventory = self.inventory
         result, granted, refused = decide.plan_with_extensions(
             pinned.occurrences, agreed_ends=ends,  # type: ignore[arg-type]
             plan=lambda items: plan_module.plan(items, inventory=inventory, config=self.config,
-                                                templates=templates, now=now, running=running),
+                                                templates=templates, now=now, running=running,
+                                                first_seen=first_seen),
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
         for booking_id, end in granted.items():
             self.state.set_note(booking_id, AGREED_END, end.isoformat(), at=now)

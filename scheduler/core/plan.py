@@ -39,6 +39,9 @@ Inventory = Mapping[str, Sequence[int]]  # host → the GPU indices present on i
 SeenKey = tuple[str, str, str]  # (calendar url, object href, occurrence id): see `seen_key`
 _NOTHING_RUNNING: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 _NOTHING_SEEN: Mapping[SeenKey, datetime] = MappingProxyType({})
+# First-seen times are kept this long after they leave the calendars' reading: far beyond the
+# daemon's window (a week ahead, the longest booking back), so a visible occurrence keeps its time.
+FIRST_SEEN_KEPT = timedelta(days=30)
 _LATEST = datetime.max.replace(tzinfo=ZoneInfo("UTC"))
 
 
