@@ -83,13 +83,19 @@ def test_first_seen_wins_whatever_the_input_order() -> None:
                                                 "alice from 2026-11-24 11:00 to 13:00 (CET)"}
 
 
-def test_uid_breaks_ties_and_unseen_bookings_come_last() -> None:
+def test_created_dtstamp_then_uid_break_ties_of_first_seen() -> None:
     same = utc(2026, 11, 1)
-    by_uid = run(booking("y", user="bob", indices=(0,)), booking("x", indices=(0,)),
-                 seen={"x": same, "y": same})
+    seen = {"x": same, "y": same, "a": same, "b": same}
+    by_created = run(booking("x", indices=(0,), created=utc(2026, 11, 2)),
+                     booking("y", user="bob", indices=(0,), created=utc(2026, 10, 1)), seen=seen)
+    assert gpus(by_created) == {"y": (0,)}
+    by_stamp = run(booking("x", indices=(0,), created=same, dtstamp=utc(2026, 11, 5)),
+                   booking("y", user="bob", indices=(0,), created=same, dtstamp=utc(2026, 11, 4)), seen=seen)
+    assert gpus(by_stamp) == {"y": (0,)}
+    by_uid = run(booking("y", user="bob", indices=(0,)), booking("x", indices=(0,)), seen=seen)
     assert gpus(by_uid) == {"x": (0,)}
-    unseen_loses = run(booking("a", indices=(0,)), booking("b", user="bob", indices=(0,)),
-                       seen={"b": same})
+    unseen_loses = run(booking("a", indices=(0,), created=utc(1970, 1, 1)),
+                       booking("b", user="bob", indices=(0,)), seen={"b": same})
     assert gpus(unseen_loses) == {"b": (0,)}
 
 

@@ -3,8 +3,11 @@
 Conflicts are decided by a fixed order made of what gpubook itself observed, never of what a
 calendar client wrote (CREATED and DTSTAMP are the client's to forge: a booking stamped 1970 would
 win every conflict): bookings whose containers already run come first (they never move GPUs), then
-the occurrence gpubook saw first (`first_seen`, recorded by the apply stage in State), then UID,
-then the occurrence's start. A booking that asks for a number of GPUs gets the lowest-numbered GPUs
+the occurrence gpubook saw first (`first_seen`, recorded by the apply stage in State); only among
+occurrences gpubook first saw in the same poll (where it observed no order) do CREATED, DTSTAMP
+and then UID break the tie (all three client-written, but a forged one can only reorder bookings
+that appeared together; and an upgrade, which sees every existing booking at once, keeps the
+order they had), then the occurrence's start. A booking that asks for a number of GPUs gets the lowest-numbered GPUs
 of its calendar that are free for its whole time, so the choice is the same on every poll while
 nothing earlier in that order changes. A UID held by several calendar objects belongs to the one
 gpubook saw first; the copies are refused (a copy never displaces a running booking).
@@ -224,9 +227,10 @@ def _owned(calendar: CalendarConfig, present: frozenset[int]) -> tuple[int, ...]
 def _priority(booking: Booking, running: Mapping[str, tuple[int, ...]],
               first_seen: Mapping[SeenKey, datetime]) -> tuple[Any, ...]:
     # Every field takes part so that equal keys only come from equal bookings: input order can
-    # never decide. CREATED and DTSTAMP take no part: a client writes them (see the docstring).
+    # never decide. CREATED and DTSTAMP only order bookings first seen together (see the docstring).
     return (booking.id not in running, first_seen.get(seen_key(booking), _LATEST),
-            booking.uid, booking.start, *_order(booking))
+            booking.created or _LATEST, booking.dtstamp or _LATEST, booking.uid, booking.start,
+            *_order(booking))
 
 
 def _order(item: Booking | Rejection) -> tuple[Any, ...]:
