@@ -30,6 +30,7 @@ from runtime.errors import ConfigError
 from runtime.names import template_name_problem as _template_name_problem
 from runtime.names import user_name_problem as _user_name_problem
 from scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind, source_class
+from scheduler.sources.errors import redact_url
 
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
 NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended")
@@ -520,7 +521,7 @@ def _calendar(reader: _Reader, where: str, table: Mapping[str, Any]) -> Calendar
     if isinstance(url, str):
         url = https_url(url)
         if not re.match(r"^https?://[^\s/]+", url):
-            reader.error(_join(where, "url"), f"must be an http:// or https:// URL, not {url!r}")
+            reader.error(_join(where, "url"), f"must be an http:// or https:// URL, not {redact_url(url)!r}")
         kind = implied_kind(url)
     kind = reader.get(table, where, "kind", str, default=kind, check=_source_kind_problem)
     settings = reader.settings(table, where, CalendarConfig, only=source_keys)
@@ -545,7 +546,7 @@ def _calendars(reader: _Reader, data: Mapping[str, Any], name: str) -> tuple[Cal
                 calendars.append(calendar)
         urls = [c.url for c in calendars]
         for url in sorted({u for u in urls if urls.count(u) > 1}):
-            reader.error(name, f"{url} is configured more than once")
+            reader.error(name, f"{redact_url(url)} is configured more than once")
     return tuple(calendars)
 
 

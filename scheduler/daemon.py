@@ -42,7 +42,7 @@ from scheduler.hosts.local import LocalHost
 from scheduler.outbox import notices, status
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
-from scheduler.sources.errors import CalendarError
+from scheduler.sources.errors import CalendarError, redact_url
 from scheduler.state import State
 
 log = logging.getLogger(__name__)
@@ -160,13 +160,13 @@ class Daemon:
         for url, cause in failures.items():
             if url not in self.calendar.failing:
                 self.calendar.failing[url] = (cause, now)
-                message = (f"calendar {url} cannot be read: {cause}; its last good reading is kept, "
+                message = (f"calendar {redact_url(url)} cannot be read: {cause}; its last good reading is kept, "
                            "the other calendars go on")
                 log.warning("%s", message)
                 self.state.log_event(message, level="warning", at=now)
         for url in [u for u in self.calendar.failing if u not in failures]:
             cause, since = self.calendar.failing.pop(url)
-            message = f"calendar {url} readable again after {_duration(now - since)} (was: {cause})"
+            message = f"calendar {redact_url(url)} readable again after {_duration(now - since)} (was: {cause})"
             log.warning("%s", message)
             self.state.log_event(message, level="warning", at=now)
 
@@ -179,7 +179,7 @@ class Daemon:
             cause = self.calendar.failing.get(calendar.url, ("unknown", now))[0]
             if read is None or now - read > bound:
                 age = "never read" if read is None else f"{_duration(now - read)} old"
-                stale[calendar.url] = f"its calendar's data is {age} (calendar {calendar.url}: {cause})"
+                stale[calendar.url] = f"its calendar's data is {age} (calendar {redact_url(calendar.url)}: {cause})"
         return stale
 
     def reconcile(self) -> None:

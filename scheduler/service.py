@@ -20,7 +20,7 @@ from scheduler.config import Config
 from scheduler.core import plan as plan_module
 from scheduler.core.bookings import Booking, BookingReader, Problem, Rejection
 from scheduler.sources import Snapshot, Source, open_source
-from scheduler.sources.errors import CalendarError
+from scheduler.sources.errors import CalendarError, printable, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,8 @@ def plan_window(config: Config, *, window_start: datetime, window_end: datetime,
     result = plan_module.plan(occurrences, inventory=inventory_indices(inventory), config=config,
                               templates=template_names(config.templates_dir), now=now, running=running or {})
     for problem in problems:
-        log.warning("calendar %s: %s: %s", problem.calendar_url, problem.uid or problem.href, problem.reason)
+        log.warning("calendar %s: %s: %s", redact_url(problem.calendar_url),
+                    printable(problem.uid or redact_url(problem.href)), printable(problem.reason))
     return PlanResult(plan=result, problems=tuple(problems), inventory=inventory)
 
 
@@ -153,14 +154,14 @@ def describe_plan(result: PlanResult, *, timezone: str) -> str:
         booking = item.booking
         gpu_list = ",".join(map(str, item.gpus))
         lines.append(f"  {_local(booking.start, zone)} → {_local(booking.end, zone)}  {booking.user:<12} "
-                     f"GPU {gpu_list:<7} {booking.template:<18} {booking.summary}")
+                     f"GPU {gpu_list:<7} {booking.template:<18} {printable(booking.summary)}")
     rejected = sorted(result.plan.rejected, key=lambda r: (r.start, r.id))
     lines.append(f"Rejected ({len(rejected)}):")
     for rejection in rejected:
         lines.append(f"  {_local(rejection.start, zone)} → {_local(rejection.end, zone)}  "
-                     f"{rejection.user or '?':<12} {rejection.reason}")
+                     f"{rejection.user or '?':<12} {printable(rejection.reason)}")
     if result.problems:
         lines.append(f"Not readable as bookings ({len(result.problems)}):")
         for problem in result.problems:
-            lines.append(f"  {problem.uid or problem.href}: {problem.reason}")
+            lines.append(f"  {printable(problem.uid or redact_url(problem.href))}: {printable(problem.reason)}")
     return "\n".join(lines)

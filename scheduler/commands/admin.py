@@ -22,6 +22,7 @@ from scheduler.apply.passes import World
 from scheduler.core.plan import LOCAL
 from scheduler.daemon import STATUS_FILE, Daemon, make_engine, state_dir
 from scheduler.outbox.status import GpuSummary, HostStatus, Status
+from scheduler.sources.errors import printable
 from scheduler.state import State
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def status(config_path: str, *, as_json: bool = False) -> int:
         report = report.with_containers(containers, ports=state.ports())
         problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
     report = replace(report, recent_warnings=tuple(
-        f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}" for e in problems))
+        printable(f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}") for e in problems))
     if as_json:
         json.dump(report.to_json(), sys.stdout, indent=2)
         print()
@@ -104,4 +105,4 @@ def show_log(config_path: str, *, follow: bool = False, booking: str | None = No
 
 def _print_entry(entry, zone: ZoneInfo) -> None:  # type: ignore[no-untyped-def]
     when = entry.at.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
-    print(f"{when} {entry.level:<7} {entry.booking_id or '-'}: {entry.message}", flush=True)
+    print(printable(f"{when} {entry.level:<7} {entry.booking_id or '-'}: {entry.message}"), flush=True)

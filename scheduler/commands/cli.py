@@ -35,6 +35,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_bookings(args: argparse.Namespace) -> int:
     from scheduler import config, service
     from scheduler.core import plan
+    from scheduler.sources.errors import printable, redact_url
 
     loaded = config.load(args.config)
     now = datetime.now(UTC)
@@ -47,7 +48,8 @@ def cmd_bookings(args: argparse.Namespace) -> int:
         json.dump(plan.to_json(result.plan), sys.stdout, indent=2)
         print()
         for problem in result.problems:
-            print(f"gpubook: not a booking: {problem.uid or problem.href}: {problem.reason}", file=sys.stderr)
+            where = printable(problem.uid or redact_url(problem.href))
+            print(f"gpubook: not a booking: {where}: {printable(problem.reason)}", file=sys.stderr)
     else:
         print(service.describe_plan(result, timezone=loaded.host.timezone))
     return EXIT_OK

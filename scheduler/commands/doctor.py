@@ -15,6 +15,7 @@ from runtime.errors import GpubookError
 from runtime.templates import load_all
 from scheduler import config as config_module
 from scheduler.sources import open_source
+from scheduler.sources.errors import redact_url
 
 
 def _config_check(path: str | None) -> tuple[Check, config_module.Config | None]:
@@ -44,10 +45,10 @@ def _calendar_checks(loaded: config_module.Config) -> list[Check]:
             with closing(open_source(calendar, timeout=15)) as source:
                 found = source.preflight()
         except GpubookError as error:
-            checks.append(Check(f"calendar {calendar.url}", False, str(error),
+            checks.append(Check(f"calendar {redact_url(calendar.url)}", False, str(error),
                                 "check the URL, the credentials and that the server is up"))
         else:
-            checks.append(Check(f"calendar {calendar.url}", True, found))
+            checks.append(Check(f"calendar {redact_url(calendar.url)}", True, found))
     return checks
 
 

@@ -16,6 +16,9 @@ that moving its start or end keeps its identity (and its container and write-bac
 from __future__ import annotations
 
 import logging
+import math
+import time as clock
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +43,13 @@ log = logging.getLogger(__name__)
 _MARGIN = timedelta(days=1)
 # Nobody books GPUs by the second or minute; such a rule would make millions of occurrences.
 _TOO_FREQUENT = {"SECONDLY", "MINUTELY"}
+# Bounds on one event's expansion, so that no event can stall a poll (issue 9, finding 4). The
+# library steps through a rule's times from DTSTART and materialises the window's occurrences,
+# so both are bounded before it runs, from the rule alone; a series over a bound is rejected.
+MAX_OCCURRENCES = 1000  # occurrences of one event in the window read (a week and the margins)
+MAX_STEPS = 100_000  # times of a rule stepped through from its DTSTART to the window's end
+TIME_BUDGET = 1.0  # seconds one event's expansion may take; a slower one is rejected until edited
+_DAY = timedelta(days=1)
 _ProblemSink = Callable[[str | None, str], None]
 
 
@@ -102,6 +112,11 @@ class _Series:
     recurring: bool
     master: icalendar.Event | None
     overrides: list[icalendar.Event]
+    # The query with every rule ending at a horizon past the window (UNTIL), rebuilt when the
+    # horizon moves (once a day): a rule that never matches then stops there, not in year 9999.
+    never: bool = False  # a rule whose day filters allow no day (see _never_matches)
+    query_source: bytes = b""  # the calendar the query reads (time zones and this UID's events)
+    bounded: tuple[date, recurring_ical_events.CalendarQuery] | None = None
 
 
 @dataclass
@@ -117,8 +132,13 @@ class BookingReader:
     Objects that disappear from a calendar leave the cache on that calendar's next read.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = clock.monotonic,
+                 time_budget: float = TIME_BUDGET) -> None:
         self._cache: dict[tuple[str, str, str], _Parsed] = {}
+        # Series whose expansion took longer than the budget: (calendar, href, etag, uid) → reason.
+        self._slow: dict[tuple[str, str, str, str], str] = {}
+        self._clock = clock
+        self._time_budget = time_budget
 
     def read(
         self,
@@ -143,14 +163,23 @@ class BookingReader:
             problems.extend(parsed.problems)
         for stale in [k for k in self._cache if k[0] == calendar.url and k not in seen]:
             del self._cache[stale]
+        for stale_slow in [k for k in self._slow if k[0] == calendar.url and k[:3] not in seen]:
+            del self._slow[stale_slow]
+        keys = {(calendar.url, key[1]): key for key in seen}
 
         holders: dict[str, int] = defaultdict(int)
         for one in series:
             holders[one.uid] += 1
         occurrences: list[Booking | Rejection] = []
         for one in series:
+            slow_key = (*keys[(calendar.url, one.href)], one.uid)
             try:
-                found = _expand(one, host_tz, window_start, window_end)
+                found = self._bounded_expand(one, slow_key, host_tz, window_start, window_end)
+            except _OverBound as over:
+                occurrences.append(Rejection(
+                    id=one.uid, uid=one.uid, start=window_start, end=window_end, reason=str(over),
+                    user=None, calendar_url=calendar.url, href=one.href))
+                continue
             except Exception as error:  # noqa: BLE001 - a hostile series must not stop the others
                 reason = f"event {show(one.uid)} could not be expanded: {_short(error)}"
                 problems.append(Problem(calendar.url, one.href, one.uid, reason))
@@ -169,6 +198,28 @@ class BookingReader:
                         calendar_url=calendar.url, href=one.href))
         occurrences.sort(key=lambda o: (o.start, o.id, o.href))
         return Expansion(tuple(occurrences), tuple(problems))
+
+
+    def _bounded_expand(self, series: _Series, slow_key: tuple[str, str, str, str], host_tz: tzinfo,
+                        window_start: datetime, window_end: datetime,
+                        ) -> list[tuple[icalendar.Event, str, datetime, datetime]]:
+        """Expand one series within the bounds; raise _OverBound with the booker's sentence."""
+        if (known := self._slow.get(slow_key)) is not None:
+            raise _OverBound(known)
+        _check_bounds(series, host_tz, window_start, window_end)
+        began = self._clock()
+        found = _expand(series, host_tz, window_start, window_end)
+        took = self._clock() - began
+        if took > self._time_budget:
+            reason = (f"reading this event's repeat rule took {took:.1f} s; gpubook spends at most "
+                      f"{self._time_budget:g} s on one event, so it is not read again until it is edited")
+            log.warning("event %s took %.1f s to expand and is rejected until it is edited",
+                        show(series.uid), took)
+            self._slow[slow_key] = reason
+            raise _OverBound(reason)
+        if len(found) > MAX_OCCURRENCES:
+            raise _OverBound(_too_many(window_end - window_start))
+        return found
 
 
 # --- parsing one calendar object -------------------------------------------------------------
@@ -271,16 +322,153 @@ def _series(uid: str | None, href: str, group: list[icalendar.Event], timezones:
         problem(None, f"an event {name} has no UID and was ignored; every event needs one")
         return None
     recurring = master is None or "RRULE" in master or "RDATE" in master or len(group) > 1
-    return _Series(uid, href, query, recurring, master, [c for c in group if c is not master])
+    return _Series(uid, href, query, recurring, master, [c for c in group if c is not master],
+                   never=any(_never_matches(r) for r in _rules(master)),
+                   query_source=calendar.to_ical() if _rules(master) else b"")
 
 
 # --- expanding one series ----------------------------------------------------------------------
 
 
+class _OverBound(Exception):
+    """A series over one of the expansion bounds; the message is the booker's sentence."""
+
+
+def _rules(component: icalendar.cal.Component | None) -> list[icalendar.vRecur]:
+    found = component.get("RRULE") if component is not None else None
+    return [r for r in (found if isinstance(found, list) else [found]) if isinstance(r, icalendar.vRecur)]
+
+
+def _sizes(rule: icalendar.vRecur, name: str) -> int:
+    values = rule.get(name)
+    return len(values) if isinstance(values, list) else int(values is not None)
+
+
+def _per_day(rule: icalendar.vRecur) -> float:
+    """At most how many times a rule gives in one day: each day holds at most one candidate day,
+    times its hours, minutes and seconds (an HOURLY rule: every INTERVAL-th hour or its BYHOUR)."""
+    frequency = str(rule.get("FREQ", [""])[0]).upper()
+    interval = max(1, int(str(rule.get("INTERVAL", [1])[0]) or 1))
+    hours = _sizes(rule, "BYHOUR")
+    if frequency == "HOURLY":
+        hours = min(hours or 24, math.ceil(24 / interval))
+    return max(1, hours) * max(1, _sizes(rule, "BYMINUTE")) * max(1, _sizes(rule, "BYSECOND"))
+
+
+def _too_many(window: timedelta) -> str:
+    days = max(1, round(window / _DAY))
+    return (f"this event repeats more than {MAX_OCCURRENCES} times in the next {days} days; gpubook "
+            f"reads at most {MAX_OCCURRENCES} occurrences of one event, so book fewer, longer ones")
+
+
+def _check_bounds(series: _Series, host_tz: tzinfo, window_start: datetime, window_end: datetime) -> None:
+    """Reject, before the library runs, a series whose rules alone say it is too big: more
+    occurrences in the window than MAX_OCCURRENCES, or more than MAX_STEPS times to step through
+    from its DTSTART to the window (the library walks every one of them on every poll)."""
+    rules = _rules(series.master)
+    if series.master is None or not rules:
+        return
+    if series.never:
+        raise _OverBound("this event's repeat rule names no day that exists (such as April 31), so "
+                         "it never happens; correct the rule")
+    per_day = sum(_per_day(rule) for rule in rules)
+    span_days = (window_end - window_start + 2 * _MARGIN) / _DAY
+    extra = len(series.overrides) + _rdate_count(series.master)
+    if per_day * span_days + extra > MAX_OCCURRENCES:
+        raise _OverBound(_too_many(window_end - window_start))
+    first = _utc(_dt(series.master, "DTSTART"), host_tz)
+    walked = max(0.0, (window_end + _MARGIN - first) / _DAY) * per_day
+    if walked > MAX_STEPS:
+        raise _OverBound(
+            f"this event repeats up to {per_day:g} times a day since {first:%Y-%m-%d}, so reading "
+            f"the next days means stepping through more than {MAX_STEPS} of its times; gpubook "
+            "steps through at most that many, so start the series closer to today (a new event)")
+
+
+_WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
+# 2000-2027: a whole 28-year cycle of weekdays and leap years (2000 is a leap year), so a date
+# that the day filters allow at all appears in it.
+_CYCLE = [date(2000, 1, 1) + n * _DAY for n in range((date(2028, 1, 1) - date(2000, 1, 1)).days)]
+
+
+def _never_matches(rule: icalendar.vRecur) -> bool:
+    """Whether a rule's day filters (BYMONTH, BYMONTHDAY, BYYEARDAY, BYDAY's weekdays) allow no
+    day at all, like BYMONTH=4;BYMONTHDAY=31: the library would step day by day to year 9999
+    looking for one. Ordinals, BYWEEKNO and BYSETPOS only narrow a rule further and are left
+    out, so a rule said to match may still not; the time budget is the bound for those."""
+    def ints(name: str) -> set[int] | None:
+        values = rule.get(name)
+        return None if not values else {int(v) for v in values}
+
+    months, monthdays, yeardays = ints("BYMONTH"), ints("BYMONTHDAY"), ints("BYYEARDAY")
+    byday = rule.get("BYDAY")
+    weekdays = {_WEEKDAYS.index(str(d)[-2:].upper()) for d in byday} if byday else None
+    if monthdays is None and yeardays is None:
+        return False  # months and weekdays alone always meet
+    for day in _CYCLE:
+        if months is not None and day.month not in months:
+            continue
+        if weekdays is not None and day.weekday() not in weekdays:
+            continue
+        if monthdays is not None:
+            length = ((day.replace(day=28) + 4 * _DAY).replace(day=1) - _DAY).day
+            if day.day not in monthdays and day.day - length - 1 not in monthdays:
+                continue
+        if yeardays is not None:
+            ordinal = day.timetuple().tm_yday
+            length = 366 if day.year % 4 == 0 else 365
+            if ordinal not in yeardays and ordinal - length - 1 not in yeardays:
+                continue
+        return False
+    return True
+
+
+def _rdate_count(component: icalendar.Event) -> int:
+    found = component.get("RDATE")
+    return sum(len(getattr(one, "dts", [])) for one in (found if isinstance(found, list) else [found] if found else []))
+
+
+def _query(series: _Series, window_end: datetime) -> recurring_ical_events.CalendarQuery:
+    """The series' query with its rules ending at the horizon (a day past the window's margin)."""
+    if not _rules(series.master):
+        return series.query
+    horizon = (window_end + _MARGIN).date() + _DAY
+    if series.bounded is None or series.bounded[0] != horizon:
+        calendar = icalendar.Calendar.from_ical(series.query_source)
+        for component in calendar.walk("VEVENT"):
+            _end_rules_at(component, horizon)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # dateutil warns when COUNT and UNTIL meet; both bound it
+            series.bounded = (horizon, recurring_ical_events.of(calendar))
+    return series.bounded[1]
+
+
+def _end_rules_at(component: icalendar.cal.Component, horizon: date) -> None:
+    """Give each RRULE an UNTIL no later than `horizon`, in the type its DTSTART needs."""
+    start = _dt(component, "DTSTART") if "DTSTART" in component else None
+    if isinstance(start, datetime):
+        until: date | datetime = (datetime.combine(horizon, time(), UTC) if start.tzinfo
+                                  else datetime.combine(horizon, time()))
+    else:
+        until = horizon
+    for rule in _rules(component):
+        old = rule.get("UNTIL")
+        old_value = old[0] if isinstance(old, list) and old else None
+        if old_value is None or _until_after(old_value, until):
+            rule["UNTIL"] = [until]
+
+
+def _until_after(old: Any, until: date | datetime) -> bool:
+    return _utc(old, UTC) > _utc(until, UTC)
+
+
 def _expand(series: _Series, host_tz: tzinfo, window_start: datetime,
             window_end: datetime) -> list[tuple[icalendar.Event, str, datetime, datetime]]:
     found = []
-    for component in series.query.between(window_start - _MARGIN, window_end + _MARGIN):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dateutil warns when COUNT and UNTIL meet; both bound it
+        components = _query(series, window_end).between(window_start - _MARGIN, window_end + _MARGIN)
+    for component in components:
         if str(component.get("STATUS", "")).upper() == "CANCELLED":
             continue
         start = _utc(_dt(component, "DTSTART"), host_tz)

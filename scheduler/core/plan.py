@@ -36,6 +36,7 @@ from zoneinfo import ZoneInfo
 
 from scheduler.config import CalendarConfig, Config
 from scheduler.core.bookings import Booking, Rejection
+from scheduler.sources.errors import redact_url
 
 LOCAL = "local"  # the host the daemon runs on
 Inventory = Mapping[str, Sequence[int]]  # host → the GPU indices present on it
@@ -174,11 +175,11 @@ def _duplicated_uids(items: Sequence[Booking | Rejection],
         keeper = [place for place, seen in where.items() if seen == first]
         if first != _LATEST and len(keeper) == 1:
             kept = keeper[0]
-            refused[uid] = {place: (f"the UID {uid!r} already belongs to the event {kept[1]}, which "
+            refused[uid] = {place: (f"the UID {uid!r} already belongs to the event {redact_url(kept[1])}, which "
                                     "gpubook saw first; give each booking its own event")
                             for place in where if place != kept}
         else:
-            hrefs = ", ".join(sorted({href for _, href in where}))
+            hrefs = ", ".join(sorted({redact_url(href) for _, href in where}))
             refused[uid] = {place: (f"the UID {uid!r} is used by events in more than one place "
                                     f"({hrefs}); give each booking its own event") for place in where}
     return refused

@@ -14,9 +14,14 @@ gpubook owns one marked block at the end of the event's DESCRIPTION::
     --- end gpubook ---
 
 and an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs. The block
-is replaced in place on each update; text above and below it stays byte for byte. A block whose
-end marker the user deleted is not recognised and is left alone (a new block is added), so a
-half-edited block can never make gpubook eat the user's text.
+is replaced in place on each update; text above and below it stays byte for byte. The block is
+an end marker and the begin marker nearest above it: a begin marker whose end marker the user
+deleted is not recognised and is left alone (a new block is added below), and the booker's lines
+after such a stray marker are neither hidden from the parser nor replaced on the next write.
+
+Descriptions in HTML (Google Calendar, Outlook: scheduler/sources/richtext.py) get the block in
+HTML, one ``<br>`` per line, so that it shows as lines there; markers are found in both forms.
+Outlook's ``X-ALT-DESC;FMTTYPE=text/html`` gets the same block as DESCRIPTION.
 
 `apply` says whether anything changed, so that a writer skips the write when the block and status
 already say the same: a write-back is idempotent and a level-triggered reconciler may call it on
@@ -38,15 +43,19 @@ A booker who opens one occurrence of a series expects to see *that* occurrence's
       2026-11-30 09:00 +0100: accepted: 1 GPU (0), template debian-ssh
       --- end gpubook ---
 
-  Only the latest ``MAX_OCCURRENCES`` entries are kept. gpubook does not create an override per
-  occurrence: an override freezes a copy of the series' properties, so a later edit of the whole
-  series (say, a new ``template:`` line) would silently not reach those occurrences — in the
-  user's calendar and in gpubook's own reading of it. Every client shows the master's
-  description on each occurrence, so the entry with the matching date is where the user looks.
+  At most ``MAX_OCCURRENCES`` entries are kept, chosen by what the booker needs: the running
+  occurrence's (its ssh line) always, then the next ones to start, then the latest ended.
+  gpubook does not create an override per occurrence: an override freezes a copy of the
+  series' properties, so a later edit of the whole series (say, a new ``template:`` line)
+  would silently not reach those occurrences — in the user's calendar and in gpubook's own
+  reading of it. Every client shows the master's description on each occurrence, so the entry
+  with the matching date is where the user looks.
 """
 
 from __future__ import annotations
 
+import bisect
+import html
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -57,12 +66,14 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
+from scheduler.sources.richtext import html_lines, is_html
+
 BEGIN = "--- gpubook ---"
 END = "--- end gpubook ---"
 STATUS_PROPERTY = "X-GPUBOOK-STATUS"
 OCCURRENCE_PARAMETER = "X-GPUBOOK-OCCURRENCE"
+ALT_PROPERTY = "X-ALT-DESC"  # Outlook's HTML description
 MAX_OCCURRENCES = 4  # entries kept in a series' block
-_BLOCK = re.compile(rf"^{re.escape(BEGIN)}[ \t]*\r?\n(?P<body>.*?)^{re.escape(END)}[ \t]*(?=\r?$)", re.M | re.S)
 _ENTRY = re.compile(r"^(?P<when>\d{4}-\d\d-\d\d(?: \d\d:\d\d [+-]\d{4})?): (?P<status>[a-z]+): (?P<head>.*)$")
 
 
@@ -124,10 +135,39 @@ def ended(*, gpu_hours: float, outputs: str | None, at: datetime, timezone: str)
 # -- the block in DESCRIPTION (pure) -----------------------------------------------------------
 
 
+def _markers(description: str, marker: str) -> list[tuple[int, int]]:
+    """(start, end) of each `marker` that stands on a line of its own: between the text's start, a
+    line break or a tag's '>' and a line break, a '<' or the end, blanks allowed. Linear: each
+    occurrence is found with str.find and its blanks are looked at once."""
+    found, position = [], description.find(marker)
+    while position >= 0:
+        before = position
+        while before > 0 and description[before - 1] in " \t":
+            before -= 1
+        after = position + len(marker)
+        while after < len(description) and description[after] in " \t":
+            after += 1
+        if (before == 0 or description[before - 1] in "\n>") \
+                and (after == len(description) or description[after] in "\r\n<"):
+            found.append((position, position + len(marker)))
+        position = description.find(marker, position + len(marker))
+    return found
+
+
 def find_block(description: str) -> tuple[int, int] | None:
-    """(start, end) of gpubook's complete block in `description`, or None."""
-    match = _BLOCK.search(description)
-    return (match.start(), match.end()) if match else None
+    """(start, end) of gpubook's complete block in `description`, or None: the first end marker and
+    the begin marker nearest above it (a begin marker without its end is not a block)."""
+    begins = [start for start, _ in _markers(description, BEGIN)]
+    for end_start, end_end in _markers(description, END):
+        if (above := bisect.bisect_left(begins, end_start)) > 0:
+            return begins[above - 1], end_end
+    return None
+
+
+def _body(description: str, span: tuple[int, int]) -> str:
+    """The lines between a block's markers, in plain text."""
+    inner = description[span[0] + len(BEGIN): span[1] - len(END)]
+    return "\n".join(html_lines(inner)) if is_html(description) else inner
 
 
 def strip_block(description: str) -> str:
@@ -138,17 +178,25 @@ def strip_block(description: str) -> str:
 
 
 def replace_block(description: str, block: str) -> str:
-    """`description` with gpubook's block replaced in place, or appended after a blank line."""
+    """`description` with gpubook's block replaced in place, or appended after a blank line
+    (`<br><br>` in an HTML description)."""
     span = find_block(description)
     if span is not None:
         return description[: span[0]] + block + description[span[1]:]
     if not description.strip():
         return block
+    if is_html(description):
+        return description + "<br><br>" + block
     return description.rstrip("\r\n") + "\n\n" + block
 
 
-def _render(body: Iterable[str]) -> str:
-    return "\n".join([BEGIN, *body, END])
+def _render(body: Iterable[str], *, as_html: bool = False) -> str:
+    lines = [BEGIN, *body, END]
+    if not as_html:
+        return "\n".join(lines)
+    # Leading blanks (an entry's continuation lines) would collapse in HTML: keep them visible.
+    return "<br>".join("&nbsp;" * (len(line) - len(line.lstrip(" "))) + html.escape(line.lstrip(" "), quote=False)
+                       for line in lines)
 
 
 def _single_body(outcome: Outcome) -> list[str]:
@@ -188,11 +236,23 @@ def _parse_entries(body: str) -> list[_Entry]:
 def _series_entries(description: str, occurrence: datetime | date, label: str,
                     outcome: Outcome) -> list[_Entry]:
     span = find_block(description)
-    old = _parse_entries(_BLOCK.match(description, span[0])["body"]) if span else []  # type: ignore[index]
+    old = _parse_entries(_body(description, span)) if span else []
     mine = _Entry(occurrence, label, str(outcome.status), outcome.lines or ("",))
-    kept = [e for e in old if _sort_key(e.when) != _sort_key(occurrence)] + [mine]
-    kept.sort(key=lambda e: _sort_key(e.when))
-    return kept[-MAX_OCCURRENCES:]
+    entries = [e for e in old if _sort_key(e.when) != _sort_key(occurrence)] + [mine]
+    kept = sorted(entries, key=_keep_first)[:MAX_OCCURRENCES]
+    return sorted(kept, key=lambda e: _sort_key(e.when))
+
+
+def _keep_first(entry: _Entry) -> tuple[int, float]:
+    """Which entries a full block keeps: the running occurrence's (the booker's ssh line) first,
+    then the next ones to start (earliest first), then what ended (latest first). The entries
+    furthest ahead are dropped, so writing one of them again changes nothing (no write churn)."""
+    moment = _sort_key(entry.when).timestamp()
+    if entry.status == Status.RUNNING:
+        return 0, -moment
+    if entry.status == Status.ENDED:
+        return 2, -moment
+    return 1, moment
 
 
 def _series_body(entries: Sequence[_Entry]) -> list[str]:
@@ -258,22 +318,41 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
     old_description = component.get("DESCRIPTION")
     description = str(old_description) if old_description is not None else ""
     if named is None:
-        block = _render(_single_body(outcome))
+        body = _single_body(outcome)
         statuses: list[tuple[str, dict[str, str]]] = [(str(outcome.status), {})]
     else:
         entries = _series_entries(description, named, label(named, timezone), outcome)
-        block = _render(_series_body(entries))
+        body = _series_body(entries)
         statuses = [(e.status, {OCCURRENCE_PARAMETER: _occurrence_value(e.when)}) for e in entries]
-    new_description = replace_block(description, block)
-    if new_description == description and statuses == _status_properties(component):
+    changed = _put_block(component, "DESCRIPTION", body)
+    if _is_html_alternative(component.get(ALT_PROPERTY)):
+        changed = _put_block(component, ALT_PROPERTY, body, as_html=True) or changed
+    if not changed and statuses == _status_properties(component):
         return False
-    text = icalendar.vText(new_description)
-    if old_description is not None:
-        text.params.update(getattr(old_description, "params", {}))
-    component["DESCRIPTION"] = text
     component.pop(STATUS_PROPERTY, None)
     for value, parameters in statuses:
         component.add(STATUS_PROPERTY, value, parameters=parameters)
     return True
 
 
+
+
+def _put_block(component: icalendar.cal.Component, name: str, body: Sequence[str], *,
+               as_html: bool = False) -> bool:
+    """Write the block into one text property, in the form its text is in; True if it changed."""
+    old = component.get(name)
+    description = str(old) if old is not None else ""
+    as_html = as_html or is_html(strip_block(description))
+    new_description = replace_block(description, _render(body, as_html=as_html))
+    if new_description == description:
+        return False
+    text = icalendar.vText(new_description)
+    if old is not None:
+        text.params.update(getattr(old, "params", {}))
+    component[name] = text
+    return True
+
+
+def _is_html_alternative(prop: object) -> bool:
+    """Outlook's HTML copy of the description, which it shows instead of DESCRIPTION."""
+    return prop is not None and str(getattr(prop, "params", {}).get("FMTTYPE", "")).lower() == "text/html"

@@ -7,6 +7,9 @@ needs the admin to fix the config or the feed.
 
 from __future__ import annotations
 
+import re
+from urllib.parse import urlsplit, urlunsplit
+
 from runtime.errors import GpubookError
 
 # What a transport failure comes down to, found inside urllib3's nested reprs.
@@ -39,3 +42,26 @@ def cause(failure: BaseException) -> str:
         if known in text:
             return known
     return short(failure, empty=type(failure).__name__)
+
+
+# Control characters (C0, DEL, C1): an ESC from a calendar must not reach an admin's terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def redact_url(url: str) -> str:
+    """A calendar URL fit to print or log: a password written into it (`user:secret@host`)
+    becomes `***`. Every place that shows a configured calendar URL goes through here."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return re.sub(r"//[^/@]*@", "//***@", url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def printable(text: object) -> str:
+    """Text from a calendar made safe for a terminal: control characters (ESC, CR, …) escaped
+    as \\xNN, so a UID or title cannot move the cursor, recolour or rewrite an admin's output."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match[0]):02x}", str(text))
