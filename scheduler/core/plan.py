@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
+import functools
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -324,7 +325,12 @@ def _overlaps(a: Booking, b: Booking) -> bool:
 
 
 def _when(booking: Booking, host_tz: tzinfo) -> str:
-    start, end = booking.start.astimezone(host_tz), booking.end.astimezone(host_tz)
+    return _span(booking.start, booking.end, host_tz)
+
+
+@functools.lru_cache(maxsize=4096)  # a busy GPU's holder is named in many rejections
+def _span(start: datetime, end: datetime, host_tz: tzinfo) -> str:
+    start, end = start.astimezone(host_tz), end.astimezone(host_tz)
     until = f"{end:%H:%M}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M}"
     return f"from {start:%Y-%m-%d %H:%M} to {until} ({start:%Z})"
 
