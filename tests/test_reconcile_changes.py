@@ -107,3 +107,23 @@ def test_a_running_booking_moved_days_later_ends_now_and_frees_its_gpu() -> None
     assert [(type(x).__name__, x.accepted.booking.id) for x in at_one if isinstance(x, Start)] == [("Start", "b")]
     later = decide(result, [], now=moved.start, memory=stopped)
     assert [(x.accepted.booking.id, x.attempt) for x in later if isinstance(x, Start)] == [("a", 0)]
+
+
+def test_a_stale_calendar_holds_only_its_own_bookings() -> None:
+    a = booking("a", indices=(0,), start=11)
+    other = booking("o", indices=(1,), start=11, calendar_url="http://127.0.0.1/other/")
+    result = plan([a], inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW)
+    both = replace(result, accepted=(*result.accepted, replace(result.accepted[0], booking=other, gpus=(1,))))
+    actions = decide(both, [], now=NOW, stale_calendars={"http://127.0.0.1/other/": "its calendar's data is old"})
+    assert [(type(x).__name__, getattr(x, "reason", "")) for x in actions] == [
+        ("Start", ""), ("Hold", "its calendar's data is old")]
+
+
+def test_a_running_booking_in_no_calendar_is_not_stopped_while_a_calendar_was_never_read() -> None:
+    a = booking("a", indices=(0,))
+    actual = [running(a, (0,))]
+    empty = plan([], inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW)
+    memory = Memory(known=frozenset({"a"}))
+    assert [type(x).__name__ for x in decide(empty, actual, now=NOW, memory=memory)] == ["Warn", "Recheck"]
+    kept = decide(empty, actual, now=NOW, memory=memory, complete=False)
+    assert [(type(x).__name__, getattr(x, "at", None)) for x in kept] == [("Recheck", a.end)]
