@@ -1,10 +1,14 @@
 """Start-to-SSH-login and stop times of a debian-ssh booking, podman or Docker; prints the figures.
 
     python bench/container_start.py --engine podman            # as the daemon user (rootless)
-    python bench/container_start.py --engine docker            # as root: starts a private dockerd
+    python bench/container_start.py --engine podman --network host private private-slirp
+    python bench/container_start.py --engine docker --network host   # as root: a private dockerd
 
 Start-to-SSH is from `start_booking` (engine start + entrypoint + sshd) to the first successful
 paramiko login of the probe key; stop is `engine.stop(name, grace)` (SIGTERM, sshd exits, removal).
+Several networks are measured in one run, their starts interleaved (host, private, host, ...), so
+that the machine's load falls on each alike. "private" is gpubook's default (rootless podman:
+slirp4netns with the rootlesskit port handler); "private-slirp" is slirp4netns's own port handler.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import paramiko
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime import ssh, storage  # noqa: E402
-from runtime.engines import Engine, engine_from  # noqa: E402
-from runtime.templates import get_template  # noqa: E402
+from runtime.engines import Engine, EngineOptions, EngineSettings, container_name, engine_from  # noqa: E402
+from runtime.engines.podman import PodmanEngine  # noqa: E402
+from runtime.templates import Template, get_template  # noqa: E402
 from tests.engine_suite import DOCKER, free_port, private_dockerd  # noqa: E402
 
 
@@ -31,40 +38,58 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def bench(engine: Engine, runs: int) -> tuple[list[float], list[float]]:
+class SlirpPortHandlerPodman(PodmanEngine):
+    """Rootless podman's private network with slirp4netns's own port handler instead."""
+
+    def private_network_args(self) -> list[str]:
+        return ["--network", "slirp4netns:port_handler=slirp4netns,allow_host_loopback=false"]
+
+
+def podman_engine(network: str) -> Engine:
+    if network == "private-slirp":
+        settings = EngineSettings(runtime="runc", storage_driver="overlay", network="private")
+        return SlirpPortHandlerPodman(settings, EngineOptions())
+    return engine_from("podman", runtime="runc", storage_driver="overlay", network=network)
+
+
+def bench(engines: dict[str, Engine], runs: int) -> dict[str, tuple[list[float], list[float]]]:
     cache = ssh.default_cache_dir()
     template = get_template("debian-ssh")
-    ssh.build_rootfs_image(engine, template, cache_dir=cache)
+    first = next(iter(engines.values()))
+    ssh.build_rootfs_image(first, template, cache_dir=cache)
     probe_key = ssh.load_probe_key(cache / "bench-probe-key")
-    starts, stops = [], []
+    figures: dict[str, tuple[list[float], list[float]]] = {network: ([], []) for network in engines}
     with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as data_root:
-        owner = engine.host_owner(2001, 2001)
+        owner = first.host_owner(2001, 2001)
         folders = storage.prepare(Path(data_root), "alice", uid=owner[0], gid=owner[1])
         for number in range(runs + 1):  # the first run warms caches and is not counted
-            spec = ssh.booking_spec(
-                template,
-                booking_id=f"bench-{number}",
-                user="alice",
-                uid=2001,
-                gid=2001,
-                ssh_keys=[],
-                probe_key=probe_key,
-                port=free_port(),
-                end=datetime.now(UTC) + timedelta(hours=1),
-                folders=folders,
-                cache_dir=cache,
-            )
-            try:
-                ready = ssh.start_booking(engine, spec, probe_key=probe_key, timeout=60)
-                began = time.monotonic()
-                engine.stop(spec.name, 10)
-                stopped = time.monotonic() - began
-            finally:
-                engine.stop(spec.name, 0)
-            if number:
-                starts.append(ready.seconds)
-                stops.append(stopped)
-    return starts, stops
+            for network, engine in engines.items():
+                starts, stops = figures[network]
+                started, stopped = one_start(engine, template, folders, probe_key, f"bench-{network}-{number}")
+                if number:
+                    starts.append(started)
+                    stops.append(stopped)
+    return figures
+
+
+def one_start(engine: Engine, template: Template, folders: storage.DataFolders, probe_key: paramiko.PKey,
+              booking_id: str) -> tuple[float, float]:
+    """One booking started until the probe logs in, then stopped: (seconds to SSH, seconds to stop)."""
+    cache = ssh.default_cache_dir()
+    name = container_name(booking_id)
+    host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0))
+    spec = ssh.booking_spec(template, booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=[],
+                            probe_key=probe_key, port=free_port(), end=datetime.now(UTC) + timedelta(hours=1),
+                            folders=folders, cache_dir=cache, host_key=host_key)
+    try:
+        ready = ssh.start_booking(engine, spec, probe_key=probe_key, timeout=60)
+        began = time.monotonic()
+        engine.stop(spec.name, 10)
+        stopped = time.monotonic() - began
+    finally:
+        engine.stop(spec.name, 0)
+        ssh.forget_host_key(cache, name)
+    return ready.seconds, stopped
 
 
 def main() -> None:
@@ -72,23 +97,29 @@ def main() -> None:
     parser.add_argument("--engine", choices=["podman", "docker"], default="podman")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--docker-host", help="an existing dockerd's address (default: start one)")
+    parser.add_argument("--network", nargs="+", default=["private"],
+                        choices=["host", "private", "private-slirp"],
+                        help="networks measured in this one run, starts interleaved (default: private)")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         if args.engine == "podman":
-            engine = engine_from("podman", runtime="runc", storage_driver="overlay")
+            engines = {network: podman_engine(network) for network in args.network}
         else:
             address = args.docker_host or stack.enter_context(private_dockerd())
-            engine = engine_from("docker", binary=DOCKER, global_args=("-H", address))
-        starts, stops = bench(engine, args.runs)
-    print(
-        f"{args.engine}: start-to-SSH-login over {len(starts)} runs: "
-        f"median {statistics.median(starts):.3f} s, p95 {percentile(starts, 0.95):.3f} s, "
-        f"min {min(starts):.3f} s, max {max(starts):.3f} s"
-    )
-    print(
-        f"{args.engine}: stop (SIGTERM, exit, remove): median {statistics.median(stops):.3f} s, "
-        f"p95 {percentile(stops, 0.95):.3f} s"
-    )
+            engines = {network: engine_from("docker", binary=DOCKER, global_args=("-H", address), network=network)
+                       for network in args.network}
+        figures = bench(engines, args.runs)
+    print("machine: Debian 12 VM, 2 cores, 24 GiB")
+    for network, (starts, stops) in figures.items():
+        print(
+            f"{args.engine} {network}: start-to-SSH-login over {len(starts)} runs: "
+            f"median {statistics.median(starts):.3f} s, p95 {percentile(starts, 0.95):.3f} s, "
+            f"min {min(starts):.3f} s, max {max(starts):.3f} s"
+        )
+        print(
+            f"{args.engine} {network}: stop (SIGTERM, exit, remove): median {statistics.median(stops):.3f} s, "
+            f"p95 {percentile(stops, 0.95):.3f} s"
+        )
 
 
 if __name__ == "__main__":

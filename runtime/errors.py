@@ -36,3 +36,10 @@ class DriverError(GpubookError):
 
 class StorageError(GpubookError):
     """A booker's data folders cannot be made or used safely (bad name, missing root, escape)."""
+
+
+class Preparing(GpubookError):
+    """Not an error of the booking: something it needs is being made in the background (its image);
+    the booking is held with this sentence as its note and started once that is ready."""
+
+    temporary = True

@@ -4,30 +4,38 @@
   Debian/Ubuntu or RHEL family), built once and tagged with a hash of image and recipe, so a change
   of either builds a new one.
 - At start a read-only bind-mounted entrypoint (overlay/entrypoint.sh) makes the account, keys,
-  sudo, this booking's host key and sshd on the booking's port; then the template's command runs as
-  the booker.
+  sudo and sshd on the booking's port; then the template's command runs as the booker.
+- gpubook makes each booking's SSH host key itself (ed25519, kept mode 600 under the cache folder,
+  bound read-only into the container), so it knows the key before sshd runs: the probe trusts only
+  that key, and the booker gets it as a known_hosts line, with no trust on first use.
 - A booking is ready only when a paramiko client logs in with the daemon's probe key (restricted
-  in authorized_keys to running `true`, with no forwarding or pty).
+  in authorized_keys to running `true`, with no forwarding or pty) to a server that showed the
+  booking's own host key. Any other server on the port (a booker squatting it) is refused at once.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from runtime.engines import ContainerInfo, ContainerSpec, Engine
-from runtime.errors import EngineError, TemplateError
+from runtime.errors import EngineError, Preparing, TemplateError
 from runtime.mounts import Mount
 from runtime.storage import DataFolders, check_user_name
 from runtime.templates import Template
@@ -36,6 +44,8 @@ log = logging.getLogger(__name__)
 
 ENTRYPOINT_SOURCE = Path(__file__).with_name("overlay") / "entrypoint.sh"
 OVERLAY_TARGET = "/.gpubook"
+HOST_KEY_TARGET = "/.gpubook-hostkey"  # the booking's host key folder, bound read-only
+HOST_KEY_FILE = "ssh_host_ed25519_key"
 OVERLAY_CONTAINERFILE = """\
 FROM {image}
 # gpubook overlay: sshd and sudo for images that lack them (Debian/Ubuntu, then RHEL family).
@@ -59,6 +69,80 @@ class Ready:
     info: ContainerInfo
     seconds: float
     host_key: str  # "ssh-ed25519 AAAA...", for the booker's known_hosts
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """One booking's SSH host key: the folder bound into its container (private key, mode 600)
+    and the public line ("ssh-ed25519 AAAA...") that the probe pins and the booker trusts."""
+
+    folder: Path
+    public: str
+
+
+class ForeignHostKey(EngineError):
+    """The server on a booking's port showed another host key than the one gpubook made for it."""
+
+
+def host_key_folder(cache_dir: Path, name: str) -> Path:
+    return cache_dir / "host-keys" / name
+
+
+def booking_host_key(cache_dir: Path, name: str, *, owner: tuple[int, int] | None = None) -> HostKey:
+    """The host key of container `name`, made on first use and kept for its restarts.
+
+    Made here, not inside the container, so the daemon knows it before sshd runs. The folder and
+    key are the daemon's, mode 700/600; `owner` (host uid, gid of the container's root, where the
+    daemon may chown: rootful engines) lets sshd read it inside.
+    """
+    folder = host_key_folder(cache_dir, name)
+    private, public = folder / HOST_KEY_FILE, folder / f"{HOST_KEY_FILE}.pub"
+    if private.is_file() and public.is_file():
+        return HostKey(folder=folder, public=public.read_text().strip())
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder.chmod(0o700)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                            serialization.NoEncryption())
+    line = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode()
+    _write_private(private, pem)
+    public.write_text(line + "\n")
+    if owner is not None and os.geteuid() == 0:
+        for path in (folder, private, public):
+            os.chown(path, *owner)
+    return HostKey(folder=folder, public=line)
+
+
+def forget_host_key(cache_dir: Path, name: str) -> None:
+    """Remove a stopped container's host key: the next booking on its port gets a new one."""
+    folder = host_key_folder(cache_dir, name)
+    for path in (folder / HOST_KEY_FILE, folder / f"{HOST_KEY_FILE}.pub"):
+        path.unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def known_hosts_line(*, host: str, port: int, host_key: str) -> str:
+    """The booker's known_hosts line for a booking: `[host]:port ssh-ed25519 AAAA...`."""
+    return f"[{host}]:{port} {host_key}" if port != 22 else f"{host} {host_key}"
+
+
+def fingerprint(key_line: str) -> str:
+    """OpenSSH's SHA256 fingerprint of a public key line ("ssh-ed25519 AAAA...")."""
+    blob = base64.b64decode(key_line.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+    partial.replace(path)
 
 
 def entrypoint_dir(cache_dir: Path) -> Path:
@@ -125,6 +209,46 @@ def build_overlay(engine: Engine, template: Template) -> str:
     return tag
 
 
+class OverlayBuilds:
+    """Overlay builds in the background, so that a first booking of a template (an `apt-get` that may
+    take an hour) never holds a pass or any other booking: `ready` gives the tag when the image is
+    there, else starts its build (once per tag) and raises `Preparing`. A failed build is raised
+    once by the next `ready`, which then builds again on the call after."""
+
+    def __init__(self, *, workers: int = 2, on_done: Callable[[], None] | None = None) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubook-overlay")
+        self._builds: dict[str, Future[str]] = {}
+        self._lock = threading.Lock()
+        self.on_done = on_done  # told when a build ends (the daemon wakes a pass)
+
+    def ready(self, engine: Engine, template: Template) -> str:
+        tag = overlay_tag(template)
+        with self._lock:
+            build = self._builds.get(tag)
+            if build is not None and build.done():
+                del self._builds[tag]
+                build.result()  # a failed build raises its error here, once
+                return tag
+            if build is None:
+                if _image_exists(engine, tag):
+                    return tag
+                log.info("template %s: building its sshd overlay %s in the background", template.name, tag)
+                build = self._pool.submit(build_overlay, engine, template)
+                build.add_done_callback(self._done)
+                self._builds[tag] = build
+        raise Preparing(f"preparing the image: the sshd overlay of template {template.name} is being built")
+
+    def _done(self, build: Future[str]) -> None:
+        error = build.exception()
+        if error is not None:
+            log.warning("sshd overlay build failed: %s", str(error).splitlines()[0] if str(error) else error)
+        if self.on_done is not None:
+            self.on_done()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -> str:
     """Make a template's image locally with mmdebstrap (its [build] recipe), the tarball cached."""
     recipe = template.build
@@ -170,6 +294,7 @@ def booking_spec(
     end: datetime,
     folders: DataFolders,
     cache_dir: Path,
+    host_key: HostKey,
     gpus: tuple[int, ...] = (),
     gpu: object | None = None,
 ) -> ContainerSpec:
@@ -187,6 +312,7 @@ def booking_spec(
         }
     )
     overlay = Mount(entrypoint_dir(cache_dir), OVERLAY_TARGET, read_only=True)
+    key_folder = Mount(host_key.folder, HOST_KEY_TARGET, read_only=True)
     return ContainerSpec(
         booking_id=booking_id,
         user=user,
@@ -200,10 +326,11 @@ def booking_spec(
         entrypoint=(f"{OVERLAY_TARGET}/entrypoint.sh",),
         command=template.command,
         env=tuple(sorted(env.items())),
-        mounts=(overlay, *folders.mounts(), *template.mounts),
+        mounts=(overlay, key_folder, *folders.mounts(), *template.mounts),
         shm_size=template.shm_size,
         memory=template.memory,
         gpu=gpu,  # type: ignore[arg-type]
+        host_key=host_key.public,
     )
 
 
@@ -218,7 +345,7 @@ def start_booking(
     """Start (or adopt) the booking's container and wait until SSH logs the probe in.
 
     On failure nothing is left behind: the container is stopped and removed, and the error carries
-    the end of its log.
+    the end of its log. A server on the port with another host key fails the start at once.
     """
     began = time.monotonic()
     info = engine.start(spec)
@@ -239,13 +366,21 @@ def wait_ready(
     timeout: float,
     host: str = "127.0.0.1",
 ) -> str:
-    """Log in as the booker with the probe key until it works; give the server's host key."""
+    """Log in as the booker with the probe key until it works; give the server's host key.
+
+    Only the server showing `spec.host_key` is trusted: another one (something that took the port
+    before sshd could) raises ForeignHostKey at once, so no booker is ever sent to it.
+    """
+    if not spec.host_key:
+        raise EngineError(f"booking {spec.booking_id}: no host key to check its SSH server against")
     deadline = time.monotonic() + timeout
     next_check = time.monotonic() + 1.0
     last_problem = "no answer yet"
     while time.monotonic() < deadline:
         try:
-            return probe_login(host, spec.port, spec.user, probe_key)
+            return probe_login(host, spec.port, spec.user, probe_key, host_key=spec.host_key)
+        except ForeignHostKey as error:
+            raise ForeignHostKey(f"booking {spec.booking_id}: {error}") from None
         except (OSError, paramiko.SSHException, EOFError) as error:
             last_problem = str(error) or type(error).__name__
         if time.monotonic() >= next_check:  # a dead container never answers: say so at once
@@ -265,19 +400,31 @@ def wait_ready(
 
 
 def probe_login(
-    host: str, port: int, user: str, key: paramiko.PKey, *, timeout: float = 5.0
+    host: str, port: int, user: str, key: paramiko.PKey, *, host_key: str, timeout: float = 5.0
 ) -> str:
-    """One SSH login with `key`; raises if it fails; gives the server's host key line."""
+    """One SSH login with `key` to the server whose host key is `host_key`; raises if it fails
+    (ForeignHostKey before any authentication when the server shows another key); gives the key."""
     with socket.create_connection((host, port), timeout=timeout) as sock:
+        # A published port's proxy (rootlessport) accepts at once and hangs up while sshd is not
+        # listening yet: say so here, before paramiko's transport thread logs it as an error.
+        if not sock.recv(4, socket.MSG_PEEK):
+            raise EOFError(f"port {port} is open but no SSH server answers behind it yet")
         transport = paramiko.Transport(sock)
         try:
             transport.banner_timeout = timeout
             transport.start_client(timeout=timeout)
+            server_key = transport.get_remote_server_key()
+            shown = f"{server_key.get_name()} {server_key.get_base64()}"
+            if shown != " ".join(host_key.split()[:2]):
+                raise ForeignHostKey(
+                    f"the SSH server on port {port} showed host key {fingerprint(shown)}, not the "
+                    f"booking's own {fingerprint(host_key)}: another program holds the port, and "
+                    f"gpubook neither logs in to it nor sends the booker there"
+                )
             transport.auth_publickey(user, key)
             if not transport.is_authenticated():
                 raise paramiko.AuthenticationException("probe key refused")
-            server_key = transport.get_remote_server_key()
-            return f"{server_key.get_name()} {server_key.get_base64()}"
+            return shown
         finally:
             transport.close()
 

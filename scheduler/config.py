@@ -268,7 +268,7 @@ class PolicyConfig:
 # Checks of [engine] fields that runtime.engines declares without a "check" in their metadata.
 ENGINE_CHECKS: dict[str, Check] = {
     "name": engines.name_problem,  # a registered engine, or "package.module:Class"
-    "network": _one_of(("host", "private")),
+    "network": _one_of(engines.NETWORKS),
     "stop_grace_seconds": _not_negative,
 }
 

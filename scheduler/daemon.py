@@ -11,10 +11,14 @@
 - SIGTERM/SIGINT: the scheduler stops, containers keep running (KillMode=process in the unit).
   SIGHUP: the config and templates are read again; an invalid config is refused and the old one kept.
 - Under systemd: READY=1 after the first pass, WATCHDOG=1, and a STATUS line with counts.
+- One daemon per state folder: `gpubook run` holds an flock on `daemon.lock` there for its whole
+  life; a second one exits at once, naming the pid that holds it (two daemons would start, stop
+  and remove each other's containers).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -43,11 +47,34 @@ from scheduler.outbox import notices, status
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
 from scheduler.sources.errors import CalendarError, redact_url
-from scheduler.state import State
+from scheduler.state import State, StateError
 
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "daemon-status.json"
+LOCK_FILE = "daemon.lock"
+
+
+class AlreadyRunning(GpubookError):
+    """Another gpubook daemon holds this state folder."""
+
+
+def hold_lock(folder: Path) -> int:
+    """Take the state folder's daemon lock (kept until this process ends); give its descriptor.
+    Raises AlreadyRunning with the holder's pid when another daemon has it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise AlreadyRunning(f"another gpubook daemon (pid {holder}) already runs on the state folder {folder} "
+                             f"(it holds {path}); stop it first, or give this one another [daemon] state_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def state_dir(config: config_module.Config) -> Path:
@@ -78,11 +105,14 @@ class _Calendar:
 
 class Daemon:
     def __init__(self, config: config_module.Config, *, notifier: Notifier | None = None,
-                 engine: Engine | None = None) -> None:
+                 engine: Engine | None = None, exclusive: bool = False) -> None:
+        """`exclusive`: this is the daemon (`gpubook run`), not a command borrowing its parts: take
+        the state folder's lock first, before the state database is opened."""
+        self.state_dir = state_dir(config)
+        self.lock_fd = hold_lock(self.state_dir) if exclusive else None
         self.config = config
         self.notifier = notifier or Notifier.from_environment()
         self.engine = engine or make_engine(config)
-        self.state_dir = state_dir(config)
         self.state = State(self.state_dir / "state.sqlite")
         self.probe_key = ssh.load_probe_key(self.state_dir / "probe-key")
         self.calendar = _Calendar()
@@ -101,7 +131,7 @@ class Daemon:
             line = (f"no NVIDIA driver here ({inventory.problem or 'NVML lists no GPU'}): bookings run on "
                     f"the [gpus] count of {inventory.count} without driver injection")
             log.warning("%s", line)
-            self.state.log_event(line, level="warning")
+            self._event(line)
         templates = load_all(config.templates_dir)
         for name, problem in templates.errors.items():
             log.warning("template %s is broken and skipped: %s", name, problem.splitlines()[0])
@@ -116,6 +146,8 @@ class Daemon:
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots)
         self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
                            notices=notices.Notices.from_config(config))
+        # A booking's work that outlasted its pass, or an image built in the background: a pass now.
+        self.passes.on_settled = local.builds.on_done = self._soon
         self.calendars = Calendars(config)
         self.config = config
 
@@ -141,7 +173,7 @@ class Daemon:
                     message = (f"calendar reachable again after {_duration(now - since)} "
                                f"(was: {self.calendar.outage})")
                     log.warning("%s", message)
-                    self.state.log_event(message, level="warning", at=now)
+                    self._event(message, now)
                     self.calendar.outage = self.calendar.outage_since = None
         self.calendar.last_poll = now
         self.reconcile()
@@ -153,7 +185,14 @@ class Daemon:
                 message = (f"calendar unreachable: {cause}; keeping the last known bookings, "
                            f"nothing starts from data older than {self.config.daemon.stale_after_minutes:g} min")
                 log.warning("%s", message)
-                self.state.log_event(message, level="warning", at=now)
+                self._event(message, now)
+
+    def _event(self, message: str, now: datetime | None = None, *, level: str = "warning") -> None:
+        """A line for the event log; a database that cannot be written costs the line, never the daemon."""
+        try:
+            self.state.log_event(message, level=level, at=now)
+        except StateError as error:
+            log.warning("not in the event log: %s", error)
 
     def _calendar_failures(self, failures: dict[str, str], now: datetime) -> None:
         """One calendar failing while others read: logged once when it starts and once when it ends."""
@@ -163,12 +202,12 @@ class Daemon:
                 message = (f"calendar {redact_url(url)} cannot be read: {cause}; its last good reading is kept, "
                            "the other calendars go on")
                 log.warning("%s", message)
-                self.state.log_event(message, level="warning", at=now)
+                self._event(message, now)
         for url in [u for u in self.calendar.failing if u not in failures]:
             cause, since = self.calendar.failing.pop(url)
             message = f"calendar {redact_url(url)} readable again after {_duration(now - since)} (was: {cause})"
             log.warning("%s", message)
-            self.state.log_event(message, level="warning", at=now)
+            self._event(message, now)
 
     def _stale_calendars(self, now: datetime) -> dict[str, str]:
         """Calendars whose own data is too old to start anything from (the others start as usual)."""
@@ -211,6 +250,18 @@ class Daemon:
                            f"{self.calendar.outage or 'unknown'})")
         return True, ""
 
+    def _ports(self) -> dict[str, int]:
+        try:
+            return self.state.ports()
+        except StateError:
+            return {}  # the status file shows no ports this time; the next pass writes them
+
+    def _soon(self) -> None:
+        """A pass now, as a job of its own: the pass running meanwhile replaces only "boundary"."""
+        if self.scheduler.running:
+            self.scheduler.add_job(self.reconcile, "date", run_date=datetime.now(UTC), id="settled",
+                                   replace_existing=True)
+
     def _wake_at(self, moment: datetime) -> None:
         if self.scheduler.running:
             self.scheduler.add_job(self.reconcile, "date", run_date=moment, id="boundary", replace_existing=True)
@@ -220,12 +271,12 @@ class Daemon:
         report = status.Status(
             hosts=status.hosts_status({LOCAL: status.GpuSummary.of(self.inventory)}, plan=result.plan, now=now,
                                       containers=containers,
-                                      ports=self.state.ports()),
+                                      ports=self._ports()),
             updated=now.isoformat(), pid=os.getpid(), last_poll=status.iso(self.calendar.last_poll),
             last_poll_ok=status.iso(self.calendar.last_ok), outage=self.calendar.outage,
             outage_since=status.iso(self.calendar.outage_since),
             problems=(*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())),
-            counts=status.counts(result.plan, now=now))
+            counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine))
         self.notifier.status(report.line())
         path = self.state_dir / STATUS_FILE
         partial = path.with_name(path.name + ".partial")
@@ -242,14 +293,14 @@ class Daemon:
         except ConfigError as error:
             message = f"reload refused, keeping the running config: {error}"
             log.error("%s", message)
-            self.state.log_event(message, level="error")
+            self._event(message, level="error")
             self.notifier.ready()
             return False
         with self._lock:
             self._build(new)
             self.scheduler.reschedule_job("poll", trigger="interval", seconds=new.daemon.poll_seconds)
         log.warning("config %s and templates reloaded", new.path)
-        self.state.log_event(f"config {new.path} and templates reloaded")
+        self._event(f"config {new.path} and templates reloaded", level="info")
         self.notifier.ready()
         self.poll()
         return True
@@ -263,7 +314,7 @@ class Daemon:
     def run(self) -> int:
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(number, self._signal)
-        self.state.log_event(f"daemon started (pid {os.getpid()}), config {self.config.path}")
+        self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
         self.scheduler.add_job(self.poll, "interval", seconds=self.config.daemon.poll_seconds, id="poll",
                                next_run_time=datetime.now(UTC))
@@ -281,7 +332,7 @@ class Daemon:
             self.notifier.stopping()
             self.scheduler.shutdown(wait=True)
             self.passes.close()
-            self.state.log_event("daemon stopped; containers keep running")
+            self._event("daemon stopped; containers keep running", level="info")
             log.warning("gpubook daemon stopped; running containers keep running")
             self.state.close()
         return 0

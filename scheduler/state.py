@@ -39,6 +39,13 @@ class StateError(GpubookError):
     """The state database cannot be used (a newer schema, an unwritable folder, no free port)."""
 
 
+class StateUnavailable(StateError):
+    """A read or write failed (locked by another process, read-only, full disk, damaged): the one
+    booking or step that needed it fails this time and is tried again; the pass goes on."""
+
+    temporary = True
+
+
 class _Corrupt(Exception):
     """The file is not a readable SQLite database."""
 
@@ -209,35 +216,67 @@ def _moment(stamp: float | None) -> datetime | None:
 class State:
     """`State(path)`: open (or create, or recreate) the database; every method is one transaction.
 
-    Safe to share between the daemon's threads (one connection behind a lock); other processes
-    (`gpubook status`, `gpubook log`) may open the same file at the same time.
+    Safe to share between the daemon's threads: each thread gets its own connection (bookings
+    are applied in parallel, and one thread waiting on a locked database must not hold the others
+    behind a Python lock); SQLite itself serialises the writes. Other processes (`gpubook status`,
+    `gpubook log`) may open the same file at the same time. Every sqlite3 error of a read or write
+    is raised as `StateUnavailable`, a GpubookError the pass handles per booking.
     """
 
-    def __init__(self, path: str | Path, *, port_probe: Callable[[int], bool] = port_is_free) -> None:
+    def __init__(self, path: str | Path, *, port_probe: Callable[[int], bool] = port_is_free,
+                 busy_timeout: float = 10.0) -> None:
+        """`busy_timeout`: seconds a write waits for another process's transaction before it fails."""
         self.path = Path(path)
+        self.busy_timeout = busy_timeout
         self._port_probe = port_probe
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards the list of connections only
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
             log.warning("state database %s does not exist; starting a new one "
                         "(running containers are adopted from their labels)", self.path)
         try:
-            self._db = self._open()
+            first = self._open()
         except _Corrupt as error:
             self._set_aside(error)
-            self._db = self._open()
+            first = self._open()
+        self._adopt_connection(first)
 
     # -- opening -------------------------------------------------------------------------------
 
-    def _open(self) -> sqlite3.Connection:
+    def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
-        db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
+        try:
+            _set_up(db, self.busy_timeout)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _adopt_connection(self, db: sqlite3.Connection) -> None:
+        self._local.db = db
+        with self._lock:
+            self._connections.append(db)
+
+    def _db(self) -> sqlite3.Connection:
+        """This thread's connection, opened on its first use (the file is checked and migrated once)."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            try:
+                db = self._connect()
+            except sqlite3.Error as error:
+                raise StateUnavailable(f"state database {self.path} cannot be opened: {error}") from None
+            self._adopt_connection(db)
+        return db
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
             try:
-                db.execute("PRAGMA busy_timeout=10000")
+                _set_up(db, self.busy_timeout)
                 db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.execute("PRAGMA foreign_keys=ON")
                 (verdict,) = db.execute("PRAGMA quick_check").fetchone()
             except sqlite3.DatabaseError as error:
                 # Only damage sets the file aside; "database is locked" and the like are raised.
@@ -282,7 +321,10 @@ class State:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+        self._local = threading.local()
 
     def __enter__(self) -> State:
         return self
@@ -292,33 +334,47 @@ class State:
 
     @property
     def schema_version(self) -> int:
-        with self._lock:
-            return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        return int(self._query("PRAGMA user_version")[0][0])
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+        db = self._db()
+        try:
+            db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
+                yield db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            db.execute("COMMIT")
+        except sqlite3.Error as error:
+            if db.in_transaction:
+                _quietly_roll_back(db)
+            raise self._unavailable(error) from None
 
     def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]:
-        with self._lock:
-            return self._db.execute(sql, parameters).fetchall()
+        try:
+            return self._db().execute(sql, parameters).fetchall()
+        except sqlite3.Error as error:
+            raise self._unavailable(error) from None
+
+    def _unavailable(self, error: sqlite3.Error) -> StateUnavailable:
+        return StateUnavailable(f"the state database {self.path} could not be used: {error}")
 
     # -- ports ---------------------------------------------------------------------------------
 
     def port_for(self, booking_id: str, *, port_min: int, port_max: int, now: datetime | None = None) -> int:
-        """The booking's SSH port: the one it has, else the lowest port in [port_min, port_max] that
-        no other booking holds and that is free on this host. Raises StateError when none is left."""
+        """The booking's SSH port for a start in progress: the one it holds if that is still free on
+        this host, else the lowest port in [port_min, port_max] that no other booking holds and that
+        is free on this host (a port found busy is skipped, never fatal). Raises StateError when
+        none is left. The caller releases it when the start fails (`release_port`)."""
         with self._transaction() as db:
             row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
             if row is not None:
-                return int(row[0])
+                if self._port_probe(int(row[0])):
+                    return int(row[0])
+                db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
             taken = {port for (port,) in db.execute("SELECT port FROM ports")}
             for port in range(port_min, port_max + 1):
                 if port not in taken and self._port_probe(port):
@@ -327,6 +383,16 @@ class State:
                     return port
         raise StateError(f"booking {booking_id}: no free SSH port left in {port_min}-{port_max} "
                          f"({len(taken)} held by bookings, the rest in use on this host)")
+
+    def release_ports_except(self, keep: set[str] | frozenset[str]) -> list[str]:
+        """Free the ports of every booking not in `keep` (those with a running container or a start
+        in progress): a start that failed, or died, or a container gone, holds none. Gives the
+        bookings whose port was freed."""
+        with self._transaction() as db:
+            held = [booking for (booking,) in db.execute("SELECT booking_id FROM ports")]
+            freed = [booking for booking in held if booking not in keep]
+            db.executemany("DELETE FROM ports WHERE booking_id = ?", [(booking,) for booking in freed])
+        return freed
 
     def adopt_port(self, booking_id: str, port: int, *, now: datetime | None = None) -> None:
         """Record the port a running container already uses (read from its labels after a lost
@@ -514,6 +580,19 @@ def _container(row: tuple) -> ContainerRecord:
     return ContainerRecord(id=id_, booking_id=booking, name=name, user=user, gpu_count=gpus,
                            started_at=_moment(started), stopped_at=_moment(stopped),  # type: ignore[arg-type]
                            exit_reason=reason, restarts=restarts)
+
+
+def _set_up(db: sqlite3.Connection, busy_timeout: float) -> None:
+    db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA foreign_keys=ON")
+
+
+def _quietly_roll_back(db: sqlite3.Connection) -> None:
+    try:
+        db.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # the connection's own error is the one worth reporting
 
 
 def _statements(script: str) -> Iterator[str]:

@@ -24,7 +24,8 @@ import paramiko
 import pytest
 
 from runtime import ssh, storage
-from runtime.engines import ContainerSpec, Engine, engine_from
+from runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
+from runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from runtime.errors import EngineError, StorageError
 from runtime.templates import Template, get_template
 from scheduler.commands.embedded import end_process, free_port
@@ -47,17 +48,22 @@ GRACEFUL_COMMAND = (
 )
 
 
+BRIDGE_ADDRESS = "172.31.250.1/24"  # the bridge of `private_dockerd(bridge=True)`, a rarely used range
+
+
 @contextmanager
-def private_dockerd() -> Iterator[str]:
-    """Debian's dockerd on a private socket (host network only: `--iptables=false --bridge=none`),
-    its data under a temporary folder; gives its address. Stopped and removed afterwards."""
+def private_dockerd(*, bridge: bool = False) -> Iterator[str]:
+    """Debian's dockerd on a private socket, its data under a temporary folder; gives its address.
+    Stopped and removed afterwards. Host network only (`--iptables=false --bridge=none`) unless
+    `bridge`: then its docker0 bridge (no iptables rules: docker-proxy forwards published ports),
+    deleted afterwards, so gpubook's private network runs under Docker too."""
     # Short path: containerd's socket under exec-root must fit in 108 bytes.
     home = Path(tempfile.mkdtemp(prefix="gpubook-dockerd-", dir="/tmp"))
     address = f"unix://{home / 'docker.sock'}"
     log_path = home / "dockerd.log"
     with log_path.open("wb") as log:
         daemon = subprocess.Popen(
-            [DOCKERD, "--iptables=false", "--bridge=none", "--host", address,
+            [DOCKERD, "--iptables=false", f"--bip={BRIDGE_ADDRESS}" if bridge else "--bridge=none", "--host", address,
              "--data-root", str(home / "data"), "--exec-root", str(home / "exec"),
              "--pidfile", str(home / "dockerd.pid")],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -73,6 +79,8 @@ def private_dockerd() -> Iterator[str]:
         if netns.exists():
             subprocess.run(["umount", str(netns)], capture_output=True, check=False)
         shutil.rmtree(home, ignore_errors=True)
+        if bridge:  # dockerd leaves its bridge behind
+            subprocess.run(["ip", "link", "delete", "docker0"], capture_output=True, check=False)
 
 
 def _wait_for_dockerd(address: str, daemon: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -146,9 +154,11 @@ class Bookings:
         owner_uid, owner_gid = self.engine.host_owner(uid, uid)
         folders = storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid)
         template = replace(self.template, command=command)
+        booking_id = f"test-{secrets.token_hex(4)}@gpubook"
+        host_key = ssh.booking_host_key(CACHE_DIR, container_name(booking_id), owner=self.engine.host_owner(0, 0))
         spec = ssh.booking_spec(
             template,
-            booking_id=f"test-{secrets.token_hex(4)}@gpubook",
+            booking_id=booking_id,
             user=user,
             uid=uid,
             gid=uid,
@@ -158,6 +168,7 @@ class Bookings:
             end=datetime.now(UTC) + timedelta(hours=1),
             folders=folders,
             cache_dir=CACHE_DIR,
+            host_key=host_key,
             gpus=(0, 1),
         )
         self.names.append(spec.name)
@@ -175,6 +186,7 @@ class Bookings:
                 self.engine.stop(name, 0)
             except EngineError:
                 pass
+            ssh.forget_host_key(CACHE_DIR, name)
 
 
 @pytest.fixture(scope="session")
@@ -330,6 +342,34 @@ class EngineBehaviour:
             bookings.spec(key=new_key(), user="../../etc")
         assert list(bookings.data_root.iterdir()) == []
         assert {info.name for info in bookings.engine.list()} == before
+
+
+    def test_a_failed_run_never_removes_a_container_it_did_not_create(self, bookings: Bookings) -> None:
+        """issue 9, finding 13: a second daemon (or any caller) whose `run` fails because the name is
+        in use must not remove the container by that name: it is someone else's, and running."""
+        booking = bookings.start()
+        engine = bookings.engine
+
+        class Racing(type(engine)):  # type: ignore[misc]
+            """Saw no container by that name, as a second daemon racing the first one does."""
+
+            def inspect(self, name: str) -> None:  # type: ignore[override]
+                return None
+
+        racer = Racing(engine.settings, EngineOptions(global_args=engine.global_args))
+        with pytest.raises(EngineError):
+            racer.start(replace(booking.spec, port=free_port()))
+        after = engine.inspect(booking.spec.name)
+        assert after is not None and after.running and after.id == booking.ready.info.id
+
+    def test_exec_is_bounded_in_time_and_output(self, bookings: Bookings) -> None:
+        """What runs inside belongs to the booker: it may never return, or write without end."""
+        booking = bookings.start()
+        with pytest.raises(EngineError, match="no answer within"):
+            bookings.engine.exec(booking.spec.name, ["sleep", "600"], timeout=1)
+        flood = bookings.engine.exec(booking.spec.name, ["sh", "-c", "yes | head -c 5000000"], timeout=60)
+        assert flood.returncode == 0
+        assert len(flood.stdout) == EXEC_OUTPUT_LIMIT
 
 
 def _wait_for_trap(folders: storage.DataFolders) -> None:

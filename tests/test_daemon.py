@@ -379,3 +379,59 @@ def test_sighup_refuses_a_broken_config_and_keeps_running(tmp_path: Path, radica
     wait_for("the reload", lambda: any("and templates reloaded" in m for m in events(tmp_path)), timeout=20,
              daemon=daemon)
     assert daemon.process is not None and daemon.process.poll() is None
+
+
+def test_a_second_daemon_on_the_same_state_folder_exits_and_leaves_the_first_ones_container(
+        tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    """issue 9, finding 13: two daemons on one account start, stop and remove each other's
+    containers. The second one exits at once, naming the first one's pid; nothing of the first
+    one's is touched."""
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60)
+    book(calendar, "one@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("one@test")
+    first = DaemonProcess(config).start()
+    daemons.append(first)
+    info = wait_for("the first daemon's container", lambda: running_container(engine, "one@test"), timeout=60,
+                    daemon=first)
+    second = DaemonProcess(config)
+    second.log = tmp_path / "second.log"
+    second.start()
+    daemons.append(second)
+    assert second.process is not None and second.process.wait(timeout=60) != 0
+    pid = first.process.pid  # type: ignore[union-attr]
+    said = second.log.read_text()
+    assert f"another gpubook daemon (pid {pid}) already runs on the state folder" in said, said
+    assert first.process is not None and first.process.poll() is None
+    again = running_container(engine, "one@test")
+    assert again is not None and again.id == info.id
+
+
+def test_a_locked_state_database_fails_steps_not_the_daemon(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                            daemons) -> None:
+    """issue 9, finding 8: another process holds the state database (BEGIN EXCLUSIVE) during the
+    daemon's first passes. Each booking's step fails alone, the daemon keeps running and waking,
+    and once the lock is gone both bookings start."""
+    import sqlite3
+
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=5)
+    book(calendar, "locked-a@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600), gpus="0,")
+    book(calendar, "locked-b@test", user="bob", start=soon(0) - timedelta(seconds=1), end=soon(600), gpus="1,")
+    cleanup += ["locked-a@test", "locked-b@test"]
+    State(tmp_path / "state" / "state.sqlite").close()  # made and migrated before the lock
+    locker = sqlite3.connect(tmp_path / "state" / "state.sqlite", isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    try:
+        wait_for("a start failing on the locked database",
+                 lambda: "could not be used: database is locked" in daemon.tail(), timeout=120, daemon=daemon)
+        assert running_container(engine, "locked-a@test") is None
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    for booking_id in ("locked-a@test", "locked-b@test"):
+        wait_for(f"{booking_id} running after the lock", lambda b=booking_id: running_container(engine, b),
+                 timeout=120, daemon=daemon)
+    assert daemon.process is not None and daemon.process.poll() is None

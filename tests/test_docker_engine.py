@@ -33,7 +33,9 @@ def dockerd() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def engine_args(dockerd: str) -> dict:
-    return {"name": "docker", "binary": DOCKER, "global_args": ("-H", dockerd)}
+    # Host network: this dockerd has no bridge (`--bridge=none`), so Docker's "private" network
+    # (a bridge with the port published) cannot run here; its argv is checked in test_engine_args.
+    return {"name": "docker", "binary": DOCKER, "global_args": ("-H", dockerd), "network": "host"}
 
 
 @pytest.fixture

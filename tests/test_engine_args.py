@@ -8,6 +8,7 @@ test_docker_engine.py.
 from __future__ import annotations
 
 import logging
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -148,3 +149,28 @@ def test_gpus_and_ipc_are_read_afresh_at_each_start(two_gpu_root: Path, tmp_path
     (two_gpu_root / "tmp/nvidia-mps").mkdir(parents=True)
     (two_gpu_root / "tmp/nvidia-mps/control").touch()  # MPS started while the driver stayed
     assert "/tmp/nvidia-mps" in {m.target for m in start().binds}
+
+
+def plain_booking() -> ContainerSpec:
+    return ContainerSpec(booking_id="20261121-alice", user="alice", uid=2001, gid=2001, image="debian-ssh",
+                         port=2222, end=datetime.now(UTC) + timedelta(hours=1))
+
+
+def network_of(argv: list[str]) -> tuple[str | None, list[str]]:
+    network = argv[argv.index("--network") + 1] if "--network" in argv else None
+    published = [argv[i + 1] for i, word in enumerate(argv) if word == "--publish"]
+    return network, published
+
+
+def test_private_network_is_the_default_with_only_the_ssh_port_published() -> None:
+    assert EngineSettings().network == "private"
+    podman = network_of(engine_from("podman").run_args(plain_booking()))  # type: ignore[attr-defined]
+    rootless = "slirp4netns:port_handler=rootlesskit,allow_host_loopback=false"
+    assert podman == ("bridge" if os.geteuid() == 0 else rootless, ["2222:2222"])
+    assert network_of(engine_from("docker").run_args(plain_booking())) == ("bridge", ["2222:2222"])  # type: ignore[attr-defined]
+
+
+def test_host_network_is_an_explicit_choice_with_nothing_published() -> None:
+    for name in ("podman", "docker"):
+        argv = engine_from(name, network="host").run_args(plain_booking())  # type: ignore[attr-defined]
+        assert network_of(argv) == ("host", [])

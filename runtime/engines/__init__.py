@@ -24,6 +24,7 @@ from runtime.engines.spec import (
     LABEL_END,
     LABEL_GPUS,
     LABEL_HASH,
+    LABEL_HOST_KEY,
     LABEL_PORT,
     LABEL_PREFIX,
     LABEL_TEMPLATE,
@@ -31,6 +32,7 @@ from runtime.engines.spec import (
     ContainerInfo,
     ContainerSpec,
     ExecResult,
+    booking_id_problem,
     container_name,
     info_from_labels,
     permanent,
@@ -41,11 +43,14 @@ from runtime.mounts import Mount
 __all__ = [
     "DROP_CAPABILITIES",
     "ENGINES",
+    "HOST_NETWORK_RISK",
+    "NETWORKS",
     "KEEP_CAPABILITIES",
     "LABEL_BOOKING",
     "LABEL_END",
     "LABEL_GPUS",
     "LABEL_HASH",
+    "LABEL_HOST_KEY",
     "LABEL_PORT",
     "LABEL_PREFIX",
     "LABEL_TEMPLATE",
@@ -57,6 +62,7 @@ __all__ = [
     "EngineSettings",
     "ExecResult",
     "Mount",
+    "booking_id_problem",
     "container_name",
     "engine_from",
     "info_from_labels",
@@ -83,7 +89,11 @@ class Engine(Protocol):
 
     def inspect(self, name: str) -> ContainerInfo | None: ...
 
-    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None) -> ExecResult: ...
+    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None,
+             timeout: float | None = None) -> ExecResult:
+        """Run argv in the container; `timeout` seconds at most (None: the engine's default), the
+        output kept only up to a bound (a booker's process decides how much it writes)."""
+        ...
 
     def logs(self, name: str, *, tail: int | None = None) -> str: ...
 
@@ -109,7 +119,10 @@ class EngineSettings:
     # gpubook and a plain `podman` see the same store (a store made with another driver refuses
     # every command that overrides it)
     storage_driver: str | None = None
-    network: str = "host"  # "host" (sshd on the booking's port) or "private" (published port)
+    # "private": each booking in its own network namespace with only its SSH port published on the
+    # host (rootless podman: slirp4netns); "host": the host's network, where bookers reach each
+    # other's services and can squat ports (an admin's explicit choice, flagged by status and doctor)
+    network: str = "private"
     ulimits: tuple[str, ...] = ()  # e.g. ("nofile=1024:1024",)
     stop_grace_seconds: float = 10.0
 
@@ -121,6 +134,9 @@ class EngineOptions:
     global_args: tuple[str, ...] = ()  # e.g. ("-H", "unix:///tmp/x/docker.sock") for a private dockerd
     cgroup_manager: str | None = "cgroupfs"  # podman: works without a systemd user session
 
+
+NETWORKS = ("host", "private")
+HOST_NETWORK_RISK = "bookers can reach each other's services and squat ports"
 
 EngineFactory = Callable[[EngineSettings, EngineOptions], Engine]
 
@@ -167,7 +183,7 @@ def _factory(name: str) -> EngineFactory:
 
 def make_engine(settings: EngineSettings, options: EngineOptions | None = None) -> Engine:
     """The engine that `[engine]` names."""
-    if settings.network not in ("host", "private"):
+    if settings.network not in NETWORKS:
         raise EngineError(f'engine network must be "host" or "private", not {settings.network!r}')
     return _factory(settings.name)(settings, options or EngineOptions())
 
@@ -178,7 +194,7 @@ def engine_from(
     binary: str | None = None,
     runtime: str | None = None,
     storage_driver: str | None = None,
-    network: str = "host",
+    network: str = "private",
     ulimits: Sequence[str] = (),
     cgroup_manager: str | None = "cgroupfs",
     global_args: Sequence[str] = (),

@@ -13,9 +13,13 @@ import errno
 import json
 import logging
 import math
+import os
+import selectors
 import shutil
 import socket
 import subprocess
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -42,6 +46,8 @@ log = logging.getLogger(__name__)
 QUICK_TIMEOUT = 60.0  # seconds for commands that should answer at once
 RUN_TIMEOUT = 300.0  # seconds for `run` (a first start may set up storage)
 BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
+EXEC_TIMEOUT = 60.0  # seconds for `exec` when the caller names none (a booker's container may hang it)
+EXEC_OUTPUT_LIMIT = 64 * 1024  # bytes of an exec's stdout and of its stderr kept; the rest is read and dropped
 
 
 class CliEngine:
@@ -83,13 +89,20 @@ class CliEngine:
         self._check_port_free(spec)
         self.ensure_image(spec.image)
         self._check_mounts(spec)
-        argv = self.run_args(spec)
-        try:
-            self._call(argv, timeout=RUN_TIMEOUT)
-            info = self.inspect(spec.name)
-        except EngineError:
-            self._remove(spec.name)
-            raise
+        with tempfile.TemporaryDirectory(prefix="gpubook-run-") as folder:
+            cidfile = Path(folder) / "cid"
+            argv = self.run_args(spec)
+            argv = [argv[0], "--cidfile", str(cidfile), *argv[1:]]
+            try:
+                self._call(argv, timeout=RUN_TIMEOUT)
+                info = self.inspect(spec.name)
+            except EngineError:
+                # Only the container this call created (its id in the cidfile) is removed: after a
+                # `run` refused because the name exists (another daemon's container), nothing is.
+                created = cidfile.read_text().strip() if cidfile.exists() else ""
+                if created:
+                    self._remove(created)
+                raise
         if info is None:
             raise EngineError(
                 f"booking {spec.booking_id}: {spec.name} vanished right after its start"
@@ -127,10 +140,14 @@ class CliEngine:
         info = self._info(raws[0])
         return info if info.booking_id else None  # not one of gpubook's containers
 
-    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None) -> ExecResult:
+    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None,
+             timeout: float | None = None) -> ExecResult:
+        """Bounded in time and output: what runs inside belongs to the booker, who may stop it or
+        make it write without end. Past `timeout` the exec is killed and an EngineError raised."""
         user_args = ["--user", user] if user else []
-        done = self._process(["exec", *user_args, name, *argv], timeout=RUN_TIMEOUT)
-        return ExecResult(done.returncode, done.stdout, done.stderr)
+        limit = EXEC_TIMEOUT if timeout is None else timeout
+        returncode, stdout, stderr = self._bounded(["exec", *user_args, name, *argv], timeout=limit)
+        return ExecResult(returncode, stdout, stderr)
 
     def logs(self, name: str, *, tail: int | None = None) -> str:
         tail_args = ["--tail", str(tail)] if tail is not None else []
@@ -192,10 +209,7 @@ class CliEngine:
         argv = ["run", "--detach", "--name", spec.name, *self.pull_never_args(), "--user", "0:0"]
         for key, value in spec.labels().items():
             argv += ["--label", f"{key}={value}"]
-        if self.network == "host":
-            argv += ["--network", "host"]
-        else:
-            argv += ["--publish", f"{spec.port}:{spec.port}"]
+        argv += self.network_args(spec)
         argv += self.userns_args(spec)
         for capability in DROP_CAPABILITIES:
             argv += ["--cap-drop", capability]
@@ -222,6 +236,19 @@ class CliEngine:
             argv += ["--entrypoint", spec.entrypoint[0]]
             command = [*spec.entrypoint[1:], *command]
         return [*argv, spec.image, *command]
+
+    def network_args(self, spec: ContainerSpec) -> builtins.list[str]:
+        """Private (the default): the container's own network namespace with only the booking's
+        port published on the host, where sshd listens inside on that same port; a booker's other
+        services stay inside and cannot hold a host port. Host: sshd binds the host's port itself,
+        and every booker's services share the host's ports (an admin's explicit choice)."""
+        if self.network == "host":
+            return ["--network", "host"]
+        return [*self.private_network_args(), "--publish", f"{spec.port}:{spec.port}"]
+
+    def private_network_args(self) -> builtins.list[str]:
+        """The engine's per-container network: a bridge unless the engine spells its own."""
+        return ["--network", "bridge"]
 
     def gpu_args(self, injection: GpuInjection, *, booking_id: str = "") -> builtins.list[str]:
         """The `run` flags that apply the injection: device nodes, binds and environment, which
@@ -348,6 +375,26 @@ class CliEngine:
         except subprocess.TimeoutExpired:
             raise EngineError(f"{self.name} {args[0]}: no answer within {timeout:.0f} s") from None
 
+    def _bounded(self, args: Sequence[str], *, timeout: float,
+                 limit: int = EXEC_OUTPUT_LIMIT) -> tuple[int, str, str]:
+        """Run the engine with a deadline, keeping at most `limit` bytes of stdout and of stderr."""
+        argv = [*self.global_argv(), *args]
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE)
+        except FileNotFoundError:
+            raise permanent(f"{self.name}: {self.binary} is not installed or not on PATH") from None
+        deadline = time.monotonic() + timeout
+        kept = _read_bounded(process, deadline=deadline, limit=limit)
+        if kept is not None:
+            try:
+                return process.wait(timeout=max(0.0, deadline - time.monotonic())), kept[0], kept[1]
+            except subprocess.TimeoutExpired:
+                pass
+        process.kill()
+        process.wait()
+        raise EngineError(f"{self.name} {args[0]}: no answer within {timeout:.0f} s")
+
     def _call(
         self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, missing_ok: bool = False
     ) -> str:
@@ -355,6 +402,29 @@ class CliEngine:
         if done.returncode != 0 and not (missing_ok and _is_missing(done.stderr)):
             raise EngineError(f"{self.name} {args[0]}: {message_of(done)}")
         return done.stdout
+
+
+def _read_bounded(process: subprocess.Popen[bytes], *, deadline: float,
+                  limit: int) -> tuple[str, str] | None:
+    """Read both pipes to their end, keeping `limit` bytes of each; None past the deadline."""
+    assert process.stdout is not None and process.stderr is not None  # noqa: S101 - made with PIPE
+    kept = {process.stdout.fileno(): bytearray(), process.stderr.fileno(): bytearray()}
+    with selectors.DefaultSelector() as selector, process.stdout, process.stderr:
+        for pipe in (process.stdout, process.stderr):
+            selector.register(pipe, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            for key, _ in selector.select(timeout=left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffer = kept[key.fd]
+                buffer += chunk[: max(0, limit - len(buffer))]
+    out, err = (bytes(kept[fd]).decode(errors="replace") for fd in kept)
+    return out, err
 
 
 def _checked(path: str | Path, what: str) -> str:

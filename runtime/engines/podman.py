@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 # account and any /etc/subuid range that useradd hands out.
 ROOTFUL_ID_BASE = 1_000_000_000
 CONTAINER_ID_COUNT = 65536
+# slirp4netns's port handler: "rootlesskit" (podman's default: rootlessport proxies each connection
+# in user space; the source address inside is not the client's) or "slirp4netns" (slirp forwards
+# it, keeping the source address). Measured by bench/container_start.py and bench/network_copy.py
+# (bench/results/network-2026-11-22): no slower to start, 5-11 % faster to copy through than slirp4netns.
+PORT_HANDLER = "rootlesskit"
 NPROC = 32768  # rootful default: runc was refused 65536 on the GPU host and on Debian 12
 
 # podman 4: `database storage graph driver "" does not match our storage graph driver "overlay"`;
@@ -131,6 +136,15 @@ class PodmanEngine(CliEngine):
         # the mapped ids instead (host_owner).
         count = max(CONTAINER_ID_COUNT, spec.uid + 1, spec.gid + 1)
         return [f"--uidmap=0:{ROOTFUL_ID_BASE}:{count}", f"--gidmap=0:{ROOTFUL_ID_BASE}:{count}"]
+
+    def private_network_args(self) -> builtins.list[str]:
+        """Rootless: slirp4netns, each container its own namespace, the host's loopback out of
+        reach (`allow_host_loopback=false`: no host-local service such as the calendar server);
+        Debian 12's podman 4.3 has no pasta. The port handler is chosen by the benchmarks'
+        figures (see PORT_HANDLER). Rootful: podman's own bridge (netavark/CNI)."""
+        if os.geteuid() == 0:
+            return ["--network", "bridge"]
+        return ["--network", f"slirp4netns:port_handler={PORT_HANDLER},allow_host_loopback=false"]
 
     def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
         """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""

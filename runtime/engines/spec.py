@@ -31,6 +31,7 @@ LABEL_END = "gpubook.end"
 LABEL_HASH = "gpubook.spec-hash"
 LABEL_PORT = "gpubook.port"
 LABEL_TEMPLATE = "gpubook.template"
+LABEL_HOST_KEY = "gpubook.host-key"  # the public half of the booking's SSH host key
 
 # What sshd and sudo need (and what a booker's `sudo apt-get install` needs); everything else,
 # MKNOD and NET_RAW included, is dropped. MKNOD also keeps NVML from creating other GPUs' nodes.
@@ -50,6 +51,7 @@ DROP_CAPABILITIES = ("ALL", "MKNOD")
 
 _SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOST_KEY = re.compile(r"^(ssh-ed25519 [A-Za-z0-9+/]+={0,2})?$")
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,12 @@ class ContainerSpec:
     shm_size: str | None = None  # like "1g"; None: the engine's default
     memory: str | None = None  # like "16g"; None: no limit
     gpu: GpuInjection | None = None
+    host_key: str = ""  # "ssh-ed25519 AAAA...": the public host key gpubook made for this booking
 
     def __post_init__(self) -> None:
-        if not self.booking_id or any(ord(c) < 32 or c == "\x7f" for c in self.booking_id):
-            raise EngineError(f"booking id {self.booking_id!r} is empty or has control characters")
+        problem = booking_id_problem(self.booking_id)
+        if problem:
+            raise EngineError(problem)
         if self.end.tzinfo is None:
             raise EngineError(f"booking {self.booking_id}: end time {self.end} has no time zone")
         if not 1024 <= self.port <= 65535:
@@ -92,6 +96,10 @@ class ContainerSpec:
                 raise EngineError(
                     f"booking {self.booking_id}: size {size!r} is not like '512m' or '8g'"
                 )
+        if not _HOST_KEY.match(self.host_key):
+            raise EngineError(
+                f"booking {self.booking_id}: host key {self.host_key[:40]!r} is not an ed25519 public key"
+            )
         for name, _ in self.env:
             if not _ENV_NAME.match(name):
                 raise EngineError(
@@ -116,6 +124,7 @@ class ContainerSpec:
             LABEL_HASH: self.spec_hash,
             LABEL_PORT: str(self.port),
             LABEL_TEMPLATE: self.template,
+            LABEL_HOST_KEY: self.host_key,
         }
 
 
@@ -135,6 +144,7 @@ class ContainerInfo:
     port: int | None
     template: str
     host: str = ""  # which host backend listed it (the scheduler's hosts dimension); "" until one does
+    host_key: str = ""  # "ssh-ed25519 AAAA...", from its label: what the booker's known_hosts gets
 
     @property
     def running(self) -> bool:
@@ -153,6 +163,14 @@ def permanent(message: str) -> EngineError:
     error = EngineError(message)
     error.temporary = False
     return error
+
+
+def booking_id_problem(booking_id: str) -> str | None:
+    """None for a booking id a container can carry in its labels, else the sentence saying why not.
+    Checked before anything is taken for a start (its SSH port), so a bad UID costs nothing."""
+    if not booking_id or any(ord(c) < 32 or c == "\x7f" for c in booking_id):
+        return f"booking id {booking_id!r} is empty or has control characters"
+    return None
 
 
 def container_name(booking_id: str) -> str:
@@ -184,4 +202,5 @@ def info_from_labels(
         spec_hash=labels.get(LABEL_HASH, ""),
         port=int(port_text) if port_text.isdigit() else None,
         template=labels.get(LABEL_TEMPLATE, ""),
+        host_key=labels.get(LABEL_HOST_KEY, ""),
     )

@@ -6,7 +6,7 @@
 # user namespace (never root of the host) and:
 #   1. creates the booker's account (name, uid, gid) and passwordless sudo,
 #   2. installs the booker's public keys and the daemon's restricted probe key,
-#   3. makes this booking's own host key and runs sshd on the booking's port
+#   3. runs sshd with the host key gpubook made for this booking, on the booking's port
 #      (keys only: password, keyboard-interactive and root logins are off),
 #   4. runs the template's command, if any, as the booker,
 #   5. forwards SIGTERM to both, so a stop gives the booker's work its grace period.
@@ -107,8 +107,13 @@ chmod 644 "$state/keys/$user"
 sshd=$(PATH=$PATH:/usr/sbin:/sbin command -v sshd) || die "this image has no sshd"
 mkdir -p /run/sshd /var/empty/sshd
 chmod 755 /run/sshd
-rm -f "$state/ssh_host_ed25519_key" "$state/ssh_host_ed25519_key.pub"
-ssh-keygen -q -t ed25519 -N '' -C "gpubook booking" -f "$state/ssh_host_ed25519_key" || die "ssh-keygen failed"
+# The host key is gpubook's, made for this booking and bound read-only at /.gpubook-hostkey: the
+# daemon's probe trusts only it, and the booker's known_hosts line names it. Copied so that it is
+# root's, mode 600, whatever host ids the bound file shows here.
+given=/.gpubook-hostkey/ssh_host_ed25519_key
+[ -f "$given" ] || die "no host key at $given (gpubook binds one into every booking)"
+rm -f "$state/ssh_host_ed25519_key"
+(umask 077; cat "$given" > "$state/ssh_host_ed25519_key") || die "cannot read the host key $given"
 config=$state/sshd_config
 cat > "$config" <<EOF
 Port $port

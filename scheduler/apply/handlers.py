@@ -14,20 +14,25 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from runtime import cuda
-from runtime.engines import ContainerInfo
+from runtime.engines import ContainerInfo, booking_id_problem
+from runtime.errors import GpubookError
 from runtime.templates import Template, TemplateSet
 from scheduler.apply.memory import WARNED, Journal, Recall, warned_note
 from scheduler.config import Config
 from scheduler.core import decide
 from scheduler.core.bookings import Booking
 from scheduler.hosts import Booker, Host, StartRequest
-from scheduler.state import ContainerRecord, State
+from scheduler.state import ContainerRecord, State, StateError
 
 # A constant script; the message is its $1, never part of the script (nothing from a calendar
 # reaches a shell as code). It leaves the notice in /run/gpubook for sessions that log in later.
+# Each terminal is written without blocking (a booker's Ctrl-S stops a terminal's output, and a
+# plain write to it would wait for Ctrl-Q) and with 2 s at most; the exec itself has NOTICE_TIMEOUT.
 NOTICE_SCRIPT = ('msg=$1; printf "%s\\n" "$msg" > /run/gpubook/notice 2>/dev/null; '
-                 'for t in /dev/pts/[0-9]*; do [ -c "$t" ] && printf "\\r\\n%s\\r\\n" "$msg" > "$t" 2>/dev/null; '
+                 'for t in /dev/pts/[0-9]*; do [ -c "$t" ] || continue; '
+                 'printf "\\r\\n%s\\r\\n" "$msg" | timeout -s KILL 2 dd of="$t" oflag=nonblock 2>/dev/null; '
                  'done; exit 0')
+NOTICE_TIMEOUT = 10.0  # seconds the notice inside a container may take; the booker's container may hang it
 
 
 def notice_argv(message: str) -> list[str]:
@@ -72,19 +77,30 @@ class StartHandler:
         failure = self.recall.failures.get(booking.id)
         if booking.id in self.recall.refused or (failure is not None and failure.waiting(now)):
             return NOTHING
+        problem = booking_id_problem(booking.id)  # before anything is taken for it (a port)
+        if problem:
+            self._refuse(booking.id, problem)
+            return NOTHING
         host = self.hosts[accepted.host]
         template = self._template(booking, host)
         if template is None:
             return NOTHING
         user = self.config.users[booking.user]
+        # The port is held only while this start is in progress and then by the running container:
+        # a start that fails in any way gives it back.
         port = self.state.port_for(booking.id, port_min=self.config.ssh.port_min,
                                    port_max=self.config.ssh.port_max, now=now)
-        started = host.start(StartRequest(
-            booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys), template=template,
-            gpus=accepted.gpus, port=port, end=booking.end))
+        try:
+            started = host.start(StartRequest(
+                booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys),
+                template=template, gpus=accepted.gpus, port=port, end=booking.end))
+        except BaseException:
+            self._release_port(booking.id)
+            raise
         record = self.state.container_started(booking.id, started.info.name, user=user.name,
                                               gpu_count=len(accepted.gpus), at=now)
         self.recall.failures.pop(booking.id, None)
+        self.recall.preparing.pop(booking.id, None)
         self.recall.held.pop(booking.id, None)
         again = f" (restart {action.attempt} after it died)" if action.attempt else ""
         self.journal.say(booking.id, f"started{again} on GPU {','.join(map(str, accepted.gpus)) or '-'}, "
@@ -104,6 +120,12 @@ class StartHandler:
                 self._refuse(booking.id, reason)
                 return None
         return template
+
+    def _release_port(self, booking_id: str) -> None:
+        try:
+            self.state.release_port(booking_id)
+        except StateError as error:  # the next pass frees it (ports of bookings not running)
+            self.journal.log.warning("booking %s: its port stays held until the next pass: %s", booking_id, error)
 
     def _refuse(self, booking_id: str, reason: str) -> None:
         self.recall.refused[booking_id] = reason
@@ -165,10 +187,15 @@ class WarnHandler:
         }[action.reason]
         self.state.set_note(action.booking_id, WARNED, warned_note(action, now=now), at=now)
         self.journal.say(action.booking_id, f"warned: {text}", now=now)
-        done = self.hosts[action.host].exec(action.name, notice_argv(text))
-        if done.returncode != 0:
+        try:
+            done = self.hosts[action.host].exec(action.name, notice_argv(text), timeout=NOTICE_TIMEOUT)
+        except GpubookError as error:  # a hung or stopped terminal: the e-mail and the event still tell
             self.journal.log.warning("booking %s: the notice inside the container failed: %s", action.booking_id,
-                                     done.stderr.strip()[:200])
+                                     error)
+        else:
+            if done.returncode != 0:
+                self.journal.log.warning("booking %s: the notice inside the container failed: %s",
+                                         action.booking_id, done.stderr.strip()[:200])
         self.state.queue_notice(kind="warning", booking_id=action.booking_id, user=action.user,
                                 subject="gpubook: your booking ends soon", text=text,
                                 fields={"stop_at": action.stop_at.isoformat()}, at=now)

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from scheduler.core import decide
-from scheduler.state import ContainerRecord, State
+from scheduler.state import ContainerRecord, State, StateError
 
 PERMANENT_RETRY = timedelta(minutes=5)  # a start that failed for good is tried again after this
+START_BACKOFF = timedelta(seconds=10)  # a failed start's first wait; doubled each time, up to PERMANENT_RETRY
+PREPARING_RECHECK = timedelta(seconds=30)  # a booking waiting for its image is looked at again at least this often
 WARNED = "warned"  # State note: the warning given and the stop it announced (JSON)
 AGREED_END = "agreed-end"  # State note: an end moved later while running, granted (ISO time)
 
@@ -29,14 +31,29 @@ class Failure:
     reason: str
     at: datetime
     permanent: bool
+    delay: timedelta = timedelta(0)  # a temporary failure's wait before the next try (backoff)
+    count: int = 1  # failures in a row
 
     @property
     def retry_at(self) -> datetime | None:
-        """When a permanent failure may be tried again; None: on the next pass."""
-        return self.at + PERMANENT_RETRY if self.permanent else None
+        """When the booking may be tried again; None: on the next pass."""
+        if self.permanent:
+            return self.at + PERMANENT_RETRY
+        return self.at + self.delay if self.delay else None
+
+    def after(self, reason: str, *, now: datetime, permanent: bool, backoff: bool) -> Failure:
+        """The failure that follows this one: with `backoff`, a temporary one waits twice as long."""
+        return failure(reason, now=now, permanent=permanent, backoff=backoff, count=self.count + 1)
 
     def waiting(self, now: datetime) -> bool:
         return self.retry_at is not None and now < self.retry_at
+
+
+def failure(reason: str, *, now: datetime, permanent: bool, backoff: bool, count: int = 1) -> Failure:
+    """A start that keeps failing the same temporary way (sshd never answering: 60 s each) backs off,
+    10 s, 20 s, 40 s ... up to PERMANENT_RETRY, instead of costing its time on every pass."""
+    delay = min(START_BACKOFF * 2 ** (count - 1), PERMANENT_RETRY) if backoff and not permanent else timedelta(0)
+    return Failure(reason, now, permanent, delay=delay, count=count)
 
 
 @dataclass
@@ -46,9 +63,12 @@ class Recall:
     held: dict[str, str] = field(default_factory=dict)  # booking id → the hold reason last logged
     notes: dict[str, str] = field(default_factory=dict)  # booking id → this pass's note for its event
     logged_notes: dict[str, str] = field(default_factory=dict)  # booking id → the note last logged
+    preparing: dict[str, datetime] = field(default_factory=dict)  # booking id → when to look at it again
 
     def retries(self) -> list[datetime]:
-        return [f.retry_at for f in self.failures.values() if f.retry_at is not None]
+        # Copies: bookings' actions run in parallel threads that change these dicts.
+        failures, preparing = dict(self.failures), dict(self.preparing)
+        return [*(f.retry_at for f in failures.values() if f.retry_at is not None), *preparing.values()]
 
 
 def decide_memory(records: Iterable[ContainerRecord], warned: Mapping[str, str]) -> decide.Memory:
@@ -84,8 +104,13 @@ class Journal:
 
     def say(self, booking_id: str | None, message: str, *, now: datetime | None, level: str = "info",
             detail: str | None = None) -> None:
+        """Logged always; kept in State's event log when the database can be written (a locked or
+        full database costs the event log line, never the pass)."""
         getattr(self.log, level)("booking %s: %s", booking_id or "-", message)
-        self.state.log_event(detail or message, booking_id=booking_id, level=level, at=now)
+        try:
+            self.state.log_event(detail or message, booking_id=booking_id, level=level, at=now)
+        except StateError as error:
+            self.log.warning("booking %s: this line is not in the event log: %s", booking_id or "-", error)
 
     def note(self, booking_id: str, message: str, *, now: datetime) -> None:
         """A note for the booking's event, logged once while it stays the same."""

@@ -2,24 +2,38 @@
 through the handler for its kind, fold each recorded outcome into the pass's view, then let the
 outbox read what was recorded (calendar write-back, notices).
 
+No booking waits on another booking's slow step: each booking's actions run in order in a
+bounded pool of threads, different bookings in parallel (a start whose sshd is slow, a notice a
+booker's terminal holds up). A start waits only for the stops that free its GPUs. The pass waits
+`patience` seconds for its bookings, then leaves the slow ones to finish on their own (`on_settled`
+tells the daemon, which runs a pass for their write-back); a booking still at work is skipped by
+later passes, and its port stays held. The write-back runs after the pass, one lane per calendar
+(scheduler/outbox/writeback.py); notices are delivered in a lane of their own.
+
 Each booking's failure is caught, logged as a sentence naming the booking, and retried on a later
-pass (temporary errors at once, permanent ones after `PERMANENT_RETRY`); it never stops the other
-bookings. Not thread-safe: one pass at a time (the daemon holds a lock).
+pass (temporary errors after a growing delay, permanent ones after `PERMANENT_RETRY`); it never
+stops the other bookings, and neither does a state database that cannot be written (a
+`StateError` is one booking's failure, or one lost event-log line). One `run` at a time (the
+daemon holds a lock); the pool's threads share State (a connection per thread) and the World
+(behind its lock).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import paramiko
 
 from runtime.engines import ContainerInfo, container_name
-from runtime.errors import GpubookError
+from runtime.errors import GpubookError, Preparing
 from runtime.templates import TemplateSet
 from scheduler.apply.handlers import (
     Change,
@@ -30,7 +44,16 @@ from scheduler.apply.handlers import (
     WarnHandler,
     record_stop,
 )
-from scheduler.apply.memory import AGREED_END, PERMANENT_RETRY, WARNED, Failure, Journal, Recall, decide_memory
+from scheduler.apply.memory import (
+    AGREED_END,
+    PERMANENT_RETRY,
+    PREPARING_RECHECK,
+    WARNED,
+    Journal,
+    Recall,
+    decide_memory,
+    failure,
+)
 from scheduler.config import Config
 from scheduler.core import decide
 from scheduler.core import plan as plan_module
@@ -38,9 +61,12 @@ from scheduler.core.bookings import Booking, Rejection
 from scheduler.hosts import Host
 from scheduler.outbox import notices as notices_module
 from scheduler.outbox.writeback import Remarks, WriteBack
-from scheduler.state import ContainerRecord, State
+from scheduler.state import ContainerRecord, State, StateError
 
 log = logging.getLogger(__name__)
+
+WORKERS = 8  # bookings whose actions run at the same time
+PATIENCE = 3.0  # seconds a pass waits for its bookings' actions before leaving slow ones to finish alone
 
 
 @dataclass
@@ -50,6 +76,7 @@ class World:
 
     containers: dict[str, ContainerInfo]  # by container name
     records: dict[int, ContainerRecord]  # by record id, in id order
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # bookings fold in parallel
 
     @classmethod
     def read(cls, hosts: Sequence[Host], state: State) -> World:
@@ -57,24 +84,43 @@ class World:
         return cls(containers=containers, records={r.id: r for r in state.containers()})
 
     def fold(self, change: Change) -> None:
-        if change.gone is not None:
-            self.containers.pop(change.gone, None)
-        if change.running is not None:
-            self.containers[change.running.name] = change.running
-        for record in change.records:
-            self.records[record.id] = record
+        with self.lock:
+            if change.gone is not None:
+                self.containers.pop(change.gone, None)
+            if change.running is not None:
+                self.containers[change.running.name] = change.running
+            for record in change.records:
+                self.records[record.id] = record
 
     def actual(self) -> list[ContainerInfo]:
-        return list(self.containers.values())
+        with self.lock:
+            return list(self.containers.values())
+
+    def gpus_of(self, name: str) -> frozenset[int]:
+        """The GPUs a container holds (empty: unknown)."""
+        with self.lock:
+            info = self.containers.get(name)
+        return frozenset(info.gpus) if info is not None else frozenset()
 
     def running(self) -> dict[str, ContainerInfo]:
-        return {i.booking_id: i for i in self.containers.values() if i.running and i.booking_id}
+        return {i.booking_id: i for i in self.actual() if i.running and i.booking_id}
 
     def records_by_booking(self) -> dict[str, list[ContainerRecord]]:
+        with self.lock:
+            records = sorted(self.records.values(), key=lambda r: r.id)
         grouped: dict[str, list[ContainerRecord]] = {}
-        for record in sorted(self.records.values(), key=lambda r: r.id):
+        for record in records:
             grouped.setdefault(record.booking_id, []).append(record)
         return grouped
+
+
+@dataclass(frozen=True)
+class _Freeing:
+    """A booking's stop or clear at work: a start on the same host and GPUs waits for it."""
+
+    host: str
+    gpus: frozenset[int]  # empty: unknown, so every start on the host waits
+    future: Future[None]
 
 
 @dataclass
@@ -97,6 +143,7 @@ class Pass:
         self.templates = templates
         self.notices = notices
         self.recall = Recall()
+        self.seen: Mapping[plan_module.SeenKey, datetime] = {}  # first-seen times, as the last pass read them
         self.journal = Journal(state, self.recall)
         self.writeback = WriteBack(config, state)
         hosts_, journal = self.hosts, self.journal
@@ -109,6 +156,14 @@ class Pass:
             decide.Warn: WarnHandler(hosts=hosts_, state=state, journal=journal, timezone=config.host.timezone),
             decide.Hold: HoldHandler(recall=self.recall, journal=journal),
         }
+        self.patience = PATIENCE
+        self.on_settled: Callable[[], None] | None = None  # told when a booking's work outlasted its pass
+        self.workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="gpubook-booking")
+        self.outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
+        self._delivery: Future[None] | None = None
+        self._lock = threading.RLock()
+        self.busy: dict[str, Future[None]] = {}  # booking id → its actions at work
+        self.freeing: dict[str, _Freeing] = {}  # booking id → its stop or clear at work
 
     @property
     def inventory(self) -> dict[str, tuple[int, ...]]:
@@ -126,23 +181,110 @@ class Pass:
             stale_reason: str = "", etags: Mapping[str, str | None] | None = None,
             write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
             complete: bool = True) -> PassResult:
+        at_work = self._at_work()  # before the hosts are read: a start ending in between keeps its port
         world = World.read(list(self.hosts.values()), self.state)
+        self._release_idle_ports(world, at_work)
         plan = self.plan(occurrences, world.actual(), now=now)
+        wanted = {a.booking.id for a in plan.accepted}
+        self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
         self._adopt(plan, world, now=now)
         memory = decide_memory(world.records.values(), self.state.notes(WARNED))
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
                                 stale_calendars=stale_calendars or {}, complete=complete)
         result = PassResult(plan=plan, actions=actions, world=world)
-        for action in actions:
-            self._apply(action, world, now=now, result=result)
+        pending = self._dispatch(actions, world, now=now, result=result)
+        _, late = wait(pending, timeout=self.patience)
+        for future in late:
+            future.add_done_callback(self._settled_late)
         rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
-        result.wake_at = min([t for t in (plan.next_wakeup, *rechecks, *self.recall.retries()) if t is not None],
-                             default=None)
+        retries = [t for t in self.recall.retries() if t > now]  # one due now was tried by this pass
+        result.wake_at = min([t for t in (plan.next_wakeup, *rechecks, *retries) if t is not None], default=None)
         if write_back:
             self.write_back(plan, world, now=now, etags=etags or {})
-        notices_module.deliver_pending(self.state, self.notices, now=now)
+        self._deliver_notices(now)
         return result
+
+    # -- bookings in parallel ------------------------------------------------------------------
+
+    def _dispatch(self, actions: Sequence[decide.Action], world: World, *, now: datetime,
+                  result: PassResult) -> list[Future[None]]:
+        """Each booking's actions, in order, as one task of the pool; stops and clears first, so
+        that a start waiting for one never waits for a task queued behind it."""
+        groups: dict[str, list[decide.Action]] = {}
+        for action in actions:
+            if type(action) in self.handlers:  # Recheck only informs the wake-up time
+                groups.setdefault(_booking_of(action) or f"?{id(action)}", []).append(action)
+        ordered = sorted(groups.items(), key=lambda item: not any(_frees(a) for a in item[1]))
+        submitted = []
+        for booking_id, group in ordered:
+            future = self._submit(booking_id, group, world, now=now, result=result)
+            if future is not None:
+                submitted.append(future)
+        return submitted
+
+    def _submit(self, booking_id: str, group: list[decide.Action], world: World, *, now: datetime,
+                result: PassResult) -> Future[None] | None:
+        with self._lock:
+            earlier = self.busy.get(booking_id)
+            if earlier is not None and not earlier.done():
+                log.info("booking %s: still at work from an earlier pass; its actions wait for that", booking_id)
+                return None
+            starts = [a for a in group if isinstance(a, decide.Start)]
+            needs = [f.future for f in self.freeing.values() if any(_waits_for(s, f) for s in starts)]
+            future = self.workers.submit(self._run_group, group, needs, world, now, result)
+            self.busy[booking_id] = future
+            freeing = [a for a in group if isinstance(a, (decide.Stop, decide.Clear))]
+            if freeing:
+                gpus = frozenset[int]().union(*(world.gpus_of(a.name) for a in freeing))
+                self.freeing[booking_id] = _Freeing(host=freeing[0].host, gpus=gpus, future=future)
+        future.add_done_callback(partial(self._forget, booking_id))
+        return future
+
+    def _run_group(self, group: Sequence[decide.Action], needs: Sequence[Future[None]], world: World,
+                   now: datetime, result: PassResult) -> None:
+        wait(needs)
+        for action in group:
+            try:
+                self._apply(action, world, now=now, result=result)
+            except Exception:  # a defect, not a booking's failure: logged, and the pool goes on
+                log.exception("booking %s: %s failed unexpectedly", _booking_of(action) or "-",
+                              type(action).__name__.lower())
+
+    def _forget(self, booking_id: str, future: Future[None]) -> None:
+        with self._lock:
+            if self.busy.get(booking_id) is future:
+                del self.busy[booking_id]
+            freeing = self.freeing.get(booking_id)
+            if freeing is not None and freeing.future is future:
+                del self.freeing[booking_id]
+
+    def _settled_late(self, future: Future[None]) -> None:
+        if self.on_settled is not None:
+            self.on_settled()
+
+    def _at_work(self) -> set[str]:
+        with self._lock:
+            return {booking_id for booking_id, future in self.busy.items() if not future.done()}
+
+    def _release_idle_ports(self, world: World, at_work: set[str]) -> None:
+        """Ports are held only by running containers and starts in progress."""
+        try:
+            self.state.release_ports_except(set(world.running()) | at_work)
+        except StateError as error:
+            log.warning("the SSH ports of stopped bookings stay held until a later pass: %s", error)
+
+    def _deliver_notices(self, now: datetime) -> None:
+        """In a lane of their own: a slow mail server holds no pass."""
+        if self._delivery is not None and not self._delivery.done():
+            return
+        self._delivery = self.outbox.submit(self._deliver, now)
+
+    def _deliver(self, now: datetime) -> None:
+        try:
+            notices_module.deliver_pending(self.state, self.notices, now=now)
+        except GpubookError as error:
+            log.warning("notices wait for a later pass: %s", error)
 
     def plan(self, occurrences: Sequence[Booking | Rejection], actual: Sequence[ContainerInfo], *,
              now: datetime) -> plan_module.Plan:
@@ -153,8 +295,7 @@ class Pass:
         agreed = self.state.notes(AGREED_END)
         ends = {i.booking_id: datetime.fromisoformat(agreed[i.booking_id]) if i.booking_id in agreed else i.end
                 for i in actual if i.booking_id in running and i.end is not None}
-        first_seen = self.state.first_seen(map(plan_module.seen_key, occurrences), now=now,
-                                           forget_before=now - plan_module.FIRST_SEEN_KEPT)
+        first_seen = self._first_seen(occurrences, now=now)
         templates = frozenset(self.templates.templates) | frozenset(self.templates.errors)
         zone = ZoneInfo(self.config.host.timezone)
         inventory = self.inventory
@@ -165,13 +306,28 @@ class Pass:
                                                 first_seen=first_seen),
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
         for booking_id, end in granted.items():
-            self.state.set_note(booking_id, AGREED_END, end.isoformat(), at=now)
-            self.state.log_event(f"the end moved later, to {end.isoformat()}; the booking keeps running",
-                                 booking_id=booking_id, at=now)
+            try:
+                self.state.set_note(booking_id, AGREED_END, end.isoformat(), at=now)
+            except StateError as error:  # granted again by the next pass
+                log.warning("booking %s: its later end is not recorded yet: %s", booking_id, error)
+                continue
+            self.journal.say(booking_id, f"the end moved later, to {end.isoformat()}; the booking keeps running",
+                             now=now)
         self.recall.notes = {**pinned.notes, **refused}
         for booking_id, note in self.recall.notes.items():
             self.journal.note(booking_id, note, now=now)
         return result
+
+    def _first_seen(self, occurrences: Sequence[Booking | Rejection], *, now: datetime
+                    ) -> Mapping[plan_module.SeenKey, datetime]:
+        """Record what is new and read when gpubook first saw each occurrence (the plan's priority).
+        When State cannot be written, the last pass's times stand (what is new counts as seen last)."""
+        try:
+            self.seen = self.state.first_seen(map(plan_module.seen_key, occurrences), now=now,
+                                              forget_before=now - plan_module.FIRST_SEEN_KEPT)
+        except StateError as error:
+            log.warning("first-seen times are not recorded this pass; the last pass's stand: %s", error)
+        return self.seen
 
     def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime) -> None:
         """Running containers of accepted bookings that State has no record of (a lost database): adopt them.
@@ -183,11 +339,15 @@ class Pass:
         recorded = {r.name for r in world.records.values()}
         for info in world.actual():
             if info.running and info.booking_id in wanted and info.name not in recorded:
-                record = self.state.container_started(info.booking_id, info.name, user=info.user,
-                                                      gpu_count=len(info.gpus), at=now)
-                world.fold(Change(records=(record,)))
-                if info.port is not None:
-                    self.state.adopt_port(info.booking_id, info.port, now=now)
+                try:
+                    record = self.state.container_started(info.booking_id, info.name, user=info.user,
+                                                          gpu_count=len(info.gpus), at=now)
+                    world.fold(Change(records=(record,)))
+                    if info.port is not None:
+                        self.state.adopt_port(info.booking_id, info.port, now=now)
+                except StateError as error:  # adopted by a later pass
+                    log.warning("booking %s: its running container is not adopted yet: %s", info.booking_id, error)
+                    continue
                 self.journal.say(info.booking_id, f"adopted the running container {info.name}", now=now)
 
     def _apply(self, action: decide.Action, world: World, *, now: datetime, result: PassResult) -> None:
@@ -197,14 +357,26 @@ class Pass:
         booking_id = _booking_of(action)
         try:
             world.fold(handler(action, now=now))
+        except Preparing as waiting:  # not a failure: held with a note until its image is ready
+            if booking_id:
+                self.recall.preparing[booking_id] = now + PREPARING_RECHECK
+                self.recall.notes[booking_id] = str(waiting)
+                self.journal.note(booking_id, str(waiting), now=now)
         except (GpubookError, OSError, paramiko.SSHException) as error:
             what = type(action).__name__.lower()
             permanent = getattr(error, "temporary", True) is False
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             result.failures[booking_id or "?"] = reason
-            if booking_id:
-                self.recall.failures[booking_id] = Failure(reason, now, permanent)
             retry = f"retry in {PERMANENT_RETRY.seconds // 60} min" if permanent else "retry on the next pass"
+            if booking_id:
+                self.recall.preparing.pop(booking_id, None)
+                before = self.recall.failures.get(booking_id)
+                backoff = isinstance(action, decide.Start)
+                failed = (before.after(reason, now=now, permanent=permanent, backoff=backoff) if before
+                          else failure(reason, now=now, permanent=permanent, backoff=backoff))
+                self.recall.failures[booking_id] = failed
+                if failed.delay:
+                    retry = f"retry in {int(failed.delay.total_seconds())} s"
             self.journal.say(booking_id, f"{what} failed: {reason}; {retry}", now=now, level="error",
                              detail=str(error))
 
@@ -231,7 +403,20 @@ class Pass:
         return True
 
     def close(self) -> None:
+        """Wait for the bookings at work (queued ones are dropped), the write-back and the notices."""
+        self.workers.shutdown(wait=True, cancel_futures=True)
+        self.outbox.shutdown(wait=True)
         self.writeback.close()
+
+
+def _frees(action: Any) -> bool:
+    return isinstance(action, (decide.Stop, decide.Clear))
+
+
+def _waits_for(start: decide.Start, freeing: _Freeing) -> bool:
+    if freeing.future.done() or freeing.host != start.accepted.host:
+        return False
+    return not freeing.gpus or bool(freeing.gpus & frozenset(start.accepted.gpus))
 
 
 def _booking_of(action: Any) -> str | None:

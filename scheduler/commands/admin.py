@@ -21,7 +21,7 @@ from scheduler import config as config_module
 from scheduler.apply.passes import World
 from scheduler.core.plan import LOCAL
 from scheduler.daemon import STATUS_FILE, Daemon, make_engine, state_dir
-from scheduler.outbox.status import GpuSummary, HostStatus, Status
+from scheduler.outbox.status import GpuSummary, HostStatus, Status, setup_findings
 from scheduler.sources.errors import printable
 from scheduler.state import State
 
@@ -35,7 +35,7 @@ def run(config_path: str) -> int:
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     root.setLevel(logging.INFO)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is expected
-    return Daemon(config_module.load(config_path)).run()
+    return Daemon(config_module.load(config_path), exclusive=True).run()
 
 
 def status(config_path: str, *, as_json: bool = False) -> int:
@@ -51,7 +51,7 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     with State(folder / "state.sqlite") as state:
         report = report.with_containers(containers, ports=state.ports())
         problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
-    report = replace(report, recent_warnings=tuple(
+    report = replace(report, findings=setup_findings(config.engine), recent_warnings=tuple(
         printable(f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}") for e in problems))
     if as_json:
         json.dump(report.to_json(), sys.stdout, indent=2)

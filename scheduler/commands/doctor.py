@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from contextlib import closing
 
-from runtime import engines, gpus
+from runtime import engines, gpus, network
 from runtime.checks import Check, format_checks
 from runtime.errors import GpubookError
 from runtime.templates import load_all
@@ -75,7 +75,9 @@ def checks(config_path: str | None) -> list[Check]:
                             "is used and containers get no GPU"))
     else:
         result.extend(driver)
-    result.extend(engines.preflight(loaded.engine if loaded else engines.EngineSettings()))
+    engine = loaded.engine if loaded else engines.EngineSettings()
+    result.extend(engines.preflight(engine))
+    result.extend(network.checks(engine))
     result.append(_templates_check(loaded))
     if loaded is not None:
         result.extend(_calendar_checks(loaded))

@@ -2,7 +2,8 @@
 
 Starting a booking here means: the booker's data folders, the GPU injection for exactly the
 booked GPUs (from the driver found once per driver version), the sshd overlay where the template
-has none, the container, and the probe login that says SSH really answers.
+has none, the booking's own SSH host key, the container, and the probe login that says SSH really
+answers, from the server that shows that key.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import paramiko
 
 from runtime import ssh, storage
-from runtime.engines import ContainerInfo, Engine, ExecResult
+from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import Started, StartRequest
 
@@ -41,6 +42,7 @@ class LocalHost:
         self.persistent_home = persistent_home
         self.driver_roots = tuple(driver_roots)
         self.probe_address = probe_address
+        self.builds = ssh.OverlayBuilds()
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -51,26 +53,29 @@ class LocalHost:
 
     def start(self, request: StartRequest) -> Started:
         booker, template = request.booker, request.template
+        if not template.has_sshd:
+            self.builds.ready(self.engine, template)  # Preparing until the overlay is built, in the background
         folders = self._folders(booker.name, booker.uid, booker.gid)
         gpu = None
         if self.driver_version is not None and request.gpus:
             from runtime import nvidia  # only hosts with a driver need it
 
             gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir)
-        if not template.has_sshd:
-            ssh.build_overlay(self.engine, template)
+        name = container_name(request.booking_id)
+        host_key = ssh.booking_host_key(self.cache_dir, name, owner=self.engine.host_owner(0, 0))
         spec = ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
                                 gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
                                 port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
-                                gpus=request.gpus, gpu=gpu)
+                                host_key=host_key, gpus=request.gpus, gpu=gpu)
         ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address)
         return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds)
 
     def stop(self, name: str, grace: float) -> None:
         self.engine.stop(name, grace)
+        ssh.forget_host_key(self.cache_dir, name)
 
-    def exec(self, name: str, argv: Sequence[str]) -> ExecResult:
-        return self.engine.exec(name, argv)
+    def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
+        return self.engine.exec(name, argv, timeout=timeout)
 
     def _folders(self, user: str, uid: int, gid: int) -> storage.DataFolders:
         if self.data_root is None:

@@ -13,7 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from runtime import gpus as gpu_inventory
-from runtime.engines import ContainerInfo
+from runtime.engines import HOST_NETWORK_RISK, ContainerInfo, EngineSettings
 from scheduler.core.plan import LOCAL, Plan
 
 NEXT_SHOWN = 20  # upcoming bookings kept per host
@@ -71,6 +71,7 @@ class Status:
     outage_since: str | None = None
     problems: tuple[str, ...] = ()
     recent_warnings: tuple[str, ...] = ()
+    findings: tuple[str, ...] = ()  # how the site is set up that weakens tenants' isolation (setup_findings)
     counts: Mapping[str, int] = field(default_factory=dict)  # "now", "upcoming", "rejected" at the last pass
 
     @property
@@ -101,7 +102,7 @@ class Status:
                                  next=tuple(NextBooking(**{**n, "gpus": tuple(n["gpus"])}) for n in h["next"]))
                       for h in data.get("hosts", ()))
         known = {k: data.get(k) for k in ("updated", "pid", "last_poll", "last_poll_ok", "outage", "outage_since")}
-        return cls(hosts=hosts, problems=tuple(data.get("problems", ())),
+        return cls(hosts=hosts, problems=tuple(data.get("problems", ())), findings=tuple(data.get("findings", ())),
                    recent_warnings=tuple(data.get("recent_warnings", ())), counts=data.get("counts", {}), **known)
 
     def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
@@ -133,10 +134,20 @@ class Status:
         lines.append(f"Last poll: {local(self.last_poll)} (last successful: {local(self.last_poll_ok)})")
         if self.outage:
             lines.append(f"Calendar unreachable: {self.outage}")
+        if self.findings:
+            lines.append("Findings:")
+            lines.extend(f"  {line}" for line in self.findings)
         if self.problems:
             lines.append("Problems:")
             lines.extend(f"  {line}" for line in self.problems)
         return lines
+
+
+def setup_findings(engine: EngineSettings) -> tuple[str, ...]:
+    """What the admin chose that weakens the walls between tenants, one sentence each."""
+    if engine.network == "host":
+        return (f'[engine] network = "host": {HOST_NETWORK_RISK}',)
+    return ()
 
 
 def running_booking(info: ContainerInfo, *, ports: Mapping[str, int]) -> RunningBooking:

@@ -6,24 +6,33 @@ written through the calendar's writer where its source has one (CalDAV yes, ICS 
 write whose content and event ETag match the last one recorded is skipped, so calling this on
 every pass costs nothing while nothing changes. A source that cannot write (an ICS feed) gives
 no writer, and its bookings are only planned.
+
+Writes leave the pass: each calendar has a lane of its own (one thread, so one DAV client is never
+shared) where its events are written one after another, each bounded by the writer's network
+timeout. A hung calendar server therefore holds only its own calendar's write-backs, never a
+pass, a start, or another calendar's events. A booking with a write still queued gets only its
+newest outcome written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
+from runtime import ssh
 from runtime.engines import ContainerInfo
 from runtime.errors import GpubookError
-from scheduler.config import Config
+from scheduler.config import CalendarConfig, Config
 from scheduler.core import decide
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import Accepted, Plan
 from scheduler.sources import EventRef, Writer, block, open_writer
-from scheduler.state import ContainerRecord, State
+from scheduler.state import ContainerRecord, State, StateError
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,14 @@ class Remarks:
     refused: Mapping[str, str]  # booking id → why it can never start
     failures: Mapping[str, str]  # booking id → why its start failed (for a note once it is due)
     notes: Mapping[str, str]  # booking id → a sentence for its event
+
+
+@dataclass(frozen=True)
+class _Job:
+    item: Booking | Rejection
+    outcome: block.Outcome
+    key: str  # status and digest, as recorded once written
+    now: datetime
 
 
 def event_ref(item: Booking | Rejection) -> EventRef:
@@ -55,7 +72,10 @@ class WriteBack:
     def __init__(self, config: Config, state: State) -> None:
         self.config = config
         self.state = state
-        self.writers: dict[str, Writer] = {}
+        self.writers: dict[str, Writer] = {}  # by calendar URL; each used only in its lane
+        self.lanes: dict[str, ThreadPoolExecutor] = {}  # by calendar URL
+        self.queued: dict[str, _Job] = {}  # booking id → the newest outcome not yet written
+        self._lock = threading.Lock()
 
     def write(self, plan: Plan, *, running: Mapping[str, ContainerInfo],
               records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
@@ -84,8 +104,10 @@ class WriteBack:
             # another process, or a death this pass handles): say nothing rather than something stale.
             return None
         if info is not None and info.port is not None:
-            outcome = block.running(port=info.port, user=booking.user, host=self.config.host.name,
-                                    end=booking.end, timezone=zone)
+            host = self.config.host.name
+            known = ssh.known_hosts_line(host=host, port=info.port, host_key=info.host_key) if info.host_key else ""
+            outcome = block.running(port=info.port, user=booking.user, host=host, end=booking.end, timezone=zone,
+                                    known_hosts=known)
         elif records and all(r.stopped_at is not None for r in records) and (
                 now >= booking.end or (records[-1].exit_reason or "") == decide.ADMIN_STOP):
             hours = sum(r.gpu_hours(now) for r in records)
@@ -111,23 +133,65 @@ class WriteBack:
             return
         digest = hashlib.sha256("\n".join(outcome.lines).encode()).hexdigest()[:12]
         key = f"{outcome.status} {digest}"
-        done = self.state.write_back(item.id)
+        try:
+            done = self.state.write_back(item.id)
+        except StateError as error:
+            log.warning("booking %s: its write-back waits for a later pass: %s", item.id, error)
+            return
         if done is not None and done.status == key and (etag is None or done.etag == etag):
             return
+        self._queue(calendar, _Job(item=item, outcome=outcome, key=key, now=now))
+
+    def _queue(self, calendar: CalendarConfig, job: _Job) -> None:
+        with self._lock:
+            waiting = job.item.id in self.queued
+            self.queued[job.item.id] = job
+            if waiting:  # the lane's task for it takes this newer outcome
+                return
+            lane = self.lanes.get(calendar.url)
+            if lane is None:
+                lane = self.lanes[calendar.url] = ThreadPoolExecutor(max_workers=1,
+                                                                      thread_name_prefix="gpubook-writeback")
+        lane.submit(self._deliver, calendar, job.item.id)
+
+    def _deliver(self, calendar: CalendarConfig, booking_id: str) -> None:
+        with self._lock:
+            job = self.queued.pop(booking_id, None)
+        if job is None:
+            return
+        try:
+            self._send(calendar, job)
+        except Exception:  # a defect: logged, and the lane goes on with the next event
+            log.exception("booking %s: writing %s back failed unexpectedly", booking_id, job.outcome.status)
+
+    def _send(self, calendar: CalendarConfig, job: _Job) -> None:
+        item, outcome = job.item, job.outcome
         writer = self.writers.get(calendar.url) or open_writer(calendar, timezone=self.config.host.timezone)
         if writer is None:  # a read-only source (an ICS feed)
             return
         self.writers[calendar.url] = writer
         try:
             result = writer.write(event_ref(item), outcome)
+            if result.reason in ("written", "unchanged"):
+                self.state.write_back_done(item.id, status=job.key, etag=result.etag, at=job.now)
+            if result.written:
+                self.state.log_event(f"wrote {outcome.status} into the calendar event", booking_id=item.id,
+                                     at=job.now)
         except GpubookError as error:
             log.warning("booking %s: %s", item.id, error)
-            return
-        if result.reason in ("written", "unchanged"):
-            self.state.write_back_done(item.id, status=key, etag=result.etag, at=now)
-        if result.written:
-            self.state.log_event(f"wrote {outcome.status} into the calendar event", booking_id=item.id, at=now)
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until every write queued so far is done (tests, `gpubook stop`); False on timeout."""
+        with self._lock:
+            lanes = list(self.lanes.values())
+        marks = [lane.submit(lambda: None) for lane in lanes]
+        _, late = wait(marks, timeout=timeout)
+        return not late
 
     def close(self) -> None:
+        with self._lock:
+            lanes = list(self.lanes.values())
+        for lane in lanes:
+            lane.shutdown(wait=True)
         for writer in self.writers.values():
             writer.close()

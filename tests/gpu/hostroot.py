@@ -164,8 +164,9 @@ def run_argv(
 
     # The host's own storage and cgroup defaults, so that plain `podman exec/rm` find the container.
     # The bundle's limits (podman-on-gpuhost.sh): runc there refuses higher nofile/nproc values.
+    # Host network: these containers run no sshd, and several share the spec's port 2299.
     engine = engine_from("podman", binary=PODMAN, storage_driver=None, cgroup_manager=None,
-                         ulimits=("nofile=1024:1024", "nproc=4096:4096"))
+                         ulimits=("nofile=1024:1024", "nproc=4096:4096"), network="host")
     spec = ContainerSpec(
         booking_id=name or f"gpu-test-{os.getpid()}-{id(command)}",
         user="booker", uid=2001, gid=2001, image=image, port=2299,

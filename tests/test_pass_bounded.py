@@ -1,0 +1,427 @@
+"""issue 9, findings 3, 8 and 9: no booking or calendar writer can hold the service.
+
+- Ports (3): a port is held only by a running container or a start in progress; a failed start
+  gives it back; a bad UID is refused before a port is taken; a port busy on the host is skipped.
+- State errors (8): a locked database fails one booking's step, never the pass.
+- Slow steps (9): bookings' actions run in parallel, so a notice a booker's terminal holds up, an
+  image being built, or a hung calendar server never delays another booking; a start that keeps
+  failing backs off.
+
+A real State (SQLite), a real Pass, real Radicale and a real TCP server that never answers; the
+host is a tiny class meeting the Host protocol whose steps the test holds up with events and
+records in the order they happened. Orderings are asserted, never durations.
+"""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from runtime import ssh
+from runtime.engines import ContainerInfo, ExecResult, container_name
+from runtime.errors import EngineError
+from runtime.templates import load_all
+from scheduler import config as config_module
+from scheduler.apply.passes import Pass
+from scheduler.core import decide
+from scheduler.core.bookings import Booking, Rejection
+from scheduler.core.plan import LOCAL
+from scheduler.hosts import Started, StartRequest
+from scheduler.state import State
+from tests import servers
+from tests.booking_kit import raw, read, vcalendar, vevent
+
+NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
+DEAD_URL = "http://127.0.0.1:9/lab/devbox1/"  # never written to: these passes run without write-back
+HOLD = 30.0  # a fail-safe only: how long a held step waits before it gives up (the test then fails)
+
+
+class Machine:
+    """A host meeting the Host protocol; `steps` records what happened, in order."""
+
+    def __init__(self, gpus: tuple[int, ...] = (0, 1)) -> None:
+        self.name, self.gpus, self.driver_version = LOCAL, gpus, None
+        self.containers: dict[str, ContainerInfo] = {}
+        self.steps: list[tuple[str, str]] = []
+        self.failing: dict[str, Exception] = {}  # booking id → what its start raises
+        self.release_exec = threading.Event()  # an exec (the warning notice) waits for this
+        self.exec_began = threading.Event()
+        self._lock = threading.Lock()
+
+    def step(self, what: str, booking_id: str) -> None:
+        with self._lock:
+            self.steps.append((what, booking_id))
+
+    def list(self) -> list[ContainerInfo]:
+        return list(self.containers.values())
+
+    def inspect(self, name: str) -> ContainerInfo | None:
+        return self.containers.get(name)
+
+    def start(self, request: StartRequest) -> Started:
+        self.step("start", request.booking_id)
+        if request.booking_id in self.failing:
+            raise self.failing[request.booking_id]
+        info = running(request.booking_id, request.gpus, end=request.end, port=request.port)
+        self.containers[info.name] = info
+        self.step("running", request.booking_id)
+        return Started(info=info, seconds_to_ssh=0.0)
+
+    def stop(self, name: str, grace: float) -> None:
+        self.containers.pop(name, None)
+
+    def exec(self, name: str, argv: object, *, timeout: float | None = None) -> ExecResult:
+        booking_id = self.containers[name].booking_id
+        self.step("exec", booking_id)
+        self.exec_began.set()
+        self.release_exec.wait(HOLD)  # a booker's terminal holding the notice up
+        self.step("exec returned", booking_id)
+        return ExecResult(0, "", "")
+
+
+def running(booking_id: str, gpus: tuple[int, ...], *, end: datetime, port: int | None = 2200) -> ContainerInfo:
+    return ContainerInfo(name=container_name(booking_id), id=f"c-{booking_id}", state="running", image="i",
+                         booking_id=booking_id, user="alice", gpus=gpus, end=end, spec_hash="h", port=port,
+                         template="debian-ssh", host=LOCAL)
+
+
+def make_config(tmp_path: Path, *, ports: tuple[int, int] = (2200, 2299),
+                calendars: tuple[str, ...] = (DEAD_URL,)) -> config_module.Config:
+    path = tmp_path / "gpubook.toml"
+    listed = "".join(f'[[calendar]]\nurl = "{url}"\n' for url in calendars)
+    path.write_text(f'[host]\nname = "devbox1"\ntimezone = "UTC"\n{listed}'
+                    '[engine]\nname = "podman"\n[gpus]\ncount = 2\n'
+                    '[defaults]\ntemplate = "debian-ssh"\ngpus = 1\nwarn_minutes = 15\n'
+                    f'[ssh]\nport_min = {ports[0]}\nport_max = {ports[1]}\n'
+                    '[users.alice]\nuid = 2001\n[users.bob]\nuid = 2002\n')
+    return config_module.load(path)
+
+
+def event(uid: str, start: datetime, end: datetime, *, user: str = "alice", extra: tuple[str, ...] = ()) -> str:
+    return vevent(uid, f"DTSTART:{start:%Y%m%dT%H%M%SZ}", f"DTEND:{end:%Y%m%dT%H%M%SZ}",
+                  f"SUMMARY:{user} debian-ssh", *extra)
+
+
+def bookings(config: config_module.Config, *events: str, calendar_url: str = DEAD_URL,
+             now: datetime = NOW) -> list[Booking | Rejection]:
+    objects = [raw(vcalendar(text), name=f"e{number}", calendar_url=calendar_url)
+               for number, text in enumerate(events)]
+    expansion = read(*objects, config=config, calendar_url=calendar_url, start=now - timedelta(days=1),
+                     end=now + timedelta(days=7))
+    return list(expansion.occurrences)
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[State]:
+    with State(tmp_path / "state.sqlite", busy_timeout=0.2) as state:
+        yield state
+
+
+def make_pass(config: config_module.Config, machine: Machine, state: State) -> Pass:
+    passes = Pass(config, hosts={machine.name: machine}, state=state, templates=load_all(None))
+    passes.patience = HOLD
+    return passes
+
+
+# -- finding 3: ports --------------------------------------------------------------------------
+
+
+def test_a_uid_with_a_tab_is_refused_before_it_takes_a_port(tmp_path: Path, state: State) -> None:
+    """One HOURLY event with a TAB in its UID used to keep one more port after each occurrence."""
+    config = make_config(tmp_path, ports=(2200, 2201))
+    machine = Machine()
+    passes = make_pass(config, machine, state)
+    try:
+        hourly = event("tab\tuid", NOW - timedelta(minutes=1), NOW + timedelta(minutes=30),
+                       extra=("RRULE:FREQ=HOURLY;COUNT=5",))
+        for hour in range(3):
+            now = NOW + timedelta(hours=hour)
+            passes.run(bookings(config, hourly, now=now), now=now, write_back=False)
+            assert state.ports() == {}, hour
+        good = event("good", NOW + timedelta(hours=3) - timedelta(minutes=1), NOW + timedelta(hours=5))
+        now = NOW + timedelta(hours=3)
+        passes.run(bookings(config, hourly, good, now=now), now=now, write_back=False)
+    finally:
+        passes.close()
+    assert ("running", "good") in machine.steps
+    assert not any(booking.startswith("tab") for _, booking in machine.steps)  # never reached a host
+    assert any("control characters" in e.message for e in state.events())
+
+
+def test_a_failed_start_gives_its_port_back(tmp_path: Path, state: State) -> None:
+    config = make_config(tmp_path, ports=(2200, 2200))  # one port only
+    machine = Machine()
+    machine.failing["broken"] = EngineError("image localhost/x is not present")
+    passes = make_pass(config, machine, state)
+    try:
+        broken = event("broken", NOW - timedelta(minutes=1), NOW + timedelta(hours=1))
+        passes.run(bookings(config, broken), now=NOW, write_back=False)
+        assert state.ports() == {}
+        good = event("good", NOW - timedelta(minutes=1), NOW + timedelta(hours=1), user="bob")
+        later = NOW + timedelta(minutes=10)
+        passes.run(bookings(config, broken, good, now=later), now=later, write_back=False)
+    finally:
+        passes.close()
+    assert ("running", "good") in machine.steps
+    assert state.ports() == {"good": 2200}
+
+
+def test_a_port_held_but_busy_on_the_host_is_skipped(state: State) -> None:
+    """A start in progress that was cut short (a crash) left its port recorded; a booker now listens
+    on it: the booking gets another port instead of "already in use" on every retry."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        low = probe.getsockname()[1]
+    port = state.port_for("b1", port_min=low, port_max=low + 50, now=NOW)
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", port))  # noqa: S104 - as a booker's server on host network would
+        squatter.listen()
+        again = state.port_for("b1", port_min=low, port_max=low + 50, now=NOW)
+    assert again != port
+    assert state.ports() == {"b1": again}
+
+
+def test_ports_of_bookings_with_no_running_container_are_freed_by_the_next_pass(tmp_path: Path,
+                                                                               state: State) -> None:
+    config = make_config(tmp_path)
+    state.port_for("gone", port_min=2200, port_max=2299, now=NOW)  # a start cut short by a crash
+    passes = make_pass(config, Machine(), state)
+    try:
+        passes.run([], now=NOW, write_back=False)
+    finally:
+        passes.close()
+    assert state.ports() == {}
+
+
+# -- finding 8: state errors -------------------------------------------------------------------
+
+
+def test_a_locked_database_fails_each_booking_alone_and_the_pass_goes_on(tmp_path: Path, state: State) -> None:
+    config = make_config(tmp_path)
+    machine = Machine()
+    passes = make_pass(config, machine, state)
+    first = event("first", NOW - timedelta(minutes=1), NOW + timedelta(hours=1))
+    second = event("second", NOW - timedelta(minutes=1), NOW + timedelta(hours=1), user="bob")
+    locker = sqlite3.connect(state.path, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")  # another process holding the database
+    try:
+        result = passes.run(bookings(config, first, second), now=NOW, write_back=False)
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    try:
+        assert set(result.failures) == {"first", "second"}  # both attempted, each failed alone
+        assert all("could not be used" in why for why in result.failures.values()), result.failures
+        assert result.wake_at is not None and result.wake_at > NOW  # the daemon wakes again for them
+        later = result.wake_at
+        passes.run(bookings(config, first, second, now=later), now=later, write_back=False)
+    finally:
+        passes.close()
+    assert {b for what, b in machine.steps if what == "running"} == {"first", "second"}
+
+
+# -- finding 9: no booking waits on another's slow step ----------------------------------------
+
+
+def test_a_notice_held_up_in_one_container_does_not_delay_another_start(tmp_path: Path, state: State) -> None:
+    config = make_config(tmp_path)
+    machine = Machine()
+    ending = NOW + timedelta(minutes=5)  # within warn_minutes: the pass warns it
+    machine.containers[container_name("ending")] = running("ending", (0,), end=ending)
+    state.container_started("ending", container_name("ending"), user="alice", gpu_count=1, at=NOW)
+    passes = make_pass(config, machine, state)
+    passes.patience = 0  # the pass leaves slow work to finish alone
+    try:
+        occurrences = bookings(config, event("ending", NOW - timedelta(hours=1), ending),
+                               event("next", NOW - timedelta(seconds=1), NOW + timedelta(hours=1), user="bob"))
+        result = passes.run(occurrences, now=NOW, write_back=False)
+        assert {type(a) for a in result.actions} >= {decide.Warn, decide.Start}
+        assert machine.exec_began.wait(HOLD)
+        started = getattr(passes, "busy", {}).get("next")
+        if started is not None:
+            started.result(HOLD)
+        assert ("running", "next") in machine.steps
+        assert ("exec returned", "ending") not in machine.steps  # the notice is still held up
+        # A later pass skips the booking still at work instead of waiting for it.
+        passes.run(occurrences, now=NOW + timedelta(seconds=1), write_back=False)
+        assert machine.steps.count(("exec", "ending")) == 1
+    finally:
+        machine.release_exec.set()
+        passes.close()
+
+
+def test_a_start_waits_for_the_stop_that_frees_its_gpu(tmp_path: Path, state: State) -> None:
+    """Parallel, but never two bookings on one GPU: the start on GPU 0 follows the stop of the
+    booking that ended there."""
+    config = make_config(tmp_path)
+    machine = Machine(gpus=(0,))
+    machine.containers[container_name("old")] = running("old", (0,), end=NOW)
+    state.container_started("old", container_name("old"), user="alice", gpu_count=1, at=NOW - timedelta(hours=1))
+    stopped = threading.Event()
+    original_stop = machine.stop
+
+    def slow_stop(name: str, grace: float) -> None:
+        machine.step("stopping", "old")
+        stopped.wait(0.2)  # long enough for a start that did not wait to get in first
+        original_stop(name, grace)
+        machine.step("stopped", "old")
+
+    machine.stop = slow_stop  # type: ignore[method-assign]
+    passes = make_pass(config, machine, state)
+    try:
+        occurrences = bookings(config, event("old", NOW - timedelta(hours=1), NOW),
+                               event("new", NOW, NOW + timedelta(hours=1), user="bob"))
+        passes.run(occurrences, now=NOW + timedelta(seconds=1), write_back=False)
+    finally:
+        passes.close()
+    assert machine.steps.index(("stopped", "old")) < machine.steps.index(("start", "new"))
+
+
+def test_a_start_that_keeps_failing_backs_off(tmp_path: Path, state: State) -> None:
+    config = make_config(tmp_path)
+    machine = Machine()
+    machine.failing["mute"] = EngineError("booking mute: SSH on port 2200 did not let the probe in within 60 s")
+    passes = make_pass(config, machine, state)
+    mute = event("mute", NOW - timedelta(minutes=1), NOW + timedelta(hours=1))
+    tries = []
+    try:
+        for seconds in range(0, 40, 2):  # a pass every 2 s, as boundaries and polls come
+            now = NOW + timedelta(seconds=seconds)
+            passes.run(bookings(config, mute, now=now), now=now, write_back=False)
+            tries.append(machine.steps.count(("start", "mute")))
+    finally:
+        passes.close()
+    assert tries[-1] <= 3, tries  # 0 s, then 10 s later, then 20 s after that: not 20 tries
+
+
+def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: State) -> None:
+    """The overlay build (apt-get, up to an hour) runs in the background: the booking is held with
+    "preparing the image" while the other booking starts."""
+    build_may_end = threading.Event()
+
+    class SlowBuildEngine:
+        """Only what OverlayBuilds uses: no image yet, and a build the test holds up."""
+
+        def ensure_image(self, image: str, *, pull: bool = False) -> None:
+            if "overlay" in image and not build_may_end.is_set():
+                raise EngineError(f"image {image} is not present")
+
+        def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
+            machine.step("building", tag)
+            build_may_end.wait(HOLD)
+            machine.step("built", tag)
+
+    class BuildingMachine(Machine):
+        def start(self, request: StartRequest) -> Started:
+            if not request.template.has_sshd:
+                builds.ready(engine, request.template)  # as LocalHost.start does
+            return super().start(request)
+
+    config = make_config(tmp_path)
+    machine = BuildingMachine()
+    engine = SlowBuildEngine()
+    builds = ssh.OverlayBuilds()
+    passes = make_pass(config, machine, state)
+    try:
+        x = vevent("x", f"DTSTART:{NOW:%Y%m%dT%H%M%SZ}", f"DTEND:{NOW + timedelta(hours=1):%Y%m%dT%H%M%SZ}",
+                   "SUMMARY:alice digits-cuda8")
+        y = event("y", NOW, NOW + timedelta(hours=1), user="bob")
+        occurrences = bookings(config, x, y)
+        assert {o.id for o in occurrences if isinstance(o, Booking)} == {"x", "y"}
+        passes.run(occurrences, now=NOW, write_back=False)
+        assert ("running", "y") in machine.steps
+        assert not any(what == "built" for what, _ in machine.steps)  # x's image is still being built
+        assert "preparing the image" in passes.recall.notes.get("x", "")
+        assert "x" not in passes.recall.failures
+        build_may_end.set()
+        while any(not f.done() for f in builds._builds.values()):
+            threading.Event().wait(0.01)
+        later = NOW + timedelta(seconds=5)
+        passes.run(occurrences, now=later, write_back=False)
+    finally:
+        build_may_end.set()
+        builds.close()
+        passes.close()
+    assert ("running", "x") in machine.steps
+    assert machine.steps.index(("running", "y")) < machine.steps.index(("running", "x"))
+
+
+class SilentServer:
+    """A TCP server that accepts and never answers: a hung calendar server."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.accepted = threading.Event()
+        self.client_gave_up = threading.Event()
+        self.connections: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections.append(connection)
+            self.accepted.set()
+            threading.Thread(target=self._drain, args=(connection,), daemon=True).start()
+
+    def _drain(self, connection: socket.socket) -> None:
+        try:
+            while connection.recv(65536):
+                pass
+        except OSError:
+            pass
+        self.client_gave_up.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        for connection in self.connections:
+            connection.close()
+
+
+@pytest.mark.caldav
+def test_a_hung_calendar_server_does_not_delay_another_calendars_write_back(
+        tmp_path: Path, state: State, radicale_server: servers.CalendarServer) -> None:
+    silent = SilentServer()
+    hung_url = f"http://127.0.0.1:{silent.port}/lab/hung/"
+    calendar = radicale_server.new_calendar()
+    good_url = str(calendar.url)
+    config = make_config(tmp_path, calendars=(hung_url, good_url))
+    start, end = NOW + timedelta(days=1), NOW + timedelta(days=1, hours=1)
+    calendar.save_event(vcalendar(event("good", start, end, user="bob")))
+    machine = Machine()
+    passes = make_pass(config, machine, state)
+    try:
+        occurrences = [*bookings(config, event("hung", start, end), calendar_url=hung_url),
+                       *bookings(config, event("good", start, end, user="bob"), calendar_url=good_url)]
+        href = str(calendar.event_by_uid("good").url)
+        occurrences = [o if o.id != "good" else _with_href(o, href) for o in occurrences]
+        assert [o.id for o in occurrences] == ["hung", "good"]  # the hung calendar's event comes first
+        passes.run(occurrences, now=NOW, etags={})
+        assert silent.accepted.wait(HOLD)
+        deadline = threading.Event()
+        for _ in range(int(HOLD * 20)):
+            if "accepted:" in str(calendar.event_by_uid("good").icalendar_component.get("DESCRIPTION", "")):
+                break
+            deadline.wait(0.05)
+        assert not silent.client_gave_up.is_set()  # written while the other server still hangs
+        assert "accepted:" in str(calendar.event_by_uid("good").icalendar_component.get("DESCRIPTION", ""))
+    finally:
+        silent.close()
+        passes.close()
+
+
+def _with_href(item: Booking | Rejection, href: str) -> Booking | Rejection:
+    from dataclasses import replace
+
+    return replace(item, href=href)
