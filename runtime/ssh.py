@@ -101,19 +101,20 @@ def booking_host_key(cache_dir: Path, name: str, *, owner: tuple[int, int] | Non
     """
     folder = host_key_folder(cache_dir, name)
     private, public = folder / HOST_KEY_FILE, folder / f"{HOST_KEY_FILE}.pub"
-    if private.is_file() and public.is_file():
-        return HostKey(folder=folder, public=public.read_text().strip())
     folder.mkdir(parents=True, exist_ok=True, mode=0o711)
-    folder.chmod(0o711)
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                            serialization.NoEncryption())
-    line = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                         serialization.PublicFormat.OpenSSH).decode()
-    _write_private(private, pem)
-    public.write_text(line + "\n")
-    public.chmod(0o644)
-    if owner is not None:
+    folder.chmod(0o711)  # also a folder an earlier start (or version) left with another mode
+    if private.is_file() and public.is_file():
+        line = public.read_text().strip()
+    else:
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+        line = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                             serialization.PublicFormat.OpenSSH).decode()
+        _write_private(private, pem)
+        public.write_text(line + "\n")
+        public.chmod(0o644)
+    if owner is not None and (private.stat().st_uid, private.stat().st_gid) != owner:
         if chown is not None:
             chown(private, *owner)
         elif os.geteuid() == 0:

@@ -253,6 +253,20 @@ class NotifyConfig:
     webhook: WebhookConfig | None = setting(None, "webhook; None: off")
 
 
+IDENTITIES = ("description", "organizer")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """[policy]: who may book for whom."""
+
+    identity: str = setting(
+        "description", 'who a booking is for: "description" (an ORGANIZER who is a known user books '
+        'only for themselves; otherwise a `user:` line or the title names the booker) or "organizer" '
+        "(only a known ORGANIZER books, for themselves; no organizer or an unknown one is refused)",
+        check=_one_of(IDENTITIES))
+
+
 # Checks of [engine] fields that runtime.engines declares without a "check" in their metadata.
 ENGINE_CHECKS: dict[str, Check] = {
     "name": engines.name_problem,  # a registered engine, or "package.module:Class"
@@ -279,6 +293,7 @@ class Config:
     daemon: DaemonConfig
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     gpu_mps: bool = False  # [gpus] mps: bind the MPS pipe folder (shared by every booker)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")
@@ -591,6 +606,7 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
     "nvidia": _plain(NvidiaConfig),
     "daemon": _plain(DaemonConfig),
     "notify": _plain(NotifyConfig),
+    "policy": _plain(PolicyConfig),
 }
 
 
@@ -605,7 +621,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         path=path, host=read["host"], calendars=read["calendar"], defaults=read["defaults"],
         users=read["users"], gpu_count=read["gpus"].count, templates_dir=read["templates"].dir,
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
-        daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps,
+        daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps, policy=read["policy"],
     )
 
 

@@ -46,7 +46,7 @@ from scheduler.hosts.local import LocalHost
 from scheduler.outbox import notices, status
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
-from scheduler.sources.errors import CalendarError
+from scheduler.sources.errors import CalendarError, redact_url
 from scheduler.state import State, StateError
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,8 @@ class _Calendar:
     outage: str | None = None
     outage_since: datetime | None = None
     problems: list[str] = field(default_factory=list)
+    read_at: dict[str, datetime] = field(default_factory=dict)  # calendar url → its last good read
+    failing: dict[str, tuple[str, datetime]] = field(default_factory=dict)  # url → (cause, since)
 
 
 class Daemon:
@@ -165,6 +167,8 @@ class Daemon:
                 self.calendar.etags = reading.etags
                 self.calendar.problems = [f"{p.uid or p.href}: {p.reason}" for p in reading.problems]
                 self.calendar.last_ok = now
+                self.calendar.read_at = reading.read_at
+                self._calendar_failures(reading.failures, now)
                 if self.calendar.outage is not None:
                     since = self.calendar.outage_since or now
                     message = (f"calendar reachable again after {_duration(now - since)} "
@@ -191,6 +195,33 @@ class Daemon:
         except StateError as error:
             log.warning("not in the event log: %s", error)
 
+    def _calendar_failures(self, failures: dict[str, str], now: datetime) -> None:
+        """One calendar failing while others read: logged once when it starts and once when it ends."""
+        for url, cause in failures.items():
+            if url not in self.calendar.failing:
+                self.calendar.failing[url] = (cause, now)
+                message = (f"calendar {redact_url(url)} cannot be read: {cause}; its last good reading is kept, "
+                           "the other calendars go on")
+                log.warning("%s", message)
+                self._event(message, now)
+        for url in [u for u in self.calendar.failing if u not in failures]:
+            cause, since = self.calendar.failing.pop(url)
+            message = f"calendar {redact_url(url)} readable again after {_duration(now - since)} (was: {cause})"
+            log.warning("%s", message)
+            self._event(message, now)
+
+    def _stale_calendars(self, now: datetime) -> dict[str, str]:
+        """Calendars whose own data is too old to start anything from (the others start as usual)."""
+        bound = timedelta(minutes=self.config.daemon.stale_after_minutes)
+        stale = {}
+        for calendar in self.config.calendars:
+            read = self.calendar.read_at.get(calendar.url)
+            cause = self.calendar.failing.get(calendar.url, ("unknown", now))[0]
+            if read is None or now - read > bound:
+                age = "never read" if read is None else f"{_duration(now - read)} old"
+                stale[calendar.url] = f"its calendar's data is {age} (calendar {redact_url(calendar.url)}: {cause})"
+        return stale
+
     def reconcile(self) -> None:
         """One pass with the bookings known now; schedules the next boundary."""
         with self._lock:
@@ -198,7 +229,9 @@ class Daemon:
             may_start, stale_reason = self._fresh(now)
             try:
                 result = self.passes.run(self.calendar.occurrences, now=now, may_start=may_start,
-                                         stale_reason=stale_reason, etags=self.calendar.etags)
+                                         stale_reason=stale_reason, etags=self.calendar.etags,
+                                         stale_calendars=self._stale_calendars(now) if may_start else {},
+                                         complete=all(c.url in self.calendar.read_at for c in self.config.calendars))
             except GpubookError as error:  # the engine itself failing: try again soon
                 log.error("reconcile pass failed: %s; retrying in 10 s", error)
                 self._wake_at(now + timedelta(seconds=10))

@@ -1,4 +1,10 @@
-"""One pass of the pipeline: calendars → bookings → plan, shared by the CLI and the daemon."""
+"""One pass of the pipeline: calendars → bookings → plan, shared by the CLI and the daemon.
+
+Each calendar is read on its own: one that fails (unreachable, or answering with something that
+is not calendar data) keeps its last good snapshot, and only its bookings are affected; the other
+calendars' bookings start, stop and change as they read. Only when every calendar fails does a
+read raise (the daemon then keeps the last known bookings of all of them).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from scheduler.config import Config
 from scheduler.core import plan as plan_module
 from scheduler.core.bookings import Booking, BookingReader, Problem, Rejection
 from scheduler.sources import Snapshot, Source, open_source
-from scheduler.sources.errors import printable, redact_url
+from scheduler.sources.errors import CalendarError, printable, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +34,8 @@ class Reading:
     occurrences: list[Booking | Rejection]
     problems: list[Problem]
     etags: dict[str, str | None]  # event href → its ETag as read
+    failures: dict[str, str] = field(default_factory=dict)  # calendar url → why this poll failed
+    read_at: dict[str, datetime] = field(default_factory=dict)  # calendar url → its last good read
 
 
 @dataclass
@@ -37,25 +45,52 @@ class Calendars:
     config: Config
     sources: dict[str, Source] = field(default_factory=dict)
     reader: BookingReader = field(default_factory=BookingReader)
+    last: dict[str, Snapshot] = field(default_factory=dict)  # calendar url → its last good snapshot
+    read_at: dict[str, datetime] = field(default_factory=dict)  # calendar url → when it was read
 
     def poll(self) -> dict[str, Snapshot]:
         """Poll every calendar; a CalendarError of one stops the pass (the caller decides)."""
-        snapshots = {}
-        for calendar in self.config.calendars:
-            source = self.sources.get(calendar.url)
-            if source is None:
-                source = self.sources[calendar.url] = open_source(calendar)
-            snapshots[calendar.url] = source.poll()
+        snapshots, failures = self.poll_each()
+        if failures:
+            raise next(iter(failures.values()))
         return snapshots
 
+    def poll_each(self, *, now: datetime | None = None) -> tuple[dict[str, Snapshot], dict[str, CalendarError]]:
+        """Poll every calendar on its own: the good snapshots (a failed calendar's last good one,
+        if any) and each failed calendar's error."""
+        snapshots: dict[str, Snapshot] = {}
+        failures: dict[str, CalendarError] = {}
+        for calendar in self.config.calendars:
+            try:
+                source = self.sources.get(calendar.url)
+                if source is None:
+                    source = self.sources[calendar.url] = open_source(calendar)
+                snapshot = source.poll()
+            except CalendarError as error:
+                failures[calendar.url] = error
+                if calendar.url in self.last:
+                    snapshots[calendar.url] = self.last[calendar.url]
+                continue
+            snapshots[calendar.url] = self.last[calendar.url] = snapshot
+            if now is not None:
+                self.read_at[calendar.url] = now
+        return snapshots, failures
+
     def read(self, *, now: datetime) -> Reading:
-        """Poll and expand over the daemon's window: from the longest booking back to a week ahead."""
-        snapshots = self.poll()
+        """Poll and expand over the daemon's window: from the longest booking back to a week ahead.
+
+        A calendar that fails keeps its last good snapshot (`failures` says why, `read_at` since
+        when); a CalendarError is raised only when every calendar failed."""
+        snapshots, failures = self.poll_each(now=now)
+        if failures and len(failures) == len(self.config.calendars):
+            errors = list(failures.values())
+            raise errors[0] if len(errors) == 1 else CalendarError("; ".join(str(e) for e in errors))
         occurrences, problems = self.occurrences(
             snapshots, window_start=now - timedelta(hours=self.config.defaults.max_hours),
             window_end=now + WINDOW_AHEAD)
         etags = {href: obj.etag for snap in snapshots.values() for href, obj in snap.objects.items()}
-        return Reading(occurrences, problems, etags)
+        return Reading(occurrences, problems, etags, failures={url: str(e) for url, e in failures.items()},
+                       read_at=dict(self.read_at))
 
     def occurrences(self, snapshots: Mapping[str, Snapshot], *, window_start: datetime,
                     window_end: datetime) -> tuple[list[Booking | Rejection], list[Problem]]:
@@ -63,6 +98,8 @@ class Calendars:
         occurrences: list[Booking | Rejection] = []
         problems: list[Problem] = []
         for calendar in self.config.calendars:
+            if calendar.url not in snapshots:
+                continue  # never read yet: none of its bookings is known
             expansion = self.reader.read(snapshots[calendar.url].objects.values(), config=self.config,
                                          calendar=calendar, templates=templates,
                                          window_start=window_start, window_end=window_end)

@@ -21,7 +21,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -121,6 +121,18 @@ MIGRATIONS: tuple[str, ...] = (
         delivered_at REAL
     );
     CREATE INDEX outbox_pending ON outbox (id) WHERE delivered_at IS NULL;
+    """,
+    # 4: when gpubook first saw each occurrence in each calendar object: the plan's priority, so
+    # that conflicts are decided by what gpubook observed, not by a client-written CREATED.
+    """
+    CREATE TABLE first_seen (
+        calendar_url TEXT NOT NULL,
+        href         TEXT NOT NULL,
+        booking_id   TEXT NOT NULL,
+        seen_at      REAL NOT NULL,
+        PRIMARY KEY (calendar_url, href, booking_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX first_seen_at ON first_seen (seen_at);
     """,
 )
 
@@ -484,6 +496,28 @@ class State:
     def notes(self, key: str) -> dict[str, str]:
         """booking id → value of every note called `key`."""
         return dict(self._query("SELECT booking_id, value FROM booking_notes WHERE key = ?", (key,)))
+
+    # -- first seen (the plan's priority) ---------------------------------------------------------
+
+    def first_seen(self, keys: Iterable[tuple[str, str, str]], *, now: datetime,
+                   forget_before: datetime | None = None) -> dict[tuple[str, str, str], datetime]:
+        """When gpubook first saw each (calendar url, href, occurrence id): recorded as `now` for
+        keys new to it, kept as it was for the others. Rows first seen before `forget_before` and
+        not among `keys` are forgotten (occurrences long out of the window)."""
+        wanted = list(dict.fromkeys(keys))
+        stamp = _stamp(now)
+        with self._transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO first_seen (calendar_url, href, booking_id, seen_at) "
+                           "VALUES (?, ?, ?, ?)", [(*key, stamp) for key in wanted])
+            keep = set(wanted)
+            if forget_before is not None:
+                old = db.execute("SELECT calendar_url, href, booking_id FROM first_seen WHERE seen_at < ?",
+                                 (_stamp(forget_before),)).fetchall()
+                db.executemany("DELETE FROM first_seen WHERE calendar_url = ? AND href = ? AND booking_id = ?",
+                               [row for row in old if tuple(row) not in keep])
+            rows = db.execute("SELECT calendar_url, href, booking_id, seen_at FROM first_seen").fetchall()
+        return {key: moment for url, href, booking, seen in rows
+                if (key := (url, href, booking)) in keep and (moment := _moment(seen)) is not None}
 
     # -- the outbox ------------------------------------------------------------------------------
 

@@ -72,9 +72,10 @@ def test_organizer_email_is_the_booker_and_defaults_fill_the_rest() -> None:
     assert (defaults.template, defaults.gpu_count) == ("digits-cuda8", 2)
 
 
-def test_user_line_wins_over_organizer() -> None:
-    booking = single(START, END, "ORGANIZER:mailto:alice@lab.example", "DESCRIPTION:user: carol")
+def test_user_line_names_the_booker_when_the_organizer_is_nobody_known() -> None:
+    booking = single(START, END, "ORGANIZER:mailto:frontdesk@lab.example", "DESCRIPTION:user: carol")
     assert booking.user == "carol"
+    assert single(START, END, "DESCRIPTION:user: carol").user == "carol"
 
 
 def test_unknown_organizer_is_rejected_with_a_hint() -> None:

@@ -18,7 +18,7 @@ from booking_kit import (
 )
 
 from scheduler.core.bookings import Booking, Rejection
-from scheduler.core.plan import Plan, plan, to_json
+from scheduler.core.plan import Plan, plan, seen_key, to_json
 
 NOW = utc(2026, 11, 23, 8)
 CONFIG = make_config()
@@ -39,9 +39,12 @@ def booking(id: str, *, user: str = "alice", template: str = "debian-ssh", gpus:
 
 
 def run(*items: Booking | Rejection, running: dict[str, tuple[int, ...]] | None = None,
-        inventory: tuple[int, ...] = INVENTORY, now: datetime = NOW) -> Plan:
+        inventory: tuple[int, ...] = INVENTORY, now: datetime = NOW,
+        seen: dict[str, datetime] | None = None) -> Plan:
+    """`seen`: booking id → when gpubook first saw it (keyed by `seen_key` for the plan)."""
+    first_seen = {seen_key(item): (seen or {})[item.id] for item in items if item.id in (seen or {})}
     return plan(items, inventory=inventory, config=CONFIG, templates=TEMPLATES, now=now,
-                running=running or {})
+                running=running or {}, first_seen=first_seen)
 
 
 def gpus(result: Plan) -> dict[str, tuple[int, ...]]:
@@ -61,35 +64,49 @@ def test_count_requests_get_the_lowest_free_gpus() -> None:
 
 
 def test_indices_are_honoured() -> None:
-    result = run(booking("a", indices=(1, 3)),
-                 booking("b", user="bob", gpus=2, created=utc(2026, 1, 1)))
-    # b was created first, so it is placed first on 0 and 1; a's GPU 1 is then taken.
+    result = run(booking("a", indices=(1, 3)), booking("b", user="bob", gpus=2),
+                 seen={"a": utc(2026, 11, 2), "b": utc(2026, 11, 1)})
+    # b was seen first, so it is placed first on 0 and 1; a's GPU 1 is then taken.
     assert gpus(result) == {"b": (0, 1)}
     assert reasons(result)["a"].startswith("the GPUs asked for are taken: GPU 1 is booked by bob "
                                            "from 2026-11-24 11:00 to 13:00 (CET)")
 
 
-def test_earliest_created_wins_whatever_the_input_order() -> None:
-    early = booking("late-uid", indices=(0,), created=utc(2026, 11, 1))
-    late = booking("early-uid", user="bob", indices=(0,), start=11, created=utc(2026, 11, 2))
+def test_first_seen_wins_whatever_the_input_order() -> None:
+    early = booking("late-uid", indices=(0,))
+    late = booking("early-uid", user="bob", indices=(0,), start=11)
+    seen = {"late-uid": utc(2026, 11, 1), "early-uid": utc(2026, 11, 2)}
     for order in ((early, late), (late, early)):
-        result = run(*order)
+        result = run(*order, seen=seen)
         assert gpus(result) == {"late-uid": (0,)}
         assert reasons(result) == {"early-uid": "the GPUs asked for are taken: GPU 0 is booked by "
                                                 "alice from 2026-11-24 11:00 to 13:00 (CET)"}
 
 
-def test_dtstamp_then_uid_break_ties() -> None:
+def test_created_dtstamp_then_uid_break_ties_of_first_seen() -> None:
     same = utc(2026, 11, 1)
+    seen = {"x": same, "y": same, "a": same, "b": same}
+    by_created = run(booking("x", indices=(0,), created=utc(2026, 11, 2)),
+                     booking("y", user="bob", indices=(0,), created=utc(2026, 10, 1)), seen=seen)
+    assert gpus(by_created) == {"y": (0,)}
     by_stamp = run(booking("x", indices=(0,), created=same, dtstamp=utc(2026, 11, 5)),
-                   booking("y", user="bob", indices=(0,), created=same, dtstamp=utc(2026, 11, 4)))
+                   booking("y", user="bob", indices=(0,), created=same, dtstamp=utc(2026, 11, 4)), seen=seen)
     assert gpus(by_stamp) == {"y": (0,)}
-    by_uid = run(booking("y", user="bob", indices=(0,), created=same, dtstamp=same),
-                 booking("x", indices=(0,), created=same, dtstamp=same))
+    by_uid = run(booking("y", user="bob", indices=(0,)), booking("x", indices=(0,)), seen=seen)
     assert gpus(by_uid) == {"x": (0,)}
-    missing_created_loses = run(booking("a", indices=(0,)),
-                                booking("b", user="bob", indices=(0,), created=same))
-    assert gpus(missing_created_loses) == {"b": (0,)}
+    unseen_loses = run(booking("a", indices=(0,), created=utc(1970, 1, 1)),
+                       booking("b", user="bob", indices=(0,)), seen={"b": same})
+    assert gpus(unseen_loses) == {"b": (0,)}
+
+
+def test_a_forged_created_or_dtstamp_does_not_win_a_conflict() -> None:
+    """Hostile: CREATED and DTSTAMP are the client's; a booking stamped 1970, made after bob's,
+    must not knock bob's booking out (it did while the plan ordered by CREATED)."""
+    forged = booking("forged", indices=(0,), hours=0.02, created=utc(1970, 1, 1), dtstamp=utc(1970, 1, 1))
+    real = booking("real", user="bob", indices=(0,), created=utc(2026, 11, 20), dtstamp=utc(2026, 11, 20))
+    result = run(forged, real, seen={"real": utc(2026, 11, 20), "forged": utc(2026, 11, 22)})
+    assert gpus(result) == {"real": (0,)}
+    assert reasons(result)["forged"].startswith("the GPUs asked for are taken: GPU 0 is booked by bob")
 
 
 def test_running_booking_keeps_its_gpus_against_an_earlier_created_one() -> None:
@@ -168,6 +185,21 @@ def test_gpu1_calendar_books_gpu1() -> None:
     assert gpus(result) == {"a": (1,)}
 
 
+def test_a_copied_uid_belongs_to_the_event_seen_first() -> None:
+    """Hostile: a running booking's UID copied into another calendar; the copy is refused and the
+    original, seen first, keeps its GPUs (before, both were refused and the container stopped)."""
+    original = booking("a", uid="shared")
+    copy = booking("a", uid="shared", calendar_url=GPU1_CALENDAR, user="bob")
+    seen = {seen_key(original): utc(2026, 11, 20), seen_key(copy): utc(2026, 11, 24)}
+    for order in ((original, copy), (copy, original)):
+        result = plan(order, inventory=INVENTORY, config=CONFIG, templates=TEMPLATES, now=NOW,
+                      running={"a": (0,)}, first_seen=seen)
+        assert [(a.booking.href, a.gpus) for a in result.accepted] == [(original.href, (0,))]
+        assert [(r.href, r.reason) for r in result.rejected] == [
+            (copy.href, f"the UID 'shared' already belongs to the event {original.href}, which gpubook "
+                        "saw first; give each booking its own event")]
+
+
 def test_same_uid_in_two_calendars_is_rejected_everywhere() -> None:
     result = run(booking("a", uid="shared"), booking("b", uid="shared", calendar_url=GPU1_CALENDAR),
                  booking("c"))
@@ -224,8 +256,10 @@ def test_from_calendar_text_to_plan() -> None:
                "ORGANIZER:mailto:carol@lab.example", "LOCATION:gpu 3"),
     )
     expansion = read(raw(text))
+    # gpubook saw "train" before "clash" (CREATED says the same, but it takes no part).
+    seen = {seen_key(item): utc(2026, 11, 1 if item.uid != "clash" else 2) for item in expansion.occurrences}
     result = plan(expansion.occurrences, inventory=INVENTORY, config=CONFIG, templates=TEMPLATES,
-                  now=NOW)
+                  now=NOW, first_seen=seen)
     assert [(a.booking.id, a.booking.user, a.gpus) for a in result.accepted] == [
         ("weekly@20261123T190000Z", "carol", (3,)), ("train", "alice", (0, 1))]
     assert [(r.id, r.reason) for r in result.rejected] == [

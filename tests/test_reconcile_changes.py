@@ -11,7 +11,7 @@ from test_plan import booking
 
 from runtime.engines import ContainerInfo, container_name
 from scheduler.core.bookings import Booking
-from scheduler.core.decide import Memory, Start, Stop, decide, pin_running, plan_with_extensions
+from scheduler.core.decide import Memory, Runs, Start, Stop, Warned, decide, pin_running, plan_with_extensions
 from scheduler.core.plan import plan
 
 CONFIG = make_config()
@@ -74,3 +74,56 @@ def test_end_moved_earlier_warns_then_stops_after_the_notice() -> None:
     actions = decide(result, actual, now=NOW, memory=Memory(known=frozenset({"a"})))
     assert [type(x).__name__ for x in actions] == ["Warn", "Recheck"]
     assert actions[0].stop_at == NOW + timedelta(minutes=5)  # type: ignore[union-attr]
+
+
+def test_a_running_booking_moved_days_later_ends_now_and_frees_its_gpu() -> None:
+    """Hostile (issue 9, finding 6): a running 10:00-12:00 booking edited to the same hours six days
+    later kept its container for six days and held the next booker's 13:00 booking on its GPU."""
+    a = booking("a", indices=(0,))  # runs 10:00-12:00 on GPU 0
+    moved = replace(a, start=a.start + timedelta(days=6), end=a.end + timedelta(days=6))
+    bob = booking("b", user="bob", indices=(0,), start=13, hours=2)
+    actual = [running(a, (0,))]
+    pinned = pin_running([moved, bob], actual, now=NOW)
+    assert pinned.running == {}  # the moved booking does not run in its (new) time
+    result, granted, _ = plan_with_extensions(
+        pinned.occurrences, agreed_ends={i: e for i, e in {"a": a.end}.items() if i in pinned.running},
+        plan=lambda items: plan(items, inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW,
+                                running=pinned.running))
+    assert granted == {}
+    assert {x.booking.id: (x.booking.start, x.gpus) for x in result.accepted} == {
+        "a": (moved.start, (0,)), "b": (bob.start, (0,))}
+    memory = Memory(known=frozenset({"a"}), runs={"a": Runs(running=True)})
+    actions = decide(result, actual, now=NOW, memory=memory)
+    assert [(type(x).__name__, getattr(x, "reason", "")) for x in actions] == [
+        ("Warn", "moved"), ("Recheck", "stop of a")]
+    stop_at = NOW + timedelta(minutes=5)
+    assert actions[0].stop_at == stop_at  # type: ignore[union-attr]
+    warned = replace(memory, warned={"a": Warned(at=NOW, end=moved.end, stop_at=stop_at)})
+    stops = decide(result, actual, now=stop_at, memory=warned)
+    assert [type(x).__name__ for x in stops] == ["Stop"]
+    # Stopped at 11:05: bob's 13:00 booking starts on GPU 0 on time; "a" starts at its new time.
+    stopped = replace(memory, runs={"a": Runs(last_stopped=stop_at, last_reason=stops[0].reason)})  # type: ignore[union-attr]
+    at_one = decide(result, [], now=bob.start, memory=stopped)
+    assert [(type(x).__name__, x.accepted.booking.id) for x in at_one if isinstance(x, Start)] == [("Start", "b")]
+    later = decide(result, [], now=moved.start, memory=stopped)
+    assert [(x.accepted.booking.id, x.attempt) for x in later if isinstance(x, Start)] == [("a", 0)]
+
+
+def test_a_stale_calendar_holds_only_its_own_bookings() -> None:
+    a = booking("a", indices=(0,), start=11)
+    other = booking("o", indices=(1,), start=11, calendar_url="http://127.0.0.1/other/")
+    result = plan([a], inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW)
+    both = replace(result, accepted=(*result.accepted, replace(result.accepted[0], booking=other, gpus=(1,))))
+    actions = decide(both, [], now=NOW, stale_calendars={"http://127.0.0.1/other/": "its calendar's data is old"})
+    assert [(type(x).__name__, getattr(x, "reason", "")) for x in actions] == [
+        ("Start", ""), ("Hold", "its calendar's data is old")]
+
+
+def test_a_running_booking_in_no_calendar_is_not_stopped_while_a_calendar_was_never_read() -> None:
+    a = booking("a", indices=(0,))
+    actual = [running(a, (0,))]
+    empty = plan([], inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW)
+    memory = Memory(known=frozenset({"a"}))
+    assert [type(x).__name__ for x in decide(empty, actual, now=NOW, memory=memory)] == ["Warn", "Recheck"]
+    kept = decide(empty, actual, now=NOW, memory=memory, complete=False)
+    assert [(type(x).__name__, getattr(x, "at", None)) for x in kept] == [("Recheck", a.end)]

@@ -253,3 +253,19 @@ def test_record_stop_keeps_a_run_already_closed_and_records_a_lost_one(db: State
     lost = record_stop(db, name="gpubook-b2", booking_id="b2", reason="died: the container vanished",
                        now=T0 + timedelta(minutes=7))
     assert lost.exit_reason == "died: the container vanished" and lost.stopped_at is not None
+
+
+def test_first_seen_is_recorded_once_kept_and_forgotten_long_after(tmp_path: Path) -> None:
+    """The plan's priority: the time gpubook first saw each occurrence in each calendar object."""
+    one, two = ("cal", "a.ics", "a"), ("cal", "b.ics", "b")
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    with State(tmp_path / "state.sqlite") as db:
+        assert db.first_seen([one], now=t0) == {one: t0}
+        later = t0 + timedelta(days=1)
+        assert db.first_seen([one, two], now=later) == {one: t0, two: later}  # a's time is kept
+        much_later = t0 + timedelta(days=40)
+        # b is gone from the reading and was first seen long ago: forgotten; a is still read: kept.
+        assert db.first_seen([one], now=much_later, forget_before=much_later - timedelta(days=30)) == {one: t0}
+        assert db.first_seen([two], now=much_later) == {two: much_later}
+    with State(tmp_path / "state.sqlite") as db:  # persisted
+        assert db.first_seen([one], now=datetime(2027, 1, 1, tzinfo=UTC)) == {one: t0}

@@ -182,6 +182,8 @@ class WarnHandler:
                          f"(in {minutes} min). Save your work to /data/output.",
             "gone": f"gpubook: this booking was removed from the calendar; the container stops at {stop} "
                     f"(in {minutes} min). Save your work to /data/output.",
+            "moved": f"gpubook: this booking was moved to a later time; this container stops at {stop} "
+                     f"(in {minutes} min) and a new one starts at the new time. Save your work to /data/output.",
         }[action.reason]
         self.state.set_note(action.booking_id, WARNED, warned_note(action, now=now), at=now)
         self.journal.say(action.booking_id, f"warned: {text}", now=now)

@@ -143,6 +143,7 @@ class Pass:
         self.templates = templates
         self.notices = notices
         self.recall = Recall()
+        self.seen: Mapping[plan_module.SeenKey, datetime] = {}  # first-seen times, as the last pass read them
         self.journal = Journal(state, self.recall)
         self.writeback = WriteBack(config, state)
         hosts_, journal = self.hosts, self.journal
@@ -178,7 +179,8 @@ class Pass:
 
     def run(self, occurrences: Sequence[Booking | Rejection], *, now: datetime, may_start: bool = True,
             stale_reason: str = "", etags: Mapping[str, str | None] | None = None,
-            write_back: bool = True) -> PassResult:
+            write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
+            complete: bool = True) -> PassResult:
         at_work = self._at_work()  # before the hosts are read: a start ending in between keeps its port
         world = World.read(list(self.hosts.values()), self.state)
         self._release_idle_ports(world, at_work)
@@ -188,7 +190,8 @@ class Pass:
         self._adopt(plan, world, now=now)
         memory = decide_memory(world.records.values(), self.state.notes(WARNED))
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
-                                may_start=may_start, stale_reason=stale_reason)
+                                may_start=may_start, stale_reason=stale_reason,
+                                stale_calendars=stale_calendars or {}, complete=complete)
         result = PassResult(plan=plan, actions=actions, world=world)
         pending = self._dispatch(actions, world, now=now, result=result)
         _, late = wait(pending, timeout=self.patience)
@@ -287,18 +290,20 @@ class Pass:
              now: datetime) -> plan_module.Plan:
         """The plan around what runs: running bookings keep their GPUs, template and (unless later
         is free) their end."""
-        pinned = decide.pin_running(occurrences, actual)
-        running = {i.booking_id: i.gpus for i in actual if i.running and i.booking_id}
+        pinned = decide.pin_running(occurrences, actual, now=now)
+        running = dict(pinned.running)
         agreed = self.state.notes(AGREED_END)
         ends = {i.booking_id: datetime.fromisoformat(agreed[i.booking_id]) if i.booking_id in agreed else i.end
-                for i in actual if i.running and i.booking_id and i.end is not None}
+                for i in actual if i.booking_id in running and i.end is not None}
+        first_seen = self._first_seen(occurrences, now=now)
         templates = frozenset(self.templates.templates) | frozenset(self.templates.errors)
         zone = ZoneInfo(self.config.host.timezone)
         inventory = self.inventory
         result, granted, refused = decide.plan_with_extensions(
             pinned.occurrences, agreed_ends=ends,  # type: ignore[arg-type]
             plan=lambda items: plan_module.plan(items, inventory=inventory, config=self.config,
-                                                templates=templates, now=now, running=running),
+                                                templates=templates, now=now, running=running,
+                                                first_seen=first_seen),
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
         for booking_id, end in granted.items():
             try:
@@ -312,6 +317,17 @@ class Pass:
         for booking_id, note in self.recall.notes.items():
             self.journal.note(booking_id, note, now=now)
         return result
+
+    def _first_seen(self, occurrences: Sequence[Booking | Rejection], *, now: datetime
+                    ) -> Mapping[plan_module.SeenKey, datetime]:
+        """Record what is new and read when gpubook first saw each occurrence (the plan's priority).
+        When State cannot be written, the last pass's times stand (what is new counts as seen last)."""
+        try:
+            self.seen = self.state.first_seen(map(plan_module.seen_key, occurrences), now=now,
+                                              forget_before=now - plan_module.FIRST_SEEN_KEPT)
+        except StateError as error:
+            log.warning("first-seen times are not recorded this pass; the last pass's stand: %s", error)
+        return self.seen
 
     def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime) -> None:
         """Running containers of accepted bookings that State has no record of (a lost database): adopt them.

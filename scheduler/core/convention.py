@@ -77,20 +77,37 @@ def request(component: icalendar.Event, *, config: Config, templates: Collection
 
 def _booker(component: icalendar.Event, described: Mapping[str, str], titled: Mapping[str, str], *,
             config: Config) -> str:
-    if "user" in described:
-        return _checked_name(described["user"], USER_NAME, "user")
-    if "user" in titled:
-        return titled["user"]
-    organizer = component.get("ORGANIZER")
-    if organizer is None:
+    """Who the booking is for. An ORGANIZER who is a known user books only for themselves (a
+    `user:` line or title naming someone else is refused); `[policy] identity = "organizer"`
+    accepts nothing else. Otherwise the description's or title's user, then the organizer."""
+    claimed = _checked_name(described["user"], USER_NAME, "user") if "user" in described \
+        else titled.get("user")
+    email = _organizer_email(component)
+    organizer = config.user_by_email(email) if email else None
+    if organizer is not None:
+        if claimed is not None and claimed != organizer.name:
+            raise Refused(f"the organizer {show(email, quote=False)} is {organizer.name}, who may book only "
+                           f"for themselves, but the booking names user {show(claimed)}; remove that name "
+                           f"or let {show(claimed, quote=False)} book from their own account", organizer.name)
+        return organizer.name
+    if config.policy.identity == "organizer":
+        if not email:
+            raise Refused("the booking has no organizer; on this server a booking is for its organizer, "
+                           "so book from your own calendar account")
+        raise Refused(f"the organizer {show(email, quote=False)} is not a known user; on this server a "
+                       "booking is for its organizer: ask the admin to add this e-mail address to your user")
+    if claimed is not None:
+        return claimed
+    if not email:
         raise Refused("the booking names no user; add a line `user: NAME` to its description "
                        "(or start its title with your user name)")
-    email = re.sub(r"(?i)^mailto:", "", str(organizer).strip())
-    user = config.user_by_email(email)
-    if user is None:
-        raise Refused(f"{show(email, quote=False)} is not a known user; add `user: NAME` to the "
-                       "description or ask the admin to add this e-mail address to your user")
-    return user.name
+    raise Refused(f"{show(email, quote=False)} is not a known user; add `user: NAME` to the "
+                   "description or ask the admin to add this e-mail address to your user")
+
+
+def _organizer_email(component: icalendar.Event) -> str:
+    organizer = component.get("ORGANIZER")
+    return "" if organizer is None else re.sub(r"(?i)^mailto:", "", str(organizer).strip())
 
 
 def _description_values(description: list[str]) -> dict[str, str]:

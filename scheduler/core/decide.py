@@ -15,11 +15,17 @@ Rules, in the words a booker would use:
 - At the warning time the booker is warned once; at the end the container stops.
 - End moved earlier past the warning time, or event deleted (or the booking no longer accepted)
   while it runs: warn now, give `Policy.notice`, then stop.
+- Moved to a later time while it runs (its new start is after now): the running occurrence ends
+  (warn now, stop after `Policy.notice`, never after its old end) and the booking starts again at
+  its new time; until then it holds no GPU (`pin_running` does not count it as running).
 - A gpubook container whose booking gpubook never knew (another host's config, a lost database)
   is left alone until the end written in its labels.
 - A container that died during its booking is started again at most `restart_limit` times, with a
   back-off that doubles each time. One stopped by an admin stays stopped.
-- Nothing starts from calendar data older than the staleness bound (`may_start=False`).
+- Nothing starts from calendar data older than the staleness bound (`may_start=False`, or the
+  booking's calendar in `stale_calendars`: one broken calendar stops nothing in the others).
+- While some calendar has never been read (`complete=False`), a running booking found in no
+  calendar is not taken for deleted: it may be in the unread one; it runs to its labels' end.
 """
 
 from __future__ import annotations
@@ -137,8 +143,12 @@ class Policy:
 
 
 def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory: Memory = Memory(),
-           policy: Policy = Policy(), may_start: bool = True, stale_reason: str = "") -> list[Action]:
-    """The actions that bring `actual` to what `plan` wants at `now`, in the order to apply them."""
+           policy: Policy = Policy(), may_start: bool = True, stale_reason: str = "",
+           stale_calendars: Mapping[str, str] = MappingProxyType({}), complete: bool = True) -> list[Action]:
+    """The actions that bring `actual` to what `plan` wants at `now`, in the order to apply them.
+
+    `stale_calendars`: calendar url → why its bookings do not start now (its data is too old);
+    `complete`: every calendar was read at least once (see the module docstring)."""
     wanted = {a.booking.id: a for a in plan.accepted}
     actions: list[Action] = []
     present: dict[str, ContainerInfo] = {}
@@ -146,21 +156,24 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
         if not info.booking_id:
             continue
         present[info.booking_id] = info
-        found = _container_actions(info, wanted.get(info.booking_id), now=now, memory=memory, policy=policy)
+        found = _container_actions(info, wanted.get(info.booking_id), now=now, memory=memory, policy=policy,
+                                   complete=complete)
         actions.extend(replace(a, host=_host(info)) if isinstance(a, Clear | Stop | Warn) else a for a in found)
     stopping = {a.booking_id for a in actions if isinstance(a, Stop | Clear)}
     busy = {(_host(info), gpu): info.booking_id for info in present.values()
             if info.running and info.booking_id not in stopping for gpu in info.gpus}
     for accepted in plan.accepted:
         if accepted.booking.id not in present:
+            stale = stale_calendars.get(accepted.booking.calendar_url)
             actions.extend(_start_actions(accepted, now=now, memory=memory, policy=policy, busy=busy,
-                                          may_start=may_start, stale_reason=stale_reason))
+                                          may_start=may_start and stale is None,
+                                          stale_reason=stale or stale_reason))
     actions = [a for a in actions if not (isinstance(a, Warn) and a.booking_id in stopping)]
     return sorted(actions, key=lambda a: _ORDER[type(a)])
 
 
 def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datetime,
-                       memory: Memory, policy: Policy) -> list[Action]:
+                       memory: Memory, policy: Policy, complete: bool = True) -> list[Action]:
     if not info.running:
         runs = memory.runs.get(info.booking_id)
         if accepted is None or now >= accepted.booking.end:
@@ -171,10 +184,12 @@ def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: d
             return [Clear(info.name, info.booking_id, f"its container was {info.state} after {runs.last_reason}")]
         return [Clear(info.name, info.booking_id, f"{DIED}: the container was {info.state}"),
                 _restart_check(info.booking_id, now=now, memory=memory, policy=policy)]
+    if accepted is not None and accepted.booking.start > now:
+        return _moved_later(info, accepted.booking.end, now=now, memory=memory, policy=policy)
     if accepted is not None:
         return _ending(info, accepted.booking.end, accepted.warn_at, now=now, memory=memory, policy=policy,
                        moved=info.end is not None and accepted.booking.end < info.end)
-    if info.booking_id in memory.known:
+    if info.booking_id in memory.known and complete:
         return _gone(info, now=now, memory=memory, policy=policy)
     # Not ours to judge: stop it only after the end its labels carry.
     if info.end is None or now >= info.end:
@@ -218,6 +233,21 @@ def _gone(info: ContainerInfo, *, now: datetime, memory: Memory, policy: Policy)
             Recheck(stop_at, f"stop of {info.booking_id}")]
 
 
+def _moved_later(info: ContainerInfo, end: datetime, *, now: datetime, memory: Memory,
+                 policy: Policy) -> list[Action]:
+    """The booking of a running container now starts later: this occurrence of it is over."""
+    warned = memory.warned.get(info.booking_id)
+    if warned is not None and warned.end == end:
+        if now >= warned.stop_at:
+            return [Stop(info.name, info.booking_id, "the booking was moved to a later time", policy.stop_grace)]
+        return [Recheck(warned.stop_at, f"stop of {info.booking_id}")]
+    stop_at = now + policy.notice
+    if info.end is not None:  # never past the end it was started with
+        stop_at = min(stop_at, max(now, info.end))
+    return [Warn(info.name, info.booking_id, info.user, end, stop_at, "moved"),
+            Recheck(stop_at, f"stop of {info.booking_id}")]
+
+
 def _restart_check(booking_id: str, *, now: datetime, memory: Memory, policy: Policy) -> Recheck:
     runs = memory.runs.get(booking_id, Runs())
     return Recheck(now + policy.restart_backoff * (2 ** runs.restarts), f"restart of {booking_id}")
@@ -230,6 +260,9 @@ def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy:
         return []
     runs = memory.runs.get(booking.id)
     attempt = 0
+    if runs is not None and runs.last_stopped is not None and runs.last_stopped < booking.start \
+            and runs.last_reason != ADMIN_STOP:
+        runs = None  # those runs were of an earlier time of this booking (it was moved later)
     if runs is not None and runs.running:
         # State says it runs, the engine lists nothing: it vanished. Record that first.
         return [Clear(container_name(booking.id), booking.id, f"{DIED}: the container vanished", accepted.host),
@@ -267,18 +300,27 @@ def _host(info: ContainerInfo) -> str:
 class Pinned:
     occurrences: tuple[Booking | Rejection, ...]
     notes: Mapping[str, str]  # booking id → a sentence for its event
+    running: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # ^ booking id → GPUs, of the bookings that run now in their booked time: the plan's `running`
 
 
-def pin_running(occurrences: Sequence[Booking | Rejection], actual: Sequence[ContainerInfo]) -> Pinned:
-    """Give each running booking the GPUs and template its container runs with, noting edits."""
+def pin_running(occurrences: Sequence[Booking | Rejection], actual: Sequence[ContainerInfo], *,
+                now: datetime | None = None) -> Pinned:
+    """Give each running booking the GPUs and template its container runs with, noting edits.
+
+    A booking whose container runs but whose start is now after `now` was moved to a later time:
+    it is not pinned and does not count as running (its container is stopped by `decide`), so at
+    its new time it competes like any other booking and keeps no GPU in between."""
     running = {i.booking_id: i for i in actual if i.running and i.booking_id}
     result: list[Booking | Rejection] = []
     notes: dict[str, str] = {}
+    held: dict[str, tuple[int, ...]] = {}
     for item in occurrences:
         info = running.get(item.id) if isinstance(item, Booking) else None
-        if info is None or not isinstance(item, Booking):
+        if info is None or not isinstance(item, Booking) or (now is not None and item.start > now):
             result.append(item)
             continue
+        held[item.id] = info.gpus
         pinned = item
         changed = []
         if info.gpus and (item.gpu_indices not in (None, info.gpus) or item.gpu_count != len(info.gpus)):
@@ -293,7 +335,7 @@ def pin_running(occurrences: Sequence[Booking | Rejection], actual: Sequence[Con
                               f"this one keeps running with GPU {','.join(map(str, info.gpus)) or '-'} "
                               f"and template {info.template}")
         result.append(pinned)
-    return Pinned(tuple(result), notes)
+    return Pinned(tuple(result), notes, MappingProxyType(held))
 
 
 def plan_with_extensions(occurrences: Sequence[Booking | Rejection], *, agreed_ends: Mapping[str, datetime],

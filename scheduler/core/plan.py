@@ -1,10 +1,20 @@
 """The plan: which booking runs on which GPUs, decided from plain data (no I/O, no clock).
 
-Conflicts are decided by a fixed order, never by which poll saw a booking first: bookings whose
-containers already run come first (they never move GPUs), then the earliest CREATED, then DTSTAMP,
-then UID, then the occurrence's start. A booking that asks for a number of GPUs gets the
-lowest-numbered GPUs of its calendar that are free for its whole time, so the choice is the same
-on every poll while nothing earlier in that order changes.
+Conflicts are decided by a fixed order made of what gpubook itself observed, never of what a
+calendar client wrote (CREATED and DTSTAMP are the client's to forge: a booking stamped 1970 would
+win every conflict): bookings whose containers already run come first (they never move GPUs), then
+the occurrence gpubook saw first (`first_seen`, recorded by the apply stage in State); only among
+occurrences gpubook first saw in the same poll (where it observed no order) do CREATED, DTSTAMP
+and then UID break the tie (all three client-written, but a forged one can only reorder bookings
+that appeared together; and an upgrade, which sees every existing booking at once, keeps the
+order they had), then the occurrence's start. A booking that asks for a number of GPUs gets the lowest-numbered GPUs
+of its calendar that are free for its whole time, so the choice is the same on every poll while
+nothing earlier in that order changes. A UID held by several calendar objects belongs to the one
+gpubook saw first; the copies are refused (a copy never displaces a running booking).
+
+The plan is near-linear in the number of occurrences: each GPU keeps its accepted bookings as
+disjoint intervals sorted by start, so a conflict is found by bisection, not by comparing a
+booking with every accepted one.
 
 Hosts are a dimension: the inventory maps each host to its GPU indices, and each accepted booking
 is placed on (host, GPUs). The machine the daemon runs on is the host `LOCAL`; a plain list of
@@ -14,7 +24,9 @@ to the local host; a cluster backend adds hosts here, not a second planner).
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
+import functools
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,10 +37,16 @@ from zoneinfo import ZoneInfo
 
 from scheduler.config import CalendarConfig, Config
 from scheduler.core.bookings import Booking, Rejection
+from scheduler.sources.errors import redact_url
 
 LOCAL = "local"  # the host the daemon runs on
 Inventory = Mapping[str, Sequence[int]]  # host → the GPU indices present on it
+SeenKey = tuple[str, str, str]  # (calendar url, object href, occurrence id): see `seen_key`
 _NOTHING_RUNNING: Mapping[str, tuple[int, ...]] = MappingProxyType({})
+_NOTHING_SEEN: Mapping[SeenKey, datetime] = MappingProxyType({})
+# First-seen times are kept this long after they leave the calendars' reading: far beyond the
+# daemon's window (a week ahead, the longest booking back), so a visible occurrence keeps its time.
+FIRST_SEEN_KEPT = timedelta(days=30)
 _LATEST = datetime.max.replace(tzinfo=ZoneInfo("UTC"))
 
 
@@ -55,11 +73,13 @@ def plan(
     templates: Collection[str],
     now: datetime,
     running: Mapping[str, tuple[int, ...]] = _NOTHING_RUNNING,
+    first_seen: Mapping[SeenKey, datetime] = _NOTHING_SEEN,
 ) -> Plan:
     """Decide every occurrence: accepted on concrete GPUs, or rejected with a reason.
 
     `inventory` maps each host to the GPU indices present on it (a plain list: the local host's);
-    `running` maps the id of each booking whose container runs now to the GPUs it runs on.
+    `running` maps the id of each booking whose container runs now to the GPUs it runs on;
+    `first_seen` maps `seen_key(occurrence)` to when gpubook first saw it (missing: seen last).
     """
     host_tz = ZoneInfo(config.host.timezone)
     calendars = {calendar.url: calendar for calendar in config.calendars}
@@ -69,15 +89,13 @@ def plan(
     present = frozenset(hosts.get(host, ()))
     rejected = [item for item in bookings if isinstance(item, Rejection)]
     candidates = [item for item in bookings if isinstance(item, Booking)]
-    duplicated = _duplicated_uids(bookings)
+    duplicated = _duplicated_uids(bookings, first_seen)
 
     valid: list[Booking] = []
     for booking in candidates:
         reason: str | None
-        if booking.uid in duplicated:
-            places = ", ".join(sorted(duplicated[booking.uid]))
-            reason = (f"the UID {booking.uid!r} is used by events in more than one place "
-                      f"({places}); give each booking its own event")
+        if (booking.calendar_url, booking.href) in duplicated.get(booking.uid, {}):
+            reason = duplicated[booking.uid][(booking.calendar_url, booking.href)]
         else:
             reason = _static_problem(booking, calendars=calendars, present=present, config=config,
                                      templates=templates, host=_host_name(host, config))
@@ -86,10 +104,10 @@ def plan(
         else:
             rejected.append(_rejection(booking, reason))
 
-    busy: dict[int, list[Booking]] = defaultdict(list)  # the GPUs of `host`
+    busy: dict[int, _Timeline] = defaultdict(_Timeline)  # the GPUs of `host`
     accepted: list[Accepted] = []
     warn = timedelta(minutes=config.defaults.warn_minutes)
-    for booking in sorted(valid, key=lambda b: _priority(b, running)):
+    for booking in sorted(valid, key=lambda b: _priority(b, running, first_seen)):
         owned = _owned(calendars[booking.calendar_url], present)
         gpus = _kept_gpus(booking, running, busy)
         if gpus is None:
@@ -99,7 +117,7 @@ def plan(
                 continue
             gpus = gpus_or_reason
         for gpu in gpus:
-            busy[gpu].append(booking)
+            busy[gpu].add(booking)
         accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn), host))
 
     accepted.sort(key=lambda a: _order(a.booking))
@@ -134,12 +152,38 @@ def _host_name(host: str, config: Config) -> str:
     return config.host.name if host == LOCAL else host
 
 
-def _duplicated_uids(items: Sequence[Booking | Rejection]) -> dict[str, set[str]]:
-    """UIDs held by more than one calendar object (within or across calendars)."""
-    places: dict[str, set[tuple[str, str]]] = defaultdict(set)
+def seen_key(item: Booking | Rejection) -> SeenKey:
+    """The key of `first_seen`: an occurrence in one calendar object (a copied UID is another key)."""
+    return (item.calendar_url, item.href, item.id)
+
+
+def _duplicated_uids(items: Sequence[Booking | Rejection],
+                     first_seen: Mapping[SeenKey, datetime]) -> dict[str, dict[tuple[str, str], str]]:
+    """UIDs held by more than one calendar object (within or across calendars): uid → each refused
+    place (calendar url, href) → why. The place gpubook saw first keeps the UID; when no place was
+    seen strictly first (a tie, or nothing recorded), every place is refused."""
+    places: dict[str, dict[tuple[str, str], datetime]] = defaultdict(dict)
     for item in items:
-        places[item.uid].add((item.calendar_url, item.href))
-    return {uid: {href for _, href in where} for uid, where in places.items() if len(where) > 1}
+        seen = first_seen.get(seen_key(item), _LATEST)
+        where = places[item.uid]
+        place = (item.calendar_url, item.href)
+        where[place] = min(seen, where.get(place, _LATEST))
+    refused: dict[str, dict[tuple[str, str], str]] = {}
+    for uid, where in places.items():
+        if len(where) < 2:
+            continue
+        first = min(where.values())
+        keeper = [place for place, seen in where.items() if seen == first]
+        if first != _LATEST and len(keeper) == 1:
+            kept = keeper[0]
+            refused[uid] = {place: (f"the UID {uid!r} already belongs to the event {redact_url(kept[1])}, which "
+                                    "gpubook saw first; give each booking its own event")
+                            for place in where if place != kept}
+        else:
+            hrefs = ", ".join(sorted({redact_url(href) for _, href in where}))
+            refused[uid] = {place: (f"the UID {uid!r} is used by events in more than one place "
+                                    f"({hrefs}); give each booking its own event") for place in where}
+    return refused
 
 
 def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig],
@@ -182,11 +226,13 @@ def _owned(calendar: CalendarConfig, present: frozenset[int]) -> tuple[int, ...]
     return tuple(sorted(present if calendar.gpus is None else present & set(calendar.gpus)))
 
 
-def _priority(booking: Booking, running: Mapping[str, tuple[int, ...]]) -> tuple[Any, ...]:
+def _priority(booking: Booking, running: Mapping[str, tuple[int, ...]],
+              first_seen: Mapping[SeenKey, datetime]) -> tuple[Any, ...]:
     # Every field takes part so that equal keys only come from equal bookings: input order can
-    # never decide.
-    return (booking.id not in running, booking.created or _LATEST, booking.dtstamp or _LATEST,
-            booking.uid, booking.start, *_order(booking))
+    # never decide. CREATED and DTSTAMP only order bookings first seen together (see the docstring).
+    return (booking.id not in running, first_seen.get(seen_key(booking), _LATEST),
+            booking.created or _LATEST, booking.dtstamp or _LATEST, booking.uid, booking.start,
+            *_order(booking))
 
 
 def _order(item: Booking | Rejection) -> tuple[Any, ...]:
@@ -196,8 +242,44 @@ def _order(item: Booking | Rejection) -> tuple[Any, ...]:
     return (item.start, item.id, item.end, item.calendar_url, item.href, item.reason)
 
 
+class _Timeline:
+    """One GPU's accepted bookings: disjoint intervals sorted by start (so their ends are sorted
+    too), each with its place in the priority order, so a conflict is found by bisection."""
+
+    def __init__(self) -> None:
+        self.starts: list[datetime] = []
+        self.ends: list[datetime] = []  # never before the start, so sorted like the starts
+        self.placed: list[tuple[int, Booking]] = []  # (rank in priority order, booking)
+
+    def add(self, booking: Booking) -> None:
+        at = bisect.bisect_right(self.starts, booking.start)
+        self.starts.insert(at, booking.start)
+        self.ends.insert(at, _end(booking))
+        self.placed.insert(at, (len(self.placed), booking))
+
+    def taken(self, booking: Booking) -> bool:
+        """Whether an accepted booking overlaps `booking` (the last one starting before its end is
+        the one that ends latest)."""
+        at = bisect.bisect_left(self.starts, booking.end)
+        return at > 0 and self.ends[at - 1] > booking.start
+
+    def first_conflict(self, booking: Booking) -> Booking | None:
+        """The booking placed earliest (in priority order) that overlaps `booking`, if any."""
+        at = bisect.bisect_left(self.starts, booking.end)
+        found: tuple[int, Booking] | None = None
+        while at > 0 and self.ends[at - 1] > booking.start:
+            at -= 1
+            if _overlaps(booking, self.placed[at][1]) and (found is None or self.placed[at] < found):
+                found = self.placed[at]
+        return None if found is None else found[1]
+
+
+def _end(booking: Booking) -> datetime:
+    return max(booking.start, booking.end)
+
+
 def _kept_gpus(booking: Booking, running: Mapping[str, tuple[int, ...]],
-               busy: Mapping[int, list[Booking]]) -> tuple[int, ...] | None:
+               busy: Mapping[int, _Timeline]) -> tuple[int, ...] | None:
     """A running booking keeps its GPUs while they still match what it asks for."""
     gpus = running.get(booking.id)
     if not gpus:
@@ -206,25 +288,31 @@ def _kept_gpus(booking: Booking, running: Mapping[str, tuple[int, ...]],
     wanted = booking.gpu_indices
     if (wanted is not None and wanted != gpus) or len(gpus) != booking.gpu_count:
         return None
-    if any(_overlaps(booking, other) for gpu in gpus for other in busy.get(gpu, ())):
+    if any(gpu in busy and busy[gpu].taken(booking) for gpu in gpus):
         return None
     return gpus
 
 
-def _choose(booking: Booking, owned: tuple[int, ...], busy: Mapping[int, list[Booking]],
+def _choose(booking: Booking, owned: tuple[int, ...], busy: Mapping[int, _Timeline],
             host_tz: tzinfo) -> tuple[int, ...] | str:
     """Concrete GPUs for a booking, or the reason none can be given."""
     candidates = booking.gpu_indices if booking.gpu_indices is not None else owned
-    taken = {gpu: next((o for o in busy.get(gpu, ()) if _overlaps(booking, o)), None)
-             for gpu in candidates}
-    free = [gpu for gpu in candidates if taken[gpu] is None]
-    if booking.gpu_indices is None and len(free) >= booking.gpu_count:
-        return tuple(free[: booking.gpu_count])
-    if booking.gpu_indices is not None and len(free) == len(candidates):
+    free: list[int] = []
+    blocked: list[int] = []
+    start, end, bisect_left = booking.start, booking.end, bisect.bisect_left
+    for gpu in candidates:
+        line = busy.get(gpu)
+        # Timeline.taken, inlined: this loop runs once per GPU of every booking.
+        if line is not None and (at := bisect_left(line.starts, end)) and line.ends[at - 1] > start:
+            blocked.append(gpu)
+        else:
+            free.append(gpu)
+            if booking.gpu_indices is None and len(free) == booking.gpu_count:
+                return tuple(free)  # the lowest free ones: the rest need not be looked at
+    if booking.gpu_indices is not None and not blocked:
         return tuple(free)
-    blocked = [(gpu, other) for gpu, other in taken.items() if other is not None]
     named = "; ".join(f"GPU {gpu} is booked by {other.user} {_when(other, host_tz)}"
-                      for gpu, other in blocked[:3])
+                      for gpu in blocked[:3] if (other := busy[gpu].first_conflict(booking)) is not None)
     more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
     if booking.gpu_indices is None:
         return (f"only {len(free)} of the {booking.gpu_count} GPUs asked for "
@@ -237,7 +325,12 @@ def _overlaps(a: Booking, b: Booking) -> bool:
 
 
 def _when(booking: Booking, host_tz: tzinfo) -> str:
-    start, end = booking.start.astimezone(host_tz), booking.end.astimezone(host_tz)
+    return _span(booking.start, booking.end, host_tz)
+
+
+@functools.lru_cache(maxsize=4096)  # a busy GPU's holder is named in many rejections
+def _span(start: datetime, end: datetime, host_tz: tzinfo) -> str:
+    start, end = start.astimezone(host_tz), end.astimezone(host_tz)
     until = f"{end:%H:%M}" if end.date() == start.date() else f"{end:%Y-%m-%d %H:%M}"
     return f"from {start:%Y-%m-%d %H:%M} to {until} ({start:%Z})"
 
