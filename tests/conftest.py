@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import caldav
 import pytest
@@ -29,6 +30,18 @@ def radicale_auth_server() -> Iterator[servers.CalendarServer]:
     """Radicale asking for a password (htpasswd); its first user is RADICALE_USER."""
     with servers.running(servers.radicale, htpasswd=dict([RADICALE_USER])) as server:
         yield server
+
+
+@pytest.fixture
+def radicale(tmp_path: Path) -> Iterator[servers.CalendarServer]:
+    """A Radicale of this test alone: some tests stop and start it."""
+    storage = tmp_path / "radicale"
+    storage.mkdir()
+    server = servers.radicale(storage).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(params=["radicale", "xandikos"])

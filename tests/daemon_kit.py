@@ -18,6 +18,7 @@ from typing import TypeVar
 import caldav
 import icalendar
 import paramiko
+import pytest
 
 from runtime.engines import Engine, container_name
 from scheduler.commands.embedded import end_process
@@ -179,3 +180,24 @@ def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
 def soon(seconds: float) -> datetime:
     """A whole second `seconds` from now (calendar times have no fractions)."""
     return (datetime.now(UTC) + timedelta(seconds=seconds + 1)).replace(microsecond=0)
+
+
+# --- fixtures shared by the daemon test modules (each imports them by name) ---------------------
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    """Rootless podman with the test image built once."""
+    from runtime import ssh
+    from runtime.engines import engine_from
+    from runtime.templates import get_template
+    from tests.engine_suite import CACHE_DIR
+
+    made = engine_from("podman", runtime="runc", storage_driver="overlay")
+    ssh.build_rootfs_image(made, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    return made
+
+
+@pytest.fixture
+def keys() -> dict[str, paramiko.PKey]:
+    return {"alice": paramiko.ECDSAKey.generate(bits=256), "bob": paramiko.ECDSAKey.generate(bits=256)}

@@ -15,15 +15,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import caldav
-import paramiko
 import pytest
 from caldav.lib import error as dav_error
 
-from runtime import ssh
-from runtime.engines import Engine, container_name, engine_from
-from runtime.templates import get_template
+from runtime.engines import Engine, container_name
 from scheduler.state import State
-from tests import servers
+from tests import daemon_kit, servers
 from tests.daemon_kit import (
     DaemonProcess,
     book,
@@ -34,24 +31,13 @@ from tests.daemon_kit import (
     wait_for,
     write_config,
 )
-from tests.engine_suite import CACHE_DIR
+
+engine, keys = daemon_kit.engine, daemon_kit.keys  # shared fixtures
 
 pytestmark = [
     pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    engine = engine_from("podman", runtime="runc", storage_driver="overlay")
-    ssh.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
-    return engine
-
-
-@pytest.fixture
-def keys() -> dict[str, paramiko.PKey]:
-    return {"alice": paramiko.ECDSAKey.generate(bits=256), "bob": paramiko.ECDSAKey.generate(bits=256)}
 
 
 @pytest.fixture

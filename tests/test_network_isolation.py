@@ -16,7 +16,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -195,17 +194,6 @@ def test_a_service_in_one_booking_is_out_of_reach_of_another(bookings: Bookings)
 
 
 # --- known_hosts in the event ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def radicale(tmp_path: Path) -> Iterator[servers.CalendarServer]:
-    storage = tmp_path / "radicale"
-    storage.mkdir()
-    server = servers.radicale(storage).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_the_events_known_hosts_line_lets_the_booker_in_with_reject_policy(
