@@ -37,6 +37,7 @@ from runtime import engines, ssh
 from runtime import gpus as gpu_inventory
 from runtime.engines import Engine
 from runtime.errors import ConfigError, GpubookError
+from runtime.private import private_folder, write_private
 from runtime.templates import load_all
 from scheduler import config as config_module
 from scheduler.apply.passes import Pass, PassResult
@@ -62,7 +63,7 @@ class AlreadyRunning(GpubookError):
 def hold_lock(folder: Path) -> int:
     """Take the state folder's daemon lock (kept until this process ends); give its descriptor.
     Raises AlreadyRunning with the holder's pid when another daemon has it."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)
     path = folder / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -108,7 +109,7 @@ class Daemon:
                  engine: Engine | None = None, exclusive: bool = False) -> None:
         """`exclusive`: this is the daemon (`gpubook run`), not a command borrowing its parts: take
         the state folder's lock first, before the state database is opened."""
-        self.state_dir = state_dir(config)
+        self.state_dir = private_folder(state_dir(config))  # 0700: history, probe key, status
         self.lock_fd = hold_lock(self.state_dir) if exclusive else None
         self.config = config
         self.notifier = notifier or Notifier.from_environment()
@@ -279,10 +280,7 @@ class Daemon:
             problems=(*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())),
             counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine))
         self.notifier.status(report.line())
-        path = self.state_dir / STATUS_FILE
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(report.to_json(), indent=2))
-        partial.replace(path)
+        write_private(self.state_dir / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
 
     # -- signals and the main loop -------------------------------------------------------------
 
