@@ -20,10 +20,10 @@ import icalendar
 import paramiko
 
 from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name
+from scheduler.commands.embedded import end_process
 from scheduler.config import load as load_config
 from scheduler.daemon import Daemon
 from scheduler.sdnotify import Notifier
-from scheduler.commands.embedded import end_process
 from tests import safe_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,11 +224,12 @@ class IdleEngine:
     def import_rootfs(self, tarball: Path, tag: str) -> None: ...
 
 
-def in_process_daemon(folder: Path, *, notifier: Notifier | None = None, poll_seconds: float = 60) -> Daemon:
+def in_process_daemon(folder: Path, *, notifier: Notifier | None = None, poll_seconds: float = 60,
+                      kind: type[Daemon] = Daemon) -> Daemon:
     """`Daemon` built in this process on an idle engine and a calendar never connected to (its
     first poll finds the calendar unreachable); its state in folder/state."""
     path = folder / "gpubook.toml"
     path.write_text('[host]\nname = "devbox1"\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/cal/"\n'
                     '[gpus]\ncount = 1\n[users.alice]\nuid = 2001\n'
                     f'[daemon]\nstate_dir = "{folder / "state"}"\npoll_seconds = {poll_seconds}\n')
-    return Daemon(load_config(path), engine=IdleEngine(), notifier=notifier or Notifier(None))
+    return kind(load_config(path), engine=IdleEngine(), notifier=notifier or Notifier(None))
