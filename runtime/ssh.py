@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import logging
 import os
 import socket
@@ -37,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from runtime.engines import ContainerInfo, ContainerSpec, Engine
 from runtime.errors import EngineError, Preparing, TemplateError
 from runtime.mounts import Mount
+from runtime.private import check_private_key, write_private
 from runtime.storage import DataFolders, check_user_name
 from runtime.templates import Template
 
@@ -111,7 +113,7 @@ def booking_host_key(cache_dir: Path, name: str, *, owner: tuple[int, int] | Non
                                 serialization.NoEncryption())
         line = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                              serialization.PublicFormat.OpenSSH).decode()
-        _write_private(private, pem)
+        write_private(private, pem)
         public.write_text(line + "\n")
         public.chmod(0o644)
     if owner is not None and (private.stat().st_uid, private.stat().st_gid) != owner:
@@ -144,15 +146,6 @@ def fingerprint(key_line: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.unlink(missing_ok=True)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as file:
-        file.write(data)
-    partial.replace(path)
-
-
 def entrypoint_dir(cache_dir: Path) -> Path:
     """A folder holding the entrypoint, named by its hash, readable by the container's root."""
     text = ENTRYPOINT_SOURCE.read_bytes()
@@ -174,16 +167,17 @@ def default_cache_dir() -> Path:
 
 
 def load_probe_key(path: Path) -> paramiko.PKey:
-    """The daemon's own key for readiness probes; made (ECDSA P-256, mode 600) on first use."""
-    if path.exists():
+    """The daemon's own key for readiness probes; made (ECDSA P-256, mode 600, in a 0700 folder) on
+    first use. An existing key others can read, or someone else's, is refused (UnsafePath): whoever
+    read it could answer the probe's login in a booking's place."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the daemon checks its state folder itself
+    if path.exists() or path.is_symlink():
+        check_private_key(path)
         return paramiko.ECDSAKey.from_private_key_file(str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
     key = paramiko.ECDSAKey.generate(bits=256)
-    partial = path.with_name(path.name + ".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        key.write_private_key(file)
-    partial.replace(path)
+    text = io.StringIO()
+    key.write_private_key(text)
+    write_private(path, text.getvalue().encode())
     return key
 
 

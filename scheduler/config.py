@@ -588,6 +588,17 @@ def _ssh(reader: _Reader, data: Mapping[str, Any], name: str) -> SshConfig:
     return ssh
 
 
+def _notify(reader: _Reader, data: Mapping[str, Any], name: str) -> NotifyConfig:
+    notify = reader.section(data, name, NotifyConfig)
+    email = notify.email
+    if email is not None and email.username and email.security == "none":
+        # Even to a loopback host: any local user may listen on its port while the relay is down.
+        reader.error(f"{name}.email.security", f'is "none", but a username is set: logging in to '
+                     f'{email.host}:{email.port} would send the password in clear; set security = '
+                     f'"starttls" or "tls"')
+    return notify
+
+
 def _plain(cls: type, checks: Mapping[str, Check] | None = None) -> Callable[[_Reader, Mapping[str, Any], str], Any]:
     return lambda reader, data, name: reader.section(data, name, cls, checks=checks)
 
@@ -605,7 +616,7 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
     "ssh": _ssh,
     "nvidia": _plain(NvidiaConfig),
     "daemon": _plain(DaemonConfig),
-    "notify": _plain(NotifyConfig),
+    "notify": _notify,
     "policy": _plain(PolicyConfig),
 }
 

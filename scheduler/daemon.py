@@ -10,7 +10,11 @@
   its cause and once when it ends.
 - SIGTERM/SIGINT: the scheduler stops, containers keep running (KillMode=process in the unit).
   SIGHUP: the config and templates are read again; an invalid config is refused and the old one kept.
-- Under systemd: READY=1 after the first pass, WATCHDOG=1, and a STATUS line with counts.
+- Under systemd: READY=1 after the first pass (at most 120 s; until then EXTEND_TIMEOUT_USEC every
+  5 s, so a long first pass never meets systemd's 90 s start timeout), WATCHDOG=1, a STATUS line.
+- The wall clock stepping back (NTP, `date -s`) would leave APScheduler's next poll in the future by
+  the size of the step: the main loop compares the wall clock with the monotonic one every few
+  seconds and, on a step back, polls at once and every poll interval from there.
 - One daemon per state folder: `gpubook run` holds an flock on `daemon.lock` there for its whole
   life; a second one exits at once, naming the pid that holds it (two daemons would start, stop
   and remove each other's containers).
@@ -24,6 +28,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -37,6 +42,7 @@ from runtime import engines, ssh
 from runtime import gpus as gpu_inventory
 from runtime.engines import Engine
 from runtime.errors import ConfigError, GpubookError
+from runtime.private import private_folder, write_private
 from runtime.templates import load_all
 from scheduler import config as config_module
 from scheduler.apply.passes import Pass, PassResult
@@ -62,7 +68,7 @@ class AlreadyRunning(GpubookError):
 def hold_lock(folder: Path) -> int:
     """Take the state folder's daemon lock (kept until this process ends); give its descriptor.
     Raises AlreadyRunning with the holder's pid when another daemon has it."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)
     path = folder / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -88,6 +94,23 @@ def make_engine(config: config_module.Config) -> Engine:
     return engines.make_engine(config.engine)
 
 
+class ClockWatch:
+    """Notices the wall clock stepping back between two readings: the monotonic clock says how much
+    time passed; the wall clock passing less than that (by more than `tolerance` seconds, beyond
+    NTP's slewing) is a step back, given as its size."""
+
+    def __init__(self, *, tolerance: float = 1.0) -> None:
+        self.tolerance = timedelta(seconds=tolerance)
+        self._last: tuple[datetime, float] | None = None
+
+    def stepped_back(self, *, wall: datetime, monotonic: float) -> timedelta | None:
+        last, self._last = self._last, (wall, monotonic)
+        if last is None:
+            return None
+        behind = timedelta(seconds=monotonic - last[1]) - (wall - last[0])
+        return behind if behind > self.tolerance else None
+
+
 @dataclass
 class _Calendar:
     """What the daemon knows of the calendars between polls."""
@@ -108,7 +131,7 @@ class Daemon:
                  engine: Engine | None = None, exclusive: bool = False) -> None:
         """`exclusive`: this is the daemon (`gpubook run`), not a command borrowing its parts: take
         the state folder's lock first, before the state database is opened."""
-        self.state_dir = state_dir(config)
+        self.state_dir = private_folder(state_dir(config))  # 0700: history, probe key, status
         self.lock_fd = hold_lock(self.state_dir) if exclusive else None
         self.config = config
         self.notifier = notifier or Notifier.from_environment()
@@ -120,6 +143,8 @@ class Daemon:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._last_pass: datetime | None = None
+        self._woken = threading.Event()  # the first pass done, or a signal to stop
+        self._clock = ClockWatch()
         self._build(config)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(2)}, timezone=UTC,
@@ -237,6 +262,7 @@ class Daemon:
                 self._wake_at(now + timedelta(seconds=10))
                 return
             self._last_pass = now
+            self._woken.set()
             if result.wake_at is not None:
                 self._wake_at(result.wake_at)
             self._report(result, now)
@@ -279,10 +305,7 @@ class Daemon:
             problems=(*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())),
             counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine))
         self.notifier.status(report.line())
-        path = self.state_dir / STATUS_FILE
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(json.dumps(report.to_json(), indent=2))
-        partial.replace(path)
+        write_private(self.state_dir / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
 
     # -- signals and the main loop -------------------------------------------------------------
 
@@ -311,19 +334,20 @@ class Daemon:
             self._reload.set()
         else:
             self._stop.set()
+            self._woken.set()
 
     def run(self) -> int:
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(number, self._signal)
         self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
-        self.scheduler.add_job(self.poll, "interval", seconds=self.config.daemon.poll_seconds, id="poll",
-                               next_run_time=datetime.now(UTC))
+        self._schedule_polls(first=datetime.now(UTC))
         first = self._wait_first_pass()
         self.notifier.ready(status="first pass done" if first else "started; first pass still running")
         interval = self.notifier.watchdog_interval or 5.0
         try:
             while not self._stop.wait(min(interval, 5.0)):
+                self._watch_clock(wall=datetime.now(UTC), monotonic=time.monotonic())
                 if self._reload.is_set():
                     self._reload.clear()
                     self.reload()
@@ -338,10 +362,35 @@ class Daemon:
             self.state.close()
         return 0
 
-    def _wait_first_pass(self, timeout: float = 120.0) -> bool:
-        deadline = datetime.now(UTC) + timedelta(seconds=timeout)
-        while self._last_pass is None and datetime.now(UTC) < deadline and not self._stop.is_set():
-            self._stop.wait(0.05)
+    def _schedule_polls(self, *, first: datetime) -> None:
+        """The poll job: at `first`, then every poll interval (replacing the one there was)."""
+        self.scheduler.add_job(self.poll, "interval", seconds=self.config.daemon.poll_seconds, id="poll",
+                               next_run_time=first, replace_existing=True)
+
+    def _watch_clock(self, *, wall: datetime, monotonic: float) -> None:
+        """Called every few seconds by the main loop with both clocks' readings: on a step back of
+        the wall clock, the next poll (which APScheduler keeps in wall-clock time) is now."""
+        step = self._clock.stepped_back(wall=wall, monotonic=monotonic)
+        if step is None or not self.scheduler.running:
+            return
+        message = (f"the wall clock stepped back by {_duration(step)}; polling now and every "
+                   f"{self.config.daemon.poll_seconds:g} s from here")
+        log.warning("%s", message)
+        self._event(message, level="info")
+        self._schedule_polls(first=wall)
+
+    def _wait_first_pass(self, *, timeout: float = 120.0, extend_every: float = 5.0) -> bool:
+        """Wait for the first pass, at most `timeout` s: READY=1 waits for it, so `gpubook status`
+        and systemd agree on what runs. Meanwhile EXTEND_TIMEOUT_USEC, as sd_notify(3) provides for
+        a start that takes long: systemd's start timeout (90 s by default) never ends a first pass
+        that is still working, and a daemon that hangs before this loop still meets it."""
+        deadline = time.monotonic() + timeout
+        while self._last_pass is None and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.notifier.extend_timeout(3 * extend_every)
+            self._woken.wait(min(extend_every, left))
         return self._last_pass is not None
 
 

@@ -1,4 +1,4 @@
-"""A tiny sd_notify(3) client: tell systemd READY=1, WATCHDOG=1 and a STATUS line.
+"""A tiny sd_notify(3) client: tell systemd READY=1, WATCHDOG=1, EXTEND_TIMEOUT_USEC and a STATUS line.
 
 The protocol is one datagram of newline-separated `KEY=value` lines sent to the AF_UNIX socket
 named in $NOTIFY_SOCKET (a path, or a name in the abstract namespace when it starts with '@').
@@ -63,6 +63,11 @@ class Notifier:
 
     def status(self, text: str) -> bool:
         return self.notify(STATUS=text)
+
+    def extend_timeout(self, seconds: float) -> bool:
+        """EXTEND_TIMEOUT_USEC: the start (or stop) may take `seconds` more from now; sent again
+        before they pass, it keeps a long start from meeting TimeoutStartSec."""
+        return self.notify(EXTEND_TIMEOUT_USEC=int(seconds * 1_000_000))
 
     def reloading(self) -> bool:
         return self.notify(RELOADING=1)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import GpubookError
+from runtime.private import private_file, private_folder
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +233,7 @@ class State:
         self._lock = threading.Lock()  # guards the list of connections only
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(self.path.parent)
         if not self.path.exists():
             log.warning("state database %s does not exist; starting a new one "
                         "(running containers are adopted from their labels)", self.path)
@@ -272,6 +273,9 @@ class State:
         return db
 
     def _open(self) -> sqlite3.Connection:
+        # Made 0600 before SQLite opens it (SQLite gives its -wal and -shm files the database's mode).
+        for path in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal"))):
+            private_file(path, create=path == self.path)
         db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
             try:

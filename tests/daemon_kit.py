@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -20,8 +20,11 @@ import icalendar
 import paramiko
 import pytest
 
-from runtime.engines import Engine, container_name
+from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name
 from scheduler.commands.embedded import end_process
+from scheduler.config import load as load_config
+from scheduler.daemon import Daemon
+from scheduler.sdnotify import Notifier
 from tests import safe_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +183,58 @@ def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
 def soon(seconds: float) -> datetime:
     """A whole second `seconds` from now (calendar times have no fractions)."""
     return (datetime.now(UTC) + timedelta(seconds=seconds + 1)).replace(microsecond=0)
+
+
+class IdleEngine:
+    """An engine with no containers, meeting the Engine protocol: for a daemon built in-process
+    whose passes have nothing to run (its scheduling, files and notifications are under test)."""
+
+    name = "idle"
+
+    def __init__(self, *args: object) -> None: ...
+
+    def preflight(self) -> list[object]:
+        return []
+
+    def list(self) -> list[ContainerInfo]:
+        return []
+
+    def inspect(self, name: str) -> ContainerInfo | None:
+        return None
+
+    def stop(self, name: str, grace: float) -> None: ...
+
+    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None,
+             timeout: float | None = None) -> ExecResult:
+        return ExecResult(0, "", "")
+
+    def start(self, spec: ContainerSpec) -> ContainerInfo:
+        raise NotImplementedError("an idle engine starts nothing")
+
+    def ensure_image(self, image: str, *, pull: bool = False) -> None: ...
+
+    def logs(self, name: str, *, tail: int | None = None) -> str:
+        return ""
+
+    def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
+        return uid, gid
+
+    def chown(self, path: Path, uid: int, gid: int) -> None: ...
+
+    def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None: ...
+
+    def import_rootfs(self, tarball: Path, tag: str) -> None: ...
+
+
+def in_process_daemon(folder: Path, *, notifier: Notifier | None = None, poll_seconds: float = 60,
+                      kind: type[Daemon] = Daemon) -> Daemon:
+    """`Daemon` built in this process on an idle engine and a calendar never connected to (its
+    first poll finds the calendar unreachable); its state in folder/state."""
+    path = folder / "gpubook.toml"
+    path.write_text('[host]\nname = "devbox1"\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/cal/"\n'
+                    '[gpus]\ncount = 1\n[users.alice]\nuid = 2001\n'
+                    f'[daemon]\nstate_dir = "{folder / "state"}"\npoll_seconds = {poll_seconds}\n')
+    return kind(load_config(path), engine=IdleEngine(), notifier=notifier or Notifier(None))
 
 
 # --- fixtures shared by the daemon test modules (each imports them by name) ---------------------

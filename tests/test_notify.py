@@ -500,3 +500,24 @@ url = "ftp://x"
     assert "notify.email.securty: unknown key; did you mean 'security'?" in text
     assert "notify.email.events[0]: is not a notice" in text
     assert "notify.webhook.url: must be an http(s):// URL" in text
+
+
+def test_smtp_login_without_tls_is_refused_at_config_load(tmp_path) -> None:
+    """A user name with security "none" would send the SMTP password in clear (even to a loopback
+    host, where any local user may hold the port while the relay is down): refused at load."""
+    from runtime.errors import ConfigError
+
+    password = tmp_path / "smtp-password"
+    password.write_text("s3cret\n")
+    password.chmod(0o600)
+    mail = ('[notify.email]\nenabled = true\nhost = "127.0.0.1"\nusername = "gpubook"\n'
+            'password_file = "smtp-password"\n')
+    with pytest.raises(ConfigError) as caught:
+        _notify_config(tmp_path, mail)
+    assert ('notify.email.security: is "none", but a username is set: logging in to 127.0.0.1:25 would send '
+            'the password in clear; set security = "starttls" or "tls"') in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+    for security in ("starttls", "tls"):
+        config = _notify_config(tmp_path, mail + f'security = "{security}"\n')
+        assert config.notify.email is not None and config.notify.email.password == "s3cret"
+    assert _notify_config(tmp_path, '[notify.email]\nenabled = true\n').notify.email is not None  # no login

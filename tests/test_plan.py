@@ -174,6 +174,14 @@ def test_static_rejections() -> None:
     }
 
 
+def test_an_unconfigured_calendar_url_with_a_password_is_redacted_in_the_reason() -> None:
+    """The reason goes into the event log and the status file: a password in the URL must not."""
+    result = run(booking("a", calendar_url="https://alice:s3cret@elsewhere/cal/"))
+    (reason,) = reasons(result).values()
+    assert "s3cret" not in reason
+    assert reason == "the calendar https://alice:***@elsewhere/cal/ is not configured on devbox1"
+
+
 def test_calendar_gpus_missing_from_the_inventory() -> None:
     result = run(booking("a", calendar_url=GPU1_CALENDAR), inventory=(0,))
     assert reasons(result) == {"a": "this calendar books 0 GPUs of devbox1 (it has no GPU); "

@@ -77,3 +77,50 @@ def test_watchdog_interval_is_half_of_watchdog_usec_for_this_process_only() -> N
     assert unset_pid.watchdog_interval == 2.0
     other = Notifier.from_environment({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"})
     assert other.watchdog_interval is None
+
+
+def test_a_long_first_pass_extends_systemds_start_timeout_before_ready(tmp_path: Path, path_socket) -> None:
+    """The daemon's first pass may outlast systemd's start timeout (90 s by default): while it runs,
+    the daemon sends EXTEND_TIMEOUT_USEC; READY=1 follows the pass. The first poll here is held
+    until the stand-in for systemd has seen what the daemon says meanwhile."""
+    import signal
+    import threading
+
+    from daemon_kit import in_process_daemon
+
+    from scheduler.daemon import Daemon
+
+    address, sock = path_socket
+    held = threading.Event()
+
+    class SlowFirstPoll(Daemon):
+        def poll(self) -> None:
+            held.wait(60)
+            super().poll()
+
+    daemon = in_process_daemon(tmp_path, notifier=Notifier(address), kind=SlowFirstPoll)
+    received: list[dict[str, str]] = []
+
+    def systemd() -> None:
+        try:
+            received.append(_receive(sock))  # sent while the first poll is held
+            held.set()
+            while "READY" not in received[-1]:
+                received.append(_receive(sock))
+        finally:
+            held.set()
+            daemon._stop.set()
+            daemon._woken.set()
+
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    manager = threading.Thread(target=systemd)
+    manager.start()
+    try:
+        assert daemon.run() == 0
+    finally:
+        manager.join()
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert received, "nothing was sent while the first pass ran"
+    assert int(received[0]["EXTEND_TIMEOUT_USEC"]) >= 10_000_000, received[0]
+    assert received[-1] == {"READY": "1", "STATUS": "first pass done"}

@@ -201,7 +201,7 @@ def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig]
         return f"{user.name} may not use template {booking.template!r} (allowed: {allowed})"
     calendar = calendars.get(booking.calendar_url)
     if calendar is None:
-        return f"the calendar {booking.calendar_url} is not configured on {host}"
+        return f"the calendar {redact_url(booking.calendar_url)} is not configured on {host}"
     if user.max_gpus is not None and booking.gpu_count > user.max_gpus:
         return (f"{user.name} may book at most {_gpus_text(user.max_gpus)}; "
                 f"this booking asks for {booking.gpu_count}")
