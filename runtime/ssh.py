@@ -116,11 +116,9 @@ def booking_host_key(cache_dir: Path, name: str, *, owner: tuple[int, int] | Non
         write_private(private, pem)
         public.write_text(line + "\n")
         public.chmod(0o644)
-    if owner is not None and (private.stat().st_uid, private.stat().st_gid) != owner:
-        if chown is not None:
-            chown(private, *owner)
-        elif os.geteuid() == 0:
-            os.chown(private, *owner)
+    held = private.stat()
+    if owner is not None and chown is not None and (held.st_uid, held.st_gid) != owner:
+        chown(private, *owner)
     return HostKey(folder=folder, public=line)
 
 

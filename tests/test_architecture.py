@@ -8,7 +8,6 @@ The fakes are tiny classes meeting the real protocols; nothing of gpubook is pat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar
@@ -17,7 +16,7 @@ import pytest
 
 from runtime import engines, ssh
 from runtime.checks import Check
-from runtime.engines import ContainerInfo, ContainerSpec, EngineOptions, EngineSettings, ExecResult, container_name
+from runtime.engines import ContainerInfo, EngineOptions, EngineSettings, container_name
 from runtime.templates import load_all
 from scheduler import config as config_module
 from scheduler import sources
@@ -28,12 +27,13 @@ from scheduler.service import Calendars
 from scheduler.sources import BaseSource, EventRef, PollStats, RawObject, Snapshot, WriteResult
 from scheduler.sources.block import Outcome
 from scheduler.state import State
+from tests.daemon_kit import IdleEngine
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
 URL = "http://127.0.0.1:9/lab/devbox1/"  # never connected to: the fake source holds the events
 
 
-class FakeEngine:
+class FakeEngine(IdleEngine):
     """An engine that keeps its containers in a dict."""
 
     name = "fake"
@@ -43,7 +43,7 @@ class FakeEngine:
     def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
         self.settings = settings
 
-    def preflight(self) -> list[Check]:
+    def preflight(self) -> list[Check]:  # type: ignore[override]
         return [Check("engine", True, "fake engine, nothing to check")]
 
     def list(self) -> list[ContainerInfo]:
@@ -55,26 +55,6 @@ class FakeEngine:
     def stop(self, name: str, grace: float) -> None:
         if self.containers.pop(name, None) is not None:
             self.stopped.append(name)
-
-    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None) -> ExecResult:
-        return ExecResult(0, "", "")
-
-    def start(self, spec: ContainerSpec) -> ContainerInfo:
-        raise NotImplementedError("not needed here")
-
-    def ensure_image(self, image: str, *, pull: bool = False) -> None: ...
-
-    def logs(self, name: str, *, tail: int | None = None) -> str:
-        return ""
-
-    def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
-        return uid, gid
-
-    def chown(self, path: Path, uid: int, gid: int) -> None: ...
-
-    def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None: ...
-
-    def import_rootfs(self, tarball: Path, tag: str) -> None: ...
 
 
 class FakeWriter:
