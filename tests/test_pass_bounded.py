@@ -256,6 +256,40 @@ def test_a_notice_held_up_in_one_container_does_not_delay_another_start(tmp_path
         passes.close()
 
 
+def test_a_start_still_at_work_is_not_adopted_by_a_later_pass(tmp_path: Path, state: State) -> None:
+    """The container of a start whose SSH probe has not answered yet runs already: a later pass must
+    leave it to its start, not adopt it (which wrote `running` before SSH answered and, when the
+    probe then failed, recorded a death and restarted it)."""
+    config = make_config(tmp_path)
+    probing, give_up = threading.Event(), threading.Event()
+
+    class Probing(Machine):
+        def start(self, request: StartRequest) -> Started:
+            info = running(request.booking_id, request.gpus, end=request.end, port=request.port)
+            self.containers[info.name] = info  # the engine started it; the probe waits
+            probing.set()
+            give_up.wait(HOLD)
+            self.containers.pop(info.name)  # the probe failed: the start removes its container
+            raise EngineError(f"booking {request.booking_id}: SSH did not let the probe in")
+
+    machine = Probing()
+    passes = make_pass(config, machine, state)
+    passes.patience = 0
+    try:
+        occurrences = bookings(config, event("slow", NOW - timedelta(seconds=1), NOW + timedelta(hours=1)))
+        passes.run(occurrences, now=NOW, write_back=False)
+        assert probing.wait(HOLD)
+        passes.run(occurrences, now=NOW + timedelta(seconds=1), write_back=False)
+        start = passes.busy["slow"]
+        give_up.set()
+        start.result(HOLD)
+        assert state.containers(booking_id="slow") == []  # a failed start, never a run that died
+        assert not any("adopted" in e.message for e in state.events(limit=None))
+    finally:
+        give_up.set()
+        passes.close()
+
+
 def test_a_start_waits_for_the_stop_that_frees_its_gpu(tmp_path: Path, state: State) -> None:
     """Parallel, but never two bookings on one GPU: the start on GPU 0 follows the stop of the
     booking that ended there."""

@@ -187,7 +187,7 @@ class Pass:
         plan = self.plan(occurrences, world.actual(), now=now)
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
-        self._adopt(plan, world, now=now)
+        self._adopt(plan, world, now=now, at_work=at_work)
         memory = decide_memory(world.records.values(), self.state.notes(WARNED))
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
@@ -329,13 +329,14 @@ class Pass:
             log.warning("first-seen times are not recorded this pass; the last pass's stand: %s", error)
         return self.seen
 
-    def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime) -> None:
+    def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime, at_work: set[str]) -> None:
         """Running containers of accepted bookings that State has no record of (a lost database): adopt them.
 
         A container whose record is closed is not adopted: it is being stopped (an admin's `gpubook
         stop` records the stop before the container goes), and adopting it would turn that stop
-        into a death and a restart."""
-        wanted = {a.booking.id for a in plan.accepted}
+        into a death and a restart. Nor is one whose start is still at work in the pool (its probe
+        has not answered yet): the start records it when it succeeds, and a failed start is no death."""
+        wanted = {a.booking.id for a in plan.accepted} - at_work
         recorded = {r.name for r in world.records.values()}
         for info in world.actual():
             if info.running and info.booking_id in wanted and info.name not in recorded:
