@@ -3,7 +3,10 @@
 `<root>/<user>/input` is bound read-only, `<root>/<user>/output` writable, `<root>/<user>/home` as
 the persistent home when enabled. `<root>/<user>` itself belongs to the daemon (root for Docker),
 never to the booker: a booker who owned it could swap `output` for a symlink to another booker's
-folder between gpubook's check and the engine's bind. The folders inside belong to the host ids
+folder between gpubook's check and the engine's bind. Its group is the booker's mapped gid and its
+mode 0750: the SFTP service chroots the booker there (sshd wants it root's and not writable by
+group or others) and the booker may list it; no host account has that subordinate gid.
+The folders inside belong to the host ids
 that the engine maps the booker's ids onto (`engine.host_owner`), given to them by the engine's
 own `chown` (rootless podman: through `podman unshare`). Names are checked against a strict
 pattern and every path, symlinks resolved, must stay under the root.
@@ -27,6 +30,7 @@ from runtime.names import USER_NAME, USER_NAME_RULE
 
 # The same rule as the config's user names (runtime does not import scheduler).
 INPUT_TARGET = "/data/input"
+USER_FOLDER_MODE = 0o750
 OUTPUT_TARGET = "/data/output"
 
 # Gives a folder to host ids (uid, gid) without following a symlink: the engine's own way.
@@ -91,7 +95,7 @@ def prepare(
     check_user_name(user)
     root = _checked_root(data_root)
     give = chown or _chown_as_root
-    user_dir = _own_folder(root, root / user)
+    user_dir = _own_folder(root, root / user, gid=gid, give=give)
     folders = DataFolders(
         user=user,
         input=_booker_folder(root, user_dir / "input", owner=(uid, gid), mode=0o755, give=give),
@@ -126,8 +130,9 @@ def _checked_root(data_root: Path) -> Path:
     return Path(os.path.realpath(data_root))
 
 
-def _own_folder(root: Path, path: Path) -> Path:
-    """`<root>/<user>`: the daemon's, mode 0700, so no booker can rename what is inside it.
+def _own_folder(root: Path, path: Path, *, gid: int, give: Chown) -> Path:
+    """`<root>/<user>`: the daemon's, group the booker's, mode 0750, so no booker can rename what
+    is inside it and only the booker (through the SFTP service) may list it.
 
     A folder left by an older gpubook that gave it to the booker is taken back first (as root),
     before anything inside it is looked at.
@@ -142,6 +147,11 @@ def _own_folder(root: Path, path: Path) -> Path:
             )
         os.chown(resolved, os.geteuid(), os.getegid(), follow_symlinks=False)
         _chmod(resolved, 0o700)
+        info = os.lstat(resolved)
+    if info.st_gid != gid:
+        give(resolved, os.geteuid(), gid)
+    if info.st_mode & 0o777 != USER_FOLDER_MODE:
+        _chmod(resolved, USER_FOLDER_MODE)
     return resolved
 
 

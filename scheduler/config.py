@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 import re
 import stat
@@ -192,6 +193,30 @@ class TemplatesSection:
 class StorageConfig:
     data_root: Path | None = setting(None, "<root>/<user>/{input,output[,home]}; None: no data folders")
     persistent_home: bool = setting(False, "keep a home folder per user under data_root")
+    quota_gb: float | None = setting(None, "space per user under data_root, in GB (10^9 bytes); over it, "
+                                     "SFTP uploads are refused until they delete; None: no quota",
+                                     check=lambda v: _positive(v) if v is not None else None)
+
+
+def _address_problem(value: str) -> str | None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "must be an IP address such as 0.0.0.0 (all) or 127.0.0.1"
+    return None
+
+
+@dataclass(frozen=True)
+class SftpConfig:
+    """[sftp]: the always-on SFTP data service (needs [storage] data_root)."""
+
+    enabled: bool = setting(False, "run the SFTP service: each user's input/, output/ (and home/) at any time")
+    port: int = setting(2222, "host port of the SFTP service (outside [ssh] port_min..port_max)", check=_port)
+    listen: str = setting("0.0.0.0", "host address the port is published on", check=_address_problem)  # noqa: S104
+    template: str = setting("debian-ssh", "template whose image runs the service (it needs OpenSSH's sshd "
+                            "and pkill)", check=_template_name_problem)
+    check_seconds: float = setting(5.0, "seconds between checks of the service and of the quotas",
+                                   check=_positive)
 
 
 @dataclass(frozen=True)
@@ -294,6 +319,7 @@ class Config:
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     gpu_mps: bool = False  # [gpus] mps: bind the MPS pipe folder (shared by every booker)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sftp: SftpConfig = field(default_factory=SftpConfig)
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")
@@ -618,7 +644,25 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
     "daemon": _plain(DaemonConfig),
     "notify": _notify,
     "policy": _plain(PolicyConfig),
+    "sftp": _plain(SftpConfig),
 }
+
+
+def _sftp_problems(reader: _Reader, read: Mapping[str, Any]) -> None:
+    """[sftp] against the sections it depends on."""
+    sftp, ssh, storage = read["sftp"], read["ssh"], read["storage"]
+    if not sftp.enabled:
+        return
+    if storage.data_root is None:
+        reader.error("sftp.enabled", "needs [storage] data_root: the service serves the folders there")
+    if ssh.port_min <= sftp.port <= ssh.port_max:
+        reader.error("sftp.port", f"{sftp.port} is one of the bookings' ports ([ssh] {ssh.port_min}..{ssh.port_max})")
+    owners: dict[int, str] = {}
+    for user in read["users"].values():
+        other = owners.setdefault(user.uid, user.name)
+        if other != user.name:
+            reader.error(f"users.{user.name}.uid", f"{user.uid} is also users.{other}'s: the SFTP service "
+                         f"ends a removed or over-quota user's sessions by uid")
 
 
 def parse(data: Mapping[str, Any], path: Path) -> Config:
@@ -626,6 +670,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     reader = _Reader(path)
     reader.unknown(data, "", list(SECTIONS))
     read = {name: read_section(reader, data, name) for name, read_section in SECTIONS.items()}
+    if not reader.errors:
+        _sftp_problems(reader, read)
     if reader.errors:
         raise ConfigError("\n".join(reader.errors))
     return Config(
@@ -633,6 +679,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         users=read["users"], gpu_count=read["gpus"].count, templates_dir=read["templates"].dir,
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
         daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps, policy=read["policy"],
+        sftp=read["sftp"],
     )
 
 

@@ -43,11 +43,12 @@ from runtime import gpus as gpu_inventory
 from runtime.engines import Engine
 from runtime.errors import ConfigError, GpubookError
 from runtime.private import private_folder, write_private
-from runtime.templates import load_all
+from runtime.templates import TemplateSet, load_all
 from scheduler import config as config_module
 from scheduler.apply.passes import Pass, PassResult
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL
+from scheduler.hosts import sftp as sftp_host
 from scheduler.hosts.local import LocalHost
 from scheduler.outbox import notices, status
 from scheduler.sdnotify import Notifier
@@ -145,9 +146,10 @@ class Daemon:
         self._last_pass: datetime | None = None
         self._woken = threading.Event()  # the first pass done, or a signal to stop
         self._clock = ClockWatch()
+        self.sftp: sftp_host.SftpService | None = None
         self._build(config)
         self.scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(2)}, timezone=UTC,
+            executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
             job_defaults={"coalesce": True, "misfire_grace_time": None, "max_instances": 1})
 
     def _build(self, config: config_module.Config) -> None:
@@ -176,6 +178,28 @@ class Daemon:
         self.passes.on_settled = local.builds.on_done = self._soon
         self.calendars = Calendars(config)
         self.config = config
+        self._build_sftp(config, templates, local)
+
+    def _build_sftp(self, config: config_module.Config, templates: TemplateSet, local: LocalHost) -> None:
+        """The SFTP data service: made once, given each reloaded config (its users and keys)."""
+        settings = sftp_host.settings_of(config)
+        image = sftp_host.image_of(config, templates, lambda template: local.builds.ready(self.engine, template))
+        if settings is None:
+            if self.sftp is not None:
+                log.warning("SFTP service switched off by the config: stopping it")
+                self.sftp.stop(grace=config.engine.stop_grace_seconds)
+            self.sftp = None
+        elif self.sftp is None:
+            self.sftp = sftp_host.SftpService(engine=self.engine, settings=settings,
+                                              etc_dir=private_folder(self.state_dir / "sftp") / "etc", image=image)
+        else:
+            self.sftp.configure(settings, image=image)
+
+    def check_sftp(self) -> None:
+        """The SFTP watch: folders, quotas, sshd's files, the container (started again if gone)."""
+        service = self.sftp
+        if service is not None:
+            service.check()
 
     # -- passes --------------------------------------------------------------------------------
 
@@ -303,7 +327,8 @@ class Daemon:
             last_poll_ok=status.iso(self.calendar.last_ok), outage=self.calendar.outage,
             outage_since=status.iso(self.calendar.outage_since),
             problems=(*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())),
-            counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine))
+            counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine),
+            sftp=self.sftp.status.to_json() if self.sftp is not None else None)
         self.notifier.status(report.line())
         write_private(self.state_dir / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
 
@@ -323,6 +348,7 @@ class Daemon:
         with self._lock:
             self._build(new)
             self.scheduler.reschedule_job("poll", trigger="interval", seconds=new.daemon.poll_seconds)
+            self._schedule_sftp()
         log.warning("config %s and templates reloaded", new.path)
         self._event(f"config {new.path} and templates reloaded", level="info")
         self.notifier.ready()
@@ -341,6 +367,7 @@ class Daemon:
             signal.signal(number, self._signal)
         self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
+        self._schedule_sftp()
         self._schedule_polls(first=datetime.now(UTC))
         first = self._wait_first_pass()
         self.notifier.ready(status="first pass done" if first else "started; first pass still running")
@@ -366,6 +393,16 @@ class Daemon:
         """The poll job: at `first`, then every poll interval (replacing the one there was)."""
         self.scheduler.add_job(self.poll, "interval", seconds=self.config.daemon.poll_seconds, id="poll",
                                next_run_time=first, replace_existing=True)
+
+    def _schedule_sftp(self) -> None:
+        """The SFTP watch job: now, then every [sftp] check_seconds; none while the service is off.
+        A reload runs it at once, so that a removed user is refused from then on."""
+        if self.sftp is None:
+            if self.scheduler.get_job("sftp") is not None:
+                self.scheduler.remove_job("sftp")
+            return
+        self.scheduler.add_job(self.check_sftp, "interval", seconds=self.config.sftp.check_seconds, id="sftp",
+                               next_run_time=datetime.now(UTC), replace_existing=True)
 
     def _watch_clock(self, *, wall: datetime, monotonic: float) -> None:
         """Called every few seconds by the main loop with both clocks' readings: on a step back of

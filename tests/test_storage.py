@@ -84,9 +84,12 @@ def test_a_data_root_without_nosuid_nodev_is_named_with_the_fix(tmp_path: Path) 
 
 def test_the_per_user_folder_is_the_daemons(tmp_path: Path) -> None:
     """Only input/output are the booker's: who owns `<root>/<user>` may swap them for symlinks."""
-    folders = storage.prepare(tmp_path, "alice", uid=os.getuid(), gid=os.getgid())
+    gid = 4242 if os.geteuid() == 0 else os.getgid()
+    folders = storage.prepare(tmp_path, "alice", uid=os.getuid(), gid=gid)
     user_dir = folders.output.parent
-    assert user_dir.stat().st_uid == os.geteuid() and user_dir.stat().st_mode & 0o777 == 0o700
+    assert user_dir.stat().st_uid == os.geteuid() and user_dir.stat().st_mode & 0o777 == 0o750
+    # Its group is the booker's (the SFTP service's chroot): they may list it, not write it.
+    assert user_dir.stat().st_gid == gid
     assert folders.output.stat().st_mode & 0o777 == 0o755
 
 

@@ -27,11 +27,13 @@ from runtime.engines.spec import (
     LABEL_HOST_KEY,
     LABEL_PORT,
     LABEL_PREFIX,
+    LABEL_SERVICE,
     LABEL_TEMPLATE,
     LABEL_USER,
     ContainerInfo,
     ContainerSpec,
     ExecResult,
+    ServiceSpec,
     booking_id_problem,
     container_name,
     info_from_labels,
@@ -53,10 +55,12 @@ __all__ = [
     "LABEL_HOST_KEY",
     "LABEL_PORT",
     "LABEL_PREFIX",
+    "LABEL_SERVICE",
     "LABEL_TEMPLATE",
     "LABEL_USER",
     "ContainerInfo",
     "ContainerSpec",
+    "ServiceSpec",
     "Engine",
     "EngineOptions",
     "EngineSettings",
@@ -96,6 +100,18 @@ class Engine(Protocol):
         ...
 
     def logs(self, name: str, *, tail: int | None = None) -> str: ...
+
+    def start_service(self, spec: ServiceSpec) -> ContainerInfo:
+        """Start a service container (runs already with this spec: nothing; else replaced)."""
+        ...
+
+    def inspect_service(self, name: str) -> ContainerInfo | None:
+        """The service container `name` (None when there is none)."""
+        ...
+
+    def signal(self, name: str, signal_name: str) -> None:
+        """Send a signal ("HUP") to the container's first process."""
+        ...
 
     def host_owner(self, uid: int, gid: int) -> tuple[int, int]: ...
 

@@ -29,9 +29,11 @@ from runtime.engines.spec import (
     DROP_CAPABILITIES,
     KEEP_CAPABILITIES,
     LABEL_BOOKING,
+    LABEL_SERVICE,
     ContainerInfo,
     ContainerSpec,
     ExecResult,
+    ServiceSpec,
     info_from_labels,
     permanent,
 )
@@ -112,8 +114,9 @@ class CliEngine:
         return info
 
     def stop(self, name: str, grace: float) -> None:
-        """SIGTERM, `grace` seconds for the booker's work to finish, SIGKILL; then remove it."""
-        if self.inspect(name) is None:
+        """SIGTERM, `grace` seconds for the booker's work to finish, SIGKILL; then remove it (a
+        booking's container or a service's)."""
+        if self.inspect(name) is None and self.inspect_service(name) is None:
             return
         self._call(
             ["stop", "--time", str(math.ceil(grace)), name],
@@ -150,6 +153,57 @@ class CliEngine:
         limit = EXEC_TIMEOUT if timeout is None else timeout
         returncode, stdout, stderr = self._bounded(["exec", *user_args, name, *argv], timeout=limit)
         return ExecResult(returncode, stdout, stderr)
+
+    def start_service(self, spec: ServiceSpec) -> ContainerInfo:
+        """Start the service container unless it runs with this very spec; an exited one, or one
+        with another spec (a changed port or image), is replaced."""
+        current = self.inspect_service(spec.name)
+        if current is not None:
+            if current.running and current.spec_hash == spec.spec_hash:
+                return current
+            self._remove(spec.name)
+        self.ensure_image(spec.image)
+        self._call(self.service_args(spec), timeout=RUN_TIMEOUT)
+        info = self.inspect_service(spec.name)
+        if info is None:
+            raise EngineError(f"service {spec.service}: {spec.name} vanished right after its start")
+        return info
+
+    def inspect_service(self, name: str) -> ContainerInfo | None:
+        raws = self._inspect_raw([name], missing_ok=True)
+        if not raws or not ((raws[0].get("Config") or {}).get("Labels") or {}).get(LABEL_SERVICE):
+            return None
+        return self._info(raws[0])
+
+    def signal(self, name: str, signal_name: str) -> None:
+        self._call(["kill", "--signal", signal_name, name], timeout=QUICK_TIMEOUT)
+
+    def service_args(self, spec: ServiceSpec) -> builtins.list[str]:
+        """The `run` argv of a service container: published on `listen:port` (the host's network
+        when the admin chose it for bookings too), only `capabilities` kept, no new privileges,
+        its seccomp profile, the engine's own id mapping for services."""
+        argv = ["run", "--detach", "--name", spec.name, *self.pull_never_args(), "--user", "0:0"]
+        for key, value in spec.labels().items():
+            argv += ["--label", f"{key}={value}"]
+        if self.network == "host":
+            argv += ["--network", "host"]
+        else:
+            argv += [*self.private_network_args(), "--publish", f"{spec.listen}:{spec.port}:{spec.port}"]
+        argv += self.service_userns_args()
+        argv += ["--cap-drop", "ALL"]
+        for capability in spec.capabilities:
+            argv += ["--cap-add", capability]
+        argv += ["--security-opt", "no-new-privileges"]
+        if spec.seccomp is not None:
+            argv += ["--security-opt", f"seccomp={_checked(spec.seccomp, 'path')}"]
+        if spec.pids_limit:
+            argv += ["--pids-limit", str(spec.pids_limit)]
+        for mount in spec.mounts:
+            if ":" in str(mount.source) or "," in str(mount.source) or ":" in mount.target:
+                raise permanent(f"service {spec.service}: mount path {mount.source} contains ':' or ','")
+            argv += ["--volume", f"{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"]
+        argv += ["--entrypoint", spec.command[0], spec.image, *spec.command[1:]]
+        return argv
 
     def logs(self, name: str, *, tail: int | None = None) -> str:
         tail_args = ["--tail", str(tail)] if tail is not None else []
@@ -194,6 +248,10 @@ class CliEngine:
     def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
         """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""
         return uid, gid
+
+    def service_userns_args(self) -> builtins.list[str]:
+        """A service container's ids: root the engine's own user, the others as in bookings."""
+        return []
 
     def chown(self, path: Path, uid: int, gid: int) -> None:
         """Give a data folder to host ids `uid`/`gid` (as host_owner names them); only root can."""

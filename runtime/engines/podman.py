@@ -188,6 +188,18 @@ class PodmanEngine(CliEngine):
         count = max(CONTAINER_ID_COUNT, spec.uid + 1, spec.gid + 1)
         return [f"--uidmap=0:{ROOTFUL_ID_BASE}:{count}", f"--gidmap=0:{ROOTFUL_ID_BASE}:{count}"]
 
+    def service_userns_args(self) -> builtins.list[str]:
+        """Root of a service container is the daemon user (rootful: host root), so that the
+        daemon's folders are root's inside (sshd's ChrootDirectory wants that); every other id
+        maps exactly as in `userns_args`, so a booker's files have one owner in both."""
+        if os.geteuid() != 0:
+            ids = self._read_subordinate_ids()
+            return ["--uidmap=0:0:1", f"--uidmap=1:2:{ids.uid_count - 1}",
+                    "--gidmap=0:0:1", f"--gidmap=1:2:{ids.gid_count - 1}", "--passwd=false"]
+        count = CONTAINER_ID_COUNT - 1
+        return ["--uidmap=0:0:1", f"--uidmap=1:{ROOTFUL_ID_BASE + 1}:{count}",
+                "--gidmap=0:0:1", f"--gidmap=1:{ROOTFUL_ID_BASE + 1}:{count}"]
+
     def private_network_args(self) -> builtins.list[str]:
         """Rootless: slirp4netns, each container its own namespace, the host's loopback out of
         reach (`allow_host_loopback=false`: no host-local service such as the calendar server);
@@ -210,7 +222,8 @@ class PodmanEngine(CliEngine):
             os.chown(path, uid, gid, follow_symlinks=False)
             return
         ids = self._read_subordinate_ids()
-        inner = (ids.inner_uid(uid), ids.inner_gid(gid))
+        # The daemon's own ids are id 0 of podman's namespace (a folder it keeps, given a group).
+        inner = (0 if uid == os.geteuid() else ids.inner_uid(uid), 0 if gid == os.getegid() else ids.inner_gid(gid))
         done = self._process(
             ["unshare", "chown", "--no-dereference", f"{inner[0]}:{inner[1]}", "--", str(path)],
             timeout=QUICK_TIMEOUT,

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.errors import EngineError
@@ -32,6 +33,7 @@ LABEL_HASH = "gpubook.spec-hash"
 LABEL_PORT = "gpubook.port"
 LABEL_TEMPLATE = "gpubook.template"
 LABEL_HOST_KEY = "gpubook.host-key"  # the public half of the booking's SSH host key
+LABEL_SERVICE = "gpubook.service"  # a service container of gpubook's own (the SFTP service): no booking
 
 # What sshd and sudo need (and what a booker's `sudo apt-get install` needs); everything else,
 # MKNOD and NET_RAW included, is dropped. MKNOD also keeps NVML from creating other GPUs' nodes.
@@ -126,6 +128,41 @@ class ContainerSpec:
             LABEL_TEMPLATE: self.template,
             LABEL_HOST_KEY: self.host_key,
         }
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A long-running container of gpubook's own beside the bookings (the SFTP service).
+
+    Its root is the engine's own user (rootless podman: the daemon user), so that folders the
+    daemon owns are root's inside; every other id maps as in the bookings, so that a booker's files
+    have the same owner in both. `capabilities` are all it keeps; `seccomp` is a profile file.
+    """
+
+    name: str
+    service: str  # the LABEL_SERVICE value
+    image: str
+    port: int
+    listen: str  # the host address the port is published on
+    command: tuple[str, ...]
+    mounts: tuple[Mount, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    seccomp: Path | None = None
+    pids_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 1024 <= self.port <= 65535:
+            raise EngineError(f"service {self.service}: port {self.port} is not between 1024 and 65535")
+        if not self.command:
+            raise EngineError(f"service {self.service}: no command")
+
+    @property
+    def spec_hash(self) -> str:
+        data = json.dumps(dataclasses.asdict(self), default=str, sort_keys=True)
+        return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+    def labels(self) -> dict[str, str]:
+        return {LABEL_SERVICE: self.service, LABEL_HASH: self.spec_hash, LABEL_PORT: str(self.port)}
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class Status:
     recent_warnings: tuple[str, ...] = ()
     findings: tuple[str, ...] = ()  # how the site is set up that weakens tenants' isolation (setup_findings)
     counts: Mapping[str, int] = field(default_factory=dict)  # "now", "upcoming", "rejected" at the last pass
+    sftp: Mapping[str, Any] | None = None  # the SFTP service (hosts/sftp.py SftpStatus.to_json); None: off
 
     @property
     def main(self) -> HostStatus:
@@ -103,7 +104,8 @@ class Status:
                       for h in data.get("hosts", ()))
         known = {k: data.get(k) for k in ("updated", "pid", "last_poll", "last_poll_ok", "outage", "outage_since")}
         return cls(hosts=hosts, problems=tuple(data.get("problems", ())), findings=tuple(data.get("findings", ())),
-                   recent_warnings=tuple(data.get("recent_warnings", ())), counts=data.get("counts", {}), **known)
+                   recent_warnings=tuple(data.get("recent_warnings", ())), counts=data.get("counts", {}),
+                   sftp=data.get("sftp"), **known)
 
     def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
         """The same status with what runs now, as the engine lists it (ports from State where a label lacks one)."""
@@ -134,6 +136,7 @@ class Status:
         lines.append(f"Last poll: {local(self.last_poll)} (last successful: {local(self.last_poll_ok)})")
         if self.outage:
             lines.append(f"Calendar unreachable: {self.outage}")
+        lines.extend(sftp_lines(self.sftp))
         if self.findings:
             lines.append("Findings:")
             lines.extend(f"  {line}" for line in self.findings)
@@ -141,6 +144,25 @@ class Status:
             lines.append("Problems:")
             lines.extend(f"  {line}" for line in self.problems)
         return lines
+
+
+def sftp_lines(sftp: Mapping[str, Any] | None) -> list[str]:
+    """The SFTP service and each user's space (against their quota)."""
+    if sftp is None:
+        return []
+    state = "running" if sftp.get("running") else "NOT running"
+    head = f"SFTP: {state} on {sftp.get('listen')}:{sftp.get('port')}"
+    if sftp.get("restarts"):
+        head += f" (started again {sftp['restarts']} time(s))"
+    lines = [head]
+    if sftp.get("problem"):
+        lines.append(f"  problem: {sftp['problem']}")
+    for name, usage in (sftp.get("usage") or {}).items():
+        quota = usage.get("quota")
+        used = f"{usage.get('bytes', 0) / 1e9:.2f} GB" + (f" of {quota / 1e9:g} GB" if quota else "")
+        lines.append(f"  {name:<16} {used}" + ("  OVER QUOTA: uploads refused" if usage.get("over") else ""))
+    lines.extend(f"  left out: {line}" for line in sftp.get("left_out") or ())
+    return lines
 
 
 def setup_findings(engine: EngineSettings) -> tuple[str, ...]:

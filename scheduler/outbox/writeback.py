@@ -113,12 +113,13 @@ class WriteBack:
             hours = sum(r.gpu_hours(now) for r in records)
             root = self.config.storage.data_root
             outputs = f"{self.config.host.name}:{root / booking.user / 'output'}" if root else None
-            outcome = block.ended(gpu_hours=hours, outputs=outputs, at=records[-1].stopped_at or now, timezone=zone)
+            outcome = block.ended(gpu_hours=hours, outputs=outputs, at=records[-1].stopped_at or now, timezone=zone,
+                                  download=self._sftp(booking.user))
             if records[-1].exit_reason == decide.ADMIN_STOP:
                 outcome = outcome.with_note("stopped early by an admin")
         elif now < booking.end:
             outcome = block.accepted(gpus=accepted.gpus, template=booking.template, start=booking.start,
-                                     end=booking.end, timezone=zone)
+                                     end=booking.end, timezone=zone, upload=self._sftp(booking.user))
             failed = remarks.failures.get(booking.id)
             if failed is not None and now >= booking.start:
                 outcome = outcome.with_note(f"could not start yet: {failed}")
@@ -126,6 +127,12 @@ class WriteBack:
             return None
         note = remarks.notes.get(booking.id)
         return outcome.with_note(note) if note else outcome
+
+    def _sftp(self, user: str) -> str | None:
+        """The booker's SFTP line where the SFTP service runs (their data at any time), else None."""
+        if not self.config.sftp.enabled or self.config.storage.data_root is None:
+            return None
+        return block.sftp_line(port=self.config.sftp.port, user=user, host=self.config.host.name)
 
     def _write(self, item: Booking | Rejection, outcome: block.Outcome, *, etag: str | None, now: datetime) -> None:
         calendar = next((c for c in self.config.calendars if c.url == item.calendar_url), None)

@@ -103,6 +103,10 @@ def ssh_line(*, port: int, user: str, host: str) -> str:
     return f"ssh -p {port} {user}@{host}"
 
 
+def sftp_line(*, port: int, user: str, host: str) -> str:
+    return f"sftp -P {port} {user}@{host}"
+
+
 def _when(moment: datetime, timezone: str) -> str:
     return moment.astimezone(ZoneInfo(timezone)).strftime("%Y-%m-%d %H:%M %z")
 
@@ -111,10 +115,12 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def accepted(*, gpus: Sequence[int], template: str, start: datetime, end: datetime, timezone: str) -> Outcome:
+def accepted(*, gpus: Sequence[int], template: str, start: datetime, end: datetime, timezone: str,
+             upload: str | None = None) -> Outcome:
+    """`upload`: the SFTP line where the booker puts their input before the start."""
     count = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} ({', '.join(map(str, gpus))})"
-    return Outcome(Status.ACCEPTED, (f"{count}, template {template}",
-                                     f"from {_when(start, timezone)} to {_when(end, timezone)}"))
+    lines = (f"{count}, template {template}", f"from {_when(start, timezone)} to {_when(end, timezone)}")
+    return Outcome(Status.ACCEPTED, lines + ((f"input: {upload} (put files in input/)",) if upload else ()))
 
 
 def rejected(reason: str) -> Outcome:
@@ -128,9 +134,13 @@ def running(*, port: int, user: str, host: str, end: datetime, timezone: str, kn
     return Outcome(Status.RUNNING, lines + ((f"known_hosts: {known_hosts}",) if known_hosts else ()))
 
 
-def ended(*, gpu_hours: float, outputs: str | None, at: datetime, timezone: str) -> Outcome:
+def ended(*, gpu_hours: float, outputs: str | None, at: datetime, timezone: str,
+          download: str | None = None) -> Outcome:
+    """`download`: the SFTP line where the booker fetches their output/ at any time."""
     lines = [f"{gpu_hours:.2f} GPU-hours, stopped {_when(at, timezone)}"]
-    if outputs:
+    if download:
+        lines.append(f"outputs: {download} (in output/)")
+    elif outputs:
         lines.append(f"outputs: {outputs}")
     return Outcome(Status.ENDED, tuple(lines))
 

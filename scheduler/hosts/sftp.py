@@ -1,0 +1,215 @@
+"""The SFTP data service of the local host: one always-on container beside the bookings.
+
+OpenSSH's sshd with internal-sftp (runtime/sftp.py writes its files): every configured user, with
+the same keys as their bookings, gets `input/`, `output/` (and `home/`) of `<data_root>/<user>`
+at any time, chrooted there, with no shell and nothing forwarded. The daemon calls `check()` every
+`[sftp] check_seconds`: it makes the users' folders (so they can upload before a first booking),
+measures each user's space against `[storage] quota_gb`, rewrites sshd's files, starts the
+container when it is not running (killed, crashed, first start) and sends sshd a SIGHUP when its
+config changed. Like booking containers, the service outlives the daemon: a new daemon finds it
+running with the same spec and keeps it.
+
+Users and keys are files sshd reads at each login, so a change never drops another user's
+transfer; a removed user's or an over-quota user's open sessions are ended (`pkill -u UID` as the
+container's root: the uid is theirs alone, the config checks that).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime import sftp, storage
+from runtime.engines import ContainerInfo, Engine, ServiceSpec
+from runtime.errors import GpubookError, TemplateError
+from runtime.mounts import Mount
+from runtime.templates import Template, TemplateSet
+from scheduler.config import Config
+
+log = logging.getLogger(__name__)
+
+SERVICE = "sftp"
+PIDS_LIMIT = 4096  # sshd forks a process or two per session
+
+
+@dataclass(frozen=True)
+class SftpSettings:
+    """What the service needs from the config (read again at each SIGHUP)."""
+
+    port: int
+    listen: str
+    data_root: Path
+    users: tuple[sftp.SftpUser, ...]  # quota notes not set yet
+    quota_bytes: int | None = None
+    persistent_home: bool = False
+
+
+@dataclass(frozen=True)
+class Usage:
+    bytes: int
+    quota: int | None
+
+    @property
+    def over(self) -> bool:
+        return self.quota is not None and self.bytes > self.quota
+
+
+@dataclass(frozen=True)
+class SftpStatus:
+    """The service as `gpubook status` and daemon-status.json show it."""
+
+    port: int
+    listen: str
+    running: bool
+    container: str
+    restarts: int = 0
+    problem: str | None = None
+    usage: dict[str, Usage] = field(default_factory=dict)
+    left_out: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {"port": self.port, "listen": self.listen, "running": self.running,
+                "container": self.container, "restarts": self.restarts, "problem": self.problem,
+                "left_out": list(self.left_out),
+                "usage": {name: {"bytes": u.bytes, "quota": u.quota, "over": u.over}
+                          for name, u in sorted(self.usage.items())}}
+
+
+def settings_of(config: Config) -> SftpSettings | None:
+    """The service's settings, or None when it is off ([sftp] enabled false, or no data_root)."""
+    if not config.sftp.enabled or config.storage.data_root is None:
+        return None
+    quota = config.storage.quota_gb
+    users = tuple(sftp.SftpUser(name=user.name, uid=user.uid, gid=user.gid, keys=user.ssh_keys)
+                  for user in config.users.values())
+    return SftpSettings(port=config.sftp.port, listen=config.sftp.listen, data_root=config.storage.data_root,
+                        users=users, quota_bytes=round(quota * 1e9) if quota is not None else None,
+                        persistent_home=config.storage.persistent_home)
+
+
+def image_of(config: Config, templates: TemplateSet, overlay: Callable[[Template], str]) -> Callable[[], str]:
+    """The image the service runs: its template's (which needs sshd), else the template's sshd
+    overlay through `overlay` (raises Preparing while it is built in the background)."""
+    name = config.sftp.template
+
+    def image() -> str:
+        template = templates.templates.get(name)
+        if template is None:
+            why = templates.errors.get(name, "there is no such template")
+            raise TemplateError(f"[sftp] template {name}: {why.splitlines()[0]}")
+        return template.image if template.has_sshd else overlay(template)
+
+    return image
+
+
+def quota_note(user: str, usage: Usage) -> str:
+    quota = usage.quota or 0
+    return (f"gpubook: {user} uses {usage.bytes / 1e9:.2f} GB of a {quota / 1e9:g} GB quota: uploads "
+            f"are refused until you delete files (rm in input/ or output/).")
+
+
+class SftpService:
+    def __init__(self, *, engine: Engine, settings: SftpSettings, etc_dir: Path,
+                 image: Callable[[], str]) -> None:
+        """`etc_dir`: a folder of the daemon's for sshd's files; `image`: the image to run (it may
+        raise Preparing while it is being built)."""
+        self.engine = engine
+        self.settings = settings
+        self.etc_dir = etc_dir
+        self.image = image
+        self.name = sftp.SERVICE_NAME
+        self._lock = threading.Lock()
+        self._served: tuple[sftp.SftpUser, ...] = ()
+        self._over: set[str] = set()
+        self._restarts = 0
+        self.status = SftpStatus(port=settings.port, listen=settings.listen, running=False, container=self.name)
+
+    def configure(self, settings: SftpSettings, *, image: Callable[[], str] | None = None) -> None:
+        """A reloaded config: the next check applies it."""
+        with self._lock:
+            self.settings = settings
+            self.image = image or self.image
+
+    def stop(self, *, grace: float) -> None:
+        with self._lock:
+            self.engine.stop(self.name, grace)
+
+    def check(self) -> SftpStatus:
+        """Folders, quotas, files, container: one round of the watch (never raises)."""
+        with self._lock:
+            try:
+                self.status = self._check()
+            except GpubookError as error:
+                log.warning("SFTP service: %s", error)
+                self.status = SftpStatus(port=self.settings.port, listen=self.settings.listen, running=False,
+                                         container=self.name, restarts=self._restarts, problem=str(error))
+            return self.status
+
+    def _check(self) -> SftpStatus:
+        settings = self.settings
+        problem = storage.mount_problem(settings.data_root)
+        if problem is not None:
+            raise sftp.SftpError(problem)
+        users, left_out = sftp.usable(settings.users)
+        usage: dict[str, Usage] = {}
+        served = []
+        for user in users:
+            folders = self._folders(user)
+            usage[user.name] = Usage(bytes=sftp.usage_bytes(folders.input.parent), quota=settings.quota_bytes)
+            note = quota_note(user.name, usage[user.name]) if usage[user.name].over else None
+            served.append(sftp.SftpUser(name=user.name, uid=user.uid, gid=user.gid, keys=user.keys,
+                                        quota_note=note))
+        written = sftp.write_files(self.etc_dir, port=settings.port, listen=settings.listen, users=served,
+                                   previous=self._served)
+        info, started = self._ensure(settings)
+        if written.config_changed and not started:
+            self.engine.signal(self.name, "HUP")  # sshd re-executes its listener; sessions go on
+        newly_over = {u.name for u in served if u.quota_note is not None} - self._over
+        for user in (*written.removed, *(u for u in served if u.name in newly_over)):
+            self._end_sessions(user, why="removed" if user in written.removed else "over quota")
+        for name in sorted(newly_over):
+            log.warning("SFTP: %s is over quota (%s); uploads refused until they delete", name, usage[name].bytes)
+        self._over = {u.name for u in served if u.quota_note is not None}
+        self._served = tuple(served)
+        return SftpStatus(port=settings.port, listen=settings.listen, running=info.running, container=self.name,
+                          restarts=self._restarts, usage=usage, left_out=tuple(left_out))
+
+    def _folders(self, user: sftp.SftpUser) -> storage.DataFolders:
+        uid, gid = self.engine.host_owner(user.uid, user.gid)
+        return storage.prepare(self.settings.data_root, user.name, uid=uid, gid=gid,
+                               home=self.settings.persistent_home, chown=self.engine.chown)
+
+    def _ensure(self, settings: SftpSettings) -> tuple[ContainerInfo, bool]:
+        """The running container, and whether this call started it."""
+        spec = self.spec(settings)
+        current = self.engine.inspect_service(self.name)
+        if current is not None and current.running and current.spec_hash == spec.spec_hash:
+            return current, False
+        if current is not None:
+            self._restarts += 1
+            why = "was not running" if not current.running else "had another spec"
+            log.warning("SFTP service %s %s (%s): starting it again", self.name, why, current.state)
+        info = self.engine.start_service(spec)
+        log.warning("SFTP service started on %s:%s", settings.listen, settings.port)
+        return info, True
+
+    def spec(self, settings: SftpSettings) -> ServiceSpec:
+        profile = sftp.write_seccomp(self.etc_dir.parent / "sftp-seccomp.json")
+        return ServiceSpec(
+            name=self.name, service=SERVICE, image=self.image(), port=settings.port, listen=settings.listen,
+            command=sftp.COMMAND, capabilities=sftp.CAPABILITIES, seccomp=profile, pids_limit=PIDS_LIMIT,
+            mounts=(Mount(self.etc_dir, sftp.ETC_TARGET, read_only=True),
+                    Mount(settings.data_root.resolve(), sftp.DATA_TARGET, read_only=False)),
+        )
+
+    def _end_sessions(self, user: sftp.SftpUser, *, why: str) -> None:
+        try:
+            done = self.engine.exec(self.name, ["pkill", "-KILL", "-u", str(user.uid)], user="0", timeout=30)
+        except GpubookError as error:
+            log.warning("SFTP: could not end %s's sessions (%s): %s", user.name, why, error)
+            return
+        if done.returncode == 0:
+            log.warning("SFTP: %s's open sessions ended (%s)", user.name, why)
