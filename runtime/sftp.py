@@ -25,6 +25,8 @@ from pathlib import Path
 
 from runtime.errors import GpubookError
 from runtime.names import USER_NAME
+from runtime.private import write_private
+from runtime.ssh import host_key_pair
 
 ETC_TARGET = "/etc/gpubook-sftp"
 DATA_TARGET = "/srv/gpubook-data"
@@ -160,6 +162,7 @@ class Written:
 
     config_changed: bool  # sshd_config differs: sshd needs a SIGHUP
     removed: tuple[SftpUser, ...]  # users gone since the last write: their sessions are ended
+    host_key: str  # the service's public host key line
 
 
 def write_files(etc: Path, *, port: int, listen: str, users: Sequence[SftpUser],
@@ -169,6 +172,7 @@ def write_files(etc: Path, *, port: int, listen: str, users: Sequence[SftpUser],
     for folder in (etc, keys, banners):
         folder.mkdir(mode=0o755, exist_ok=True)
         os.chmod(folder, 0o755)  # noqa: S103 - sshd's StrictModes: no folder on the way may be group/other-writable
+    public = host_key(etc)
     config = sshd_config(port=port, listen=listen, users=users)
     changed = _replace(etc / "sshd_config", config)
     _replace(etc / "passwd", passwd(users))
@@ -183,7 +187,7 @@ def write_files(etc: Path, *, port: int, listen: str, users: Sequence[SftpUser],
             if path.name not in names or (folder is banners and _note_of(users, path.name) is None):
                 path.unlink(missing_ok=True)
     removed = tuple(user for user in previous if user.name not in names)
-    return Written(config_changed=changed, removed=removed)
+    return Written(config_changed=changed, removed=removed, host_key=public)
 
 
 def _note_of(users: Sequence[SftpUser], name: str) -> str | None:
@@ -191,20 +195,21 @@ def _note_of(users: Sequence[SftpUser], name: str) -> str | None:
 
 
 def _replace(path: Path, text: str) -> bool:
-    """Write `text` to `path` (mode 0644) unless it is there already; True when it changed."""
+    """Write `text` to `path` (mode 0644: sshd's accounts and keys are public) unless it is there
+    already; True when it changed."""
     try:
         if path.read_text() == text:
             return False
     except (FileNotFoundError, UnicodeDecodeError):
         pass
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.unlink(missing_ok=True)
-    handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(handle, "w") as file:
-        file.write(text)
-    os.chmod(partial, 0o644)
-    partial.replace(path)
+    write_private(path, text.encode())
+    os.chmod(path, 0o644)  # noqa: S103 - public by design: read by sshd as the container's root
     return True
+
+
+def host_key(etc: Path) -> str:
+    """The service's ed25519 host key (made once, kept across restarts): its public line."""
+    return host_key_pair(etc / "host_key", etc / "host_key.pub")
 
 
 def seccomp_profile(base: Path = DEFAULT_SECCOMP) -> dict[str, object]:

@@ -105,21 +105,27 @@ def booking_host_key(cache_dir: Path, name: str, *, owner: tuple[int, int] | Non
     private, public = folder / HOST_KEY_FILE, folder / f"{HOST_KEY_FILE}.pub"
     folder.mkdir(parents=True, exist_ok=True, mode=0o711)
     folder.chmod(0o711)  # also a folder an earlier start (or version) left with another mode
-    if private.is_file() and public.is_file():
-        line = public.read_text().strip()
-    else:
-        key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
-        line = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                             serialization.PublicFormat.OpenSSH).decode()
-        write_private(private, pem)
-        public.write_text(line + "\n")
-        public.chmod(0o644)
+    line = host_key_pair(private, public)
     held = private.stat()
     if owner is not None and chown is not None and (held.st_uid, held.st_gid) != owner:
         chown(private, *owner)
     return HostKey(folder=folder, public=line)
+
+
+def host_key_pair(private: Path, public: Path) -> str:
+    """An ed25519 host key pair kept in `private` (mode 600) and `public`, made if either is
+    missing; its public line ("ssh-ed25519 AAAA...")."""
+    if private.is_file() and public.is_file():
+        return public.read_text().strip()
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                            serialization.NoEncryption())
+    line = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode()
+    write_private(private, pem)
+    public.write_text(line + "\n")
+    public.chmod(0o644)
+    return line
 
 
 def forget_host_key(cache_dir: Path, name: str) -> None:

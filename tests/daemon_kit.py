@@ -20,7 +20,7 @@ import icalendar
 import paramiko
 import pytest
 
-from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name
+from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, ServiceSpec, container_name
 from scheduler.commands.embedded import end_process
 from scheduler.config import load as load_config
 from scheduler.daemon import Daemon
@@ -224,6 +224,14 @@ class IdleEngine:
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None: ...
 
     def import_rootfs(self, tarball: Path, tag: str) -> None: ...
+
+    def start_service(self, spec: ServiceSpec) -> ContainerInfo:
+        raise NotImplementedError("an idle engine starts nothing")
+
+    def inspect_service(self, name: str) -> ContainerInfo | None:
+        return None
+
+    def signal(self, name: str, signal_name: str) -> None: ...
 
 
 def in_process_daemon(folder: Path, *, notifier: Notifier | None = None, poll_seconds: float = 60,

@@ -45,6 +45,7 @@ class SftpSettings:
     users: tuple[sftp.SftpUser, ...]  # quota notes not set yet
     quota_bytes: int | None = None
     persistent_home: bool = False
+    host_network: bool = False  # [engine] network = "host": sshd itself binds `listen`; else the engine publishes it
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class SftpStatus:
     running: bool
     container: str
     restarts: int = 0
+    host_key: str = ""  # "ssh-ed25519 AAAA...": what the users' known_hosts gets
     problem: str | None = None
     usage: dict[str, Usage] = field(default_factory=dict)
     left_out: tuple[str, ...] = ()
@@ -73,6 +75,7 @@ class SftpStatus:
     def to_json(self) -> dict[str, object]:
         return {"port": self.port, "listen": self.listen, "running": self.running,
                 "container": self.container, "restarts": self.restarts, "problem": self.problem,
+                "host_key": self.host_key,
                 "left_out": list(self.left_out),
                 "usage": {name: {"bytes": u.bytes, "quota": u.quota, "over": u.over}
                           for name, u in sorted(self.usage.items())}}
@@ -87,7 +90,8 @@ def settings_of(config: Config) -> SftpSettings | None:
                   for user in config.users.values())
     return SftpSettings(port=config.sftp.port, listen=config.sftp.listen, data_root=config.storage.data_root,
                         users=users, quota_bytes=round(quota * 1e9) if quota is not None else None,
-                        persistent_home=config.storage.persistent_home)
+                        persistent_home=config.storage.persistent_home,
+                        host_network=config.engine.network == "host")
 
 
 def image_of(config: Config, templates: TemplateSet, overlay: Callable[[Template], str]) -> Callable[[], str]:
@@ -113,14 +117,14 @@ def quota_note(user: str, usage: Usage) -> str:
 
 class SftpService:
     def __init__(self, *, engine: Engine, settings: SftpSettings, etc_dir: Path,
-                 image: Callable[[], str]) -> None:
+                 image: Callable[[], str], name: str = sftp.SERVICE_NAME) -> None:
         """`etc_dir`: a folder of the daemon's for sshd's files; `image`: the image to run (it may
-        raise Preparing while it is being built)."""
+        raise Preparing while it is being built); `name`: the container's."""
         self.engine = engine
         self.settings = settings
         self.etc_dir = etc_dir
         self.image = image
-        self.name = sftp.SERVICE_NAME
+        self.name = name
         self._lock = threading.Lock()
         self._served: tuple[sftp.SftpUser, ...] = ()
         self._over: set[str] = set()
@@ -162,7 +166,8 @@ class SftpService:
             note = quota_note(user.name, usage[user.name]) if usage[user.name].over else None
             served.append(sftp.SftpUser(name=user.name, uid=user.uid, gid=user.gid, keys=user.keys,
                                         quota_note=note))
-        written = sftp.write_files(self.etc_dir, port=settings.port, listen=settings.listen, users=served,
+        inside = settings.listen if settings.host_network else "0.0.0.0"  # noqa: S104 - the container's own network
+        written = sftp.write_files(self.etc_dir, port=settings.port, listen=inside, users=served,
                                    previous=self._served)
         info, started = self._ensure(settings)
         if written.config_changed and not started:
@@ -175,7 +180,7 @@ class SftpService:
         self._over = {u.name for u in served if u.quota_note is not None}
         self._served = tuple(served)
         return SftpStatus(port=settings.port, listen=settings.listen, running=info.running, container=self.name,
-                          restarts=self._restarts, usage=usage, left_out=tuple(left_out))
+                          restarts=self._restarts, usage=usage, left_out=tuple(left_out), host_key=written.host_key)
 
     def _folders(self, user: sftp.SftpUser) -> storage.DataFolders:
         uid, gid = self.engine.host_owner(user.uid, user.gid)
@@ -197,7 +202,7 @@ class SftpService:
         return info, True
 
     def spec(self, settings: SftpSettings) -> ServiceSpec:
-        profile = sftp.write_seccomp(self.etc_dir.parent / "sftp-seccomp.json")
+        profile = sftp.write_seccomp(self.etc_dir.parent / f"{self.name}-seccomp.json")
         return ServiceSpec(
             name=self.name, service=SERVICE, image=self.image(), port=settings.port, listen=settings.listen,
             command=sftp.COMMAND, capabilities=sftp.CAPABILITIES, seccomp=profile, pids_limit=PIDS_LIMIT,

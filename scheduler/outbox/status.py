@@ -157,6 +157,8 @@ def sftp_lines(sftp: Mapping[str, Any] | None) -> list[str]:
     lines = [head]
     if sftp.get("problem"):
         lines.append(f"  problem: {sftp['problem']}")
+    if sftp.get("host_key"):
+        lines.append(f"  host key: {sftp['host_key']}")
     for name, usage in (sftp.get("usage") or {}).items():
         quota = usage.get("quota")
         used = f"{usage.get('bytes', 0) / 1e9:.2f} GB" + (f" of {quota / 1e9:g} GB" if quota else "")
