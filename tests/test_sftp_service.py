@@ -35,7 +35,7 @@ def free_port() -> int:
 class Site:
     """A running SFTP service with two users, alice and bob, and what a client needs."""
 
-    def __init__(self, folder: Path, engine: Engine, *, quota: int | None = None) -> None:
+    def __init__(self, folder: Path, engine: Engine, *, quota: int | None = None) -> None:  # noqa: F811
         self.folder = folder
         self.keys = {name: paramiko.ECDSAKey.generate(bits=256) for name in ("alice", "bob")}
         self.key_files: dict[str, Path] = {}
