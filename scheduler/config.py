@@ -211,7 +211,7 @@ class SftpConfig:
     """[sftp]: the always-on SFTP data service (needs [storage] data_root)."""
 
     enabled: bool = setting(False, "run the SFTP service: each user's input/, output/ (and home/) at any time")
-    port: int = setting(2222, "host port of the SFTP service (outside [ssh] port_min..port_max)", check=_port)
+    port: int = setting(2222, "host port of the SFTP service (bookings never get it)", check=_port)
     listen: str = setting("0.0.0.0", "host address the port is published on", check=_address_problem)  # noqa: S104
     template: str = setting("debian-ssh", "template whose image runs the service (it needs OpenSSH's sshd "
                             "and pkill)", check=_template_name_problem)
@@ -650,13 +650,11 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
 
 def _sftp_problems(reader: _Reader, read: Mapping[str, Any]) -> None:
     """[sftp] against the sections it depends on."""
-    sftp, ssh, storage = read["sftp"], read["ssh"], read["storage"]
+    sftp, storage = read["sftp"], read["storage"]
     if not sftp.enabled:
         return
     if storage.data_root is None:
         reader.error("sftp.enabled", "needs [storage] data_root: the service serves the folders there")
-    if ssh.port_min <= sftp.port <= ssh.port_max:
-        reader.error("sftp.port", f"{sftp.port} is one of the bookings' ports ([ssh] {ssh.port_min}..{ssh.port_max})")
     owners: dict[int, str] = {}
     for user in read["users"].values():
         other = owners.setdefault(user.uid, user.name)

@@ -368,18 +368,20 @@ class State:
 
     # -- ports ---------------------------------------------------------------------------------
 
-    def port_for(self, booking_id: str, *, port_min: int, port_max: int, now: datetime | None = None) -> int:
+    def port_for(self, booking_id: str, *, port_min: int, port_max: int, now: datetime | None = None,
+                 reserved: frozenset[int] = frozenset()) -> int:
         """The booking's SSH port for a start in progress: the one it holds if that is still free on
         this host, else the lowest port in [port_min, port_max] that no other booking holds and that
-        is free on this host (a port found busy is skipped, never fatal). Raises StateError when
-        none is left. The caller releases it when the start fails (`release_port`)."""
+        is free on this host (a port found busy is skipped, never fatal) and not `reserved` (the
+        SFTP service's, even while it is down). Raises StateError when none is left. The caller
+        releases it when the start fails (`release_port`)."""
         with self._transaction() as db:
             row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
             if row is not None:
                 if self._port_probe(int(row[0])):
                     return int(row[0])
                 db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
-            taken = {port for (port,) in db.execute("SELECT port FROM ports")}
+            taken = {port for (port,) in db.execute("SELECT port FROM ports")} | reserved
             for port in range(port_min, port_max + 1):
                 if port not in taken and self._port_probe(port):
                     db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?)",

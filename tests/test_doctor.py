@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from scheduler import config as config_module
+from scheduler.commands import doctor as doctor_module
 from tests import safe_data, servers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,3 +75,23 @@ def test_doctor_with_a_broken_config_names_the_fault(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert f"FAIL  config: {config}: calendar[0].url: must be an http:// or https:// URL" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_doctor_names_a_busy_sftp_port_and_users_the_service_cannot_serve(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        busy = doctor_module.port_check("127.0.0.1", port)
+    assert not busy.ok and f"port {port} on 127.0.0.1 is taken" in busy.detail and "[sftp] port" in busy.fix
+    assert doctor_module.port_check("127.0.0.1", port).ok  # free again
+    config = tmp_path / "gpubook.toml"
+    config.write_text('[[calendar]]\nurl = "http://127.0.0.1:9/cal/"\n'
+                      '[storage]\ndata_root = "/srv"\n[sftp]\nenabled = true\n'
+                      '[users.root]\nuid = 3001\nssh_keys = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPZ4 x"]\n'
+                      '[users.carol]\nuid = 3002\n'
+                      '[users.dave]\nuid = 3003\nssh_keys = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPZ4 x"]\n')
+    check = doctor_module.sftp_key_check(config_module.load(config))
+    assert not check.ok
+    assert "user root: the name is one of the service's own accounts" in check.detail
+    assert "user carol: no ssh_keys" in check.detail and "dave" not in check.detail

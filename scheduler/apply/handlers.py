@@ -88,8 +88,10 @@ class StartHandler:
         user = self.config.users[booking.user]
         # The port is held only while this start is in progress and then by the running container:
         # a start that fails in any way gives it back.
+        sftp = self.config.sftp
         port = self.state.port_for(booking.id, port_min=self.config.ssh.port_min,
-                                   port_max=self.config.ssh.port_max, now=now)
+                                   port_max=self.config.ssh.port_max, now=now,
+                                   reserved=frozenset({sftp.port}) if sftp.enabled else frozenset())
         try:
             started = host.start(StartRequest(
                 booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys),

@@ -6,10 +6,12 @@ module adds the config, the templates, the calendars and the data folders. Exit 
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from contextlib import closing
 
-from runtime import engines, gpus, network, storage
+from runtime import engines, gpus, network, sftp, ssh, storage
 from runtime.checks import Check, format_checks
 from runtime.errors import GpubookError
 from runtime.templates import load_all
@@ -69,6 +71,56 @@ def _storage_check(loaded: config_module.Config) -> Check:
     return Check("data_root", True, f"{root} (nosuid,nodev)")
 
 
+def port_check(listen: str, port: int) -> Check:
+    """The SFTP port is free on its address (when the service does not hold it already)."""
+    family = socket.AF_INET6 if ":" in listen else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((listen, port))
+        except OSError as error:
+            why = "is taken by another program" if error.errno == errno.EADDRINUSE else f": {error.strerror}"
+            return Check("sftp port", False, f"port {port} on {listen} {why}",
+                         f"stop what listens there (ss -ltnp 'sport = :{port}') or choose another [sftp] port")
+    return Check("sftp port", True, f"{listen}:{port} is free")
+
+
+def sftp_key_check(loaded: config_module.Config) -> Check:
+    """Every user gets in: a valid name, their own ids, keys that decode."""
+    users = [sftp.SftpUser(name=u.name, uid=u.uid, gid=u.gid, keys=u.ssh_keys) for u in loaded.users.values()]
+    kept, left_out = sftp.usable(users)
+    for user in kept:
+        for key in user.keys:
+            try:
+                ssh.fingerprint(key)
+            except (ValueError, IndexError):
+                left_out.append(f"user {user.name}: key {key[:30]}... does not decode")
+    if left_out:
+        return Check("sftp users", False, "; ".join(left_out),
+                     "give each user an ssh_keys line of their own public key and a uid of their own")
+    return Check("sftp users", True, f"{len(kept)} user(s) with keys")
+
+
+def _sftp_checks(loaded: config_module.Config) -> list[Check]:
+    settings = loaded.sftp
+    if not settings.enabled:
+        return [Check("sftp", True, "off ([sftp] enabled = false): no data access outside bookings")]
+    result = [sftp_key_check(loaded)]
+    try:
+        engine = engines.make_engine(loaded.engine)
+        running = engine.inspect_service(sftp.SERVICE_NAME)
+    except GpubookError as error:
+        return [*result, Check("sftp", False, f"cannot ask the engine: {error}", "see the engine checks above")]
+    if running is not None and running.running:
+        result.append(Check("sftp", True, f"{sftp.SERVICE_NAME} runs on {settings.listen}:{settings.port}"))
+    else:
+        result.append(port_check(settings.listen, settings.port))
+    if not sftp.DEFAULT_SECCOMP.is_file():
+        result.append(Check("sftp seccomp", True, f"{sftp.DEFAULT_SECCOMP} is missing: the service runs with a "
+                            "profile that only refuses set-id chmod (install containers-common for the default)"))
+    return result
+
+
 def checks(config_path: str | None) -> list[Check]:
     config_check, loaded = _config_check(config_path)
     result = [config_check]
@@ -86,6 +138,7 @@ def checks(config_path: str | None) -> list[Check]:
     if loaded is not None:
         result.extend(_calendar_checks(loaded))
         result.append(_storage_check(loaded))
+        result.extend(_sftp_checks(loaded))
     return result
 
 
