@@ -26,7 +26,7 @@ import paramiko
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime import ssh, storage  # noqa: E402
+from runtime import overlay_image, ssh, storage  # noqa: E402
 from runtime.engines import Engine, EngineOptions, EngineSettings, container_name, engine_from  # noqa: E402
 from runtime.engines.podman import PodmanEngine  # noqa: E402
 from runtime.templates import Template, get_template  # noqa: E402
@@ -56,7 +56,7 @@ def bench(engines: dict[str, Engine], runs: int) -> dict[str, tuple[list[float],
     cache = ssh.default_cache_dir()
     template = get_template("debian-ssh")
     first = next(iter(engines.values()))
-    ssh.build_rootfs_image(first, template, cache_dir=cache)
+    overlay_image.build_rootfs_image(first, template, cache_dir=cache)
     probe_key = ssh.load_probe_key(cache / "bench-probe-key")
     figures: dict[str, tuple[list[float], list[float]]] = {network: ([], []) for network in engines}
     with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as data_root:

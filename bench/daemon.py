@@ -55,7 +55,7 @@ def machine() -> str:
 
 
 def latency(count: int) -> None:
-    from runtime import ssh
+    from runtime import overlay_image
     from runtime.engines import engine_from
     from runtime.templates import get_template
     from tests import servers
@@ -63,7 +63,7 @@ def latency(count: int) -> None:
     from tests.engine_suite import CACHE_DIR
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
-    ssh.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     key = paramiko.ECDSAKey.generate(bits=256)
     figures: list[float] = []
     with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as folder, \

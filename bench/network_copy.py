@@ -28,7 +28,7 @@ import paramiko
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.container_start import podman_engine  # noqa: E402
-from runtime import ssh, storage  # noqa: E402
+from runtime import overlay_image, ssh, storage  # noqa: E402
 from runtime.engines import Engine, container_name  # noqa: E402
 from runtime.templates import get_template  # noqa: E402
 from tests.engine_suite import free_port  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     cache = ssh.default_cache_dir()
     engines = {network: podman_engine(network) for network in args.network}
-    ssh.build_rootfs_image(next(iter(engines.values())), get_template("debian-ssh"), cache_dir=cache)
+    overlay_image.build_rootfs_image(next(iter(engines.values())), get_template("debian-ssh"), cache_dir=cache)
     probe_key = ssh.load_probe_key(cache / "bench-probe-key")
     booker_key = paramiko.ECDSAKey.generate(bits=256)
     seconds: dict[str, list[float]] = {network: [] for network in engines}

@@ -1,8 +1,6 @@
 """The "local overlay" on a template: the booker's account, SSH with keys only, sudo; and readiness.
 
-- Images without sshd/sudo get a derived image (FROM the template's image + openssh-server + sudo,
-  Debian/Ubuntu or RHEL family), built once and tagged with a hash of image and recipe, so a change
-  of either builds a new one.
+- Images without sshd/sudo run as a derived image with them (runtime/overlay_image.py builds it).
 - At start a read-only bind-mounted entrypoint (overlay/entrypoint.sh) makes the account, keys,
   sudo and sshd on the booking's port; then the template's command runs as the booker.
 - gpubook makes each booking's SSH host key itself (ed25519, kept mode 600 under the cache folder,
@@ -21,12 +19,8 @@ import io
 import logging
 import os
 import socket
-import subprocess
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -36,8 +30,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from runtime.engines import ContainerInfo, ContainerSpec, Engine
-from runtime.errors import EngineError, Preparing, TemplateError
+from runtime.errors import EngineError
 from runtime.mounts import Mount
+
+# OverlayBuilds moved to runtime/overlay_image.py; re-exported for scheduler/hosts/local.py (`ssh.OverlayBuilds`).
+from runtime.overlay_image import OverlayBuilds as OverlayBuilds
+from runtime.overlay_image import run_image
 from runtime.private import check_private_key, write_private
 from runtime.storage import DataFolders, check_user_name
 from runtime.templates import Template
@@ -48,20 +46,6 @@ ENTRYPOINT_SOURCE = Path(__file__).with_name("overlay") / "entrypoint.sh"
 OVERLAY_TARGET = "/.gpubook"
 HOST_KEY_TARGET = "/.gpubook-hostkey"  # the booking's host key folder, bound read-only
 HOST_KEY_FILE = "ssh_host_ed25519_key"
-OVERLAY_CONTAINERFILE = """\
-FROM {image}
-# gpubook overlay: sshd and sudo for images that lack them (Debian/Ubuntu, then RHEL family).
-RUN set -e; \\
-    if command -v apt-get >/dev/null 2>&1; then \\
-      apt-get update; \\
-      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
-        openssh-server sudo; \\
-      rm -rf /var/lib/apt/lists/*; \\
-    elif command -v dnf >/dev/null 2>&1; then dnf install -y openssh-server sudo; dnf clean all; \\
-    elif command -v yum >/dev/null 2>&1; then yum install -y openssh-server sudo; yum clean all; \\
-    else echo "gpubook overlay: no apt-get, dnf or yum in {image}" >&2; exit 1; fi
-LABEL gpubook.overlay-of="{image}"
-"""
 
 
 @dataclass(frozen=True)
@@ -189,102 +173,6 @@ def probe_key_line(key: paramiko.PKey) -> str:
     # `restrict` (OpenSSH >= 7.2): no pty, no forwarding; and the probe can only run `true`.
     return f'restrict,command="true" {key.get_name()} {key.get_base64()} gpubook-probe'
 
-
-def overlay_tag(template: Template) -> str:
-    recipe = OVERLAY_CONTAINERFILE.format(image=template.image)
-    digest = hashlib.sha256(f"{template.image}\n{recipe}".encode()).hexdigest()[:12]
-    return f"localhost/gpubook/overlay-{template.name}:{digest}"
-
-
-def run_image(template: Template) -> str:
-    """The image a booking of this template runs: the template's own, or its derived overlay."""
-    return template.image if template.has_sshd else overlay_tag(template)
-
-
-def build_overlay(engine: Engine, template: Template) -> str:
-    """Build the derived image with sshd and sudo unless it is there already; give its tag."""
-    tag = overlay_tag(template)
-    if _image_exists(engine, tag):
-        return tag
-    engine.ensure_image(template.image)
-    with tempfile.TemporaryDirectory(prefix="gpubook-overlay-") as context:
-        (Path(context) / "Containerfile").write_text(
-            OVERLAY_CONTAINERFILE.format(image=template.image)
-        )
-        engine.build(tag, Path(context))
-    return tag
-
-
-class OverlayBuilds:
-    """Overlay builds in the background, so that a first booking of a template (an `apt-get` that may
-    take an hour) never holds a pass or any other booking: `ready` gives the tag when the image is
-    there, else starts its build (once per tag) and raises `Preparing`. A failed build is raised
-    once by the next `ready`, which then builds again on the call after."""
-
-    def __init__(self, *, workers: int = 2, on_done: Callable[[], None] | None = None) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubook-overlay")
-        self._builds: dict[str, Future[str]] = {}
-        self._lock = threading.Lock()
-        self.on_done = on_done  # told when a build ends (the daemon wakes a pass)
-
-    def ready(self, engine: Engine, template: Template) -> str:
-        tag = overlay_tag(template)
-        with self._lock:
-            build = self._builds.get(tag)
-            if build is not None and build.done():
-                del self._builds[tag]
-                build.result()  # a failed build raises its error here, once
-                return tag
-            if build is None:
-                if _image_exists(engine, tag):
-                    return tag
-                log.info("template %s: building its sshd overlay %s in the background", template.name, tag)
-                build = self._pool.submit(build_overlay, engine, template)
-                build.add_done_callback(self._done)
-                self._builds[tag] = build
-        raise Preparing(f"preparing the image: the sshd overlay of template {template.name} is being built")
-
-    def _done(self, build: Future[str]) -> None:
-        error = build.exception()
-        if error is not None:
-            log.warning("sshd overlay build failed: %s", str(error).splitlines()[0] if str(error) else error)
-        if self.on_done is not None:
-            self.on_done()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -> str:
-    """Make a template's image locally with mmdebstrap (its [build] recipe), the tarball cached."""
-    recipe = template.build
-    if recipe is None:
-        raise TemplateError(f"{template.path}: build: this template has no [build] recipe")
-    if _image_exists(engine, template.image):
-        return template.image
-    key = f"{recipe.suite} {recipe.variant} {','.join(sorted(recipe.include))}"
-    tarball = cache_dir / "rootfs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.tar"
-    if not tarball.is_file():
-        tarball.parent.mkdir(parents=True, exist_ok=True)
-        partial = tarball.with_suffix(".partial.tar")
-        mode = "root" if os.geteuid() == 0 else "unshare"
-        argv = ["mmdebstrap", f"--mode={mode}", f"--variant={recipe.variant}", "--quiet"]
-        if recipe.include:
-            argv.append("--include=" + ",".join(recipe.include))
-        argv += [recipe.suite, str(partial)]
-        log.info("template %s: building its root file system with mmdebstrap", template.name)
-        done = subprocess.run(
-            argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
-        )
-        if done.returncode != 0:
-            partial.unlink(missing_ok=True)
-            raise EngineError(
-                f"template {template.name}: mmdebstrap failed: "
-                f"{(done.stderr or done.stdout).strip()[-2000:]}"
-            )
-        partial.replace(tarball)
-    engine.import_rootfs(tarball, template.image)
-    return template.image
 
 
 def booking_spec(
@@ -433,14 +321,6 @@ def probe_login(
             return shown
         finally:
             transport.close()
-
-
-def _image_exists(engine: Engine, image: str) -> bool:
-    try:
-        engine.ensure_image(image)
-    except EngineError:
-        return False
-    return True
 
 
 def _safe_logs(engine: Engine, name: str) -> str:

@@ -2,7 +2,7 @@
 
 A template names an image, its CUDA version, environment, extra read-only mounts, a command, shm
 size and memory, and whether the image already has sshd and sudo (else gpubook builds a derived
-image with them, see runtime/ssh.py). A template that fails validation is reported with its file and
+image with them, see runtime/overlay_image.py). A template that fails validation is reported with its file and
 field, and skipped; it never stops the others. `template_names` and `default_templates_dir` keep
 their signatures: the scheduler's plan uses them.
 """

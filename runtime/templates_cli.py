@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from runtime import ssh
+from runtime import overlay_image, ssh
 from runtime.engines import engine_from
 from runtime.errors import GpubookError
 from runtime.templates import Template, get_template, load_all
@@ -60,7 +60,7 @@ def show(args: Namespace) -> int:
     data = asdict(template)
     data["path"] = str(template.path)
     data["mounts"] = [{"source": str(m.source), "target": m.target} for m in template.mounts]
-    data["run_image"] = ssh.run_image(template)
+    data["run_image"] = overlay_image.run_image(template)
     print(json.dumps(data, indent=2, default=str))
     return 0
 
@@ -95,9 +95,9 @@ def build(args: Namespace) -> int:
         )
         cache = ssh.default_cache_dir()
         if template.build is not None:
-            ssh.build_rootfs_image(engine, template, cache_dir=cache)
+            overlay_image.build_rootfs_image(engine, template, cache_dir=cache)
         if not template.has_sshd:
-            print(ssh.build_overlay(engine, template))
+            print(overlay_image.build_overlay(engine, template))
         else:
             print(template.image)
     except GpubookError as error:

@@ -18,7 +18,8 @@ from runtime import gpus as gpu_inventory
 from runtime.templates import template_names
 from scheduler.config import Config
 from scheduler.core import plan as plan_module
-from scheduler.core.bookings import Booking, BookingReader, Problem, Rejection
+from scheduler.core.bookings import Booking, BookingReader, Rejection
+from scheduler.core.parsing import Problem
 from scheduler.sources import Snapshot, Source, open_source
 from scheduler.sources.errors import CalendarError, printable, redact_url
 

@@ -251,13 +251,13 @@ def in_process_daemon(folder: Path, *, notifier: Notifier | None = None, poll_se
 @pytest.fixture(scope="module")
 def engine() -> Engine:
     """Rootless podman with the test image built once."""
-    from runtime import ssh
+    from runtime import overlay_image
     from runtime.engines import engine_from
     from runtime.templates import get_template
     from tests.engine_suite import CACHE_DIR
 
     made = engine_from("podman", runtime="runc", storage_driver="overlay")
-    ssh.build_rootfs_image(made, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    overlay_image.build_rootfs_image(made, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     return made
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from runtime import ssh, storage
+from runtime import overlay_image, ssh, storage
 from runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
 from runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from runtime.errors import EngineError, StorageError
@@ -201,7 +201,7 @@ def engine(engine_args: dict) -> Engine:
 @pytest.fixture(scope="session")
 def image(engine: Engine) -> str:
     """The debian-ssh image, built once with mmdebstrap (tarball cached in ~/.cache/gpubook)."""
-    return ssh.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    return overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ END_LINE = "DTEND:20261124T110000Z"
 SIXTY = ",".join(str(n) for n in range(60))
 CORPUS = Path("/work/shared/testdata/calendars")
 REPO = Path(__file__).resolve().parents[1]
-MAX_OCCURRENCES = 1000  # scheduler.core.bookings.MAX_OCCURRENCES, written out so that this file loads on main
+MAX_OCCURRENCES = 1000  # scheduler.core.recurrence.MAX_OCCURRENCES, written out so that this file loads on main
 
 
 def _text(description: str) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import ssh
+from runtime import overlay_image
 from runtime.engines import Engine, engine_from
 from runtime.templates import load_template
 from tests.engine_suite import CACHE_DIR, Bookings, connect, run
@@ -37,7 +37,7 @@ def test_image_without_sshd_gets_the_overlay(engine: Engine, tmp_path: Path) -> 
         '[build]\nsuite = "bookworm"\nvariant = "minbase"\n'
     )
     template = load_template(folder / "bare-debian.toml")
-    ssh.build_rootfs_image(engine, template, cache_dir=CACHE_DIR)
+    overlay_image.build_rootfs_image(engine, template, cache_dir=CACHE_DIR)
     lacking = subprocess.run(
         [
             *engine.global_argv(),
@@ -55,9 +55,9 @@ def test_image_without_sshd_gets_the_overlay(engine: Engine, tmp_path: Path) -> 
         check=True,
     )
     assert lacking.stdout.strip() == "none"  # the base really has neither
-    tag = ssh.build_overlay(engine, template)
-    assert tag == ssh.run_image(template) and tag != template.image
-    assert ssh.build_overlay(engine, template) == tag  # cached: no second build
+    tag = overlay_image.build_overlay(engine, template)
+    assert tag == overlay_image.run_image(template) and tag != template.image
+    assert overlay_image.build_overlay(engine, template) == tag  # cached: no second build
     data_root = tmp_path / "data"
     data_root.mkdir()
     bookings = Bookings(engine, data_root, template)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import ssh
+from runtime import overlay_image
 from runtime.engines import ContainerInfo, ExecResult, container_name
 from runtime.errors import EngineError
 from runtime.templates import load_all
@@ -360,7 +360,7 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
     config = make_config(tmp_path)
     machine = BuildingMachine()
     engine = SlowBuildEngine()
-    builds = ssh.OverlayBuilds()
+    builds = overlay_image.OverlayBuilds()
     passes = make_pass(config, machine, state)
     try:
         x = vevent("x", f"DTSTART:{NOW:%Y%m%dT%H%M%SZ}", f"DTEND:{NOW + timedelta(hours=1):%Y%m%dT%H%M%SZ}",

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import state as state_module
-from scheduler.state import MIGRATIONS, State, StateError, port_is_free
+from scheduler.state import MIGRATIONS, State, StateError, port_is_free, schema
 
 T0 = datetime(2026, 11, 21, 9, 0, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,10 +185,10 @@ def test_failed_migration_leaves_the_version_unchanged(tmp_path: Path, monkeypat
     path = tmp_path / "state.sqlite"
     with State(path):
         pass
-    monkeypatch.setattr(state_module, "MIGRATIONS",
+    monkeypatch.setattr(schema, "MIGRATIONS",
                         MIGRATIONS + ("CREATE TABLE extra (x INTEGER); INSERT INTO nowhere VALUES (1);",))
     with pytest.raises(sqlite3.OperationalError, match="nowhere"):
-        state_module.State(path)
+        State(path)
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
     assert raw.execute("SELECT count(*) FROM sqlite_master WHERE name = 'extra'").fetchone()[0] == 0

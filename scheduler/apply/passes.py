@@ -3,8 +3,8 @@ through the handler for its kind, fold each recorded outcome into the pass's vie
 outbox read what was recorded (calendar write-back, notices).
 
 No booking waits on another booking's slow step: each booking's actions run in order in a
-bounded pool of threads, different bookings in parallel (a start whose sshd is slow, a notice a
-booker's terminal holds up). A start waits only for the stops that free its GPUs. The pass waits
+bounded pool of threads, different bookings in parallel (lanes.py: a start whose sshd is slow, a
+notice a booker's terminal holds up). A start waits only for the stops that free its GPUs. The pass waits
 `patience` seconds for its bookings, then leaves the slow ones to finish on their own (`on_settled`
 tells the daemon, which runs a pass for their write-back); a booking still at work is skipped by
 later passes, and its port stays held. The write-back runs after the pass, one lane per calendar
@@ -23,11 +23,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
 from zoneinfo import ZoneInfo
 
 import paramiko
@@ -44,6 +43,7 @@ from scheduler.apply.handlers import (
     WarnHandler,
     record_stop,
 )
+from scheduler.apply.lanes import BookingLanes, booking_of
 from scheduler.apply.memory import (
     AGREED_END,
     PERMANENT_RETRY,
@@ -65,7 +65,6 @@ from scheduler.state import ContainerRecord, State, StateError
 
 log = logging.getLogger(__name__)
 
-WORKERS = 8  # bookings whose actions run at the same time
 PATIENCE = 3.0  # seconds a pass waits for its bookings' actions before leaving slow ones to finish alone
 
 
@@ -114,15 +113,6 @@ class World:
         return grouped
 
 
-@dataclass(frozen=True)
-class _Freeing:
-    """A booking's stop or clear at work: a start on the same host and GPUs waits for it."""
-
-    host: str
-    gpus: frozenset[int]  # empty: unknown, so every start on the host waits
-    future: Future[None]
-
-
 @dataclass
 class PassResult:
     plan: plan_module.Plan
@@ -158,12 +148,14 @@ class Pass:
         }
         self.patience = PATIENCE
         self.on_settled: Callable[[], None] | None = None  # told when a booking's work outlasted its pass
-        self.workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="gpubook-booking")
+        self.lanes = BookingLanes()
         self.outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
         self._delivery: Future[None] | None = None
-        self._lock = threading.RLock()
-        self.busy: dict[str, Future[None]] = {}  # booking id → its actions at work
-        self.freeing: dict[str, _Freeing] = {}  # booking id → its stop or clear at work
+
+    @property
+    def busy(self) -> dict[str, Future[None]]:
+        """Booking id → its actions at work (in this pass or left from an earlier one)."""
+        return self.lanes.busy
 
     @property
     def inventory(self) -> dict[str, tuple[int, ...]]:
@@ -181,7 +173,7 @@ class Pass:
             stale_reason: str = "", etags: Mapping[str, str | None] | None = None,
             write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
             complete: bool = True) -> PassResult:
-        at_work = self._at_work()  # before the hosts are read: a start ending in between keeps its port
+        at_work = self.lanes.at_work()  # before the hosts are read: a start ending in between keeps its port
         world = World.read(list(self.hosts.values()), self.state)
         self._release_idle_ports(world, at_work)
         plan = self.plan(occurrences, world.actual(), now=now)
@@ -193,10 +185,10 @@ class Pass:
                                 may_start=may_start, stale_reason=stale_reason,
                                 stale_calendars=stale_calendars or {}, complete=complete)
         result = PassResult(plan=plan, actions=actions, world=world)
-        pending = self._dispatch(actions, world, now=now, result=result)
-        _, late = wait(pending, timeout=self.patience)
-        for future in late:
-            future.add_done_callback(self._settled_late)
+        handled = [a for a in actions if type(a) in self.handlers]  # Recheck only informs the wake-up time
+        pending = self.lanes.dispatch(handled, apply=partial(self._apply, world=world, now=now, result=result),
+                                      gpus_of=world.gpus_of)
+        self.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
         rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
         retries = [t for t in self.recall.retries() if t > now]  # one due now was tried by this pass
         result.wake_at = min([t for t in (plan.next_wakeup, *rechecks, *retries) if t is not None], default=None)
@@ -205,67 +197,11 @@ class Pass:
         self._deliver_notices(now)
         return result
 
-    # -- bookings in parallel ------------------------------------------------------------------
-
-    def _dispatch(self, actions: Sequence[decide.Action], world: World, *, now: datetime,
-                  result: PassResult) -> list[Future[None]]:
-        """Each booking's actions, in order, as one task of the pool; stops and clears first, so
-        that a start waiting for one never waits for a task queued behind it."""
-        groups: dict[str, list[decide.Action]] = {}
-        for action in actions:
-            if type(action) in self.handlers:  # Recheck only informs the wake-up time
-                groups.setdefault(_booking_of(action) or f"?{id(action)}", []).append(action)
-        ordered = sorted(groups.items(), key=lambda item: not any(_frees(a) for a in item[1]))
-        submitted = []
-        for booking_id, group in ordered:
-            future = self._submit(booking_id, group, world, now=now, result=result)
-            if future is not None:
-                submitted.append(future)
-        return submitted
-
-    def _submit(self, booking_id: str, group: list[decide.Action], world: World, *, now: datetime,
-                result: PassResult) -> Future[None] | None:
-        with self._lock:
-            earlier = self.busy.get(booking_id)
-            if earlier is not None and not earlier.done():
-                log.info("booking %s: still at work from an earlier pass; its actions wait for that", booking_id)
-                return None
-            starts = [a for a in group if isinstance(a, decide.Start)]
-            needs = [f.future for f in self.freeing.values() if any(_waits_for(s, f) for s in starts)]
-            future = self.workers.submit(self._run_group, group, needs, world, now, result)
-            self.busy[booking_id] = future
-            freeing = [a for a in group if isinstance(a, (decide.Stop, decide.Clear))]
-            if freeing:
-                gpus = frozenset[int]().union(*(world.gpus_of(a.name) for a in freeing))
-                self.freeing[booking_id] = _Freeing(host=freeing[0].host, gpus=gpus, future=future)
-        future.add_done_callback(partial(self._forget, booking_id))
-        return future
-
-    def _run_group(self, group: Sequence[decide.Action], needs: Sequence[Future[None]], world: World,
-                   now: datetime, result: PassResult) -> None:
-        wait(needs)
-        for action in group:
-            try:
-                self._apply(action, world, now=now, result=result)
-            except Exception:  # a defect, not a booking's failure: logged, and the pool goes on
-                log.exception("booking %s: %s failed unexpectedly", _booking_of(action) or "-",
-                              type(action).__name__.lower())
-
-    def _forget(self, booking_id: str, future: Future[None]) -> None:
-        with self._lock:
-            if self.busy.get(booking_id) is future:
-                del self.busy[booking_id]
-            freeing = self.freeing.get(booking_id)
-            if freeing is not None and freeing.future is future:
-                del self.freeing[booking_id]
+    # -- around the bookings' work -------------------------------------------------------------
 
     def _settled_late(self, future: Future[None]) -> None:
         if self.on_settled is not None:
             self.on_settled()
-
-    def _at_work(self) -> set[str]:
-        with self._lock:
-            return {booking_id for booking_id, future in self.busy.items() if not future.done()}
 
     def _release_idle_ports(self, world: World, at_work: set[str]) -> None:
         """Ports are held only by running containers and starts in progress."""
@@ -355,7 +291,7 @@ class Pass:
         handler = self.handlers.get(type(action))
         if handler is None:  # Recheck: only informs the wake-up time
             return
-        booking_id = _booking_of(action)
+        booking_id = booking_of(action)
         try:
             world.fold(handler(action, now=now))
         except Preparing as waiting:  # not a failure: held with a note until its image is ready
@@ -405,22 +341,7 @@ class Pass:
 
     def close(self) -> None:
         """Wait for the bookings at work (queued ones are dropped), the write-back and the notices."""
-        self.workers.shutdown(wait=True, cancel_futures=True)
+        self.lanes.close()
         self.outbox.shutdown(wait=True)
         self.writeback.close()
 
-
-def _frees(action: Any) -> bool:
-    return isinstance(action, (decide.Stop, decide.Clear))
-
-
-def _waits_for(start: decide.Start, freeing: _Freeing) -> bool:
-    if freeing.future.done() or freeing.host != start.accepted.host:
-        return False
-    return not freeing.gpus or bool(freeing.gpus & frozenset(start.accepted.gpus))
-
-
-def _booking_of(action: Any) -> str | None:
-    if isinstance(action, decide.Start):
-        return action.accepted.booking.id
-    return getattr(action, "booking_id", None)

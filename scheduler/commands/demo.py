@@ -26,7 +26,7 @@ import caldav
 import paramiko
 from icalendar import Calendar, Event, vCalAddress
 
-from runtime import ssh, storage
+from runtime import overlay_image, ssh, storage
 from runtime.engines import Engine, container_name
 from runtime.errors import GpubookError
 from runtime.names import USER_NAME
@@ -178,14 +178,14 @@ def _clean_up(engine: Engine, daemon: subprocess.Popen[bytes] | None, booking_id
 
 def _ensure_image(config: config_module.Config, engine: Engine) -> None:
     template = get_template(config.defaults.template, config.templates_dir)
-    image = ssh.run_image(template)
+    image = overlay_image.run_image(template)
     if engine.image_exists(image):  # type: ignore[attr-defined]
         return
     print(f"gpubook demo: building the {template.name} image (mmdebstrap, about a minute, once)", flush=True)
     if template.build is not None:
-        ssh.build_rootfs_image(engine, template, cache_dir=ssh.default_cache_dir())
+        overlay_image.build_rootfs_image(engine, template, cache_dir=ssh.default_cache_dir())
     if not template.has_sshd:
-        ssh.build_overlay(engine, template)
+        overlay_image.build_overlay(engine, template)
 
 
 def _run_daemon(config: config_module.Config, config_path: Path, booker: str, key: paramiko.PKey,

@@ -1,15 +1,5 @@
-"""What the daemon remembers between runs: one SQLite file (stdlib sqlite3, WAL).
-
-It holds the SSH ports handed out, the containers started and stopped, the calendar write-backs
-done, an append-only event log, the outbox of notices (e-mail, webhook) waiting to be delivered
-and, from the start/stop records, GPU-hours per user and booking. Each outcome of a pass is
-recorded here once; the write-back, the notices and the status file read it from here.
-
-It is a memory, not the truth: what runs is what the engine lists under gpubook's labels. So a
-missing or corrupt database is set aside and recreated with a warning, and the apply stage adopts
-running containers (`adopt_port`, `container_started`) from their labels. Every method commits
-its own transaction; WAL with synchronous=NORMAL keeps every committed transaction through a
-kill -9 of the daemon (a power cut may lose the last few, which the labels make up for).
+"""State: the daemon's memory in one SQLite file, one transaction per method (see the package
+docstring for what it holds and why it is a memory, not the truth).
 """
 
 from __future__ import annotations
@@ -20,170 +10,18 @@ import logging
 import socket
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import GpubookError
-from runtime.private import private_file, private_folder
+from runtime.private import private_folder
+from scheduler.state.errors import StateError, StateUnavailable
+from scheduler.state.records import LEVELS, ContainerRecord, LogEntry, Notice, WriteBack, container, moment_of, stamp_of
+from scheduler.state.schema import Corrupt, open_checked, set_aside, set_up
 
 log = logging.getLogger(__name__)
-
-LEVELS = ("debug", "info", "warning", "error")
-
-
-class StateError(GpubookError):
-    """The state database cannot be used (a newer schema, an unwritable folder, no free port)."""
-
-
-class StateUnavailable(StateError):
-    """A read or write failed (locked by another process, read-only, full disk, damaged): the one
-    booking or step that needed it fails this time and is tried again; the pass goes on."""
-
-    temporary = True
-
-
-class _Corrupt(Exception):
-    """The file is not a readable SQLite database."""
-
-
-_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
-
-# Schema migrations, in order. PRAGMA user_version is the number applied; each runs in one
-# transaction together with the version bump, so a crash never leaves half a migration.
-# Never edit a released migration: append a new one.
-MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE ports (
-        booking_id   TEXT PRIMARY KEY,
-        port         INTEGER NOT NULL UNIQUE,
-        allocated_at REAL NOT NULL
-    );
-    CREATE TABLE containers (
-        id          INTEGER PRIMARY KEY,
-        booking_id  TEXT NOT NULL,
-        name        TEXT NOT NULL,
-        user        TEXT NOT NULL,
-        gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 0),
-        started_at  REAL NOT NULL,
-        stopped_at  REAL,
-        exit_reason TEXT,
-        restarts    INTEGER NOT NULL DEFAULT 0
-    );
-    -- at most one open (running) record per container name
-    CREATE UNIQUE INDEX containers_open ON containers (name) WHERE stopped_at IS NULL;
-    CREATE INDEX containers_booking ON containers (booking_id);
-    CREATE INDEX containers_user ON containers (user);
-    CREATE TABLE write_backs (
-        booking_id TEXT PRIMARY KEY,
-        status     TEXT NOT NULL,
-        etag       TEXT,
-        written_at REAL NOT NULL
-    );
-    CREATE TABLE events (
-        id         INTEGER PRIMARY KEY AUTOINCREMENT,
-        at         REAL NOT NULL,
-        booking_id TEXT,
-        level      TEXT NOT NULL CHECK (level IN ('debug', 'info', 'warning', 'error')),
-        message    TEXT NOT NULL
-    );
-    CREATE INDEX events_booking ON events (booking_id);
-    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
-        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
-    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
-        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
-    """,
-    # 2: what the apply stage remembers per booking beyond containers: the warning given (and the
-    # stop it announced), an end extension granted while running, a note for the event.
-    """
-    CREATE TABLE booking_notes (
-        booking_id TEXT NOT NULL,
-        key        TEXT NOT NULL,
-        value      TEXT NOT NULL,
-        at         REAL NOT NULL,
-        PRIMARY KEY (booking_id, key)
-    );
-    """,
-    # 3: the outbox: notices a pass recorded, delivered after it by the e-mail/webhook senders.
-    """
-    CREATE TABLE outbox (
-        id           INTEGER PRIMARY KEY AUTOINCREMENT,
-        at           REAL NOT NULL,
-        kind         TEXT NOT NULL,
-        booking_id   TEXT NOT NULL,
-        user         TEXT NOT NULL,
-        subject      TEXT NOT NULL,
-        text         TEXT NOT NULL,
-        fields       TEXT NOT NULL,
-        delivered_at REAL
-    );
-    CREATE INDEX outbox_pending ON outbox (id) WHERE delivered_at IS NULL;
-    """,
-    # 4: when gpubook first saw each occurrence in each calendar object: the plan's priority, so
-    # that conflicts are decided by what gpubook observed, not by a client-written CREATED.
-    """
-    CREATE TABLE first_seen (
-        calendar_url TEXT NOT NULL,
-        href         TEXT NOT NULL,
-        booking_id   TEXT NOT NULL,
-        seen_at      REAL NOT NULL,
-        PRIMARY KEY (calendar_url, href, booking_id)
-    ) WITHOUT ROWID;
-    CREATE INDEX first_seen_at ON first_seen (seen_at);
-    """,
-)
-
-
-@dataclass(frozen=True)
-class ContainerRecord:
-    id: int
-    booking_id: str
-    name: str
-    user: str
-    gpu_count: int
-    started_at: datetime
-    stopped_at: datetime | None
-    exit_reason: str | None
-    restarts: int  # runs of this booking before this one
-
-    def gpu_hours(self, now: datetime) -> float:
-        end = self.stopped_at or now
-        return max(0.0, (end - self.started_at).total_seconds()) / 3600 * self.gpu_count
-
-
-@dataclass(frozen=True)
-class WriteBack:
-    booking_id: str
-    status: str
-    etag: str | None
-    written_at: datetime
-
-
-@dataclass(frozen=True)
-class Notice:
-    """A notice waiting in the outbox: what the e-mail says and what the webhook posts."""
-
-    id: int
-    at: datetime
-    kind: str  # "warning", "ended", ...
-    booking_id: str
-    user: str
-    subject: str
-    text: str
-    fields: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    id: int
-    at: datetime
-    booking_id: str | None
-    level: str
-    message: str
 
 
 def port_is_free(port: int) -> bool:
@@ -200,18 +38,6 @@ def port_is_free(port: int) -> bool:
                 return False
             raise
     return True
-
-
-def _stamp(moment: datetime | None) -> float:
-    if moment is None:
-        return time.time()
-    if moment.tzinfo is None:
-        raise ValueError(f"a naive datetime has no place in the state database: {moment!r}")
-    return moment.timestamp()
-
-
-def _moment(stamp: float | None) -> datetime | None:
-    return None if stamp is None else datetime.fromtimestamp(stamp, UTC)
 
 
 class State:
@@ -238,10 +64,10 @@ class State:
             log.warning("state database %s does not exist; starting a new one "
                         "(running containers are adopted from their labels)", self.path)
         try:
-            first = self._open()
-        except _Corrupt as error:
-            self._set_aside(error)
-            first = self._open()
+            first = open_checked(self.path, busy_timeout=busy_timeout)
+        except Corrupt as error:
+            set_aside(self.path, error)
+            first = open_checked(self.path, busy_timeout=busy_timeout)
         self._adopt_connection(first)
 
     # -- opening -------------------------------------------------------------------------------
@@ -250,7 +76,7 @@ class State:
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE in _transaction).
         db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
         try:
-            _set_up(db, self.busy_timeout)
+            set_up(db, self.busy_timeout)
         except BaseException:
             db.close()
             raise
@@ -271,57 +97,6 @@ class State:
                 raise StateUnavailable(f"state database {self.path} cannot be opened: {error}") from None
             self._adopt_connection(db)
         return db
-
-    def _open(self) -> sqlite3.Connection:
-        # Made 0600 before SQLite opens it (SQLite gives its -wal and -shm files the database's mode).
-        for path in (self.path, *(self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal"))):
-            private_file(path, create=path == self.path)
-        db = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False)
-        try:
-            try:
-                _set_up(db, self.busy_timeout)
-                db.execute("PRAGMA journal_mode=WAL")
-                (verdict,) = db.execute("PRAGMA quick_check").fetchone()
-            except sqlite3.DatabaseError as error:
-                # Only damage sets the file aside; "database is locked" and the like are raised.
-                if getattr(error, "sqlite_errorcode", None) in _DAMAGED:
-                    raise _Corrupt(str(error)) from error
-                raise
-            if verdict != "ok":
-                raise _Corrupt(f"quick_check: {verdict}")
-            self._migrate(db)
-        except BaseException:
-            db.close()
-            raise
-        return db
-
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        (version,) = db.execute("PRAGMA user_version").fetchone()
-        if version > len(MIGRATIONS):
-            raise StateError(f"state database {self.path} has schema version {version}, newer than this "
-                             f"gpubook knows ({len(MIGRATIONS)}); upgrade gpubook or move the file away")
-        for number in range(version, len(MIGRATIONS)):
-            # executescript() would commit on its own; run the statements inside our transaction.
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _statements(MIGRATIONS[number]):
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {number + 1}")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            log.info("state database %s: schema migrated to version %d", self.path, number + 1)
-
-    def _set_aside(self, error: _Corrupt) -> None:
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
-        log.warning("state database %s is unreadable (%s); moved to %s and starting a new one "
-                    "(running containers are adopted from their labels)", self.path, error, aside)
-        self.path.replace(aside)
-        for suffix in ("-wal", "-shm"):
-            sidecar = self.path.with_name(self.path.name + suffix)
-            if sidecar.exists():
-                sidecar.replace(aside.with_name(aside.name + suffix))
 
     def close(self) -> None:
         with self._lock:
@@ -385,7 +160,7 @@ class State:
             for port in range(port_min, port_max + 1):
                 if port not in taken and self._port_probe(port):
                     db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?)",
-                               (booking_id, port, _stamp(now)))
+                               (booking_id, port, stamp_of(now)))
                     return port
         raise StateError(f"booking {booking_id}: no free SSH port left in {port_min}-{port_max} "
                          f"({len(taken)} held by bookings, the rest in use on this host)")
@@ -407,7 +182,7 @@ class State:
             db.execute("DELETE FROM ports WHERE port = ? AND booking_id != ?", (port, booking_id))
             db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?) "
                        "ON CONFLICT (booking_id) DO UPDATE SET port = excluded.port",
-                       (booking_id, port, _stamp(now)))
+                       (booking_id, port, stamp_of(now)))
 
     def release_port(self, booking_id: str) -> None:
         with self._transaction() as db:
@@ -425,13 +200,13 @@ class State:
         with self._transaction() as db:
             open_row = db.execute(_OPEN_CONTAINER, (name,)).fetchone()
             if open_row is not None:
-                return _container(open_row)
+                return container(open_row)
             (runs,) = db.execute("SELECT count(*) FROM containers WHERE booking_id = ?", (booking_id,)).fetchone()
             cursor = db.execute(
                 "INSERT INTO containers (booking_id, name, user, gpu_count, started_at, restarts) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (booking_id, name, user, gpu_count, _stamp(at), runs))
+                "VALUES (?, ?, ?, ?, ?, ?)", (booking_id, name, user, gpu_count, stamp_of(at), runs))
             row = db.execute(_CONTAINER_BY_ID, (cursor.lastrowid,)).fetchone()
-        return _container(row)
+        return container(row)
 
     def container_stopped(self, name: str, *, reason: str, at: datetime | None = None) -> ContainerRecord | None:
         """Close the open record of `name` with why it stopped ("ended", "died: exit 137", ...).
@@ -441,13 +216,13 @@ class State:
             if row is None:
                 return None
             db.execute("UPDATE containers SET stopped_at = max(started_at, ?), exit_reason = ? WHERE id = ?",
-                       (_stamp(at), reason, row[0]))
+                       (stamp_of(at), reason, row[0]))
             row = db.execute(_CONTAINER_BY_ID, (row[0],)).fetchone()
-        return _container(row)
+        return container(row)
 
     def containers(self, *, booking_id: str | None = None, running_only: bool = False) -> list[ContainerRecord]:
         rows = self._query(_CONTAINERS_WHERE, (booking_id, booking_id, running_only))
-        return [_container(row) for row in rows]
+        return [container(row) for row in rows]
 
     def restarts(self, booking_id: str) -> int:
         """How many times the booking's container was started again after its first start."""
@@ -466,7 +241,7 @@ class State:
     def _gpu_hours(self, column: str, now: datetime | None) -> dict[str, float]:
         rows = self._query(
             f"SELECT {column}, sum(max(0, coalesce(stopped_at, ?) - started_at) * gpu_count) / 3600.0 "  # noqa: S608 - column is one of two literals
-            f"FROM containers GROUP BY {column} ORDER BY {column}", (_stamp(now),))
+            f"FROM containers GROUP BY {column} ORDER BY {column}", (stamp_of(now),))
         return {key: float(hours) for key, hours in rows}
 
     # -- write-backs ---------------------------------------------------------------------------
@@ -475,7 +250,7 @@ class State:
         with self._transaction() as db:
             db.execute("INSERT INTO write_backs (booking_id, status, etag, written_at) VALUES (?, ?, ?, ?) "
                        "ON CONFLICT (booking_id) DO UPDATE SET status = excluded.status, etag = excluded.etag, "
-                       "written_at = excluded.written_at", (booking_id, status, etag, _stamp(at)))
+                       "written_at = excluded.written_at", (booking_id, status, etag, stamp_of(at)))
 
     def write_back(self, booking_id: str) -> WriteBack | None:
         """The last status written into the booking's event and the event's ETag after it, if any."""
@@ -484,7 +259,7 @@ class State:
         if not rows:
             return None
         booking, status, etag, written_at = rows[0]
-        return WriteBack(booking_id=booking, status=status, etag=etag, written_at=_moment(written_at))  # type: ignore[arg-type]
+        return WriteBack(booking_id=booking, status=status, etag=etag, written_at=moment_of(written_at))  # type: ignore[arg-type]
 
     # -- per-booking notes (apply memory) --- ---------------------------------------------------
 
@@ -492,7 +267,7 @@ class State:
         with self._transaction() as db:
             db.execute("INSERT INTO booking_notes (booking_id, key, value, at) VALUES (?, ?, ?, ?) "
                        "ON CONFLICT (booking_id, key) DO UPDATE SET value = excluded.value, at = excluded.at",
-                       (booking_id, key, value, _stamp(at)))
+                       (booking_id, key, value, stamp_of(at)))
 
     def clear_notes(self, booking_id: str) -> None:
         """Forget a booking's notes once its container is stopped for good."""
@@ -511,19 +286,19 @@ class State:
         keys new to it, kept as it was for the others. Rows first seen before `forget_before` and
         not among `keys` are forgotten (occurrences long out of the window)."""
         wanted = list(dict.fromkeys(keys))
-        stamp = _stamp(now)
+        stamp = stamp_of(now)
         with self._transaction() as db:
             db.executemany("INSERT OR IGNORE INTO first_seen (calendar_url, href, booking_id, seen_at) "
                            "VALUES (?, ?, ?, ?)", [(*key, stamp) for key in wanted])
             keep = set(wanted)
             if forget_before is not None:
                 old = db.execute("SELECT calendar_url, href, booking_id FROM first_seen WHERE seen_at < ?",
-                                 (_stamp(forget_before),)).fetchall()
+                                 (stamp_of(forget_before),)).fetchall()
                 db.executemany("DELETE FROM first_seen WHERE calendar_url = ? AND href = ? AND booking_id = ?",
                                [row for row in old if tuple(row) not in keep])
             rows = db.execute("SELECT calendar_url, href, booking_id, seen_at FROM first_seen").fetchall()
         return {key: moment for url, href, booking, seen in rows
-                if (key := (url, href, booking)) in keep and (moment := _moment(seen)) is not None}
+                if (key := (url, href, booking)) in keep and (moment := moment_of(seen)) is not None}
 
     # -- the outbox ------------------------------------------------------------------------------
 
@@ -532,19 +307,19 @@ class State:
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO outbox (at, kind, booking_id, user, subject, text, fields) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (_stamp(at), kind, booking_id, user, subject, text, json.dumps(dict(fields), default=str)))
+                (stamp_of(at), kind, booking_id, user, subject, text, json.dumps(dict(fields), default=str)))
             return int(cursor.lastrowid or 0)
 
     def pending_notices(self) -> list[Notice]:
         rows = self._query("SELECT id, at, kind, booking_id, user, subject, text, fields FROM outbox "
                            "WHERE delivered_at IS NULL ORDER BY id")
-        return [Notice(id=i, at=_moment(at), kind=k, booking_id=b, user=u, subject=s, text=x,  # type: ignore[arg-type]
+        return [Notice(id=i, at=moment_of(at), kind=k, booking_id=b, user=u, subject=s, text=x,  # type: ignore[arg-type]
                        fields=json.loads(f)) for i, at, k, b, u, s, x, f in rows]
 
     def notice_delivered(self, notice_id: int, *, at: datetime | None = None) -> None:
         """Done with a notice: delivered, or tried and logged (a failed delivery is not retried)."""
         with self._transaction() as db:
-            db.execute("UPDATE outbox SET delivered_at = ? WHERE id = ?", (_stamp(at), notice_id))
+            db.execute("UPDATE outbox SET delivered_at = ? WHERE id = ?", (stamp_of(at), notice_id))
 
     # -- event log -----------------------------------------------------------------------------
 
@@ -554,7 +329,7 @@ class State:
             raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
         with self._transaction() as db:
             cursor = db.execute("INSERT INTO events (at, booking_id, level, message) VALUES (?, ?, ?, ?)",
-                                (_stamp(at), booking_id, level, message))
+                                (stamp_of(at), booking_id, level, message))
             return int(cursor.lastrowid or 0)
 
     def events(self, *, after_id: int = 0, booking_id: str | None = None, limit: int | None = None) -> list[LogEntry]:
@@ -568,7 +343,7 @@ class State:
         if limit is not None:
             sql += " LIMIT ?"
             parameters.append(limit)
-        return [LogEntry(id=i, at=_moment(at), booking_id=b, level=lv, message=m)  # type: ignore[arg-type]
+        return [LogEntry(id=i, at=moment_of(at), booking_id=b, level=lv, message=m)  # type: ignore[arg-type]
                 for i, at, b, lv, m in self._query(sql, tuple(parameters))]
 
 
@@ -581,34 +356,9 @@ _CONTAINERS_WHERE = ("SELECT id, booking_id, name, user, gpu_count, started_at, 
                      "ORDER BY id")
 
 
-def _container(row: tuple) -> ContainerRecord:
-    id_, booking, name, user, gpus, started, stopped, reason, restarts = row
-    return ContainerRecord(id=id_, booking_id=booking, name=name, user=user, gpu_count=gpus,
-                           started_at=_moment(started), stopped_at=_moment(stopped),  # type: ignore[arg-type]
-                           exit_reason=reason, restarts=restarts)
-
-
-def _set_up(db: sqlite3.Connection, busy_timeout: float) -> None:
-    db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA foreign_keys=ON")
-
-
 def _quietly_roll_back(db: sqlite3.Connection) -> None:
     try:
         db.execute("ROLLBACK")
     except sqlite3.Error:
         pass  # the connection's own error is the one worth reporting
 
-
-def _statements(script: str) -> Iterator[str]:
-    """Split a migration into statements with sqlite3.complete_statement (triggers hold ';' inside)."""
-    pending = ""
-    for piece in script.split(";"):
-        pending += piece + ";"
-        if sqlite3.complete_statement(pending):
-            if pending.strip(" \n\t;"):
-                yield pending.strip()
-            pending = ""
-    if pending.strip(" \n\t;"):
-        raise ValueError(f"incomplete SQL statement in a migration: {pending.strip()[:80]!r}")

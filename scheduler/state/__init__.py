@@ -1,0 +1,24 @@
+"""What the daemon remembers between runs: one SQLite file (stdlib sqlite3, WAL).
+
+It holds the SSH ports handed out, the containers started and stopped, the calendar write-backs
+done, an append-only event log, the outbox of notices (e-mail, webhook) waiting to be delivered
+and, from the start/stop records, GPU-hours per user and booking. Each outcome of a pass is
+recorded here once; the write-back, the notices and the status file read it from here.
+
+It is a memory, not the truth: what runs is what the engine lists under gpubook's labels. So a
+missing or corrupt database is set aside and recreated with a warning, and the apply stage adopts
+running containers (`adopt_port`, `container_started`) from their labels. Every method commits
+its own transaction; WAL with synchronous=NORMAL keeps every committed transaction through a
+kill -9 of the daemon (a power cut may lose the last few, which the labels make up for).
+
+The package: `store.py` (State, one transaction per method), `schema.py` (the migrations and how a
+file is opened, checked and set aside), `records.py` (what State hands out), `errors.py`.
+"""
+
+from scheduler.state.errors import StateError, StateUnavailable
+from scheduler.state.records import LEVELS, ContainerRecord, LogEntry, Notice, WriteBack
+from scheduler.state.schema import MIGRATIONS
+from scheduler.state.store import State, port_is_free
+
+__all__ = ["LEVELS", "MIGRATIONS", "ContainerRecord", "LogEntry", "Notice", "State", "StateError",
+           "StateUnavailable", "WriteBack", "port_is_free"]

@@ -1,0 +1,183 @@
+"""The state database's schema and its file: migrations in order, and how a file is opened,
+checked (a damaged one is set aside by State, never patched) and brought to the current version.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from runtime.private import private_file
+from scheduler.state.errors import StateError
+
+log = logging.getLogger(__name__)
+
+
+class Corrupt(Exception):
+    """The file is not a readable SQLite database."""
+
+
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+# Schema migrations, in order. PRAGMA user_version is the number applied; each runs in one
+# transaction together with the version bump, so a crash never leaves half a migration.
+# Never edit a released migration: append a new one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE ports (
+        booking_id   TEXT PRIMARY KEY,
+        port         INTEGER NOT NULL UNIQUE,
+        allocated_at REAL NOT NULL
+    );
+    CREATE TABLE containers (
+        id          INTEGER PRIMARY KEY,
+        booking_id  TEXT NOT NULL,
+        name        TEXT NOT NULL,
+        user        TEXT NOT NULL,
+        gpu_count   INTEGER NOT NULL CHECK (gpu_count >= 0),
+        started_at  REAL NOT NULL,
+        stopped_at  REAL,
+        exit_reason TEXT,
+        restarts    INTEGER NOT NULL DEFAULT 0
+    );
+    -- at most one open (running) record per container name
+    CREATE UNIQUE INDEX containers_open ON containers (name) WHERE stopped_at IS NULL;
+    CREATE INDEX containers_booking ON containers (booking_id);
+    CREATE INDEX containers_user ON containers (user);
+    CREATE TABLE write_backs (
+        booking_id TEXT PRIMARY KEY,
+        status     TEXT NOT NULL,
+        etag       TEXT,
+        written_at REAL NOT NULL
+    );
+    CREATE TABLE events (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        at         REAL NOT NULL,
+        booking_id TEXT,
+        level      TEXT NOT NULL CHECK (level IN ('debug', 'info', 'warning', 'error')),
+        message    TEXT NOT NULL
+    );
+    CREATE INDEX events_booking ON events (booking_id);
+    CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+        BEGIN SELECT RAISE(ABORT, 'the event log is append-only'); END;
+    """,
+    # 2: what the apply stage remembers per booking beyond containers: the warning given (and the
+    # stop it announced), an end extension granted while running, a note for the event.
+    """
+    CREATE TABLE booking_notes (
+        booking_id TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        value      TEXT NOT NULL,
+        at         REAL NOT NULL,
+        PRIMARY KEY (booking_id, key)
+    );
+    """,
+    # 3: the outbox: notices a pass recorded, delivered after it by the e-mail/webhook senders.
+    """
+    CREATE TABLE outbox (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        at           REAL NOT NULL,
+        kind         TEXT NOT NULL,
+        booking_id   TEXT NOT NULL,
+        user         TEXT NOT NULL,
+        subject      TEXT NOT NULL,
+        text         TEXT NOT NULL,
+        fields       TEXT NOT NULL,
+        delivered_at REAL
+    );
+    CREATE INDEX outbox_pending ON outbox (id) WHERE delivered_at IS NULL;
+    """,
+    # 4: when gpubook first saw each occurrence in each calendar object: the plan's priority, so
+    # that conflicts are decided by what gpubook observed, not by a client-written CREATED.
+    """
+    CREATE TABLE first_seen (
+        calendar_url TEXT NOT NULL,
+        href         TEXT NOT NULL,
+        booking_id   TEXT NOT NULL,
+        seen_at      REAL NOT NULL,
+        PRIMARY KEY (calendar_url, href, booking_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX first_seen_at ON first_seen (seen_at);
+    """,
+)
+
+
+def open_checked(path: Path, *, busy_timeout: float) -> sqlite3.Connection:
+    """The first connection to the file: made private, in WAL mode, checked and migrated.
+    Raises Corrupt when the file is damaged."""
+    # Made 0600 before SQLite opens it (SQLite gives its -wal and -shm files the database's mode).
+    for part in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+        private_file(part, create=part == path)
+    db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+    try:
+        try:
+            set_up(db, busy_timeout)
+            db.execute("PRAGMA journal_mode=WAL")
+            (verdict,) = db.execute("PRAGMA quick_check").fetchone()
+        except sqlite3.DatabaseError as error:
+            # Only damage sets the file aside; "database is locked" and the like are raised.
+            if getattr(error, "sqlite_errorcode", None) in _DAMAGED:
+                raise Corrupt(str(error)) from error
+            raise
+        if verdict != "ok":
+            raise Corrupt(f"quick_check: {verdict}")
+        migrate(db, path)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    if version > len(MIGRATIONS):
+        raise StateError(f"state database {path} has schema version {version}, newer than this "
+                         f"gpubook knows ({len(MIGRATIONS)}); upgrade gpubook or move the file away")
+    for number in range(version, len(MIGRATIONS)):
+        # executescript() would commit on its own; run the statements inside our transaction.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(MIGRATIONS[number]):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {number + 1}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        log.info("state database %s: schema migrated to version %d", path, number + 1)
+
+
+def set_aside(path: Path, error: Corrupt) -> None:
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+    log.warning("state database %s is unreadable (%s); moved to %s and starting a new one "
+                "(running containers are adopted from their labels)", path, error, aside)
+    path.replace(aside)
+    for suffix in ("-wal", "-shm"):
+        sidecar = path.with_name(path.name + suffix)
+        if sidecar.exists():
+            sidecar.replace(aside.with_name(aside.name + suffix))
+
+
+def set_up(db: sqlite3.Connection, busy_timeout: float) -> None:
+    db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA foreign_keys=ON")
+
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a migration into statements with sqlite3.complete_statement (triggers hold ';' inside)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n\t;"):
+                yield pending.strip()
+            pending = ""
+    if pending.strip(" \n\t;"):
+        raise ValueError(f"incomplete SQL statement in a migration: {pending.strip()[:80]!r}")
