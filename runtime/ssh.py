@@ -32,9 +32,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from runtime.engines import ContainerInfo, ContainerSpec, Engine
 from runtime.errors import EngineError
 from runtime.mounts import Mount
-
-# OverlayBuilds moved to runtime/overlay_image.py; re-exported for scheduler/hosts/local.py (`ssh.OverlayBuilds`).
-from runtime.overlay_image import OverlayBuilds as OverlayBuilds
 from runtime.overlay_image import run_image
 from runtime.private import check_private_key, write_private
 from runtime.storage import DataFolders, check_user_name

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import paramiko
 
-from runtime import ssh, storage
+from runtime import overlay_image, ssh, storage
 from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
 from runtime.errors import StorageError
 from scheduler.core.plan import LOCAL
@@ -44,7 +44,7 @@ class LocalHost:
         self.persistent_home = persistent_home
         self.driver_roots = tuple(driver_roots)
         self.probe_address = probe_address
-        self.builds = ssh.OverlayBuilds()
+        self.builds = overlay_image.OverlayBuilds()
         self.mps = mps
 
     def list(self) -> list[ContainerInfo]:
