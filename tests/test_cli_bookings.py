@@ -152,6 +152,7 @@ def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
     line = next(line for line in done.stdout.splitlines() if line.strip().startswith("ssh -i "))
     key_path = Path(line.split()[2])
     assert not key_path.exists(), "the demo's files must be removed"
+    assert any(line.strip().startswith("sftp -i ") for line in done.stdout.splitlines())
     assert "stopped the daemon and the demo's containers" in done.stdout
     from runtime.engines import container_name
     from scheduler.commands import demo
@@ -159,3 +160,4 @@ def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
     listing = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
                              timeout=60, check=False)
     assert container_name(demo.NOW_BOOKING) not in listing.stdout
+    assert "gpubook-sftp" not in listing.stdout.split(), "the demo's SFTP service must be removed"

@@ -26,7 +26,7 @@ import caldav
 import paramiko
 from icalendar import Calendar, Event, vCalAddress
 
-from runtime import overlay_image, ssh, storage
+from runtime import overlay_image, sftp, ssh, storage
 from runtime.engines import Engine, container_name
 from runtime.errors import GpubookError
 from runtime.names import USER_NAME
@@ -34,7 +34,7 @@ from runtime.templates import get_template
 from scheduler import config as config_module
 from scheduler import daemon as daemon_module
 from scheduler import service
-from scheduler.commands.embedded import RadicaleServer, end_process
+from scheduler.commands.embedded import RadicaleServer, end_process, free_port
 from scheduler.core import plan as plan_module
 
 NOW_BOOKING = "demo-now@gpubook"
@@ -126,6 +126,7 @@ def demo_config(folder: Path, calendar_url: str, booker: str, key_line: str) -> 
         '[storage]', f'data_root = "{data_root}"', '',
         '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
         '[daemon]', 'poll_seconds = 30', f'state_dir = "{folder / "state"}"', '',
+        '[sftp]', 'enabled = true', f'port = {free_port()}', 'listen = "127.0.0.1"', '',
     ]
     if shutil.which("runc"):
         lines[lines.index('[storage]'):lines.index('[storage]')] = ['[engine]', 'runtime = "runc"', '']
@@ -167,13 +168,17 @@ def _wait_until_ready(engine: Engine, daemon: subprocess.Popen[bytes], booker: s
     raise GpubookError(f"the demo booking did not answer on SSH within {READY_TIMEOUT:.0f} s of its start")
 
 
-def _clean_up(engine: Engine, daemon: subprocess.Popen[bytes] | None, booking_ids: set[str]) -> None:
+def _clean_up(engine: Engine, daemon: subprocess.Popen[bytes] | None, booking_ids: set[str],
+              sftp_port: int | None) -> None:
     if daemon is not None:
         end_process(daemon, timeout=30)
     # The daemon leaves containers running on purpose (they outlive it); the demo's must go.
     for info in engine.list():
         if info.booking_id in booking_ids or info.booking_id.split("@20", 1)[0] in booking_ids:
             engine.stop(info.name, 0)
+    service = engine.inspect_service(sftp.SERVICE_NAME)
+    if service is not None and sftp_port is not None and service.port == sftp_port:  # the demo's, not a site's
+        engine.stop(service.name, 0)
 
 
 def _ensure_image(config: config_module.Config, engine: Engine) -> None:
@@ -204,6 +209,10 @@ def _run_daemon(config: config_module.Config, config_path: Path, booker: str, ke
         late = (datetime.now(start.tzinfo) - start).total_seconds()
         print(f"\nYour booking is up ({late:.1f} s after its start). Log in with:\n\n"
               f"  ssh -i {key_path} -o StrictHostKeyChecking=no -p {port} {booker}@localhost\n", flush=True)
+        if config.sftp.enabled:
+            print("Your data folders (input/, output/), at any time, before and after bookings:\n\n"
+                  f"  sftp -i {key_path} -o StrictHostKeyChecking=no -P {config.sftp.port} {booker}@localhost\n",
+                  flush=True)
         if until_ready:
             return 0
         print("Ctrl-C ends the demo (the container is stopped and everything removed).", flush=True)
@@ -218,7 +227,7 @@ def _run_daemon(config: config_module.Config, config_path: Path, booker: str, ke
         print(log_path.read_text(errors="replace")[-3000:] if log_path.exists() else "", file=sys.stderr)
         raise
     finally:
-        _clean_up(engine, daemon, booking_ids)
+        _clean_up(engine, daemon, booking_ids, config.sftp.port if config.sftp.enabled else None)
         print("gpubook demo: stopped the daemon and the demo's containers.", flush=True)
 
 
