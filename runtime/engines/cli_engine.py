@@ -428,6 +428,7 @@ class CliEngine:
             state=(raw.get("State") or {}).get("Status", "unknown"),
             image=image,
             labels=config.get("Labels") or {},
+            pid=int((raw.get("State") or {}).get("Pid") or 0),
         )
 
     def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:

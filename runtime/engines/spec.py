@@ -182,6 +182,7 @@ class ContainerInfo:
     template: str
     host: str = ""  # which host backend listed it (the scheduler's hosts dimension); "" until one does
     host_key: str = ""  # "ssh-ed25519 AAAA...", from its label: what the booker's known_hosts gets
+    pid: int = 0  # its first process on the host, where the engine says (0: not running or not told)
 
     @property
     def running(self) -> bool:
@@ -218,7 +219,7 @@ def container_name(booking_id: str) -> str:
 
 
 def info_from_labels(
-    *, name: str, id: str, state: str, image: str, labels: Mapping[str, str]
+    *, name: str, id: str, state: str, image: str, labels: Mapping[str, str], pid: int = 0
 ) -> ContainerInfo:
     end_text = labels.get(LABEL_END, "")
     try:
@@ -240,4 +241,5 @@ def info_from_labels(
         port=int(port_text) if port_text.isdigit() else None,
         template=labels.get(LABEL_TEMPLATE, ""),
         host_key=labels.get(LABEL_HOST_KEY, ""),
+        pid=pid,
     )

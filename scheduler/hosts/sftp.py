@@ -129,6 +129,7 @@ class SftpService:
         self._served: tuple[sftp.SftpUser, ...] = ()
         self._over: set[str] = set()
         self._restarts = 0
+        self._alive: tuple[str, int, str] | None = None  # (spec hash, host pid, its start time) last seen running
         self.status = SftpStatus(port=settings.port, listen=settings.listen, running=False, container=self.name)
 
     def configure(self, settings: SftpSettings, *, image: Callable[[], str] | None = None) -> None:
@@ -140,6 +141,7 @@ class SftpService:
     def stop(self, *, grace: float) -> None:
         with self._lock:
             self.engine.stop(self.name, grace)
+            self._alive = None
 
     def check(self) -> SftpStatus:
         """Folders, quotas, files, container: one round of the watch (never raises)."""
@@ -169,7 +171,7 @@ class SftpService:
         inside = settings.listen if settings.host_network else "0.0.0.0"  # noqa: S104 - the container's own network
         written = sftp.write_files(self.etc_dir, port=settings.port, listen=inside, users=served,
                                    previous=self._served)
-        info, started = self._ensure(settings)
+        running, started = self._ensure(settings)
         if written.config_changed and not started:
             self.engine.signal(self.name, "HUP")  # sshd re-executes its listener; sessions go on
         newly_over = {u.name for u in served if u.quota_note is not None} - self._over
@@ -179,7 +181,7 @@ class SftpService:
             log.warning("SFTP: %s is over quota (%s); uploads refused until they delete", name, usage[name].bytes)
         self._over = {u.name for u in served if u.quota_note is not None}
         self._served = tuple(served)
-        return SftpStatus(port=settings.port, listen=settings.listen, running=info.running, container=self.name,
+        return SftpStatus(port=settings.port, listen=settings.listen, running=running, container=self.name,
                           restarts=self._restarts, usage=usage, left_out=tuple(left_out), host_key=written.host_key)
 
     def _folders(self, user: sftp.SftpUser) -> storage.DataFolders:
@@ -187,19 +189,30 @@ class SftpService:
         return storage.prepare(self.settings.data_root, user.name, uid=uid, gid=gid,
                                home=self.settings.persistent_home, chown=self.engine.chown)
 
-    def _ensure(self, settings: SftpSettings) -> tuple[ContainerInfo, bool]:
-        """The running container, and whether this call started it."""
+    def _ensure(self, settings: SftpSettings) -> tuple[bool, bool]:
+        """Whether the container runs, and whether this call started it. While the process seen
+        running with this spec is still there (/proc), the engine is not asked at all: a check
+        costs no engine command when nothing happened."""
         spec = self.spec(settings)
+        alive = self._alive
+        if alive is not None and alive[0] == spec.spec_hash and _started_at(alive[1]) == alive[2]:
+            return True, False
         current = self.engine.inspect_service(self.name)
         if current is not None and current.running and current.spec_hash == spec.spec_hash:
-            return current, False
+            self._remember(spec, current)
+            return True, False
         if current is not None:
             self._restarts += 1
             why = "was not running" if not current.running else "had another spec"
             log.warning("SFTP service %s %s (%s): starting it again", self.name, why, current.state)
         info = self.engine.start_service(spec)
         log.warning("SFTP service started on %s:%s", settings.listen, settings.port)
-        return info, True
+        self._remember(spec, info)
+        return info.running, True
+
+    def _remember(self, spec: ServiceSpec, info: ContainerInfo) -> None:
+        started = _started_at(info.pid) if info.pid else None
+        self._alive = (spec.spec_hash, info.pid, started) if started else None
 
     def spec(self, settings: SftpSettings) -> ServiceSpec:
         profile = sftp.write_seccomp(self.etc_dir.parent / f"{self.name}-seccomp.json")
@@ -218,3 +231,13 @@ class SftpService:
             return
         if done.returncode == 0:
             log.warning("SFTP: %s's open sessions ended (%s)", user.name, why)
+
+
+def _started_at(pid: int) -> str | None:
+    """The start time of process `pid` (field 22 of /proc/PID/stat), None when it is gone: with
+    the pid it names one process, never a later one that got the same number."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[-1].split()[19]
