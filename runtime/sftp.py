@@ -35,7 +35,12 @@ LABEL_SERVICE = "gpubook.service"
 # Accounts the service container needs itself; a gpubook user of one of these names or ids is left out.
 RESERVED_NAMES = frozenset({"root", "sshd", "nogroup", "nobody"})
 SSHD_UID = 65534
-RESERVED_IDS = frozenset({0, SSHD_UID})
+OVER_QUOTA_GROUP = "gpubook-over-quota"  # sshd's Match Group: members may read and delete, not write
+OVER_QUOTA_GID = 65533
+OVER_QUOTA_FILE = "OVER-QUOTA.txt"
+RESERVED_IDS = frozenset({0, SSHD_UID, OVER_QUOTA_GID})
+OVER_QUOTA_BANNER = ("gpubook: you are over your storage quota: uploads are refused until you delete files "
+                     "(rm in input/ or output/). OVER-QUOTA.txt in your folder says how much you use.")
 # Requests refused to a user over quota: every way to add bytes. Reading, listing, removing and
 # renaming stay, so that they can free space.
 OVER_QUOTA_DENIED = ("write", "copy-data", "mkdir", "symlink", "hardlink")
@@ -64,7 +69,7 @@ class SftpError(GpubookError):
 @dataclass(frozen=True)
 class SftpUser:
     """One account: its container ids (those of its bookings), its keys, and whether it is over
-    its quota (then `quota_note` is the sentence its login banner shows)."""
+    its quota (then `quota_note` is the sentence OVER-QUOTA.txt in its folder says)."""
 
     name: str
     uid: int
@@ -82,7 +87,8 @@ def usable(users: Iterable[SftpUser]) -> tuple[list[SftpUser], list[str]]:
         elif user.name in RESERVED_NAMES:
             left.append(f"user {user.name}: the name is one of the service's own accounts")
         elif user.uid in RESERVED_IDS or user.gid in RESERVED_IDS:
-            left.append(f"user {user.name}: uid or gid {SSHD_UID} or 0 is one of the service's own ids")
+            left.append(f"user {user.name}: uid or gid 0, {OVER_QUOTA_GID} or {SSHD_UID} is one of the "
+                        f"service's own ids")
         elif not user.keys:
             left.append(f"user {user.name}: no ssh_keys, so no login")
         else:
@@ -90,10 +96,13 @@ def usable(users: Iterable[SftpUser]) -> tuple[list[SftpUser], list[str]]:
     return kept, left
 
 
-def sshd_config(*, port: int, listen: str, users: Sequence[SftpUser]) -> str:
-    """sshd's config: keys only, internal-sftp only, chrooted, nothing forwarded."""
+def sshd_config(*, port: int, listen: str) -> str:
+    """sshd's config: keys only, internal-sftp only, chrooted, nothing forwarded. It names no user:
+    who may log in (passwd, keys) and who is over quota (a group) are files sshd reads at each
+    login, so no change of users ever makes sshd reload (a reload re-binds its port: a login in
+    that moment would be refused)."""
     lines = [
-        "# Written by gpubook: rewritten at every change of users, keys or quotas.",
+        "# Written by gpubook.",
         f"Port {port}",
         f"ListenAddress {listen}",
         f"HostKey {ETC_TARGET}/host_key",
@@ -104,6 +113,7 @@ def sshd_config(*, port: int, listen: str, users: Sequence[SftpUser]) -> str:
         "KbdInteractiveAuthentication no",
         "HostbasedAuthentication no",
         "PermitRootLogin no",
+        "DenyUsers root sshd",
         "UsePAM no",
         "PermitEmptyPasswords no",
         "DisableForwarding yes",
@@ -121,18 +131,13 @@ def sshd_config(*, port: int, listen: str, users: Sequence[SftpUser]) -> str:
         "ClientAliveInterval 60",
         "ClientAliveCountMax 5",
         "LogLevel VERBOSE",
-        "AllowUsers " + " ".join(user.name for user in users) if users else "DenyUsers *",
         "Subsystem sftp internal-sftp",
         f"ChrootDirectory {DATA_TARGET}/%u",
         "ForceCommand internal-sftp -u 0022",
+        f"Match Group {OVER_QUOTA_GROUP}",
+        f"    Banner {ETC_TARGET}/over-quota",
+        f"    ForceCommand internal-sftp -u 0022 -P {','.join(OVER_QUOTA_DENIED)}",
     ]
-    for user in users:
-        if user.quota_note is not None:
-            lines += [
-                f"Match User {user.name}",
-                f"    Banner {ETC_TARGET}/banners/{user.name}",
-                f"    ForceCommand internal-sftp -u 0022 -P {','.join(OVER_QUOTA_DENIED)}",
-            ]
     return "\n".join(lines) + "\n"
 
 
@@ -148,6 +153,8 @@ def group(users: Sequence[SftpUser]) -> str:
     for user in users:
         names.setdefault(user.gid, user.name)
     lines += [f"{name}:x:{gid}:" for gid, name in names.items()]
+    over = ",".join(user.name for user in users if user.quota_note is not None)
+    lines.append(f"{OVER_QUOTA_GROUP}:x:{OVER_QUOTA_GID}:{over}")
     return "\n".join(lines) + "\n"
 
 
@@ -160,7 +167,7 @@ def authorized_keys(user: SftpUser) -> str:
 class Written:
     """What a rewrite of the service's files changed."""
 
-    config_changed: bool  # sshd_config differs: sshd needs a SIGHUP
+    config_changed: bool  # sshd_config differs (a new gpubook's): sshd needs a SIGHUP
     removed: tuple[SftpUser, ...]  # users gone since the last write: their sessions are ended
     host_key: str  # the service's public host key line
 
@@ -168,30 +175,23 @@ class Written:
 def write_files(etc: Path, *, port: int, listen: str, users: Sequence[SftpUser],
                 previous: Sequence[SftpUser] = ()) -> Written:
     """(Re)write the folder sshd reads; each file replaced whole (rename), never half-written."""
-    keys, banners = etc / "keys", etc / "banners"
-    for folder in (etc, keys, banners):
+    keys = etc / "keys"
+    for folder in (etc, keys):
         folder.mkdir(mode=0o755, exist_ok=True)
         os.chmod(folder, 0o755)  # noqa: S103 - sshd's StrictModes: no folder on the way may be group/other-writable
     public = host_key(etc)
-    config = sshd_config(port=port, listen=listen, users=users)
-    changed = _replace(etc / "sshd_config", config)
+    changed = _replace(etc / "sshd_config", sshd_config(port=port, listen=listen))
+    _replace(etc / "over-quota", OVER_QUOTA_BANNER + "\n")
     _replace(etc / "passwd", passwd(users))
     _replace(etc / "group", group(users))
     names = {user.name for user in users}
     for user in users:
         _replace(keys / user.name, authorized_keys(user))
-        if user.quota_note is not None:
-            _replace(banners / user.name, user.quota_note.rstrip("\n") + "\n")
-    for folder in (keys, banners):
-        for path in folder.iterdir():
-            if path.name not in names or (folder is banners and _note_of(users, path.name) is None):
-                path.unlink(missing_ok=True)
+    for path in keys.iterdir():
+        if path.name not in names:
+            path.unlink(missing_ok=True)
     removed = tuple(user for user in previous if user.name not in names)
     return Written(config_changed=changed, removed=removed, host_key=public)
-
-
-def _note_of(users: Sequence[SftpUser], name: str) -> str | None:
-    return next((user.quota_note for user in users if user.name == name), None)
 
 
 def _replace(path: Path, text: str) -> bool:

@@ -213,6 +213,9 @@ class SftpConfig:
     enabled: bool = setting(False, "run the SFTP service: each user's input/, output/ (and home/) at any time")
     port: int = setting(2222, "host port of the SFTP service (bookings never get it)", check=_port)
     listen: str = setting("0.0.0.0", "host address the port is published on", check=_address_problem)  # noqa: S104
+    network: str = setting("host", '"host": sshd binds listen:port on the host\'s network (no user runs code '
+                           'there: no shell, no forwarding); "private": its own namespace, the port published '
+                           '(slower for many small files, see BENCHMARKS.md)', check=_one_of(("host", "private")))
     template: str = setting("debian-ssh", "template whose image runs the service (it needs OpenSSH's sshd "
                             "and pkill)", check=_template_name_problem)
     check_seconds: float = setting(5.0, "seconds between checks of the service and of the quotas",

@@ -35,7 +35,8 @@ def free_port() -> int:
 class Site:
     """A running SFTP service with two users, alice and bob, and what a client needs."""
 
-    def __init__(self, folder: Path, engine: Engine, *, quota: int | None = None) -> None:  # noqa: F811
+    def __init__(self, folder: Path, engine: Engine, *, quota: int | None = None,  # noqa: F811
+                 host_network: bool = True) -> None:
         self.folder = folder
         self.keys = {name: paramiko.ECDSAKey.generate(bits=256) for name in ("alice", "bob")}
         self.key_files: dict[str, Path] = {}
@@ -48,7 +49,7 @@ class Site:
         self.data_root.chmod(0o755)
         self.port = free_port()
         self.settings = SftpSettings(
-            port=self.port, listen="127.0.0.1", data_root=self.data_root, quota_bytes=quota,
+            port=self.port, listen="127.0.0.1", data_root=self.data_root, quota_bytes=quota, host_network=host_network,
             users=(sftp.SftpUser("alice", 2001, 2001, (key_line(self.keys["alice"]),)),
                    sftp.SftpUser("bob", 2002, 2002, (key_line(self.keys["bob"]),))))
         self.name = f"gpubook-sftp-test-{self.port}"
@@ -91,9 +92,11 @@ class Site:
         self.service.stop(grace=1)
 
 
-@pytest.fixture(scope="module")
-def site(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:  # noqa: F811
-    made = Site(tmp_path_factory.mktemp("sftp"), engine)
+@pytest.fixture(scope="module", params=["host", "private"])
+def site(engine: Engine, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+         request: pytest.FixtureRequest) -> Iterator[Site]:
+    """The service on the host's network (the default) and in its own namespace."""
+    made = Site(tmp_path_factory.mktemp("sftp"), engine, host_network=request.param == "host")
     made.check()
     made.wait_ready()
     yield made
@@ -259,14 +262,18 @@ def test_the_quota_refuses_uploads_until_the_user_deletes(engine: Engine, tmp_pa
         with pytest.raises(PermissionError):
             with again.open("input/more", "w") as handle:
                 handle.write(b"z" * 1000)
-        # The reason, where OpenSSH's sftp shows it: the login banner.
+        # The reason, where OpenSSH's sftp shows it (the login banner), and in their folder.
         refused = site.sftp_batch("alice", "put /etc/hostname input/more\n")
-        assert refused.returncode != 0 and "quota" in refused.stderr, refused.stderr
+        assert refused.returncode != 0 and "over your storage quota" in refused.stderr, refused.stderr
+        with again.open("OVER-QUOTA.txt") as note:
+            text = note.read().decode()
+        assert text.startswith("gpubook: alice uses 0.003 GB of a 0.002 GB quota"), text
         assert site.connect("bob") is not None and site.sftp_batch("bob", "put /etc/hostname input/h\n").returncode == 0
         again.remove("input/data")  # deleting stays possible ...
         again.close()
         site.check()  # ... and frees the user
         assert not site.service.status.usage["alice"].over
+        assert not (site.data_root / "alice" / "OVER-QUOTA.txt").exists()
         assert site.sftp_batch("alice", "put /etc/hostname input/more\n").returncode == 0
     finally:
         site.close()

@@ -179,13 +179,13 @@ class CliEngine:
         self._call(["kill", "--signal", signal_name, name], timeout=QUICK_TIMEOUT)
 
     def service_args(self, spec: ServiceSpec) -> builtins.list[str]:
-        """The `run` argv of a service container: published on `listen:port` (the host's network
-        when the admin chose it for bookings too), only `capabilities` kept, no new privileges,
+        """The `run` argv of a service container: on the host's network, or its own with
+        `listen:port` published, only `capabilities` kept, no new privileges,
         its seccomp profile, the engine's own id mapping for services."""
         argv = ["run", "--detach", "--name", spec.name, *self.pull_never_args(), "--user", "0:0"]
         for key, value in spec.labels().items():
             argv += ["--label", f"{key}={value}"]
-        if self.network == "host":
+        if spec.host_network:
             argv += ["--network", "host"]
         else:
             argv += [*self.private_network_args(), "--publish", f"{spec.listen}:{spec.port}:{spec.port}"]

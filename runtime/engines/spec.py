@@ -149,6 +149,7 @@ class ServiceSpec:
     capabilities: tuple[str, ...] = ()
     seccomp: Path | None = None
     pids_limit: int | None = None
+    host_network: bool = False  # the host's network (the process binds `listen` itself); else published
 
     def __post_init__(self) -> None:
         if not 1024 <= self.port <= 65535:

@@ -26,6 +26,7 @@ from runtime import sftp, storage
 from runtime.engines import ContainerInfo, Engine, ServiceSpec
 from runtime.errors import GpubookError, TemplateError
 from runtime.mounts import Mount
+from runtime.private import write_private
 from runtime.templates import Template, TemplateSet
 from scheduler.config import Config
 
@@ -45,7 +46,7 @@ class SftpSettings:
     users: tuple[sftp.SftpUser, ...]  # quota notes not set yet
     quota_bytes: int | None = None
     persistent_home: bool = False
-    host_network: bool = False  # [engine] network = "host": sshd itself binds `listen`; else the engine publishes it
+    host_network: bool = True  # [sftp] network = "host": sshd itself binds `listen`; else the engine publishes it
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def settings_of(config: Config) -> SftpSettings | None:
     return SftpSettings(port=config.sftp.port, listen=config.sftp.listen, data_root=config.storage.data_root,
                         users=users, quota_bytes=round(quota * 1e9) if quota is not None else None,
                         persistent_home=config.storage.persistent_home,
-                        host_network=config.engine.network == "host")
+                        host_network=config.sftp.network == "host")
 
 
 def image_of(config: Config, templates: TemplateSet, overlay: Callable[[Template], str]) -> Callable[[], str]:
@@ -111,7 +112,7 @@ def image_of(config: Config, templates: TemplateSet, overlay: Callable[[Template
 
 def quota_note(user: str, usage: Usage) -> str:
     quota = usage.quota or 0
-    return (f"gpubook: {user} uses {usage.bytes / 1e9:.2f} GB of a {quota / 1e9:g} GB quota: uploads "
+    return (f"gpubook: {user} uses {usage.bytes / 1e9:.3g} GB of a {quota / 1e9:g} GB quota: uploads "
             f"are refused until you delete files (rm in input/ or output/).")
 
 
@@ -166,6 +167,7 @@ class SftpService:
             folders = self._folders(user)
             usage[user.name] = Usage(bytes=sftp.usage_bytes(folders.input.parent), quota=settings.quota_bytes)
             note = quota_note(user.name, usage[user.name]) if usage[user.name].over else None
+            _note_file(folders.input.parent, note)
             served.append(sftp.SftpUser(name=user.name, uid=user.uid, gid=user.gid, keys=user.keys,
                                         quota_note=note))
         inside = settings.listen if settings.host_network else "0.0.0.0"  # noqa: S104 - the container's own network
@@ -219,6 +221,7 @@ class SftpService:
         return ServiceSpec(
             name=self.name, service=SERVICE, image=self.image(), port=settings.port, listen=settings.listen,
             command=sftp.COMMAND, capabilities=sftp.CAPABILITIES, seccomp=profile, pids_limit=PIDS_LIMIT,
+            host_network=settings.host_network,
             mounts=(Mount(self.etc_dir, sftp.ETC_TARGET, read_only=True),
                     Mount(settings.data_root.resolve(), sftp.DATA_TARGET, read_only=False)),
         )
@@ -231,6 +234,17 @@ class SftpService:
             return
         if done.returncode == 0:
             log.warning("SFTP: %s's open sessions ended (%s)", user.name, why)
+
+
+def _note_file(user_dir: Path, note: str | None) -> None:
+    """OVER-QUOTA.txt at the top of the user's folder (the daemon's, read-only to them) while they
+    are over their quota: what `ls` shows them, with the figures the login banner points to."""
+    path = user_dir / sftp.OVER_QUOTA_FILE
+    if note is None:
+        path.unlink(missing_ok=True)
+    elif not path.is_file() or path.read_text() != note + "\n":
+        write_private(path, (note + "\n").encode())
+        path.chmod(0o644)
 
 
 def _started_at(pid: int) -> str | None:
