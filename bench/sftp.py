@@ -10,11 +10,15 @@ of one file of random bytes, `put -r` and `get -r` of one folder of small files.
 uploads and the downloads all lie on the same data root (default the tests' nosuid,nodev tmpfs).
 
 The floor is a private `sshd` (/usr/sbin/sshd, run as this user on a free port, its own host key,
-`Subsystem sftp /usr/lib/openssh/sftp-server`) on the same host and data root. gpubook's service
+`Subsystem sftp /usr/lib/openssh/sftp-server`) on the same host and data root; the ratios and
+the targets are against it. A second floor, the same sshd with `internal-sftp` (the SFTP server
+inside the session's own process, as in gpubook's service; --no-internal-floor leaves it out),
+tells the container's cost apart from that of sftp-server's own process. gpubook's service
 is SftpService as the daemon starts it, measured per network: "private" is gpubook's default
 (rootless podman: slirp4netns, rootlesskit port handler), "private-slirp" slirp4netns's own port
 handler, "host" the host's network ([engine] network = "host"). Repeats interleave the targets,
-their order rotated, so that the machine's load falls on each alike; medians are reported.
+their order rotated, so that the machine's load falls on each alike; medians are reported. A first
+round (--warmup) is not counted: in this VM, memory touched for the first time is slow.
 
 Then the service's footprint: RSS of the container's processes (`podman top NAME hpid`, VmRSS in
 /proc/PID/status) idle and with one sftp session open, and CPU seconds (utime+stime in
@@ -116,8 +120,10 @@ def make_sources(folder: Path, *, size_mib: int, files: int, file_kib: int) -> t
 
 
 @contextmanager
-def floor_sshd(folder: Path, *, public_key: str, remote: Path) -> Iterator[Target]:
-    """OpenSSH's sshd as this user on a free port with sftp-server: the floor, no container."""
+def floor_sshd(folder: Path, *, public_key: str, remote: Path, subsystem: str) -> Iterator[Target]:
+    """OpenSSH's sshd as this user on a free port, no container: the floor. `subsystem`:
+    sftp-server (a process of its own beside the session, the issue's floor) or internal-sftp
+    (in the session's own process, as in gpubook's service)."""
     if not SSHD.exists() or not SFTP_SERVER.exists():
         raise SystemExit(f"{SSHD} or {SFTP_SERVER} is missing: install them as root with "
                          "`apt-get install -y openssh-server openssh-sftp-server` (the floor needs them)")
@@ -131,14 +137,15 @@ def floor_sshd(folder: Path, *, public_key: str, remote: Path) -> Iterator[Targe
         f"AuthorizedKeysFile {folder / 'authorized_keys'}", f"PidFile {folder / 'sshd.pid'}",
         "AuthenticationMethods publickey", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
         "UsePAM no", "StrictModes no", "DisableForwarding yes", "PermitTTY no", "LogLevel ERROR",
-        f"Subsystem sftp {SFTP_SERVER}", ""]))
+        f"Subsystem sftp {subsystem}", ""]))
     known_hosts = folder / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{port} {(folder / 'host_key.pub').read_text().strip()}\n")
     remote.mkdir()
     daemon = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=(folder / "sshd.log").open("wb"))
     try:
-        yield Target(label="floor", port=port, user=os.environ.get("USER") or os.getlogin(), remote=str(remote),
+        label = "floor" if subsystem == str(SFTP_SERVER) else f"floor {subsystem}"
+        yield Target(label=label, port=port, user=os.environ.get("USER") or os.getlogin(), remote=str(remote),
                      local=remote, known_hosts=known_hosts, unshare=False)
     finally:
         daemon.terminate()
@@ -306,6 +313,10 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=10_000, help="number of small files")
     parser.add_argument("--file-kib", type=int, default=4, help="size of each small file")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="rounds first run and not counted (a VM's fresh memory is slow at first touch)")
+    parser.add_argument("--no-internal-floor", dest="internal_floor", action="store_false",
+                        help="leave out the second floor: sshd with internal-sftp, no container")
     parser.add_argument("--idle-seconds", type=float, default=30)
     parser.add_argument("--network", nargs="+", default=["private", "private-slirp", "host"],
                         choices=["private", "private-slirp", "host"])
@@ -332,19 +343,30 @@ def main() -> None:
             big, small = make_sources(work, size_mib=args.size_mib, files=args.files, file_kib=args.file_kib)
             downloads = work / "downloads"
             downloads.mkdir()
-            targets = [stack.enter_context(floor_sshd(base / "floor", public_key=public_key,
-                                                      remote=base / "floor-data"))]
+            floors = [str(SFTP_SERVER)] + (["internal-sftp"] if args.internal_floor else [])
+            targets = [stack.enter_context(floor_sshd(base / f"floor-{number}", public_key=public_key,
+                                                      remote=base / f"floor-data-{number}", subsystem=subsystem))
+                       for number, subsystem in enumerate(floors)]
             services = {network: stack.enter_context(service(network, base / f"service-{network}", image=image,
                                                              public_key=public_key)) for network in args.network}
             targets += [target for target, _ in services.values()]
             for target in targets:
                 wait_ready(target, key)
             sources = {"big": big, "small": small}
-            for number in range(args.repeats):
+            for number in range(-args.warmup, args.repeats):  # rounds below 0 warm up, not counted
+                for shift in range(len(targets)):
+                    target = targets[(number + shift) % len(targets)]
+                    login = run_sftp(target, key, "pwd\n")
+                    if number >= 0:
+                        times.setdefault((target.label, "login", "pwd"), []).append(login)
                 for kind, source in sources.items():
                     for shift in range(len(targets)):
                         target = targets[(number + shift) % len(targets)]
                         up, down = transfer(target, key, kind, source, downloads, number)
+                        if number < 0:
+                            print(f"raw: warm-up {target.label} {kind} upload {up:.3f} s download {down:.3f} s",
+                                  flush=True)
+                            continue
                         times.setdefault((target.label, kind, "upload"), []).append(up)
                         times.setdefault((target.label, kind, "download"), []).append(down)
                         print(f"raw: repeat {number} {target.label} {kind} upload {up:.3f} s download {down:.3f} s",
@@ -360,16 +382,26 @@ def main() -> None:
 def report(times: dict[tuple[str, str, str], list[float]], args: argparse.Namespace, labels: list[str]) -> None:
     sizes = {"big": float(args.size_mib), "small": args.files * args.file_kib / 1024}
     names = {"big": f"1 file of {args.size_mib} MiB", "small": f"{args.files} files of {args.file_kib} KiB"}
+    for label in labels:
+        logins = times[(label, "login", "pwd")]
+        print(f"login and pwd alone (in every figure below), {label}: median {statistics.median(logins):.2f} s; "
+              "each: " + ", ".join(f"{value:.2f}" for value in logins))
     for kind in ("big", "small"):
         for way in ("upload", "download"):
             for label in labels:
                 print(median_line(f"{way} {names[kind]}, {label}", times[(label, kind, way)], sizes[kind]))
-    for label in labels[1:]:
+    def median(label: str, kind: str, way: str) -> float:
+        return statistics.median(times[(label, kind, way)])
+
+    for label in (label for label in labels if label.startswith("service")):
         for kind in ("big", "small"):
             for way in ("upload", "download"):
-                ratio = statistics.median(times[(label, kind, way)]) / statistics.median(times[("floor", kind, way)])
+                ratio = median(label, kind, way) / median("floor", kind, way)
                 verdict = "met" if ratio <= TARGETS[kind] else "NOT met"
-                print(f"{label} / floor, {way} {names[kind]}: {ratio:.2f} (target <= {TARGETS[kind]:.2f}: {verdict})")
+                other = "".join(f"; / {floor}: {median(label, kind, way) / median(floor, kind, way):.2f}"
+                                for floor in labels if floor.startswith("floor "))
+                print(f"{label} / floor, {way} {names[kind]}: {ratio:.2f} (target <= {TARGETS[kind]:.2f}: {verdict})"
+                      + other)
 
 
 if __name__ == "__main__":
