@@ -97,10 +97,12 @@ def site(engine: Engine, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
          request: pytest.FixtureRequest) -> Iterator[Site]:
     """The service on the host's network (the default) and in its own namespace."""
     made = Site(tmp_path_factory.mktemp("sftp"), engine, host_network=request.param == "host")
-    made.check()
-    made.wait_ready()
-    yield made
-    made.close()
+    try:  # removed even when it never answered
+        made.check()
+        made.wait_ready()
+        yield made
+    finally:
+        made.close()
 
 
 def test_a_user_sees_only_their_own_folders_and_their_uploads_belong_to_their_bookings_ids(
@@ -243,9 +245,9 @@ def test_the_service_is_started_again_after_being_killed(site: Site, engine: Eng
 
 def test_the_quota_refuses_uploads_until_the_user_deletes(engine: Engine, tmp_path: Path) -> None:  # noqa: F811
     site = Site(tmp_path, engine, quota=2_000_000)
-    site.check()
-    site.wait_ready()
     try:
+        site.check()
+        site.wait_ready()
         client = site.connect("alice")
         assert client is not None
         upload = client.open("input/data", "w")
