@@ -180,13 +180,13 @@ def write_files(etc: Path, *, port: int, listen: str, users: Sequence[SftpUser],
         folder.mkdir(mode=0o755, exist_ok=True)
         os.chmod(folder, 0o755)  # noqa: S103 - sshd's StrictModes: no folder on the way may be group/other-writable
     public = host_key(etc)
-    changed = _replace(etc / "sshd_config", sshd_config(port=port, listen=listen))
-    _replace(etc / "over-quota", OVER_QUOTA_BANNER + "\n")
-    _replace(etc / "passwd", passwd(users))
-    _replace(etc / "group", group(users))
+    changed = write_public(etc / "sshd_config", sshd_config(port=port, listen=listen))
+    write_public(etc / "over-quota", OVER_QUOTA_BANNER + "\n")
+    write_public(etc / "passwd", passwd(users))
+    write_public(etc / "group", group(users))
     names = {user.name for user in users}
     for user in users:
-        _replace(keys / user.name, authorized_keys(user))
+        write_public(keys / user.name, authorized_keys(user))
     for path in keys.iterdir():
         if path.name not in names:
             path.unlink(missing_ok=True)
@@ -194,9 +194,9 @@ def write_files(etc: Path, *, port: int, listen: str, users: Sequence[SftpUser],
     return Written(config_changed=changed, removed=removed, host_key=public)
 
 
-def _replace(path: Path, text: str) -> bool:
-    """Write `text` to `path` (mode 0644: sshd's accounts and keys are public) unless it is there
-    already; True when it changed."""
+def write_public(path: Path, text: str) -> bool:
+    """Write `text` to `path` (mode 0644: sshd's accounts and keys, a user's quota note) unless it
+    is there already; True when it changed."""
     try:
         if path.read_text() == text:
             return False
@@ -244,7 +244,7 @@ def seccomp_profile(base: Path = DEFAULT_SECCOMP) -> dict[str, object]:
 
 
 def write_seccomp(path: Path, base: Path = DEFAULT_SECCOMP) -> Path:
-    _replace(path, json.dumps(seccomp_profile(base), indent=1))
+    write_public(path, json.dumps(seccomp_profile(base), indent=1))
     return path
 
 

@@ -38,6 +38,7 @@ from runtime.engines.spec import (
     permanent,
 )
 from runtime.errors import DriverError, EngineError
+from runtime.mounts import Mount
 
 if TYPE_CHECKING:
     from runtime.engines import EngineOptions, EngineSettings
@@ -199,9 +200,9 @@ class CliEngine:
         if spec.pids_limit:
             argv += ["--pids-limit", str(spec.pids_limit)]
         for mount in spec.mounts:
-            if ":" in str(mount.source) or "," in str(mount.source) or ":" in mount.target:
-                raise permanent(f"service {spec.service}: mount path {mount.source} contains ':' or ','")
-            argv += ["--volume", f"{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"]
+            if problem := _mount_path_problem(mount):
+                raise permanent(f"service {spec.service}: {problem}")
+            argv += ["--volume", _volume(mount)]
         argv += ["--entrypoint", spec.command[0], spec.image, *spec.command[1:]]
         return argv
 
@@ -295,10 +296,7 @@ class CliEngine:
         for name, value in spec.env:
             argv += ["--env", f"{name}={value}"]
         for mount in spec.mounts:
-            argv += [
-                "--volume",
-                f"{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}",
-            ]
+            argv += ["--volume", _volume(mount)]
         if spec.gpu is not None:
             argv += self.gpu_args(spec.gpu, booking_id=spec.booking_id)
         command = list(spec.command)
@@ -392,14 +390,10 @@ class CliEngine:
 
     def _check_mounts(self, spec: ContainerSpec) -> None:
         for mount in spec.mounts:
-            text = str(mount.source)
-            if ":" in text or ":" in mount.target or "," in text:
-                raise permanent(
-                    f"booking {spec.booking_id}: mount path {text} or {mount.target} "
-                    f"contains ':' or ','"
-                )
+            if problem := _mount_path_problem(mount):
+                raise permanent(f"booking {spec.booking_id}: {problem}")
             if not mount.source.exists():
-                raise permanent(f"booking {spec.booking_id}: mount source {text} does not exist")
+                raise permanent(f"booking {spec.booking_id}: mount source {mount.source} does not exist")
 
     # --- running the engine --------------------------------------------------------------------
 
@@ -497,6 +491,18 @@ def _read_bounded(process: subprocess.Popen[bytes], *, deadline: float,
                 buffer += chunk[: max(0, limit - len(buffer))]
     out, err = (bytes(kept[fd]).decode(errors="replace") for fd in kept)
     return out, err
+
+
+def _mount_path_problem(mount: Mount) -> str | None:
+    """`--volume` splits on ':' (and options on ','): a path with either cannot be bound."""
+    text = str(mount.source)
+    if ":" in text or ":" in mount.target or "," in text:
+        return f"mount path {text} or {mount.target} contains ':' or ','"
+    return None
+
+
+def _volume(mount: Mount) -> str:
+    return f"{mount.source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"
 
 
 def _checked(path: str | Path, what: str) -> str:

@@ -16,6 +16,7 @@ from runtime.checks import Check, format_checks
 from runtime.errors import GpubookError
 from runtime.templates import load_all
 from scheduler import config as config_module
+from scheduler.hosts import sftp as sftp_host
 from scheduler.sources import open_source
 from scheduler.sources.errors import redact_url
 
@@ -87,8 +88,7 @@ def port_check(listen: str, port: int) -> Check:
 
 def sftp_key_check(loaded: config_module.Config) -> Check:
     """Every user gets in: a valid name, their own ids, keys that decode."""
-    users = [sftp.SftpUser(name=u.name, uid=u.uid, gid=u.gid, keys=u.ssh_keys) for u in loaded.users.values()]
-    kept, left_out = sftp.usable(users)
+    kept, left_out = sftp.usable(sftp_host.users_of(loaded))
     for user in kept:
         for key in user.keys:
             try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,6 @@ from runtime import sftp, storage
 from runtime.engines import ContainerInfo, Engine, ServiceSpec
 from runtime.errors import GpubookError, TemplateError
 from runtime.mounts import Mount
-from runtime.private import write_private
 from runtime.templates import Template, TemplateSet
 from scheduler.config import Config
 
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = "sftp"
 PIDS_LIMIT = 4096  # sshd forks a process or two per session
+USAGE_SECONDS = 300.0  # without a quota, how often each user's space is measured (for `status`)
 
 
 @dataclass(frozen=True)
@@ -82,15 +83,19 @@ class SftpStatus:
                           for name, u in sorted(self.usage.items())}}
 
 
+def users_of(config: Config) -> tuple[sftp.SftpUser, ...]:
+    """The config's users as the service's accounts (their container ids and keys)."""
+    return tuple(sftp.SftpUser(name=user.name, uid=user.uid, gid=user.gid, keys=user.ssh_keys)
+                 for user in config.users.values())
+
+
 def settings_of(config: Config) -> SftpSettings | None:
     """The service's settings, or None when it is off ([sftp] enabled false, or no data_root)."""
     if not config.sftp.enabled or config.storage.data_root is None:
         return None
     quota = config.storage.quota_gb
-    users = tuple(sftp.SftpUser(name=user.name, uid=user.uid, gid=user.gid, keys=user.ssh_keys)
-                  for user in config.users.values())
     return SftpSettings(port=config.sftp.port, listen=config.sftp.listen, data_root=config.storage.data_root,
-                        users=users, quota_bytes=round(quota * 1e9) if quota is not None else None,
+                        users=users_of(config), quota_bytes=round(quota * 1e9) if quota is not None else None,
                         persistent_home=config.storage.persistent_home,
                         host_network=config.sftp.network == "host")
 
@@ -128,8 +133,10 @@ class SftpService:
         self.name = name
         self._lock = threading.Lock()
         self._served: tuple[sftp.SftpUser, ...] = ()
-        self._over: set[str] = set()
+        self._bytes: dict[str, int] = {}  # each user's space at the last measure
+        self._measured_at = -USAGE_SECONDS
         self._restarts = 0
+        self._seccomp: Path | None = None  # written at the first start: it depends on nothing that changes
         self._alive: tuple[str, int, str] | None = None  # (spec hash, host pid, its start time) last seen running
         self.status = SftpStatus(port=settings.port, listen=settings.listen, running=False, container=self.name)
 
@@ -163,9 +170,16 @@ class SftpService:
         users, left_out = sftp.usable(settings.users)
         usage: dict[str, Usage] = {}
         served = []
+        # With a quota, every check measures (it enforces); without, `status` gets a figure this often.
+        measure = settings.quota_bytes is not None or time.monotonic() - self._measured_at >= USAGE_SECONDS
+        if measure:
+            self._measured_at = time.monotonic()
         for user in users:
             folders = self._folders(user)
-            usage[user.name] = Usage(bytes=sftp.usage_bytes(folders.input.parent), quota=settings.quota_bytes)
+            used = None if measure else self._bytes.get(user.name)
+            if used is None:
+                used = self._bytes[user.name] = sftp.usage_bytes(folders.input.parent)
+            usage[user.name] = Usage(bytes=used, quota=settings.quota_bytes)
             note = quota_note(user.name, usage[user.name]) if usage[user.name].over else None
             _note_file(folders.input.parent, note)
             served.append(sftp.SftpUser(name=user.name, uid=user.uid, gid=user.gid, keys=user.keys,
@@ -176,12 +190,11 @@ class SftpService:
         running, started = self._ensure(settings)
         if written.config_changed and not started:
             self.engine.signal(self.name, "HUP")  # sshd re-executes its listener; sessions go on
-        newly_over = {u.name for u in served if u.quota_note is not None} - self._over
+        newly_over = _over_quota(served) - _over_quota(self._served)
         for user in (*written.removed, *(u for u in served if u.name in newly_over)):
             self._end_sessions(user, why="removed" if user in written.removed else "over quota")
         for name in sorted(newly_over):
             log.warning("SFTP: %s is over quota (%s); uploads refused until they delete", name, usage[name].bytes)
-        self._over = {u.name for u in served if u.quota_note is not None}
         self._served = tuple(served)
         return SftpStatus(port=settings.port, listen=settings.listen, running=running, container=self.name,
                           restarts=self._restarts, usage=usage, left_out=tuple(left_out), host_key=written.host_key)
@@ -217,7 +230,9 @@ class SftpService:
         self._alive = (spec.spec_hash, info.pid, started) if started else None
 
     def spec(self, settings: SftpSettings) -> ServiceSpec:
-        profile = sftp.write_seccomp(self.etc_dir.parent / f"{self.name}-seccomp.json")
+        if self._seccomp is None:
+            self._seccomp = sftp.write_seccomp(self.etc_dir.parent / f"{self.name}-seccomp.json")
+        profile = self._seccomp
         return ServiceSpec(
             name=self.name, service=SERVICE, image=self.image(), port=settings.port, listen=settings.listen,
             command=sftp.COMMAND, capabilities=sftp.CAPABILITIES, seccomp=profile, pids_limit=PIDS_LIMIT,
@@ -236,15 +251,18 @@ class SftpService:
             log.warning("SFTP: %s's open sessions ended (%s)", user.name, why)
 
 
+def _over_quota(users: tuple[sftp.SftpUser, ...] | list[sftp.SftpUser]) -> set[str]:
+    return {user.name for user in users if user.quota_note is not None}
+
+
 def _note_file(user_dir: Path, note: str | None) -> None:
     """OVER-QUOTA.txt at the top of the user's folder (the daemon's, read-only to them) while they
     are over their quota: what `ls` shows them, with the figures the login banner points to."""
     path = user_dir / sftp.OVER_QUOTA_FILE
     if note is None:
         path.unlink(missing_ok=True)
-    elif not path.is_file() or path.read_text() != note + "\n":
-        write_private(path, (note + "\n").encode())
-        path.chmod(0o644)
+    else:
+        sftp.write_public(path, note + "\n")
 
 
 def _started_at(pid: int) -> str | None:
