@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -259,6 +259,31 @@ def engine() -> Engine:
     made = engine_from("podman", runtime="runc", storage_driver="overlay")
     overlay_image.build_rootfs_image(made, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     return made
+
+
+@pytest.fixture
+def cleanup(engine: Engine) -> Iterator[list[str]]:
+    """Booking ids whose containers are removed after the test, pass or fail."""
+    booking_ids: list[str] = []
+    yield booking_ids
+    for booking_id in booking_ids:
+        engine.stop(container_name(booking_id), 0)
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[DaemonProcess]]:
+    """Daemons stopped after the test, pass or fail."""
+    started: list[DaemonProcess] = []
+    yield started
+    for daemon in started:
+        daemon.stop()
+
+
+def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A `gpubook` command (status, stop, log, ...) on the test's config, as an admin runs it."""
+    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args, "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 @pytest.fixture

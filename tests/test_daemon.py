@@ -4,26 +4,23 @@ the booker logging in with paramiko. Bookings last seconds; warn_minutes is 0.1 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from caldav.lib import error as dav_error
 
-from runtime.engines import Engine, container_name
+from runtime.engines import container_name
 from scheduler.state import State
 from tests import daemon_kit
 from tests.daemon_kit import (
-    ROOT,
     DaemonProcess,
     book,
+    cli,
     description,
     run,
     running_container,
@@ -33,7 +30,9 @@ from tests.daemon_kit import (
     write_config,
 )
 
-engine, keys = daemon_kit.engine, daemon_kit.keys  # shared fixtures
+# shared fixtures
+engine, keys = daemon_kit.engine, daemon_kit.keys
+cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
 
 pytestmark = [
     pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
@@ -41,21 +40,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def cleanup(engine: Engine) -> Iterator[list[str]]:
-    """Booking ids whose containers are removed after the test, pass or fail."""
-    booking_ids: list[str] = []
-    yield booking_ids
-    for booking_id in booking_ids:
-        engine.stop(container_name(booking_id), 0)
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[DaemonProcess]]:
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        daemon.stop()
 
 
 def events(config_dir: Path, booking_id: str | None = None) -> list[str]:
@@ -287,10 +271,6 @@ def test_user_edit_during_write_back_survives(tmp_path: Path, radicale, engine, 
     assert "user: alice" in str(component["DESCRIPTION"])
 
 
-def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args, "--config", str(config)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_status_stop_and_log_commands(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:

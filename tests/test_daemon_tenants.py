@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import caldav
 import pytest
 from caldav.lib import error as dav_error
 
-from runtime.engines import Engine, container_name
+from runtime.engines import container_name
 from scheduler.state import State
 from tests import daemon_kit, servers
 from tests.daemon_kit import (
@@ -32,7 +31,9 @@ from tests.daemon_kit import (
     write_config,
 )
 
-engine, keys = daemon_kit.engine, daemon_kit.keys  # shared fixtures
+# shared fixtures
+engine, keys = daemon_kit.engine, daemon_kit.keys
+cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
 
 pytestmark = [
     pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
@@ -40,20 +41,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def cleanup(engine: Engine) -> Iterator[list[str]]:
-    booking_ids: list[str] = []
-    yield booking_ids
-    for booking_id in booking_ids:
-        engine.stop(container_name(booking_id), 0)
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[DaemonProcess]]:
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        daemon.stop()
 
 
 def second_calendar(config: Path, url: str) -> None:

@@ -10,7 +10,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,11 +21,11 @@ import pytest
 from runtime import sftp
 from runtime.engines import Engine, container_name
 from scheduler.commands.embedded import free_port
-from tests import daemon_kit
+from tests import daemon_kit, sftp_kit
 from tests.daemon_kit import (
-    ROOT,
     DaemonProcess,
     book,
+    cli,
     description,
     run,
     running_container,
@@ -56,12 +55,7 @@ class Client:
 
     def __init__(self, folder: Path, *, port: int, keys: dict[str, paramiko.PKey]) -> None:
         self.folder, self.port = folder, port
-        self.key_files = {}
-        for name, key in keys.items():
-            path = folder / f"{name}.key"
-            key.write_private_key_file(str(path))
-            path.chmod(0o600)
-            self.key_files[name] = path
+        self.key_files = sftp_kit.key_files(folder, keys)
         self.known_hosts = folder / "known_hosts"
 
     def trust(self, state: Path) -> None:
@@ -69,10 +63,8 @@ class Client:
         self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {public}\n")
 
     def batch(self, user: str, commands: str) -> subprocess.CompletedProcess[str]:
-        argv = ["sftp", "-P", str(self.port), "-i", str(self.key_files[user]), "-o", "IdentitiesOnly=yes",
-                "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={self.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-b", "-", f"{user}@127.0.0.1"]
-        return subprocess.run(argv, input=commands, capture_output=True, text=True, timeout=60, check=False)
+        return sftp_kit.sftp_batch(user, commands, port=self.port, key_file=self.key_files[user],
+                                   known_hosts=self.known_hosts)
 
     def answers(self, user: str) -> bool:
         return self.batch(user, "ls\n").returncode == 0
@@ -83,9 +75,6 @@ def with_sftp(config: Path, port: int) -> None:
                       'check_seconds = 1\n')
 
 
-def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args, "--config", str(config)],
-                          capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
 
 
 def test_upload_before_the_booking_use_it_inside_download_after(

@@ -18,7 +18,7 @@ import pytest
 from runtime import sftp
 from runtime.engines import Engine
 from scheduler.hosts.sftp import SftpService, SftpSettings
-from tests import safe_data
+from tests import safe_data, sftp_kit
 from tests.daemon_kit import engine, key_line, wait_for  # noqa: F401 - fixtures by name
 
 pytestmark = pytest.mark.podman
@@ -39,12 +39,7 @@ class Site:
                  host_network: bool = True) -> None:
         self.folder = folder
         self.keys = {name: paramiko.ECDSAKey.generate(bits=256) for name in ("alice", "bob")}
-        self.key_files: dict[str, Path] = {}
-        for name, key in self.keys.items():
-            path = folder / f"{name}.key"
-            key.write_private_key_file(str(path))
-            path.chmod(0o600)
-            self.key_files[name] = path
+        self.key_files = sftp_kit.key_files(folder, self.keys)
         self.data_root = Path(tempfile.mkdtemp(prefix="sftp-", dir=safe_data.MOUNT))
         self.data_root.chmod(0o755)
         self.port = free_port()
@@ -78,15 +73,13 @@ class Site:
             client.close()
             return None
 
-    def openssh(self, program: str, user: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        port_flag = "-P" if program == "sftp" else "-p"
-        argv = [program, port_flag, str(self.port), "-i", str(self.key_files[user]), "-o", "IdentitiesOnly=yes",
-                "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={self.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", *args]
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, check=False)
+    def openssh(self, program: str, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return sftp_kit.openssh(program, *args, port=self.port, key_file=self.key_files[user],
+                                known_hosts=self.known_hosts)
 
     def sftp_batch(self, user: str, commands: str) -> subprocess.CompletedProcess[str]:
-        return self.openssh("sftp", user, "-b", "-", f"{user}@127.0.0.1", stdin=commands)
+        return sftp_kit.sftp_batch(user, commands, port=self.port, key_file=self.key_files[user],
+                                   known_hosts=self.known_hosts)
 
     def close(self) -> None:
         self.service.stop(grace=1)
