@@ -36,6 +36,8 @@ BOOKER = "alice"
 BOOKER_UID = 2001
 BOOKER_GID = 2001
 CACHE_DIR = ssh.default_cache_dir()
+# The engine arguments of the podman suites: rootless podman as these machines run it.
+PODMAN = {"name": "podman", "runtime": "runc", "storage_driver": "overlay"}
 DOCKERD = "/usr/sbin/dockerd"
 DOCKER = "/usr/bin/docker"  # Debian's client, matching Debian's dockerd
 

@@ -39,7 +39,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
 bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
-PODMAN = {"name": "podman", "runtime": "runc", "storage_driver": "overlay"}
+PODMAN = engine_suite.PODMAN
 
 
 @pytest.fixture(scope="session")

@@ -116,8 +116,10 @@ class CliEngine:
 
     def stop(self, name: str, grace: float) -> None:
         """SIGTERM, `grace` seconds for the booker's work to finish, SIGKILL; then remove it (a
-        booking's container or a service's)."""
-        if self.inspect(name) is None and self.inspect_service(name) is None:
+        booking's container or a service's; anything else of that name is left alone)."""
+        raws = self._inspect_raw([name], missing_ok=True)
+        labels = _labels(raws[0]) if raws else {}
+        if not (labels.get(LABEL_BOOKING) or labels.get(LABEL_SERVICE)):
             return
         self._call(
             ["stop", "--time", str(math.ceil(grace)), name],
@@ -172,7 +174,7 @@ class CliEngine:
 
     def inspect_service(self, name: str) -> ContainerInfo | None:
         raws = self._inspect_raw([name], missing_ok=True)
-        if not raws or not ((raws[0].get("Config") or {}).get("Labels") or {}).get(LABEL_SERVICE):
+        if not raws or not _labels(raws[0]).get(LABEL_SERVICE):
             return None
         return self._info(raws[0])
 
@@ -421,7 +423,7 @@ class CliEngine:
             id=raw.get("Id", ""),
             state=(raw.get("State") or {}).get("Status", "unknown"),
             image=image,
-            labels=config.get("Labels") or {},
+            labels=_labels(raw),
             pid=int((raw.get("State") or {}).get("Pid") or 0),
         )
 
@@ -491,6 +493,11 @@ def _read_bounded(process: subprocess.Popen[bytes], *, deadline: float,
                 buffer += chunk[: max(0, limit - len(buffer))]
     out, err = (bytes(kept[fd]).decode(errors="replace") for fd in kept)
     return out, err
+
+
+def _labels(raw: dict[str, Any]) -> dict[str, str]:
+    """A container's labels from `inspect`'s JSON."""
+    return dict((raw.get("Config") or {}).get("Labels") or {})
 
 
 def _mount_path_problem(mount: Mount) -> str | None:
