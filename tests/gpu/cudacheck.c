@@ -22,8 +22,8 @@ typedef unsigned long long CUdeviceptr;
 typedef struct { unsigned char bytes[16]; } CUuuid;
 
 static const char PTX[] =
-    ".version 6.0\n"
-    ".target sm_50\n"
+    ".version 7.0\n"
+    ".target sm_80\n"
     ".address_size 64\n"
     ".visible .entry square_plus(\n"
     "    .param .u64 square_plus_out,\n"

@@ -50,9 +50,14 @@ cat > "$dest/install-daemon-deps.sh" <<'EOS'
 # made "overlay" for every caller (gpubook's engine passes --storage-driver overlay; a store first
 # made by a plain `podman` call would have driver "" and refuse it).
 _b=$(cd "${1:?usage: source install-daemon-deps.sh BUNDLE}" && pwd)
-python3 -m pip install --quiet --no-index --no-deps --target "$_b/site" "$_b"/wheels/*.whl
+if python3 -m pip --version >/dev/null 2>&1; then
+  python3 -m pip install --quiet --no-index --no-deps --target "$_b/site" "$_b"/wheels/*.whl
+else  # a venv made without pip: these wheels have no .data folder, so unpacking one installs it
+  python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+    "$_b/site" "$_b"/wheels/*.whl
+fi
 export PYTHONPATH=$PWD:$_b/site${PYTHONPATH:+:$PYTHONPATH}
-export GPUBOOK_CUDACHECK=$_b/cudacheck GPUBOOK_SSHD_TARBALL=$_b/gpu-sshd.tar.xz
+export GPUBOOK_BUNDLE=$_b  # tests/gpu/test_daemon_gpu.py finds gpu-sshd.tar.xz and cudacheck there
 mkdir -p /etc/containers
 [ -s /etc/containers/storage.conf ] || printf '[storage]\ndriver = "overlay"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n' > /etc/containers/storage.conf
 EOS
