@@ -58,13 +58,19 @@ def look(client: paramiko.SSHClient, *, cudacheck: bytes, every: Sequence[Gpu]) 
     _, opens = run(client, f"for m in {minors}; do if (exec 3<>/dev/nvidia$m) 2>/dev/null; "
                            'then echo "$m open"; else echo "$m refused"; fi; done')
     _, proc = run(client, "ls /proc/driver/nvidia/gpus 2>/dev/null; true")
+    return seen_from(kernel_status=kernel_status, kernel=kernel, smi=smi, opens=opens, proc=proc)
+
+
+def seen_from(*, kernel_status: int, kernel: str, smi: str, opens: str, proc: str) -> Seen:
+    """The outputs of cudacheck, `nvidia-smi -L`, the open loop and `ls /proc/...`, read."""
+    lines = opens.splitlines()
     return Seen(
         kernel_status=kernel_status,
         kernel_output=kernel,
         kernel_uuids=frozenset(m.group(2).lower() for m in KERNEL_LINE.finditer(kernel) if m.group(4) == "ok"),
         smi_uuids=frozenset(u.lower() for u in UUID.findall(smi)),
-        opened=frozenset(int(line.split()[0]) for line in opens.splitlines() if line.endswith(" open")),
-        refused=frozenset(int(line.split()[0]) for line in opens.splitlines() if line.endswith(" refused")),
+        opened=frozenset(int(line.split()[0]) for line in lines if line.endswith(" open")),
+        refused=frozenset(int(line.split()[0]) for line in lines if line.endswith(" refused")),
         proc_gpus=frozenset(proc.split()),
     )
 

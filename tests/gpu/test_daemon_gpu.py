@@ -11,9 +11,14 @@ containers (same container, the booker's SSH session still alive). At the end ea
 stopped, the event says "ended", and the file the booker wrote to /data/output is kept.
 
 Runs on the GPU test host with the bundle of tests/gpu/prepare_daemon_bundle.sh (sshd image,
-wheels, cudacheck); skipped, with the reason, anywhere else. Prints, per booking, the time from
-its start to the written-back SSH line and to the booker's login, and the daemon's own
-container-start-to-SSH figure; GPUBOOK_GPU_RESULTS names a folder for the figures and daemon log.
+wheels, cudacheck); skipped, with the reason, anywhere else. There, as root, from the project root:
+
+    source .bundle/podman-on-gpuhost.sh .bundle && source .bundle/install-daemon-deps.sh .bundle
+    NCCL_NVLS_ENABLE=0 python3 -m pytest tests/gpu/test_daemon_gpu.py -m gpu -v -s --confcutdir=tests/gpu
+
+It prints, per booking, the time from its start to the written-back SSH line and to the booker's
+login, and the daemon's own start-call-to-SSH figure; GPUBOOK_GPU_RESULTS names a folder for the
+figures and the daemon's log (BENCHMARKS.md, "GPU host: the whole daemon").
 """
 
 from __future__ import annotations
