@@ -56,7 +56,8 @@ def key_line(key: paramiko.PKey) -> str:
 
 def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PKey], gpus: int = 2,
                  poll_seconds: float = 60, warn_minutes: float = 0.1, stale_after_minutes: float = 30,
-                 notice_seconds: float = 3, restart_backoff_seconds: float = 1) -> Path:
+                 notice_seconds: float = 3, restart_backoff_seconds: float = 1, template: str = "debian-ssh",
+                 templates_dir: Path | None = None, engine_lines: Sequence[str] = ()) -> Path:
     low, high = port_range()
     if not (folder / "data").exists():
         # gpubook refuses a data_root without nosuid,nodev: the test mount's, seen as folder/data.
@@ -65,15 +66,17 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
         '[host]', 'name = "127.0.0.1"', 'timezone = "UTC"', '',
         '[[calendar]]', f'url = "{calendar_url}"', 'username = "test"', '',
         '[gpus]', f'count = {gpus}', '',
-        '[defaults]', 'template = "debian-ssh"', 'gpus = 1', f'warn_minutes = {warn_minutes}', '',
+        '[defaults]', f'template = "{template}"', 'gpus = 1', f'warn_minutes = {warn_minutes}', '',
         '[engine]', 'name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"',
-        'stop_grace_seconds = 1', '',
+        'stop_grace_seconds = 1', *engine_lines, '',
         '[storage]', f'data_root = "{folder / "data"}"', '',
         '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
         '[daemon]', f'poll_seconds = {poll_seconds}', f'state_dir = "{folder / "state"}"',
         f'stale_after_minutes = {stale_after_minutes}', f'notice_seconds = {notice_seconds}',
         f'restart_backoff_seconds = {restart_backoff_seconds}', '',
     ]
+    if templates_dir is not None:
+        lines += ['[templates]', f'dir = "{templates_dir}"', '']
     for number, (user, key) in enumerate(keys.items()):
         lines += [f'[users.{user}]', f'uid = {2001 + number}', f'email = ["{user}@lab.example"]',
                   f'ssh_keys = ["{key_line(key)}"]', '']
@@ -111,6 +114,13 @@ def description(calendar: caldav.Calendar, uid: str) -> str:
     return str(component.get("DESCRIPTION", ""))
 
 
+def child_env() -> dict[str, str]:
+    """This environment with the source tree first on PYTHONPATH; folders already there are kept
+    (on the GPU test host the dependencies' wheels are unpacked into one)."""
+    kept = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *([kept] if kept else [])])}
+
+
 class DaemonProcess:
     """`gpubook run` as a real process; stderr kept in a file for the failure message."""
 
@@ -120,10 +130,9 @@ class DaemonProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> DaemonProcess:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with self.log.open("ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "scheduler.commands.cli", "run", "--config",
-                                             str(self.config)], stdout=log, stderr=log, env=env,
+                                             str(self.config)], stdout=log, stderr=log, env=child_env(),
                                             stdin=subprocess.DEVNULL, cwd=ROOT)
         return self
 
@@ -283,7 +292,7 @@ def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """A `gpubook` command (status, stop, log, ...) on the test's config, as an admin runs it."""
     return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args, "--config", str(config)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=child_env())
 
 
 @pytest.fixture
