@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -26,13 +27,16 @@ import pytest
 import requests
 
 from runtime import jupyter
-from runtime.engines import Engine, engine_from
+from runtime.engines import Engine, container_name, engine_from
 from runtime.errors import EngineError
 from runtime.overlay_image import build_rootfs_image
 from runtime.templates import Template, get_template, load_template
 from scheduler.commands.embedded import free_port
-from tests import safe_data
+from tests import daemon_kit, safe_data
+from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
 from tests.engine_suite import BOOKER, BOOKER_UID, CACHE_DIR, PODMAN, Booking, Bookings, connect, run
+
+keys = daemon_kit.keys  # the bookers' SSH keys (shared fixture)
 
 pytestmark = [
     pytest.mark.podman,
@@ -262,3 +266,38 @@ def test_an_image_without_jupyterlab_still_starts_and_says_so(engine: Engine, ss
             assert run(client, "id -un")[1] == f"{BOOKER}\n"
     finally:
         bookings.cleanup()
+
+
+@pytest.mark.caldav
+def test_the_daemon_writes_back_how_to_reach_jupyterlab(engine: Engine, lab_image: str, ssh_image: str,
+                                                        radicale, keys, tmp_path: Path) -> None:  # noqa: ANN001
+    """The real daemon and Radicale: the running block gets the `ssh -L` line, and never the token."""
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    shutil.copy(get_template("debian-ssh").path, templates / "debian-ssh.toml")
+    (templates / "lab.toml").write_text(f'image = "{lab_image}"\ncuda = "none"\nhas_sshd = true\njupyter = true\n')
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys)
+    config.write_text(config.read_text() + f'\n[templates]\ndir = "{templates}"\n')
+    start = soon(8)
+    book(calendar, "lab@test", user="alice", start=start, end=start + timedelta(minutes=2),
+         description="template: lab\n")
+    daemon = DaemonProcess(config).start()
+    try:
+        line = wait_for("the jupyter line in the event",
+                        lambda: next((x for x in description(calendar, "lab@test").splitlines()
+                                      if x.startswith("jupyter: ")), None), timeout=90, daemon=daemon)
+        info = engine.inspect(container_name("lab@test"))
+        assert info is not None and info.port is not None
+        assert line == f"jupyter: {jupyter.forward_line(port=info.port, user='alice', host='127.0.0.1')}"
+        text = description(calendar, "lab@test")
+        assert f"cat {jupyter.URL_FILE}" in text and "token=" not in text
+        client = wait_for("SSH as the booker", lambda: try_login(info.port, "alice", keys["alice"]), timeout=30,
+                          daemon=daemon)
+        try:
+            assert run(client, f"cat {jupyter.URL_FILE}")[1].startswith("http://127.0.0.1:8888/lab?token=")
+        finally:
+            client.close()
+    finally:
+        daemon.stop()
+        engine.stop(container_name("lab@test"), 0)
