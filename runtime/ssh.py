@@ -2,7 +2,8 @@
 
 - Images without sshd/sudo run as a derived image with them (runtime/overlay_image.py builds it).
 - At start a read-only bind-mounted entrypoint (overlay/entrypoint.sh) makes the account, keys,
-  sudo and sshd on the booking's port; then the template's command runs as the booker.
+  sudo and sshd on the booking's port; then the template's command (and JupyterLab, for a template
+  with jupyter = true: runtime/jupyter.py) runs as the booker.
 - gpubook makes each booking's SSH host key itself (ed25519, kept mode 600 under the cache folder,
   bound read-only into the container), so it knows the key before sshd runs: the probe trusts only
   that key, and the booker gets it as a known_hosts line, with no trust on first use.
@@ -29,6 +30,7 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from runtime import jupyter
 from runtime.engines import ContainerInfo, ContainerSpec, Engine
 from runtime.errors import EngineError
 from runtime.mounts import Mount
@@ -202,6 +204,8 @@ def booking_spec(
             "GPUBOOK_KEYS": keys,
         }
     )
+    if template.jupyter:
+        env[jupyter.ENV] = "1"
     overlay = Mount(entrypoint_dir(cache_dir), OVERLAY_TARGET, read_only=True)
     key_folder = Mount(host_key.folder, HOST_KEY_TARGET, read_only=True)
     return ContainerSpec(

@@ -1,10 +1,10 @@
 """Container templates: one TOML file per template, edited by admins.
 
 A template names an image, its CUDA version, environment, extra read-only mounts, a command, shm
-size and memory, and whether the image already has sshd and sudo (else gpubook builds a derived
-image with them, see runtime/overlay_image.py). A template that fails validation is reported with its file and
-field, and skipped; it never stops the others. `template_names` and `default_templates_dir` keep
-their signatures: the scheduler's plan uses them.
+size and memory, whether the image already has sshd and sudo (else gpubook builds a derived image
+with them, see runtime/overlay_image.py), and whether gpubook starts JupyterLab inside. A template
+that fails validation is reported with its file and field, and skipped; it never stops the others.
+`template_names` and `default_templates_dir` keep their signatures: the scheduler's plan uses them.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ KEYS = [
     "shm_size",
     "memory",
     "build",
+    "jupyter",
 ]
 BUILD_KEYS = ["tool", "suite", "variant", "include"]
 
@@ -66,6 +67,9 @@ class Template:
     shm_size: str | None = None
     memory: str | None = None
     build: BuildRecipe | None = None
+    # gpubook starts JupyterLab inside as the booker, on a unix socket only the booker's SSH reaches
+    # (runtime/jupyter.py); an image without JupyterLab still starts, and its event says so
+    jupyter: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,7 @@ class _Checker:
             ),
             memory=self.string(data, "memory", pattern=_SIZE, hint="a size such as '16g'"),
             build=self.build(data),
+            jupyter=self.boolean(data, "jupyter"),
         )
         return None if self.errors else template
 

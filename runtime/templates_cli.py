@@ -32,6 +32,7 @@ def _summary(template: Template) -> dict[str, Any]:
         "image": template.image,
         "cuda": template.cuda,
         "has_sshd": template.has_sshd,
+        "jupyter": template.jupyter,
         "description": template.description,
         "path": str(template.path),
     }

@@ -20,6 +20,8 @@ SHIPPED = {
     "cuda9-base",
     "cuda8-base",
     "debian-ssh",
+    "pytorch-cuda12",
+    "cuda12-base",
 }
 
 

@@ -8,8 +8,8 @@
 #   2. installs the booker's public keys and the daemon's restricted probe key,
 #   3. runs sshd with the host key gpubook made for this booking, on the booking's port
 #      (keys only: password, keyboard-interactive and root logins are off),
-#   4. runs the template's command, if any, as the booker,
-#   5. forwards SIGTERM to both, so a stop gives the booker's work its grace period.
+#   4. runs the template's command, if any, and JupyterLab (GPUBOOK_JUPYTER=1), as the booker,
+#   5. forwards SIGTERM to all, so a stop gives the booker's work its grace period.
 # Inputs come from the environment (GPUBOOK_*), set by runtime/ssh.py.
 set -eu
 
@@ -87,7 +87,7 @@ env_file=$state/environment
 env | while IFS= read -r line; do
   name=${line%%=*}
   case "$name" in
-    GPUBOOK_USER|GPUBOOK_UID|GPUBOOK_GID|GPUBOOK_PORT|GPUBOOK_KEYS) continue ;;
+    GPUBOOK_USER|GPUBOOK_UID|GPUBOOK_GID|GPUBOOK_PORT|GPUBOOK_KEYS|GPUBOOK_JUPYTER) continue ;;
     HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|HOSTNAME|TERM|MAIL|_|container) continue ;;
   esac
   case "$name" in *[!A-Za-z0-9_]*|'') continue ;; esac
@@ -102,6 +102,29 @@ fi
 # Outside the home folder, so a persistent home with loose modes cannot break (or widen) key login.
 printf '%s\n' "${GPUBOOK_KEYS:-}" > "$state/keys/$user"
 chmod 644 "$state/keys/$user"
+
+# --- JupyterLab (templates with jupyter = true; runtime/jupyter.py) ------------------------------
+# Decided before sshd starts, so the daemon can read the outcome once SSH answers. It listens on a
+# unix socket in a folder only the booker may enter, never on TCP: on the host network this
+# container's loopback is the host's. The token is made here, passed in the environment (argv is
+# visible to every host user through ps) and kept in a file of the booker's, mode 600.
+jupyter_dir=$state/jupyter
+jupyter=
+rm -rf "$jupyter_dir"
+if [ "${GPUBOOK_JUPYTER:-}" = 1 ]; then
+  if jupyter=$(command -v jupyter-lab 2>/dev/null); then
+    (umask 077; mkdir -p "$jupyter_dir/runtime"; : > "$jupyter_dir/log") || die "cannot make $jupyter_dir"
+    token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+    [ ${#token} -eq 48 ] || die "cannot read 24 random bytes for the JupyterLab token"
+    (umask 077; printf 'http://127.0.0.1:8888/lab?token=%s\n' "$token" > "$jupyter_dir/url")
+    chown -R "$uid:$gid" "$jupyter_dir"
+    echo starting > "$state/jupyter-state"
+  else
+    echo "not available in this image (no jupyter-lab on its PATH)" > "$state/jupyter-state"
+    say "JupyterLab: not available in this image (no jupyter-lab on its PATH)"
+  fi
+  chmod 644 "$state/jupyter-state"
+fi
 
 # --- 3. sshd --------------------------------------------------------------------------------------
 sshd=$(PATH=$PATH:/usr/sbin:/sbin command -v sshd) || die "this image has no sshd"
@@ -144,16 +167,30 @@ forward() { trap - TERM INT; say "stopping"; kill -TERM $children 2>/dev/null; }
 trap forward TERM INT
 "$sshd" -D -e -f "$config" &
 children=$!
+as_booker() {  # as_booker ARGV...: exec the argv as the booker, in their home
+  cd "$home" || exit 70
+  export HOME="$home" USER="$user" LOGNAME="$user"
+  if command -v setpriv >/dev/null 2>&1; then
+    exec setpriv --reuid="$uid" --regid="$gid" --init-groups -- "$@"
+  fi
+  exec su -s /bin/sh "$user" -c 'exec "$0" "$@"' -- "$@"
+}
 if [ $# -gt 0 ]; then
+  ( as_booker "$@" ) &
+  children="$children $!"
+fi
+if [ -n "$jupyter" ]; then
+  # Both spellings: JupyterLab 3+ runs on jupyter_server (ServerApp), 2.x (NGC's images) on the
+  # classic notebook server (NotebookApp); each ignores the other's. No --ip/--port: socket only.
   (
-    cd "$home" || exit 70
-    export HOME="$home" USER="$user" LOGNAME="$user"
-    if command -v setpriv >/dev/null 2>&1; then
-      exec setpriv --reuid="$uid" --regid="$gid" --init-groups -- "$@"
-    fi
-    exec su -s /bin/sh "$user" -c 'exec "$0" "$@"' -- "$@"
+    export JUPYTER_TOKEN="$token" JUPYTER_RUNTIME_DIR="$jupyter_dir/runtime"
+    exec >> "$jupyter_dir/log" 2>&1 < /dev/null
+    as_booker "$jupyter" --no-browser \
+      "--ServerApp.sock=$jupyter_dir/socket" --ServerApp.sock_mode=0600 \
+      "--NotebookApp.sock=$jupyter_dir/socket" --NotebookApp.sock_mode=0600
   ) &
   children="$children $!"
+  say "JupyterLab for $user started on the unix socket $jupyter_dir/socket"
 fi
 say "sshd for $user on port $port started"
 # `wait` returns early (status > 128) when a trapped signal arrives; then wait for the children.

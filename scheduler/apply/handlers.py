@@ -8,6 +8,7 @@ that after the pass, from what was recorded.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,6 +23,7 @@ from scheduler.config import Config
 from scheduler.core import decide
 from scheduler.core.bookings import Booking
 from scheduler.hosts import Booker, Host, StartRequest
+from scheduler.outbox.writeback import RUNNING_LINES, start_lines
 from scheduler.state import ContainerRecord, State, StateError
 
 # A constant script; the message is its $1, never part of the script (nothing from a calendar
@@ -101,6 +103,8 @@ class StartHandler:
             raise
         record = self.state.container_started(booking.id, started.info.name, user=user.name,
                                               gpu_count=len(accepted.gpus), at=now)
+        self._note_lines(booking.id, start_lines(template, started.jupyter, driver_version=host.driver_version,
+                                                 port=port, user=user.name, host=self.config.host.name), now=now)
         self.recall.failures.pop(booking.id, None)
         self.recall.preparing.pop(booking.id, None)
         self.recall.held.pop(booking.id, None)
@@ -122,6 +126,16 @@ class StartHandler:
                 self._refuse(booking.id, reason)
                 return None
         return template
+
+    def _note_lines(self, booking_id: str, lines: list[str], *, now: datetime) -> None:
+        """Keep what the start adds to the running block (JupyterLab, CUDA limits) for the write-back;
+        a locked database costs those lines, never the started booking."""
+        if not lines:
+            return
+        try:
+            self.state.set_note(booking_id, RUNNING_LINES, json.dumps(lines), at=now)
+        except StateError as error:
+            self.journal.log.warning("booking %s: its JupyterLab and CUDA lines are not kept: %s", booking_id, error)
 
     def _release_port(self, booking_id: str) -> None:
         try:

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Protocol
 
 from runtime.engines import ContainerInfo, ExecResult
+from runtime.jupyter import Availability
 from runtime.templates import Template
 
 
@@ -44,6 +45,7 @@ class StartRequest:
 class Started:
     info: ContainerInfo
     seconds_to_ssh: float  # from the start call until SSH let the probe key in
+    jupyter: Availability | None = None  # a template with jupyter = true: whether JupyterLab started
 
 
 class Host(Protocol):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import paramiko
 
-from runtime import overlay_image, ssh, storage
+from runtime import jupyter, overlay_image, ssh, storage
 from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
 from runtime.errors import StorageError
 from scheduler.core.plan import LOCAL
@@ -73,7 +73,8 @@ class LocalHost:
                                 port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
                                 host_key=host_key, gpus=request.gpus, gpu=gpu)
         ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address)
-        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds)
+        lab = jupyter.availability(self.engine, name) if template.jupyter else None
+        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
 
     def stop(self, name: str, grace: float) -> None:
         self.engine.stop(name, grace)

@@ -17,6 +17,7 @@ newest outcome written.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -24,9 +25,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from runtime import ssh
+from runtime import cuda, jupyter, ssh
 from runtime.engines import ContainerInfo
 from runtime.errors import GpubookError
+from runtime.templates import Template
 from scheduler.config import CalendarConfig, Config
 from scheduler.core import decide
 from scheduler.core.bookings import Booking, Rejection
@@ -35,6 +37,7 @@ from scheduler.sources import EventRef, Writer, block, open_writer
 from scheduler.state import ContainerRecord, State, StateError
 
 log = logging.getLogger(__name__)
+RUNNING_LINES = "running-lines"  # State note: the lines a start adds to the running block (JSON list)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,23 @@ class Remarks:
     refused: Mapping[str, str]  # booking id → why it can never start
     failures: Mapping[str, str]  # booking id → why its start failed (for a note once it is due)
     notes: Mapping[str, str]  # booking id → a sentence for its event
+
+
+def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_version: str | None, port: int,
+                user: str, host: str) -> list[str]:
+    """What a start adds to the booking's running block: how to reach its JupyterLab (or why there is
+    none), and the limits of a CUDA version run through minor version compatibility. The token is
+    not among them: the calendar is read by the whole lab (runtime/jupyter.py)."""
+    lines = []
+    if template.jupyter and lab is not None and lab.started:
+        lines.append(f"jupyter: {jupyter.forward_line(port=port, user=user, host=host)}")
+        lines.append(f"jupyter url: {jupyter.url_hint(port=port, user=user, host=host)}")
+    elif template.jupyter:
+        lines.append(f"jupyter: {lab.reason if lab is not None else jupyter.NOT_AVAILABLE}")
+    limit = cuda.limitation(template.cuda, driver_version) if template.cuda and driver_version else None
+    if limit:
+        lines.append(f"cuda {template.cuda}: {limit}")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -81,19 +101,20 @@ class WriteBack:
               records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
               etags: Mapping[str, str | None]) -> None:
         items: list[tuple[Booking | Rejection, block.Outcome]] = []
+        extra = self._running_lines() if running else {}
         for rejection in plan.rejected:
             if rejection.end > now:
                 items.append((rejection, block.rejected(rejection.reason)))
         for accepted in plan.accepted:
             outcome = self.outcome(accepted, running.get(accepted.booking.id), records.get(accepted.booking.id),
-                                   remarks=remarks, now=now)
+                                   remarks=remarks, now=now, extra=extra)
             if outcome is not None:
                 items.append((accepted.booking, outcome))
         for item, outcome in items:
             self._write(item, outcome, etag=etags.get(item.href), now=now)
 
     def outcome(self, accepted: Accepted, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
-                *, remarks: Remarks, now: datetime) -> block.Outcome | None:
+                *, remarks: Remarks, now: datetime, extra: Mapping[str, str] | None = None) -> block.Outcome | None:
         booking = accepted.booking
         zone = self.config.host.timezone
         outcome: block.Outcome
@@ -107,7 +128,7 @@ class WriteBack:
             host = self.config.host.name
             known = ssh.known_hosts_line(host=host, port=info.port, host_key=info.host_key) if info.host_key else ""
             outcome = block.running(port=info.port, user=booking.user, host=host, end=booking.end, timezone=zone,
-                                    known_hosts=known)
+                                    known_hosts=known, extra=json.loads((extra or {}).get(booking.id, "[]")))
         elif records and all(r.stopped_at is not None for r in records) and (
                 now >= booking.end or (records[-1].exit_reason or "") == decide.ADMIN_STOP):
             hours = sum(r.gpu_hours(now) for r in records)
@@ -127,6 +148,14 @@ class WriteBack:
             return None
         note = remarks.notes.get(booking.id)
         return outcome.with_note(note) if note else outcome
+
+    def _running_lines(self) -> dict[str, str]:
+        """Each running booking's lines from its start (RUNNING_LINES notes), read once per write."""
+        try:
+            return self.state.notes(RUNNING_LINES)
+        except StateError as error:
+            log.warning("the lines bookings' starts added wait for a later write: %s", error)
+            return {}
 
     def _sftp(self, user: str) -> str | None:
         """The booker's SFTP line where the SFTP service runs (their data at any time), else None."""

@@ -127,11 +127,13 @@ def rejected(reason: str) -> Outcome:
     return Outcome(Status.REJECTED, (one_line(reason),))
 
 
-def running(*, port: int, user: str, host: str, end: datetime, timezone: str, known_hosts: str = "") -> Outcome:
+def running(*, port: int, user: str, host: str, end: datetime, timezone: str, known_hosts: str = "",
+            extra: Sequence[str] = ()) -> Outcome:
     """`known_hosts`: the booking's `[host]:port ssh-ed25519 AAAA...` line, for a first login
-    without trust on first use."""
-    lines = (ssh_line(port=port, user=user, host=host), f"until {_when(end, timezone)}")
-    return Outcome(Status.RUNNING, lines + ((f"known_hosts: {known_hosts}",) if known_hosts else ()))
+    without trust on first use; `extra`: lines said at its start (JupyterLab, CUDA limits)."""
+    lines: tuple[str, ...] = (ssh_line(port=port, user=user, host=host), f"until {_when(end, timezone)}")
+    lines += (f"known_hosts: {known_hosts}",) if known_hosts else ()
+    return Outcome(Status.RUNNING, lines + tuple(one_line(line) for line in extra))
 
 
 def ended(*, gpu_hours: float, outputs: str | None, at: datetime, timezone: str,
