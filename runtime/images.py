@@ -276,6 +276,8 @@ def clean(engine: ImageEngine, ledger: Ledger, *, keep: Collection[str], min_fre
             continue
         try:
             engine.remove_image(entry.image)
+            if entry.source and entry.source != entry.image and engine.image_exists(entry.source):
+                engine.remove_image(entry.source)  # the mirror's name of the same image
         except EngineError as error:
             log.warning("image %s: not removed: %s", entry.image, str(error).splitlines()[0] if str(error) else error)
             continue
