@@ -80,6 +80,10 @@ def test_an_image_only_in_a_registry_is_pulled_before_a_booking_accepted_minutes
     assert row["state"] == "ready" and row["detail"] == f"pulled from {registry_only_image}"
     assert row["bookings"] == ["pulled@test"]
     assert running_container(engine, "pulled@test") is None
+    listing = daemon_kit.cli(config, "images")  # what is prepared for which booking
+    assert listing.returncode == 0, listing.stderr
+    assert f"{registry_only_image}" in listing.stdout and "[ready]  for pulled@test" in listing.stdout
+    print(listing.stdout)
 
     while datetime.now(UTC) < start:
         time.sleep(0.02)
@@ -98,6 +102,3 @@ def test_an_image_only_in_a_registry_is_pulled_before_a_booking_accepted_minutes
     log = daemon.log.read_text()
     pulls = [line for line in log.splitlines() if "pulling" in line]
     assert len(pulls) == 1  # one pull, ahead; the start pulled nothing
-    listing = daemon_kit.cli(config, "images")
-    assert listing.returncode == 0, listing.stderr
-    assert registry_only_image in listing.stdout and "pulled@test" in listing.stdout

@@ -143,7 +143,7 @@ def test_cleanup_removes_only_gpubooks_unused_images_oldest_first(engine: Engine
     container = f"gpubook-test-clean-{run}"
     registry_kit.podman(engine, "create", "--name", container, in_use, "/gpubook-token")
     try:
-        removals = iter([0, 0, 10**15])  # under the floor, still under after one removal, then above
+        removals = iter([0, 10**15])  # under the floor, then above it after one removal
         removed = images.clean(engine, ledger, keep={kept}, min_free=10**12,  # type: ignore[arg-type]
                                free=lambda: next(removals))
         assert removed == [oldest]  # then the floor was reached: `newer` stays
