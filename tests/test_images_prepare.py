@@ -106,7 +106,8 @@ def test_a_pass_queues_the_bookings_within_prepare_hours_and_never_waits_for_the
         passes.run(bookings(config, soon, later), now=NOW, write_back=False)  # returns with the pull held
         assert not done.is_set()
         (row,) = preparer.snapshot()["preparations"]
-        assert (row["template"], row["state"], row["bookings"]) == ("tensorflow-cuda9", "pulling", ["soon"])
+        assert (row["template"], row["bookings"]) == ("tensorflow-cuda9", ["soon"])
+        assert row["state"] in ("queued", "pulling")  # the worker holds the pull; the pass went on
         engine.answers.release.set()
         assert done.wait(HOLD)
     finally:
