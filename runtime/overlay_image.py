@@ -2,7 +2,8 @@
 
 - A derived image (FROM the template's image + openssh-server + sudo, Debian/Ubuntu or RHEL
   family) is built once and tagged with a hash of image and recipe, so a change of either builds
-  a new one. `OverlayBuilds` builds it in the background, so no pass waits for an `apt-get`.
+  a new one. The image preparer (scheduler/hosts/images.py) builds it in the background, ahead of
+  the booking, so no pass and no start waits for an `apt-get`.
 - A template with a [build] recipe gets its image made here with mmdebstrap (the tarball cached).
 
 runtime/ssh.py starts the booking on the image `run_image` names.
@@ -15,13 +16,11 @@ import logging
 import os
 import subprocess
 import tempfile
-import threading
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from runtime import images
 from runtime.engines import Engine
-from runtime.errors import EngineError, Preparing, TemplateError
+from runtime.errors import EngineError, TemplateError
 from runtime.templates import Template
 
 log = logging.getLogger(__name__)
@@ -42,15 +41,20 @@ LABEL gpubook.overlay-of="{image}"
 """
 
 
+def base_image(template: Template) -> str:
+    """The name the template's image has here (a pinned digest's verified local tag)."""
+    return images.parse_reference(template.image).local_name() if "@" in template.image else template.image
+
+
 def overlay_tag(template: Template) -> str:
-    recipe = OVERLAY_CONTAINERFILE.format(image=template.image)
+    recipe = OVERLAY_CONTAINERFILE.format(image=base_image(template))
     digest = hashlib.sha256(f"{template.image}\n{recipe}".encode()).hexdigest()[:12]
     return f"localhost/gpubook/overlay-{template.name}:{digest}"
 
 
 def run_image(template: Template) -> str:
     """The image a booking of this template runs: the template's own, or its derived overlay."""
-    return template.image if template.has_sshd else overlay_tag(template)
+    return base_image(template) if template.has_sshd else overlay_tag(template)
 
 
 def build_overlay(engine: Engine, template: Template) -> str:
@@ -58,53 +62,13 @@ def build_overlay(engine: Engine, template: Template) -> str:
     tag = overlay_tag(template)
     if _image_exists(engine, tag):
         return tag
-    engine.ensure_image(template.image)
+    engine.ensure_image(base_image(template))
     with tempfile.TemporaryDirectory(prefix="gpubook-overlay-") as context:
         (Path(context) / "Containerfile").write_text(
-            OVERLAY_CONTAINERFILE.format(image=template.image)
+            OVERLAY_CONTAINERFILE.format(image=base_image(template))
         )
         engine.build(tag, Path(context))
     return tag
-
-
-class OverlayBuilds:
-    """Overlay builds in the background, so that a first booking of a template (an `apt-get` that may
-    take an hour) never holds a pass or any other booking: `ready` gives the tag when the image is
-    there, else starts its build (once per tag) and raises `Preparing`. A failed build is raised
-    once by the next `ready`, which then builds again on the call after."""
-
-    def __init__(self, *, workers: int = 2, on_done: Callable[[], None] | None = None) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubook-overlay")
-        self._builds: dict[str, Future[str]] = {}
-        self._lock = threading.Lock()
-        self.on_done = on_done  # told when a build ends (the daemon wakes a pass)
-
-    def ready(self, engine: Engine, template: Template) -> str:
-        tag = overlay_tag(template)
-        with self._lock:
-            build = self._builds.get(tag)
-            if build is not None and build.done():
-                del self._builds[tag]
-                build.result()  # a failed build raises its error here, once
-                return tag
-            if build is None:
-                if _image_exists(engine, tag):
-                    return tag
-                log.info("template %s: building its sshd overlay %s in the background", template.name, tag)
-                build = self._pool.submit(build_overlay, engine, template)
-                build.add_done_callback(self._done)
-                self._builds[tag] = build
-        raise Preparing(f"preparing the image: the sshd overlay of template {template.name} is being built")
-
-    def _done(self, build: Future[str]) -> None:
-        error = build.exception()
-        if error is not None:
-            log.warning("sshd overlay build failed: %s", str(error).splitlines()[0] if str(error) else error)
-        if self.on_done is not None:
-            self.on_done()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime import images
 from runtime.errors import TemplateError
 from runtime.mounts import Mount
 from runtime.names import TEMPLATE_NAME
@@ -39,6 +40,7 @@ KEYS = [
     "memory",
     "build",
     "jupyter",
+    "mirror",
 ]
 BUILD_KEYS = ["tool", "suite", "variant", "include"]
 
@@ -70,6 +72,7 @@ class Template:
     # gpubook starts JupyterLab inside as the booker, on a unix socket only the booker's SSH reaches
     # (runtime/jupyter.py); an image without JupyterLab still starts, and its event says so
     jupyter: bool = False
+    mirror: str | None = None  # a registry (host[/path]) tried first for the image, then its own
 
 
 @dataclass(frozen=True)
@@ -185,8 +188,22 @@ class _Checker:
             memory=self.string(data, "memory", pattern=_SIZE, hint="a size such as '16g'"),
             build=self.build(data),
             jupyter=self.boolean(data, "jupyter"),
+            mirror=self.mirror(data),
         )
+        if image:
+            try:
+                images.parse_reference(image)
+            except TemplateError as error:
+                self.error("image", str(error))
         return None if self.errors else template
+
+    def mirror(self, data: Mapping[str, Any]) -> str | None:
+        mirror = self.string(data, "mirror")
+        problem = images.mirror_problem(mirror) if mirror is not None else None
+        if problem:
+            self.error("mirror", f"{mirror!r} {problem}")
+            return None
+        return mirror
 
     def unknown(self, table: Mapping[str, Any], where: str, known: list[str]) -> None:
         for key in table:

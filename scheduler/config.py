@@ -223,6 +223,19 @@ class SftpConfig:
 
 
 @dataclass(frozen=True)
+class ImagesConfig:
+    """[images]: template images prepared ahead of their bookings (scheduler/hosts/images.py)."""
+
+    prepare_hours: float = setting(24.0, "hours before a booking's start that its image is pulled and its sshd "
+                                   "overlay built", check=_not_negative)
+    auth_file: Path | None = setting(None, "registry credentials in auth.json format (podman --authfile; Docker "
+                                     "gets it as config.json); None: anonymous pulls")
+    min_free_gb: float = setting(0.0, "free space of the engine's storage, in GB (10^9 bytes), under which "
+                                 "gpubook's unused images are removed oldest first; 0: never", check=_not_negative)
+    workers: int = setting(2, "pulls and overlay builds at once", check=_positive)
+
+
+@dataclass(frozen=True)
 class SshConfig:
     port_min: int = setting(2200, "each running booking gets its own port in [port_min, port_max]",
                             check=_port)
@@ -323,6 +336,7 @@ class Config:
     gpu_mps: bool = False  # [gpus] mps: bind the MPS pipe folder (shared by every booker)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sftp: SftpConfig = field(default_factory=SftpConfig)
+    images: ImagesConfig = field(default_factory=ImagesConfig)
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")
@@ -648,6 +662,7 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
     "notify": _notify,
     "policy": _plain(PolicyConfig),
     "sftp": _plain(SftpConfig),
+    "images": _plain(ImagesConfig),
 }
 
 
@@ -680,7 +695,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         users=read["users"], gpu_count=read["gpus"].count, templates_dir=read["templates"].dir,
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
         daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps, policy=read["policy"],
-        sftp=read["sftp"],
+        sftp=read["sftp"], images=read["images"],
     )
 
 

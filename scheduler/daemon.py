@@ -42,6 +42,7 @@ from runtime import engines, ssh
 from runtime import gpus as gpu_inventory
 from runtime.engines import Engine
 from runtime.errors import ConfigError, GpubookError
+from runtime.images import Ledger
 from runtime.private import private_folder, write_private
 from runtime.templates import TemplateSet, load_all
 from scheduler import config as config_module
@@ -49,6 +50,7 @@ from scheduler.apply.passes import Pass, PassResult
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import sftp as sftp_host
+from scheduler.hosts.images import ImagePreparer
 from scheduler.hosts.local import LocalHost
 from scheduler.outbox import notices, status
 from scheduler.sdnotify import Notifier
@@ -147,6 +149,7 @@ class Daemon:
         self._woken = threading.Event()  # the first pass done, or a signal to stop
         self._clock = ClockWatch()
         self.sftp: sftp_host.SftpService | None = None
+        self.images: ImagePreparer | None = None
         self._build(config)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
@@ -166,16 +169,21 @@ class Daemon:
         if old is not None:
             old.close()
         self.inventory = inventory
+        if self.images is not None:
+            self.images.close()
+        self.images = ImagePreparer(engine=self.engine, ledger=Ledger(self.state_dir / "images.json"),
+                                    auth_file=config.images.auth_file, min_free_gb=config.images.min_free_gb,
+                                    workers=config.images.workers, on_done=self._soon)
         local = LocalHost(
             engine=self.engine, gpus=inventory_indices(inventory),
             driver_version=inventory.driver_version if inventory.source == "nvml" else None,
             probe_key=self.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
-            mps=config.gpu_mps)
+            mps=config.gpu_mps, images=self.images)
         self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
                            notices=notices.Notices.from_config(config))
-        # A booking's work that outlasted its pass, or an image built in the background: a pass now.
-        self.passes.on_settled = local.builds.on_done = self._soon
+        # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
+        self.passes.on_settled = self._soon
         self.calendars = Calendars(config)
         self.config = config
         self._build_sftp(config, templates, local)
@@ -183,7 +191,7 @@ class Daemon:
     def _build_sftp(self, config: config_module.Config, templates: TemplateSet, local: LocalHost) -> None:
         """The SFTP data service: made once, given each reloaded config (its users and keys)."""
         settings = sftp_host.settings_of(config)
-        image = sftp_host.image_of(config, templates, lambda template: local.builds.ready(self.engine, template))
+        image = sftp_host.image_of(config, templates, local.images.ready)
         if settings is None:
             if self.sftp is not None:
                 log.warning("SFTP service switched off by the config: stopping it")
@@ -328,7 +336,8 @@ class Daemon:
             outage_since=status.iso(self.calendar.outage_since),
             problems=(*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())),
             counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine),
-            sftp=self.sftp.status.to_json() if self.sftp is not None else None)
+            sftp=self.sftp.status.to_json() if self.sftp is not None else None,
+            images=self.images.snapshot() if self.images is not None else None)
         self.notifier.status(report.line())
         write_private(self.state_dir / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
 
@@ -384,6 +393,8 @@ class Daemon:
             self.notifier.stopping()
             self.scheduler.shutdown(wait=True)
             self.passes.close()
+            if self.images is not None:
+                self.images.close()
             self._event("daemon stopped; containers keep running", level="info")
             log.warning("gpubook daemon stopped; running containers keep running")
             self.state.close()

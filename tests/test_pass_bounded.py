@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import overlay_image
+from runtime import images
 from runtime.engines import ContainerInfo, ExecResult, container_name
 from runtime.errors import EngineError
 from runtime.templates import load_all
@@ -33,6 +33,7 @@ from scheduler.core import decide
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import Started, StartRequest
+from scheduler.hosts.images import ImagePreparer
 from scheduler.state import State
 from tests import servers
 from tests.booking_kit import raw, read, vcalendar, vevent
@@ -340,7 +341,7 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
     build_may_end = threading.Event()
 
     class SlowBuildEngine:
-        """Only what OverlayBuilds uses: no image yet, and a build the test holds up."""
+        """Only what the image preparer uses here: no overlay yet, and a build the test holds up."""
 
         def ensure_image(self, image: str, *, pull: bool = False) -> None:
             if "overlay" in image and not build_may_end.is_set():
@@ -354,13 +355,15 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
     class BuildingMachine(Machine):
         def start(self, request: StartRequest) -> Started:
             if not request.template.has_sshd:
-                builds.ready(engine, request.template)  # as LocalHost.start does
+                builds.ready(request.template)  # as LocalHost.start does
             return super().start(request)
 
     config = make_config(tmp_path)
     machine = BuildingMachine()
     engine = SlowBuildEngine()
-    builds = overlay_image.OverlayBuilds()
+    built = threading.Event()
+    builds = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"),  # type: ignore[arg-type]
+                           on_done=built.set)
     passes = make_pass(config, machine, state)
     try:
         x = vevent("x", f"DTSTART:{NOW:%Y%m%dT%H%M%SZ}", f"DTEND:{NOW + timedelta(hours=1):%Y%m%dT%H%M%SZ}",
@@ -374,8 +377,7 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
         assert "preparing the image" in passes.recall.notes.get("x", "")
         assert "x" not in passes.recall.failures
         build_may_end.set()
-        while any(not f.done() for f in builds._builds.values()):
-            threading.Event().wait(0.01)
+        assert built.wait(HOLD)
         later = NOW + timedelta(seconds=5)
         passes.run(occurrences, now=later, write_back=False)
     finally:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from runtime import images
 from runtime.checks import Check
 from runtime.engines.spec import (
     DROP_CAPABILITIES,
@@ -231,6 +232,46 @@ class CliEngine:
 
     def import_rootfs(self, tarball: Path, tag: str) -> None:
         self._call(["import", str(tarball), tag], timeout=BUILD_TIMEOUT)
+
+    # --- images from registries (runtime/images.py drives these) --------------------------------
+
+    def pull(self, image: str, *, auth_file: Path | None = None) -> None:
+        """Pull one reference, with the site's credentials; raises PullError with the reason."""
+        images.parse_reference(image)  # a reference, never an option
+        with tempfile.TemporaryDirectory(prefix="gpubook-auth-") as folder:
+            before, after = self.auth_args(auth_file, Path(folder))
+            done = self._process([*before, "pull", *after, "--", image], timeout=BUILD_TIMEOUT)
+        if done.returncode != 0:
+            message = message_of(done)
+            raise images.PullError(images.classify(message), message)
+
+    def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
+        """Flags before and after `pull` that name the credentials (auth.json format)."""
+        raise NotImplementedError
+
+    def tag(self, image: str, target: str) -> None:
+        self._call(["tag", image, target])
+
+    def remove_image(self, image: str) -> None:
+        self._call(["rmi", image])  # refused while a container uses it
+
+    def image_facts(self, image: str) -> images.ImageFacts | None:
+        done = self._process(["image", "inspect", image], timeout=QUICK_TIMEOUT)
+        if done.returncode != 0:
+            return None
+        raw = (json.loads(done.stdout) or [{}])[0]
+        return images.ImageFacts(id=str(raw.get("Id", "")), size=int(raw.get("Size") or 0),
+                                 digests=tuple(raw.get("RepoDigests") or ()), created=str(raw.get("Created", "")))
+
+    def images_in_use(self) -> set[str]:
+        ids = self._call(["ps", "--all", "--quiet", "--no-trunc"]).split()
+        if not ids:
+            return set()
+        done = self._process(["inspect", "--format", "{{.Image}}", *ids], timeout=QUICK_TIMEOUT)
+        return {line.strip().removeprefix("sha256:") for line in done.stdout.splitlines() if line.strip()}
+
+    def storage_path(self) -> Path:
+        raise NotImplementedError
 
     def preflight(self) -> builtins.list[Check]:
         """The binary is installed and runs; engines add their own checks after this one."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.checks import Check
@@ -49,6 +50,19 @@ class DockerEngine(CliEngine):
             # A limit to know of, not a fault to fix: doctor shows it without failing.
             checks.append(Check("engine GPU isolation", True, f"{PROC_ISOLATION}; podman can hide them"))
         return checks
+
+    def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
+        """Docker reads credentials from DIR/config.json (`--config DIR`, before the command): a
+        private copy of the auth.json, in a folder that lives as long as the pull."""
+        if auth_file is None:
+            return [], []
+        copy = folder / "config.json"
+        copy.write_bytes(auth_file.read_bytes())
+        copy.chmod(0o600)
+        return ["--config", str(folder)], []
+
+    def storage_path(self) -> Path:
+        return Path(self._call(["info", "--format", "{{.DockerRootDir}}"]).strip())
 
     def image_exists(self, image: str) -> bool:
         return self._process(["image", "inspect", image], timeout=QUICK_TIMEOUT).returncode == 0

@@ -167,6 +167,12 @@ class PodmanEngine(CliEngine):
             argv += ["--cgroup-manager", self.cgroup_manager]
         return argv + ["--events-backend", "file"]
 
+    def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
+        return [], ([] if auth_file is None else ["--authfile", str(auth_file)])
+
+    def storage_path(self) -> Path:
+        return Path(self._call(["info", "--format", "{{.Store.GraphRoot}}"]).strip())
+
     def image_exists(self, image: str) -> bool:
         return self._process(["image", "exists", image], timeout=QUICK_TIMEOUT).returncode == 0
 

@@ -33,7 +33,7 @@ import paramiko
 
 from runtime.engines import ContainerInfo, container_name
 from runtime.errors import GpubookError, Preparing
-from runtime.templates import TemplateSet
+from runtime.templates import Template, TemplateSet
 from scheduler.apply.handlers import (
     Change,
     ClearHandler,
@@ -59,6 +59,7 @@ from scheduler.core import decide
 from scheduler.core import plan as plan_module
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.hosts import Host
+from scheduler.hosts.images import ImagePreparer
 from scheduler.outbox import notices as notices_module
 from scheduler.outbox.writeback import Remarks, WriteBack
 from scheduler.state import ContainerRecord, State, StateError
@@ -180,6 +181,7 @@ class Pass:
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
         self._adopt(plan, world, now=now, at_work=at_work)
+        self._prepare_images(plan, world, now=now)
         memory = decide_memory(world.records.values(), self.state.notes(WARNED))
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
@@ -202,6 +204,22 @@ class Pass:
     def _settled_late(self, future: Future[None]) -> None:
         if self.on_settled is not None:
             self.on_settled()
+
+    def _prepare_images(self, plan: plan_module.Plan, world: World, *, now: datetime) -> None:
+        """Hand each host's preparer the bookings starting within [images] prepare_hours (it only
+        queues: the pulls and builds run in its own workers, never in the pass)."""
+        horizon = now + timedelta(hours=self.config.images.prepare_hours)
+        running = world.running()
+        wanted: dict[str, dict[str, Template]] = {}
+        for accepted in plan.accepted:
+            booking = accepted.booking
+            template = self.templates.templates.get(booking.template)
+            if template is not None and booking.start <= horizon and booking.end > now and booking.id not in running:
+                wanted.setdefault(accepted.host, {})[booking.id] = template
+        for name, host in self.hosts.items():
+            preparer = getattr(host, "images", None)  # a capability: hosts without one start as they are
+            if isinstance(preparer, ImagePreparer):
+                preparer.want(wanted.get(name, {}), now=now)
 
     def _release_idle_ports(self, world: World, at_work: set[str]) -> None:
         """Ports are held only by running containers and starts in progress."""
@@ -319,9 +337,12 @@ class Pass:
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
                    etags: Mapping[str, str | None]) -> None:
+        images = {booking: line for host in self.hosts.values()
+                  if isinstance(preparer := getattr(host, "images", None), ImagePreparer)
+                  for booking, line in preparer.lines().items()}
         remarks = Remarks(refused=self.recall.refused,
                           failures={k: f.reason for k, f in self.recall.failures.items()},
-                          notes=self.recall.notes)
+                          notes=self.recall.notes, images=images)
         self.writeback.write(plan, running=world.running(), records=world.records_by_booking(), remarks=remarks,
                              now=now, etags=etags)
 

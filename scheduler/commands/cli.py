@@ -129,6 +129,12 @@ def cmd_log(args: argparse.Namespace) -> int:
     return admin.show_log(args.config, follow=args.follow, booking=args.booking, last=args.lines)
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    from scheduler.commands import images
+
+    return images.show(args.config, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpubook", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
@@ -190,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     stop = command("stop", cmd_stop, "stop a booking's container now (admin); the event says it ended")
     stop.add_argument("booking", help="the booking id (or container name), as gpubook status shows it")
     stop.add_argument("--config", required=True, help="the daemon's TOML config file")
+    images = command("images", cmd_images, "images prepared for upcoming bookings, those gpubook pulled or "
+                     "built (sizes), and the engine's free space")
+    images.add_argument("--config", required=True, help="the daemon's TOML config file")
+    images.add_argument("--json", action="store_true", help="print one JSON object")
     log_parser = command("log", cmd_log, "the daemon's event log")
     log_parser.add_argument("--config", required=True, help="the daemon's TOML config file")
     log_parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")

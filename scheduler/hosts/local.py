@@ -1,10 +1,11 @@
 """The machine the daemon runs on, as a host: a container engine, the host's driver, SSH.
 
 Starting a booking here means: the booker's data folders, the GPU injection for exactly the
-booked GPUs (from the driver found once per driver version), the sshd overlay where the template
-has none, the booking's own SSH host key, the container, and the probe login that says SSH really
-answers, from the server that shows that key. Data folders are only made on a nosuid,nodev data_root
-(storage.mount_problem): a booking is refused otherwise.
+booked GPUs (from the driver found once per driver version), the template's image (pulled and its
+sshd overlay built ahead by hosts/images.py; a start never pulls), the booking's own SSH host key,
+the container, and the probe login that says SSH really answers, from the server that shows that
+key. Data folders are only made on a nosuid,nodev data_root (storage.mount_problem): a booking is
+refused otherwise.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from pathlib import Path
 
 import paramiko
 
-from runtime import jupyter, overlay_image, ssh, storage
+from runtime import jupyter, ssh, storage
 from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
 from runtime.errors import StorageError
+from runtime.images import Ledger
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import Started, StartRequest
+from scheduler.hosts.images import ImagePreparer
 
 
 class _NoFolders(storage.DataFolders):
@@ -33,7 +36,8 @@ class LocalHost:
     def __init__(self, *, engine: Engine, gpus: Sequence[int], driver_version: str | None,
                  probe_key: paramiko.PKey, cache_dir: Path, data_root: Path | None = None,
                  persistent_home: bool = False, driver_roots: Sequence[Path] = (),
-                 probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False) -> None:
+                 probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False,
+                 images: ImagePreparer | None = None) -> None:
         self.name = name
         self.engine = engine
         self.gpus = tuple(gpus)
@@ -44,7 +48,7 @@ class LocalHost:
         self.persistent_home = persistent_home
         self.driver_roots = tuple(driver_roots)
         self.probe_address = probe_address
-        self.builds = overlay_image.OverlayBuilds()
+        self.images = images or ImagePreparer(engine=engine, ledger=Ledger(cache_dir / "images.json"))
         self.mps = mps
 
     def list(self) -> list[ContainerInfo]:
@@ -56,8 +60,7 @@ class LocalHost:
 
     def start(self, request: StartRequest) -> Started:
         booker, template = request.booker, request.template
-        if not template.has_sshd:
-            self.builds.ready(self.engine, template)  # Preparing until the overlay is built, in the background
+        self.images.ready(template)  # Preparing until pulled and built in the background (never here)
         folders = self._folders(booker.name, booker.uid, booker.gid)
         gpu = None
         if self.driver_version is not None and request.gpus:

@@ -101,8 +101,8 @@ def settings_of(config: Config) -> SftpSettings | None:
 
 
 def image_of(config: Config, templates: TemplateSet, overlay: Callable[[Template], str]) -> Callable[[], str]:
-    """The image the service runs: its template's (which needs sshd), else the template's sshd
-    overlay through `overlay` (raises Preparing while it is built in the background)."""
+    """The image the service runs, through `overlay`: its template's image (which needs sshd) or
+    that image's sshd overlay (raises Preparing while either is prepared in the background)."""
     name = config.sftp.template
 
     def image() -> str:
@@ -110,7 +110,7 @@ def image_of(config: Config, templates: TemplateSet, overlay: Callable[[Template
         if template is None:
             why = templates.errors.get(name, "there is no such template")
             raise TemplateError(f"[sftp] template {name}: {why.splitlines()[0]}")
-        return template.image if template.has_sshd else overlay(template)
+        return overlay(template)
 
     return image
 

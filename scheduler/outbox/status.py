@@ -74,6 +74,7 @@ class Status:
     findings: tuple[str, ...] = ()  # how the site is set up that weakens tenants' isolation (setup_findings)
     counts: Mapping[str, int] = field(default_factory=dict)  # "now", "upcoming", "rejected" at the last pass
     sftp: Mapping[str, Any] | None = None  # the SFTP service (hosts/sftp.py SftpStatus.to_json); None: off
+    images: Mapping[str, Any] | None = None  # images prepared ahead (hosts/images.py ImagePreparer.snapshot)
 
     @property
     def main(self) -> HostStatus:
@@ -105,7 +106,7 @@ class Status:
         known = {k: data.get(k) for k in ("updated", "pid", "last_poll", "last_poll_ok", "outage", "outage_since")}
         return cls(hosts=hosts, problems=tuple(data.get("problems", ())), findings=tuple(data.get("findings", ())),
                    recent_warnings=tuple(data.get("recent_warnings", ())), counts=data.get("counts", {}),
-                   sftp=data.get("sftp"), **known)
+                   sftp=data.get("sftp"), images=data.get("images"), **known)
 
     def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
         """The same status with what runs now, as the engine lists it (ports from State where a label lacks one)."""
@@ -137,6 +138,7 @@ class Status:
         if self.outage:
             lines.append(f"Calendar unreachable: {self.outage}")
         lines.extend(sftp_lines(self.sftp))
+        lines.extend(image_lines(self.images))
         if self.findings:
             lines.append("Findings:")
             lines.extend(f"  {line}" for line in self.findings)
@@ -164,6 +166,26 @@ def sftp_lines(sftp: Mapping[str, Any] | None) -> list[str]:
         used = f"{usage.get('bytes', 0) / 1e9:.2f} GB" + (f" of {quota / 1e9:g} GB" if quota else "")
         lines.append(f"  {name:<16} {used}" + ("  OVER QUOTA: uploads refused" if usage.get("over") else ""))
     lines.extend(f"  left out: {line}" for line in sftp.get("left_out") or ())
+    return lines
+
+
+def image_lines(images: Mapping[str, Any] | None, *, sizes: bool = False) -> list[str]:
+    """The images prepared ahead: each template's state, for which bookings; the engine's free space."""
+    if not images or not images.get("preparations"):
+        return []
+    free, floor = images.get("free_bytes"), images.get("min_free_bytes") or 0
+    head = "Images prepared ahead:"
+    if free is not None:
+        head += f" {free / 1e9:.1f} GB free in {images.get('storage')}" + (
+            f" (cleaned under {floor / 1e9:g} GB)" if floor else "")
+    lines = [head]
+    for item in images["preparations"]:
+        state = item["state"] + (f": {item['why']}: {item['detail']}" if item["state"] == "failed" else "")
+        size = f" {item['size'] / 1e9:.2f} GB" if sizes and item.get("size") else ""
+        bookings = ", ".join(item.get("bookings") or ()) or "no booking now"
+        lines.append(f"  {item['template']:<18} {item['run_image']}{size}  [{state}]  for {bookings}")
+        if sizes and item["state"] == "ready" and item.get("detail"):
+            lines.append(f"    {item['detail']}")
     return lines
 
 

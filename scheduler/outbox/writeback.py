@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 
 from runtime import cuda, jupyter, ssh
@@ -47,6 +47,7 @@ class Remarks:
     refused: Mapping[str, str]  # booking id → why it can never start
     failures: Mapping[str, str]  # booking id → why its start failed (for a note once it is due)
     notes: Mapping[str, str]  # booking id → a sentence for its event
+    images: Mapping[str, str] = field(default_factory=dict)  # booking id → "image: ready" or why not
 
 
 def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_version: str | None, port: int,
@@ -144,6 +145,9 @@ class WriteBack:
             failed = remarks.failures.get(booking.id)
             if failed is not None and now >= booking.start:
                 outcome = outcome.with_note(f"could not start yet: {failed}")
+            image = remarks.images.get(booking.id)
+            if image is not None:
+                outcome = outcome.with_note(image)
         else:
             return None
         note = remarks.notes.get(booking.id)

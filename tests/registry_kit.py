@@ -1,0 +1,157 @@
+"""A real image registry for the tests: Debian's docker-registry (the CNCF distribution registry) on
+127.0.0.1, over TLS with a CA made here and htpasswd (bcrypt) auth; and tiny images to push to it.
+
+The CA goes where podman looks for the rootless user (~/.config/containers/certs.d/HOST:PORT/
+ca.crt, read by podman 4.3's containers/image), so nothing is marked insecure. The registry's
+storage is cached in ~/.cache/gpubook/registry, so a base image's layers are uploaded once, not on
+every test session.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import json
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from runtime.engines import Engine
+from tests.engine_suite import CACHE_DIR
+
+USER, PASSWORD = "lab", "registry-" + secrets.token_hex(6)
+
+
+@dataclass(frozen=True)
+class Registry:
+    address: str  # 127.0.0.1:PORT
+    auth_file: Path  # the right credentials, auth.json format
+    wrong_auth_file: Path  # a wrong password for the same registry
+    folder: Path
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _certificates(folder: Path) -> None:
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpubook test registry CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (folder / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (folder / "server.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+
+
+def _auth_file(path: Path, address: str, user: str, password: str) -> Path:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    path.write_text(json.dumps({"auths": {address: {"auth": token}}}))
+    path.chmod(0o600)
+    return path
+
+
+@contextmanager
+def running() -> Iterator[Registry]:
+    """`docker-registry serve` on a free port of 127.0.0.1, its CA trusted by podman, then stopped."""
+    folder = Path(tempfile.mkdtemp(prefix="gpubook-registry-"))
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    _certificates(folder)
+    htpasswd = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, text=True, check=True)
+    (folder / "htpasswd").write_text(htpasswd.stdout)
+    storage = CACHE_DIR / "registry"
+    storage.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yml").write_text(json.dumps({  # YAML is a superset of JSON
+        "version": 0.1, "log": {"level": "error"},
+        "storage": {"filesystem": {"rootdirectory": str(storage)}, "delete": {"enabled": True}},
+        "http": {"addr": address, "tls": {"certificate": str(folder / "server.crt"),
+                                          "key": str(folder / "server.key")}},
+        "auth": {"htpasswd": {"realm": "gpubook-test", "path": str(folder / "htpasswd")}},
+    }))
+    certs = Path.home() / ".config" / "containers" / "certs.d" / address
+    certs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(folder / "ca.crt", certs / "ca.crt")
+    log = (folder / "registry.log").open("wb")
+    process = subprocess.Popen(["docker-registry", "serve", str(folder / "config.yml")], stdout=log, stderr=log,
+                               stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    why = (folder / "registry.log").read_text()
+                    raise RuntimeError(f"docker-registry did not start: {why}") from None
+                time.sleep(0.1)
+        yield Registry(address=address, folder=folder,
+                       auth_file=_auth_file(folder / "auth.json", address, USER, PASSWORD),
+                       wrong_auth_file=_auth_file(folder / "wrong.json", address, USER, "not-" + PASSWORD))
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+        shutil.rmtree(certs, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def podman(engine: Engine, *args: str) -> str:
+    done = subprocess.run([*engine.global_argv(), *args], capture_output=True, text=True,  # type: ignore[attr-defined]
+                          timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"podman {args[0]}: {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+def tiny_image(engine: Engine, tag: str, *, base: str = "scratch") -> str:
+    """An image of one small file of its own (so its id is its own), built without running anything."""
+    with tempfile.TemporaryDirectory(prefix="gpubook-tiny-") as context:
+        (Path(context) / "token").write_text(secrets.token_hex(16))
+        (Path(context) / "Containerfile").write_text(f"FROM {base}\nCOPY token /gpubook-token\n")
+        podman(engine, "build", "--quiet", "--tag", tag, context)
+    return tag
+
+
+def push(engine: Engine, registry: Registry, image: str, target: str) -> str:
+    """Push `image` as `target` (under the registry's address); gives the manifest digest pushed."""
+    with tempfile.TemporaryDirectory() as folder:
+        digest_file = Path(folder) / "digest"
+        podman(engine, "push", "--quiet", "--authfile", str(registry.auth_file), "--digestfile", str(digest_file),
+               image, f"{registry.address}/{target}")
+        return digest_file.read_text().strip()
+
+
+def remove(engine: Engine, *images: str) -> None:
+    for image in images:
+        subprocess.run([*engine.global_argv(), "rmi", "--force", image],  # type: ignore[attr-defined]
+                       capture_output=True, check=False)

@@ -1,0 +1,219 @@
+"""The image preparer with the pass, without a registry: what a pass hands it (bookings within
+prepare_hours, never a calendar's image name), that the pass never waits for a pull, the backoff of
+a failed pull, the event block's line, and the argv a pull becomes (never an option from a name).
+
+The engines are the real PodmanEngine and DockerEngine with only `_process` replaced by a recorder
+(the argv they would run, and the answers a registry would give)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from runtime import images
+from runtime.engines import EngineOptions, EngineSettings
+from runtime.engines.docker import DockerEngine
+from runtime.engines.podman import PodmanEngine
+from runtime.errors import TemplateError
+from runtime.templates import load_template
+from scheduler.hosts.images import FAILED, ImagePreparer
+from scheduler.outbox.writeback import Remarks, WriteBack
+from scheduler.state import State
+from tests.booking_kit import vevent
+from tests.test_pass_bounded import HOLD, NOW, Machine, bookings, event, make_config, make_pass
+
+
+class Answers:
+    """What the recorder answers: nothing present until pulled; pulls wait for `release`."""
+
+    def __init__(self) -> None:
+        self.argv: list[list[str]] = []
+        self.present: set[str] = set()
+        self.release = threading.Event()
+        self.release.set()
+        self.pull_fails: str | None = None  # the engine's error message, or None: pulls work
+        self.auth_seen: list[str] = []
+
+    def answer(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        self.argv.append(list(args))
+        ok = subprocess.CompletedProcess(list(args), 0, "", "")
+        if "pull" in args:
+            if "--config" in args:  # Docker: the credentials exist while the pull runs
+                self.auth_seen.append((Path(args[args.index("--config") + 1]) / "config.json").read_text())
+            self.release.wait(HOLD)
+            if self.pull_fails:
+                return subprocess.CompletedProcess(list(args), 125, "", self.pull_fails)
+            self.present.add(args[-1])
+            return ok
+        if args[:2] == ["image", "exists"]:
+            return subprocess.CompletedProcess(list(args), 0 if args[2] in self.present else 1, "", "")
+        if args[:2] == ["image", "inspect"]:
+            found = args[2] in self.present
+            data = [{"Id": "abc", "Size": 1000, "RepoDigests": [], "Created": ""}] if found else []
+            return subprocess.CompletedProcess(list(args), 0 if found else 1, json.dumps(data), "")
+        if args[0] == "build":
+            self.present.add(args[args.index("--tag") + 1])
+        if args[0] == "info":
+            return subprocess.CompletedProcess(list(args), 0, "/tmp\n", "")
+        return ok
+
+
+class RecordingPodman(PodmanEngine):
+    answers: Answers
+
+    def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+        return self.answers.answer(args)
+
+
+class RecordingDocker(DockerEngine):
+    answers: Answers
+
+    def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+        return self.answers.answer(args)
+
+
+def recording(kind: type[RecordingPodman] | type[RecordingDocker] = RecordingPodman) -> RecordingPodman:
+    name = "podman" if kind is RecordingPodman else "docker"
+    engine = kind(EngineSettings(name=name), EngineOptions())
+    engine.answers = Answers()
+    return engine  # type: ignore[return-value]
+
+
+class PreparingMachine(Machine):
+    def __init__(self, preparer: ImagePreparer) -> None:
+        super().__init__()
+        self.images = preparer
+
+
+def test_a_pass_queues_the_bookings_within_prepare_hours_and_never_waits_for_the_pull(
+        tmp_path: Path, state: State) -> None:
+    config = make_config(tmp_path)
+    engine = recording()
+    engine.answers.release.clear()  # the pull hangs until the test lets it go
+    done = threading.Event()
+    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"), on_done=done.set)
+    passes = make_pass(config, PreparingMachine(preparer), state)
+    soon = vevent("soon", f"DTSTART:{NOW + timedelta(hours=2):%Y%m%dT%H%M%SZ}",
+                  f"DTEND:{NOW + timedelta(hours=3):%Y%m%dT%H%M%SZ}", "SUMMARY:alice tensorflow-cuda9")
+    later = event("later", NOW + timedelta(hours=30), NOW + timedelta(hours=31), user="bob")
+    try:
+        passes.run(bookings(config, soon, later), now=NOW, write_back=False)  # returns with the pull held
+        assert not done.is_set()
+        (row,) = preparer.snapshot()["preparations"]
+        assert (row["template"], row["bookings"]) == ("tensorflow-cuda9", ["soon"])
+        assert row["state"] in ("queued", "pulling")  # the worker holds the pull; the pass went on
+        engine.answers.release.set()
+        assert done.wait(HOLD)
+    finally:
+        engine.answers.release.set()
+        passes.close()
+        preparer.close()
+    pulls = [a for a in engine.answers.argv if "pull" in a]
+    assert pulls == [["pull", "--", "tensorflow/tensorflow:1.12.0-gpu-py3"]]  # debian-ssh (30 h away): not yet
+    assert any(a[0] == "build" for a in engine.answers.argv)  # its sshd overlay, in the background too
+    assert preparer.lines() == {"soon": "image: ready"}
+
+
+def test_a_booking_never_names_an_image_nor_a_flag(tmp_path: Path, state: State) -> None:
+    """Whatever an event says, only images of admins' templates are pulled."""
+    config = make_config(tmp_path)
+    engine = recording()
+    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"))
+    passes = make_pass(config, PreparingMachine(preparer), state)
+    start, end = NOW + timedelta(hours=1), NOW + timedelta(hours=2)
+    crafted = [
+        vevent("a", f"DTSTART:{start:%Y%m%dT%H%M%SZ}", f"DTEND:{end:%Y%m%dT%H%M%SZ}",
+               "SUMMARY:alice evil.example:5000/x:1"),
+        event("b", start, end, extra=("DESCRIPTION:template: --authfile=/etc/shadow",)),
+        event("c", start, end, extra=("DESCRIPTION:template: evil.example/x\\nimage: evil.example/x:1",)),
+        event("d", start, end, extra=("DESCRIPTION:image: -v\\nmirror: evil.example",)),
+    ]
+    try:
+        passes.run(bookings(config, *crafted), now=NOW, write_back=False)
+    finally:
+        passes.close()
+        preparer.close()
+    named = " ".join(" ".join(argv) for argv in engine.answers.argv)
+    assert "evil" not in named and "shadow" not in named and " -v" not in named
+    # The default template's image is made here (never pulled): no pull at all.
+    assert [a for a in engine.answers.argv if "pull" in a] == []
+    assert {row["template"] for row in preparer.snapshot()["preparations"]} <= {"debian-ssh"}
+
+
+def test_a_pull_is_argv_with_the_name_after_double_dash_and_never_an_option(tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    auth.write_text('{"auths": {"registry.example": {"auth": "bGFiOnNlY3JldA=="}}}')
+    podman = recording()
+    for hostile in ("--authfile=/etc/shadow", "-v", "registry.example/x --tls-verify=false", "a/--b:1",
+                    "registry.example/x:1@sha256:short"):
+        with pytest.raises(TemplateError):
+            podman.pull(hostile, auth_file=auth)
+    assert podman.answers.argv == []  # refused before any engine ran
+    podman.pull("registry.example/lab/x:1", auth_file=auth)
+    assert podman.answers.argv[-1] == ["pull", "--authfile", str(auth), "--", "registry.example/lab/x:1"]
+    docker = recording(RecordingDocker)
+    docker.pull("registry.example/lab/x:1", auth_file=auth)
+    argv = docker.answers.argv[-1]
+    assert argv[0] == "--config" and argv[2:] == ["pull", "--", "registry.example/lab/x:1"]
+    assert docker.answers.auth_seen == [auth.read_text()]
+    assert not Path(argv[1]).exists()  # the credentials' copy is gone with the pull
+
+
+@pytest.mark.parametrize("line", ['image = "-v"', 'image = "--authfile=/etc/shadow"',
+                                  'image = "x"\nmirror = "--tls-verify=false"', 'image = "x"\nmirror = "evil"'])
+def test_a_template_cannot_make_an_option_of_its_image_or_mirror(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "lab.toml"
+    path.write_text(f'{line}\ncuda = "none"\n')
+    with pytest.raises(TemplateError):
+        load_template(path)
+
+
+def test_a_failed_pull_is_tried_again_after_a_growing_delay_not_in_a_loop(tmp_path: Path) -> None:
+    engine = recording()
+    engine.answers.pull_fails = ("Error: initializing source docker://registry.example/lab/x:1: reading manifest 1 "
+                                 "in registry.example/lab/x: unauthorized: authentication required")
+    path = tmp_path / "lab.toml"
+    path.write_text('image = "registry.example/lab/x:1"\ncuda = "none"\nhas_sshd = true\n')
+    template = load_template(path)
+    done = threading.Semaphore(0)
+    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"), on_done=done.release)
+    try:
+        now = datetime.now(UTC)
+        preparer.want({"b": template}, now=now)
+        assert done.acquire(timeout=HOLD)
+        for seconds in range(0, 60, 5):  # passes in the first minute: no new pull
+            preparer.want({"b": template}, now=now + timedelta(seconds=seconds))
+        (row,) = preparer.snapshot()["preparations"]
+        assert (row["state"], row["why"], row["attempts"]) == (FAILED, images.REFUSED, 1)
+        preparer.want({"b": template}, now=now + timedelta(seconds=61))
+        assert done.acquire(timeout=HOLD)
+        (row,) = preparer.snapshot()["preparations"]
+        assert row["attempts"] == 2
+        assert datetime.fromisoformat(row["retry_at"]) - datetime.fromisoformat(row["since"]) >= timedelta(seconds=119)
+    finally:
+        preparer.close()
+    assert sum("pull" in a for a in engine.answers.argv) == 2
+    assert preparer.lines() == {"b": "image: not ready: registry refused (registry.example/lab/x:1); gpubook "
+                                      "tries again"}
+
+
+def test_the_event_block_says_whether_the_image_is_ready(tmp_path: Path, state: State) -> None:
+    config = make_config(tmp_path)
+    (booking,) = bookings(config, event("x", NOW + timedelta(hours=3), NOW + timedelta(hours=4)))
+    plan = make_pass(config, Machine(), state).plan([booking], [], now=NOW)
+    line = "image: not ready: not found (registry.example/lab/x:1); gpubook tries again"
+    remarks = Remarks(refused={}, failures={}, notes={}, images={"x": line})
+    outcome = WriteBack(config, state).outcome(plan.accepted[0], None, None, remarks=remarks, now=NOW)
+    assert outcome is not None and outcome.lines[-1] == line
+
+
+@pytest.fixture
+def state(tmp_path: Path):  # type: ignore[no-untyped-def]
+    with State(tmp_path / "state.sqlite", busy_timeout=0.2) as opened:
+        yield opened
