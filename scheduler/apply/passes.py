@@ -186,7 +186,9 @@ class Pass:
                                 stale_calendars=stale_calendars or {}, complete=complete)
         result = PassResult(plan=plan, actions=actions, world=world)
         handled = [a for a in actions if type(a) in self.handlers]  # Recheck only informs the wake-up time
-        pending = self.lanes.dispatch(handled, apply=partial(self._apply, world=world, now=now, result=result),
+        written = partial(self._write_start, world=world, now=now, etags=etags or {}) if write_back else None
+        pending = self.lanes.dispatch(handled, apply=partial(self._apply, world=world, now=now, result=result,
+                                                             written=written),
                                       gpus_of=world.gpus_of)
         self.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
         rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
@@ -287,10 +289,31 @@ class Pass:
                     continue
                 self.journal.say(info.booking_id, f"adopted the running container {info.name}", now=now)
 
-    def _apply(self, action: decide.Action, world: World, *, now: datetime, result: PassResult) -> None:
+    def _apply(self, action: decide.Action, world: World, *, now: datetime, result: PassResult,
+               written: Callable[[decide.Start], None] | None = None) -> None:
         handler = self.handlers.get(type(action))
         if handler is None:  # Recheck: only informs the wake-up time
             return
+        try:
+            self._handle(handler, action, world, now=now, result=result)
+        finally:
+            if written is not None and isinstance(action, decide.Start):
+                written(action)
+
+    def _write_start(self, action: decide.Start, *, world: World, now: datetime,
+                     etags: Mapping[str, str | None]) -> None:
+        """A start's outcome (its ssh line, or why it failed) queued for write-back from its own
+        lane as soon as it is known: a booker never waits for the bookings starting beside theirs."""
+        booking = action.accepted.booking
+        try:
+            self.writeback.write_one(action.accepted, info=world.running().get(booking.id),
+                                     records=world.records_by_booking().get(booking.id), remarks=self._remarks(),
+                                     now=now, etag=etags.get(booking.href))
+        except GpubookError as error:  # the pass's own write-back tries again
+            log.warning("booking %s: its write-back waits for the pass: %s", booking.id, error)
+
+    def _handle(self, handler: Callable[..., Change], action: decide.Action, world: World, *, now: datetime,
+                result: PassResult) -> None:
         booking_id = booking_of(action)
         try:
             world.fold(handler(action, now=now))
@@ -319,11 +342,13 @@ class Pass:
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
                    etags: Mapping[str, str | None]) -> None:
-        remarks = Remarks(refused=self.recall.refused,
-                          failures={k: f.reason for k, f in self.recall.failures.items()},
-                          notes=self.recall.notes)
-        self.writeback.write(plan, running=world.running(), records=world.records_by_booking(), remarks=remarks,
-                             now=now, etags=etags)
+        self.writeback.write(plan, running=world.running(), records=world.records_by_booking(),
+                             remarks=self._remarks(), now=now, etags=etags)
+
+    def _remarks(self) -> Remarks:
+        return Remarks(refused=dict(self.recall.refused),
+                       failures={k: f.reason for k, f in dict(self.recall.failures).items()},
+                       notes=dict(self.recall.notes))
 
     def stop_now(self, booking_id: str, *, now: datetime) -> bool:
         """`gpubook stop`: stop a booking's container at once; it is not started again."""

@@ -9,6 +9,8 @@ answers, from the server that shows that key. Data folders are only made on a no
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +35,8 @@ class LocalHost:
     def __init__(self, *, engine: Engine, gpus: Sequence[int], driver_version: str | None,
                  probe_key: paramiko.PKey, cache_dir: Path, data_root: Path | None = None,
                  persistent_home: bool = False, driver_roots: Sequence[Path] = (),
-                 probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False) -> None:
+                 probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False,
+                 parallel_starts: int = 0) -> None:
         self.name = name
         self.engine = engine
         self.gpus = tuple(gpus)
@@ -46,6 +49,9 @@ class LocalHost:
         self.probe_address = probe_address
         self.builds = overlay_image.OverlayBuilds()
         self.mps = mps
+        # Bookings starting together: each one's engine start (`run`, CPU-bound) waits for a free
+        # slot; its SSH probe does not hold one, so a slow sshd never delays another booking.
+        self.starting = threading.BoundedSemaphore(parallel_starts or os.cpu_count() or 1)
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -72,7 +78,8 @@ class LocalHost:
                                 gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
                                 port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
                                 host_key=host_key, gpus=request.gpus, gpu=gpu)
-        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address)
+        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
+                                  gate=self.starting)
         return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds)
 
     def stop(self, name: str, grace: float) -> None:
