@@ -34,6 +34,7 @@ import paramiko
 from runtime.engines import ContainerInfo, container_name
 from runtime.errors import GpubookError, Preparing
 from runtime.templates import TemplateSet
+from scheduler.apply.ahead import Preparation
 from scheduler.apply.handlers import (
     Change,
     ClearHandler,
@@ -149,6 +150,7 @@ class Pass:
         self.patience = PATIENCE
         self.on_settled: Callable[[], None] | None = None  # told when a booking's work outlasted its pass
         self.lanes = BookingLanes()
+        self.ahead = Preparation(config, hosts=self.hosts)  # folders and host keys made before the start
         self.outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
         self._delivery: Future[None] | None = None
 
@@ -191,9 +193,11 @@ class Pass:
                                                              written=written),
                                       gpus_of=world.gpus_of)
         self.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
+        ahead = self.ahead(plan, running=set(world.running()) | self.lanes.at_work(), now=now)
         rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
         retries = [t for t in self.recall.retries() if t > now]  # one due now was tried by this pass
-        result.wake_at = min([t for t in (plan.next_wakeup, *rechecks, *retries) if t is not None], default=None)
+        result.wake_at = min([t for t in (plan.next_wakeup, ahead, *rechecks, *retries) if t is not None],
+                             default=None)
         if write_back:
             self.write_back(plan, world, now=now, etags=etags or {})
         self._deliver_notices(now)
@@ -367,6 +371,7 @@ class Pass:
     def close(self) -> None:
         """Wait for the bookings at work (queued ones are dropped), the write-back and the notices."""
         self.lanes.close()
+        self.ahead.close()
         self.outbox.shutdown(wait=True)
         self.writeback.close()
 

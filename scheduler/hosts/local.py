@@ -21,7 +21,7 @@ from runtime import overlay_image, ssh, storage
 from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
 from runtime.errors import StorageError
 from scheduler.core.plan import LOCAL
-from scheduler.hosts import Started, StartRequest
+from scheduler.hosts import Ahead, Started, StartRequest
 
 
 class _NoFolders(storage.DataFolders):
@@ -81,6 +81,21 @@ class LocalHost:
         ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
                                   gate=self.starting)
         return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds)
+
+    def prepare(self, ahead: Ahead) -> None:
+        """Before the start: the booker's folders and the booking's host key (each a `podman
+        unshare chown` the first time, rootless), so that at the start only the container is made."""
+        booker = ahead.booker
+        self._folders(booker.name, booker.uid, booker.gid)
+        ssh.booking_host_key(self.cache_dir, container_name(ahead.booking_id), owner=self.engine.host_owner(0, 0),
+                             chown=self.engine.chown)
+
+    def unprepare(self, booking_id: str) -> None:
+        """A booking gone or moved away before its start: its host key goes, unless a container of
+        that name holds it."""
+        name = container_name(booking_id)
+        if self.engine.inspect(name) is None:
+            ssh.forget_host_key(self.cache_dir, name)
 
     def stop(self, name: str, grace: float) -> None:
         self.engine.stop(name, grace)
