@@ -15,6 +15,9 @@ For each booker, measured by this script from the booking's start time:
       succeeded — what a booker who reads their event experiences.
 Also the daemon's own "SSH answered after" figure (from the start call to the probe's login).
 
+`--create-ahead ROUNDS` instead measures one booking at a time started with `run` against
+created ahead (`podman create`) and started with `start` (what creating ahead could save).
+
 Scenarios: `together` (N bookings at one second) and `single` (one booking alone, `--singles`
 of them 8 s apart; the median is the figure). Targets: the last of the 8 logs in (b) at most
 1.5 s after the start; a single booking's median start-to-SSH at most 0.35 s.
@@ -224,6 +227,56 @@ def scenario(tree: Path, *, name: str, starts: list[int], lead: float, tag: str,
     return result
 
 
+def create_ahead(runs: int) -> None:
+    """One booking at a time: `run` against `create` ahead and `start` at the start, each from its
+    call to the probe's login (the booking's real spec and argv; podman 4.3's `create` has no
+    `--passwd`, so it is left out there: the container runs as root 0:0, whose entry exists)."""
+    from runtime import ssh, storage
+    from runtime.engines import container_name, engine_from
+    from runtime.templates import get_template
+    from tests.engine_suite import free_port
+
+    engine = engine_from("podman", runtime="runc", storage_driver="overlay")
+    cache = ssh.default_cache_dir()
+    probe = ssh.load_probe_key(cache / "bench-probe-key")
+    figures: dict[str, list[float]] = {"run → SSH": [], "create (ahead)": [], "start → SSH": []}
+    with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as root:
+        owner = engine.host_owner(2001, 2001)
+        folders = storage.prepare(Path(root), "alice", uid=owner[0], gid=owner[1])
+        for number in range(runs + 1):  # the first round warms caches and is not counted
+            for mode in ("run", "ahead"):
+                booking_id = f"ahead-{mode}-{number}"
+                name = container_name(booking_id)
+                key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
+                spec = ssh.booking_spec(get_template("debian-ssh"), booking_id=booking_id, user="alice", uid=2001,
+                                        gid=2001, ssh_keys=[], probe_key=probe, port=free_port(),
+                                        end=datetime.now(UTC) + timedelta(hours=1), folders=folders,
+                                        cache_dir=cache, host_key=key)
+                argv = engine.run_args(spec)  # type: ignore[attr-defined]
+                try:
+                    if mode == "ahead":
+                        began = time.monotonic()
+                        engine._call(["create", *(a for a in argv[2:] if a != "--passwd=false")])  # type: ignore[attr-defined]
+                        created = time.monotonic() - began
+                        time.sleep(1)
+                        argv = ["start", name]
+                    began = time.monotonic()
+                    engine._call(argv, timeout=300)  # type: ignore[attr-defined]
+                    ssh.wait_ready(engine, spec, probe_key=probe, timeout=60)
+                    seconds = time.monotonic() - began
+                    if number and mode == "run":
+                        figures["run → SSH"].append(seconds)
+                    elif number:
+                        figures["create (ahead)"].append(created)
+                        figures["start → SSH"].append(seconds)
+                finally:
+                    engine.stop(name, 0)
+                    ssh.forget_host_key(cache, name)
+    print(f"create ahead, one booking at a time, {runs} rounds ({MACHINE}):")
+    for what, values in figures.items():
+        print(f"  {what:15s} median {statistics.median(values):.3f} s   " + " ".join(f"{v:.2f}" for v in values))
+
+
 def show(value: float | None) -> str:
     return f"{value:6.3f}" if value is not None else "   -  "
 
@@ -244,9 +297,14 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=5, help="single bookings, 8 s apart (5)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of before/after (1)")
     parser.add_argument("--only", choices=["before", "after"], help="measure only one tree")
+    parser.add_argument("--create-ahead", type=int, metavar="ROUNDS",
+                        help="instead: `run` against `create` ahead + `start`, one booking at a time")
     parser.add_argument("--parallel-starts", type=int, help="after: [daemon] parallel_starts (default: unset)")
     args = parser.parse_args()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # the booker's early tries fail by design
+    if args.create_ahead:
+        create_ahead(args.create_ahead)
+        return
 
     from runtime import overlay_image
     from runtime.engines import engine_from
