@@ -29,6 +29,7 @@ from runtime.errors import EngineError
 from runtime.templates import load_all
 from scheduler import config as config_module
 from scheduler.apply.ahead import LEAD
+from scheduler.apply.memory import START_BACKOFF
 from scheduler.apply.passes import Pass
 from scheduler.core import decide
 from scheduler.core.bookings import Booking, Rejection
@@ -165,7 +166,9 @@ def test_a_failed_start_gives_its_port_back(tmp_path: Path, state: State) -> Non
         passes.run(bookings(config, broken), now=NOW, write_back=False)
         assert state.ports() == {}
         good = event("good", NOW - timedelta(minutes=1), NOW + timedelta(hours=1), user="bob")
-        later = NOW + timedelta(minutes=10)
+        # Within the broken start's backoff (START_BACKOFF): at NOW + 10 min its retry ran in the
+        # same pass as "good", the two raced for the one port, and "good" lost now and then.
+        later = NOW + START_BACKOFF / 2
         passes.run(bookings(config, broken, good, now=later), now=later, write_back=False)
     finally:
         passes.close()

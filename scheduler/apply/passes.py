@@ -8,7 +8,10 @@ notice a booker's terminal holds up). A start waits only for the stops that free
 `patience` seconds for its bookings, then leaves the slow ones to finish on their own (`on_settled`
 tells the daemon, which runs a pass for their write-back); a booking still at work is skipped by
 later passes, and its port stays held. The write-back runs after the pass, one lane per calendar
-(scheduler/outbox/writeback.py); notices are delivered in a lane of their own.
+(scheduler/outbox/writeback.py); a start's own outcome is queued there by its lane as soon as its SSH
+answered (or it failed), so a booker never waits for the bookings starting beside theirs. What can
+be made before a start (folders, host key) is made ahead (ahead.py). Notices are delivered in a
+lane of their own.
 
 Each booking's failure is caught, logged as a sentence naming the booking, and retried on a later
 pass (temporary errors after a growing delay, permanent ones after `PERMANENT_RETRY`); it never
