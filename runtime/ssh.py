@@ -22,6 +22,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -236,14 +237,18 @@ def start_booking(
     probe_key: paramiko.PKey,
     timeout: float = 60.0,
     host: str = "127.0.0.1",
+    gate: AbstractContextManager[object] | None = None,
 ) -> Ready:
     """Start (or adopt) the booking's container and wait until SSH logs the probe in.
 
     On failure nothing is left behind: the container is stopped and removed, and the error carries
     the end of its log. A server on the port with another host key fails the start at once.
+    `gate` bounds the engine's start only (bookings starting together); the wait for SSH is
+    outside it, so a booking whose sshd is slow holds no other booking up.
     """
     began = time.monotonic()
-    info = engine.start(spec)
+    with gate or nullcontext():
+        info = engine.start(spec)
     try:
         host_key = wait_ready(engine, spec, probe_key=probe_key, timeout=timeout, host=host)
     except EngineError as error:

@@ -259,6 +259,8 @@ class DaemonConfig:
                                  check=_not_negative)
     restart_backoff_seconds: float = setting(10.0, "seconds before the first restart; doubled each time",
                                              check=_not_negative)
+    parallel_starts: int = setting(0, "bookings whose containers the engine starts at the same time (the rest "
+                                   "queue for a moment); 0: the machine's number of cores", check=_not_negative)
 
 
 @dataclass(frozen=True)

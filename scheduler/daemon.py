@@ -179,7 +179,7 @@ class Daemon:
             driver_version=inventory.driver_version if inventory.source == "nvml" else None,
             probe_key=self.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
-            mps=config.gpu_mps, images=self.images)
+            mps=config.gpu_mps, images=self.images, parallel_starts=config.daemon.parallel_starts)
         self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
                            notices=notices.Notices.from_config(config))
         # A booking's work that outlasted its pass (an image prepared in the background: on_done above).

@@ -28,11 +28,13 @@ from runtime.engines import ContainerInfo, ExecResult, container_name
 from runtime.errors import EngineError
 from runtime.templates import load_all
 from scheduler import config as config_module
+from scheduler.apply.ahead import LEAD
+from scheduler.apply.memory import START_BACKOFF
 from scheduler.apply.passes import Pass
 from scheduler.core import decide
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL
-from scheduler.hosts import Started, StartRequest
+from scheduler.hosts import Ahead, Booker, Started, StartRequest
 from scheduler.hosts.images import ImagePreparer
 from scheduler.state import State
 from tests import servers
@@ -165,7 +167,9 @@ def test_a_failed_start_gives_its_port_back(tmp_path: Path, state: State) -> Non
         passes.run(bookings(config, broken), now=NOW, write_back=False)
         assert state.ports() == {}
         good = event("good", NOW - timedelta(minutes=1), NOW + timedelta(hours=1), user="bob")
-        later = NOW + timedelta(minutes=10)
+        # Within the broken start's backoff (START_BACKOFF): at NOW + 10 min its retry ran in the
+        # same pass as "good", the two raced for the one port, and "good" lost now and then.
+        later = NOW + START_BACKOFF / 2
         passes.run(bookings(config, broken, good, now=later), now=later, write_back=False)
     finally:
         passes.close()
@@ -461,3 +465,187 @@ def _with_href(item: Booking | Rejection, href: str) -> Booking | Rejection:
     from dataclasses import replace
 
     return replace(item, href=href)
+
+
+# -- issue 11: bookings starting together ---------------------------------------------------------
+
+
+def test_bookings_starting_together_start_in_parallel(tmp_path: Path, state: State) -> None:
+    """Three bookings at one start: each start waits at a barrier for the other two, so they all
+    run only if the three starts are under way at the same time (serial starts break the barrier)."""
+    config = make_config(tmp_path)
+    together = threading.Barrier(3, timeout=HOLD)
+
+    class Together(Machine):
+        def start(self, request: StartRequest) -> Started:
+            self.step("start", request.booking_id)
+            together.wait()
+            return super().start(request)
+
+    machine = Together(gpus=(0, 1, 2))
+    passes = make_pass(config, machine, state)
+    users = ("alice", "bob", "alice")
+    events = [event(f"b{n}", NOW, NOW + timedelta(hours=1), user=user) for n, user in enumerate(users)]
+    try:
+        result = passes.run(bookings(config, *events), now=NOW, write_back=False)
+    finally:
+        passes.close()
+    assert not together.broken
+    assert result.failures == {}
+    assert {b for what, b in machine.steps if what == "running"} == {"b0", "b1", "b2"}
+
+
+class SlowSshd(Machine):
+    """A host where one booking's start (its sshd) takes until the test lets it answer."""
+
+    def __init__(self, slow: str) -> None:
+        super().__init__()
+        self.slow = slow
+        self.answer = threading.Event()
+
+    def start(self, request: StartRequest) -> Started:
+        if request.booking_id == self.slow:
+            self.step("waiting for sshd", request.booking_id)
+            self.answer.wait(HOLD)
+        return super().start(request)
+
+
+@pytest.mark.caldav
+def test_a_start_is_written_back_without_waiting_for_a_slow_sibling(
+        tmp_path: Path, state: State, radicale_server: servers.CalendarServer) -> None:
+    """Two bookings at one start, one of them with a slow sshd: the quick one's `running: ssh -p`
+    line is in its event while the slow one still waits (before issue 11 every line waited for the
+    pass's patience, that is for the slowest booking of the pass)."""
+    calendar = radicale_server.new_calendar()
+    url = str(calendar.url)
+    config = make_config(tmp_path, calendars=(url,))
+    texts = [event("slow", NOW, NOW + timedelta(hours=1)), event("quick", NOW, NOW + timedelta(hours=1), user="bob")]
+    for text in texts:
+        calendar.save_event(vcalendar(text))
+    occurrences = [_with_href(o, str(calendar.event_by_uid(o.uid).url))
+                   for o in bookings(config, *texts, calendar_url=url)]
+    machine = SlowSshd("slow")
+    passes = make_pass(config, machine, state)  # its patience outlasts the test: the pass waits for "slow"
+
+    def line(uid: str) -> str:
+        return str(calendar.event_by_uid(uid).icalendar_component.get("DESCRIPTION", ""))
+
+    pass_thread = threading.Thread(target=passes.run, args=(occurrences,), kwargs={"now": NOW, "etags": {}})
+    pass_thread.start()
+    try:
+        waited = threading.Event()
+        for _ in range(int(HOLD * 20)):
+            if "running: ssh -p" in line("quick"):
+                break
+            waited.wait(0.05)
+        assert "running: ssh -p" in line("quick")
+        assert not machine.answer.is_set() and pass_thread.is_alive()  # the slow one still waits
+        assert "running:" not in line("slow")
+    finally:
+        machine.answer.set()
+        pass_thread.join(HOLD)
+        passes.writeback.settle(HOLD)
+        passes.close()
+    assert "running: ssh -p" in line("slow")
+
+
+def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path: Path) -> None:
+    """[daemon] parallel_starts bounds the engine's start only: with one slot, a booking whose SSH
+    never answers does not keep the next booking's container from starting."""
+    import paramiko
+
+    from runtime import ssh
+    from runtime.engines import ContainerSpec
+    from tests.daemon_kit import IdleEngine
+
+    began = {"a": threading.Event(), "b": threading.Event()}
+
+    class NoSshd(IdleEngine):
+        """Containers that start and run, whose SSH never answers; "a" is gone once "b" started."""
+
+        def start(self, spec: ContainerSpec) -> ContainerInfo:
+            began[spec.booking_id].set()
+            return running(spec.booking_id, (), end=spec.end, port=spec.port)
+
+        def inspect(self, name: str) -> ContainerInfo | None:
+            if began["b"].is_set():
+                return None
+            return running("x", (), end=NOW, port=None)
+
+    def spec(booking_id: str) -> ContainerSpec:
+        with socket.socket() as probe:  # a port nothing listens on: the probe is refused at once
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        return ContainerSpec(booking_id=booking_id, user="alice", uid=2001, gid=2001, image="i", port=port,
+                             end=NOW, host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFakeFakeFakeFakeFake")
+
+    gate, engine, key = threading.BoundedSemaphore(1), NoSshd(), paramiko.ECDSAKey.generate(bits=256)
+    errors: dict[str, str] = {}
+
+    def start(booking_id: str) -> None:
+        try:
+            ssh.start_booking(engine, spec(booking_id), probe_key=key, timeout=HOLD, gate=gate)
+        except EngineError as error:
+            errors[booking_id] = str(error)
+
+    first = threading.Thread(target=start, args=("a",))
+    first.start()
+    assert began["a"].wait(HOLD)
+    start("b")
+    first.join(HOLD)
+    assert began["b"].is_set()
+    # "a" ended because its container went once "b" had started, not at its SSH timeout
+    assert "gone before SSH answered" in errors["a"], errors
+
+
+class Preparing(Machine):
+    """A host that can make a booking's folders and host key ahead; records when it is asked."""
+
+    def prepare(self, ahead: Ahead) -> None:
+        self.step("prepare", ahead.booking_id)
+
+    def unprepare(self, booking_id: str) -> None:
+        self.step("unprepare", booking_id)
+
+
+def test_a_booking_is_prepared_before_its_start_and_unprepared_when_it_goes(tmp_path: Path, state: State) -> None:
+    config = make_config(tmp_path)
+    machine = Preparing()
+    passes = make_pass(config, machine, state)
+    soon_, later = NOW + timedelta(seconds=30), NOW + timedelta(hours=2)
+    near, far = event("near", soon_, soon_ + timedelta(hours=1)), event("far", later, later + timedelta(hours=1))
+    try:
+        result = passes.run(bookings(config, near, far), now=NOW, write_back=False)
+        passes.ahead.lane.submit(lambda: None).result(HOLD)
+        assert machine.steps == [("prepare", "near")]
+        assert result.wake_at == soon_  # the start of "near" (the wake-up to prepare "far" comes later)
+        result = passes.run(bookings(config, far), now=NOW + timedelta(seconds=1), write_back=False)  # "near" gone
+        passes.ahead.lane.submit(lambda: None).result(HOLD)
+        assert machine.steps == [("prepare", "near"), ("unprepare", "near")]
+        assert result.wake_at == later - LEAD
+        passes.run(bookings(config, far), now=later - LEAD, write_back=False)
+        passes.ahead.lane.submit(lambda: None).result(HOLD)
+        assert machine.steps[-1] == ("prepare", "far")
+    finally:
+        passes.close()
+
+
+def test_local_host_makes_the_host_key_ahead_and_removes_it_when_the_booking_goes(tmp_path: Path) -> None:
+    """The start uses the key made ahead (the same key, no second one), and a booking gone before
+    its start leaves no key behind."""
+    import paramiko
+
+    from runtime import ssh
+    from scheduler.hosts.local import LocalHost
+    from tests.daemon_kit import IdleEngine
+
+    host = LocalHost(engine=IdleEngine(), gpus=(0,), driver_version=None,
+                     probe_key=paramiko.ECDSAKey.generate(bits=256), cache_dir=tmp_path)
+    booker = Booker(name="alice", uid=2001, gid=2001)
+    host.prepare(Ahead(booking_id="b1", booker=booker))
+    folder = ssh.host_key_folder(tmp_path, container_name("b1"))
+    made = (folder / ssh.HOST_KEY_FILE).read_bytes()
+    assert ssh.booking_host_key(tmp_path, container_name("b1")).folder == folder
+    assert (folder / ssh.HOST_KEY_FILE).read_bytes() == made
+    host.unprepare("b1")
+    assert not folder.exists()

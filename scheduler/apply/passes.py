@@ -8,7 +8,10 @@ notice a booker's terminal holds up). A start waits only for the stops that free
 `patience` seconds for its bookings, then leaves the slow ones to finish on their own (`on_settled`
 tells the daemon, which runs a pass for their write-back); a booking still at work is skipped by
 later passes, and its port stays held. The write-back runs after the pass, one lane per calendar
-(scheduler/outbox/writeback.py); notices are delivered in a lane of their own.
+(scheduler/outbox/writeback.py); a start's own outcome is queued there by its lane as soon as its SSH
+answered (or it failed), so a booker never waits for the bookings starting beside theirs. What can
+be made before a start (folders, host key) is made ahead (ahead.py). Notices are delivered in a
+lane of their own.
 
 Each booking's failure is caught, logged as a sentence naming the booking, and retried on a later
 pass (temporary errors after a growing delay, permanent ones after `PERMANENT_RETRY`); it never
@@ -34,6 +37,7 @@ import paramiko
 from runtime.engines import ContainerInfo, container_name
 from runtime.errors import GpubookError, Preparing
 from runtime.templates import Template, TemplateSet
+from scheduler.apply.ahead import Preparation
 from scheduler.apply.handlers import (
     Change,
     ClearHandler,
@@ -150,6 +154,7 @@ class Pass:
         self.patience = PATIENCE
         self.on_settled: Callable[[], None] | None = None  # told when a booking's work outlasted its pass
         self.lanes = BookingLanes()
+        self.ahead = Preparation(config, hosts=self.hosts)  # folders and host keys made before the start
         self.outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
         self._delivery: Future[None] | None = None
 
@@ -188,12 +193,16 @@ class Pass:
                                 stale_calendars=stale_calendars or {}, complete=complete)
         result = PassResult(plan=plan, actions=actions, world=world)
         handled = [a for a in actions if type(a) in self.handlers]  # Recheck only informs the wake-up time
-        pending = self.lanes.dispatch(handled, apply=partial(self._apply, world=world, now=now, result=result),
+        written = partial(self._write_start, world=world, now=now, etags=etags or {}) if write_back else None
+        pending = self.lanes.dispatch(handled, apply=partial(self._apply, world=world, now=now, result=result,
+                                                             written=written),
                                       gpus_of=world.gpus_of)
         self.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
+        ahead = self.ahead(plan, running=set(world.running()) | self.lanes.at_work(), now=now)
         rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
         retries = [t for t in self.recall.retries() if t > now]  # one due now was tried by this pass
-        result.wake_at = min([t for t in (plan.next_wakeup, *rechecks, *retries) if t is not None], default=None)
+        result.wake_at = min([t for t in (plan.next_wakeup, ahead, *rechecks, *retries) if t is not None],
+                             default=None)
         if write_back:
             self.write_back(plan, world, now=now, etags=etags or {})
         self._deliver_notices(now)
@@ -305,10 +314,31 @@ class Pass:
                     continue
                 self.journal.say(info.booking_id, f"adopted the running container {info.name}", now=now)
 
-    def _apply(self, action: decide.Action, world: World, *, now: datetime, result: PassResult) -> None:
+    def _apply(self, action: decide.Action, world: World, *, now: datetime, result: PassResult,
+               written: Callable[[decide.Start], None] | None = None) -> None:
         handler = self.handlers.get(type(action))
         if handler is None:  # Recheck: only informs the wake-up time
             return
+        try:
+            self._handle(handler, action, world, now=now, result=result)
+        finally:
+            if written is not None and isinstance(action, decide.Start):
+                written(action)
+
+    def _write_start(self, action: decide.Start, *, world: World, now: datetime,
+                     etags: Mapping[str, str | None]) -> None:
+        """A start's outcome (its ssh line, or why it failed) queued for write-back from its own
+        lane as soon as it is known: a booker never waits for the bookings starting beside theirs."""
+        booking = action.accepted.booking
+        try:
+            self.writeback.write_one(action.accepted, info=world.running().get(booking.id),
+                                     records=world.records_by_booking().get(booking.id), remarks=self._remarks(),
+                                     now=now, etag=etags.get(booking.href))
+        except GpubookError as error:  # the pass's own write-back tries again
+            log.warning("booking %s: its write-back waits for the pass: %s", booking.id, error)
+
+    def _handle(self, handler: Callable[..., Change], action: decide.Action, world: World, *, now: datetime,
+                result: PassResult) -> None:
         booking_id = booking_of(action)
         try:
             world.fold(handler(action, now=now))
@@ -337,14 +367,16 @@ class Pass:
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
                    etags: Mapping[str, str | None]) -> None:
+        self.writeback.write(plan, running=world.running(), records=world.records_by_booking(),
+                             remarks=self._remarks(), now=now, etags=etags)
+
+    def _remarks(self) -> Remarks:
         images = {booking: line for host in self.hosts.values()
                   if isinstance(preparer := getattr(host, "images", None), ImagePreparer)
                   for booking, line in preparer.lines().items()}
-        remarks = Remarks(refused=self.recall.refused,
-                          failures={k: f.reason for k, f in self.recall.failures.items()},
-                          notes=self.recall.notes, images=images)
-        self.writeback.write(plan, running=world.running(), records=world.records_by_booking(), remarks=remarks,
-                             now=now, etags=etags)
+        return Remarks(refused=dict(self.recall.refused),
+                       failures={k: f.reason for k, f in dict(self.recall.failures).items()},
+                       notes=dict(self.recall.notes), images=images)
 
     def stop_now(self, booking_id: str, *, now: datetime) -> bool:
         """`gpubook stop`: stop a booking's container at once; it is not started again."""
@@ -363,6 +395,7 @@ class Pass:
     def close(self) -> None:
         """Wait for the bookings at work (queued ones are dropped), the write-back and the notices."""
         self.lanes.close()
+        self.ahead.close()
         self.outbox.shutdown(wait=True)
         self.writeback.close()
 

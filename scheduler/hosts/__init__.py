@@ -42,6 +42,16 @@ class StartRequest:
 
 
 @dataclass(frozen=True)
+class Ahead:
+    """What a host may make for a booking before its start (a host that can has `prepare(ahead)`
+    and `unprepare(booking_id)`): the booker's data folders, the booking's SSH host key. Its start
+    then finds them made, and spends its first second on the container alone."""
+
+    booking_id: str
+    booker: Booker
+
+
+@dataclass(frozen=True)
 class Started:
     info: ContainerInfo
     seconds_to_ssh: float  # from the start call until SSH let the probe key in

@@ -10,6 +10,8 @@ refused otherwise.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +23,7 @@ from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
 from runtime.errors import StorageError
 from runtime.images import Ledger
 from scheduler.core.plan import LOCAL
-from scheduler.hosts import Started, StartRequest
+from scheduler.hosts import Ahead, Started, StartRequest
 from scheduler.hosts.images import ImagePreparer
 
 
@@ -37,7 +39,7 @@ class LocalHost:
                  probe_key: paramiko.PKey, cache_dir: Path, data_root: Path | None = None,
                  persistent_home: bool = False, driver_roots: Sequence[Path] = (),
                  probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False,
-                 images: ImagePreparer | None = None) -> None:
+                 images: ImagePreparer | None = None, parallel_starts: int = 0) -> None:
         self.name = name
         self.engine = engine
         self.gpus = tuple(gpus)
@@ -50,6 +52,9 @@ class LocalHost:
         self.probe_address = probe_address
         self.images = images or ImagePreparer(engine=engine, ledger=Ledger(cache_dir / "images.json"))
         self.mps = mps
+        # Bookings starting together: each one's engine start (`run`, CPU-bound) waits for a free
+        # slot; its SSH probe does not hold one, so a slow sshd never delays another booking.
+        self.starting = threading.BoundedSemaphore(parallel_starts or os.cpu_count() or 1)
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -75,9 +80,25 @@ class LocalHost:
                                 gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
                                 port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
                                 host_key=host_key, gpus=request.gpus, gpu=gpu)
-        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address)
+        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
+                                  gate=self.starting)
         lab = jupyter.availability(self.engine, name) if template.jupyter else None
         return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
+
+    def prepare(self, ahead: Ahead) -> None:
+        """Before the start: the booker's folders and the booking's host key (each a `podman
+        unshare chown` the first time, rootless), so that at the start only the container is made."""
+        booker = ahead.booker
+        self._folders(booker.name, booker.uid, booker.gid)
+        ssh.booking_host_key(self.cache_dir, container_name(ahead.booking_id), owner=self.engine.host_owner(0, 0),
+                             chown=self.engine.chown)
+
+    def unprepare(self, booking_id: str) -> None:
+        """A booking gone or moved away before its start: its host key goes, unless a container of
+        that name holds it."""
+        name = container_name(booking_id)
+        if self.engine.inspect(name) is None:
+            ssh.forget_host_key(self.cache_dir, name)
 
     def stop(self, name: str, grace: float) -> None:
         self.engine.stop(name, grace)

@@ -11,7 +11,8 @@ Writes leave the pass: each calendar has a lane of its own (one thread, so one D
 shared) where its events are written one after another, each bounded by the writer's network
 timeout. A hung calendar server therefore holds only its own calendar's write-backs, never a
 pass, a start, or another calendar's events. A booking with a write still queued gets only its
-newest outcome written.
+newest outcome written. A start's outcome is queued by its own booking's lane as soon as its SSH
+answered (`write_one`), so a booker never waits for the other bookings that start with theirs.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class WriteBack:
         self.writers: dict[str, Writer] = {}  # by calendar URL; each used only in its lane
         self.lanes: dict[str, ThreadPoolExecutor] = {}  # by calendar URL
         self.queued: dict[str, _Job] = {}  # booking id → the newest outcome not yet written
+        self.sending: dict[str, str] = {}  # booking id → the outcome's key being written now
         self._lock = threading.Lock()
 
     def write(self, plan: Plan, *, running: Mapping[str, ContainerInfo],
@@ -113,6 +115,15 @@ class WriteBack:
                 items.append((accepted.booking, outcome))
         for item, outcome in items:
             self._write(item, outcome, etag=etags.get(item.href), now=now)
+
+    def write_one(self, accepted: Accepted, *, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
+                  remarks: Remarks, now: datetime, etag: str | None) -> None:
+        """One booking's outcome, queued in its calendar's lane at once: a start that succeeded
+        (or failed) is written back as soon as its own SSH answered, not after its pass waited for
+        its slower siblings. The pass's write afterwards finds the same outcome and skips it."""
+        outcome = self.outcome(accepted, info, records, remarks=remarks, now=now)
+        if outcome is not None:
+            self._write(accepted.booking, outcome, etag=etag, now=now)
 
     def outcome(self, accepted: Accepted, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
                 *, remarks: Remarks, now: datetime, extra: Mapping[str, str] | None = None) -> block.Outcome | None:
@@ -180,6 +191,10 @@ class WriteBack:
             return
         if done is not None and done.status == key and (etag is None or done.etag == etag):
             return
+        with self._lock:  # the same outcome already queued or being written (by its start's own write)
+            queued = self.queued.get(item.id)
+            if self.sending.get(item.id) == key or (queued is not None and queued.key == key):
+                return
         self._queue(calendar, _Job(item=item, outcome=outcome, key=key, now=now))
 
     def _queue(self, calendar: CalendarConfig, job: _Job) -> None:
@@ -197,12 +212,16 @@ class WriteBack:
     def _deliver(self, calendar: CalendarConfig, booking_id: str) -> None:
         with self._lock:
             job = self.queued.pop(booking_id, None)
-        if job is None:
-            return
+            if job is None:
+                return
+            self.sending[booking_id] = job.key
         try:
             self._send(calendar, job)
         except Exception:  # a defect: logged, and the lane goes on with the next event
             log.exception("booking %s: writing %s back failed unexpectedly", booking_id, job.outcome.status)
+        finally:
+            with self._lock:
+                self.sending.pop(booking_id, None)
 
     def _send(self, calendar: CalendarConfig, job: _Job) -> None:
         item, outcome = job.item, job.outcome
