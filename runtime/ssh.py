@@ -46,6 +46,7 @@ ENTRYPOINT_SOURCE = Path(__file__).with_name("overlay") / "entrypoint.sh"
 OVERLAY_TARGET = "/.gpubook"
 HOST_KEY_TARGET = "/.gpubook-hostkey"  # the booking's host key folder, bound read-only
 HOST_KEY_FILE = "ssh_host_ed25519_key"
+NOT_BEFORE = "GPUBOOK_NOT_BEFORE"  # the booking's start, epoch seconds: the entrypoint opens nothing before it
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,14 @@ def booking_spec(
     host_key: HostKey,
     gpus: tuple[int, ...] = (),
     gpu: object | None = None,
+    start: datetime | None = None,
 ) -> ContainerSpec:
-    """The container for one booking of `template`: overlay entrypoint, data folders, keys."""
+    """The container for one booking of `template`: overlay entrypoint, data folders, keys.
+
+    `start`, the booking's start, goes in as GPUBOOK_NOT_BEFORE (epoch seconds): the entrypoint
+    makes everything, then waits for that moment before sshd, JupyterLab or the template's command
+    run. A container run before the start (armed) thus lets nobody in and runs nothing of the
+    booker's until then; one run at or after it waits for nothing. The same spec either way."""
     check_user_name(user)
     keys = "\n".join([*(k.strip() for k in ssh_keys if k.strip()), probe_key_line(probe_key)])
     env = dict(template.env)
@@ -207,6 +214,8 @@ def booking_spec(
     )
     if template.jupyter:
         env[jupyter.ENV] = "1"
+    if start is not None:
+        env[NOT_BEFORE] = f"{start.timestamp():.3f}"
     overlay = Mount(entrypoint_dir(cache_dir), OVERLAY_TARGET, read_only=True)
     key_folder = Mount(host_key.folder, HOST_KEY_TARGET, read_only=True)
     return ContainerSpec(
@@ -227,6 +236,7 @@ def booking_spec(
         memory=template.memory,
         gpu=gpu,  # type: ignore[arg-type]
         host_key=host_key.public,
+        start=start,
     )
 
 

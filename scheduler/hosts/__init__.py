@@ -39,6 +39,7 @@ class StartRequest:
     gpus: tuple[int, ...]
     port: int
     end: datetime
+    start: datetime | None = None  # the booking's start: the container opens SSH only then (see arm)
 
 
 @dataclass(frozen=True)
