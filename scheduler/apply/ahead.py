@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 LEAD = timedelta(seconds=60)  # how long before its start a booking's folders, host key and container are made
 ARM_MARGIN = timedelta(seconds=2)  # closer to its start than this, a booking is started, not armed
 ARM_WAIT = 60.0  # seconds a pass waits at most for an arm still at work when its booking's start came
+ARM_RETRY = timedelta(seconds=2)  # a booking whose image is not ready yet is tried again this soon
 
 
 @dataclass(frozen=True)
@@ -73,18 +74,20 @@ class Preparation:
         self.prepared: dict[str, str] = {}  # booking id → its host, prepared (or being prepared)
         self.arming: dict[str, tuple[datetime, Future[None]]] = {}  # booking id → its start, its arm at work
         self.tried: set[str] = set()  # bookings armed, or whose arm failed (not tried again)
+        self.waiting: dict[str, datetime] = {}  # booking id → its start, its image not ready when last tried
         self.lane = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpubook-prepare")
 
     def __call__(self, plan: plan_module.Plan, *, running: set[str], now: datetime,
                  containers: Sequence[ContainerInfo] = (), templates: TemplateSet | None = None,
                  may_start: bool = True) -> datetime | None:
         """Prepare (and arm) what starts within LEAD, forget what went away; give when to come back
-        (the next booking's start minus LEAD)."""
+        (the next booking's start minus LEAD, or soon while an image to arm with is being prepared)."""
         wanted = {a.booking.id for a in plan.accepted}
         for booking_id in [b for b in self.prepared if b not in wanted and b not in running]:
             self.tried.discard(booking_id)
+            self.waiting.pop(booking_id, None)
             self.lane.submit(self._unprepare, self.prepared.pop(booking_id), booking_id)
-        later = []
+        later = [now + ARM_RETRY for start in dict(self.waiting).values() if start - now > ARM_MARGIN + ARM_RETRY]
         present = {info.booking_id for info in containers}
         for accepted in plan.accepted:
             booking = accepted.booking
@@ -166,6 +169,7 @@ class Preparation:
         leave nothing (the booking then starts the normal way)."""
         assert self.state is not None  # noqa: S101 - _armable gives no arm without State
         booking_id = arm.request.booking_id
+        self.waiting.pop(booking_id, None)
         try:
             port = port_for(self.config, self.state, booking_id, now=now)
             self.state.set_note(booking_id, ARMED, str(port), at=now)  # before the run: a restart still knows
@@ -176,6 +180,8 @@ class Preparation:
         try:
             host.arm(request)  # type: ignore[attr-defined]
         except Preparing as waiting:  # its image: tried again by a later pass
+            if arm.request.start is not None:
+                self.waiting[booking_id] = arm.request.start
             self._give_back(host, booking_id, remove=False)
             log.info("booking %s: not armed yet: %s", booking_id, waiting)
             return
