@@ -124,14 +124,15 @@ def test_back_to_back_bookings_on_the_same_gpu_are_not_armed(tmp_path: Path) -> 
     second = booking("second", indices=(0,))  # 10:00 on GPU 0: right after it
     free = booking("free", indices=(1,))  # 10:00 on GPU 1: nothing before it
     now = START - timedelta(seconds=30)
-    host = _Host()
-    with State(tmp_path / "state.sqlite") as state:
-        ahead = Preparation(CONFIG, hosts={LOCAL: host}, state=state)  # type: ignore[dict-item]
-        try:
-            running = [replace(armed(first), start=first.start)]
-            ahead(planned(first, second, free, now=now), running={"first"}, now=now, containers=running,
-                  templates=templates)
-        finally:
-            ahead.close()
-        assert host.armed == ["free"]
-        assert set(state.notes("armed")) == {"free"} and "free" in state.ports()
+    # The first runs on GPU 0; or it is not running (its start failed, or is held): its GPU is still its own.
+    for containers in ([replace(armed(first), start=first.start)], []):
+        host = _Host()
+        with State(tmp_path / f"state-{len(containers)}.sqlite") as state:
+            ahead = Preparation(CONFIG, hosts={LOCAL: host}, state=state)  # type: ignore[dict-item]
+            try:
+                ahead(planned(first, second, free, now=now), running={c.booking_id for c in containers}, now=now,
+                      containers=containers, templates=templates)
+            finally:
+                ahead.close()
+            assert host.armed == ["free"]
+            assert set(state.notes("armed")) == {"free"} and "free" in state.ports()
