@@ -192,7 +192,7 @@ class Pass:
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
         armed = frozenset(self.state.notes(ARMED))
         self._adopt(plan, world, now=now, at_work=at_work, armed=armed)
-        self._prepare_images(plan, world, now=now)
+        self._prepare_images(plan, world, now=now, armed=armed)
         memory = decide_memory(world.records.values(), self.state.notes(WARNED), armed)
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
@@ -222,11 +222,13 @@ class Pass:
         if self.on_settled is not None:
             self.on_settled()
 
-    def _prepare_images(self, plan: plan_module.Plan, world: World, *, now: datetime) -> None:
+    def _prepare_images(self, plan: plan_module.Plan, world: World, *, now: datetime,
+                        armed: frozenset[str] = frozenset()) -> None:
         """Hand each host's preparer the bookings starting within [images] prepare_hours (it only
-        queues: the pulls and builds run in its own workers, never in the pass)."""
+        queues: the pulls and builds run in its own workers, never in the pass). An armed booking
+        is still wanted: its start checks its image again."""
         horizon = now + timedelta(hours=self.config.images.prepare_hours)
-        running = world.running()
+        running = self._reportable(world, armed, now=now)
         wanted: dict[str, dict[str, Template]] = {}
         for accepted in plan.accepted:
             booking = accepted.booking
