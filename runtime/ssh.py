@@ -248,17 +248,22 @@ def start_booking(
     timeout: float = 60.0,
     host: str = "127.0.0.1",
     gate: AbstractContextManager[object] | None = None,
+    running: ContainerInfo | None = None,
 ) -> Ready:
     """Start (or adopt) the booking's container and wait until SSH logs the probe in.
 
     On failure nothing is left behind: the container is stopped and removed, and the error carries
     the end of its log. A server on the port with another host key fails the start at once.
     `gate` bounds the engine's start only (bookings starting together); the wait for SSH is
-    outside it, so a booking whose sshd is slow holds no other booking up.
+    outside it, so a booking whose sshd is slow holds no other booking up. `running`: the container
+    already runs with this spec (run ahead of the booking's start): only the probe is left.
     """
     began = time.monotonic()
-    with gate or nullcontext():
-        info = engine.start(spec)
+    if running is not None:
+        info = running
+    else:
+        with gate or nullcontext():
+            info = engine.start(spec)
     try:
         host_key = wait_ready(engine, spec, probe_key=probe_key, timeout=timeout, host=host)
     except EngineError as error:

@@ -43,7 +43,7 @@ def test_an_armed_container_gets_a_start_on_its_port_at_its_start() -> None:
     a = booking("a", indices=(0,))
     result = planned(a, now=START)
     actions = decide(result, [armed(a)], now=START, memory=Memory(armed=frozenset({"a"})))
-    assert actions == [Start(result.accepted[0], port=2201)]
+    assert actions == [Start(result.accepted[0], port=2201, armed="h")]
 
 
 def test_a_recorded_start_makes_it_an_ordinary_running_container() -> None:

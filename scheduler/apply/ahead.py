@@ -87,7 +87,7 @@ class Preparation:
             self.tried.discard(booking_id)
             self.waiting.pop(booking_id, None)
             self.lane.submit(self._unprepare, self.prepared.pop(booking_id), booking_id)
-        later = [now + ARM_RETRY for start in dict(self.waiting).values() if start - now > ARM_MARGIN + ARM_RETRY]
+        later: list[datetime] = []
         present = {info.booking_id for info in containers}
         for accepted in plan.accepted:
             booking = accepted.booking
@@ -113,6 +113,10 @@ class Preparation:
             if arm is not None:
                 self.arming[booking.id] = (booking.start, future)
                 future.add_done_callback(partial(self._armed, booking.id))
+        # An arm at work may end waiting for its image (the lane learns it after this pass): come
+        # back soon to try it again, while there is time before its start.
+        unsettled = {**dict(self.waiting), **{b: start for b, (start, _) in dict(self.arming).items()}}
+        later += [now + ARM_RETRY for start in unsettled.values() if start - now > ARM_MARGIN + ARM_RETRY]
         return min(later, default=None)
 
     def _armed(self, booking_id: str, future: Future[None]) -> None:

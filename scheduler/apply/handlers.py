@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -97,7 +97,8 @@ class StartHandler:
         else:
             port = port_for(self.config, self.state, booking.id, now=now)
         try:
-            started = host.start(start_request(booking, user, template=template, gpus=accepted.gpus, port=port))
+            started = host.start(replace(start_request(booking, user, template=template, gpus=accepted.gpus,
+                                                       port=port), armed=action.armed))
         except BaseException:
             self._release_port(booking.id)
             self._forget_armed(booking.id)

@@ -77,6 +77,7 @@ class Start:
     accepted: Accepted
     attempt: int = 0  # 0: first start; n: the n-th restart after the container died
     port: int | None = None  # the port its armed container already publishes (None: allocate one)
+    armed: str = ""  # the spec hash its armed container runs with ("": none is armed)
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ def _armed_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datet
         return disarm("its booking ended before it was started")
     if not may_start:
         return disarm("the calendar data is too old to start anything from")
-    return [Start(accepted, port=info.port)]
+    return [Start(accepted, port=info.port, armed=info.spec_hash)]
 
 
 def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datetime,

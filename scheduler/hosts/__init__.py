@@ -40,6 +40,7 @@ class StartRequest:
     port: int
     end: datetime
     start: datetime | None = None  # the booking's start: the container opens SSH only then (see arm)
+    armed: str = ""  # the spec hash of its container run ahead, as this pass listed it ("": none)
 
 
 @dataclass(frozen=True)

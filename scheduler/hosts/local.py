@@ -20,7 +20,7 @@ from pathlib import Path
 import paramiko
 
 from runtime import jupyter, ssh, storage
-from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name
+from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from runtime.errors import EngineError, StorageError
 from runtime.images import Ledger
 from scheduler.core.plan import LOCAL
@@ -70,8 +70,12 @@ class LocalHost:
         """Run the booking's container (an armed one, run ahead with this very spec, is taken as it
         is: the engine sees the same spec hash) and wait until its SSH lets the probe in."""
         spec = self.spec(request)
+        # Its armed container, listed by this pass with this very spec: no engine call, the probe only
+        # (a container that died since is seen by the probe's check).
+        running = (info_from_labels(name=spec.name, id="", state="running", image=spec.image, labels=spec.labels())
+                   if request.armed and request.armed == spec.spec_hash else None)
         ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
-                                  gate=self._gate(spec.name))
+                                  gate=self._gate(spec.name), running=running)
         lab = jupyter.availability(self.engine, spec.name) if request.template.jupyter else None
         return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
 
