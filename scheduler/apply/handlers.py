@@ -15,8 +15,8 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from runtime import cuda
-from runtime.engines import ContainerInfo, booking_id_problem
-from runtime.errors import GpubookError
+from runtime.engines import ContainerInfo, booking_id_problem, container_name
+from runtime.errors import GpubookError, Preparing
 from runtime.templates import Template, TemplateSet
 from scheduler.apply.memory import ARMED, WARNED, Journal, Recall, warned_note
 from scheduler.config import Config, UserConfig
@@ -99,7 +99,13 @@ class StartHandler:
         try:
             started = host.start(replace(start_request(booking, user, template=template, gpus=accepted.gpus,
                                                        port=port), armed=action.armed))
+        except Preparing:
+            if not action.armed:  # an armed container keeps running (and holding its port) meanwhile
+                self._release_port(booking.id)
+            raise
         except BaseException:
+            if action.armed:  # nothing half-done: its armed container goes too, and it starts anew
+                host.stop(container_name(booking.id), 0)
             self._release_port(booking.id)
             self._forget_armed(booking.id)
             raise

@@ -69,11 +69,13 @@ class LocalHost:
     def start(self, request: StartRequest) -> Started:
         """Run the booking's container (an armed one, run ahead with this very spec, is taken as it
         is: the engine sees the same spec hash) and wait until its SSH lets the probe in."""
-        spec = self.spec(request)
+        spec = self.spec(request, check_image=not request.armed)
         # Its armed container, listed by this pass with this very spec: no engine call, the probe only
         # (a container that died since is seen by the probe's check).
         running = (info_from_labels(name=spec.name, id="", state="running", image=spec.image, labels=spec.labels())
                    if request.armed and request.armed == spec.spec_hash else None)
+        if running is None and request.armed:
+            self.images.ready(request.template)
         ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
                                   gate=self._gate(spec.name), running=running)
         lab = jupyter.availability(self.engine, spec.name) if request.template.jupyter else None
@@ -91,11 +93,13 @@ class LocalHost:
             info = self.engine.start(spec)
         return replace(info, host=self.name)
 
-    def spec(self, request: StartRequest) -> ContainerSpec:
+    def spec(self, request: StartRequest, *, check_image: bool = True) -> ContainerSpec:
         """The booking's container, the same whether it is armed ahead or run at its start: its image
-        (ready, never pulled here), folders, GPU injection, host key and the booking's start."""
+        (ready, never pulled here; not asked again for the container armed with it), folders, GPU
+        injection, host key and the booking's start."""
         booker, template = request.booker, request.template
-        self.images.ready(template)  # Preparing until pulled and built in the background (never here)
+        if check_image:  # Preparing until pulled and built in the background (never here)
+            self.images.ready(template)
         folders = self._folders(booker.name, booker.uid, booker.gid)
         gpu = None
         if self.driver_version is not None and request.gpus:
