@@ -9,14 +9,16 @@ starting together those queued on 2 cores for seconds. A host that can make them
 that went away before its start gets `unprepare` (its host key removed).
 
 Then the container itself is run ahead ("armed", a host's `arm`): with exactly the spec its start
-builds (the same function, hosts/local.py `spec`), so at the start the engine finds it running
-with the same spec hash and only the SSH probe is left. Its entrypoint makes the account and keys
-and then waits for the booking's start (GPUBOOK_NOT_BEFORE) before sshd, JupyterLab or the
-template's command run: nobody logs in and nothing of the booker's runs before the start. `podman
-run` to SSH alone costs 0.37-0.41 s on the 2-core test machine, more than the single-start target
-(0.35 s), and 8 of them at once queue on the cores: only a container already running at the start
-meets it. (Creating it ahead, `podman create` then `start` at the start, was measured and not
-kept: the `start` took as long as a `run`, bench/results/parallel-2026-11-22/create-ahead.txt.)
+builds (the same function, hosts/local.py `spec`), so at the start the pass finds it listed with
+the same spec hash and only the SSH probe is left (no engine call). Its entrypoint makes the
+account and keys and then waits for the booking's start (GPUBOOK_NOT_BEFORE) before sshd,
+JupyterLab or the template's command run: nobody logs in and nothing of the booker's runs before
+the start. Measured (BENCHMARKS.md, run 5, 2-core VM, rootless podman): `podman run` to SSH alone
+costs 0.37-0.41 s there, more than the single-start target (0.35 s), and 8 of them at once queue
+on the cores; armed, the daemon's probe answered 0.08-0.10 s after a single booking's start
+(booker's login 0.15 s median) and 0.13-0.20 s for 8 together (last booker's login 0.42 s).
+Creating it ahead instead (`podman create` then `start` at the start) was measured and not kept:
+the `start` took as long as a `run` (bench/results/parallel-2026-11-22/create-ahead.txt).
 
 A booking is armed only when its start is at least `ARM_MARGIN` away, its template exists (and
 suits the driver), its image is ready, and its GPUs are free: held by no running container and
