@@ -136,3 +136,14 @@ def test_back_to_back_bookings_on_the_same_gpu_are_not_armed(tmp_path: Path) -> 
                 ahead.close()
             assert host.armed == ["free"]
             assert set(state.notes("armed")) == {"free"} and "free" in state.ports()
+
+
+def test_status_shows_an_armed_container_as_armed_not_running() -> None:
+    from datetime import UTC
+
+    from scheduler.outbox.status import running_booking
+
+    a = booking("a", indices=(0,))
+    later = datetime.now(UTC) + timedelta(minutes=1)
+    assert running_booking(armed(a, start=later), ports={}).state.startswith("armed: SSH opens at")
+    assert running_booking(armed(a, start=datetime.now(UTC) - timedelta(seconds=1)), ports={}).state == "running"
