@@ -97,4 +97,4 @@ def test_a_booking_deleted_while_armed_loses_its_container_and_port(tmp_path: Pa
         assert "gone@test" not in state.ports()
         assert state.containers(booking_id="gone@test") == []  # never started: no run, no notice
         assert state.notes("armed") == {}
-    assert any("removed its container before its start" in m for m in events(tmp_path, "gone@test"))
+    assert any("removed its container run ahead of its start" in m for m in events(tmp_path, "gone@test"))

@@ -88,8 +88,12 @@ def test_an_armed_container_that_exited_is_no_death_and_the_booking_starts_norma
     assert [type(x) for x in actions] == [Disarm, Start]
 
 
-def test_stale_calendar_at_the_start_removes_the_armed_container() -> None:
+def test_stale_calendar_removes_the_armed_container_before_its_start() -> None:
     a = booking("a", indices=(0,))
+    early = START - timedelta(seconds=20)
+    actions = decide(planned(a, now=early), [armed(a)], now=early, memory=Memory(armed=frozenset({"a"})),
+                     stale_calendars={a.calendar_url: "the calendar data is 40 s old"})
+    assert [type(x) for x in actions] == [Disarm]
     actions = decide(planned(a, now=START), [armed(a)], now=START, memory=Memory(armed=frozenset({"a"})),
                      may_start=False, stale_reason="old")
     assert [type(x).__name__ for x in actions][0] == "Disarm"

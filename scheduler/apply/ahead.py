@@ -81,7 +81,7 @@ class Preparation:
 
     def __call__(self, plan: plan_module.Plan, *, running: set[str], now: datetime,
                  containers: Sequence[ContainerInfo] = (), templates: TemplateSet | None = None,
-                 may_start: bool = True) -> datetime | None:
+                 may_start: bool = True, stale: frozenset[str] = frozenset()) -> datetime | None:
         """Prepare (and arm) what starts within LEAD, forget what went away; give when to come back
         (the next booking's start minus LEAD, or soon while an image to arm with is being prepared)."""
         wanted = {a.booking.id for a in plan.accepted}
@@ -103,7 +103,8 @@ class Preparation:
             if user is None or host is None:
                 continue
             arm = None
-            if may_start and templates is not None and booking.id not in present and booking.id not in self.tried \
+            armable = may_start and booking.calendar_url not in stale
+            if armable and templates is not None and booking.id not in present and booking.id not in self.tried \
                     and booking.id not in self.arming and booking.start - now >= ARM_MARGIN:
                 arm = self._armable(accepted, plan, containers, templates=templates, host=host, now=now)
             first = booking.id not in self.prepared and getattr(host, "prepare", None) is not None

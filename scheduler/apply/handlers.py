@@ -190,7 +190,7 @@ class DisarmHandler:
         self.hosts[action.host].stop(action.name, 0)
         self.state.release_port(action.booking_id)
         self.state.clear_note(action.booking_id, ARMED)
-        self.journal.say(action.booking_id, f"removed its container before its start: {action.reason}", now=now)
+        self.journal.say(action.booking_id, f"removed its container run ahead of its start: {action.reason}", now=now)
         return Change(gone=action.name)
 
 

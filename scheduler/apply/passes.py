@@ -206,7 +206,8 @@ class Pass:
                                       gpus_of=world.gpus_of)
         self.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
         ahead = self.ahead(plan, running=set(world.running()) | self.lanes.at_work(), now=now,
-                           containers=world.actual(), templates=self.templates, may_start=may_start)
+                           containers=world.actual(), templates=self.templates, may_start=may_start,
+                           stale=frozenset((stale_calendars or {}).keys()))
         rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
         retries = [t for t in self.recall.retries() if t > now]  # one due now was tried by this pass
         result.wake_at = min([t for t in (plan.next_wakeup, ahead, *rechecks, *retries) if t is not None],

@@ -28,8 +28,8 @@ Rules, in the words a booker would use:
   in before that start (its entrypoint waits for it). Before the start it is left alone; at the
   start it gets a `Start` (the same spec: the engine keeps it; the SSH probe, the record and the
   write-back follow). One whose booking is gone, moved, or changed (GPUs, template, end), or whose
-  calendar is too old to start from at the start, is removed at once (`Disarm`): nobody can be
-  logged in, so no warning is due.
+  calendar data is too old to start from, is removed at once (`Disarm`), before its start: nobody
+  can be logged in, so no warning is due.
 - While some calendar has never been read (`complete=False`), a running booking found in no
   calendar is not taken for deleted: it may be in the unread one; it runs to its labels' end.
 """
@@ -222,12 +222,12 @@ def _armed_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datet
         return disarm("its booking was moved to another start")
     if info.gpus != accepted.gpus or info.template != booking.template or info.end != booking.end:
         return disarm("its booking's GPUs, template or end changed before its start")
+    if not may_start:  # before its start too: it would open by itself at the start
+        return disarm("the calendar data is too old to start anything from")
     if now < booking.start:
         return [Recheck(booking.start, f"start of {booking.id}")]
     if now >= booking.end:
         return disarm("its booking ended before it was started")
-    if not may_start:
-        return disarm("the calendar data is too old to start anything from")
     return [Start(accepted, port=info.port, armed=info.spec_hash)]
 
 
