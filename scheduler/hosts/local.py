@@ -20,7 +20,7 @@ import paramiko
 
 from runtime import jupyter, ssh, storage
 from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
-from runtime.errors import StorageError
+from runtime.errors import EngineError, Preparing, StorageError
 from runtime.images import Ledger
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import Ahead, Started, StartRequest
@@ -80,8 +80,14 @@ class LocalHost:
                                 gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
                                 port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
                                 host_key=host_key, gpus=request.gpus, gpu=gpu)
-        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
-                                  gate=self.starting)
+        try:
+            ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
+                                      gate=self.starting)
+        except EngineError:
+            if not self.images.recheck(template):
+                raise Preparing(f"preparing the image of template {template.name} again: it was removed "
+                                f"from the engine's storage after it was prepared") from None
+            raise
         lab = jupyter.availability(self.engine, name) if template.jupyter else None
         return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
 
