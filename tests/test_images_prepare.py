@@ -217,3 +217,27 @@ def test_the_event_block_says_whether_the_image_is_ready(tmp_path: Path, state: 
 def state(tmp_path: Path):  # type: ignore[no-untyped-def]
     with State(tmp_path / "state.sqlite", busy_timeout=0.2) as opened:
         yield opened
+
+
+def test_an_image_removed_after_it_was_prepared_is_prepared_again_not_failed_forever(tmp_path: Path) -> None:
+    """An admin removes a prepared image: the next start's failure finds it gone and queues a new
+    pull (LocalHost.start then holds the booking with Preparing), instead of every start failing."""
+    engine = recording()
+    path = tmp_path / "lab.toml"
+    path.write_text('image = "registry.example/lab/x:1"\ncuda = "none"\nhas_sshd = true\n')
+    template = load_template(path)
+    done = threading.Semaphore(0)
+    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"), on_done=done.release)
+    try:
+        now = datetime.now(UTC)
+        preparer.want({"b": template}, now=now)
+        assert done.acquire(timeout=HOLD)
+        assert preparer.ready(template, now=now) == "registry.example/lab/x:1"
+        assert preparer.recheck(template, now=now)  # still there: the start's failure was something else
+        engine.answers.present.clear()  # `podman rmi` by an admin
+        assert not preparer.recheck(template, now=now)
+        assert done.acquire(timeout=HOLD)
+        assert preparer.ready(template, now=now) == "registry.example/lab/x:1"
+    finally:
+        preparer.close()
+    assert sum("pull" in a for a in engine.answers.argv) == 2

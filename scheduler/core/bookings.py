@@ -94,8 +94,11 @@ class BookingReader:
     Objects that disappear from a calendar leave the cache on that calendar's next read.
     """
 
-    def __init__(self, *, clock: Callable[[], float] = clock.monotonic,
+    def __init__(self, *, clock: Callable[[], float] = clock.thread_time,
                  time_budget: float = TIME_BUDGET) -> None:
+        """`clock`: the CPU time of the reading thread, not the wall clock, so that an event's cost
+        is what its own expansion burns: a busy machine (other processes on the cores) never turns an
+        ordinary repeating booking into a rejected one, and a hostile rule still burns its budget."""
         self._cache: dict[tuple[str, str, str], Parsed] = {}
         # Series whose expansion took longer than the budget: (calendar, href, etag, uid) → reason.
         self._slow: dict[tuple[str, str, str, str], str] = {}

@@ -113,6 +113,19 @@ class ImagePreparer:
             raise Preparing(f"image not ready: {current.why}: {current.detail}")
         raise Preparing(f"preparing the image of template {template.name}: {current.state}")
 
+    def recheck(self, template: Template, *, now: datetime | None = None) -> bool:
+        """After a start that failed: is the image it was told is ready still there? If not (an
+        admin removed it, or a cleanup by hand), it is prepared again instead of failing every
+        start from now on; the caller holds the booking with `Preparing`."""
+        if self._present(template):
+            return True
+        with self._lock:
+            self._states.pop(key_of(template), None)
+            self._queue_if_due(template, now=now or datetime.now(UTC))
+        log.warning("template %s: its image %s is gone since it was prepared; it is prepared again",
+                    template.name, overlay_image.run_image(template))
+        return False
+
     def lines(self) -> dict[str, str]:
         """Booking id → its event's image line (wanted bookings whose image is ready or failed)."""
         with self._lock:

@@ -21,7 +21,7 @@ import paramiko
 
 from runtime import jupyter, ssh, storage
 from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
-from runtime.errors import EngineError, StorageError
+from runtime.errors import EngineError, Preparing, StorageError
 from runtime.images import Ledger
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import Ahead, Started, StartRequest
@@ -76,8 +76,14 @@ class LocalHost:
                    if request.armed and request.armed == spec.spec_hash else None)
         if running is None and request.armed:
             self.images.ready(request.template)
-        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
-                                  gate=self._gate(spec.name), running=running)
+        try:
+            ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
+                                      gate=self._gate(spec.name), running=running)
+        except EngineError:
+            if not self.images.recheck(request.template):
+                raise Preparing(f"preparing the image of template {request.template.name} again: it was "
+                                f"removed from the engine's storage after it was prepared") from None
+            raise
         lab = jupyter.availability(self.engine, spec.name) if request.template.jupyter else None
         return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
 
