@@ -169,7 +169,7 @@ def daemon_figures(figures: list[Figure], state_path: Path) -> None:
 
 
 def scenario(tree: Path, *, name: str, starts: list[int], lead: float, tag: str,
-             parallel_starts: int | None = None) -> Scenario:
+             parallel_starts: int | None = None, logs: Path | None = None) -> Scenario:
     """Bookings at `lead` + each of `starts` seconds (the same number: at one second); measured."""
     from runtime.engines import container_name, engine_from
     from tests import servers
@@ -220,6 +220,9 @@ def scenario(tree: Path, *, name: str, starts: list[int], lead: float, tag: str,
                 daemon.kill()
             for booking_id in ids:
                 engine.stop(container_name(booking_id), 0)
+            if logs is not None:  # the daemon's own account (arming, starts, write-backs), kept
+                logs.mkdir(parents=True, exist_ok=True)
+                (logs / f"{tag}-{name}-daemon.log").write_bytes(Path(folder, "daemon.log").read_bytes())
             missing = [f.booking_id for f in result.figures if f.ssh is None or f.line is None]
             if missing:
                 print(f"  {name}: no login for {missing}; daemon log:\n"
@@ -300,6 +303,7 @@ def main() -> None:
     parser.add_argument("--create-ahead", type=int, metavar="ROUNDS",
                         help="instead: `run` against `create` ahead + `start`, one booking at a time")
     parser.add_argument("--parallel-starts", type=int, help="after: [daemon] parallel_starts (default: unset)")
+    parser.add_argument("--logs", type=Path, help="keep each scenario's daemon log in this folder")
     args = parser.parse_args()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # the booker's early tries fail by design
     if args.create_ahead:
@@ -328,9 +332,9 @@ def main() -> None:
             tag = f"r{round_}{label[0]}"
             setting = args.parallel_starts if label == "after" else None
             together = scenario(tree, name="together", starts=[0] * args.count, lead=14, tag=tag,
-                                parallel_starts=setting)
+                                parallel_starts=setting, logs=args.logs)
             single = scenario(tree, name="single", starts=[8 * n for n in range(args.singles)], lead=14, tag=tag,
-                              parallel_starts=setting)
+                              parallel_starts=setting, logs=args.logs)
             results[label] += [together, single]
             for result in (together, single):
                 print(f"\n{label} ({trees[label][1]}), round {round_ + 1}, {result.name} "

@@ -46,6 +46,7 @@ ENTRYPOINT_SOURCE = Path(__file__).with_name("overlay") / "entrypoint.sh"
 OVERLAY_TARGET = "/.gpubook"
 HOST_KEY_TARGET = "/.gpubook-hostkey"  # the booking's host key folder, bound read-only
 HOST_KEY_FILE = "ssh_host_ed25519_key"
+NOT_BEFORE = "GPUBOOK_NOT_BEFORE"  # the booking's start, epoch seconds: the entrypoint opens nothing before it
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,14 @@ def booking_spec(
     host_key: HostKey,
     gpus: tuple[int, ...] = (),
     gpu: object | None = None,
+    start: datetime | None = None,
 ) -> ContainerSpec:
-    """The container for one booking of `template`: overlay entrypoint, data folders, keys."""
+    """The container for one booking of `template`: overlay entrypoint, data folders, keys.
+
+    `start`, the booking's start, goes in as GPUBOOK_NOT_BEFORE (epoch seconds): the entrypoint
+    makes everything, then waits for that moment before sshd, JupyterLab or the template's command
+    run. A container run before the start (armed) thus lets nobody in and runs nothing of the
+    booker's until then; one run at or after it waits for nothing. The same spec either way."""
     check_user_name(user)
     keys = "\n".join([*(k.strip() for k in ssh_keys if k.strip()), probe_key_line(probe_key)])
     env = dict(template.env)
@@ -207,6 +214,8 @@ def booking_spec(
     )
     if template.jupyter:
         env[jupyter.ENV] = "1"
+    if start is not None:
+        env[NOT_BEFORE] = f"{start.timestamp():.3f}"
     overlay = Mount(entrypoint_dir(cache_dir), OVERLAY_TARGET, read_only=True)
     key_folder = Mount(host_key.folder, HOST_KEY_TARGET, read_only=True)
     return ContainerSpec(
@@ -227,6 +236,7 @@ def booking_spec(
         memory=template.memory,
         gpu=gpu,  # type: ignore[arg-type]
         host_key=host_key.public,
+        start=start,
     )
 
 
@@ -238,17 +248,22 @@ def start_booking(
     timeout: float = 60.0,
     host: str = "127.0.0.1",
     gate: AbstractContextManager[object] | None = None,
+    running: ContainerInfo | None = None,
 ) -> Ready:
     """Start (or adopt) the booking's container and wait until SSH logs the probe in.
 
     On failure nothing is left behind: the container is stopped and removed, and the error carries
     the end of its log. A server on the port with another host key fails the start at once.
     `gate` bounds the engine's start only (bookings starting together); the wait for SSH is
-    outside it, so a booking whose sshd is slow holds no other booking up.
+    outside it, so a booking whose sshd is slow holds no other booking up. `running`: the container
+    already runs with this spec (run ahead of the booking's start): only the probe is left.
     """
     began = time.monotonic()
-    with gate or nullcontext():
-        info = engine.start(spec)
+    if running is not None:
+        info = running
+    else:
+        with gate or nullcontext():
+            info = engine.start(spec)
     try:
         host_key = wait_ready(engine, spec, probe_key=probe_key, timeout=timeout, host=host)
     except EngineError as error:

@@ -32,6 +32,7 @@ LABEL_END = "gpubook.end"
 LABEL_HASH = "gpubook.spec-hash"
 LABEL_PORT = "gpubook.port"
 LABEL_TEMPLATE = "gpubook.template"
+LABEL_START = "gpubook.start"  # the booking's start: an armed container opens SSH only then
 LABEL_HOST_KEY = "gpubook.host-key"  # the public half of the booking's SSH host key
 LABEL_SERVICE = "gpubook.service"  # a service container of gpubook's own (the SFTP service): no booking
 
@@ -82,6 +83,7 @@ class ContainerSpec:
     memory: str | None = None  # like "16g"; None: no limit
     gpu: GpuInjection | None = None
     host_key: str = ""  # "ssh-ed25519 AAAA...": the public host key gpubook made for this booking
+    start: datetime | None = None  # the booking's start: nothing opens inside before it (armed containers)
 
     def __post_init__(self) -> None:
         problem = booking_id_problem(self.booking_id)
@@ -89,6 +91,8 @@ class ContainerSpec:
             raise EngineError(problem)
         if self.end.tzinfo is None:
             raise EngineError(f"booking {self.booking_id}: end time {self.end} has no time zone")
+        if self.start is not None and self.start.tzinfo is None:
+            raise EngineError(f"booking {self.booking_id}: start time {self.start} has no time zone")
         if not 1024 <= self.port <= 65535:
             raise EngineError(
                 f"booking {self.booking_id}: port {self.port} is not between 1024 and 65535"
@@ -118,7 +122,9 @@ class ContainerSpec:
         return hashlib.sha256(data.encode()).hexdigest()[:16]
 
     def labels(self) -> dict[str, str]:
+        start = {LABEL_START: self.start.astimezone(UTC).isoformat()} if self.start is not None else {}
         return {
+            **start,
             LABEL_BOOKING: self.booking_id,
             LABEL_USER: self.user,
             LABEL_GPUS: ",".join(str(gpu) for gpu in self.gpus),
@@ -184,6 +190,7 @@ class ContainerInfo:
     host: str = ""  # which host backend listed it (the scheduler's hosts dimension); "" until one does
     host_key: str = ""  # "ssh-ed25519 AAAA...", from its label: what the booker's known_hosts gets
     pid: int = 0  # its first process on the host, where the engine says (0: not running or not told)
+    start: datetime | None = None  # its booking's start, from its label: SSH opens inside only then
 
     @property
     def running(self) -> bool:
@@ -222,11 +229,7 @@ def container_name(booking_id: str) -> str:
 def info_from_labels(
     *, name: str, id: str, state: str, image: str, labels: Mapping[str, str], pid: int = 0
 ) -> ContainerInfo:
-    end_text = labels.get(LABEL_END, "")
-    try:
-        end = datetime.fromisoformat(end_text) if end_text else None
-    except ValueError:
-        end = None
+    end, start = _time_label(labels, LABEL_END), _time_label(labels, LABEL_START)
     gpus = tuple(int(g) for g in labels.get(LABEL_GPUS, "").split(",") if g.strip().isdigit())
     port_text = labels.get(LABEL_PORT, "")
     return ContainerInfo(
@@ -243,4 +246,13 @@ def info_from_labels(
         template=labels.get(LABEL_TEMPLATE, ""),
         host_key=labels.get(LABEL_HOST_KEY, ""),
         pid=pid,
+        start=start,
     )
+
+
+def _time_label(labels: Mapping[str, str], key: str) -> datetime | None:
+    text = labels.get(key, "")
+    try:
+        return datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None

@@ -6,10 +6,12 @@
 # user namespace (never root of the host) and:
 #   1. creates the booker's account (name, uid, gid) and passwordless sudo,
 #   2. installs the booker's public keys and the daemon's restricted probe key,
-#   3. runs sshd with the host key gpubook made for this booking, on the booking's port
+#   3. waits until the booking's start (GPUBOOK_NOT_BEFORE, epoch seconds) when the container was
+#      run ahead of it ("armed"): nothing below runs before that moment,
+#   4. runs sshd with the host key gpubook made for this booking, on the booking's port
 #      (keys only: password, keyboard-interactive and root logins are off),
-#   4. runs the template's command, if any, and JupyterLab (GPUBOOK_JUPYTER=1), as the booker,
-#   5. forwards SIGTERM to all, so a stop gives the booker's work its grace period.
+#   5. runs the template's command, if any, and JupyterLab (GPUBOOK_JUPYTER=1), as the booker,
+#   6. forwards SIGTERM to all, so a stop gives the booker's work its grace period.
 # Inputs come from the environment (GPUBOOK_*), set by runtime/ssh.py.
 set -eu
 
@@ -87,7 +89,7 @@ env_file=$state/environment
 env | while IFS= read -r line; do
   name=${line%%=*}
   case "$name" in
-    GPUBOOK_USER|GPUBOOK_UID|GPUBOOK_GID|GPUBOOK_PORT|GPUBOOK_KEYS|GPUBOOK_JUPYTER) continue ;;
+    GPUBOOK_USER|GPUBOOK_UID|GPUBOOK_GID|GPUBOOK_PORT|GPUBOOK_KEYS|GPUBOOK_JUPYTER|GPUBOOK_NOT_BEFORE) continue ;;
     HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|HOSTNAME|TERM|MAIL|_|container) continue ;;
   esac
   case "$name" in *[!A-Za-z0-9_]*|'') continue ;; esac
@@ -126,7 +128,7 @@ if [ "${GPUBOOK_JUPYTER:-}" = 1 ]; then
   chmod 644 "$state/jupyter-state"
 fi
 
-# --- 3. sshd --------------------------------------------------------------------------------------
+# --- sshd --------------------------------------------------------------------------------------
 sshd=$(PATH=$PATH:/usr/sbin:/sbin command -v sshd) || die "this image has no sshd"
 mkdir -p /run/sshd /var/empty/sshd
 chmod 755 /run/sshd
@@ -159,6 +161,22 @@ cp "$config" "$config.new"
 awk '{ printf "SetEnv \"%s\"\n", $0 }' "$env_file" | grep -v '\\' >> "$config.new" || true
 if "$sshd" -t -f "$config.new" 2>/dev/null; then mv "$config.new" "$config"; else rm -f "$config.new"; fi
 "$sshd" -t -f "$config" || die "sshd refuses its configuration"
+
+# --- 3. the booking's start ----------------------------------------------------------------------
+# An armed container (run ahead of its booking) has made everything above; SSH, JupyterLab and the
+# template's command start only at the booking's start, so nobody logs in and nothing of the
+# booker's runs before it. `sleep` in the background and `wait`, so that a stop ends it at once.
+if [ -n "${GPUBOOK_NOT_BEFORE:-}" ]; then
+  case "$GPUBOOK_NOT_BEFORE" in *[!0-9.]*) die "GPUBOOK_NOT_BEFORE is not epoch seconds" ;; esac
+  delay=$(awk -v t="$GPUBOOK_NOT_BEFORE" -v n="$(date +%s.%N)" 'BEGIN { d = t - n; if (d > 0) printf "%.3f", d }')
+  if [ -n "$delay" ]; then
+    say "waiting ${delay} s for the booking's start"
+    trap 'exit 0' TERM INT
+    sleep "$delay" &
+    wait $! || die "the wait for the booking's start failed"
+    trap - TERM INT
+  fi
+fi
 
 # --- 4 and 5. run -------------------------------------------------------------------------------
 set +e

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from runtime import cuda
-from runtime.engines import ContainerInfo, booking_id_problem
-from runtime.errors import GpubookError
+from runtime.engines import ContainerInfo, booking_id_problem, container_name
+from runtime.errors import GpubookError, Preparing
 from runtime.templates import Template, TemplateSet
-from scheduler.apply.memory import WARNED, Journal, Recall, warned_note
-from scheduler.config import Config
+from scheduler.apply.memory import ARMED, WARNED, Journal, Recall, warned_note
+from scheduler.config import Config, UserConfig
 from scheduler.core import decide
 from scheduler.core.bookings import Booking
 from scheduler.hosts import Booker, Host, StartRequest
@@ -90,17 +90,26 @@ class StartHandler:
         user = self.config.users[booking.user]
         # The port is held only while this start is in progress and then by the running container:
         # a start that fails in any way gives it back.
-        sftp = self.config.sftp
-        port = self.state.port_for(booking.id, port_min=self.config.ssh.port_min,
-                                   port_max=self.config.ssh.port_max, now=now,
-                                   reserved=frozenset({sftp.port}) if sftp.enabled else frozenset())
+        # An armed container (run ahead of the start) already publishes its port: the same spec needs it.
+        if action.port is not None:
+            port = action.port
+            self.state.adopt_port(booking.id, port, now=now)
+        else:
+            port = port_for(self.config, self.state, booking.id, now=now)
         try:
-            started = host.start(StartRequest(
-                booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys),
-                template=template, gpus=accepted.gpus, port=port, end=booking.end))
-        except BaseException:
-            self._release_port(booking.id)
+            started = host.start(replace(start_request(booking, user, template=template, gpus=accepted.gpus,
+                                                       port=port), armed=action.armed))
+        except Preparing:
+            if not action.armed:  # an armed container keeps running (and holding its port) meanwhile
+                self._release_port(booking.id)
             raise
+        except BaseException:
+            if action.armed:  # nothing half-done: its armed container goes too, and it starts anew
+                host.stop(container_name(booking.id), 0)
+            self._release_port(booking.id)
+            self._forget_armed(booking.id)
+            raise
+        self._forget_armed(booking.id)
         record = self.state.container_started(booking.id, started.info.name, user=user.name,
                                               gpu_count=len(accepted.gpus), at=now)
         self._note_lines(booking.id, start_lines(template, started.jupyter, driver_version=host.driver_version,
@@ -113,6 +122,13 @@ class StartHandler:
                          f"ssh -p {port} {user.name}@{self.config.host.name}, SSH answered after "
                          f"{started.seconds_to_ssh:.2f} s", now=now)
         return Change(running=started.info, records=(record,))
+
+    def _forget_armed(self, booking_id: str) -> None:
+        """Its start is recorded (or failed, and its container is gone): it is armed no more."""
+        try:
+            self.state.clear_note(booking_id, ARMED)
+        except StateError as error:  # an open record outweighs the note (decide); a failed start clears again
+            self.journal.log.warning("booking %s: its armed note stays: %s", booking_id, error)
 
     def _template(self, booking: Booking, host: Host) -> Template | None:
         template = self.templates.templates.get(booking.template)
@@ -146,6 +162,36 @@ class StartHandler:
     def _refuse(self, booking_id: str, reason: str) -> None:
         self.recall.refused[booking_id] = reason
         self.journal.say(booking_id, f"rejected at its start: {reason}", now=None, level="warning")
+
+
+def port_for(config: Config, state: State, booking_id: str, *, now: datetime) -> int:
+    """The booking's SSH port (held, or the lowest free one), never the SFTP service's."""
+    sftp = config.sftp
+    return state.port_for(booking_id, port_min=config.ssh.port_min, port_max=config.ssh.port_max, now=now,
+                          reserved=frozenset({sftp.port}) if sftp.enabled else frozenset())
+
+
+def start_request(booking: Booking, user: UserConfig, *, template: Template, gpus: tuple[int, ...],
+                  port: int) -> StartRequest:
+    """What a host gets to start (or arm) a booking: one function, so both build the same spec."""
+    return StartRequest(booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys),
+                        template=template, gpus=gpus, port=port, end=booking.end, start=booking.start)
+
+
+class DisarmHandler:
+    """A container run ahead of its booking's start that must not open: removed at once (its SSH
+    never opened, so nobody is warned), its port and armed note given back. Nothing is recorded as
+    a run: the booking, if it still stands, starts the normal way."""
+
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
+        self.hosts, self.state, self.journal = hosts, state, journal
+
+    def __call__(self, action: decide.Disarm, *, now: datetime) -> Change:
+        self.hosts[action.host].stop(action.name, 0)
+        self.state.release_port(action.booking_id)
+        self.state.clear_note(action.booking_id, ARMED)
+        self.journal.say(action.booking_id, f"removed its container run ahead of its start: {action.reason}", now=now)
+        return Change(gone=action.name)
 
 
 class StopHandler:

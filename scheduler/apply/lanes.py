@@ -73,7 +73,7 @@ class BookingLanes:
             needs = [f.future for f in self.freeing.values() if any(_waits_for(s, f) for s in starts)]
             future = self.pool.submit(self._run_group, group, needs, apply)
             self.busy[booking_id] = future
-            freeing = [a for a in group if isinstance(a, (decide.Stop, decide.Clear))]
+            freeing = [a for a in group if isinstance(a, (decide.Stop, decide.Clear, decide.Disarm))]
             if freeing:
                 gpus = frozenset[int]().union(*(gpus_of(a.name) for a in freeing))
                 self.freeing[booking_id] = _Freeing(host=freeing[0].host, gpus=gpus, future=future)
@@ -114,7 +114,7 @@ class BookingLanes:
 
 
 def _frees(action: Any) -> bool:
-    return isinstance(action, (decide.Stop, decide.Clear))
+    return isinstance(action, (decide.Stop, decide.Clear, decide.Disarm))
 
 
 def _waits_for(start: decide.Start, freeing: _Freeing) -> bool:

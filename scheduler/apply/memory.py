@@ -22,6 +22,7 @@ START_BACKOFF = timedelta(seconds=10)  # a failed start's first wait; doubled ea
 PREPARING_RECHECK = timedelta(seconds=30)  # a booking waiting for its image is looked at again at least this often
 WARNED = "warned"  # State note: the warning given and the stop it announced (JSON)
 AGREED_END = "agreed-end"  # State note: an end moved later while running, granted (ISO time)
+ARMED = "armed"  # State note: the booking's container was run ahead of its start (its port); cleared at its start
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,9 @@ class Recall:
         return [*(f.retry_at for f in failures.values() if f.retry_at is not None), *preparing.values()]
 
 
-def decide_memory(records: Iterable[ContainerRecord], warned: Mapping[str, str]) -> decide.Memory:
-    """decide()'s memory from State: each booking's runs, and the warnings given."""
+def decide_memory(records: Iterable[ContainerRecord], warned: Mapping[str, str],
+                  armed: Iterable[str] = ()) -> decide.Memory:
+    """decide()'s memory from State: each booking's runs, the warnings given, the containers armed."""
     runs: dict[str, decide.Runs] = {}
     for record in records:  # in id order: the last record of a booking is its latest run
         before = runs.get(record.booking_id)
@@ -86,7 +88,7 @@ def decide_memory(records: Iterable[ContainerRecord], warned: Mapping[str, str])
             at=datetime.fromisoformat(data["at"]),
             end=datetime.fromisoformat(data["end"]) if data["end"] else None,
             stop_at=datetime.fromisoformat(data["stop_at"]))
-    return decide.Memory(known=frozenset(runs), warned=given, runs=runs)
+    return decide.Memory(known=frozenset(runs), warned=given, runs=runs, armed=frozenset(armed))
 
 
 def warned_note(action: decide.Warn, *, now: datetime) -> str:

@@ -41,6 +41,7 @@ from scheduler.apply.ahead import Preparation
 from scheduler.apply.handlers import (
     Change,
     ClearHandler,
+    DisarmHandler,
     HoldHandler,
     StartHandler,
     StopHandler,
@@ -50,6 +51,7 @@ from scheduler.apply.handlers import (
 from scheduler.apply.lanes import BookingLanes, booking_of
 from scheduler.apply.memory import (
     AGREED_END,
+    ARMED,
     PERMANENT_RETRY,
     PREPARING_RECHECK,
     WARNED,
@@ -148,13 +150,14 @@ class Pass:
                                        journal=journal),
             decide.Stop: self.stop,
             decide.Clear: ClearHandler(hosts=hosts_, state=state, journal=journal),
+            decide.Disarm: DisarmHandler(hosts=hosts_, state=state, journal=journal),
             decide.Warn: WarnHandler(hosts=hosts_, state=state, journal=journal, timezone=config.host.timezone),
             decide.Hold: HoldHandler(recall=self.recall, journal=journal),
         }
         self.patience = PATIENCE
         self.on_settled: Callable[[], None] | None = None  # told when a booking's work outlasted its pass
         self.lanes = BookingLanes()
-        self.ahead = Preparation(config, hosts=self.hosts)  # folders and host keys made before the start
+        self.ahead = Preparation(config, hosts=self.hosts, state=state)  # folders, host keys, containers ahead
         self.outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
         self._delivery: Future[None] | None = None
 
@@ -179,32 +182,38 @@ class Pass:
             stale_reason: str = "", etags: Mapping[str, str | None] | None = None,
             write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
             complete: bool = True) -> PassResult:
-        at_work = self.lanes.at_work()  # before the hosts are read: a start ending in between keeps its port
+        self.ahead.settle(now)  # an arm still at work for a booking whose start came: its container first
+        # Before the hosts are read: a start (or arm) ending in between keeps its port.
+        at_work = self.lanes.at_work() | self.ahead.at_work()
         world = World.read(list(self.hosts.values()), self.state)
         self._release_idle_ports(world, at_work)
         plan = self.plan(occurrences, world.actual(), now=now)
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
-        self._adopt(plan, world, now=now, at_work=at_work)
-        self._prepare_images(plan, world, now=now)
-        memory = decide_memory(world.records.values(), self.state.notes(WARNED))
+        armed = frozenset(self.state.notes(ARMED))
+        self._adopt(plan, world, now=now, at_work=at_work, armed=armed)
+        self._prepare_images(plan, world, now=now, armed=armed)
+        memory = decide_memory(world.records.values(), self.state.notes(WARNED), armed)
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
                                 stale_calendars=stale_calendars or {}, complete=complete)
         result = PassResult(plan=plan, actions=actions, world=world)
         handled = [a for a in actions if type(a) in self.handlers]  # Recheck only informs the wake-up time
-        written = partial(self._write_start, world=world, now=now, etags=etags or {}) if write_back else None
+        written = partial(self._write_start, world=world, now=now, etags=etags or {}, armed=armed) if write_back \
+            else None
         pending = self.lanes.dispatch(handled, apply=partial(self._apply, world=world, now=now, result=result,
                                                              written=written),
                                       gpus_of=world.gpus_of)
         self.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
-        ahead = self.ahead(plan, running=set(world.running()) | self.lanes.at_work(), now=now)
+        ahead = self.ahead(plan, running=set(world.running()) | self.lanes.at_work(), now=now,
+                           containers=world.actual(), templates=self.templates, may_start=may_start,
+                           stale=frozenset((stale_calendars or {}).keys()))
         rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
         retries = [t for t in self.recall.retries() if t > now]  # one due now was tried by this pass
         result.wake_at = min([t for t in (plan.next_wakeup, ahead, *rechecks, *retries) if t is not None],
                              default=None)
         if write_back:
-            self.write_back(plan, world, now=now, etags=etags or {})
+            self.write_back(plan, world, now=now, etags=etags or {}, armed=armed)
         self._deliver_notices(now)
         return result
 
@@ -214,11 +223,13 @@ class Pass:
         if self.on_settled is not None:
             self.on_settled()
 
-    def _prepare_images(self, plan: plan_module.Plan, world: World, *, now: datetime) -> None:
+    def _prepare_images(self, plan: plan_module.Plan, world: World, *, now: datetime,
+                        armed: frozenset[str] = frozenset()) -> None:
         """Hand each host's preparer the bookings starting within [images] prepare_hours (it only
-        queues: the pulls and builds run in its own workers, never in the pass)."""
+        queues: the pulls and builds run in its own workers, never in the pass). An armed booking
+        is still wanted: its start checks its image again."""
         horizon = now + timedelta(hours=self.config.images.prepare_hours)
-        running = world.running()
+        running = self._reportable(world, armed, now=now)
         wanted: dict[str, dict[str, Template]] = {}
         for accepted in plan.accepted:
             booking = accepted.booking
@@ -231,7 +242,7 @@ class Pass:
                 preparer.want(wanted.get(name, {}), now=now)
 
     def _release_idle_ports(self, world: World, at_work: set[str]) -> None:
-        """Ports are held only by running containers and starts in progress."""
+        """Ports are held only by running containers (armed ones too) and starts (or arms) in progress."""
         try:
             self.state.release_ports_except(set(world.running()) | at_work)
         except StateError as error:
@@ -292,16 +303,20 @@ class Pass:
             log.warning("first-seen times are not recorded this pass; the last pass's stand: %s", error)
         return self.seen
 
-    def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime, at_work: set[str]) -> None:
+    def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime, at_work: set[str],
+               armed: frozenset[str]) -> None:
         """Running containers of accepted bookings that State has no record of (a lost database): adopt them.
 
         A container whose record is closed is not adopted: it is being stopped (an admin's `gpubook
         stop` records the stop before the container goes), and adopting it would turn that stop
         into a death and a restart. Nor is one whose start is still at work in the pool (its probe
-        has not answered yet): the start records it when it succeeds, and a failed start is no death."""
-        wanted = {a.booking.id for a in plan.accepted} - at_work
+        has not answered yet): the start records it when it succeeds, and a failed start is no death.
+        Nor is an armed one (run ahead of its start): its start probes its SSH and records it."""
+        wanted = {a.booking.id for a in plan.accepted} - at_work - armed
         recorded = {r.name for r in world.records.values()}
         for info in world.actual():
+            if info.start is not None and info.start > now:
+                continue  # armed, its note lost: decide leaves it until its start
             if info.running and info.booking_id in wanted and info.name not in recorded:
                 try:
                     record = self.state.container_started(info.booking_id, info.name, user=info.user,
@@ -326,12 +341,12 @@ class Pass:
                 written(action)
 
     def _write_start(self, action: decide.Start, *, world: World, now: datetime,
-                     etags: Mapping[str, str | None]) -> None:
+                     etags: Mapping[str, str | None], armed: frozenset[str]) -> None:
         """A start's outcome (its ssh line, or why it failed) queued for write-back from its own
         lane as soon as it is known: a booker never waits for the bookings starting beside theirs."""
         booking = action.accepted.booking
         try:
-            self.writeback.write_one(action.accepted, info=world.running().get(booking.id),
+            self.writeback.write_one(action.accepted, info=self._reportable(world, armed, now=now).get(booking.id),
                                      records=world.records_by_booking().get(booking.id), remarks=self._remarks(),
                                      now=now, etag=etags.get(booking.href))
         except GpubookError as error:  # the pass's own write-back tries again
@@ -366,9 +381,19 @@ class Pass:
                              detail=str(error))
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
-                   etags: Mapping[str, str | None]) -> None:
-        self.writeback.write(plan, running=world.running(), records=world.records_by_booking(),
-                             remarks=self._remarks(), now=now, etags=etags)
+                   etags: Mapping[str, str | None], armed: frozenset[str] = frozenset()) -> None:
+        self.writeback.write(plan, running=self._reportable(world, armed, now=now),
+                             records=world.records_by_booking(), remarks=self._remarks(), now=now, etags=etags)
+
+    @staticmethod
+    def _reportable(world: World, armed: frozenset[str], *, now: datetime) -> dict[str, ContainerInfo]:
+        """The running containers a booker may be sent to: an armed one (run ahead of its start)
+        counts only once its start recorded it (its SSH probe answered)."""
+        open_runs = {r.booking_id for r in world.records.values() if r.stopped_at is None}
+        ahead = {booking_id for booking_id, info in world.running().items()
+                 if (info.start is not None and info.start > now) or booking_id in armed}
+        return {booking_id: info for booking_id, info in world.running().items()
+                if booking_id in open_runs or booking_id not in ahead}
 
     def _remarks(self) -> Remarks:
         images = {booking: line for host in self.hosts.values()

@@ -24,6 +24,12 @@ Rules, in the words a booker would use:
   back-off that doubles each time. One stopped by an admin stays stopped.
 - Nothing starts from calendar data older than the staleness bound (`may_start=False`, or the
   booking's calendar in `stale_calendars`: one broken calendar stops nothing in the others).
+- A container run ahead of its booking's start ("armed", scheduler/apply/ahead.py) lets nobody
+  in before that start (its entrypoint waits for it). Before the start it is left alone; at the
+  start it gets a `Start` (the same spec: the engine keeps it; the SSH probe, the record and the
+  write-back follow). One whose booking is gone, moved, or changed (GPUs, template, end), or whose
+  calendar data is too old to start from, is removed at once (`Disarm`), before its start: nobody
+  can be logged in, so no warning is due.
 - While some calendar has never been read (`complete=False`), a running booking found in no
   calendar is not taken for deleted: it may be in the unread one; it runs to its labels' end.
 """
@@ -70,6 +76,18 @@ class Stop:
 class Start:
     accepted: Accepted
     attempt: int = 0  # 0: first start; n: the n-th restart after the container died
+    port: int | None = None  # the port its armed container already publishes (None: allocate one)
+    armed: str = ""  # the spec hash its armed container runs with ("": none is armed)
+
+
+@dataclass(frozen=True)
+class Disarm:
+    """Remove a container run ahead of its booking's start that must not open (nobody is logged in)."""
+
+    name: str
+    booking_id: str
+    reason: str
+    host: str = LOCAL
 
 
 @dataclass(frozen=True)
@@ -99,8 +117,8 @@ class Recheck:
     reason: str
 
 
-Action = Clear | Stop | Start | Warn | Hold | Recheck
-_ORDER = {Clear: 0, Stop: 1, Start: 2, Warn: 3, Hold: 4, Recheck: 5}
+Action = Clear | Disarm | Stop | Start | Warn | Hold | Recheck
+_ORDER = {Clear: 0, Disarm: 0, Stop: 1, Start: 2, Warn: 3, Hold: 4, Recheck: 5}
 
 
 # -- what decide needs besides the plan and the engine -----------------------------------------
@@ -128,6 +146,7 @@ class Memory:
     known: frozenset[str] = frozenset()  # bookings gpubook started a container for
     warned: Mapping[str, Warned] = field(default_factory=lambda: MappingProxyType({}))
     runs: Mapping[str, Runs] = field(default_factory=lambda: MappingProxyType({}))
+    armed: frozenset[str] = frozenset()  # bookings whose container was run ahead of their start
 
 
 @dataclass(frozen=True)
@@ -155,11 +174,18 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
     for info in sorted(actual, key=lambda i: (i.booking_id, i.name)):
         if not info.booking_id:
             continue
-        present[info.booking_id] = info
-        found = _container_actions(info, wanted.get(info.booking_id), now=now, memory=memory, policy=policy,
-                                   complete=complete)
-        actions.extend(replace(a, host=_host(info)) if isinstance(a, Clear | Stop | Warn) else a for a in found)
-    stopping = {a.booking_id for a in actions if isinstance(a, Stop | Clear)}
+        accepted = wanted.get(info.booking_id)
+        if _armed(info, now=now, memory=memory):
+            stale = stale_calendars.get(accepted.booking.calendar_url) if accepted else None
+            found = _armed_actions(info, accepted, now=now,
+                                   may_start=may_start and stale is None)
+        else:
+            found = _container_actions(info, accepted, now=now, memory=memory, policy=policy, complete=complete)
+        if not any(isinstance(a, Disarm) for a in found):  # a disarmed booking may start the normal way
+            present[info.booking_id] = info
+        actions.extend(replace(a, host=_host(info)) if isinstance(a, Clear | Disarm | Stop | Warn) else a
+                       for a in found)
+    stopping = {a.booking_id for a in actions if isinstance(a, Stop | Clear | Disarm)}
     busy = {(_host(info), gpu): info.booking_id for info in present.values()
             if info.running and info.booking_id not in stopping for gpu in info.gpus}
     for accepted in plan.accepted:
@@ -170,6 +196,39 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
                                           stale_reason=stale or stale_reason))
     actions = [a for a in actions if not (isinstance(a, Warn) and a.booking_id in stopping)]
     return sorted(actions, key=lambda a: _ORDER[type(a)])
+
+
+def _armed(info: ContainerInfo, *, now: datetime, memory: Memory) -> bool:
+    """A container run ahead of its booking's start whose start is not recorded yet."""
+    runs = memory.runs.get(info.booking_id)
+    if runs is not None and runs.running:
+        return False
+    return (info.start is not None and info.start > now) or info.booking_id in memory.armed
+
+
+def _armed_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datetime,
+                   may_start: bool) -> list[Action]:
+    """An armed container: left alone until its start, then started (recorded, probed); removed at
+    once when it no longer fits its booking. Its SSH is closed until the start, so no warning."""
+    def disarm(reason: str) -> list[Action]:
+        return [Disarm(info.name, info.booking_id, reason)]
+
+    if accepted is None:
+        return disarm("its booking is gone before its start")
+    booking = accepted.booking
+    if not info.running:
+        return disarm(f"its container, run ahead of its start, was {info.state}")
+    if info.start != booking.start:
+        return disarm("its booking was moved to another start")
+    if info.gpus != accepted.gpus or info.template != booking.template or info.end != booking.end:
+        return disarm("its booking's GPUs, template or end changed before its start")
+    if not may_start:  # before its start too: it would open by itself at the start
+        return disarm("the calendar data is too old to start anything from")
+    if now < booking.start:
+        return [Recheck(booking.start, f"start of {booking.id}")]
+    if now >= booking.end:
+        return disarm("its booking ended before it was started")
+    return [Start(accepted, port=info.port, armed=info.spec_hash)]
 
 
 def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datetime,

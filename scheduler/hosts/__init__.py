@@ -39,6 +39,8 @@ class StartRequest:
     gpus: tuple[int, ...]
     port: int
     end: datetime
+    start: datetime | None = None  # the booking's start: the container opens SSH only then (see arm)
+    armed: str = ""  # the spec hash of its container run ahead, as this pass listed it ("": none)
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import paramiko
 
 from runtime import jupyter, ssh, storage
-from runtime.engines import ContainerInfo, Engine, ExecResult, container_name
+from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from runtime.errors import EngineError, Preparing, StorageError
 from runtime.images import Ledger
 from scheduler.core.plan import LOCAL
@@ -55,6 +56,8 @@ class LocalHost:
         # Bookings starting together: each one's engine start (`run`, CPU-bound) waits for a free
         # slot; its SSH probe does not hold one, so a slow sshd never delays another booking.
         self.starting = threading.BoundedSemaphore(parallel_starts or os.cpu_count() or 1)
+        self._locks: dict[str, threading.Lock] = {}  # container name → its engine start in progress
+        self._locks_lock = threading.Lock()
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -64,8 +67,45 @@ class LocalHost:
         return None if info is None else replace(info, host=self.name)
 
     def start(self, request: StartRequest) -> Started:
+        """Run the booking's container (an armed one, run ahead with this very spec, is taken as it
+        is: the engine sees the same spec hash) and wait until its SSH lets the probe in."""
+        spec = self.spec(request, check_image=not request.armed)
+        # Its armed container, listed by this pass with this very spec: no engine call, the probe only
+        # (a container that died since is seen by the probe's check).
+        running = (info_from_labels(name=spec.name, id="", state="running", image=spec.image, labels=spec.labels())
+                   if request.armed and request.armed == spec.spec_hash else None)
+        if running is None and request.armed:
+            self.images.ready(request.template)
+        try:
+            ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
+                                      gate=self._gate(spec.name), running=running)
+        except EngineError:
+            if not self.images.recheck(request.template):
+                raise Preparing(f"preparing the image of template {request.template.name} again: it was "
+                                f"removed from the engine's storage after it was prepared") from None
+            raise
+        lab = jupyter.availability(self.engine, spec.name) if request.template.jupyter else None
+        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
+
+    def arm(self, request: StartRequest) -> ContainerInfo:
+        """Before the booking's start: run its container with exactly the spec its start will build
+        (`spec`), with no probe. Its entrypoint makes the account and keys and then waits for
+        `request.start` before sshd or anything of the booker's runs; at the start, `start` finds it
+        running with the same spec hash and only probes SSH. A failed run leaves nothing behind."""
+        if request.start is None:
+            raise EngineError(f"booking {request.booking_id}: no start to arm its container for")
+        spec = self.spec(request)
+        with self._gate(spec.name):
+            info = self.engine.start(spec)
+        return replace(info, host=self.name)
+
+    def spec(self, request: StartRequest, *, check_image: bool = True) -> ContainerSpec:
+        """The booking's container, the same whether it is armed ahead or run at its start: its image
+        (ready, never pulled here; not asked again for the container armed with it), folders, GPU
+        injection, host key and the booking's start."""
         booker, template = request.booker, request.template
-        self.images.ready(template)  # Preparing until pulled and built in the background (never here)
+        if check_image:  # Preparing until pulled and built in the background (never here)
+            self.images.ready(template)
         folders = self._folders(booker.name, booker.uid, booker.gid)
         gpu = None
         if self.driver_version is not None and request.gpus:
@@ -76,20 +116,19 @@ class LocalHost:
         name = container_name(request.booking_id)
         host_key = ssh.booking_host_key(self.cache_dir, name, owner=self.engine.host_owner(0, 0),
                                         chown=self.engine.chown)
-        spec = ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
+        return ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
                                 gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
                                 port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
-                                host_key=host_key, gpus=request.gpus, gpu=gpu)
-        try:
-            ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
-                                      gate=self.starting)
-        except EngineError:
-            if not self.images.recheck(template):
-                raise Preparing(f"preparing the image of template {template.name} again: it was removed "
-                                f"from the engine's storage after it was prepared") from None
-            raise
-        lab = jupyter.availability(self.engine, name) if template.jupyter else None
-        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
+                                host_key=host_key, gpus=request.gpus, gpu=gpu, start=request.start)
+
+    @contextmanager
+    def _gate(self, name: str) -> Iterator[None]:
+        """One engine start per container at a time (an arm still at work when its start comes is
+        waited for, so the start finds its container), and at most `parallel_starts` in all."""
+        with self._locks_lock:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock, self.starting:
+            yield
 
     def prepare(self, ahead: Ahead) -> None:
         """Before the start: the booker's folders and the booking's host key (each a `podman
@@ -109,6 +148,8 @@ class LocalHost:
     def stop(self, name: str, grace: float) -> None:
         self.engine.stop(name, grace)
         ssh.forget_host_key(self.cache_dir, name)
+        with self._locks_lock:
+            self._locks.pop(name, None)
 
     def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         return self.engine.exec(name, argv, timeout=timeout)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -197,7 +197,12 @@ def setup_findings(engine: EngineSettings) -> tuple[str, ...]:
 
 
 def running_booking(info: ContainerInfo, *, ports: Mapping[str, int]) -> RunningBooking:
-    return RunningBooking(booking=info.booking_id, user=info.user, gpus=info.gpus, state=info.state,
+    """A container as `gpubook status` shows it; one run ahead of its booking's start says "armed"
+    (its SSH opens only at that start), never "running"."""
+    state = info.state
+    if info.running and info.start is not None and info.start > datetime.now(UTC):
+        state = f"armed: SSH opens at {info.start.astimezone(UTC):%H:%M:%S} UTC"
+    return RunningBooking(booking=info.booking_id, user=info.user, gpus=info.gpus, state=state,
                           port=info.port or ports.get(info.booking_id),
                           end=info.end.isoformat() if info.end else None, container=info.name)
 

@@ -274,6 +274,10 @@ class State:
         with self._transaction() as db:
             db.execute("DELETE FROM booking_notes WHERE booking_id = ?", (booking_id,))
 
+    def clear_note(self, booking_id: str, key: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM booking_notes WHERE booking_id = ? AND key = ?", (booking_id, key))
+
     def notes(self, key: str) -> dict[str, str]:
         """booking id → value of every note called `key`."""
         return dict(self._query("SELECT booking_id, value FROM booking_notes WHERE key = ?", (key,)))

@@ -1,0 +1,100 @@
+"""Armed containers with the real daemon, Radicale and rootless podman: a booking's container runs
+ahead of its start, its SSH refuses everyone until the start (hostile: the booker's own key), a
+daemon killed meanwhile leaves it to the next one, which starts it (probe, record, the ssh line);
+a booking deleted while armed loses its container and port at once."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from scheduler.state import State
+from tests import daemon_kit
+from tests.daemon_kit import (
+    DaemonProcess,
+    book,
+    description,
+    running_container,
+    soon,
+    try_login,
+    wait_for,
+    write_config,
+)
+
+engine, keys = daemon_kit.engine, daemon_kit.keys
+cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
+
+pytestmark = [
+    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+]
+
+
+def events(config_dir: Path, booking_id: str) -> list[str]:
+    with State(config_dir / "state" / "state.sqlite") as state:
+        return [e.message for e in state.events(booking_id=booking_id)]
+
+
+def test_an_armed_booking_lets_nobody_in_before_its_start(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                          daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, gpus=8)
+    start = soon(18)
+    book(calendar, "armed@test", user="alice", start=start, end=start + timedelta(seconds=600),
+         gpus="7,")  # a GPU no other test's container holds (they share this podman)
+    cleanup.append("armed@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    armed = wait_for("the container run ahead of its start", lambda: running_container(engine, "armed@test"),
+                     timeout=40, interval=0.05, daemon=daemon)
+    assert armed.start == start and armed.port is not None
+    daemon.kill()  # killed while armed: the next daemon must still start it at its start, and only then
+    attempts = 0
+    while datetime.now(UTC) < start - timedelta(seconds=1.5):
+        assert try_login(armed.port, "alice", keys["alice"], timeout=1) is None, "logged in before the start"
+        attempts += 1
+        time.sleep(0.2)
+    assert attempts > 0, "armed too late to try a login before the start"
+    assert "running:" not in description(calendar, "armed@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    client = wait_for("the booker's login after the start", lambda: try_login(armed.port, "alice", keys["alice"]),
+                      timeout=30, interval=0.05, daemon=daemon)
+    assert datetime.now(UTC) >= start
+    client.close()
+    line = f"running: ssh -p {armed.port} alice@127.0.0.1"
+    wait_for("the ssh line in the event", lambda: line in description(calendar, "armed@test"), timeout=30,
+             daemon=daemon)
+    same = running_container(engine, "armed@test")
+    assert same is not None and same.id == armed.id  # the armed container itself, not a second run
+    said = events(tmp_path, "armed@test")
+    assert any(m.startswith("started") and "SSH answered" in m for m in said), said
+    assert not any(m.startswith("adopted") for m in said), said
+    with State(tmp_path / "state" / "state.sqlite") as state:
+        assert state.notes("armed") == {}
+        assert state.ports() == {"armed@test": armed.port}
+
+
+def test_a_booking_deleted_while_armed_loses_its_container_and_port(tmp_path: Path, radicale, engine, keys,
+                                                                     cleanup, daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8)
+    start = soon(40)
+    book(calendar, "gone@test", user="bob", start=start, end=start + timedelta(seconds=600), gpus="6,")
+    cleanup.append("gone@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    armed = wait_for("the container run ahead of its start", lambda: running_container(engine, "gone@test"),
+                     timeout=40, interval=0.05, daemon=daemon)
+    calendar.event_by_uid("gone@test").delete()
+    wait_for("the armed container removed", lambda: engine.inspect(armed.name) is None, timeout=20, daemon=daemon)
+    assert datetime.now(UTC) < start
+    with State(tmp_path / "state" / "state.sqlite") as state:
+        assert "gone@test" not in state.ports()
+        assert state.containers(booking_id="gone@test") == []  # never started: no run, no notice
+        assert state.notes("armed") == {}
+    assert any("removed its container run ahead of its start" in m for m in events(tmp_path, "gone@test"))
