@@ -183,3 +183,33 @@ def test_start_lines_never_hold_a_token() -> None:
     lines = start_lines(torch, jupyter.Availability(True), driver_version=None, port=2201, user="alice",
                         host="devbox1")
     assert len(lines) == 2 and all("token=" not in line for line in lines)
+
+
+class _Captured(WriteBack):
+    """The real WriteBack, keeping what it would queue for the calendar instead of sending it."""
+
+    written: list[tuple[str, ...]]
+
+    def _write(self, item, outcome, *, etag, now):  # type: ignore[no-untyped-def, override]
+        self.written.append(outcome.lines)
+
+
+def test_a_starts_own_write_back_carries_its_jupyter_line(tmp_path: Path) -> None:
+    """The write queued by the start itself (as soon as its SSH answered) holds the start's lines,
+    so the pass's write after it has nothing new to send (one write, not a second with the lines)."""
+    config = make_config(tmp_path)
+    state = State(tmp_path / "state.sqlite")
+    recall = Recall()
+    handler = StartHandler(config, hosts={LOCAL: Lab(jupyter.Availability(True))}, state=state,
+                           templates=load_all(), recall=recall, journal=Journal(state, recall))
+    booking = Booking(id="b1", uid="b1", user="alice", template="pytorch-cuda12", gpu_count=1, gpu_indices=None,
+                      start=NOW, end=NOW + timedelta(hours=2), created=None, dtstamp=None,
+                      calendar_url="http://127.0.0.1:9/lab/devbox1/", href="b1.ics", summary="")
+    accepted = Accepted(booking=booking, gpus=(0,), warn_at=NOW + timedelta(hours=1))
+    change = handler(decide.Start(accepted), now=NOW)
+    writeback = _Captured(config, state)
+    writeback.written = []
+    writeback.write_one(accepted, info=change.running, records=None,
+                        remarks=Remarks(refused={}, failures={}, notes={}), now=NOW, etag=None)
+    ((lines),) = writeback.written
+    assert any(line.startswith("jupyter: ssh -N -L 8888:/run/gpubook/jupyter/socket") for line in lines)

@@ -121,7 +121,8 @@ class WriteBack:
         """One booking's outcome, queued in its calendar's lane at once: a start that succeeded
         (or failed) is written back as soon as its own SSH answered, not after its pass waited for
         its slower siblings. The pass's write afterwards finds the same outcome and skips it."""
-        outcome = self.outcome(accepted, info, records, remarks=remarks, now=now)
+        extra = self._running_lines() if info is not None else {}  # its JupyterLab and CUDA lines too
+        outcome = self.outcome(accepted, info, records, remarks=remarks, now=now, extra=extra)
         if outcome is not None:
             self._write(accepted.booking, outcome, etag=etag, now=now)
 
