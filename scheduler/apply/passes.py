@@ -389,11 +389,12 @@ class Pass:
     def _reportable(world: World, armed: frozenset[str], *, now: datetime) -> dict[str, ContainerInfo]:
         """The running containers a booker may be sent to: an armed one (run ahead of its start)
         counts only once its start recorded it (its SSH probe answered)."""
-        open_runs = {r.booking_id for r in world.records.values() if r.stopped_at is None}
-        ahead = {booking_id for booking_id, info in world.running().items()
-                 if (info.start is not None and info.start > now) or booking_id in armed}
+        # Through the World's lock: starts beside this one fold their records meanwhile.
+        open_runs = {booking_id for booking_id, records in world.records_by_booking().items()
+                     if any(r.stopped_at is None for r in records)}
         return {booking_id: info for booking_id, info in world.running().items()
-                if booking_id in open_runs or booking_id not in ahead}
+                if booking_id in open_runs
+                or not ((info.start is not None and info.start > now) or booking_id in armed)}
 
     def _remarks(self) -> Remarks:
         images = {booking: line for host in self.hosts.values()
