@@ -39,11 +39,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 
-from runtime import cuda
 from runtime.engines import ContainerInfo, booking_id_problem, container_name
 from runtime.errors import GpubookError, Preparing
 from runtime.templates import TemplateSet
-from scheduler.apply.handlers import port_for, start_request
+from scheduler.apply.handlers import port_for, start_request, usable_template
 from scheduler.apply.memory import ARMED
 from scheduler.config import Config
 from scheduler.core import plan as plan_module
@@ -144,10 +143,9 @@ class Preparation:
         booking = accepted.booking
         if self.state is None or getattr(host, "arm", None) is None or booking_id_problem(booking.id):
             return None
-        template = templates.templates.get(booking.template)
+        template, _ = usable_template(templates, booking.template, driver_version=host.driver_version)
         user = self.config.users[booking.user]
-        if template is None or (host.driver_version is not None and template.cuda
-                                and cuda.check_cuda(template.cuda, host.driver_version)):
+        if template is None:
             return None  # its start refuses it, with the reason in its event
         gpus = set(accepted.gpus)
         held = any(info.running and info.booking_id != booking.id and (info.host or plan_module.LOCAL) == accepted.host

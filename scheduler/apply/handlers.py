@@ -131,16 +131,9 @@ class StartHandler:
             self.journal.log.warning("booking %s: its armed note stays: %s", booking_id, error)
 
     def _template(self, booking: Booking, host: Host) -> Template | None:
-        template = self.templates.templates.get(booking.template)
+        template, problem = usable_template(self.templates, booking.template, driver_version=host.driver_version)
         if template is None:
-            problem = self.templates.errors.get(booking.template, f"there is no template {booking.template!r}")
-            self._refuse(booking.id, f"the template {booking.template} cannot be used: {problem.splitlines()[0]}")
-            return None
-        if host.driver_version is not None and template.cuda:
-            reason = cuda.check_cuda(template.cuda, host.driver_version)
-            if reason:
-                self._refuse(booking.id, reason)
-                return None
+            self._refuse(booking.id, problem)
         return template
 
     def _note_lines(self, booking_id: str, lines: list[str], *, now: datetime) -> None:
@@ -162,6 +155,20 @@ class StartHandler:
     def _refuse(self, booking_id: str, reason: str) -> None:
         self.recall.refused[booking_id] = reason
         self.journal.say(booking_id, f"rejected at its start: {reason}", now=None, level="warning")
+
+
+def usable_template(templates: TemplateSet, name: str, *, driver_version: str | None) -> tuple[Template | None, str]:
+    """The template a booking names, if it exists and suits the host's driver; else None and why
+    (the start refuses the booking with that sentence; an arm ahead simply leaves it to the start)."""
+    template = templates.templates.get(name)
+    if template is None:
+        problem = templates.errors.get(name, f"there is no template {name!r}")
+        return None, f"the template {name} cannot be used: {problem.splitlines()[0]}"
+    if driver_version is not None and template.cuda:
+        reason = cuda.check_cuda(template.cuda, driver_version)
+        if reason:
+            return None, reason
+    return template, ""
 
 
 def port_for(config: Config, state: State, booking_id: str, *, now: datetime) -> int:
