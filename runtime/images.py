@@ -252,7 +252,12 @@ class Ledger:
 
 
 def free_bytes(engine: ImageEngine) -> int:
-    stats = os.statvfs(engine.storage_path())
+    return free_bytes_at(engine.storage_path())
+
+
+def free_bytes_at(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the file system holding `path`."""
+    stats = os.statvfs(path)
     return stats.f_bavail * stats.f_frsize
 
 

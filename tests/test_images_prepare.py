@@ -21,7 +21,7 @@ from runtime.engines import EngineOptions, EngineSettings
 from runtime.engines.docker import DockerEngine
 from runtime.engines.podman import PodmanEngine
 from runtime.errors import TemplateError
-from runtime.templates import load_template
+from runtime.templates import Template, load_template
 from scheduler.hosts.images import FAILED, ImagePreparer
 from scheduler.outbox.writeback import Remarks, WriteBack
 from scheduler.state import State
@@ -83,6 +83,15 @@ def recording(kind: type[RecordingPodman] | type[RecordingDocker] = RecordingPod
     engine = kind(EngineSettings(name=name), EngineOptions())
     engine.answers = Answers()
     return engine  # type: ignore[return-value]
+
+
+def lab_preparer(tmp_path: Path, engine: RecordingPodman) -> tuple[Template, threading.Semaphore, ImagePreparer]:
+    """A registry template, and a preparer over `engine` that releases `done` after each preparation."""
+    path = tmp_path / "lab.toml"
+    path.write_text('image = "registry.example/lab/x:1"\ncuda = "none"\nhas_sshd = true\n')
+    done = threading.Semaphore(0)
+    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"), on_done=done.release)
+    return load_template(path), done, preparer
 
 
 class PreparingMachine(Machine):
@@ -178,11 +187,7 @@ def test_a_failed_pull_is_tried_again_after_a_growing_delay_not_in_a_loop(tmp_pa
     engine = recording()
     engine.answers.pull_fails = ("Error: initializing source docker://registry.example/lab/x:1: reading manifest 1 "
                                  "in registry.example/lab/x: unauthorized: authentication required")
-    path = tmp_path / "lab.toml"
-    path.write_text('image = "registry.example/lab/x:1"\ncuda = "none"\nhas_sshd = true\n')
-    template = load_template(path)
-    done = threading.Semaphore(0)
-    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"), on_done=done.release)
+    template, done, preparer = lab_preparer(tmp_path, engine)
     try:
         now = datetime.now(UTC)
         preparer.want({"b": template}, now=now)
@@ -223,11 +228,7 @@ def test_an_image_removed_after_it_was_prepared_is_prepared_again_not_failed_for
     """An admin removes a prepared image: the next start's failure finds it gone and queues a new
     pull (LocalHost.start then holds the booking with Preparing), instead of every start failing."""
     engine = recording()
-    path = tmp_path / "lab.toml"
-    path.write_text('image = "registry.example/lab/x:1"\ncuda = "none"\nhas_sshd = true\n')
-    template = load_template(path)
-    done = threading.Semaphore(0)
-    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"), on_done=done.release)
+    template, done, preparer = lab_preparer(tmp_path, engine)
     try:
         now = datetime.now(UTC)
         preparer.want({"b": template}, now=now)

@@ -14,7 +14,6 @@ status` and `gpubook images`; when something finishes, `on_done` wakes a pass.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -139,8 +138,7 @@ class ImagePreparer:
             wanted = dict(self._wanted)
         free = None
         if self._storage is not None:
-            stats = os.statvfs(self._storage)
-            free = stats.f_bavail * stats.f_frsize
+            free = images.free_bytes_at(self._storage)
         rows = []
         for item in states:
             row = asdict(item)
