@@ -57,18 +57,33 @@ def test_preflight_finds_a_store_made_with_another_driver(tmp_path: Path) -> Non
 
 
 def check_store(store: tuple[str, ...]) -> None:
-    made = engine_from("podman", storage_driver="vfs", global_args=store).preflight()
+    made = engine_from("podman", storage_driver="overlay", global_args=store).preflight()
     assert [c.ok for c in made[:2]] == [True, True], made
-    assert made[1].detail.startswith("driver vfs")
-    checks = engine_from("podman", storage_driver="overlay", global_args=store).preflight()
+    assert made[1].detail.startswith("driver overlay")
+    checks = engine_from("podman", storage_driver="vfs", global_args=store).preflight()
     storage = checks[1]
     assert storage.name == "engine storage" and not storage.ok, checks
-    assert 'made with "vfs" but gpubook asks for "overlay"' in storage.detail
+    assert 'made with "overlay" but gpubook asks for "vfs"' in storage.detail
     assert storage.fix is not None and "remove [engine] storage_driver" in storage.fix
-    assert '"vfs"' in storage.fix and "podman system reset" in storage.fix
+    assert '"overlay"' in storage.fix and "podman system reset" in storage.fix
     # The default follows the store, whatever driver made it.
     follows = engine_from("podman", global_args=store).preflight()
-    assert all(c.ok for c in follows[:2]) and follows[1].detail.startswith("driver vfs"), follows
+    assert all(c.ok for c in follows[:2]) and follows[1].detail.startswith("driver overlay"), follows
+
+
+def test_preflight_refuses_a_vfs_store(tmp_path: Path) -> None:
+    """Debian 12's rootless podman makes a new store with vfs when nothing asks for overlay (CI's fresh
+    test user got one from the demo, the first podman command): every start copies the whole image.
+    Doctor must say so, with the way out."""
+    runroot = tempfile.mkdtemp(prefix="gpb-run-", dir="/tmp")
+    try:
+        store = ("--root", str(tmp_path / "root"), "--runroot", runroot)
+        storage = engine_from("podman", storage_driver="vfs", global_args=store).preflight()[1]
+    finally:
+        shutil.rmtree(runroot, ignore_errors=True)
+    assert storage.name == "engine storage" and not storage.ok, storage
+    assert storage.detail.startswith("driver vfs") and "copies the whole image" in storage.detail
+    assert storage.fix is not None and 'driver = "overlay"' in storage.fix and "storage.conf" in storage.fix
 
 
 def _processes_of_this_user() -> int:

@@ -128,11 +128,18 @@ class PodmanEngine(CliEngine):
             store = json.loads(done.stdout).get("store") or {}
         except ValueError:
             store = {}
-        return Check(
-            "engine storage",
-            True,
-            f"driver {store.get('graphDriverName', '?')}, store {store.get('graphRoot', '?')}",
-        )
+        driver, root = store.get("graphDriverName", "?"), store.get("graphRoot", "?")
+        if driver == "vfs":
+            return Check(
+                "engine storage",
+                False,
+                f"driver vfs, store {root}: every start copies the whole image (seconds per start, "
+                "and the image's size again on disk for each booking)",
+                'before the store is first used, put [storage] driver = "overlay" in '
+                "~/.config/containers/storage.conf; for a store made already, `podman system reset` "
+                "(it removes its images and containers) and then the same",
+            )
+        return Check("engine storage", True, f"driver {driver}, store {root}")
 
     def _storage_failure(self, message: str) -> Check:
         mismatch = _DRIVER_MISMATCH.search(message)
