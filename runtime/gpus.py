@@ -72,6 +72,7 @@ def format_inventory(inv: Inventory) -> list[str]:
         lines.append(
             f"GPU {gpu.index}: {gpu.name} ({gpu.uuid}), /dev/nvidia{gpu.minor}, "
             f"{gpu.memory_used_mib} / {gpu.memory_total_mib} MiB used"
+            + ("" if gpu.utilisation_percent is None else f", {gpu.utilisation_percent} % busy")
         )
         for process in gpu.processes:
             used = "?" if process.used_memory_mib is None else process.used_memory_mib

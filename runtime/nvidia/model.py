@@ -29,6 +29,7 @@ class Gpu:
     name: str | None = None
     memory_total_mib: int | None = None
     memory_used_mib: int | None = None
+    utilisation_percent: int | None = None  # NVML's "GPU busy" share over its last sample period
     processes: tuple[GpuProcess, ...] = ()
 
     @property

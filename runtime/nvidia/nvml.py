@@ -92,6 +92,8 @@ def _gpu(pynvml: Any, index: int, *, status: bool) -> Gpu:
         name=_text(pynvml.nvmlDeviceGetName(handle)),
         memory_total_mib=memory.total // MIB if memory is not None else None,
         memory_used_mib=memory.used // MIB if memory is not None else None,
+        utilisation_percent=_optional(lambda h: int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu), handle)
+        if status else None,
         processes=_processes(pynvml, handle) if status else (),
     )
 
