@@ -235,6 +235,54 @@ class ImagesConfig:
     workers: int = setting(2, "pulls and overlay builds at once", check=_positive)
 
 
+def _listen_problem(value: str) -> str | None:
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or int(port) > 65535 or _address_problem(host.strip("[]")):
+        return 'must be ADDRESS:PORT, such as "127.0.0.1:8380" or "[::1]:8380"'
+    return None
+
+
+def _network_problem(value: str) -> str | None:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return f"{value!r} is not an IP address or network (such as 10.0.0.5 or 10.0.0.0/24)"
+    return None
+
+
+WEB_AUTH = ("none", "basic", "header")
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """[web]: the read-only status page (scheduler/outbox/web), served by the daemon or `gpubook web`."""
+
+    enabled: bool = setting(False, "the daemon serves the page (`gpubook web` serves it on its own either way)")
+    listen: str = setting("127.0.0.1:8380", "ADDRESS:PORT the page is served on (port 0: any free "
+                          "one, logged); with auth none only a loopback address", check=_listen_problem)
+    auth: str = setting("none", '"none" (loopback only), "basic" (HTTP basic auth against htpasswd_file, '
+                        'bcrypt entries) or "header" (a reverse proxy\'s trusted_header, from trusted_proxies only)',
+                        check=_one_of(WEB_AUTH))
+    htpasswd_file: Path | None = setting(None, "user:bcrypt-hash lines (htpasswd -B) for auth basic")
+    trusted_header: str = setting("X-Forwarded-User", "the header naming the logged-in user, set by the proxy",
+                                  check=lambda v: None if re.fullmatch(r"[A-Za-z0-9-]{1,64}", v)
+                                  else "must be a header name (letters, digits, -)")
+    trusted_proxies: tuple[str, ...] = setting(("127.0.0.1", "::1"), "addresses or networks of the reverse "
+                                               "proxies whose trusted_header is believed", check=_network_problem)
+    metrics: bool = setting(True, "serve /metrics (Prometheus) beside the page, under the same access rules")
+
+
+def web_problem(web: WebConfig) -> str | None:
+    """Why the page must not start with these settings (None: it may)."""
+    host = web.listen.rpartition(":")[0].strip("[]")
+    if web.auth == "none" and not ipaddress.ip_address(host).is_loopback:
+        return (f'[web] listen = "{web.listen}" is not a loopback address, and [web] auth = "none" would show '
+                f'every booking to anyone who reaches it: set auth = "basic" or "header", or listen on 127.0.0.1')
+    if web.auth == "basic" and web.htpasswd_file is None:
+        return '[web] auth = "basic" needs htpasswd_file (user:bcrypt lines, made with htpasswd -B)'
+    return None
+
+
 @dataclass(frozen=True)
 class SshConfig:
     port_min: int = setting(2200, "each running booking gets its own port in [port_min, port_max]",
@@ -339,6 +387,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sftp: SftpConfig = field(default_factory=SftpConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
+    web: WebConfig = field(default_factory=WebConfig)
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")
@@ -665,6 +714,7 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
     "policy": _plain(PolicyConfig),
     "sftp": _plain(SftpConfig),
     "images": _plain(ImagesConfig),
+    "web": _plain(WebConfig),
 }
 
 
@@ -690,6 +740,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     read = {name: read_section(reader, data, name) for name, read_section in SECTIONS.items()}
     if not reader.errors:
         _sftp_problems(reader, read)
+        if read["web"].enabled and (problem := web_problem(read["web"])):
+            reader.error("web", problem)
     if reader.errors:
         raise ConfigError("\n".join(reader.errors))
     return Config(
@@ -697,7 +749,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         users=read["users"], gpu_count=read["gpus"].count, templates_dir=read["templates"].dir,
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
         daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps, policy=read["policy"],
-        sftp=read["sftp"], images=read["images"],
+        sftp=read["sftp"], images=read["images"], web=read["web"],
     )
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -52,11 +53,15 @@ from scheduler.core.plan import LOCAL
 from scheduler.hosts import sftp as sftp_host
 from scheduler.hosts.images import ImagePreparer
 from scheduler.hosts.local import LocalHost
-from scheduler.outbox import notices, status
+from scheduler.outbox import notices, status, timeline
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
 from scheduler.sources.errors import CalendarError, redact_url
 from scheduler.state import State, StateError
+from scheduler.state.records import ContainerRecord
+
+if TYPE_CHECKING:
+    from scheduler.outbox.web.serve import WebServer
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +155,8 @@ class Daemon:
         self._clock = ClockWatch()
         self.sftp: sftp_host.SftpService | None = None
         self.images: ImagePreparer | None = None
+        self.last_status: status.Status | None = None  # what the status page shows
+        self.web: WebServer | None = None
         self._build(config)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
@@ -315,6 +322,26 @@ class Daemon:
         except StateError:
             return {}  # the status file shows no ports this time; the next pass writes them
 
+    def _records(self) -> list[ContainerRecord]:
+        try:
+            return self.state.containers()
+        except StateError:
+            return []  # the timelines show no ended runs this time
+
+    def _serve_web(self) -> WebServer | None:
+        """The status page, when [web] enabled: Flask is imported only then (the daemon's memory).
+        A page that cannot start costs the page, never the bookings."""
+        if not self.config.web.enabled:
+            return None
+        from scheduler.outbox.web import serve
+
+        try:
+            return serve.start(self.config, status=lambda: self.last_status)
+        except GpubookError as error:
+            log.error("the status page does not start: %s", error)
+            self._event(f"the status page does not start: {error}", level="error")
+            return None
+
     def _soon(self) -> None:
         """A pass now, as a job of its own: the pass running meanwhile replaces only "boundary"."""
         if self.scheduler.running:
@@ -329,15 +356,18 @@ class Daemon:
         containers = result.world.actual() if result.world is not None else []
         report = status.Status(
             hosts=status.hosts_status({LOCAL: status.GpuSummary.of(self.inventory)}, plan=result.plan, now=now,
-                                      containers=containers,
-                                      ports=self._ports()),
+                                      containers=containers, ports=self._ports(),
+                                      held=timeline.held_reasons(result.actions), records=self._records(),
+                                      previous=self.last_status),
             updated=now.isoformat(), pid=os.getpid(), last_poll=status.iso(self.calendar.last_poll),
             last_poll_ok=status.iso(self.calendar.last_ok), outage=self.calendar.outage,
             outage_since=status.iso(self.calendar.outage_since),
             problems=(*self.calendar.problems, *(f"{k}: {v}" for k, v in result.failures.items())),
             counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine),
             sftp=self.sftp.status.to_json() if self.sftp is not None else None,
-            images=self.images.snapshot() if self.images is not None else None)
+            images=self.images.snapshot() if self.images is not None else None,
+            rejected=timeline.rejected_bookings(result.plan))
+        self.last_status = report
         self.notifier.status(report.line())
         write_private(self.state_dir / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
 
@@ -376,6 +406,7 @@ class Daemon:
             signal.signal(number, self._signal)
         self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
+        self.web = self._serve_web()
         self._schedule_sftp()
         self._schedule_polls(first=datetime.now(UTC))
         first = self._wait_first_pass()
@@ -391,6 +422,8 @@ class Daemon:
                     self.notifier.watchdog()
         finally:
             self.notifier.stopping()
+            if self.web is not None:
+                self.web.stop()
             self.scheduler.shutdown(wait=True)
             self.passes.close()
             if self.images is not None:

@@ -129,6 +129,12 @@ def cmd_log(args: argparse.Namespace) -> int:
     return admin.show_log(args.config, follow=args.follow, booking=args.booking, last=args.lines)
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    from scheduler.commands import web
+
+    return web.run(args.config)
+
+
 def cmd_images(args: argparse.Namespace) -> int:
     from scheduler.commands import images
 
@@ -200,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "built (sizes), and the engine's free space")
     images.add_argument("--config", required=True, help="the daemon's TOML config file")
     images.add_argument("--json", action="store_true", help="print one JSON object")
+    web = command("web", cmd_web, "serve the read-only status page ([web] in the config) from the "
+                  "daemon's status file, until Ctrl-C")
+    web.add_argument("--config", required=True, help="the daemon's TOML config file")
     log_parser = command("log", cmd_log, "the daemon's event log")
     log_parser.add_argument("--config", required=True, help="the daemon's TOML config file")
     log_parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")

@@ -15,6 +15,8 @@ from zoneinfo import ZoneInfo
 from runtime import gpus as gpu_inventory
 from runtime.engines import HOST_NETWORK_RISK, ContainerInfo, EngineSettings
 from scheduler.core.plan import LOCAL, Plan
+from scheduler.outbox.timeline import GpuTimeline, RejectedBooking, gpu_timelines, gpus_of
+from scheduler.state.records import ContainerRecord
 
 NEXT_SHOWN = 20  # upcoming bookings kept per host
 
@@ -25,11 +27,17 @@ class GpuSummary:
     count: int
     driver: str | None = None
     note: str | None = None  # why there is no live GPU data, one line
+    indices: tuple[int, ...] = ()  # the GPUs' indices (empty: 0 to count - 1)
 
     @classmethod
     def of(cls, inventory: gpu_inventory.Inventory) -> GpuSummary:
         return cls(source=inventory.source, count=inventory.count, driver=inventory.driver_version,
-                   note=None if inventory.source == "nvml" else gpu_inventory.no_gpu_line(inventory))
+                   note=None if inventory.source == "nvml" else gpu_inventory.no_gpu_line(inventory),
+                   indices=tuple(gpu.index for gpu in inventory.gpus))
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.indices or tuple(range(self.count))
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class RunningBooking:
     port: int | None
     end: str | None  # ISO 8601
     container: str
+    template: str = ""
+    start: str | None = None  # ISO 8601: its booking's start
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class HostStatus:
     gpus: GpuSummary
     running: tuple[RunningBooking, ...] = ()
     next: tuple[NextBooking, ...] = ()
+    timeline: tuple[GpuTimeline, ...] = ()  # each GPU's week back and week ahead (outbox/timeline.py)
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class Status:
     counts: Mapping[str, int] = field(default_factory=dict)  # "now", "upcoming", "rejected" at the last pass
     sftp: Mapping[str, Any] | None = None  # the SFTP service (hosts/sftp.py SftpStatus.to_json); None: off
     images: Mapping[str, Any] | None = None  # images prepared ahead (hosts/images.py ImagePreparer.snapshot)
+    rejected: tuple[RejectedBooking, ...] = ()  # refused bookings with their reasons (outbox/timeline.py)
 
     @property
     def main(self) -> HostStatus:
@@ -99,14 +111,17 @@ class Status:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Status:
-        hosts = tuple(HostStatus(name=h["name"], gpus=GpuSummary(**h["gpus"]),
+        hosts = tuple(HostStatus(name=h["name"], gpus=GpuSummary(**{**h["gpus"], "indices": tuple(
+                                     h["gpus"].get("indices", ()))}),
                                  running=tuple(RunningBooking(**{**r, "gpus": tuple(r["gpus"])}) for r in h["running"]),
-                                 next=tuple(NextBooking(**{**n, "gpus": tuple(n["gpus"])}) for n in h["next"]))
+                                 next=tuple(NextBooking(**{**n, "gpus": tuple(n["gpus"])}) for n in h["next"]),
+                                 timeline=tuple(GpuTimeline.from_json(t) for t in h.get("timeline", ())))
                       for h in data.get("hosts", ()))
         known = {k: data.get(k) for k in ("updated", "pid", "last_poll", "last_poll_ok", "outage", "outage_since")}
         return cls(hosts=hosts, problems=tuple(data.get("problems", ())), findings=tuple(data.get("findings", ())),
                    recent_warnings=tuple(data.get("recent_warnings", ())), counts=data.get("counts", {}),
-                   sftp=data.get("sftp"), images=data.get("images"), **known)
+                   sftp=data.get("sftp"), images=data.get("images"),
+                   rejected=tuple(RejectedBooking(**r) for r in data.get("rejected", ())), **known)
 
     def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
         """The same status with what runs now, as the engine lists it (ports from State where a label lacks one)."""
@@ -204,7 +219,8 @@ def running_booking(info: ContainerInfo, *, ports: Mapping[str, int]) -> Running
         state = f"armed: SSH opens at {info.start.astimezone(UTC):%H:%M:%S} UTC"
     return RunningBooking(booking=info.booking_id, user=info.user, gpus=info.gpus, state=state,
                           port=info.port or ports.get(info.booking_id),
-                          end=info.end.isoformat() if info.end else None, container=info.name)
+                          end=info.end.isoformat() if info.end else None, container=info.name,
+                          template=info.template, start=info.start.isoformat() if info.start else None)
 
 
 def next_bookings(plan: Plan, *, now: datetime, host: str) -> tuple[NextBooking, ...]:
@@ -228,12 +244,19 @@ def iso(moment: datetime | None) -> str | None:
 
 
 def hosts_status(summaries: Mapping[str, GpuSummary], *, plan: Plan, now: datetime,
-                 containers: Sequence[ContainerInfo] = (), ports: Mapping[str, int] | None = None
-                 ) -> tuple[HostStatus, ...]:
-    """Each host's status from its GPUs, the plan (next bookings) and the containers running there."""
+                 containers: Sequence[ContainerInfo] = (), ports: Mapping[str, int] | None = None,
+                 held: Mapping[str, str] | None = None, records: Sequence[ContainerRecord] = (),
+                 previous: Status | None = None) -> tuple[HostStatus, ...]:
+    """Each host's status from its GPUs, the plan (next bookings, timelines) and the containers
+    running there; `held`, `records` and `previous` as `timeline.gpu_timelines` takes them (the
+    previous status's timelines keep placing bookings that ended and left the calendar window)."""
     running = _by_host([info for info in containers if info.running], ports=ports or {})
+    before = {h.name: gpus_of(h.timeline) for h in previous.hosts} if previous is not None else {}
     return tuple(HostStatus(name=name, gpus=gpus, running=running.get(name, ()),
-                            next=next_bookings(plan, now=now, host=name))
+                            next=next_bookings(plan, now=now, host=name),
+                            timeline=gpu_timelines(plan, host=name, gpus=gpus.gpu_indices, now=now,
+                                                   containers=containers, held=held, records=records,
+                                                   known_gpus=before.get(name)))
                  for name, gpus in summaries.items())
 
 
