@@ -11,8 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from waitress import wasyncore
 from waitress.server import create_server
 
 from runtime.errors import ConfigError
@@ -58,8 +59,12 @@ class WebServer:
     address: str
 
     def stop(self) -> None:
-        self.server.close()  # type: ignore[attr-defined]
+        """Close every socket from the server's own thread (closed from here, its select() would
+        meet a closed descriptor), wait for it, then end the worker threads."""
+        server: Any = self.server
+        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
         self.thread.join(timeout=10)
+        server.task_dispatcher.shutdown()
 
 
 def start(config: Config, *, status: Callable[[], Status | None],
