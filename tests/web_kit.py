@@ -4,6 +4,9 @@ many generated bookings, the page served by the real waitress server on a free l
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -15,6 +18,7 @@ from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL, Accepted, Plan
 from scheduler.outbox import status, timeline
 from scheduler.outbox.web import serve
+from scheduler.state.records import ContainerRecord
 
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"
 
@@ -37,7 +41,7 @@ def rejection(booking_id: str, *, user: str, start: datetime, reason: str) -> Re
 
 def generated_plan(now: datetime, *, bookings: int = 1000, gpus: int = 8, rejected: int = 50) -> Plan:
     """`bookings` one-GPU bookings back to back from a week back to a week ahead, round the GPUs,
-    with `rejected` refusals: a busy lab's fortnight."""
+    with `rejected` refusals: a busy lab's fortnight (`ended_records` gives the past ones' runs)."""
     first = now.replace(minute=0, second=0, microsecond=0) - timedelta(days=7)
     per_gpu = -(-bookings // gpus)
     length = timedelta(days=14) / per_gpu
@@ -48,6 +52,13 @@ def generated_plan(now: datetime, *, bookings: int = 1000, gpus: int = 8, reject
                               reason=f"GPU {n % gpus} is taken by gen{n:04d}@lab at that time")
                     for n in range(rejected))
     return Plan(accepted=tuple(made), rejected=refused, next_wakeup=None)
+
+
+def ended_records(plan: Plan, *, now: datetime) -> list[ContainerRecord]:
+    """State's records of the plan's bookings that ended before `now`: each ran its whole time."""
+    return [ContainerRecord(id=n, booking_id=a.booking.id, name=f"gpubook-{n}", user=a.booking.user, gpu_count=1,
+                            started_at=a.booking.start, stopped_at=a.booking.end, exit_reason="ended", restarts=0)
+            for n, a in enumerate(plan.accepted) if a.booking.end <= now]
 
 
 def status_of(plan: Plan, *, now: datetime, gpus: int = 8, **kwargs: Any) -> status.Status:
@@ -85,3 +96,38 @@ def served(config: Config, report: status.Status | None, *,
 
 def now_utc() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@contextmanager
+def browser(*, timezone: str = "Europe/Paris", width: int = 1280, height: int = 1000) -> Iterator[Any]:
+    """Debian's Chromium, headless, driven by selenium through Debian's chromium-driver (no
+    driver download), in `timezone` (the page must show times in the browser's zone)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="gpubook-chromium-")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--no-first-run", f"--window-size={width},{height}", f"--user-data-dir={profile}"):
+        options.add_argument(argument)
+    service = Service(executable_path=CHROMEDRIVER, env={**os.environ, "TZ": timezone})
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def rendered(driver: Any, url: str) -> Any:
+    """Load `url` and wait for the page's script to have drawn it."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+    WebDriverWait(driver, 30).until(lambda d: d.find_element("tag name", "body").get_attribute("data-rendered"))
+    return driver

@@ -22,12 +22,13 @@ function localTimes(root) {
   if (zone) zone.textContent = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
 }
 
+// "day": today; "week": this week, Monday to Monday; "next": the week after (the daemon plans a week ahead).
 function span(which, now) {
   const start = new Date(now);
   start.setHours(0, 0, 0, 0);
-  if (which === "week") start.setDate(start.getDate() - ((start.getDay() + 6) % 7));  // Monday
+  if (which !== "day") start.setDate(start.getDate() - ((start.getDay() + 6) % 7) + (which === "next" ? 7 : 0));
   const end = new Date(start);
-  end.setDate(end.getDate() + (which === "week" ? 7 : 1));
+  end.setDate(end.getDate() + (which === "day" ? 1 : 7));
   return [start, end];
 }
 
@@ -41,10 +42,10 @@ function element(tag, className, text) {
 function ticks(track, which, from, to) {
   const step = new Date(from);
   while (step < to) {
-    const tick = element("span", "tick", which === "week" ? dayName.format(step) : clock.format(step));
+    const tick = element("span", "tick", which === "day" ? clock.format(step) : dayName.format(step));
     tick.style.left = (100 * (step - from) / (to - from)) + "%";
     track.appendChild(tick);
-    if (which === "week") step.setDate(step.getDate() + 1); else step.setHours(step.getHours() + 3);
+    if (which === "day") step.setHours(step.getHours() + 3); else step.setDate(step.getDate() + 1);
   }
 }
 
