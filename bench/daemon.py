@@ -1,7 +1,7 @@
 """The daemon's figures: start-to-login latency, idle RSS and CPU, plan+reconcile time. Prints them.
 
     PYTHONPATH=. python bench/daemon.py latency [--bookings 20]      # real Radicale + rootless podman
-    PYTHONPATH=. python bench/daemon.py idle [--seconds 300]         # `gpubook run`, poll every 30 s
+    PYTHONPATH=. python bench/daemon.py idle [--seconds 300] [--web] # `gpubook run`, poll every 30 s
     PYTHONPATH=. python bench/daemon.py plan [--bookings 1000 --gpus 100]
 
 latency: bookings made through CalDAV, one after the other; `gpubook run` as a real process; for
@@ -21,6 +21,7 @@ import argparse
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import paramiko  # noqa: E402
+import requests  # noqa: E402
 
 from runtime.engines import ContainerInfo, container_name  # noqa: E402
 from scheduler.config import parse  # noqa: E402
@@ -111,7 +113,7 @@ def latency(count: int) -> None:
 # -- idle --------------------------------------------------------------------------------------
 
 
-def idle(seconds: float) -> None:
+def idle(seconds: float, *, web: bool = False) -> None:
     from tests import servers
     from tests.daemon_kit import DaemonProcess, book, write_config
 
@@ -121,6 +123,8 @@ def idle(seconds: float) -> None:
             servers.running(servers.radicale) as radicale:
         calendar = radicale.new_calendar()
         config = write_config(Path(folder), str(calendar.url), keys={"alice": key}, poll_seconds=30)
+        if web:  # the status page served by the daemon, asked for once a second meanwhile (a browser's tab)
+            config.write_text(config.read_text() + '\n[web]\nenabled = true\nlisten = "127.0.0.1:0"\n')
         tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
         book(calendar, "tomorrow@gpubook", user="alice", start=tomorrow, end=tomorrow + timedelta(hours=2))
         daemon = DaemonProcess(config).start()
@@ -142,16 +146,31 @@ def idle(seconds: float) -> None:
 
             began, cpu_before = time.monotonic(), cpu()
             peak = rss_mb()
+            page = _page_url(daemon) if web else None
             while time.monotonic() - began < seconds:
                 time.sleep(1)
+                if page is not None and int(time.monotonic() - began) % 15 == 0:
+                    requests.get(page, timeout=10).raise_for_status()
                 peak = max(peak, rss_mb())
             wall = time.monotonic() - began
             own, children = (after - before for after, before in zip(cpu(), cpu_before, strict=True))
         finally:
             daemon.stop()
-    print(f"idle daemon over {wall:.0f} s, poll every 30 s: RSS max {peak:.1f} MB (target <= 80 MB), "
+    print(f"idle daemon{' serving the status page (asked every 15 s)' if web else ''} over {wall:.0f} s, "
+          f"poll every 30 s: RSS max {peak:.1f} MB (target <= 80 MB), "
           f"CPU {own:.2f} s = {100 * own / wall:.2f} % of one core, with the podman commands it ran "
           f"{own + children:.2f} s = {100 * (own + children) / wall:.2f} % (target <= 1 %)")
+
+
+def _page_url(daemon) -> str:  # type: ignore[no-untyped-def]
+    """The page's address, as the daemon logs it (port 0: one it chose)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = re.search(r"status page on (http://\S+/)", daemon.tail())
+        if found:
+            return found[1]
+        time.sleep(0.5)
+    raise RuntimeError(f"the daemon did not serve its page:\n{daemon.tail()}")
 
 
 # -- plan + reconcile --------------------------------------------------------------------------
@@ -204,6 +223,7 @@ def main() -> None:
     parser.add_argument("--bookings", type=int, help="latency: bookings (20); plan: bookings (1000)")
     parser.add_argument("--gpus", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=300.0, help="idle: how long to measure (300)")
+    parser.add_argument("--web", action="store_true", help="idle: with [web] enabled, the page asked every 15 s")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     if args.what in ("plan", "all"):
@@ -211,7 +231,7 @@ def main() -> None:
     if args.what in ("latency", "all"):
         latency(args.bookings or 20)
     if args.what in ("idle", "all"):
-        idle(args.seconds)
+        idle(args.seconds, web=args.web)
 
 
 if __name__ == "__main__":

@@ -65,9 +65,23 @@ def _host(host: HostStatus, *, viewer: str | None, host_name: str, live: LiveGpu
                  "note": redacted(host.gpus.note or "")},
         "live": _live(live),
         "running": [_running(r, viewer=viewer, host_name=host_name) for r in host.running],
+        "held": _held(host),
         "next": [asdict(n) | {"gpus": list(n.gpus)} for n in host.next],
         "timeline": timeline,
     }
+
+
+def _held(host: HostStatus) -> list[dict[str, Any]]:
+    """The bookings that should run and do not (decide's holds), once each, with why."""
+    held: dict[str, dict[str, Any]] = {}
+    for lane in host.timeline:
+        for segment in lane.segments:
+            if segment.kind == "held":
+                row = held.setdefault(segment.booking, {
+                    "booking": segment.booking, "user": segment.user, "gpus": [], "start": segment.start,
+                    "end": segment.end, "reason": redacted(segment.note)})
+                row["gpus"].append(lane.gpu)
+    return list(held.values())
 
 
 def _live(live: LiveGpus | None) -> dict[str, Any] | None:
@@ -75,6 +89,11 @@ def _live(live: LiveGpus | None) -> dict[str, Any] | None:
         return None
     return {"gpus": [asdict(g) for g in live.gpus], "problem": live.problem,
             "read_at": datetime.fromtimestamp(live.read_at, UTC).isoformat() if live.read_at else None}
+
+
+def _summary(counts: Mapping[str, int]) -> str:
+    return (f"{counts.get('now', 0)} booking(s) now, {counts.get('upcoming', 0)} upcoming, "
+            f"{counts.get('rejected', 0)} refused")
 
 
 def page_data(status: Status | None, *, viewer: str | None, host_name: str, now: datetime,
@@ -92,7 +111,7 @@ def page_data(status: Status | None, *, viewer: str | None, host_name: str, now:
         stale = (f"the status is from {status.updated} (UTC): the daemon has not finished a pass since; "
                  f"is it running?")
     return {
-        "now": now.isoformat(), "viewer": viewer, "stale": stale, "summary": status.line(),
+        "now": now.isoformat(), "viewer": viewer, "stale": stale, "summary": _summary(status.counts),
         "updated": status.updated, "last_poll": status.last_poll, "last_poll_ok": status.last_poll_ok,
         "outage": redacted(status.outage) if status.outage else None, "outage_since": status.outage_since,
         "counts": dict(status.counts),
