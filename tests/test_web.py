@@ -229,3 +229,15 @@ def test_a_thousand_bookings_make_a_file_and_page_of_bounded_size(tmp_path: Path
         page = requests.get(url + "/", timeout=30)
     assert page.status_code == 200 and "gen0999@lab" in page.text
     assert len(text) < 2_000_000 and len(page.text) < 2_000_000
+
+
+def test_calendar_text_is_shown_as_text_never_as_markup(tmp_path: Path) -> None:
+    """A booking id, user or reason comes from a calendar: it must not become HTML or script."""
+    hostile = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    report = status_of(Plan(accepted=(), rejected=(rejection(f"x{hostile}@lab", user="erin", start=NOW,
+                                                                reason=f"refused: {hostile}"),), next_wakeup=None),
+                       now=NOW, gpus=1)
+    with served(web_config(tmp_path), report) as url:
+        page = requests.get(url + "/", timeout=10).text
+    assert "<script>alert" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the table shows it, escaped

@@ -116,9 +116,12 @@ class Access:
 
     def _from_proxy(self, environ: WSGIEnvironment) -> str | Refusal:
         try:
-            peer = ipaddress.ip_address(environ.get("REMOTE_ADDR", ""))
+            peer: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(
+                environ.get("REMOTE_ADDR", ""))
         except ValueError:
             peer = None
+        if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+            peer = peer.ipv4_mapped  # an IPv4 proxy reaching a dual-stack listen address
         if peer is None or not any(peer in network for network in self.proxies):
             log.warning("web: refused a request from %s, which is not a trusted proxy", environ.get("REMOTE_ADDR"))
             return Refusal("403 Forbidden", "this page is reached through its reverse proxy only")
