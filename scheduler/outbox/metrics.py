@@ -30,7 +30,7 @@ from typing import Any, ParamSpec, Protocol, runtime_checkable
 from wsgiref.types import WSGIApplication
 
 import paramiko
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -61,6 +61,11 @@ SSH_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 POLL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 P = ParamSpec("P")
+
+# No `_created` series: in the text format Prometheus stores each as a gauge of its own, doubling the
+# series of every counter and histogram for no panel. (A process-wide switch; gpubook's process has no
+# other metrics.)
+disable_created_metrics()
 
 
 @runtime_checkable
