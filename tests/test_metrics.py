@@ -24,11 +24,12 @@ from runtime.nvidia.model import Gpu
 from runtime.nvidia.nvml import NvmlView
 from runtime.ssh import ForeignHostKey
 from runtime.templates import get_template
+from scheduler.daemon import Daemon
 from scheduler.hosts.images import ImagePreparer
 from scheduler.outbox import metrics
 from scheduler.outbox.status import GpuSummary, HostStatus, RunningBooking, Status
 from scheduler.state import State, StateError
-from tests.daemon_kit import IdleEngine
+from tests.daemon_kit import IdleEngine, in_process_daemon
 
 USERS = frozenset({"alice", "bob"})
 
@@ -265,3 +266,42 @@ def test_wsgi_app_serves_the_text_format_over_http(usage: UsageState) -> None:
     assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     names = {f.name for f in text_string_to_metric_families(answer.text)}
     assert {"gpubook_bookings", "gpubook_gpu_utilisation_ratio", "gpubook_start_ssh_seconds"} <= names
+
+
+class GpuDaemon(Daemon):
+    """The daemon on a host with two GPUs, as NVML would show them (there is no GPU here)."""
+
+    def _gpu_view(self) -> NvmlView:
+        return two_gpus()
+
+
+def test_the_daemon_observes_polls_and_calendar_errors_and_reads_no_gpu(tmp_path: Path) -> None:
+    """The daemon's own wiring, in-process on an idle engine: its calendar (port 9) never answers."""
+    daemon = in_process_daemon(tmp_path)
+    try:
+        daemon.poll()
+        daemon.poll()
+        families = scrape(daemon.metrics)
+    finally:
+        daemon.passes.close()
+        daemon.state.close()
+    assert value(families["gpubook_calendar_errors"], "gpubook_calendar_errors_total",
+                 calendar="http://127.0.0.1:9/cal/", cause="unreachable") == 2
+    assert value(families["gpubook_poll_duration_seconds"], "gpubook_poll_duration_seconds_count") == 2
+    assert value(families["gpubook_pass_duration_seconds"], "gpubook_pass_duration_seconds_count") == 2
+    assert value(families["gpubook_calendar_outage"], "gpubook_calendar_outage") == 1
+    assert {s.labels["state"]: s.value for s in families["gpubook_bookings"]} == dict.fromkeys(
+        metrics.BOOKING_STATES, 0)
+    assert not [name for name in families if name.startswith("gpubook_gpu_")]  # no GPU here: no GPU series
+
+
+def test_the_daemon_serves_each_gpu_where_nvml_lists_some(tmp_path: Path) -> None:
+    daemon = in_process_daemon(tmp_path, kind=GpuDaemon)
+    try:
+        daemon.poll()
+        families = scrape(daemon.metrics)
+    finally:
+        daemon.passes.close()
+        daemon.state.close()
+    assert {s.labels["uuid"]: s.value for s in families["gpubook_gpu_utilisation_ratio"]} == {
+        "GPU-aaaa": 0.37, "GPU-bbbb": 0.0}
