@@ -4,7 +4,9 @@ that never raises. The daemon end to end is tests/test_metrics_daemon.py."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -32,6 +34,7 @@ from scheduler.state import State, StateError
 from tests.daemon_kit import IdleEngine, in_process_daemon
 
 USERS = frozenset({"alice", "bob"})
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class UsageState(State):
@@ -305,3 +308,32 @@ def test_the_daemon_serves_each_gpu_where_nvml_lists_some(tmp_path: Path) -> Non
         daemon.state.close()
     assert {s.labels["uuid"]: s.value for s in families["gpubook_gpu_utilisation_ratio"]} == {
         "GPU-aaaa": 0.37, "GPU-bbbb": 0.0}
+
+
+def dashboard_exprs() -> list[str]:
+    data = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in data["panels"] for target in panel.get("targets", ())]
+    exprs += [v["definition"] for v in data["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+def test_the_grafana_dashboard_names_only_metrics_the_registry_exposes(usage: UsageState) -> None:
+    data = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    variables = {v["name"]: v for v in data["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    panels = [p for p in data["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in data["panels"]}) == len(data["panels"])
+    assert all(p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for p in panels)
+    made = metrics.Metrics(status=status, usage=usage, users=lambda: USERS, gpus=two_gpus)
+    made.started(seconds_to_ssh=1.0)
+    made.polled(seconds=0.1)
+    made.passed(seconds=0.1)
+    made.calendar_failed(url="http://cal.lab/", cause="connection refused")
+    exposed = {sample.name for samples in scrape(made).values() for sample in samples}
+    named = {name for expr in dashboard_exprs() for name in re.findall(r"\bgpubook_[a-z_]+", expr)}
+    assert named and named <= exposed, named - exposed
+    wanted = ("gpubook_gpu_utilisation_ratio", "gpubook_gpu_memory_used_bytes", "gpubook_bookings",
+              "gpubook_booked_gpu_seconds_total", "gpubook_used_gpu_seconds_total", "gpubook_calendar_errors_total",
+              "gpubook_poll_duration_seconds_bucket", "gpubook_failed_starts_total")
+    assert set(wanted) <= named
+    assert any("histogram_quantile" in e and "gpubook_start_ssh_seconds_bucket" in e for e in dashboard_exprs())
