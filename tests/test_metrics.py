@@ -32,6 +32,7 @@ from scheduler.outbox import metrics
 from scheduler.outbox.status import GpuSummary, HostStatus, RunningBooking, Status
 from scheduler.state import State, StateError
 from tests.daemon_kit import IdleEngine, in_process_daemon
+from tests.test_images_prepare import lab_preparer, recording
 
 USERS = frozenset({"alice", "bob"})
 ROOT = Path(__file__).resolve().parents[1]
@@ -337,3 +338,23 @@ def test_the_grafana_dashboard_names_only_metrics_the_registry_exposes(usage: Us
               "gpubook_poll_duration_seconds_bucket", "gpubook_failed_starts_total")
     assert set(wanted) <= named
     assert any("histogram_quantile" in e and "gpubook_start_ssh_seconds_bucket" in e for e in dashboard_exprs())
+
+
+def test_each_pull_is_counted_by_its_outcome(tmp_path: Path) -> None:
+    """The real PodmanEngine with only its process runner recorded (tests/test_images_prepare.py):
+    a pull that works, then one the registry refuses."""
+    made = metrics.Metrics(status=lambda: None)
+    for folder, fails in (("ok", None), ("refused", "Error: reading manifest 1 in registry.example/lab/x: "
+                                                    "unauthorized: authentication required")):
+        (tmp_path / folder).mkdir()
+        engine = recording()
+        engine.answers.pull_fails = fails
+        template, done, preparer = lab_preparer(tmp_path / folder, engine)
+        preparer.on_pull = made.image_pulled
+        try:
+            preparer.want({"b": template}, now=datetime.now(UTC))
+            assert done.acquire(timeout=30)
+        finally:
+            preparer.close()
+    pulls = scrape(made)["gpubook_image_pulls"]
+    assert {s.labels["outcome"]: s.value for s in pulls if s.value} == {"pulled": 1, "refused": 1}
