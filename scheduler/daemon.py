@@ -44,6 +44,7 @@ from runtime import gpus as gpu_inventory
 from runtime.engines import Engine
 from runtime.errors import ConfigError, GpubookError
 from runtime.images import Ledger
+from runtime.nvidia import nvml
 from runtime.private import private_folder, write_private
 from runtime.templates import TemplateSet, load_all
 from scheduler import config as config_module
@@ -53,7 +54,7 @@ from scheduler.core.plan import LOCAL
 from scheduler.hosts import sftp as sftp_host
 from scheduler.hosts.images import ImagePreparer
 from scheduler.hosts.local import LocalHost
-from scheduler.outbox import notices, status, timeline
+from scheduler.outbox import metrics, notices, status, timeline
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
 from scheduler.sources.errors import CalendarError, redact_url
@@ -155,8 +156,13 @@ class Daemon:
         self._clock = ClockWatch()
         self.sftp: sftp_host.SftpService | None = None
         self.images: ImagePreparer | None = None
-        self.last_status: status.Status | None = None  # what the status page shows
+        self.last_status: status.Status | None = None  # the last pass's, for the metrics and the web page
         self.web: WebServer | None = None
+        # TODO(merge, H-usage): State gains gpu_hours_booked_by_user/gpu_hours_used_by_user in
+        # scheduler/state/usage.py; once merged, pass `usage=self.state` (this guard then always holds).
+        usage = self.state if isinstance(self.state, metrics.UsageSource) else None
+        self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=usage,
+                                       users=lambda: self.config.users.keys(), gpus=self._gpu_view)
         self._build(config)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
@@ -181,6 +187,7 @@ class Daemon:
         self.images = ImagePreparer(engine=self.engine, ledger=Ledger(self.state_dir / "images.json"),
                                     auth_file=config.images.auth_file, min_free_gb=config.images.min_free_gb,
                                     workers=config.images.workers, on_done=self._soon)
+        self.images.on_pull = self.metrics.image_pulled
         local = LocalHost(
             engine=self.engine, gpus=inventory_indices(inventory),
             driver_version=inventory.driver_version if inventory.source == "nvml" else None,
@@ -188,7 +195,7 @@ class Daemon:
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
             mps=config.gpu_mps, images=self.images, parallel_starts=config.daemon.parallel_starts)
         self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
-                           notices=notices.Notices.from_config(config))
+                           notices=notices.Notices.from_config(config), metrics=self.metrics)
         # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
         self.passes.on_settled = self._soon
         self.calendars = Calendars(config)
@@ -218,14 +225,31 @@ class Daemon:
 
     # -- passes --------------------------------------------------------------------------------
 
+    def _gpu_view(self) -> nvml.NvmlView:
+        """NVML's live view for the metrics; nothing to read (and no NVML call) without a driver."""
+        if self.inventory.source != "nvml":
+            return nvml.NvmlView(None, problem="no NVIDIA driver")
+        return nvml.read(status=True)
+
     def poll(self) -> None:
         """Read the calendars, then run a pass. A CalendarError keeps the last known bookings."""
+        began = time.monotonic()
+        try:
+            self._poll()
+        finally:
+            self.metrics.polled(seconds=time.monotonic() - began)
+
+    def _poll(self) -> None:
         now = datetime.now(UTC)
         try:
             reading = self.calendars.read(now=now)
         except CalendarError as error:
+            for calendar in self.config.calendars:  # read() raises only when every calendar failed
+                self.metrics.calendar_failed(url=calendar.url, cause=str(error))
             self._outage(str(error), now)
         else:
+            for url, cause in reading.failures.items():
+                self.metrics.calendar_failed(url=url, cause=cause)
             with self._lock:
                 self.calendar.occurrences = reading.occurrences
                 self.calendar.etags = reading.etags
@@ -291,11 +315,13 @@ class Daemon:
         with self._lock:
             now = datetime.now(UTC)
             may_start, stale_reason = self._fresh(now)
+            began = time.monotonic()
             try:
                 result = self.passes.run(self.calendar.occurrences, now=now, may_start=may_start,
                                          stale_reason=stale_reason, etags=self.calendar.etags,
                                          stale_calendars=self._stale_calendars(now) if may_start else {},
                                          complete=all(c.url in self.calendar.read_at for c in self.config.calendars))
+                self.metrics.passed(seconds=time.monotonic() - began)
             except GpubookError as error:  # the engine itself failing: try again soon
                 log.error("reconcile pass failed: %s; retrying in 10 s", error)
                 self._wake_at(now + timedelta(seconds=10))
@@ -336,7 +362,8 @@ class Daemon:
         from scheduler.outbox.web import serve
 
         try:
-            return serve.start(self.config, status=lambda: self.last_status)
+            mounts = {"/metrics": metrics.wsgi_app(self.metrics)} if self.config.web.metrics else None
+            return serve.start(self.config, status=lambda: self.last_status, mounts=mounts)
         except GpubookError as error:
             log.error("the status page does not start: %s", error)
             self._event(f"the status page does not start: {error}", level="error")

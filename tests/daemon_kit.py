@@ -36,7 +36,9 @@ def port_range(size: int = 20) -> tuple[int, int]:
     import socket
 
     for _ in range(200):
-        base = 20000 + secrets.randbelow(9000) * 4
+        # Below the kernel's ephemeral range (32768-60999): no outgoing connection's local port, nor
+        # another test's free_port() pick, can take a booking's port between its arming and its start.
+        base = 20000 + secrets.randbelow(3000) * 4
         free = True
         for port in range(base, base + size):
             with socket.socket() as probe:
@@ -163,7 +165,24 @@ def wait_for(what: str, check: Callable[[], T | None], *, timeout: float, interv
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}\n"
-                         + (f"daemon log:\n{daemon.tail()}" if daemon else ""))
+                         + (f"daemon log:\n{daemon.tail()}\n" if daemon else "") + _bookings_logs())
+
+
+def _bookings_logs() -> str:
+    """The end of each booking container's log (an armed container's sshd, say), for a failure message."""
+    import subprocess
+
+    parts = []
+    try:
+        listed = subprocess.run(["podman", "ps", "-a", "--filter", "label=gpubook.booking", "--format",
+                                 "{{.Names}} {{.Status}}"], capture_output=True, text=True, timeout=30, check=False)
+        for line in listed.stdout.splitlines():
+            logs = subprocess.run(["podman", "logs", "--tail", "15", line.split()[0]], capture_output=True,
+                                  text=True, timeout=30, check=False)
+            parts.append(f"container {line}:\n{logs.stdout}{logs.stderr}")
+    except (OSError, subprocess.SubprocessError) as error:
+        parts.append(f"(no container logs: {error})")
+    return "\n".join(parts)
 
 
 def try_login(port: int, user: str, key: paramiko.PKey, *, timeout: float = 3) -> paramiko.SSHClient | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -11,7 +12,7 @@ from pathlib import Path
 import caldav
 import pytest
 
-from tests import servers
+from tests import safe_data, servers
 
 pytestmark = pytest.mark.caldav
 
@@ -145,8 +146,10 @@ def test_demo_runs_on_embedded_defaults() -> None:
 def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
     """The README's first command, without the Ctrl-C: the daemon starts the demo booking, SSH answers
     with the demo's key (and sudo works), then everything is stopped and removed."""
+    # The demo's data go where ./quickstart mounted the test path's nosuid,nodev tmpfs.
+    env = {**os.environ, "GPUBOOK_DEMO_DATA_ROOT": str(safe_data.MOUNT)}
     done = subprocess.run([sys.executable, "-m", "scheduler.commands.cli", "demo", "--until-ready"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, check=False)
+                          capture_output=True, text=True, timeout=600, check=False, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Your booking is up" in done.stdout
     line = next(line for line in done.stdout.splitlines() if line.strip().startswith("ssh -i "))

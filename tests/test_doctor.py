@@ -95,3 +95,24 @@ def test_doctor_names_a_busy_sftp_port_and_users_the_service_cannot_serve(tmp_pa
     assert not check.ok
     assert "user root: the name is one of the service's own accounts" in check.detail
     assert "user carol: no ssh_keys" in check.detail and "dave" not in check.detail
+
+
+def test_doctor_names_ssh_ports_inside_the_ephemeral_range_with_the_host_network(tmp_path: Path) -> None:
+    """With the host network a booking's sshd binds its port only at the booking's start (an armed
+    container waits): an outgoing connection's local port taken from the same range meanwhile
+    steals it. Doctor says so where the ranges overlap, and not where they do not."""
+    ephemeral = tmp_path / "ip_local_port_range"
+    ephemeral.write_text("32768\t60999\n")
+
+    def config(ports: str, network: str) -> config_module.Config:
+        path = tmp_path / f"{network}-{ports}.toml"
+        low, high = ports.split("-")
+        path.write_text(f'[[calendar]]\nurl = "http://127.0.0.1:9/cal/"\n[engine]\nnetwork = "{network}"\n'
+                        f'[ssh]\nport_min = {low}\nport_max = {high}\n')
+        return config_module.load(path)
+
+    inside = doctor_module.ports_check(config("40000-40099", "host"), ephemeral=ephemeral)
+    assert not inside.ok and "overlap the kernel's ephemeral range 32768-60999" in inside.detail
+    assert inside.fix is not None and "below 32768" in inside.fix
+    assert doctor_module.ports_check(config("2200-2299", "host"), ephemeral=ephemeral).ok
+    assert doctor_module.ports_check(config("32000-32768", "private"), ephemeral=ephemeral).ok  # held at start

@@ -23,6 +23,7 @@ from scheduler.config import Config, UserConfig
 from scheduler.core import decide
 from scheduler.core.bookings import Booking
 from scheduler.hosts import Booker, Host, StartRequest
+from scheduler.outbox.metrics import Metrics
 from scheduler.outbox.writeback import RUNNING_LINES, start_lines
 from scheduler.state import ContainerRecord, State, StateError
 
@@ -69,9 +70,9 @@ def record_stop(state: State, *, name: str, booking_id: str, reason: str, now: d
 
 class StartHandler:
     def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
-                 recall: Recall, journal: Journal) -> None:
+                 recall: Recall, journal: Journal, metrics: Metrics | None = None) -> None:
         self.config, self.hosts, self.state, self.templates = config, hosts, state, templates
-        self.recall, self.journal = recall, journal
+        self.recall, self.journal, self.metrics = recall, journal, metrics
 
     def __call__(self, action: decide.Start, *, now: datetime) -> Change:
         accepted = action.accepted
@@ -110,6 +111,8 @@ class StartHandler:
             self._forget_armed(booking.id)
             raise
         self._forget_armed(booking.id)
+        if self.metrics is not None:
+            self.metrics.started(seconds_to_ssh=started.seconds_to_ssh)
         record = self.state.container_started(booking.id, started.info.name, user=user.name,
                                               gpu_count=len(accepted.gpus), at=now)
         self._note_lines(booking.id, start_lines(template, started.jupyter, driver_version=host.driver_version,
@@ -154,6 +157,8 @@ class StartHandler:
 
     def _refuse(self, booking_id: str, reason: str) -> None:
         self.recall.refused[booking_id] = reason
+        if self.metrics is not None:
+            self.metrics.start_failed(reason="refused")
         self.journal.say(booking_id, f"rejected at its start: {reason}", now=None, level="warning")
 
 

@@ -67,6 +67,7 @@ from scheduler.core.bookings import Booking, Rejection
 from scheduler.hosts import Host
 from scheduler.hosts.images import ImagePreparer
 from scheduler.outbox import notices as notices_module
+from scheduler.outbox.metrics import Metrics, start_failure_reason
 from scheduler.outbox.writeback import Remarks, WriteBack
 from scheduler.state import ContainerRecord, State, StateError
 
@@ -133,8 +134,11 @@ class Pass:
     """The daemon's hands: one `run` per pass, with the handlers built once."""
 
     def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
-                 notices: Callable[[notices_module.Message], None] | None = None) -> None:
+                 notices: Callable[[notices_module.Message], None] | None = None,
+                 metrics: Metrics | None = None) -> None:
+        """`metrics`: the daemon's, told of each start's SSH latency and each failed start."""
         self.config = config
+        self.metrics = metrics
         self.hosts = dict(hosts)
         self.state = state
         self.templates = templates
@@ -147,7 +151,7 @@ class Pass:
         self.stop = StopHandler(hosts=hosts_, state=state, journal=journal)
         self.handlers: dict[type, Callable[..., Change]] = {
             decide.Start: StartHandler(config, hosts=hosts_, state=state, templates=templates, recall=self.recall,
-                                       journal=journal),
+                                       journal=journal, metrics=metrics),
             decide.Stop: self.stop,
             decide.Clear: ClearHandler(hosts=hosts_, state=state, journal=journal),
             decide.Disarm: DisarmHandler(hosts=hosts_, state=state, journal=journal),
@@ -367,6 +371,8 @@ class Pass:
             permanent = getattr(error, "temporary", True) is False
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             result.failures[booking_id or "?"] = reason
+            if isinstance(action, decide.Start) and self.metrics is not None:
+                self.metrics.start_failed(reason=start_failure_reason(error))
             retry = f"retry in {PERMANENT_RETRY.seconds // 60} min" if permanent else "retry on the next pass"
             if booking_id:
                 self.recall.preparing.pop(booking_id, None)

@@ -10,6 +10,7 @@ import errno
 import os
 import socket
 from contextlib import closing
+from pathlib import Path
 
 from runtime import engines, gpus, network, sftp, ssh, storage
 from runtime.checks import Check, format_checks
@@ -121,6 +122,26 @@ def _sftp_checks(loaded: config_module.Config) -> list[Check]:
     return result
 
 
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ports_check(loaded: config_module.Config, *, ephemeral: Path = EPHEMERAL) -> Check:
+    """Bookings' SSH ports inside the kernel's ephemeral range can be taken by any outgoing connection
+    between the choice of a port and sshd's bind (with the host network: between arming and the start)."""
+    low, high = loaded.ssh.port_min, loaded.ssh.port_max
+    try:
+        first, last = (int(part) for part in ephemeral.read_text().split())
+    except (OSError, ValueError):
+        return Check("ssh ports", True, f"{low}-{high} (the kernel's ephemeral range could not be read)")
+    if high < first or low > last:
+        return Check("ssh ports", True, f"{low}-{high}, outside the ephemeral range {first}-{last}")
+    detail = (f"[ssh] port_min/port_max {low}-{high} overlap the kernel's ephemeral range {first}-{last}: "
+              "an outgoing connection can take a booking's port before its sshd listens")
+    if loaded.engine.network != "host":
+        return Check("ssh ports", True, detail + " (the private network holds it from the container's start)")
+    return Check("ssh ports", False, detail, f"choose [ssh] ports below {first} (the default is 2200-2299)")
+
+
 def checks(config_path: str | None) -> list[Check]:
     config_check, loaded = _config_check(config_path)
     result = [config_check]
@@ -138,6 +159,7 @@ def checks(config_path: str | None) -> list[Check]:
     if loaded is not None:
         result.extend(_calendar_checks(loaded))
         result.append(_storage_check(loaded))
+        result.append(ports_check(loaded))
         result.extend(_sftp_checks(loaded))
     return result
 

@@ -78,6 +78,8 @@ class ImagePreparer:
         self.auth_file = auth_file
         self.min_free = int(min_free_gb * GB)
         self.on_done = on_done  # told when a preparation ends (the daemon wakes a pass)
+        # Told each pull's outcome: "pulled", "present" (nothing to pull) or why it failed (images.REFUSED, ...).
+        self.on_pull: Callable[[str], None] | None = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubook-images")
         self._lock = threading.Lock()
         self._states: dict[str, Preparation] = {}
@@ -196,12 +198,25 @@ class ImagePreparer:
                 self.on_done()
 
     def _pull(self, template: Template) -> str:
-        """Make the template's image present; say which source served it."""
+        """Make the template's image present; say which source served it (and tell `on_pull`)."""
+        try:
+            detail, outcome = self._fetch(template)
+        except images.PullError as error:
+            self._told(error.reason)
+            raise
+        self._told(outcome)
+        return detail
+
+    def _told(self, outcome: str) -> None:
+        if self.on_pull is not None:
+            self.on_pull(outcome)
+
+    def _fetch(self, template: Template) -> tuple[str, str]:
         engine = self.engine
         reference = images.parse_reference(template.image)
         if not isinstance(engine, images.ImageEngine):  # a site's engine that cannot pull: present or not
             engine.ensure_image(overlay_image.base_image(template))
-            return "present"
+            return "present", "present"
         if self._storage is None:
             self._storage = engine.storage_path()
         if reference.registry == "localhost" and not template.mirror and not engine.image_exists(template.image):
@@ -214,7 +229,7 @@ class ImagePreparer:
         result = images.pull(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
         if result.source:
             self.ledger.add(result.image, kind="pulled", source=result.source)
-        return result.sentence()
+        return result.sentence(), "pulled" if result.source else "present"
 
     def _failed(self, template: Template, error: GpubookError) -> None:
         with self._lock:

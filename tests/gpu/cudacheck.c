@@ -4,6 +4,8 @@
  * it sees and checks each result. One line per device:
  *     device 0 GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx 0000:00:06.0 kernel ok
  * preceded by "devices N". Exit status 0 only when every device ran the kernel right.
+ * With CUDACHECK_BUSY_SECONDS=N in the environment it then keeps each device busy with the same
+ * kernel for N seconds (NVML's utilisation near 100 %), for the daemon's GPU sampling test.
  * Built by tests/gpu/prepare_daemon_bundle.sh (gcc, glibc of Debian 12); used by
  * tests/gpu/test_daemon_gpu.py, where the booker runs it over SSH. */
 #include <dlfcn.h>
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -129,6 +132,17 @@ static int run_on(int ordinal) {
     uint32_t *host = malloc(n * sizeof(uint32_t));
     if (host == NULL) return 1;
     CHECK(copy_back(host, out, n * sizeof(uint32_t)), "cuMemcpyDtoH");
+    const char *busy = getenv("CUDACHECK_BUSY_SECONDS");
+    if (busy != NULL && atof(busy) > 0) {
+        struct timespec began, now;
+        clock_gettime(CLOCK_MONOTONIC, &began);
+        do {
+            for (int i = 0; i < 200; i++)
+                CHECK(launch(kernel, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, params, NULL), "cuLaunchKernel");
+            CHECK(synchronize(), "cuCtxSynchronize");
+            clock_gettime(CLOCK_MONOTONIC, &now);
+        } while ((double)(now.tv_sec - began.tv_sec) + (now.tv_nsec - began.tv_nsec) / 1e9 < atof(busy));
+    }
     unsigned int wrong = 0;
     for (unsigned int i = 0; i < n; i++)
         if (host[i] != (uint32_t)(i * i + add)) wrong++;
