@@ -198,15 +198,21 @@ def write_config(folder: Path, state_folder: Path) -> Path:
     return path
 
 
+WINDOW = ["--from", "2026-11-01", "--to", "2026-12-01"]
+
+
 @pytest.mark.parametrize(("args", "says"), [
-    (["--from", "2026-11-31", "--to", "2026-12-01"], "--from '2026-11-31' is not a date (e.g. 2026-11-01) or an ISO 8601 time"),
-    (["--from", "2026-12-01", "--to", "2026-11-01"], "--to 2026-11-01 is not after --from 2026-12-01: the window is empty"),
-    (["--from", "2026-11-01", "--to", "2026-12-01", "--csv", "{tmp}/ok.csv", "--png", "{tmp}/none/r.png"],
+    (["--from", "2026-11-31", "--to", "2026-12-01"],
+     "--from '2026-11-31' is not a date (e.g. 2026-11-01) or an ISO 8601 time"),
+    (["--from", "2026-12-01", "--to", "2026-11-01"],
+     "--to 2026-11-01 is not after --from 2026-12-01: the window is empty"),
+    ([*WINDOW, "--csv", "{tmp}/ok.csv", "--png", "{tmp}/none/r.png"],
      "cannot write the PNG file {tmp}/none/r.png: the folder {tmp}/none does not exist"),
-    (["--from", "2026-11-01", "--to", "2026-12-01", "--csv", "{tmp}"], "cannot write the CSV file {tmp}: it is a folder"),
+    ([*WINDOW, "--csv", "{tmp}"], "cannot write the CSV file {tmp}: it is a folder"),
 ])
-def test_bad_input_is_one_sentence_and_writes_nothing(month: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      args: list[str], says: str) -> None:
+def test_bad_input_is_one_sentence_and_writes_nothing(month: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str], args: list[str],
+                                                      says: str) -> None:
     config = write_config(tmp_path, month.parent)
     given = [a.format(tmp=tmp_path) for a in args]
     assert cli.main(["report", *given, "--config", str(config)]) == cli.EXIT_PROBLEM
