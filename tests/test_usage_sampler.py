@@ -31,8 +31,8 @@ ALICE_LINE = f"Accepted publickey for alice from 10.0.0.7 port 40022 ssh2: ED255
 
 def info(booking_id: str, *, user: str, gpus: tuple[int, ...], start: datetime | None = None) -> ContainerInfo:
     return ContainerInfo(name=f"gpubook-{booking_id}", id=booking_id, state="running", image="debian",
-                         booking_id=booking_id, user=user, gpus=gpus, end=NOW + timedelta(hours=1), spec_hash="x", port=2200,
-                         template="debian-ssh", start=start)
+                         booking_id=booking_id, user=user, gpus=gpus, end=NOW + timedelta(hours=1), spec_hash="x",
+                         port=2200, template="debian-ssh", start=start)
 
 
 def two_gpus() -> NvmlView:
