@@ -9,6 +9,7 @@ with made-up values; the GPU host's run reads the real NVML (tests/gpu).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -154,3 +155,18 @@ def test_old_databases_migrate_and_keep_their_rows(tmp_path: Path) -> None:
         state.record_samples([Sample(at=NOW, host="h", gpu=0, booking_id=None, utilisation=1.0, memory_used_mib=1,
                                      memory_total_mib=2, seconds=30)])
         assert state.samples_count() == 1
+
+
+def test_a_log_is_read_less_often_over_time_and_every_round_near_the_end(tmp_path: Path) -> None:
+    """Reading a container's log costs an engine call: a booking nobody logs into is looked at
+    after 0, 30, 90, 210, 450 s (the gaps doubling, at most 5 min), and every round in its last 5 min."""
+    reads: list[str] = []
+    far = info("far", user="alice", gpus=(0,))  # ends in an hour
+    near = replace(info("near", user="bob", gpus=(1,)), end=NOW + timedelta(minutes=4))
+    with State(tmp_path / "state.sqlite") as state:
+        sampler = make_sampler(state, [far, near], {}, read=lambda: NvmlView(None, problem="no driver"))
+        sampler.logs = lambda name: reads.append(name) or ""  # type: ignore[func-returns-value]
+        for n in range(20):
+            sampler(now=NOW + timedelta(seconds=30 * n))
+    assert reads.count("gpubook-far") == 5
+    assert reads.count("gpubook-near") == 20  # every round: its end is near (and past, while it is still listed)

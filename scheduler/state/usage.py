@@ -169,10 +169,15 @@ class UsageRecords:
 
     def logins(self, booking_ids: Collection[str] | None = None) -> dict[str, datetime]:
         """booking id → its first login seen (of `booking_ids` only, where given)."""
-        rows = self._query("SELECT booking_id, at FROM logins")
-        wanted = None if booking_ids is None else set(booking_ids)
-        return {booking: moment for booking, at in rows
-                if (wanted is None or booking in wanted) and (moment := moment_of(at)) is not None}
+        if booking_ids is None:
+            rows = self._query("SELECT booking_id, at FROM logins")
+        else:
+            wanted = list(booking_ids)
+            rows = [row for first in range(0, len(wanted), 500)  # SQLite's limit on parameters
+                    for row in self._query(f"SELECT booking_id, at FROM logins WHERE booking_id IN "  # noqa: S608 - placeholders only
+                                           f"({', '.join('?' * len(wanted[first:first + 500]))})",
+                                           tuple(wanted[first:first + 500]))]
+        return {booking: moment for booking, at in rows if (moment := moment_of(at)) is not None}
 
     # -- all time, per user (Prometheus counters) --------------------------------------------------
 
