@@ -183,9 +183,9 @@ class UsageRecords:
 
     def gpu_hours_booked_by_user(self, *, now: datetime | None = None) -> dict[str, float]:
         """Booked GPU-hours per user, all time, up to `now` (a booking under way counts its part so far)."""
+        stamp = stamp_of(now)
         rows = self._query("SELECT user, sum(max(0, min(end_at, ?) - start_at) * gpu_count) / 3600.0 "
-                           "FROM usage_bookings WHERE start_at < ? GROUP BY user ORDER BY user",
-                           (stamp_of(now), stamp_of(now)) if now is not None else _now_twice())
+                           "FROM usage_bookings WHERE start_at < ? GROUP BY user ORDER BY user", (stamp, stamp))
         return {user: float(hours) for user, hours in rows}
 
     def gpu_hours_used_by_user(self) -> dict[str, float]:
@@ -219,8 +219,3 @@ def _forget_future(db: sqlite3.Connection, table: str, keep: set[str], now: floa
 
 def _gpus(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part)
-
-
-def _now_twice() -> tuple[float, float]:
-    stamp = stamp_of(None)
-    return stamp, stamp
