@@ -234,3 +234,16 @@ def test_the_daemon_never_imports_matplotlib() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_html_page_escapes_what_came_from_a_calendar(tmp_path: Path) -> None:
+    """Rejection reasons quote calendar text: in the page it is text, never markup."""
+    from scheduler.outbox import report_plots
+
+    with State(tmp_path / "state.sqlite") as state:
+        hostile = RejectedRow(booking_id="x", user="eve", start=at(11, 3), end=at(11, 4),
+                              reason="<img src=x onerror=alert(1)> is not a template on devbox1")
+        state.record_bookings(accepted=[], rejected=[hostile], now=at(11, 1), complete=True)
+        made = report.build(state, start=START, end=END, now=NOW)
+    page = report_plots.html_page(made, picture=b"\x89PNG\r\n\x1a\n")
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(N)&gt; is not a template" in page
