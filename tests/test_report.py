@@ -247,3 +247,8 @@ def test_the_html_page_escapes_what_came_from_a_calendar(tmp_path: Path) -> None
         made = report.build(state, start=START, end=END, now=NOW)
     page = report_plots.html_page(made, picture=b"\x89PNG\r\n\x1a\n")
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert&gt; is not a template" in page
+
+
+def test_control_characters_of_a_reason_never_reach_the_terminal() -> None:
+    assert report.reason_kind("booking \x1b[2J\x1b]0;owned\x07 is refused: details") == \
+        "booking \\x1b[2J\\x1b]N;owned\\x07 is refused"

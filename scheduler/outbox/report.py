@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TextIO
 
+from scheduler.sources.errors import printable
 from scheduler.state import BookedRow, RejectedRow, SampleSum, State
 
 BY = ("user", "gpu", "template")
@@ -94,7 +95,7 @@ def reason_kind(reason: str) -> str:
     text = re.sub(r"\([^)]*\)", "", text)
     text = re.sub(r"'[^']*'|\"[^\"]*\"", "…", text)
     text = re.sub(r"\b\d+\b", "N", text)
-    return " ".join(text.split())
+    return printable(" ".join(text.split()))  # calendar text: no control characters reach a terminal
 
 
 def _rows(by: str, booked: Sequence[BookedRow], sums: Sequence[SampleSum], no_shows: set[str],
