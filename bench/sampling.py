@@ -7,6 +7,7 @@ Measures, each printed with the machine:
 - a whole round (scheduler/hosts/usage.py: the read, a row per GPU with its booking, the State
   transaction) on a real state database, CPU and wall per round, rows per second; the GPUs are
   the real ones with --nvml, else --gpus made-up ones of NVML's view type (the sampler's reader);
+- a pass's accounting call (the bookings it accepted and rejected) with 1,000 bookings;
 - the database's growth: bytes per sample row, measured over a simulated day of every GPU at
   the interval, and what that makes per GPU per month;
 - with --podman: the login check's cost, `podman logs` of a running container (a round reads
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -123,6 +125,22 @@ def growth(args: argparse.Namespace, folder: Path) -> None:
           f"{per_row * month_rows / 2**20:.1f} MiB per month")
 
 
+def pass_record(folder: Path, count: int = 1000) -> None:
+    """What a pass's accounting call costs: 1,000 accepted bookings written, then one of them moved
+    (the upsert leaves the others unwritten; a plan the same as the last is not even sent)."""
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    booked = [BookedRow(booking_id=f"b{i}", user=f"user{i % 50}", template="debian-ssh", host="local",
+                        gpus=(i % 100,), start=now + timedelta(hours=i), end=now + timedelta(hours=i + 2))
+              for i in range(count)]
+    with State(folder / "passes.sqlite") as state:
+        first, first_cpu = timed(lambda: state.record_bookings(accepted=booked, rejected=[], now=now, complete=True), 1)
+        moved = [*booked[:-1], replace(booked[-1], end=booked[-1].end + timedelta(hours=1))]
+        again, again_cpu = timed(lambda: state.record_bookings(accepted=moved, rejected=[], now=now, complete=True), 20)
+    print(f"  a pass's accounting, {count} bookings: first written {first * 1000:.1f} ms wall, "
+          f"{first_cpu * 1000:.1f} ms CPU; one moved {again * 1000:.1f} ms wall, {again_cpu * 1000:.1f} ms CPU "
+          "(an unchanged plan: no call)")
+
+
 def podman_logs(args: argparse.Namespace) -> None:
     from runtime import overlay_image
     from runtime.engines import engine_from
@@ -162,6 +180,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpubook-sampling-") as folder:
         rounds(args, Path(folder))
         growth(args, Path(folder))
+        pass_record(Path(folder))
     if args.podman:
         podman_logs(args)
 
