@@ -60,8 +60,10 @@ def test_a_booking_logged_into_is_no_no_show_and_one_never_logged_into_is(tmp_pa
         result = report.build(state, start=start - timedelta(hours=1), end=end + timedelta(hours=1),
                               now=datetime.now(UTC), by="user")
         assert state.samples_count() == 0  # no GPU on this machine
+        booked = state.gpu_hours_booked_by_user()  # what the Prometheus counters read
     by = {row.key: row for row in result.rows}
     assert (by["alice"].bookings, by["alice"].no_shows) == (1, 0)
     assert (by["bob"].bookings, by["bob"].no_shows) == (1, 1)
     assert by["bob"].booked_hours == pytest.approx(25 / 3600)
+    assert booked == {"alice": pytest.approx(25 / 3600), "bob": pytest.approx(25 / 3600)}
     assert daemon.log.read_text().count("no GPU to sample") == 1
