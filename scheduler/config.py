@@ -309,6 +309,9 @@ class DaemonConfig:
                                              check=_not_negative)
     parallel_starts: int = setting(0, "bookings whose containers the engine starts at the same time (the rest "
                                    "queue for a moment); 0: the machine's number of cores", check=_not_negative)
+    sample_seconds: float = setting(30.0, "seconds between samples of each GPU's utilisation and memory (and "
+                                    "checks for the bookers' first logins), for `gpubook report`; 0: off",
+                                    check=_not_negative)
 
 
 @dataclass(frozen=True)

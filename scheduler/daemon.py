@@ -48,10 +48,11 @@ from runtime.nvidia import nvml
 from runtime.private import private_folder, write_private
 from runtime.templates import TemplateSet, load_all
 from scheduler import config as config_module
-from scheduler.apply.passes import Pass, PassResult
+from scheduler.apply.passes import Pass, PassResult, World
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import sftp as sftp_host
+from scheduler.hosts import usage
 from scheduler.hosts.images import ImagePreparer
 from scheduler.hosts.local import LocalHost
 from scheduler.outbox import metrics, notices, status, timeline
@@ -158,11 +159,9 @@ class Daemon:
         self.images: ImagePreparer | None = None
         self.last_status: status.Status | None = None  # the last pass's, for the metrics and the web page
         self.web: WebServer | None = None
-        # TODO(merge, H-usage): State gains gpu_hours_booked_by_user/gpu_hours_used_by_user in
-        # scheduler/state/usage.py; once merged, pass `usage=self.state` (this guard then always holds).
-        usage = self.state if isinstance(self.state, metrics.UsageSource) else None
-        self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=usage,
+        self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=self.state,
                                        users=lambda: self.config.users.keys(), gpus=self._gpu_view)
+        self._world: World | None = None  # the containers as the last pass saw them (the sampler reads them)
         self._build(config)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
@@ -200,6 +199,9 @@ class Daemon:
         self.passes.on_settled = self._soon
         self.calendars = Calendars(config)
         self.config = config
+        self.sampler = usage.Sampler(state=self.state, host=local.name, interval=config.daemon.sample_seconds,
+                                     running=lambda: self._world.actual() if self._world is not None else [],
+                                     logs=self.engine.logs, probe_fingerprint=self.probe_key.fingerprint)
         self._build_sftp(config, templates, local)
 
     def _build_sftp(self, config: config_module.Config, templates: TemplateSet, local: LocalHost) -> None:
@@ -327,6 +329,7 @@ class Daemon:
                 self._wake_at(now + timedelta(seconds=10))
                 return
             self._last_pass = now
+            self._world = result.world
             self._woken.set()
             if result.wake_at is not None:
                 self._wake_at(result.wake_at)
@@ -415,6 +418,7 @@ class Daemon:
             self._build(new)
             self.scheduler.reschedule_job("poll", trigger="interval", seconds=new.daemon.poll_seconds)
             self._schedule_sftp()
+            self._schedule_sampling()
         log.warning("config %s and templates reloaded", new.path)
         self._event(f"config {new.path} and templates reloaded", level="info")
         self.notifier.ready()
@@ -435,6 +439,7 @@ class Daemon:
         self.scheduler.start()
         self.web = self._serve_web()
         self._schedule_sftp()
+        self._schedule_sampling()
         self._schedule_polls(first=datetime.now(UTC))
         first = self._wait_first_pass()
         self.notifier.ready(status="first pass done" if first else "started; first pass still running")
@@ -474,6 +479,15 @@ class Daemon:
             return
         self.scheduler.add_job(self.check_sftp, "interval", seconds=self.config.sftp.check_seconds, id="sftp",
                                next_run_time=datetime.now(UTC), replace_existing=True)
+
+    def _schedule_sampling(self) -> None:
+        """The sampler's job (GPU samples, first logins) every [daemon] sample_seconds; none at 0."""
+        seconds = self.config.daemon.sample_seconds
+        if seconds <= 0:
+            if self.scheduler.get_job("sample") is not None:
+                self.scheduler.remove_job("sample")
+            return
+        self.scheduler.add_job(self.sampler, "interval", seconds=seconds, id="sample", replace_existing=True)
 
     def _watch_clock(self, *, wall: datetime, monotonic: float) -> None:
         """Called every few seconds by the main loop with both clocks' readings: on a step back of

@@ -37,6 +37,7 @@ import paramiko
 from runtime.engines import ContainerInfo, container_name
 from runtime.errors import GpubookError, Preparing
 from runtime.templates import Template, TemplateSet
+from scheduler.apply.accounting import Accounting
 from scheduler.apply.ahead import Preparation
 from scheduler.apply.handlers import (
     Change,
@@ -161,6 +162,7 @@ class Pass:
         self.patience = PATIENCE
         self.on_settled: Callable[[], None] | None = None  # told when a booking's work outlasted its pass
         self.lanes = BookingLanes()
+        self.accounting = Accounting(state)  # the bookings each pass accepted and rejected, for reports
         self.ahead = Preparation(config, hosts=self.hosts, state=state)  # folders, host keys, containers ahead
         self.outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
         self._delivery: Future[None] | None = None
@@ -192,6 +194,7 @@ class Pass:
         world = World.read(list(self.hosts.values()), self.state)
         self._release_idle_ports(world, at_work)
         plan = self.plan(occurrences, world.actual(), now=now)
+        self.accounting.record(plan, now=now, complete=complete)
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
         armed = frozenset(self.state.notes(ARMED))

@@ -141,6 +141,17 @@ def cmd_images(args: argparse.Namespace) -> int:
     return images.show(args.config, as_json=args.json)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from scheduler.commands import report
+
+    paths = {kind: Path(value) if value else None for kind, value in (("csv", args.csv), ("png", args.png),
+                                                                       ("html", args.html))}
+    return report.run(start_text=args.start, end_text=args.end, by=args.by, outputs=report.Outputs(**paths),
+                      config_path=args.config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpubook", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
@@ -214,6 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
     log_parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")
     log_parser.add_argument("--booking", help="only this booking's entries")
     log_parser.add_argument("-n", "--lines", type=int, default=50, help="entries shown first (0: all)")
+
+    report = command("report", cmd_report, "GPU-hours booked and used, the idle share, no-shows and rejected "
+                     "requests over a window; as a table, CSV, a PNG plot or an HTML page")
+    report.add_argument("--from", dest="start", required=True, metavar="DATE",
+                        help="window start: a date (midnight in [host] timezone) or an ISO 8601 time")
+    report.add_argument("--to", dest="end", required=True, metavar="DATE", help="window end (not included)")
+    report.add_argument("--by", choices=("user", "gpu", "template"), default="user", help="one row per (default: user)")
+    report.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
+    report.add_argument("--png", metavar="FILE", help="write the plots (GPU-hours per user per week, "
+                        "utilisation per GPU) as a PNG")
+    report.add_argument("--html", metavar="FILE", help="write one HTML page: the table and the plots")
+    report.add_argument("--config", help="the daemon's TOML config file (its state_dir and timezone)")
 
     demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with demo bookings, "
                    "the daemon, and an SSH login to your booking; Ctrl-C ends it")

@@ -12,13 +12,15 @@ its own transaction; WAL with synchronous=NORMAL keeps every committed transacti
 kill -9 of the daemon (a power cut may lose the last few, which the labels make up for).
 
 The package: `store.py` (State, one transaction per method), `schema.py` (the migrations and how a
-file is opened, checked and set aside), `records.py` (what State hands out), `errors.py`.
+file is opened, checked and set aside), `records.py` (what State hands out), `usage.py` (accounting:
+bookings seen, GPU samples, logins; mixed into State), `errors.py`.
 """
 
 from scheduler.state.errors import StateError, StateUnavailable
 from scheduler.state.records import LEVELS, ContainerRecord, LogEntry, Notice, WriteBack
 from scheduler.state.schema import MIGRATIONS
 from scheduler.state.store import State, port_is_free
+from scheduler.state.usage import BookedRow, RejectedRow, Sample, SampleSum
 
-__all__ = ["LEVELS", "MIGRATIONS", "ContainerRecord", "LogEntry", "Notice", "State", "StateError",
-           "StateUnavailable", "WriteBack", "port_is_free"]
+__all__ = ["LEVELS", "MIGRATIONS", "BookedRow", "ContainerRecord", "LogEntry", "Notice", "RejectedRow", "Sample",
+           "SampleSum", "State", "StateError", "StateUnavailable", "WriteBack", "port_is_free"]

@@ -104,6 +104,56 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX first_seen_at ON first_seen (seen_at);
     """,
+    # 5: accounting (scheduler/state/usage.py): the bookings the passes accepted (upserted: a moved
+    # booking updates its row) and rejected, the GPUs' samples (utilisation, memory) with the
+    # booking running on each, and when each booking was first seen logged in.
+    """
+    CREATE TABLE usage_bookings (
+        booking_id TEXT PRIMARY KEY,
+        user       TEXT NOT NULL,
+        template   TEXT NOT NULL,
+        host       TEXT NOT NULL,
+        gpus       TEXT NOT NULL,  -- the GPU indices, comma-separated
+        gpu_count  INTEGER NOT NULL CHECK (gpu_count >= 0),
+        start_at   REAL NOT NULL,
+        end_at     REAL NOT NULL,
+        seen_at    REAL NOT NULL
+    );
+    CREATE INDEX usage_bookings_start ON usage_bookings (start_at);
+    CREATE INDEX usage_bookings_end ON usage_bookings (end_at);
+    CREATE TABLE usage_rejections (
+        booking_id TEXT PRIMARY KEY,
+        user       TEXT,
+        reason     TEXT NOT NULL,
+        start_at   REAL NOT NULL,
+        end_at     REAL NOT NULL,
+        first_seen REAL NOT NULL
+    );
+    CREATE INDEX usage_rejections_start ON usage_rejections (start_at);
+    CREATE TABLE gpu_samples (
+        at               REAL NOT NULL,
+        host             TEXT NOT NULL,
+        gpu              INTEGER NOT NULL,
+        booking_id       TEXT,
+        utilisation      REAL,     -- percent busy; NULL where NVML would not say
+        memory_used_mib  INTEGER,
+        memory_total_mib INTEGER,
+        seconds          REAL NOT NULL  -- the sample interval this row stands for
+    );
+    CREATE INDEX gpu_samples_at ON gpu_samples (at);
+    -- each booking's sums over its samples, kept as they are written: the all-time figures
+    -- (Prometheus counters, read at every scrape) never scan the samples
+    CREATE TABLE usage_totals (
+        booking_id   TEXT PRIMARY KEY,
+        used_seconds REAL NOT NULL,  -- GPU-seconds busy: utilisation / 100 x interval, summed
+        sampled      REAL NOT NULL   -- GPU-seconds sampled
+    );
+    CREATE TABLE logins (
+        booking_id TEXT PRIMARY KEY,
+        user       TEXT NOT NULL,
+        at         REAL NOT NULL
+    );
+    """,
 )
 
 

@@ -20,6 +20,7 @@ from runtime.private import private_folder
 from scheduler.state.errors import StateError, StateUnavailable
 from scheduler.state.records import LEVELS, ContainerRecord, LogEntry, Notice, WriteBack, container, moment_of, stamp_of
 from scheduler.state.schema import Corrupt, open_checked, set_aside, set_up
+from scheduler.state.usage import UsageRecords
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +41,15 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-class State:
+class State(UsageRecords):
     """`State(path)`: open (or create, or recreate) the database; every method is one transaction.
 
     Safe to share between the daemon's threads: each thread gets its own connection (bookings
     are applied in parallel, and one thread waiting on a locked database must not hold the others
     behind a Python lock); SQLite itself serialises the writes. Other processes (`gpubook status`,
     `gpubook log`) may open the same file at the same time. Every sqlite3 error of a read or write
-    is raised as `StateUnavailable`, a GpubookError the pass handles per booking.
+    is raised as `StateUnavailable`, a GpubookError the pass handles per booking. The accounting
+    methods (bookings seen, samples, logins) are in usage.py.
     """
 
     def __init__(self, path: str | Path, *, port_probe: Callable[[int], bool] = port_is_free,
