@@ -27,7 +27,8 @@ fi
 # The host's python3 (PyTorch's venv) already has these; the rest is fetched for CPython 3.12.
 host_has="lxml requests urllib3 certifi idna charset-normalizer six python-dateutil pyyaml
           typing-extensions nvidia-ml-py h11"
-wanted="caldav icalendar recurring-ical-events x-wr-timezone apscheduler paramiko nvidia-ml-py radicale"
+wanted="caldav icalendar recurring-ical-events x-wr-timezone apscheduler paramiko nvidia-ml-py radicale
+        prometheus-client flask waitress"
 mkdir -p "$dest/wheels"
 pip=${PIP:-/opt/gpubook/venv/bin/pip}
 "$pip" download --quiet --dest "$dest/wheels.all" --only-binary :all: --python-version 3.12 \
