@@ -252,3 +252,12 @@ def test_the_html_page_escapes_what_came_from_a_calendar(tmp_path: Path) -> None
 def test_control_characters_of_a_reason_never_reach_the_terminal() -> None:
     assert report.reason_kind("booking \x1b[2J\x1b]0;owned\x07 is refused: details") == \
         "booking \\x1b[2J\\x1b]N;owned\\x07 is refused"
+
+
+def test_a_short_bookings_hours_show_in_the_table() -> None:
+    """A 50 s booking (the GPU host's test) is 0.014 GPU-hours: the table must not say 0.0."""
+    short = report.text_row(report.Row("alice", 1, booked_hours=50 / 3600, used_hours=24.9 / 3600, no_shows=0,
+                                       rejected=0))
+    assert short[2:5] == ("0.014", "0.007", "50 %")
+    month = report.text_row(report.Row("bob", 3, booked_hours=25.06, used_hours=0.0, no_shows=3, rejected=None))
+    assert month[2:4] == ("25.1", "0.0")

@@ -183,8 +183,13 @@ def table(report: Report) -> list[str]:
 
 def text_row(row: Row) -> tuple[str, ...]:
     idle = "-" if row.idle_share is None else f"{row.idle_share * 100:.0f} %"
-    return (row.key, str(row.bookings), f"{row.booked_hours:.1f}", f"{row.used_hours:.1f}", idle,
+    return (row.key, str(row.bookings), _hours(row.booked_hours), _hours(row.used_hours), idle,
             str(row.no_shows), "-" if row.rejected is None else str(row.rejected))
+
+
+def _hours(hours: float) -> str:
+    """One decimal, as a month's table wants; a short test booking's hundredths show rather than 0.0."""
+    return f"{hours:.1f}" if hours == 0 or hours >= 1 else f"{hours:.3f}"
 
 
 def _cells(cells: Sequence[str]) -> str:
