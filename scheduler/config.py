@@ -174,6 +174,13 @@ class UserConfig:
     max_gpus: int | None = setting(None, "GPUs at once; None: no per-user limit beyond the calendar's",
                                    check=lambda v: None if v >= 1 else "must be at least 1")
     templates: tuple[str, ...] = setting(("*",), "fnmatch patterns of allowed templates")
+    # Quotas of this user; None: [policy]'s; 0: no limit for this user (scheduler/core/policy.py).
+    week_gpu_hours: float | None = setting(None, "GPU-hours in any rolling week; default: [policy]'s",
+                                           check=_not_negative)
+    max_days_ahead: float | None = setting(None, "days ahead a booking may be made; default: [policy]'s",
+                                           check=_not_negative)
+    max_future_bookings: int | None = setting(None, "bookings not started yet held at once; default: "
+                                              "[policy]'s", check=_not_negative)
 
 
 @dataclass(frozen=True)
@@ -352,13 +359,21 @@ IDENTITIES = ("description", "organizer")
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """[policy]: who may book for whom."""
+    """[policy]: who may book for whom, and how much."""
 
     identity: str = setting(
         "description", 'who a booking is for: "description" (an ORGANIZER who is a known user books '
         'only for themselves; otherwise a `user:` line or the title names the booker) or "organizer" '
         "(only a known ORGANIZER books, for themselves; no organizer or an unknown one is refused)",
         check=_one_of(IDENTITIES))
+    # Quotas (scheduler/core/policy.py), each off by default; [users.NAME] may override each.
+    week_gpu_hours: float = setting(0.0, "GPU-hours (GPUs x real hours) one user may hold in any rolling week "
+                                    "(the 7 days before the end of each of their bookings); 0: no limit",
+                                    check=_not_negative)
+    max_days_ahead: float = setting(0.0, "days between the moment gpubook first sees a booking and its start, "
+                                    "at most; 0: no limit", check=_not_negative)
+    max_future_bookings: int = setting(0, "bookings not started yet that one user may hold at once; 0: no limit",
+                                       check=_not_negative)
 
 
 # Checks of [engine] fields that runtime.engines declares without a "check" in their metadata.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -18,6 +18,7 @@ from runtime import gpus as gpu_inventory
 from runtime.templates import template_names
 from scheduler.config import Config
 from scheduler.core import plan as plan_module
+from scheduler.core import policy
 from scheduler.core.bookings import Booking, BookingReader, Rejection
 from scheduler.core.parsing import Problem
 from scheduler.sources import Snapshot, Source, open_source
@@ -78,7 +79,8 @@ class Calendars:
         return snapshots, failures
 
     def read(self, *, now: datetime) -> Reading:
-        """Poll and expand over the daemon's window: from the longest booking back to a week ahead.
+        """Poll and expand over the daemon's window: from the longest booking back (two weeks more
+        where a week quota is set: see scheduler/core/policy.py) to a week ahead.
 
         A calendar that fails keeps its last good snapshot (`failures` says why, `read_at` since
         when); a CalendarError is raised only when every calendar failed."""
@@ -87,7 +89,7 @@ class Calendars:
             errors = list(failures.values())
             raise errors[0] if len(errors) == 1 else CalendarError("; ".join(str(e) for e in errors))
         occurrences, problems = self.occurrences(
-            snapshots, window_start=now - timedelta(hours=self.config.defaults.max_hours),
+            snapshots, window_start=now - policy.reach_back(self.config),
             window_end=now + WINDOW_AHEAD)
         etags = {href: obj.etag for snap in snapshots.values() for href, obj in snap.objects.items()}
         return Reading(occurrences, problems, etags, failures={url: str(e) for url, e in failures.items()},
@@ -123,13 +125,19 @@ def inventory_indices(inventory: gpu_inventory.Inventory) -> tuple[int, ...]:
 def plan_window(config: Config, *, window_start: datetime, window_end: datetime, now: datetime,
                 calendars: Calendars | None = None,
                 running: Mapping[str, tuple[int, ...]] | None = None) -> PlanResult:
-    """Read every calendar once and plan the window."""
+    """Read every calendar once and plan the window (read from further back where a week quota is
+    set, so that the weeks of the window's bookings are counted; only the window's bookings are kept)."""
     calendars = calendars or Calendars(config)
     snapshots = calendars.poll()
-    occurrences, problems = calendars.occurrences(snapshots, window_start=window_start, window_end=window_end)
+    earlier = policy.reach_back(config) - timedelta(hours=config.defaults.max_hours)
+    occurrences, problems = calendars.occurrences(snapshots, window_start=window_start - earlier,
+                                                  window_end=window_end)
     inventory = gpu_inventory.inventory(static_count=config.gpu_count)
     result = plan_module.plan(occurrences, inventory=inventory_indices(inventory), config=config,
                               templates=template_names(config.templates_dir), now=now, running=running or {})
+    if earlier:
+        result = replace(result, accepted=tuple(a for a in result.accepted if a.booking.end > window_start),
+                         rejected=tuple(r for r in result.rejected if r.end > window_start))
     for problem in problems:
         log.warning("calendar %s: %s: %s", redact_url(problem.calendar_url),
                     printable(problem.uid or redact_url(problem.href)), printable(problem.reason))

@@ -10,7 +10,8 @@ that appeared together; and an upgrade, which sees every existing booking at onc
 order they had), then the occurrence's start. A booking that asks for a number of GPUs gets the lowest-numbered GPUs
 of its calendar that are free for its whole time, so the choice is the same on every poll while
 nothing earlier in that order changes. A UID held by several calendar objects belongs to the one
-gpubook saw first; the copies are refused (a copy never displaces a running booking).
+gpubook saw first; the copies are refused (a copy never displaces a running booking). Each user's
+quotas (`[policy]`, scheduler/core/policy.py) are checked in the same order, before GPUs are chosen.
 
 The plan is near-linear in the number of occurrences: each GPU keeps its accepted bookings as
 disjoint intervals sorted by start, so a conflict is found by bisection, not by comparing a
@@ -36,6 +37,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from scheduler.config import CalendarConfig, Config
+from scheduler.core import policy
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.sources.errors import redact_url
 
@@ -107,9 +109,15 @@ def plan(
     busy: dict[int, _Timeline] = defaultdict(_Timeline)  # the GPUs of `host`
     accepted: list[Accepted] = []
     warn = timedelta(minutes=config.defaults.warn_minutes)
+    ledger = policy.Ledger(config, now=now, host_tz=host_tz)
     for booking in sorted(valid, key=lambda b: _priority(b, running, first_seen)):
         owned = _owned(calendars[booking.calendar_url], present)
         gpus = _kept_gpus(booking, running, busy)
+        # A running booking is never judged by a quota (see scheduler/core/policy.py); it counts.
+        if booking.id not in running and \
+                (over := ledger.problem(booking, first_seen=first_seen.get(seen_key(booking)))):
+            rejected.append(_rejection(booking, over))
+            continue
         if gpus is None:
             gpus_or_reason = _choose(booking, owned, busy, host_tz)
             if isinstance(gpus_or_reason, str):
@@ -118,6 +126,7 @@ def plan(
             gpus = gpus_or_reason
         for gpu in gpus:
             busy[gpu].add(booking)
+        ledger.add(booking, gpus=gpus)
         accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn), host))
 
     accepted.sort(key=lambda a: _order(a.booking))
