@@ -149,7 +149,8 @@ def test_per_user_override_of_the_week_quota() -> None:
                  booking("b", user="bob", day=25, hours=30, gpus=2),  # 60 of bob's 80
                  booking("c", user="bob", day=27, hours=12, gpus=2), cfg=cfg)  # 60 + 24 > 80
     assert accepted(result) == ["a", "b"]
-    assert reasons(result)["c"] == "bob has 60 of 80 GPU-hours in the week before this booking ends; this booking needs 24"
+    assert reasons(result)["c"] == ("bob has 60 of 80 GPU-hours in the week before this booking ends; "
+                                    "this booking needs 24")
 
 
 def test_recurring_occurrences_count_one_by_one() -> None:
