@@ -134,6 +134,18 @@ def test_human_readable_plan_and_errors(tmp_path: Path, calendar: caldav.Calenda
     assert bad_window.returncode == 2 and "not an ISO 8601 time" in bad_window.stderr
 
 
+def test_a_booking_over_the_week_quota_shows_the_sentence(tmp_path: Path, calendar: caldav.Calendar) -> None:
+    # Friday 4 December, before the window shown: 8 GPU-hours that still count for Tuesday's week.
+    calendar.save_event(event("friday", START - timedelta(days=3), 4, "SUMMARY:alice gpus=2"))
+    calendar.save_event(event("tuesday", START + timedelta(days=1), 4, "SUMMARY:alice"))
+    config = write_config(tmp_path, str(calendar.url))
+    config.write_text(config.read_text() + "[policy]\nweek_gpu_hours = 10\n")
+    done = gpubook("bookings", "--config", str(config), "--from", "2026-12-07T00:00+00:00")
+    assert done.returncode == 0, done.stderr
+    assert "alice has 8 of 10 GPU-hours in the week before this booking ends; this booking needs 4" in done.stdout
+    assert "2026-12-04" not in done.stdout  # read to count, not shown: it is before the window
+
+
 def test_demo_runs_on_embedded_defaults() -> None:
     done = gpubook("demo", "--plan-only")
     assert done.returncode == 0, done.stderr
