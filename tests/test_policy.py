@@ -214,6 +214,8 @@ def test_too_many_bookings_not_started_yet() -> None:
     assert accepted(result) == ["started", "bob0", "one", "bob1", "two", "bob2"]
     assert reasons(result) == {
         "three": "alice may hold at most 2 bookings that have not started; 2 are held already"}
+    one = run(booking("one", day=25), booking("two", day=26), cfg=config({"max_future_bookings": 1}), now=now)
+    assert reasons(one) == {"two": "alice may hold at most 1 booking that have not started; 1 is held already"}
 
 
 def test_no_quota_changes_nothing() -> None:

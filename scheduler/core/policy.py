@@ -111,8 +111,9 @@ class Ledger:
         if quota.max_future_bookings is not None and booking.start > self.now:
             future = sum(1 for held in self.held[booking.user] if held.start > self.now)
             if future >= quota.max_future_bookings:
-                return (f"{booking.user} may hold at most {quota.max_future_bookings} bookings that have not "
-                        f"started; {future} are held already")
+                return (f"{booking.user} may hold at most {quota.max_future_bookings} "
+                        f"{'booking' if quota.max_future_bookings == 1 else 'bookings'} that have not "
+                        f"started; {future} {'is' if future == 1 else 'are'} held already")
         if quota.week_gpu_hours is not None:
             return self._week_problem(booking, quota.week_gpu_hours)
         return None
