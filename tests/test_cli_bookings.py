@@ -146,6 +146,20 @@ def test_a_booking_over_the_week_quota_shows_the_sentence(tmp_path: Path, calend
     assert "2026-12-04" not in done.stdout  # read to count, not shown: it is before the window
 
 
+def test_the_daemon_reads_two_weeks_back_only_where_a_week_quota_is_set(
+        tmp_path: Path, calendar: caldav.Calendar) -> None:
+    from scheduler import config as config_module
+    from scheduler.service import Calendars
+
+    calendar.save_event(event("ten-days-ago", START - timedelta(days=10), 4, "SUMMARY:alice"))
+    path = write_config(tmp_path, str(calendar.url))
+    plain = config_module.load(path)  # max_hours = 24: the daemon reads 24 hours back
+    assert [o.id for o in Calendars(plain).read(now=START).occurrences] == []
+    path.write_text(path.read_text() + "[policy]\nweek_gpu_hours = 10\n")
+    quota = config_module.load(path)  # 14 days + 24 hours back: the week of next week's bookings
+    assert [o.id for o in Calendars(quota).read(now=START).occurrences] == ["ten-days-ago"]
+
+
 def test_demo_runs_on_embedded_defaults() -> None:
     done = gpubook("demo", "--plan-only")
     assert done.returncode == 0, done.stderr
