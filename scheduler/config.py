@@ -34,7 +34,7 @@ from scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind,
 from scheduler.sources.errors import redact_url
 
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
-NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended")
+NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended", "reminder")
 _REQUIRED = object()
 T = TypeVar("T")
 Check = Callable[[Any], "str | None"]
@@ -181,6 +181,8 @@ class UserConfig:
                                            check=_not_negative)
     max_future_bookings: int | None = setting(None, "bookings not started yet held at once; default: "
                                               "[policy]'s", check=_not_negative)
+    remind_minutes: float | None = setting(None, "this user's [policy] remind_minutes; None: the policy's",
+                                           check=_not_negative)
 
 
 @dataclass(frozen=True)
@@ -334,7 +336,7 @@ class EmailConfig:
     password: str | None = setting(None, "read from password_file (mode 0600)", key="password_file",
                                    secret=True)
     timeout_seconds: float = setting(10.0, "seconds to wait for the server", check=_positive)
-    events: tuple[str, ...] = setting(("warning", "ended"), "notices to send", check=_notice_kind)
+    events: tuple[str, ...] = setting(("warning", "ended", "reminder"), "notices to send", check=_notice_kind)
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,7 @@ class WebhookConfig:
     token: str | None = setting(None, 'read from token_file (mode 0600); sent as "Authorization: Bearer <token>"',
                                 key="token_file", secret=True)
     timeout_seconds: float = setting(10.0, "seconds to wait for the server", check=_positive)
-    events: tuple[str, ...] = setting(("warning", "ended"), "notices to send", check=_notice_kind)
+    events: tuple[str, ...] = setting(("warning", "ended", "reminder"), "notices to send", check=_notice_kind)
 
 
 @dataclass(frozen=True)
@@ -374,6 +376,8 @@ class PolicyConfig:
                                     "at most; 0: no limit", check=_not_negative)
     max_future_bookings: int = setting(0, "bookings not started yet that one user may hold at once; 0: no limit",
                                        check=_not_negative)
+    remind_minutes: float = setting(0.0, "alarm in the accepted booking's event and a reminder notice, in "
+                                    "minutes before the start; 0: off", check=_not_negative)
 
 
 # Checks of [engine] fields that runtime.engines declares without a "check" in their metadata.
@@ -413,6 +417,12 @@ class Config:
             if wanted in (address.lower() for address in user.email):
                 return user
         return None
+
+
+def remind_minutes(config: Config, user: str) -> float:
+    """Minutes before a booking's start that its booker is reminded ([users.NAME] over [policy]); 0: off."""
+    own = config.users[user].remind_minutes if user in config.users else None
+    return own if own is not None else config.policy.remind_minutes
 
 
 # -- reading ----------------------------------------------------------------------------------

@@ -372,6 +372,12 @@ class Daemon:
             self._event(f"the status page does not start: {error}", level="error")
             return None
 
+    def _restart_web(self) -> None:
+        """SIGHUP: the page served again with the reloaded [web] (its htpasswd file read again)."""
+        if self.web is not None:
+            self.web.stop()
+        self.web = self._serve_web()
+
     def _soon(self) -> None:
         """A pass now, as a job of its own: the pass running meanwhile replaces only "boundary"."""
         if self.scheduler.running:
@@ -419,6 +425,7 @@ class Daemon:
             self.scheduler.reschedule_job("poll", trigger="interval", seconds=new.daemon.poll_seconds)
             self._schedule_sftp()
             self._schedule_sampling()
+        self._restart_web()
         log.warning("config %s and templates reloaded", new.path)
         self._event(f"config {new.path} and templates reloaded", level="info")
         self.notifier.ready()

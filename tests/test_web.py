@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -241,3 +241,32 @@ def test_calendar_text_is_shown_as_text_never_as_markup(tmp_path: Path) -> None:
         page = requests.get(url + "/", timeout=10).text
     assert "<script>alert" not in page and "<img src=x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the table shows it, escaped
+
+
+def test_sighup_serves_the_page_with_the_reloaded_web_settings(tmp_path: Path) -> None:
+    """An admin changes a password (or the whole [web] section) and sends SIGHUP: the page must
+    follow, as the rest of the config does, without a restart that would stop the bookings' daemon."""
+    from tests.daemon_kit import in_process_daemon
+
+    daemon = in_process_daemon(tmp_path)
+    passwords = htpasswd(tmp_path, {"alice": "old-password"})
+    daemon.config.path.write_text(daemon.config.path.read_text() + '[web]\nenabled = true\nlisten = "127.0.0.1:0"\n'
+                                  f'auth = "basic"\nhtpasswd_file = "{passwords}"\n')
+    daemon.scheduler.start()
+    daemon._schedule_polls(first=datetime.now(UTC) + timedelta(hours=1))  # reload() reschedules the poll
+    assert daemon.reload()
+    try:
+        assert daemon.web is not None
+        url = f"http://{daemon.web.address}/api/status"
+        assert requests.get(url, auth=("alice", "old-password"), timeout=10).status_code == 200
+        htpasswd(tmp_path, {"alice": "new-password"})
+        assert daemon.reload() and daemon.web is not None
+        url = f"http://{daemon.web.address}/api/status"
+        assert requests.get(url, auth=("alice", "old-password"), timeout=10).status_code == 401
+        assert requests.get(url, auth=("alice", "new-password"), timeout=10).status_code == 200
+    finally:
+        if daemon.web is not None:
+            daemon.web.stop()
+        daemon.scheduler.shutdown(wait=False)
+        daemon.passes.close()
+        daemon.state.close()

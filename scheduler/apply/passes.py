@@ -68,6 +68,7 @@ from scheduler.core.bookings import Booking, Rejection
 from scheduler.hosts import Host
 from scheduler.hosts.images import ImagePreparer
 from scheduler.outbox import notices as notices_module
+from scheduler.outbox import reminders
 from scheduler.outbox.metrics import Metrics, start_failure_reason
 from scheduler.outbox.writeback import Remarks, WriteBack
 from scheduler.state import ContainerRecord, State, StateError
@@ -217,7 +218,8 @@ class Pass:
                            stale=frozenset((stale_calendars or {}).keys()))
         rechecks = [a.at for a in actions if isinstance(a, decide.Recheck) and a.at > now]
         retries = [t for t in self.recall.retries() if t > now]  # one due now was tried by this pass
-        result.wake_at = min([t for t in (plan.next_wakeup, ahead, *rechecks, *retries) if t is not None],
+        remind = reminders.queue_due(plan, config=self.config, state=self.state, now=now)
+        result.wake_at = min([t for t in (plan.next_wakeup, ahead, remind, *rechecks, *retries) if t is not None],
                              default=None)
         if write_back:
             self.write_back(plan, world, now=now, etags=etags or {}, armed=armed)

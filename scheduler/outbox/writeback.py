@@ -23,18 +23,19 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 
 from runtime import cuda, jupyter, ssh
 from runtime.engines import ContainerInfo
 from runtime.errors import GpubookError
 from runtime.templates import Template
-from scheduler.config import CalendarConfig, Config
+from scheduler.config import CalendarConfig, Config, remind_minutes
 from scheduler.core import decide
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import Accepted, Plan
 from scheduler.sources import EventRef, Writer, block, open_writer
+from scheduler.sources.alarm import Reminder
 from scheduler.state import ContainerRecord, State, StateError
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,23 @@ class WriteBack:
         else:
             return None
         note = remarks.notes.get(booking.id)
-        return outcome.with_note(note) if note else outcome
+        outcome = outcome.with_note(note) if note else outcome
+        return replace(outcome, reminder=self._reminder(accepted, info))
+
+    def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
+        """gpubook's alarm for an accepted booking's event (`[policy] remind_minutes`; 0: none)."""
+        booking = accepted.booking
+        minutes = remind_minutes(self.config, booking.user)
+        if minutes <= 0:
+            return None
+        count = f"{len(accepted.gpus)} GPU{'s' if len(accepted.gpus) != 1 else ''}"
+        name = block.one_line(booking.summary) or booking.id
+        text = f'gpubook: "{name}" starts in {minutes:g} min on {self.config.host.name} ({count})'
+        if info is not None and info.port is not None:
+            detail = f"log in with {block.ssh_line(port=info.port, user=booking.user, host=self.config.host.name)}"
+        else:
+            detail = "the event shows the ssh line at the start"
+        return Reminder(minutes=minutes, text=text, detail=detail)
 
     def _running_lines(self) -> dict[str, str]:
         """Each running booking's lines from its start (RUNNING_LINES notes), read once per write."""
@@ -183,7 +200,9 @@ class WriteBack:
         calendar = next((c for c in self.config.calendars if c.url == item.calendar_url), None)
         if calendar is None:
             return
-        digest = hashlib.sha256("\n".join(outcome.lines).encode()).hexdigest()[:12]
+        reminder = outcome.reminder
+        remind = [f"reminder {reminder.minutes:g} {reminder.text} {reminder.detail}"] if reminder else []
+        digest = hashlib.sha256("\n".join([*outcome.lines, *remind]).encode()).hexdigest()[:12]
         key = f"{outcome.status} {digest}"
         try:
             done = self.state.write_back(item.id)

@@ -66,6 +66,8 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
+from scheduler.sources.alarm import Reminder
+from scheduler.sources.alarm import put as put_alarm
 from scheduler.sources.richtext import html_lines, is_html
 
 BEGIN = "--- gpubook ---"
@@ -89,10 +91,12 @@ class Status(StrEnum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """A status and the lines a booker reads; the first line is the headline."""
+    """A status and the lines a booker reads; the first line is the headline. `reminder`: gpubook's
+    alarm in the event (scheduler/sources/alarm.py); None: the event carries none of gpubook's."""
 
     status: Status
     lines: tuple[str, ...]
+    reminder: Reminder | None = None
 
     def with_note(self, note: str) -> Outcome:
         """Add a sentence, e.g. why a moved end was not followed."""
@@ -342,6 +346,7 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
     changed = _put_block(component, "DESCRIPTION", body)
     if _is_html_alternative(component.get(ALT_PROPERTY)):
         changed = _put_block(component, ALT_PROPERTY, body, as_html=True) or changed
+    changed = _put_reminder(component, outcome, named=named, statuses=statuses) or changed
     if not changed and statuses == _status_properties(component):
         return False
     component.pop(STATUS_PROPERTY, None)
@@ -350,6 +355,14 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
     return True
 
 
+def _put_reminder(component: icalendar.cal.Component, outcome: Outcome, *, named: datetime | date | None,
+                  statuses: Sequence[tuple[str, dict[str, str]]]) -> bool:
+    """gpubook's alarm on the component written. On a series' master one rejected occurrence does
+    not take the alarm away from the series' accepted or running ones."""
+    if named is not None and outcome.status == Status.REJECTED \
+            and any(status in (Status.ACCEPTED, Status.RUNNING) for status, _ in statuses):
+        return False
+    return put_alarm(component, outcome.reminder, series=named is not None)
 
 
 def _put_block(component: icalendar.cal.Component, name: str, body: Sequence[str], *,
