@@ -153,14 +153,19 @@ def test_per_user_override_of_the_week_quota() -> None:
                                     "this booking needs 24")
 
 
+def expanded(event: str, *, cfg: Config, start: datetime, end: datetime) -> list[Booking]:
+    """The event's occurrences in [start, end) as the reader makes them."""
+    expansion = read(raw(vcalendar(event)), config=cfg, start=start, end=end)
+    return [item for item in expansion.occurrences if isinstance(item, Booking)]
+
+
 def test_recurring_occurrences_count_one_by_one() -> None:
     cfg = config({"week_gpu_hours": 20})
     # Daily 10:00-14:00 Berlin (09:00-13:00 UTC) on 2 GPUs: 8 GPU-hours each day.
     event = vevent("daily", "DTSTART;TZID=Europe/Berlin:20261124T100000",
                    "DTEND;TZID=Europe/Berlin:20261124T140000", "RRULE:FREQ=DAILY;COUNT=8",
                    "SUMMARY:alice gpus=2")
-    expansion = read(raw(vcalendar(event)), config=cfg, start=utc(2026, 11, 23), end=utc(2026, 12, 3))
-    occurrences = [item for item in expansion.occurrences if isinstance(item, Booking)]
+    occurrences = expanded(event, cfg=cfg, start=utc(2026, 11, 23), end=utc(2026, 12, 3))
     assert [o.gpu_count for o in occurrences] == [2] * 8
     result = plan(occurrences, inventory=(0, 1, 2, 3), config=cfg, templates=TEMPLATES, now=NOW)
     days = {a.booking.start.day for a in result.accepted}
@@ -180,8 +185,7 @@ def test_hours_across_the_end_of_summer_time_are_real_hours() -> None:
     event = vevent("night", "DTSTART;TZID=Europe/Berlin:20261017T220000",
                    "DTEND;TZID=Europe/Berlin:20261018T060000", "RRULE:FREQ=WEEKLY;COUNT=3",
                    "SUMMARY:alice")
-    expansion = read(raw(vcalendar(event)), config=cfg, start=utc(2026, 10, 10), end=utc(2026, 11, 10))
-    occurrences = [item for item in expansion.occurrences if isinstance(item, Booking)]
+    occurrences = expanded(event, cfg=cfg, start=utc(2026, 10, 10), end=utc(2026, 11, 10))
     assert [(o.end - o.start) / timedelta(hours=1) for o in occurrences] == [8, 9, 8]
     result = plan(occurrences, inventory=(0,), config=cfg, templates=TEMPLATES, now=utc(2026, 10, 1))
     assert [a.booking.start for a in result.accepted] == [utc(2026, 10, 17, 20), utc(2026, 10, 31, 21)]
