@@ -79,7 +79,10 @@ def test_the_page_follows_a_booking_from_booked_to_running_to_ended(tmp_path: Pa
     daemons.append(daemon)
     url = f"http://127.0.0.1:{port}/"
     wait_for("the daemon's status page", lambda: _answers(url), timeout=60, daemon=daemon)
-    assert "gpubook_bookings" in requests.get(url + "metrics", timeout=10).text  # mounted beside the page
+    # Mounted beside the page; its booking series appear with the first pass's status (the page may
+    # answer before that pass ends).
+    wait_for("the bookings in /metrics", lambda: "gpubook_bookings" in requests.get(url + "metrics", timeout=10).text,
+             timeout=60, daemon=daemon)
 
     with browser() as driver:
         rendered(driver, url)

@@ -62,8 +62,13 @@ class WebServer:
         """Close every socket from the server's own thread (closed from here, its select() would
         meet a closed descriptor), wait for it, then end the worker threads."""
         server: Any = self.server
-        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
-        self.thread.join(timeout=10)
+        if self.thread.is_alive():
+            try:
+                server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+            except OSError as error:  # its trigger already closed: the loop has ended or is ending
+                log.warning("status page: stopping it found its wake-up pipe closed (%s)", error)
+                wasyncore.close_all(server._map)
+            self.thread.join(timeout=10)
         server.task_dispatcher.shutdown()
 
 
