@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from runtime.engines import Engine
+from scheduler.commands.embedded import free_port
 from tests.engine_suite import CACHE_DIR
 
 USER, PASSWORD = "lab", "registry-" + secrets.token_hex(6)
@@ -41,12 +42,6 @@ class Registry:
     auth_file: Path  # the right credentials, auth.json format
     wrong_auth_file: Path  # a wrong password for the same registry
     folder: Path
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _certificates(folder: Path) -> None:

@@ -4,7 +4,6 @@ service (rootless podman, OpenSSH's sshd with internal-sftp), with hostile users
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import subprocess
 import tempfile
@@ -17,6 +16,7 @@ import pytest
 
 from runtime import sftp
 from runtime.engines import Engine
+from scheduler.commands.embedded import free_port
 from scheduler.hosts.sftp import SftpService, SftpSettings
 from tests import safe_data, sftp_kit
 from tests.daemon_kit import engine, key_line, wait_for  # noqa: F401 - fixtures by name
@@ -24,12 +24,6 @@ from tests.daemon_kit import engine, key_line, wait_for  # noqa: F401 - fixtures
 pytestmark = pytest.mark.podman
 
 IMAGE = "localhost/gpubook/debian-ssh:12"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Site:

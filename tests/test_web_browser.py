@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -17,11 +16,13 @@ from zoneinfo import ZoneInfo
 import pytest
 import requests
 
+from scheduler.commands.embedded import free_port
 from tests import daemon_kit
 from tests.daemon_kit import DaemonProcess, book, child_env, soon, wait_for, write_config
 from tests.web_kit import (
     CHROMEDRIVER,
     CHROMIUM,
+    answers,
     browser,
     ended_records,
     generated_plan,
@@ -40,12 +41,6 @@ pytestmark = [
                        reason="Debian's chromium and chromium-driver are not installed"),
 ]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def segment(driver, booking: str, kind: str):  # type: ignore[no-untyped-def]
@@ -78,7 +73,7 @@ def test_the_page_follows_a_booking_from_booked_to_running_to_ended(tmp_path: Pa
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
     url = f"http://127.0.0.1:{port}/"
-    wait_for("the daemon's status page", lambda: _answers(url), timeout=60, daemon=daemon)
+    wait_for("the daemon's status page", lambda: answers(url), timeout=60, daemon=daemon)
     # Mounted beside the page; its booking series appear with the first pass's status (the page may
     # answer before that pass ends).
     wait_for("the bookings in /metrics", lambda: "gpubook_bookings" in requests.get(url + "metrics", timeout=10).text,
@@ -123,13 +118,6 @@ def _local(midnight: datetime, days: int) -> datetime:
     """Midnight `days` later on the wall clock of its zone (a DST change makes a day 23 or 25 h)."""
     moved = midnight.replace(tzinfo=None) + timedelta(days=days)
     return moved.replace(tzinfo=midnight.tzinfo)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def test_the_page_holds_a_week_of_a_thousand_bookings(tmp_path: Path) -> None:

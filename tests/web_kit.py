@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from scheduler.config import Config, parse
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL, Accepted, Plan
@@ -131,3 +133,11 @@ def rendered(driver: Any, url: str) -> Any:
     driver.get(url)
     WebDriverWait(driver, 30).until(lambda d: d.find_element("tag name", "body").get_attribute("data-rendered"))
     return driver
+
+
+def answers(url: str) -> bool:
+    """Whether the page (or any URL of it) answers 200 now."""
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False

@@ -18,7 +18,6 @@ import io
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -42,19 +41,15 @@ from test_daemon_gpu import (  # noqa: F401 - fixtures, used by name
 
 from runtime.engines import Engine, container_name
 from runtime.nvidia.model import Gpu
+from scheduler.commands.embedded import free_port
 from scheduler.state import State
 from tests import servers
 from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.web_kit import answers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 
 LENGTH_SECONDS, BUSY_SECONDS, SAMPLE_SECONDS = 50, 20, 2
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -90,7 +85,8 @@ def test_a_busy_gpu_booking_shows_on_the_page_in_metrics_and_in_the_report(
     daemon = DaemonProcess(config).start()
     figures: dict[str, object] = {}
     try:
-        wait_for("the status page", lambda: _answers(web_port), timeout=60, daemon=daemon)
+        wait_for("the status page", lambda: answers(f"http://127.0.0.1:{web_port}/api/status"), timeout=60,
+                 daemon=daemon)
         line = wait_for("the ssh line in the event", lambda: RUNNING_LINE.search(description(calendar, "busy@test")),
                         timeout=(start - datetime.now(UTC)).total_seconds() + 60, interval=0.2, daemon=daemon)
         client = wait_for("SSH login as alice", lambda: try_login(int(line.group(1)), "alice", key), timeout=30,
@@ -145,13 +141,6 @@ def test_a_busy_gpu_booking_shows_on_the_page_in_metrics_and_in_the_report(
     assert 0 < float(alice["used_gpu_hours"]) < float(alice["booked_gpu_hours"]), alice
     assert alice["no_shows"] == "0", alice
     _report(figures, host_gpus, daemon.log, done.stdout)
-
-
-def _answers(port: int) -> bool:
-    try:
-        return requests.get(f"http://127.0.0.1:{port}/api/status", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def _busy(client: paramiko.SSHClient, cudacheck: bytes) -> None:
