@@ -159,8 +159,9 @@ class Daemon:
         self.images: ImagePreparer | None = None
         self.last_status: status.Status | None = None  # the last pass's, for the metrics and the web page
         self.web: WebServer | None = None
+        self.gpu_view = nvml.CachedView(self._gpu_view)  # one live view for the page and the metrics
         self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=self.state,
-                                       users=lambda: self.config.users.keys(), gpus=self._gpu_view)
+                                       users=lambda: self.config.users.keys(), gpus=self.gpu_view.view)
         self._world: World | None = None  # the containers as the last pass saw them (the sampler reads them)
         self._build(config)
         self.scheduler = BackgroundScheduler(
@@ -228,7 +229,7 @@ class Daemon:
     # -- passes --------------------------------------------------------------------------------
 
     def _gpu_view(self) -> nvml.NvmlView:
-        """NVML's live view for the metrics; nothing to read (and no NVML call) without a driver."""
+        """NVML's live view for the metrics and the page; nothing to read (and no NVML call) without a driver."""
         if self.inventory.source != "nvml":
             return nvml.NvmlView(None, problem="no NVIDIA driver")
         return nvml.read(status=True)
@@ -366,7 +367,7 @@ class Daemon:
 
         try:
             mounts = {"/metrics": metrics.wsgi_app(self.metrics)} if self.config.web.metrics else None
-            return serve.start(self.config, status=lambda: self.last_status, mounts=mounts)
+            return serve.start(self.config, status=lambda: self.last_status, mounts=mounts, gpus=self.gpu_view)
         except GpubookError as error:
             log.error("the status page does not start: %s", error)
             self._event(f"the status page does not start: {error}", level="error")

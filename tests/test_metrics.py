@@ -22,6 +22,7 @@ from prometheus_client.samples import Sample
 
 from runtime.errors import EngineError, StorageError, TemplateError
 from runtime.images import Ledger, PullError
+from runtime.nvidia import nvml
 from runtime.nvidia.model import Gpu
 from runtime.nvidia.nvml import NvmlView
 from runtime.ssh import ForeignHostKey
@@ -199,10 +200,10 @@ def test_nvml_is_read_at_most_every_two_seconds() -> None:
         reads.append(1)
         return two_gpus()
 
-    cache = metrics._GpuCache(read, clock=lambda: clock[0])
+    cache = nvml.CachedView(read, clock=lambda: clock[0])
     for _ in range(5):
         cache.view()
-    clock[0] += metrics.GPU_CACHE_SECONDS
+    clock[0] += nvml.CACHE_SECONDS
     cache.view()
     assert len(reads) == 2
 

@@ -7,7 +7,9 @@ in one line (`NvmlView.problem`) instead of raising, and callers fall back to /p
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from runtime.nvidia.model import Gpu, GpuProcess, normalise_bus_id
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
+CACHE_SECONDS = 2.0  # a live view is read at most this often, however many pages and scrapes ask
 
 
 @dataclass(frozen=True)
@@ -136,3 +139,29 @@ def _processes(pynvml: Any, handle: Any) -> tuple[GpuProcess, ...]:
                 ),
             )
     return tuple(sorted(seen.values(), key=lambda p: p.pid))
+
+
+def read_live() -> NvmlView:
+    """The GPUs with their memory, utilisation and processes: what a live view shows."""
+    return read(status=True)
+
+
+class CachedView:
+    """`view()`: NVML's live view, read at most every `seconds` (the daemon's status page and its
+    /metrics, and several browsers and Prometheus servers, share one reading). `read_at`: the wall
+    time of the reading `view()` gave last."""
+
+    def __init__(self, read: Callable[[], NvmlView] = read_live, *,
+                 seconds: float = CACHE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.read, self.seconds, self.clock = read, seconds, clock
+        self._lock = threading.Lock()
+        self._view: NvmlView | None = None
+        self._at = 0.0
+        self.read_at = 0.0
+
+    def view(self) -> NvmlView:
+        with self._lock:
+            now = self.clock()
+            if self._view is None or now - self._at >= self.seconds:
+                self._view, self._at, self.read_at = self.read(), now, time.time()
+            return self._view

@@ -5,8 +5,8 @@ one: nothing a library registers there mixes in, and tests build as many as they
 
 - read at scrape time by `_Collector` from what the daemon already holds: the last pass's `Status`
   (bookings by state, running containers, images prepared ahead, the last poll), State's GPU-hours
-  per user and NVML's live utilisation and memory (cached `GPU_CACHE_SECONDS`, so that scrapes never
-  hammer the driver; absent where there is no GPU);
+  per user and NVML's live utilisation and memory (through the caller's `nvml.CachedView`, so that
+  scrapes never hammer the driver; absent where there is no GPU);
 - observed as they happen, through `Metrics`' methods, by the daemon (poll and pass durations,
   calendar errors), the apply stage (start-to-SSH latency, failed starts) and the image preparer.
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
-import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime
 from typing import Any, ParamSpec, Protocol, runtime_checkable
@@ -46,7 +44,6 @@ from scheduler.state import StateError
 log = logging.getLogger(__name__)
 
 PREFIX = "gpubook"
-GPU_CACHE_SECONDS = 2.0  # NVML is read at most this often, however often Prometheus scrapes
 OTHER_USER = "(other)"  # GPU-hours of a user not (or no longer) in the config
 BOOKING_STATES = ("now", "upcoming", "rejected", "armed", "running")
 START_FAILURES = ("refused", "image", "ssh_host_key", "engine", "driver", "storage", "template", "state",
@@ -112,24 +109,6 @@ def calendar_cause(text: str) -> str:
     return next((cause for cause, words in classes if any(w in lowered for w in words)), "other")
 
 
-class _GpuCache:
-    """NVML's view, read at most every `seconds` (scrapes from several Prometheus servers share it)."""
-
-    def __init__(self, read: Callable[[], NvmlView], *, seconds: float = GPU_CACHE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.read, self.seconds, self.clock = read, seconds, clock
-        self._lock = threading.Lock()
-        self._view: NvmlView | None = None
-        self._at = 0.0
-
-    def view(self) -> NvmlView:
-        with self._lock:
-            now = self.clock()
-            if self._view is None or now - self._at >= self.seconds:
-                self._view, self._at = self.read(), now
-            return self._view
-
-
 class Metrics:
     """The daemon's metrics: made once per daemon (kept across reloads), observed by its parts,
     served by `wsgi_app` under the web page's /metrics."""
@@ -138,8 +117,8 @@ class Metrics:
                  users: Callable[[], Collection[str]] = frozenset, gpus: Callable[[], NvmlView] | None = None,
                  gpu_host: str = LOCAL) -> None:
         """`status`: the last pass's Status (None before the first); `usage`: State's GPU-hours;
-        `users`: the configured users (bounds the `user` label); `gpus`: NVML's view with status
-        (runtime.nvidia.nvml.read(status=True)), None where the daemon reads no GPU."""
+        `users`: the configured users (bounds the `user` label); `gpus`: NVML's view with status,
+        cached by the caller (runtime.nvidia.nvml.CachedView.view), None where the daemon reads no GPU."""
         self.registry = CollectorRegistry()
         self.start_ssh = Histogram(f"{PREFIX}_start_ssh_seconds", "Seconds from a booking's container start "
                                    "(an armed one: its opening) until its SSH server let the probe key in.",
@@ -161,7 +140,7 @@ class Metrics:
         for outcome in PULL_OUTCOMES:
             self.image_pulls.labels(outcome=outcome)
         self.registry.register(_Collector(status=status, usage=usage, users=users,
-                                          gpus=_GpuCache(gpus) if gpus is not None else None, gpu_host=gpu_host))
+                                          gpus=gpus, gpu_host=gpu_host))
 
     @_guarded
     def started(self, *, seconds_to_ssh: float) -> None:
@@ -198,7 +177,7 @@ class _Collector(Collector):
     """The figures read at scrape time; each source on its own, so one failing leaves the rest."""
 
     def __init__(self, *, status: Callable[[], Status | None], usage: UsageSource | None,
-                 users: Callable[[], Collection[str]], gpus: _GpuCache | None, gpu_host: str) -> None:
+                 users: Callable[[], Collection[str]], gpus: Callable[[], NvmlView] | None, gpu_host: str) -> None:
         self.status, self.usage, self.users, self.gpus, self.gpu_host = status, usage, users, gpus, gpu_host
 
     def describe(self) -> list[Metric]:
@@ -250,7 +229,7 @@ class _Collector(Collector):
     def _gpus(self) -> Iterator[Metric]:
         if self.gpus is None:
             return
-        view = self.gpus.view()
+        view = self.gpus()
         if not view.gpus:
             return  # no GPU (or NVML unreadable): no GPU series at all, rather than zeros
         labels = ["host", "gpu", "uuid"]

@@ -4,6 +4,7 @@ changes). Starting refuses settings that would show the page to the network with
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -17,10 +18,11 @@ from waitress import wasyncore
 from waitress.server import create_server
 
 from runtime.errors import ConfigError
+from runtime.nvidia import nvml
 from scheduler.config import Config, web_problem
 from scheduler.outbox.status import Status
+from scheduler.outbox.web import live
 from scheduler.outbox.web.app import create_app
-from scheduler.outbox.web.live import CachedReading
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
@@ -73,13 +75,15 @@ class WebServer:
 
 
 def start(config: Config, *, status: Callable[[], Status | None],
-          mounts: Mapping[str, WSGIApplication] | None = None) -> WebServer:
-    """Serve the page on [web] listen in a daemon thread; ConfigError when it must not start."""
+          mounts: Mapping[str, WSGIApplication] | None = None, gpus: nvml.CachedView | None = None) -> WebServer:
+    """Serve the page on [web] listen in a daemon thread; ConfigError when it must not start.
+    `gpus`: the live NVML view to show (the daemon passes the one its metrics read; else its own)."""
     web = config.web
     if problem := web_problem(web):
         raise ConfigError(problem)
-    app = create_app(status=status, web=web, host_name=config.host.name, live=CachedReading().reading,
-                     mounts=mounts, stale_after=timedelta(seconds=max(300.0, 3 * config.daemon.poll_seconds)))
+    app = create_app(status=status, web=web, host_name=config.host.name,
+                     live=functools.partial(live.of, gpus or nvml.CachedView()), mounts=mounts,
+                     stale_after=timedelta(seconds=max(300.0, 3 * config.daemon.poll_seconds)))
     host, _, port = web.listen.rpartition(":")
     try:
         # threads=4: a few browsers at once; the page is small. No trusted_proxy: REMOTE_ADDR stays the
