@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeGuard
 
 from scheduler.core import decide
 
@@ -73,7 +73,7 @@ class BookingLanes:
             needs = [f.future for f in self.freeing.values() if any(_waits_for(s, f) for s in starts)]
             future = self.pool.submit(self._run_group, group, needs, apply)
             self.busy[booking_id] = future
-            freeing = [a for a in group if isinstance(a, (decide.Stop, decide.Clear, decide.Disarm))]
+            freeing = [a for a in group if _frees(a)]
             if freeing:
                 gpus = frozenset[int]().union(*(gpus_of(a.name) for a in freeing))
                 self.freeing[booking_id] = _Freeing(host=freeing[0].host, gpus=gpus, future=future)
@@ -113,7 +113,8 @@ class BookingLanes:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _frees(action: Any) -> bool:
+def _frees(action: Any) -> TypeGuard[decide.Stop | decide.Clear | decide.Disarm]:
+    """Whether the action takes a container away (its GPUs free once it is done)."""
     return isinstance(action, (decide.Stop, decide.Clear, decide.Disarm))
 
 
