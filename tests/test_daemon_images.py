@@ -103,5 +103,6 @@ def test_an_image_only_in_a_registry_is_pulled_before_a_booking_accepted_minutes
     armed = "booking pulled@test: its container runs ahead of its start" in log
     # run at its start, or armed ahead of it with SSH closed until then (tests/test_daemon_armed.py)
     assert armed or datetime.strptime(started[:19], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC) >= start
-    pulls = [line for line in log.splitlines() if "pulling" in line]
+    # The preparer's own line for each pull ("not armed yet: … pulling" only echoes its state).
+    pulls = [line for line in log.splitlines() if f"template lab-ssh: pulling {registry_only_image}" in line]
     assert len(pulls) == 1  # one pull, ahead; the start pulled nothing
