@@ -30,6 +30,7 @@ from runtime.engines import EngineSettings as EngineConfig
 from runtime.errors import ConfigError
 from runtime.names import template_name_problem as _template_name_problem
 from runtime.names import user_name_problem as _user_name_problem
+from runtime.plugins import load_callable
 from scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind, source_class
 from scheduler.sources.errors import redact_url
 
@@ -185,10 +186,22 @@ class UserConfig:
                                            check=_not_negative)
 
 
+def _monitor_problem(name: str) -> str | None:
+    if name == "nvml":
+        return None
+    try:
+        load_callable(name, what="GPU monitor")
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 @dataclass(frozen=True)
 class GpusSection:
     count: int | None = setting(None, "the static inventory where NVML cannot be read",
                                 check=lambda v: None if 0 <= v <= 64 else "must be between 0 and 64")
+    monitor: str = setting("nvml", 'what reads utilisation and GPU processes: "nvml", or "package.module:function" '
+                           "returning runtime.nvidia.nvml.NvmlView (e.g. a DCGM reader)", check=_monitor_problem)
     mps: bool = setting(False, "bind the MPS pipe folder (writable: MPS clients need it) into GPU containers "
                         "while an MPS control daemon runs; any booker can then stop or reconfigure MPS for all")
 
@@ -405,6 +418,7 @@ class Config:
     nvidia: NvidiaConfig
     daemon: DaemonConfig
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    gpu_monitor: str = "nvml"  # [gpus] monitor: the GPUs' live view (utilisation, processes)
     gpu_mps: bool = False  # [gpus] mps: bind the MPS pipe folder (shared by every booker)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sftp: SftpConfig = field(default_factory=SftpConfig)
@@ -777,7 +791,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         users=read["users"], gpu_count=read["gpus"].count, templates_dir=read["templates"].dir,
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
         daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps, policy=read["policy"],
-        sftp=read["sftp"], images=read["images"], web=read["web"],
+        gpu_monitor=read["gpus"].monitor, sftp=read["sftp"], images=read["images"], web=read["web"],
     )
 
 

@@ -202,7 +202,8 @@ class Daemon:
         self.config = config
         self.sampler = usage.Sampler(state=self.state, host=local.name, interval=config.daemon.sample_seconds,
                                      running=lambda: self._world.actual() if self._world is not None else [],
-                                     logs=self.engine.logs, probe_fingerprint=self.probe_key.fingerprint)
+                                     logs=self.engine.logs, probe_fingerprint=self.probe_key.fingerprint,
+                                     read=self.gpu_view.view)
         self._build_sftp(config, templates, local)
 
     def _build_sftp(self, config: config_module.Config, templates: TemplateSet, local: LocalHost) -> None:
@@ -229,10 +230,11 @@ class Daemon:
     # -- passes --------------------------------------------------------------------------------
 
     def _gpu_view(self) -> nvml.NvmlView:
-        """NVML's live view for the metrics and the page; nothing to read (and no NVML call) without a driver."""
-        if self.inventory.source != "nvml":
+        """The GPUs' live view ([gpus] monitor) for the sampler, the metrics and the page; with NVML,
+        nothing to read (and no NVML call) without a driver."""
+        if self.config.gpu_monitor == "nvml" and self.inventory.source != "nvml":
             return nvml.NvmlView(None, problem="no NVIDIA driver")
-        return nvml.read(status=True)
+        return nvml.monitor(self.config.gpu_monitor)()
 
     def poll(self) -> None:
         """Read the calendars, then run a pass. A CalendarError keeps the last known bookings."""

@@ -59,7 +59,8 @@ def key_line(key: paramiko.PKey) -> str:
 def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PKey], gpus: int = 2,
                  poll_seconds: float = 60, warn_minutes: float = 0.1, stale_after_minutes: float = 30,
                  notice_seconds: float = 3, restart_backoff_seconds: float = 1, template: str = "debian-ssh",
-                 templates_dir: Path | None = None, engine_lines: Sequence[str] = ()) -> Path:
+                 templates_dir: Path | None = None, engine_lines: Sequence[str] = (),
+                 gpu_lines: Sequence[str] = ()) -> Path:
     low, high = port_range()
     if not (folder / "data").exists():
         # gpubook refuses a data_root without nosuid,nodev: the test mount's, seen as folder/data.
@@ -67,7 +68,7 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
     lines = [
         '[host]', 'name = "127.0.0.1"', 'timezone = "UTC"', '',
         '[[calendar]]', f'url = "{calendar_url}"', 'username = "test"', '',
-        '[gpus]', f'count = {gpus}', '',
+        '[gpus]', f'count = {gpus}', *gpu_lines, '',
         '[defaults]', f'template = "{template}"', 'gpus = 1', f'warn_minutes = {warn_minutes}', '',
         '[engine]', 'name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"',
         'stop_grace_seconds = 1', *engine_lines, '',
@@ -126,15 +127,17 @@ def child_env() -> dict[str, str]:
 class DaemonProcess:
     """`gpubook run` as a real process; stderr kept in a file for the failure message."""
 
-    def __init__(self, config: Path) -> None:
+    def __init__(self, config: Path, *, env: dict[str, str] | None = None) -> None:
+        """`env`: added to the daemon's environment (e.g. tests/fake_gpus.py's file)."""
         self.config = config
+        self.env = env or {}
         self.log = config.with_name("daemon.log")
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> DaemonProcess:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "scheduler.commands.cli", "run", "--config",
-                                             str(self.config)], stdout=log, stderr=log, env=child_env(),
+                                             str(self.config)], stdout=log, stderr=log, env=child_env() | self.env,
                                             stdin=subprocess.DEVNULL, cwd=ROOT)
         return self
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.nvidia.model import Gpu, GpuProcess, normalise_bus_id
+from runtime.plugins import load_callable
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -144,6 +145,18 @@ def _processes(pynvml: Any, handle: Any) -> tuple[GpuProcess, ...]:
 def read_live() -> NvmlView:
     """The GPUs with their memory, utilisation and processes: what a live view shows."""
     return read(status=True)
+
+
+Monitor = Callable[[], NvmlView]  # what reads the GPUs' live view: NVML, or a plug-in
+
+
+def monitor(name: str = "nvml") -> Monitor:
+    """The live-view reader `[gpus] monitor` names: "nvml" (this module), or "package.module:function"
+    returning an `NvmlView` (another source of utilisation and processes, e.g. DCGM's exporter, or the
+    tests' stand-in where no GPU exists). Raises ValueError naming what cannot be loaded."""
+    if name == "nvml":
+        return read_live
+    return load_callable(name, what="GPU monitor")  # type: ignore[no-any-return]
 
 
 class CachedView:
