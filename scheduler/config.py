@@ -35,7 +35,7 @@ from scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind,
 from scheduler.sources.errors import redact_url
 
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
-NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended", "reminder")
+NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended", "reminder", "foreign")
 _REQUIRED = object()
 T = TypeVar("T")
 Check = Callable[[Any], "str | None"]
@@ -370,6 +370,7 @@ class NotifyConfig:
 
 
 IDENTITIES = ("description", "organizer")
+FOREIGN_ACTIONS = ("report", "stop")
 
 
 @dataclass(frozen=True)
@@ -391,6 +392,12 @@ class PolicyConfig:
                                        check=_not_negative)
     remind_minutes: float = setting(0.0, "alarm in the accepted booking's event and a reminder notice, in "
                                     "minutes before the start; 0: off", check=_not_negative)
+    # Processes on a booked GPU that are not its booking's container's (scheduler/hosts/foreign.py).
+    foreign_processes: str = setting("report", 'processes on a booked GPU outside its booking\'s container: "report" '
+                                     '(log, event, status, metrics) or "stop" (reported, then stopped after '
+                                     "foreign_grace_minutes)", check=_one_of(FOREIGN_ACTIONS))
+    foreign_grace_minutes: float = setting(5.0, 'minutes between the notice and the stop, with "stop"',
+                                           check=_not_negative)
 
 
 # Checks of [engine] fields that runtime.engines declares without a "check" in their metadata.

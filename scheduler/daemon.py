@@ -53,9 +53,10 @@ from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL
 from scheduler.hosts import sftp as sftp_host
 from scheduler.hosts import usage
+from scheduler.hosts.foreign import ForeignWatch
 from scheduler.hosts.images import ImagePreparer
 from scheduler.hosts.local import LocalHost
-from scheduler.outbox import metrics, notices, status, timeline
+from scheduler.outbox import foreign, metrics, notices, status, timeline
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
 from scheduler.sources.errors import CalendarError, redact_url
@@ -204,6 +205,10 @@ class Daemon:
                                      running=lambda: self._world.actual() if self._world is not None else [],
                                      logs=self.engine.logs, probe_fingerprint=self.probe_key.fingerprint,
                                      read=self.gpu_view.view)
+        self.foreign = ForeignWatch(state=self.state, host=local.name, read=self.gpu_view.view,
+                                    running=lambda: self._world.actual() if self._world is not None else [],
+                                    mode=config.policy.foreign_processes, on_change=self._soon,
+                                    grace=timedelta(minutes=config.policy.foreign_grace_minutes))
         self._build_sftp(config, templates, local)
 
     def _build_sftp(self, config: config_module.Config, templates: TemplateSet, local: LocalHost) -> None:
@@ -405,10 +410,21 @@ class Daemon:
             counts=status.counts(result.plan, now=now), findings=status.setup_findings(self.config.engine),
             sftp=self.sftp.status.to_json() if self.sftp is not None else None,
             images=self.images.snapshot() if self.images is not None else None,
-            rejected=timeline.rejected_bookings(result.plan))
+            rejected=timeline.rejected_bookings(result.plan), foreign=self._foreign_items())
         self.last_status = report
         self.notifier.status(report.line())
         write_private(self.state_dir / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
+
+    def _foreign_items(self) -> tuple[dict[str, object], ...]:
+        try:
+            return foreign.status_items(self.state.foreign())
+        except StateError:
+            return ()  # the status file shows none this time; the next pass reads them again
+
+    def sample(self) -> None:
+        """The sampling job: the GPUs' samples and first logins, then the processes outside bookings."""
+        self.sampler()
+        self.foreign()
 
     # -- signals and the main loop -------------------------------------------------------------
 
@@ -497,7 +513,7 @@ class Daemon:
             if self.scheduler.get_job("sample") is not None:
                 self.scheduler.remove_job("sample")
             return
-        self.scheduler.add_job(self.sampler, "interval", seconds=seconds, id="sample", replace_existing=True)
+        self.scheduler.add_job(self.sample, "interval", seconds=seconds, id="sample", replace_existing=True)
 
     def _watch_clock(self, *, wall: datetime, monotonic: float) -> None:
         """Called every few seconds by the main loop with both clocks' readings: on a step back of

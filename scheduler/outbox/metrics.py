@@ -213,6 +213,7 @@ class _Collector(Collector):
         yield gpus
         yield from _poll_families(report)
         yield from _image_families(report.images)
+        yield _foreign_family(report)
 
     def _usage(self) -> Iterator[Metric]:
         if self.usage is None:
@@ -265,6 +266,19 @@ def _poll_families(report: Status) -> Iterator[Metric]:
                                     value=datetime.fromisoformat(text).timestamp())
     yield GaugeMetricFamily(f"{PREFIX}_calendar_outage", "1 while every calendar is unreachable (the last known "
                             "bookings are kept), else 0.", value=1.0 if report.outage else 0.0)
+
+
+def _foreign_family(report: Status) -> Metric:
+    """Processes on each GPU outside its booking's container (or on a GPU nobody booked)."""
+    family = GaugeMetricFamily(f"{PREFIX}_foreign_processes", "Processes on a GPU that are not its booking's "
+                               "container's (or on an unbooked GPU), at the last pass.", labels=["host", "gpu"])
+    counted = {(host.name, str(gpu)): 0 for host in report.hosts for gpu in host.gpus.gpu_indices}
+    for item in report.foreign:
+        key = (str(item.get("host") or LOCAL), str(item.get("gpu")))
+        counted[key] = counted.get(key, 0) + 1
+    for (host, gpu), count in sorted(counted.items()):
+        family.add_metric([host, gpu], count)
+    return family
 
 
 def _image_families(snapshot: Mapping[str, Any] | None) -> Iterator[Metric]:

@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 from runtime import gpus as gpu_inventory
 from runtime.engines import HOST_NETWORK_RISK, ContainerInfo, EngineSettings
 from scheduler.core.plan import LOCAL, Plan
+from scheduler.outbox.foreign import status_lines as foreign_lines
 from scheduler.outbox.timeline import GpuTimeline, RejectedBooking, gpu_timelines, gpus_of
 from scheduler.state.records import ContainerRecord
 
@@ -87,6 +88,7 @@ class Status:
     sftp: Mapping[str, Any] | None = None  # the SFTP service (hosts/sftp.py SftpStatus.to_json); None: off
     images: Mapping[str, Any] | None = None  # images prepared ahead (hosts/images.py ImagePreparer.snapshot)
     rejected: tuple[RejectedBooking, ...] = ()  # refused bookings with their reasons (outbox/timeline.py)
+    foreign: tuple[Mapping[str, Any], ...] = ()  # processes on GPUs outside bookings (outbox/foreign.py)
 
     @property
     def main(self) -> HostStatus:
@@ -121,7 +123,8 @@ class Status:
         return cls(hosts=hosts, problems=tuple(data.get("problems", ())), findings=tuple(data.get("findings", ())),
                    recent_warnings=tuple(data.get("recent_warnings", ())), counts=data.get("counts", {}),
                    sftp=data.get("sftp"), images=data.get("images"),
-                   rejected=tuple(RejectedBooking(**r) for r in data.get("rejected", ())), **known)
+                   rejected=tuple(RejectedBooking(**r) for r in data.get("rejected", ())),
+                   foreign=tuple(data.get("foreign", ())), **known)
 
     def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
         """The same status with what runs now, as the engine lists it (ports from State where a label lacks one)."""
@@ -154,6 +157,7 @@ class Status:
             lines.append(f"Calendar unreachable: {self.outage}")
         lines.extend(sftp_lines(self.sftp))
         lines.extend(image_lines(self.images))
+        lines.extend(foreign_lines(self.foreign, timezone=timezone))
         if self.findings:
             lines.append("Findings:")
             lines.extend(f"  {line}" for line in self.findings)

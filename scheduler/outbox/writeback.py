@@ -34,6 +34,7 @@ from scheduler.config import CalendarConfig, Config, remind_minutes
 from scheduler.core import decide
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import Accepted, Plan
+from scheduler.outbox import foreign
 from scheduler.sources import EventRef, Writer, block, open_writer
 from scheduler.sources.alarm import Reminder
 from scheduler.state import ContainerRecord, State, StateError
@@ -106,12 +107,13 @@ class WriteBack:
               etags: Mapping[str, str | None]) -> None:
         items: list[tuple[Booking | Rejection, block.Outcome]] = []
         extra = self._running_lines() if running else {}
+        seen = self._foreign_lines([a.booking.id for a in plan.accepted])
         for rejection in plan.rejected:
             if rejection.end > now:
                 items.append((rejection, block.rejected(rejection.reason)))
         for accepted in plan.accepted:
             outcome = self.outcome(accepted, running.get(accepted.booking.id), records.get(accepted.booking.id),
-                                   remarks=remarks, now=now, extra=extra)
+                                   remarks=remarks, now=now, extra=extra, foreign=seen)
             if outcome is not None:
                 items.append((accepted.booking, outcome))
         for item, outcome in items:
@@ -123,12 +125,14 @@ class WriteBack:
         (or failed) is written back as soon as its own SSH answered, not after its pass waited for
         its slower siblings. The pass's write afterwards finds the same outcome and skips it."""
         extra = self._running_lines() if info is not None else {}  # its JupyterLab and CUDA lines too
-        outcome = self.outcome(accepted, info, records, remarks=remarks, now=now, extra=extra)
+        outcome = self.outcome(accepted, info, records, remarks=remarks, now=now, extra=extra,
+                               foreign=self._foreign_lines([accepted.booking.id]))
         if outcome is not None:
             self._write(accepted.booking, outcome, etag=etag, now=now)
 
     def outcome(self, accepted: Accepted, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
-                *, remarks: Remarks, now: datetime, extra: Mapping[str, str] | None = None) -> block.Outcome | None:
+                *, remarks: Remarks, now: datetime, extra: Mapping[str, str] | None = None,
+                foreign: Mapping[str, Sequence[str]] | None = None) -> block.Outcome | None:
         booking = accepted.booking
         zone = self.config.host.timezone
         outcome: block.Outcome
@@ -165,6 +169,8 @@ class WriteBack:
             return None
         note = remarks.notes.get(booking.id)
         outcome = outcome.with_note(note) if note else outcome
+        for line in (foreign or {}).get(booking.id, ()):  # processes seen on its GPUs outside its container
+            outcome = outcome.with_note(line)
         return replace(outcome, reminder=self._reminder(accepted, info))
 
     def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
@@ -189,6 +195,15 @@ class WriteBack:
         except StateError as error:
             log.warning("the lines bookings' starts added wait for a later write: %s", error)
             return {}
+
+    def _foreign_lines(self, booking_ids: Sequence[str]) -> dict[str, list[str]]:
+        """Each booking's foreign lines (processes seen on its GPUs outside its container), read once per write."""
+        try:
+            rows = self.state.foreign(current=False, booking_ids=booking_ids)
+        except StateError as error:
+            log.warning("processes seen outside the bookings wait for a later write: %s", error)
+            return {}
+        return foreign.event_lines(rows, timezone=self.config.host.timezone)
 
     def _sftp(self, user: str) -> str | None:
         """The booker's SFTP line where the SFTP service runs (their data at any time), else None."""

@@ -154,6 +154,27 @@ MIGRATIONS: tuple[str, ...] = (
         at         REAL NOT NULL
     );
     """,
+    # 6: processes seen on GPUs outside the bookings' containers (scheduler/state/foreign.py): one
+    # row per GPU and process (pid with its start time: a reused pid is another process).
+    """
+    CREATE TABLE foreign_processes (
+        host       TEXT NOT NULL,
+        gpu        INTEGER NOT NULL,
+        pid        INTEGER NOT NULL,
+        started    INTEGER NOT NULL,  -- the process's start, clock ticks after boot; 0: unknown
+        user       TEXT NOT NULL,
+        command    TEXT NOT NULL,
+        booking_id TEXT,              -- the booking on that GPU; NULL: nobody's GPU
+        container  TEXT,              -- another booking's container it runs in; NULL: none
+        first_seen REAL NOT NULL,
+        last_seen  REAL NOT NULL,
+        gone_at    REAL,
+        action     TEXT NOT NULL DEFAULT '',
+        PRIMARY KEY (host, gpu, pid, started)
+    );
+    CREATE INDEX foreign_processes_current ON foreign_processes (host) WHERE gone_at IS NULL;
+    CREATE INDEX foreign_processes_booking ON foreign_processes (booking_id);
+    """,
 )
 
 
