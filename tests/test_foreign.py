@@ -1,0 +1,184 @@
+"""Processes on GPUs outside the bookings' containers, with real processes: a "container" here is a
+real PID namespace (unshare, run as root), a host process is a real `sleep`; only NVML's list is
+given by the test (an NvmlView). The podman and daemon side is tests/test_daemon_foreign.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from runtime.engines import ContainerInfo
+from runtime.nvidia import processes
+from runtime.nvidia.model import Gpu, GpuProcess
+from runtime.nvidia.nvml import NvmlView
+from scheduler.hosts.foreign import ForeignWatch
+from scheduler.outbox import foreign
+from scheduler.outbox.status import GpuSummary, HostStatus, Status
+from scheduler.state import State
+
+NOW = datetime(2026, 11, 23, 14, 5, tzinfo=UTC)
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                reason="a PID namespace of its own needs root and unshare")
+
+
+def _child_of(pid: int) -> int:
+    for _ in range(100):
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} has no child")
+
+
+@pytest.fixture
+def namespace() -> Iterator[tuple[ContainerInfo, int]]:
+    """A booking's "container": a real PID namespace; (its info, a second process in it)."""
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", "sleep 300 & sleep 300"])
+    init = 0
+    try:
+        init = _child_of(outer.pid)  # the namespace's pid 1 (sh)
+        inner = _child_of(init)
+        info = ContainerInfo(name="gpubook-own", id="a" * 64, state="running", image="i", booking_id="own@test",
+                             user="alice", gpus=(0,), end=None, spec_hash="", port=2201, template="t", pid=init)
+        yield info, inner
+    finally:
+        if init:
+            os.kill(init, signal.SIGKILL)  # its namespace's processes go with it
+        outer.kill()
+        outer.wait()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "300"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def view(*gpus: list[int]) -> NvmlView:
+    return NvmlView("550.54", tuple(Gpu(index=i, uuid=f"GPU-{i}", name="Fake",
+                                        processes=tuple(GpuProcess(pid=p, name=None, used_memory_mib=1) for p in pids))
+                                    for i, pids in enumerate(gpus)))
+
+
+@needs_root
+def test_a_process_in_the_namespace_is_the_containers_and_a_host_process_none(namespace, sleeper) -> None:
+    info, inner = namespace
+    attribution = processes.Attribution([info])
+    assert attribution.container_of(inner) == "gpubook-own"
+    host = attribution.process(sleeper.pid)
+    assert host.container is None and host.command == "sleep" and host.user == "root" and host.started > 0
+
+
+def test_a_cgroup_named_after_a_container_counts_only_outside_other_users_delegations(tmp_path: Path) -> None:
+    """Hostile: anyone may make a cgroup named libpod-ID.scope under their own user@UID.service; where
+    namespaces cannot be read (Docker), such a process must not pass for the container's."""
+    ident = "c" * 64
+    info = ContainerInfo(name="gpubook-b", id=ident, state="running", image="i", booking_id="b@test", user="bob",
+                         gpus=(0,), end=None, spec_hash="", port=2201, template="t", pid=0)  # its namespace unread
+    proc = tmp_path / "proc"
+    (proc / "self" / "ns").mkdir(parents=True)
+    (proc / "self" / "ns" / "pid").symlink_to("pid:[1]")
+    for pid, path in ((10, f"/user.slice/user-1002.slice/user@1002.service/app.slice/libpod-{ident}.scope"),
+                      (11, f"/user.slice/user-1001.slice/user@1001.service/user.slice/libpod-{ident}.scope/container"),
+                      (12, f"/system.slice/docker-{ident}.scope"), (13, "/user.slice/user-1002.slice/session-3.scope")):
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "cgroup").write_text(f"0::{path}\n")
+    attribution = processes.Attribution([info], own_uid=1001, proc=proc)
+    assert [attribution.container_of(pid) for pid in (10, 11, 12, 13, 14)] == [None, "gpubook-b", "gpubook-b",
+                                                                               None, None]
+
+
+@needs_root
+def test_a_host_process_on_a_booked_gpu_is_reported_and_the_bookings_own_never(tmp_path: Path, namespace,
+                                                                               sleeper) -> None:
+    info, inner = namespace
+    changes: list[int] = []
+    with State(tmp_path / "state.sqlite") as state:
+        readings = [view([info.pid, inner, sleeper.pid], [os.getpid()])]
+        watch = ForeignWatch(state=state, host="local", running=lambda: [info], read=lambda: readings[-1],
+                             on_change=lambda: changes.append(1))
+        first = watch(now=NOW)
+        assert {(r.gpu, r.pid, r.booking_id) for r in first.changed} == {(0, sleeper.pid, "own@test"),
+                                                                         (1, os.getpid(), None)}
+        assert changes == [1]
+        assert watch(now=NOW + timedelta(seconds=30)).changed == () and changes == [1]  # seen again: no news
+        rows = state.foreign()
+        assert rows[0].last_seen == NOW + timedelta(seconds=30) and rows[0].first_seen == NOW
+        lines = foreign.event_lines(state.foreign(current=False, booking_ids=["own@test"]), timezone="UTC")
+        assert lines == {"own@test": [f"foreign: GPU 0 is also used by pid {sleeper.pid} (sleep, root) since 14:05; "
+                                      "not this booking's"]}
+        assert [n.kind for n in state.pending_notices()] == ["foreign"]
+        assert any(f"pid {sleeper.pid} (sleep, root) uses the GPU outside the booking's container" in e.message
+                   for e in state.events(booking_id="own@test"))
+        readings.append(view([info.pid, inner], []))
+        ended = watch(now=NOW + timedelta(seconds=60))
+        assert {r.pid for r in ended.changed} == {sleeper.pid, os.getpid()} and changes == [1, 1]
+        assert state.foreign() == []
+        assert foreign.event_lines(state.foreign(current=False, booking_ids=["own@test"]), timezone="UTC") == {
+            "own@test": [f"foreign: GPU 0 was also used by pid {sleeper.pid} (sleep, root) from 14:05 to 14:06; "
+                         "not this booking's"]}
+
+
+@needs_root
+def test_stop_mode_stops_the_outside_process_after_the_grace_and_never_the_bookings_own(tmp_path: Path, namespace,
+                                                                                       sleeper) -> None:
+    info, inner = namespace
+    with State(tmp_path / "state.sqlite") as state:
+        watch = ForeignWatch(state=state, host="local", running=lambda: [info], mode="stop",
+                             grace=timedelta(minutes=2), read=lambda: view([info.pid, inner, sleeper.pid]))
+        watch(now=NOW)
+        assert state.foreign()[0].action == "due 2026-11-23T14:07:00+00:00"
+        watch(now=NOW + timedelta(minutes=1))
+        assert sleeper.poll() is None  # within the grace: still there
+        watch(now=NOW + timedelta(minutes=2))
+        assert sleeper.wait(timeout=10) == -signal.SIGTERM
+        assert state.foreign()[0].action == "stopped 2026-11-23T14:07:00+00:00"
+        for _ in range(3):
+            watch(now=NOW + timedelta(minutes=10))
+        os.kill(inner, 0)  # the booking's own process: never reported, never signalled
+        os.kill(info.pid, 0)
+        assert all(row.pid == sleeper.pid for row in state.foreign(current=False, booking_ids=["own@test"]))
+
+
+@needs_root
+def test_stop_mode_kills_a_process_that_ignores_sigterm(tmp_path: Path, namespace, monkeypatch) -> None:
+    from scheduler.hosts import foreign as watch_module
+
+    monkeypatch.setattr(watch_module, "KILL_AFTER", 0.5)
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"])
+    info, _ = namespace
+    try:
+        with State(tmp_path / "state.sqlite") as state:
+            watch = ForeignWatch(state=state, host="local", running=lambda: [info], mode="stop",
+                                 grace=timedelta(0), read=lambda: view([stubborn.pid]))
+            time.sleep(0.2)  # its trap set
+            watch(now=NOW)
+            watch(now=NOW)
+            assert stubborn.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+
+
+def test_status_and_metrics_show_the_sightings() -> None:
+    from scheduler.outbox import metrics
+
+    item = {"host": "local", "gpu": 0, "pid": 4242, "user": "carol", "command": "python3", "booking": "b@test",
+            "container": None, "since": NOW.isoformat(), "action": "cannot: not hers"}
+    report = Status(hosts=(HostStatus(name="local", gpus=GpuSummary(source="nvml", count=2)),), foreign=(item,))
+    again = Status.from_json(report.to_json())
+    assert again.foreign == (item,)
+    assert "  GPU 0 (booking b@test): pid 4242 (python3, carol) since 14:05; gpubook cannot stop it: not hers" in \
+        again.render("UTC")
+    family = metrics._foreign_family(again)
+    assert {(s.labels["gpu"], s.value) for s in family.samples} == {("0", 1), ("1", 0)}
