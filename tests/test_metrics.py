@@ -106,7 +106,7 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
         "gpubook_image_storage_free_bytes", "gpubook_booked_gpu_seconds", "gpubook_used_gpu_seconds",
         "gpubook_gpu_utilisation_ratio", "gpubook_gpu_memory_used_bytes", "gpubook_gpu_memory_total_bytes",
         "gpubook_start_ssh_seconds", "gpubook_poll_duration_seconds", "gpubook_pass_duration_seconds",
-        "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls"}
+        "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls", "gpubook_foreign_processes"}
     for family in families.values():
         assert family.documentation, family.name
         if family.type == "counter":
