@@ -208,6 +208,7 @@ class Daemon:
         self.foreign = ForeignWatch(state=self.state, host=local.name, read=self.gpu_view.view,
                                     running=lambda: self._world.actual() if self._world is not None else [],
                                     mode=config.policy.foreign_processes, on_change=self._soon,
+                                    inspect=self.engine.inspect,
                                     grace=timedelta(minutes=config.policy.foreign_grace_minutes))
         self._build_sftp(config, templates, local)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from runtime.engines import ContainerInfo
+from runtime.errors import GpubookError
 from runtime.nvidia.nvml import NvmlView
 from runtime.nvidia.processes import Attribution, start_ticks
 from scheduler.state import ForeignRow, State, StateError
@@ -56,11 +57,15 @@ class ForeignWatch:
 
     def __init__(self, *, state: State, host: str, running: Callable[[], Sequence[ContainerInfo]],
                  read: Callable[[], NvmlView], mode: str = "report", grace: timedelta = timedelta(minutes=5),
-                 on_change: Callable[[], None] = lambda: None) -> None:
+                 on_change: Callable[[], None] = lambda: None,
+                 inspect: Callable[[str], ContainerInfo | None] | None = None) -> None:
         """`running`: the containers as the last pass saw them; `read`: the GPUs' live view;
-        `mode`: [policy] foreign_processes; `on_change`: asks the daemon for a pass soon."""
+        `mode`: [policy] foreign_processes; `on_change`: asks the daemon for a pass soon; `inspect`:
+        the engine's look at one container (for one whose pid the pass did not have)."""
         self.state, self.host, self.running, self.read = state, host, running, read
         self.mode, self.grace, self.on_change = mode, grace, on_change
+        self.inspect = inspect
+        self._inspected: dict[str, ContainerInfo] = {}  # container name → the engine's view, where the pass had no pid
         self.kills: list[threading.Thread] = []  # SIGKILLs waiting for their moment (tests join them)
 
     def __call__(self, *, now: datetime | None = None) -> Round:
@@ -73,18 +78,17 @@ class ForeignWatch:
             changed = self.state.record_foreign(seen, host=self.host, now=now)
             for row in changed:
                 self._tell(row, now=now)
-            if self.mode == "stop":
-                self._stop_due(now)
+            stopped = self._stop_due(now) if self.mode == "stop" else 0
         except StateError as error:
             log.warning("processes on the GPUs outside the bookings are not recorded this round: %s", error)
             return Round(seen=len(seen), changed=())
-        if changed:
+        if changed or stopped:
             self.on_change()
         return Round(seen=len(seen), changed=tuple(changed))
 
     def sightings(self, view: NvmlView, *, now: datetime) -> list[ForeignRow]:
         """The processes on each GPU that are not the GPU's booking container's."""
-        containers = [info for info in self.running() if info.running and info.booking_id]
+        containers = self._with_pids([info for info in self.running() if info.running and info.booking_id])
         owner = {gpu: info for info in containers for gpu in info.gpus}
         attribution = Attribution(containers)
         rows = []
@@ -96,11 +100,35 @@ class ForeignWatch:
                     continue  # the booking's own
                 if process.uid is None and process.started == 0:
                     continue  # ended between NVML's list and now
-                rows.append(ForeignRow(host=self.host, gpu=gpu.index, pid=process.pid, started=process.started,
-                                       user=process.user, command=process.command,
-                                       booking_id=mine.booking_id if mine is not None else None,
-                                       container=process.container, first_seen=now, last_seen=now))
+                row = ForeignRow(host=self.host, gpu=gpu.index, pid=process.pid, started=process.started,
+                                 user=process.user, command=process.command,
+                                 booking_id=mine.booking_id if mine is not None else None,
+                                 container=process.container, first_seen=now, last_seen=now)
+                rows.append(replace(row, action=self._first_action(row, now=now)))  # kept for a new sighting only
         return rows
+
+    def _with_pids(self, containers: list[ContainerInfo]) -> list[ContainerInfo]:
+        """The containers with their first process's pid: a pass that opened an armed container
+        folds in what its labels say, without a pid, until the next pass lists it; the engine is
+        asked once for each such container (no pid: none of its processes could be told apart)."""
+        names = {info.name for info in containers}
+        self._inspected = {name: info for name, info in self._inspected.items() if name in names}
+        found = []
+        for info in containers:
+            if info.pid <= 0 and self.inspect is not None:
+                if info.name not in self._inspected:
+                    try:
+                        listed = self.inspect(info.name)
+                    except GpubookError as error:
+                        log.info("booking %s: its container's first process is not known now: %s",
+                                 info.booking_id, error)
+                        listed = None
+                    if listed is not None and listed.pid > 0:
+                        self._inspected[info.name] = listed
+                known = self._inspected.get(info.name)
+                info = replace(info, pid=known.pid, id=known.id) if known is not None else info
+            found.append(info)
+        return found
 
     def _tell(self, row: ForeignRow, *, now: datetime) -> None:
         if row.gone_at is not None:
@@ -108,9 +136,7 @@ class ForeignWatch:
             log.info("%s", message)
             self.state.log_event(message, level="info", booking_id=row.booking_id, at=now)
             return
-        action = self._first_action(row, now=now)
-        if action:
-            self.state.foreign_action(row, action)
+        action = row.action
         message = f"{describe(row)}; " + (
             f"it is stopped at {action[len(DUE):]} unless it ends" if action.startswith(DUE)
             else action.removeprefix(SPARED) if action else "reported, not stopped ([policy] foreign_processes)")
@@ -130,11 +156,13 @@ class ForeignWatch:
             return f"{SPARED}it runs in another booking's container ({row.container}), which gpubook never stops"
         return f"{DUE}{(now + self.grace).isoformat(timespec='seconds')}"
 
-    def _stop_due(self, now: datetime) -> None:
-        for row in self.state.foreign():
-            if row.host == self.host and row.action.startswith(DUE) \
-                    and datetime.fromisoformat(row.action[len(DUE):]) <= now:
-                self.state.foreign_action(row, self.stop(row, now=now))
+    def _stop_due(self, now: datetime) -> int:
+        """Stop the processes whose grace is over; how many were tried."""
+        due = [row for row in self.state.foreign() if row.host == self.host and row.action.startswith(DUE)
+               and datetime.fromisoformat(row.action[len(DUE):]) <= now]
+        for row in due:
+            self.state.foreign_action(row, self.stop(row, now=now))
+        return len(due)
 
     def stop(self, row: ForeignRow, *, now: datetime) -> str:
         """SIGTERM now, SIGKILL KILL_AFTER seconds later; what happened, as ForeignRow.action."""
@@ -174,7 +202,7 @@ def _kill_later(pidfd: int, row: ForeignRow) -> None:
         poller.register(pidfd, select.POLLIN)
         if not poller.poll(KILL_AFTER * 1000):
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            log.warning("%s; it was still there after SIGTERM: killed", describe(replace(row)))
+            log.warning("%s; it was still there after SIGTERM: killed", describe(row))
     except OSError as error:
         log.info("%s; SIGKILL not needed or not possible: %s", describe(row), error)
     finally:

@@ -51,7 +51,7 @@ class ForeignRecords:
         def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
 
     def record_foreign(self, seen: Sequence[ForeignRow], *, host: str, now: datetime) -> list[ForeignRow]:
-        """One round's sightings on `host`: new ones inserted, known ones' last_seen moved on, those
+        """One round's sightings on `host`: new ones inserted (with their action), known ones' last_seen moved on, those
         of the host no longer seen marked gone now. Returns the rows that changed: new, back, gone."""
         stamp = stamp_of(now)
         with self._transaction() as db:
@@ -59,11 +59,11 @@ class ForeignRecords:
                 f"SELECT {_COLUMNS} FROM foreign_processes WHERE host = ? AND gone_at IS NULL", (host,)))}  # noqa: S608 - a constant
             changed = [row for row in seen if row.key not in before]
             db.executemany(
-                f"INSERT INTO foreign_processes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, '') "  # noqa: S608 - a constant
+                f"INSERT INTO foreign_processes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) "  # noqa: S608 - a constant
                 "ON CONFLICT (host, gpu, pid, started) DO UPDATE SET last_seen = excluded.last_seen, gone_at = NULL, "
                 "booking_id = excluded.booking_id",
-                [(*row.key, row.user, row.command, row.booking_id, row.container, stamp_of(row.first_seen), stamp)
-                 for row in seen])
+                [(*row.key, row.user, row.command, row.booking_id, row.container, stamp_of(row.first_seen), stamp,
+                  row.action) for row in seen])
             keep = {row.key for row in seen}
             gone = [row for key, row in before.items() if key not in keep]
             db.executemany("UPDATE foreign_processes SET gone_at = ? WHERE host = ? AND gpu = ? AND pid = ? "
