@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -182,3 +183,36 @@ def test_status_and_metrics_show_the_sightings() -> None:
         again.render("UTC")
     family = metrics._foreign_family(again)
     assert {(s.labels["gpu"], s.value) for s in family.samples} == {("0", 1), ("1", 0)}
+
+
+@needs_root
+def test_a_pid_reused_since_the_sighting_is_never_signalled(tmp_path: Path, namespace, sleeper) -> None:
+    """Hostile to a stop by pid alone: the row's start time no longer matches the process now on that pid."""
+    info, _ = namespace
+    with State(tmp_path / "state.sqlite") as state:
+        watch = ForeignWatch(state=state, host="local", running=lambda: [info], mode="stop", grace=timedelta(0),
+                             read=lambda: view([sleeper.pid]))
+        row = watch.sightings(view([sleeper.pid]), now=NOW)[0]
+        action = watch.stop(replace(row, started=row.started - 1), now=NOW)
+        assert action == "spared: its pid now names another process"
+        time.sleep(0.2)
+        assert sleeper.poll() is None
+
+
+@needs_root
+def test_a_container_without_a_pid_in_the_passs_view_is_asked_of_the_engine(tmp_path: Path, namespace) -> None:
+    """A container opened from its armed state comes without a pid until the next listing: its own
+    process must still not be foreign (the engine's inspect says where it runs)."""
+    info, inner = namespace
+    asked: list[str] = []
+
+    def inspect(name: str) -> ContainerInfo:
+        asked.append(name)
+        return info
+
+    with State(tmp_path / "state.sqlite") as state:
+        watch = ForeignWatch(state=state, host="local", running=lambda: [replace(info, pid=0, id="")],
+                             read=lambda: view([inner]), inspect=inspect)
+        assert watch(now=NOW).seen == 0
+        assert watch(now=NOW).seen == 0
+        assert asked == ["gpubook-own"]  # once, then remembered
