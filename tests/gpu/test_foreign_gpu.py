@@ -106,7 +106,8 @@ def test_a_cuda_process_outside_the_booking_is_reported_and_the_bookings_own_nev
             program.chmod(0o755)
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                    "CUDACHECK_BUSY_SECONDS": str(LENGTH_SECONDS)}
-            outside = subprocess.Popen([str(program)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            with (tmp_path / "outside.txt").open("wb") as said:
+                outside = subprocess.Popen([str(program)], env=env, stdout=said, stderr=subprocess.STDOUT)
             pid = outside.pid
             listed = wait_for("the outside process in NVML", lambda: pid in nvml_pids(gpu) or None, timeout=60,
                               interval=0.1, daemon=daemon)
@@ -126,15 +127,18 @@ def test_a_cuda_process_outside_the_booking_is_reported_and_the_bookings_own_nev
             figures["others_reported"] = sorted({r.pid for r in reported} - {pid})  # on a shared host: anyone's
             assert not any(f"pid {p} " in text for p in inside)
     finally:
+        figures["nvidia_smi_compute_apps"] = _compute_apps()  # what the driver itself listed, for the record
         if outside is not None:
             outside.kill()
             outside.wait()
         daemon.stop()
         engine.stop(container_name(BOOKING), 0)
-    final = rows()
-    if state is not None:
-        state.close()
-    _report(figures, host_gpus, daemon.log, final)
+        final = rows()
+        if state is not None:
+            state.close()
+        outside_said = tmp_path / "outside.txt"
+        figures["outside_output"] = outside_said.read_text(errors="replace") if outside_said.exists() else None
+        _report(figures, host_gpus, daemon.log, final)  # also when it failed: the log says why
 
 
 def _busy_inside(client: paramiko.SSHClient, cudacheck: bytes, *, seconds: int) -> None:
@@ -146,6 +150,14 @@ def _busy_inside(client: paramiko.SSHClient, cudacheck: bytes, *, seconds: int) 
     _, stdout, _ = client.exec_command(f"CUDACHECK_BUSY_SECONDS={seconds} setsid /tmp/cudacheck "
                                        "> /data/output/busy.txt 2>&1 < /dev/null &")
     assert stdout.channel.recv_exit_status() == 0
+
+
+def _compute_apps() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                               "--format=csv"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"nvidia-smi: {error}"
 
 
 def _status(folder: Path) -> dict[str, object]:
