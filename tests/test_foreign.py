@@ -216,3 +216,19 @@ def test_a_container_without_a_pid_in_the_passs_view_is_asked_of_the_engine(tmp_
         assert watch(now=NOW).seen == 0
         assert watch(now=NOW).seen == 0
         assert asked == ["gpubook-own"]  # once, then remembered
+
+
+@needs_root
+def test_a_process_still_there_when_its_gpus_booking_changes_is_news_for_the_new_booking(tmp_path: Path, namespace,
+                                                                                          sleeper) -> None:
+    info, _ = namespace
+    running: list[ContainerInfo] = []
+    with State(tmp_path / "state.sqlite") as state:
+        watch = ForeignWatch(state=state, host="local", running=lambda: running, mode="stop",
+                             grace=timedelta(minutes=1), read=lambda: view([sleeper.pid]))
+        assert [r.booking_id for r in watch(now=NOW).changed] == [None]  # an unbooked GPU: reported, never stopped
+        assert state.foreign()[0].action == ""
+        running.append(info)
+        assert [r.booking_id for r in watch(now=NOW + timedelta(minutes=1)).changed] == ["own@test"]
+        assert state.foreign()[0].action == "due 2026-11-23T14:07:00+00:00"
+        assert [n.booking_id for n in state.pending_notices()] == ["own@test"]

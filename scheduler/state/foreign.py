@@ -57,11 +57,13 @@ class ForeignRecords:
         with self._transaction() as db:
             before = {row.key: row for row in _rows(db.execute(
                 f"SELECT {_COLUMNS} FROM foreign_processes WHERE host = ? AND gone_at IS NULL", (host,)))}  # noqa: S608 - a constant
-            changed = [row for row in seen if row.key not in before]
+            # A process still there when its GPU's booking changes is news for the new booking.
+            changed = [row for row in seen if row.key not in before or before[row.key].booking_id != row.booking_id]
             db.executemany(
                 f"INSERT INTO foreign_processes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) "  # noqa: S608 - a constant
                 "ON CONFLICT (host, gpu, pid, started) DO UPDATE SET last_seen = excluded.last_seen, gone_at = NULL, "
-                "booking_id = excluded.booking_id",
+                "booking_id = excluded.booking_id, action = CASE WHEN booking_id IS excluded.booking_id "
+                "THEN action ELSE excluded.action END",
                 [(*row.key, row.user, row.command, row.booking_id, row.container, stamp_of(row.first_seen), stamp,
                   row.action) for row in seen])
             keep = {row.key for row in seen}
