@@ -424,8 +424,10 @@ class Daemon:
 
     def sample(self) -> None:
         """The sampling job: the GPUs' samples and first logins, then the processes outside bookings."""
-        self.sampler()
-        self.foreign()
+        try:
+            self.sampler()
+        finally:  # one half failing never silences the other
+            self.foreign()
 
     # -- signals and the main loop -------------------------------------------------------------
 
