@@ -52,6 +52,12 @@ def test_an_armed_booking_lets_nobody_in_before_its_start(tmp_path: Path, radica
     armed = wait_for("the container run ahead of its start", lambda: running_container(engine, "armed@test"),
                      timeout=40, interval=0.05, daemon=daemon)
     assert armed.start == start and armed.port is not None
+    # The port is fixed once armed: the event gives the ssh line before the start (the booker can
+    # have their terminal ready), and says it answers from the start.
+    ahead = f"ssh from the start: ssh -p {armed.port} alice@127.0.0.1"
+    wait_for("the ssh line in the event before the start", lambda: ahead in description(calendar, "armed@test"),
+             timeout=10, interval=0.1, daemon=daemon)
+    assert datetime.now(UTC) < start - timedelta(seconds=3), "the event said it too late to test the start"
     daemon.kill()  # killed while armed: the next daemon must still start it at its start, and only then
     attempts = 0
     while datetime.now(UTC) < start - timedelta(seconds=1.5):

@@ -165,6 +165,7 @@ class Pass:
         self.lanes = BookingLanes()
         self.accounting = Accounting(state)  # the bookings each pass accepted and rejected, for reports
         self.ahead = Preparation(config, hosts=self.hosts, state=state)  # folders, host keys, containers ahead
+        self.ahead.on_armed = self._settled_late  # its ssh line goes into the event before the start
         self.outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
         self._delivery: Future[None] | None = None
 
@@ -228,7 +229,7 @@ class Pass:
 
     # -- around the bookings' work -------------------------------------------------------------
 
-    def _settled_late(self, future: Future[None]) -> None:
+    def _settled_late(self, future: Future[None] | None = None) -> None:
         if self.on_settled is not None:
             self.on_settled()
 
@@ -356,7 +357,8 @@ class Pass:
         booking = action.accepted.booking
         try:
             self.writeback.write_one(action.accepted, info=self._reportable(world, armed, now=now).get(booking.id),
-                                     records=world.records_by_booking().get(booking.id), remarks=self._remarks(),
+                                     records=world.records_by_booking().get(booking.id),
+                                     remarks=self._remarks(world, armed, now=now),
                                      now=now, etag=etags.get(booking.href))
         except GpubookError as error:  # the pass's own write-back tries again
             log.warning("booking %s: its write-back waits for the pass: %s", booking.id, error)
@@ -394,7 +396,8 @@ class Pass:
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
                    etags: Mapping[str, str | None], armed: frozenset[str] = frozenset()) -> None:
         self.writeback.write(plan, running=self._reportable(world, armed, now=now),
-                             records=world.records_by_booking(), remarks=self._remarks(), now=now, etags=etags)
+                             records=world.records_by_booking(), remarks=self._remarks(world, armed, now=now),
+                             now=now, etags=etags)
 
     @staticmethod
     def _reportable(world: World, armed: frozenset[str], *, now: datetime) -> dict[str, ContainerInfo]:
@@ -407,13 +410,16 @@ class Pass:
                 if booking_id in open_runs
                 or not ((info.start is not None and info.start > now) or booking_id in armed)}
 
-    def _remarks(self) -> Remarks:
+    def _remarks(self, world: World, armed: frozenset[str], *, now: datetime) -> Remarks:
         images = {booking: line for host in self.hosts.values()
                   if isinstance(preparer := getattr(host, "images", None), ImagePreparer)
                   for booking, line in preparer.lines().items()}
+        reportable = self._reportable(world, armed, now=now)
+        waiting = {booking_id: info for booking_id, info in world.running().items()
+                   if booking_id not in reportable and info.start is not None and info.start > now}
         return Remarks(refused=dict(self.recall.refused),
                        failures={k: f.reason for k, f in dict(self.recall.failures).items()},
-                       notes=dict(self.recall.notes), images=images)
+                       notes=dict(self.recall.notes), images=images, armed=waiting)
 
     def stop_now(self, booking_id: str, *, now: datetime) -> bool:
         """`gpubook stop`: stop a booking's container at once; it is not started again."""
