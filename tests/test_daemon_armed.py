@@ -43,6 +43,7 @@ def test_an_armed_booking_lets_nobody_in_before_its_start(tmp_path: Path, radica
                                                           daemons) -> None:
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, gpus=8)
+    config.write_text(config.read_text() + "[policy]\nremind_minutes = 10\n")  # the daemon's alarm, too
     start = soon(18)
     book(calendar, "armed@test", user="alice", start=start, end=start + timedelta(seconds=600),
          gpus="7,")  # a GPU no other test's container holds (they share this podman)
@@ -58,6 +59,9 @@ def test_an_armed_booking_lets_nobody_in_before_its_start(tmp_path: Path, radica
     wait_for("the ssh line in the event before the start", lambda: ahead in description(calendar, "armed@test"),
              timeout=10, interval=0.1, daemon=daemon)
     assert datetime.now(UTC) < start - timedelta(seconds=3), "the event said it too late to test the start"
+    alarms = calendar.event_by_uid("armed@test").icalendar_component.walk("VALARM")
+    assert [(str(a.get("X-GPUBOOK-ALARM")), a.decoded("TRIGGER")) for a in alarms] == [("1", -timedelta(minutes=10))]
+    assert f"ssh -p {armed.port} alice@127.0.0.1" in str(alarms[0].get("DESCRIPTION"))  # its port, once armed
     daemon.kill()  # killed while armed: the next daemon must still start it at its start, and only then
     attempts = 0
     while datetime.now(UTC) < start - timedelta(seconds=1.5):
