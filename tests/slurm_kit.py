@@ -3,11 +3,14 @@
 Debian 12's slurm-wlm 22.05 and munge, started by hand under a private folder (no systemd unit,
 no /etc/slurm change). Each slurmd runs in its own network namespace (ip netns + a veth pair to
 the root namespace) with its own NodeName and NodeAddr, as on a cluster of separate machines;
-slurmctld listens in the root namespace on an address of a link of its own (a veth pair: this
-kernel has no dummy module) that every node routes to. GPUs are GRES with placeholder device files (null devices: Slurm drops a file-less GPU;
-AutoDetect=off): no GPU is needed, Slurm still counts, reserves and hands out gres/gpu. Process tracking is
-proctrack/linuxproc and task/none: this machine has hybrid cgroups (v1 controllers, v2 unified
-without controllers), which cgroup/v1 and v2 of 22.05 both refuse here.
+it is entered with `nsenter --net` rather than `ip netns exec`, which mounts a fresh /sys and
+so hides /sys/fs/cgroup (slurmd 22.05 will not start without it). slurmctld listens in the root
+namespace on an address of a link of its own (a veth pair: this kernel has no dummy module) that
+every node routes to. GPUs are GRES on placeholder device files (null devices; Slurm drops a
+GPU without a File, and AutoDetect is off): no GPU is needed, Slurm still counts, reserves and
+hands out gres/gpu (CUDA_VISIBLE_DEVICES in a job). Process tracking is proctrack/linuxproc
+with task/none: this machine has hybrid cgroups, and confinement to GPUs needs no cgroup here.
+Without slurmdbd gres/gpu cannot be an accounting TRES (slurmctld refuses to start).
 
 SlurmUser is the unprivileged account the daemon runs as (`slurm_user`): slurmctld runs as that
 account, so it may create, update and delete reservations without root. slurmd runs as root (it
@@ -111,7 +114,8 @@ class Cluster:
     def start_slurmd(self, node: Node) -> None:
         key = f"slurmd-{node.name}"
         self._processes[key] = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{node.netns}", str(SBIN / "slurmd"), "-D", "-N", node.name, "-f", str(self.conf)],
+            ["nsenter", f"--net=/run/netns/{node.netns}", str(SBIN / "slurmd"), "-D", "-N", node.name,
+             "-f", str(self.conf)],
             env=self.env, stdout=subprocess.DEVNULL, stderr=(self.root / "log" / f"{key}.out").open("wb"))
 
     def wait_nodes_idle(self, timeout: float = 30) -> None:
@@ -214,8 +218,8 @@ PartitionName={cluster.partition} Nodes={names} Default=YES MaxTime=INFINITE Sta
 
 def _gres_conf(cluster: Cluster) -> str:
     lines = ["AutoDetect=off"]
-    lines += [f"NodeName={n.name} Name=gpu Type={cluster.gpu_type} File={cluster.root}/dev/{n.name}/nvidia[0-{n.gpus - 1}]"
-              for n in cluster.nodes]
+    lines += [f"NodeName={n.name} Name=gpu Type={cluster.gpu_type} "
+              f"File={cluster.root}/dev/{n.name}/nvidia[0-{n.gpus - 1}]" for n in cluster.nodes]
     return "\n".join(lines) + "\n"
 
 
