@@ -56,7 +56,7 @@ class Scontrol:
             env["SLURM_CONF"] = str(self.conf)
         self.calls += 1
         try:
-            done = subprocess.run([self.program, *args], env=env, capture_output=True, text=True,
+            done = subprocess.run(self.argv(args), env=env, capture_output=True, text=True,
                                   timeout=self.timeout, check=False)
         except subprocess.TimeoutExpired:
             raise SlurmUnreachable(f"scontrol {args[0]} did not answer within {self.timeout:g} s") from None
@@ -69,6 +69,10 @@ class Scontrol:
                 raise SlurmUnreachable(f"slurmctld did not answer: {message}")
             raise SlurmError(message)
         return done.stdout
+
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        return [self.program, *args]
 
 
 class SlurmCluster:
