@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import pytest
+
+from runtime.errors import ConfigError
+from scheduler import daemon
+from scheduler.config import parse as parse_config
 from scheduler.core.bookings import Booking
 from scheduler.core.plan import Accepted
-from scheduler.hosts.slurm import parse, sync
+from scheduler.hosts.slurm import SlurmCluster, parse, sync
 
 NOW = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)
 PREFIX = "gpubook-"
@@ -113,3 +119,24 @@ def test_hostile_booking_ids_become_one_plain_reservation_name() -> None:
     assert [a.split("=")[0] for a in change.argv[2:]] == ["ReservationName", "StartTime", "EndTime", "Nodes",
                                                           "Users", "Flags"]
     assert sync.reservation_name(hostile, prefix=PREFIX) != sync.reservation_name(hostile + " ", prefix=PREFIX)
+
+
+BASE = {"calendar": [{"url": "http://127.0.0.1:5232/lab/", "gpus": "all"}]}
+
+
+def test_the_backend_section_is_read_and_checked(tmp_path: Path) -> None:
+    config = parse_config({**BASE, "backend": {"kind": "slurm", "partition": "gpu", "reservation_prefix": "lab1-"}},
+                   tmp_path / "gpubook.toml")
+    cluster = SlurmCluster.from_config(config.backend)
+    assert (cluster.prefix, cluster.partition) == ("lab1-", "gpu")
+    assert parse_config(BASE, tmp_path / "gpubook.toml").backend.kind == "local"
+    with pytest.raises(ConfigError) as raised:
+        parse_config({**BASE, "backend": {"kind": "pbs", "reservation_prefix": "a b"}}, tmp_path / "gpubook.toml")
+    assert "backend.kind" in str(raised.value) and "backend.reservation_prefix" in str(raised.value)
+
+
+def test_the_daemon_refuses_a_slurm_backend_in_one_sentence_rather_than_running_locally(tmp_path: Path) -> None:
+    config = parse_config({**BASE, "backend": {"kind": "slurm"}}, tmp_path / "gpubook.toml")
+    with pytest.raises(ConfigError, match='backend.kind: "slurm" is not run by the daemon yet'):
+        daemon._runnable(config)
+    daemon._runnable(parse_config(BASE, tmp_path / "gpubook.toml"))

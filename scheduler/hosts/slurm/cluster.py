@@ -12,6 +12,7 @@ problem alone, reported in `Synced.refused` with Slurm's own sentence.
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from runtime.errors import GpubookError
+from scheduler.config import BackendConfig
 from scheduler.core.plan import Accepted
 from scheduler.hosts.slurm import parse, sync
 
@@ -82,6 +84,14 @@ class SlurmCluster:
         if not sync.PREFIX_PATTERN.fullmatch(prefix):
             raise SlurmError(f"reservation prefix {prefix!r} is not 1-32 letters, digits, '_' or '-'")
         self.scontrol, self.prefix, self.users, self.partition = scontrol, prefix, tuple(users), partition
+
+    @classmethod
+    def from_config(cls, backend: BackendConfig) -> SlurmCluster:
+        """The cluster of a `[backend] kind = "slurm"` config; reservations are for the daemon's own
+        account (it submits the bookings' jobs into them)."""
+        account = pwd.getpwuid(os.geteuid()).pw_name
+        return cls(scontrol=Scontrol(conf=backend.slurm_conf, timeout=backend.command_seconds),
+                   prefix=backend.reservation_prefix, users=[account], partition=backend.partition)
 
     def nodes(self) -> tuple[parse.Node, ...]:
         return parse.nodes(self.scontrol("show", "node", "--oneliner"))
