@@ -294,6 +294,25 @@ class WebConfig:
     metrics: bool = setting(True, "serve /metrics (Prometheus) beside the page, under the same access rules")
 
 
+@dataclass(frozen=True)
+class BackendConfig:
+    """[backend]: where bookings run: this machine ("local") or a Slurm cluster ("slurm", scheduler/hosts/slurm:
+    inventory and reservations so far; README "Running on a Slurm cluster")."""
+
+    kind: str = setting("local", '"local" (this machine) or "slurm" (a Slurm cluster)',
+                        check=_one_of(("local", "slurm")))
+    slurm_conf: Path | None = setting(None, "the cluster's slurm.conf for scontrol (SLURM_CONF); None: Slurm's own")
+    partition: str = setting("", "the partition whose GPU nodes gpubook books; empty: every node",
+                             check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", v)
+                             else "is not a Slurm partition name")
+    reservation_prefix: str = setting("gpubook-", "the start of every reservation name gpubook makes (and may "
+                                      "delete); one per gpubook instance",
+                                      check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_-]{1,32}", v)
+                                      else "must be 1-32 letters, digits, '_' or '-'")
+    command_seconds: float = setting(20.0, "seconds an scontrol command may take before slurmctld counts as "
+                                     "unreachable", check=_positive)
+
+
 def web_problem(web: WebConfig) -> str | None:
     """Why the page must not start with these settings (None: it may)."""
     host = web.listen.rpartition(":")[0].strip("[]")
@@ -424,6 +443,7 @@ class Config:
     sftp: SftpConfig = field(default_factory=SftpConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     web: WebConfig = field(default_factory=WebConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")
@@ -757,6 +777,7 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
     "sftp": _plain(SftpConfig),
     "images": _plain(ImagesConfig),
     "web": _plain(WebConfig),
+    "backend": _plain(BackendConfig),
 }
 
 
@@ -792,6 +813,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
         daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps, policy=read["policy"],
         gpu_monitor=read["gpus"].monitor, sftp=read["sftp"], images=read["images"], web=read["web"],
+        backend=read["backend"],
     )
 
 

@@ -136,6 +136,14 @@ class _Calendar:
     failing: dict[str, tuple[str, datetime]] = field(default_factory=dict)  # url → (cause, since)
 
 
+def _runnable(config: config_module.Config) -> None:
+    """The daemon runs bookings on this machine only so far: a Slurm backend config is refused in one
+    sentence rather than quietly run locally (scheduler/hosts/slurm holds its inventory and reservations)."""
+    if config.backend.kind != "local":
+        raise ConfigError(f'{config.path}: backend.kind: "{config.backend.kind}" is not run by the daemon yet '
+                          '(Slurm reservations are kept by scheduler/hosts/slurm; jobs are to come); use "local"')
+
+
 class Daemon:
     def __init__(self, config: config_module.Config, *, notifier: Notifier | None = None,
                  engine: Engine | None = None, exclusive: bool = False) -> None:
@@ -163,6 +171,7 @@ class Daemon:
         self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=self.state,
                                        users=lambda: self.config.users.keys(), gpus=self.gpu_view.view)
         self._world: World | None = None  # the containers as the last pass saw them (the sampler reads them)
+        _runnable(config)
         self._build(config)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
@@ -417,6 +426,7 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = config_module.load(self.config.path)
+            _runnable(new)
         except ConfigError as error:
             message = f"reload refused, keeping the running config: {error}"
             log.error("%s", message)
