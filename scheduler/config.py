@@ -311,6 +311,8 @@ class BackendConfig:
                                       else "must be 1-32 letters, digits, '_' or '-'")
     command_seconds: float = setting(20.0, "seconds an scontrol command may take before slurmctld counts as "
                                      "unreachable", check=_positive)
+    shared_dir: Path | None = setting(None, "a folder every node and the daemon see at the same path (shared "
+                                      "storage): each booking's job request, script, log and SSH result")
 
 
 def web_problem(web: WebConfig) -> str | None:

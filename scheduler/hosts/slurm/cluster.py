@@ -11,6 +11,7 @@ problem alone, reported in `Synced.refused` with Slurm's own sentence.
 
 from __future__ import annotations
 
+import copy
 import os
 import pwd
 import subprocess
@@ -61,20 +62,27 @@ class Scontrol:
             done = subprocess.run(self.argv(args), env=env, capture_output=True, text=True,
                                   timeout=self.timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise SlurmUnreachable(f"scontrol {args[0]} did not answer within {self.timeout:g} s") from None
+            raise SlurmUnreachable(f"{Path(self.program).name} {args[0]} did not answer within {self.timeout:g} s"
+                                   ) from None
         except FileNotFoundError:
             raise SlurmError(f"{self.program} is not installed (Debian: apt-get install slurm-client)") from None
         if done.returncode != 0:
             message = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}")
-            message = message.removeprefix("scontrol: ").replace("\n", "; ")
+            message = message.removeprefix(f"{Path(self.program).name}: ").replace("\n", "; ")
             if any(words in message for words in _UNREACHABLE):
                 raise SlurmUnreachable(f"slurmctld did not answer: {message}")
             raise SlurmError(message)
         return done.stdout
 
-
     def argv(self, args: Sequence[str]) -> list[str]:
         return [self.program, *args]
+
+    def tool(self, program: str) -> Scontrol:
+        """The same runner (its config, time limit, account) for another Slurm client: sbatch,
+        squeue, scancel."""
+        other = copy.copy(self)
+        other.program = program
+        return other
 
 
 class SlurmCluster:

@@ -1,0 +1,160 @@
+"""A booking's job on a real Slurm 22.05 cluster (tests/slurm_kit.py): submitted into its
+reservation, its step runs the booking's container with rootless podman on the chosen node (inside
+that node's network namespace), and the booker logs in over SSH at the node's address.
+
+The job runs as the daemon's account (gpubook-test, the cluster's SlurmUser), whose rootless
+podman storage holds the test image (built once, as that account, by the podman suites' route).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pwd
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from runtime.engines import container_name
+from runtime.slurm_step import StepRequest
+from scheduler.hosts.slurm import Scontrol, SlurmCluster
+from scheduler.hosts.slurm.jobs import JobRequest, NodeResult, SlurmJobs
+from tests import slurm_kit
+from tests.engine_suite import PODMAN, key_line, new_key
+from tests.test_slurm_sync import accepted, booking
+
+pytestmark = [pytest.mark.slurm, pytest.mark.podman,
+              pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]
+PREFIX = "gpubook-"
+# The source tree the account reads (quickstart copies a clone it cannot read to one it can).
+REPO = Path(os.environ.get("GPUBOOK_TEST_TREE") or Path(__file__).resolve().parents[1])
+
+
+class AsAccount(Scontrol):
+    """A Slurm client run as the daemon's account with its own environment (the job inherits it, and
+    its steps run rootless podman as that account)."""
+
+    def __init__(self, user: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        account = pwd.getpwnam(user)
+        self.user = user
+        self.env = [f"HOME={account.pw_dir}", f"USER={user}", f"LOGNAME={user}",
+                    f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", f"PYTHONPATH={REPO}", "PYTHONDONTWRITEBYTECODE=1",
+                    "PATH=/usr/local/bin:/usr/bin:/bin"]
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        return ["runuser", "-u", self.user, "--", "env", *self.env, f"SLURM_CONF={self.conf}", "TZ=UTC",
+                *super().argv(args)]
+
+
+def _as_account(user: str, code: str) -> None:
+    account = pwd.getpwnam(user)
+    subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
+                    f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", f"PYTHONPATH={REPO}", "PYTHONDONTWRITEBYTECODE=1",
+                    sys.executable, "-c", code], cwd="/tmp", check=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def account_image() -> None:
+    """The debian-ssh image in the account's own podman storage (cached: a no-op once built)."""
+    _as_account("gpubook-test", "from runtime import overlay_image; from runtime.engines import engine_from; "
+                "from runtime.templates import get_template; from tests.engine_suite import CACHE_DIR, PODMAN; "
+                "overlay_image.build_rootfs_image(engine_from(**PODMAN), get_template('debian-ssh'), "
+                "cache_dir=CACHE_DIR)")
+
+
+@pytest.fixture
+def cluster() -> Iterator[slurm_kit.Cluster]:
+    with slurm_kit.running() as made:
+        yield made
+
+
+class JobsOfAccount(SlurmJobs):
+    """The test runs as root where the daemon runs as the account: the job folder is given to it."""
+
+    def _make_folder(self, booking_id: str) -> Path:
+        folder = super()._make_folder(booking_id)
+        account = pwd.getpwnam(self.user)
+        os.chown(folder, account.pw_uid, account.pw_gid)
+        return folder
+
+
+def _wait_results(jobs: SlurmJobs, booking_id: str, count: int, timeout: float = 60) -> dict[str, NodeResult]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = jobs.results(booking_id)
+        if len(found) >= count:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"no result from the job's steps in {timeout:.0f} s; its jobs: {jobs.jobs()}; "
+                         f"its log:\n{jobs.log(booking_id)}")
+
+
+def _podman(user: str, *args: str) -> int:
+    account = pwd.getpwnam(user)
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
+                           f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", "podman", *args],
+                          cwd="/tmp", capture_output=True, timeout=60).returncode
+
+
+@pytest.fixture
+def leftover(cluster: slurm_kit.Cluster) -> Iterator[list[str]]:
+    """Containers removed after the test, pass or fail: a step ended with its slurmd (the cluster's
+    stop) has no chance to stop its container (conmon is not one of the job's processes)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        _podman(cluster.user, "rm", "--force", "--time=0", name)
+
+
+def test_a_bookings_job_runs_its_container_on_the_reserved_node_and_the_booker_logs_in_there(
+        cluster: slurm_kit.Cluster, account_image: None, leftover: list[str]) -> None:
+    leftover.append(container_name("alice-run"))
+    shared = cluster.root / "shared"
+    shared.mkdir()
+    os.chown(shared, pwd.getpwnam(cluster.user).pw_uid, pwd.getpwnam(cluster.user).pw_gid)
+    scontrol = AsAccount(cluster.user, conf=cluster.conf)
+    now = datetime.now(UTC).replace(microsecond=0)
+    item = accepted(booking("alice-run", start=now - timedelta(minutes=1), gpus=2), host="node2")
+    assert not SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user]).sync([item], now=now).refused
+    jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user,
+                     python=sys.executable)
+    key = new_key()
+    step = StepRequest(booking_id="alice-run", user="alice", uid=2001, gid=2001, ssh_keys=(key_line(key),),
+                       template="debian-ssh", templates_dir=None, port=22000 + os.getpid() % 1000,
+                       end=item.booking.end, engine=dict(PODMAN), data_root=None, multi_node=False)
+    job = jobs.submit(JobRequest(step=step, nodes=1, gpus_per_node=2), now=now)
+    assert jobs.submit(JobRequest(step=step, nodes=1, gpus_per_node=2), now=now).job_id == job.job_id  # adopted
+    (result,) = _wait_results(jobs, "alice-run", 1).values()
+    assert (result.node, result.port, result.error, result.gpus) == ("node2", step.port, "", (0, 1))
+    listed = jobs.jobs()[jobs.name("alice-run")]
+    assert (listed.state, listed.nodes) == ("RUNNING", "node2")
+    node2 = cluster.nodes[1]
+    client = paramiko.SSHClient()
+    algorithm, blob = result.host_key.split()[:2]
+    client.get_host_keys().add(f"[{node2.address}]:{step.port}", algorithm, paramiko.PKey.from_type_string(
+        algorithm, base64.b64decode(blob)))
+    client.connect(node2.address, port=step.port, username="alice", pkey=key, timeout=10,
+                   look_for_keys=False, allow_agent=False)  # RejectPolicy: only the host key the step reported
+    try:
+        _, out, _ = client.exec_command("id -un; echo $CUDA_VISIBLE_DEVICES", timeout=20)
+        assert out.read().decode().split()[0] == "alice"
+    finally:
+        client.close()
+    with pytest.raises(ConnectionRefusedError):  # the port is open on node2 only, not on node1
+        socket.create_connection((cluster.nodes[0].address, step.port), timeout=5).close()
+    assert jobs.cancel("alice-run")
+    deadline = time.monotonic() + 30
+    while jobs.name("alice-run") in jobs.jobs() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert jobs.name("alice-run") not in jobs.jobs()
+    assert _podman(cluster.user, "container", "exists", result.container) == 1  # stopped and removed
+    assert json.loads((jobs.folder("alice-run") / "request.json").read_text())["user"] == "alice"
