@@ -25,8 +25,11 @@ import pytest
 
 from runtime.engines import container_name
 from runtime.slurm_step import StepRequest
+from runtime.templates import get_template
+from scheduler.hosts import Booker, StartRequest
 from scheduler.hosts.slurm import Scontrol, SlurmCluster
-from scheduler.hosts.slurm.jobs import JobRequest, NodeResult, SlurmJobs
+from scheduler.hosts.slurm.host import SlurmHost
+from scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 from tests import slurm_kit
 from tests.engine_suite import PODMAN, key_line, new_key
 from tests.test_slurm_sync import accepted, booking
@@ -87,17 +90,6 @@ class JobsOfAccount(SlurmJobs):
         return folder
 
 
-def _wait_results(jobs: SlurmJobs, booking_id: str, count: int, timeout: float = 60) -> dict[str, NodeResult]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = jobs.results(booking_id)
-        if len(found) >= count:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"no result from the job's steps in {timeout:.0f} s; its jobs: {jobs.jobs()}; "
-                         f"its log:\n{jobs.log(booking_id)}")
-
-
 def _podman(user: str, *args: str) -> int:
     account = pwd.getpwnam(user)
     return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
@@ -115,7 +107,7 @@ def leftover(cluster: slurm_kit.Cluster) -> Iterator[list[str]]:
         _podman(cluster.user, "rm", "--force", "--time=0", name)
 
 
-def test_a_bookings_job_runs_its_container_on_the_reserved_node_and_the_booker_logs_in_there(
+def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_its_node(
         cluster: slurm_kit.Cluster, account_image: None, leftover: list[str]) -> None:
     leftover.append(container_name("alice-run"))
     shared = cluster.root / "shared"
@@ -128,33 +120,39 @@ def test_a_bookings_job_runs_its_container_on_the_reserved_node_and_the_booker_l
     jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user,
                      python=sys.executable)
     key = new_key()
-    step = StepRequest(booking_id="alice-run", user="alice", uid=2001, gid=2001, ssh_keys=(key_line(key),),
-                       template="debian-ssh", templates_dir=None, port=22000 + os.getpid() % 1000,
-                       end=item.booking.end, engine=dict(PODMAN), data_root=None, multi_node=False)
-    job = jobs.submit(JobRequest(step=step, nodes=1, gpus_per_node=2), now=now)
-    assert jobs.submit(JobRequest(step=step, nodes=1, gpus_per_node=2), now=now).job_id == job.job_id  # adopted
-    (result,) = _wait_results(jobs, "alice-run", 1).values()
-    assert (result.node, result.port, result.error, result.gpus) == ("node2", step.port, "", (0, 1))
+    node1, node2 = (SlurmHost(name=n.name, gpus=range(n.gpus), jobs=jobs, engine=dict(PODMAN), start_timeout=60)
+                    for n in cluster.nodes)
+    request = StartRequest(booking_id="alice-run", booker=Booker(name="alice", uid=2001, gid=2001,
+                                                                 ssh_keys=(key_line(key),)),
+                           template=get_template("debian-ssh"), gpus=(0, 1), port=22000 + os.getpid() % 1000,
+                           end=item.booking.end)
+    started = node2.start(request)
+    result = jobs.results("alice-run")["node2"]
+    assert (started.info.host, started.info.host_key, started.info.gpus) == ("node2", result.host_key, (0, 1))
+    assert (result.port, result.error) == (request.port, "")
     listed = jobs.jobs()[jobs.name("alice-run")]
     assert (listed.state, listed.nodes) == ("RUNNING", "node2")
-    node2 = cluster.nodes[1]
+    assert [i.name for i in node2.list()] == [result.container] and node1.list() == []
+    again = StepRequest.read(jobs.folder("alice-run") / "request.json")
+    assert jobs.submit(JobRequest(step=again, nodes=1, gpus_per_node=2), now=now).job_id == listed.job_id  # adopted
+    node = cluster.nodes[1]
     client = paramiko.SSHClient()
     algorithm, blob = result.host_key.split()[:2]
-    client.get_host_keys().add(f"[{node2.address}]:{step.port}", algorithm, paramiko.PKey.from_type_string(
-        algorithm, base64.b64decode(blob)))
-    client.connect(node2.address, port=step.port, username="alice", pkey=key, timeout=10,
+    client.get_host_keys().add(f"[{node.address}]:{request.port}", algorithm,
+                               paramiko.PKey.from_type_string(algorithm, base64.b64decode(blob)))
+    client.connect(node.address, port=request.port, username="alice", pkey=key, timeout=10,
                    look_for_keys=False, allow_agent=False)  # RejectPolicy: only the host key the step reported
     try:
-        _, out, _ = client.exec_command("id -un; echo $CUDA_VISIBLE_DEVICES", timeout=20)
-        assert out.read().decode().split()[0] == "alice"
+        _, out, _ = client.exec_command("id -un", timeout=20)
+        assert out.read().decode().split() == ["alice"]
     finally:
         client.close()
     with pytest.raises(ConnectionRefusedError):  # the port is open on node2 only, not on node1
-        socket.create_connection((cluster.nodes[0].address, step.port), timeout=5).close()
-    assert jobs.cancel("alice-run")
+        socket.create_connection((cluster.nodes[0].address, request.port), timeout=5).close()
+    node2.stop(result.container, 10)
     deadline = time.monotonic() + 30
     while jobs.name("alice-run") in jobs.jobs() and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert jobs.name("alice-run") not in jobs.jobs()
+    assert jobs.name("alice-run") not in jobs.jobs() and node2.list() == []
     assert _podman(cluster.user, "container", "exists", result.container) == 1  # stopped and removed
     assert json.loads((jobs.folder("alice-run") / "request.json").read_text())["user"] == "alice"
