@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -29,8 +31,10 @@ import paramiko
 from runtime import ssh, storage
 from runtime.engines import Engine, container_name, engine_from
 from runtime.errors import GpubookError
+from runtime.mounts import Mount
 from runtime.templates import get_template
 
+HOSTFILE = "/etc/gpubook/hostfile"  # in a multi-node booking's containers: "ADDRESS slots=GPUS" per node
 REQUEST_KEYS = frozenset({"booking_id", "user", "uid", "gid", "ssh_keys", "template", "templates_dir", "port",
                           "end", "engine", "data_root", "multi_node"})
 
@@ -90,8 +94,23 @@ def granted_gpus(env: dict[str, str]) -> tuple[int, ...]:
     return ()
 
 
+def job_addresses(nodelist: str) -> list[str]:
+    """Each node of the job by the address Slurm reaches it at (NodeAddr), in Slurm's order."""
+    names = _scontrol("show", "hostnames", nodelist).split()
+    listing = _scontrol("show", "node", ",".join(names), "--oneliner")
+    address = {m.group(1): m.group(2) for m in re.finditer(r"NodeName=(\S+) .*?NodeAddr=(\S+)", listing)}
+    return [address.get(name, name) for name in names]
+
+
+def _scontrol(*args: str) -> str:
+    done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        raise GpubookError(f"scontrol {' '.join(args)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
 def _write_atomic(path: Path, text: str) -> None:
-    partial = path.with_name(f".{path.name}.part")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")  # nodes may write the same file
     partial.write_text(text)
     partial.replace(path)
 
@@ -123,6 +142,11 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
     spec = ssh.booking_spec(template, booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
                             ssh_keys=request.ssh_keys, probe_key=probe, port=request.port, end=request.end,
                             folders=folders, cache_dir=cache_dir, host_key=host_key, gpus=gpus, gpu=gpu)
+    if request.multi_node:  # MPI/NCCL programs find the other nodes in the hostfile
+        hostfile = folder / "hostfile"
+        _write_atomic(hostfile, "".join(f"{address} slots={len(gpus) or 1}\n"
+                                        for address in job_addresses(env.get("SLURM_JOB_NODELIST", node))))
+        spec = replace(spec, mounts=(*spec.mounts, Mount(hostfile, HOSTFILE)))
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -138,7 +162,8 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
         return 1
     _write_atomic(folder / f"result-{node}.json", json.dumps(
         {"node": node, "port": request.port, "host_key": ready.host_key, "container": name,
-         "gpus": list(gpus), "seconds_to_ssh": round(ready.seconds, 3)}))
+         "gpus": list(gpus), "seconds_to_ssh": round(ready.seconds, 3),
+         "hostfile": HOSTFILE if request.multi_node else ""}))
     print(f"booking {request.booking_id}: SSH answers on {node} port {request.port}", flush=True)
     try:
         while not stopping.wait(max(0.0, min(30.0, (request.end - datetime.now(UTC)).total_seconds()))):

@@ -156,3 +156,49 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
     assert jobs.name("alice-run") not in jobs.jobs() and node2.list() == []
     assert _podman(cluster.user, "container", "exists", result.container) == 1  # stopped and removed
     assert json.loads((jobs.folder("alice-run") / "request.json").read_text())["user"] == "alice"
+
+
+def test_a_two_node_booking_runs_one_container_per_node_and_they_reach_each_other(
+        cluster: slurm_kit.Cluster, account_image: None, leftover: list[str]) -> None:
+    leftover.extend(container_name(f"pair@{n.name}") for n in cluster.nodes)
+    shared = cluster.root / "shared"
+    shared.mkdir()
+    os.chown(shared, pwd.getpwnam(cluster.user).pw_uid, pwd.getpwnam(cluster.user).pw_gid)
+    scontrol = AsAccount(cluster.user, conf=cluster.conf)
+    now = datetime.now(UTC).replace(microsecond=0)
+    item = accepted(booking("pair", start=now - timedelta(minutes=1), gpus=2))
+    slurm = SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user])
+    assert not slurm.sync([item], now=now, nodes_of={"pair": ("node1", "node2")}).refused
+    jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user, python=sys.executable)
+    key = new_key()
+    step = StepRequest(booking_id="pair", user="alice", uid=2001, gid=2001, ssh_keys=(key_line(key),),
+                       template="debian-ssh", templates_dir=None, port=23000 + os.getpid() % 1000,
+                       end=item.booking.end, engine=dict(PODMAN), data_root=None, multi_node=True)
+    jobs.submit(JobRequest(step=step, nodes=2, gpus_per_node=2), now=now)
+    deadline = time.monotonic() + 60
+    while len(jobs.results("pair")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    results = jobs.results("pair")
+    assert sorted(results) == ["node1", "node2"], jobs.log("pair")
+    assert all((r.error, r.gpus, r.hostfile) == ("", (0, 1), "/etc/gpubook/hostfile") for r in results.values())
+    first, second = cluster.nodes
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - the key is compared below
+    client.connect(first.address, port=step.port, username="alice", pkey=key, timeout=10,
+                   look_for_keys=False, allow_agent=False)
+    try:
+        shown = client.get_transport().get_remote_server_key()  # type: ignore[union-attr]
+        assert f"{shown.get_name()} {shown.get_base64()}" == results["node1"].host_key
+        _, out, _ = client.exec_command("cat /etc/gpubook/hostfile", timeout=20)
+        assert out.read().decode().splitlines() == [f"{first.address} slots=2", f"{second.address} slots=2"]
+        # node1's container reaches node2's container (its sshd answers) at the hostfile's address
+        _, out, _ = client.exec_command(f"bash -c 'exec 3<>/dev/tcp/{second.address}/{step.port}; head -c 7 <&3'",
+                                        timeout=20)
+        assert out.read().decode() == "SSH-2.0"
+    finally:
+        client.close()
+    assert jobs.cancel("pair")
+    deadline = time.monotonic() + 30
+    while jobs.name("pair") in jobs.jobs() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert all(_podman(cluster.user, "container", "exists", r.container) == 1 for r in results.values())

@@ -50,6 +50,7 @@ class NodeResult:
     container: str = ""
     seconds_to_ssh: float = 0.0
     gpus: tuple[int, ...] = ()  # the node's GPU indices Slurm granted, as the container got them
+    hostfile: str = ""  # a multi-node booking's hostfile path inside the container
     error: str = ""
 
 
@@ -134,7 +135,8 @@ class SlurmJobs:
             found[str(data["node"])] = NodeResult(
                 node=str(data["node"]), port=int(data.get("port", 0)), host_key=str(data.get("host_key", "")),
                 container=str(data.get("container", "")), seconds_to_ssh=float(data.get("seconds_to_ssh", 0.0)),
-                gpus=tuple(int(g) for g in data.get("gpus", ())), error=str(data.get("error", "")))
+                gpus=tuple(int(g) for g in data.get("gpus", ())), hostfile=str(data.get("hostfile", "")),
+                error=str(data.get("error", "")))
         return found
 
     def log(self, booking_id: str) -> str:
