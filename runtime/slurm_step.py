@@ -29,7 +29,7 @@ from types import FrameType
 import paramiko
 
 from runtime import ssh, storage
-from runtime.engines import Engine, container_name, engine_from
+from runtime.engines import ContainerSpec, Engine, container_name, engine_from
 from runtime.errors import GpubookError
 from runtime.mounts import Mount
 from runtime.templates import get_template
@@ -121,12 +121,17 @@ def _engine(settings: dict[str, str]) -> Engine:
                        network=settings.get("network", "private"))
 
 
-def run(request_path: Path, *, env: dict[str, str]) -> int:
-    """Start, report, wait for the end or SIGTERM, stop. The exit status is the job's."""
-    request = StepRequest.read(request_path)
-    folder = request_path.parent
-    node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    gpus = granted_gpus(env)
+@dataclass(frozen=True)
+class _Prepared:
+    engine: Engine
+    spec: ContainerSpec
+    probe: paramiko.PKey
+    cache_dir: Path
+
+
+def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, ...],
+             env: dict[str, str]) -> _Prepared:
+    """The booking's container spec on this node, with the local backend's code."""
     engine = _engine(request.engine)
     template = get_template(request.template, request.templates_dir)
     # One container per node: on a cluster each node has its own engine storage, but names stay
@@ -147,6 +152,15 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
         _write_atomic(hostfile, "".join(f"{address} slots={len(gpus) or 1}\n"
                                         for address in job_addresses(env.get("SLURM_JOB_NODELIST", node))))
         spec = replace(spec, mounts=(*spec.mounts, Mount(hostfile, HOSTFILE)))
+    return _Prepared(engine=engine, spec=spec, probe=probe, cache_dir=cache_dir)
+
+
+def run(request_path: Path, *, env: dict[str, str]) -> int:
+    """Start, report, wait for the end or SIGTERM, stop. The exit status is the job's. Whatever
+    keeps the container from starting is written as this node's result: the daemon says it."""
+    request = StepRequest.read(request_path)
+    folder = request_path.parent
+    node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -155,11 +169,14 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        ready = ssh.start_booking(engine, spec, probe_key=probe, timeout=90)
+        gpus = granted_gpus(env)
+        made = _prepare(request, folder=folder, node=node, gpus=gpus, env=env)
+        ready = ssh.start_booking(made.engine, made.spec, probe_key=made.probe, timeout=90)
     except GpubookError as error:
         _write_atomic(folder / f"result-{node}.json", json.dumps({"node": node, "error": str(error)}))
         print(f"booking {request.booking_id}: its container did not start on {node}: {error}", file=sys.stderr)
         return 1
+    engine, name, cache_dir = made.engine, made.spec.name, made.cache_dir
     _write_atomic(folder / f"result-{node}.json", json.dumps(
         {"node": node, "port": request.port, "host_key": ready.host_key, "container": name,
          "gpus": list(gpus), "seconds_to_ssh": round(ready.seconds, 3),

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,10 +25,11 @@ import paramiko
 import pytest
 
 from runtime.engines import container_name
+from runtime.errors import EngineError
 from runtime.slurm_step import StepRequest
 from runtime.templates import get_template
 from scheduler.hosts import Booker, StartRequest
-from scheduler.hosts.slurm import Scontrol, SlurmCluster
+from scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmUnreachable
 from scheduler.hosts.slurm.host import SlurmHost
 from scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 from tests import slurm_kit
@@ -90,6 +92,11 @@ class JobsOfAccount(SlurmJobs):
         return folder
 
 
+def _ssh_banner(address: str, port: int) -> str:
+    with socket.create_connection((address, port), timeout=5) as sock:
+        return sock.recv(7).decode()
+
+
 def _podman(user: str, *args: str) -> int:
     account = pwd.getpwnam(user)
     return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
@@ -149,6 +156,15 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
         client.close()
     with pytest.raises(ConnectionRefusedError):  # the port is open on node2 only, not on node1
         socket.create_connection((cluster.nodes[0].address, request.port), timeout=5).close()
+    # slurmctld restarted mid-booking: the booking goes on, the host says Slurm is unreachable meanwhile
+    cluster.stop_slurmctld()
+    jobs.squeue.timeout = 5
+    with pytest.raises(SlurmUnreachable):
+        node2.list()
+    assert _ssh_banner(node.address, request.port) == "SSH-2.0"
+    cluster.start_slurmctld()
+    assert [i.name for i in node2.list()] == [result.container]
+    assert jobs.jobs()[jobs.name("alice-run")].job_id == listed.job_id
     node2.stop(result.container, 10)
     deadline = time.monotonic() + 30
     while jobs.name("alice-run") in jobs.jobs() and time.monotonic() < deadline:
@@ -202,3 +218,25 @@ def test_a_two_node_booking_runs_one_container_per_node_and_they_reach_each_othe
     while jobs.name("pair") in jobs.jobs() and time.monotonic() < deadline:
         time.sleep(0.3)
     assert all(_podman(cluster.user, "container", "exists", r.container) == 1 for r in results.values())
+
+
+def test_a_start_that_fails_on_the_node_says_why_and_leaves_no_job(cluster: slurm_kit.Cluster,
+                                                                   tmp_path: Path) -> None:
+    shared = cluster.root / "shared"
+    shared.mkdir()
+    os.chown(shared, pwd.getpwnam(cluster.user).pw_uid, pwd.getpwnam(cluster.user).pw_gid)
+    scontrol = AsAccount(cluster.user, conf=cluster.conf)
+    now = datetime.now(UTC).replace(microsecond=0)
+    item = accepted(booking("broken", start=now - timedelta(minutes=1), gpus=1), host="node1")
+    assert not SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user]).sync([item], now=now).refused
+    jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user, python=sys.executable)
+    node1 = SlurmHost(name="node1", gpus=range(4), jobs=jobs, engine=dict(PODMAN), start_timeout=60)
+    missing = replace(get_template("debian-ssh"), name="not-on-the-nodes")
+    request = StartRequest(booking_id="broken", booker=Booker(name="alice", uid=2001, gid=2001), template=missing,
+                           gpus=(0,), port=22999, end=item.booking.end)
+    with pytest.raises(EngineError, match="its container did not start on node1: no template 'not-on-the-nodes'"):
+        node1.start(request)
+    deadline = time.monotonic() + 30
+    while jobs.name("broken") in jobs.jobs() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert jobs.jobs() == {} and node1.list() == []  # the job ended with its step
