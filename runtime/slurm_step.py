@@ -6,7 +6,8 @@ submits a job into the booking's reservation; Slurm runs this on each allocated 
 per node), as the daemon's account, with the GPUs it granted in SLURM_STEP_GPUS / SLURM_JOB_GPUS
 (the node's own indices) or CUDA_VISIBLE_DEVICES. The container is made by the same code as on
 the local backend (runtime.ssh.booking_spec, runtime.engines, the NVIDIA injection where the node
-has a driver), for exactly those GPUs. The step proves SSH answers with a probe key of its own,
+has a driver), for exactly those GPUs; its SSH host key is made in the node's own cache, never on
+the shared storage. The step proves SSH answers with a probe key of its own,
 then writes `result-<node>.json` (node, port, host key) next to the request: the daemon reads it
 from the shared folder. SIGTERM (scancel, or Slurm's time limit) or the booking's end stops and
 removes the container; nothing is left behind by a failed start (start_booking removes it).
@@ -138,7 +139,9 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     # distinct per node so that nodes sharing a store (tests, one host) never collide.
     booking_id = f"{request.booking_id}@{node}" if request.multi_node else request.booking_id
     name = container_name(booking_id)
-    cache_dir = folder / "cache" / node
+    # The node's own cache (the account's ~/.cache/gpubook there): the booking's private host key
+    # stays on the node's disk, never on the shared storage.
+    cache_dir = ssh.default_cache_dir()
     cache_dir.mkdir(parents=True, exist_ok=True)
     folders = _folders(request, engine)
     gpu = _injection(gpus, cache_dir)

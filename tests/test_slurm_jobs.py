@@ -24,6 +24,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from runtime import ssh
 from runtime.engines import container_name
 from runtime.errors import EngineError
 from runtime.slurm_step import StepRequest
@@ -137,6 +138,8 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
     result = jobs.results("alice-run")["node2"]
     assert (started.info.host, started.info.host_key, started.info.gpus) == ("node2", result.host_key, (0, 1))
     assert (result.port, result.error) == (request.port, "")
+    # the booking's private host key stays on the node, never on the shared storage
+    assert [p for p in shared.rglob("*") if p.name == ssh.HOST_KEY_FILE] == []
     listed = jobs.jobs()[jobs.name("alice-run")]
     assert (listed.state, listed.nodes) == ("RUNNING", "node2")
     assert [i.name for i in node2.list()] == [result.container] and node1.list() == []
