@@ -143,8 +143,12 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
     listed = jobs.jobs()[jobs.name("alice-run")]
     assert (listed.state, listed.nodes) == ("RUNNING", "node2")
     assert [i.name for i in node2.list()] == [result.container] and node1.list() == []
-    again = StepRequest.read(jobs.folder("alice-run") / "request.json")
-    assert jobs.submit(JobRequest(step=again, nodes=1, gpus_per_node=2), now=now).job_id == listed.job_id  # adopted
+    # a restarted daemon (kill -9: nothing in memory) finds the job and its container, submits nothing
+    fresh = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user,
+                          python=sys.executable)
+    again = SlurmHost(name="node2", gpus=range(4), jobs=fresh, engine=dict(PODMAN)).start(request)
+    assert (again.info.name, again.info.host_key) == (started.info.name, started.info.host_key)
+    assert list(fresh.jobs().values()) == [listed]
     node = cluster.nodes[1]
     client = paramiko.SSHClient()
     algorithm, blob = result.host_key.split()[:2]
