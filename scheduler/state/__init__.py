@@ -18,9 +18,10 @@ bookings seen, GPU samples, logins; mixed into State), `errors.py`.
 
 from scheduler.state.errors import StateError, StateUnavailable
 from scheduler.state.records import LEVELS, ContainerRecord, LogEntry, Notice, WriteBack
+from scheduler.state.releases import GpuSamples, ReleaseRow
 from scheduler.state.schema import MIGRATIONS
 from scheduler.state.store import State, port_is_free
 from scheduler.state.usage import BookedRow, RejectedRow, Sample, SampleSum
 
-__all__ = ["LEVELS", "MIGRATIONS", "BookedRow", "ContainerRecord", "LogEntry", "Notice", "RejectedRow", "Sample",
-           "SampleSum", "State", "StateError", "StateUnavailable", "WriteBack", "port_is_free"]
+__all__ = ["LEVELS", "MIGRATIONS", "BookedRow", "ContainerRecord", "GpuSamples", "LogEntry", "Notice", "RejectedRow",
+           "ReleaseRow", "Sample", "SampleSum", "State", "StateError", "StateUnavailable", "WriteBack", "port_is_free"]
