@@ -373,7 +373,8 @@ class EmailConfig:
     password: str | None = setting(None, "read from password_file (mode 0600)", key="password_file",
                                    secret=True)
     timeout_seconds: float = setting(10.0, "seconds to wait for the server", check=_positive)
-    events: tuple[str, ...] = setting(("warning", "ended", "reminder"), "notices to send", check=_notice_kind)
+    events: tuple[str, ...] = setting(("warning", "ended", "reminder", "released", "idle"), "notices to send",
+                                      check=_notice_kind)
 
 
 @dataclass(frozen=True)
@@ -384,7 +385,8 @@ class WebhookConfig:
     token: str | None = setting(None, 'read from token_file (mode 0600); sent as "Authorization: Bearer <token>"',
                                 key="token_file", secret=True)
     timeout_seconds: float = setting(10.0, "seconds to wait for the server", check=_positive)
-    events: tuple[str, ...] = setting(("warning", "ended", "reminder"), "notices to send", check=_notice_kind)
+    events: tuple[str, ...] = setting(("warning", "ended", "reminder", "released", "idle"), "notices to send",
+                                      check=_notice_kind)
 
 
 @dataclass(frozen=True)
