@@ -232,3 +232,13 @@ def test_idle_percent_outside_0_to_100_is_refused(value: float) -> None:
     from runtime.errors import ConfigError
     with pytest.raises(ConfigError, match="idle_percent"):
         config({"idle_percent": value})
+
+
+def test_idle_action_release_releases_as_a_no_show_would() -> None:
+    a = booking("a", start=10, hours=8)
+    now = START + 2 * 60 * MIN
+    verdict = reclaim.Verdict(idle=Idle(((0, START),), least=60 * MIN, release="GPU 0 stayed under 5 % for 120 min"))
+    actions = decide(planned(a, now=now, running={"a": (0,)}), [running(a)], now=now, memory=STARTED,
+                     verdicts={"a": verdict})
+    assert actions == [Release(container_name("a"), "a", "alice", "GPU 0 stayed under 5 % for 120 min", a.start,
+                               a.end, 10.0)]
