@@ -35,7 +35,7 @@ from scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind,
 from scheduler.sources.errors import redact_url
 
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
-NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended", "reminder")
+NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended", "reminder", "released", "idle")
 _REQUIRED = object()
 T = TypeVar("T")
 Check = Callable[[Any], "str | None"]
@@ -184,6 +184,11 @@ class UserConfig:
                                               "[policy]'s", check=_not_negative)
     remind_minutes: float | None = setting(None, "this user's [policy] remind_minutes; None: the policy's",
                                            check=_not_negative)
+    # No-shows and idle GPUs of this user (scheduler/core/reclaim.py); None: [policy]'s; 0: off for them.
+    no_show_minutes: float | None = setting(None, "this user's [policy] no_show_minutes; None: the policy's",
+                                            check=_not_negative)
+    idle_minutes: float | None = setting(None, "this user's [policy] idle_minutes; None: the policy's",
+                                         check=_not_negative)
 
 
 def _monitor_problem(name: str) -> str | None:
@@ -370,7 +375,8 @@ class EmailConfig:
     password: str | None = setting(None, "read from password_file (mode 0600)", key="password_file",
                                    secret=True)
     timeout_seconds: float = setting(10.0, "seconds to wait for the server", check=_positive)
-    events: tuple[str, ...] = setting(("warning", "ended", "reminder"), "notices to send", check=_notice_kind)
+    events: tuple[str, ...] = setting(("warning", "ended", "reminder", "released", "idle"), "notices to send",
+                                      check=_notice_kind)
 
 
 @dataclass(frozen=True)
@@ -381,7 +387,8 @@ class WebhookConfig:
     token: str | None = setting(None, 'read from token_file (mode 0600); sent as "Authorization: Bearer <token>"',
                                 key="token_file", secret=True)
     timeout_seconds: float = setting(10.0, "seconds to wait for the server", check=_positive)
-    events: tuple[str, ...] = setting(("warning", "ended", "reminder"), "notices to send", check=_notice_kind)
+    events: tuple[str, ...] = setting(("warning", "ended", "reminder", "released", "idle"), "notices to send",
+                                      check=_notice_kind)
 
 
 @dataclass(frozen=True)
@@ -412,6 +419,16 @@ class PolicyConfig:
                                        check=_not_negative)
     remind_minutes: float = setting(0.0, "alarm in the accepted booking's event and a reminder notice, in "
                                     "minutes before the start; 0: off", check=_not_negative)
+    # No-shows and idle GPUs (scheduler/core/reclaim.py), off by default; [users.NAME] may override the minutes.
+    no_show_minutes: float = setting(0.0, "a running booking nobody logged into whose GPUs stayed under "
+                                     "idle_percent this many minutes after its start is released (its GPUs go "
+                                     "back to the pool for the rest of its time); 0: off", check=_not_negative)
+    idle_percent: float = setting(5.0, "a GPU under this utilisation (percent) counts as idle",
+                                  check=lambda v: None if 0 < v <= 100 else "must be more than 0 and at most 100")
+    idle_minutes: float = setting(0.0, "a booking's GPU idle this many minutes in a row: its booker is told "
+                                  "(event, terminal, notice); 0: off", check=_not_negative)
+    idle_action: str = setting("notify", '"notify" (tell the booker) or "release" (also release the booking '
+                               "once all its GPUs are idle, as a no-show)", check=_one_of(("notify", "release")))
 
 
 # Checks of [engine] fields that runtime.engines declares without a "check" in their metadata.

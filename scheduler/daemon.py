@@ -41,7 +41,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from runtime import engines, ssh
 from runtime import gpus as gpu_inventory
-from runtime.engines import Engine
+from runtime.engines import ContainerInfo, Engine
 from runtime.errors import ConfigError, GpubookError
 from runtime.images import Ledger
 from runtime.nvidia import nvml
@@ -204,7 +204,8 @@ class Daemon:
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
             mps=config.gpu_mps, images=self.images, parallel_starts=config.daemon.parallel_starts)
         self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
-                           notices=notices.Notices.from_config(config), metrics=self.metrics)
+                           notices=notices.Notices.from_config(config), metrics=self.metrics,
+                           logged_in=self._logged_in)
         # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
         self.passes.on_settled = self._soon
         self.calendars = Calendars(config)
@@ -214,6 +215,11 @@ class Daemon:
                                      logs=self.engine.logs, probe_fingerprint=self.probe_key.fingerprint,
                                      read=self.gpu_view.view)
         self._build_sftp(config, templates, local)
+
+    def _logged_in(self, info: ContainerInfo) -> bool:
+        """A release's last look for the booker's login in the container's log (as the sampler looks)."""
+        return usage.booker_logged_in(self.engine.logs(info.name), user=info.user,
+                                      probe_fingerprint=self.probe_key.fingerprint)
 
     def _build_sftp(self, config: config_module.Config, templates: TemplateSet, local: LocalHost) -> None:
         """The SFTP data service: made once, given each reloaded config (its users and keys)."""

@@ -53,6 +53,7 @@ class Remarks:
     # booking id → its container run ahead of its start (armed): its port is fixed already, so the
     # event gives the ssh line before the start and the booker need not wait for the start's write.
     armed: Mapping[str, ContainerInfo] = field(default_factory=dict)
+    policy: Mapping[str, str] = field(default_factory=dict)  # booking id → its release or idle line (no-shows)
 
 
 def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_version: str | None, port: int,
@@ -171,6 +172,8 @@ class WriteBack:
             return None
         note = remarks.notes.get(booking.id)
         outcome = outcome.with_note(note) if note else outcome
+        line = remarks.policy.get(booking.id)
+        outcome = outcome.with_note(line) if line else outcome
         return replace(outcome, reminder=self._reminder(accepted, info or remarks.armed.get(booking.id)))
 
     def _armed_lines(self, outcome: block.Outcome, booking: Booking, info: ContainerInfo) -> block.Outcome:
