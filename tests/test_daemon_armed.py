@@ -103,8 +103,13 @@ def test_a_booking_deleted_while_armed_loses_its_container_and_port(tmp_path: Pa
     calendar.event_by_uid("gone@test").delete()
     wait_for("the armed container removed", lambda: engine.inspect(armed.name) is None, timeout=20, daemon=daemon)
     assert datetime.now(UTC) < start
+
+    def port_released() -> bool | None:  # the handler gives the port back right after the removal
+        with State(tmp_path / "state" / "state.sqlite") as state:
+            return "gone@test" not in state.ports() or None
+
+    wait_for("the armed booking's port given back", port_released, timeout=20, daemon=daemon)
     with State(tmp_path / "state" / "state.sqlite") as state:
-        assert "gone@test" not in state.ports()
         assert state.containers(booking_id="gone@test") == []  # never started: no run, no notice
         assert state.notes("armed") == {}
     assert any("removed its container run ahead of its start" in m for m in events(tmp_path, "gone@test"))
