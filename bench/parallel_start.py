@@ -48,7 +48,7 @@ import paramiko  # noqa: E402
 import requests  # noqa: E402
 
 MACHINE = "Debian 12 VM, 2 cores, 24 GiB, rootless podman"
-SSH_LINE = re.compile(r"running: ssh -p (\d+) ")
+SSH_LINE = re.compile(r"(?:running|ssh from the start): ssh -p (\d+) ")
 ANSWERED = re.compile(r"SSH answered after ([0-9.]+) s")
 
 
@@ -129,33 +129,43 @@ def watch_ssh(figure: Figure, user: str, key: paramiko.PKey, state_path: Path, d
 
 def watch_lines(figures: list[Figure], users: dict[str, str], keys: dict[str, paramiko.PKey],
                 calendar_url: str, hrefs: dict[str, str], auth: tuple[str, str], deadline: float) -> None:
-    """(b): the calendar's ctag polled; on a change the pending events read for their ssh line."""
+    """(b): the calendar's ctag polled (from before the starts); on a change the pending events are
+    read for their ssh line ("ssh from the start: ..." once the container is armed, "running: ..."
+    after the start); each booker then logs in on their own thread from their start on."""
     session = requests.Session()
     session.auth = auth
     body = ('<?xml version="1.0"?><d:propfind xmlns:d="DAV:" xmlns:cs="http://calendarserver.org/ns/">'
             '<d:prop><cs:getctag/></d:prop></d:propfind>')
     pending = {f.booking_id: f for f in figures}
+    bookers: list[threading.Thread] = []
     last = None
-    while datetime.now(UTC) < min(f.start for f in figures):
-        time.sleep(0.002)
     while pending and time.monotonic() < deadline:
         ctag = session.request("PROPFIND", calendar_url, data=body, headers={"Depth": "0"}, timeout=5).text
         if ctag != last:
             last = ctag
             for booking_id, figure in list(pending.items()):
-                if datetime.now(UTC) < figure.start:
-                    continue
                 text = session.get(hrefs[booking_id], timeout=5).text.replace("\r\n ", "")
                 found = SSH_LINE.search(text)
                 if found is None:
                     continue
-                figure.line_seen = since(figure.start)
-                port = int(found.group(1))
-                while time.monotonic() < deadline and not login(port, users[booking_id], keys[booking_id]):
-                    time.sleep(0.02)
-                figure.line = since(figure.start)
+                figure.line_seen = since(figure.start)  # negative: read before its start
+                booker = threading.Thread(target=log_in_from_line, args=(
+                    figure, int(found.group(1)), users[booking_id], keys[booking_id], deadline))
+                booker.start()
+                bookers.append(booker)
                 del pending[booking_id]
         time.sleep(0.025)
+    for booker in bookers:
+        booker.join()
+
+
+def log_in_from_line(figure: Figure, port: int, user: str, key: paramiko.PKey, deadline: float) -> None:
+    """A booker with the port from their event: tries from their start until a login succeeds."""
+    while datetime.now(UTC) < figure.start:
+        time.sleep(0.002)
+    while time.monotonic() < deadline and not login(port, user, key):
+        time.sleep(0.02)
+    figure.line = since(figure.start)
 
 
 def daemon_figures(figures: list[Figure], state_path: Path) -> None:

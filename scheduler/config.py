@@ -35,7 +35,8 @@ from scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind,
 from scheduler.sources.errors import redact_url
 
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
-NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended", "reminder", "foreign")
+NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended", "reminder", "released", "idle",
+                "foreign")
 _REQUIRED = object()
 T = TypeVar("T")
 Check = Callable[[Any], "str | None"]
@@ -184,6 +185,11 @@ class UserConfig:
                                               "[policy]'s", check=_not_negative)
     remind_minutes: float | None = setting(None, "this user's [policy] remind_minutes; None: the policy's",
                                            check=_not_negative)
+    # No-shows and idle GPUs of this user (scheduler/core/reclaim.py); None: [policy]'s; 0: off for them.
+    no_show_minutes: float | None = setting(None, "this user's [policy] no_show_minutes; None: the policy's",
+                                            check=_not_negative)
+    idle_minutes: float | None = setting(None, "this user's [policy] idle_minutes; None: the policy's",
+                                         check=_not_negative)
 
 
 def _monitor_problem(name: str) -> str | None:
@@ -294,6 +300,27 @@ class WebConfig:
     metrics: bool = setting(True, "serve /metrics (Prometheus) beside the page, under the same access rules")
 
 
+@dataclass(frozen=True)
+class BackendConfig:
+    """[backend]: where bookings run: this machine ("local") or a Slurm cluster ("slurm", scheduler/hosts/slurm:
+    inventory and reservations so far; README "Running on a Slurm cluster")."""
+
+    kind: str = setting("local", '"local" (this machine) or "slurm" (a Slurm cluster)',
+                        check=_one_of(("local", "slurm")))
+    slurm_conf: Path | None = setting(None, "the cluster's slurm.conf for scontrol (SLURM_CONF); None: Slurm's own")
+    partition: str = setting("", "the partition whose GPU nodes gpubook books; empty: every node",
+                             check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_.-]{0,64}", v)
+                             else "is not a Slurm partition name")
+    reservation_prefix: str = setting("gpubook-", "the start of every reservation name gpubook makes (and may "
+                                      "delete); one per gpubook instance",
+                                      check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_-]{1,32}", v)
+                                      else "must be 1-32 letters, digits, '_' or '-'")
+    command_seconds: float = setting(20.0, "seconds an scontrol command may take before slurmctld counts as "
+                                     "unreachable", check=_positive)
+    shared_dir: Path | None = setting(None, "a folder every node and the daemon see at the same path (shared "
+                                      "storage): each booking's job request, script, log and SSH result")
+
+
 def web_problem(web: WebConfig) -> str | None:
     """Why the page must not start with these settings (None: it may)."""
     host = web.listen.rpartition(":")[0].strip("[]")
@@ -349,7 +376,8 @@ class EmailConfig:
     password: str | None = setting(None, "read from password_file (mode 0600)", key="password_file",
                                    secret=True)
     timeout_seconds: float = setting(10.0, "seconds to wait for the server", check=_positive)
-    events: tuple[str, ...] = setting(("warning", "ended", "reminder"), "notices to send", check=_notice_kind)
+    events: tuple[str, ...] = setting(("warning", "ended", "reminder", "released", "idle", "foreign"),
+                                      "notices to send", check=_notice_kind)
 
 
 @dataclass(frozen=True)
@@ -360,7 +388,8 @@ class WebhookConfig:
     token: str | None = setting(None, 'read from token_file (mode 0600); sent as "Authorization: Bearer <token>"',
                                 key="token_file", secret=True)
     timeout_seconds: float = setting(10.0, "seconds to wait for the server", check=_positive)
-    events: tuple[str, ...] = setting(("warning", "ended", "reminder"), "notices to send", check=_notice_kind)
+    events: tuple[str, ...] = setting(("warning", "ended", "reminder", "released", "idle", "foreign"),
+                                      "notices to send", check=_notice_kind)
 
 
 @dataclass(frozen=True)
@@ -392,6 +421,16 @@ class PolicyConfig:
                                        check=_not_negative)
     remind_minutes: float = setting(0.0, "alarm in the accepted booking's event and a reminder notice, in "
                                     "minutes before the start; 0: off", check=_not_negative)
+    # No-shows and idle GPUs (scheduler/core/reclaim.py), off by default; [users.NAME] may override the minutes.
+    no_show_minutes: float = setting(0.0, "a running booking nobody logged into whose GPUs stayed under "
+                                     "idle_percent this many minutes after its start is released (its GPUs go "
+                                     "back to the pool for the rest of its time); 0: off", check=_not_negative)
+    idle_percent: float = setting(5.0, "a GPU under this utilisation (percent) counts as idle",
+                                  check=lambda v: None if 0 < v <= 100 else "must be more than 0 and at most 100")
+    idle_minutes: float = setting(0.0, "a booking's GPU idle this many minutes in a row: its booker is told "
+                                  "(event, terminal, notice); 0: off", check=_not_negative)
+    idle_action: str = setting("notify", '"notify" (tell the booker) or "release" (also release the booking '
+                               "once all its GPUs are idle, as a no-show)", check=_one_of(("notify", "release")))
     # Processes on a booked GPU that are not its booking's container's (scheduler/hosts/foreign.py).
     foreign_processes: str = setting("report", 'processes on a booked GPU outside its booking\'s container: "report" '
                                      '(log, event, status, metrics) or "stop" (reported, then stopped after '
@@ -431,6 +470,7 @@ class Config:
     sftp: SftpConfig = field(default_factory=SftpConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     web: WebConfig = field(default_factory=WebConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")
@@ -764,6 +804,7 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
     "sftp": _plain(SftpConfig),
     "images": _plain(ImagesConfig),
     "web": _plain(WebConfig),
+    "backend": _plain(BackendConfig),
 }
 
 
@@ -799,6 +840,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
         daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps, policy=read["policy"],
         gpu_monitor=read["gpus"].monitor, sftp=read["sftp"], images=read["images"], web=read["web"],
+        backend=read["backend"],
     )
 
 

@@ -41,7 +41,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from runtime import engines, ssh
 from runtime import gpus as gpu_inventory
-from runtime.engines import Engine
+from runtime.engines import ContainerInfo, Engine
 from runtime.errors import ConfigError, GpubookError
 from runtime.images import Ledger
 from runtime.nvidia import nvml
@@ -137,6 +137,14 @@ class _Calendar:
     failing: dict[str, tuple[str, datetime]] = field(default_factory=dict)  # url → (cause, since)
 
 
+def _runnable(config: config_module.Config) -> None:
+    """The daemon runs bookings on this machine only so far: a Slurm backend config is refused in one
+    sentence rather than quietly run locally (scheduler/hosts/slurm holds its inventory and reservations)."""
+    if config.backend.kind != "local":
+        raise ConfigError(f'{config.path}: backend.kind: "{config.backend.kind}" is not run by the daemon yet '
+                          '(Slurm reservations are kept by scheduler/hosts/slurm; jobs are to come); use "local"')
+
+
 class Daemon:
     def __init__(self, config: config_module.Config, *, notifier: Notifier | None = None,
                  engine: Engine | None = None, exclusive: bool = False) -> None:
@@ -164,6 +172,7 @@ class Daemon:
         self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=self.state,
                                        users=lambda: self.config.users.keys(), gpus=self.gpu_view.view)
         self._world: World | None = None  # the containers as the last pass saw them (the sampler reads them)
+        _runnable(config)
         self._build(config)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
@@ -196,7 +205,8 @@ class Daemon:
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
             mps=config.gpu_mps, images=self.images, parallel_starts=config.daemon.parallel_starts)
         self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
-                           notices=notices.Notices.from_config(config), metrics=self.metrics)
+                           notices=notices.Notices.from_config(config), metrics=self.metrics,
+                           logged_in=self._logged_in)
         # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
         self.passes.on_settled = self._soon
         self.calendars = Calendars(config)
@@ -211,6 +221,11 @@ class Daemon:
                                     inspect=self.engine.inspect,
                                     grace=timedelta(minutes=config.policy.foreign_grace_minutes))
         self._build_sftp(config, templates, local)
+
+    def _logged_in(self, info: ContainerInfo) -> bool:
+        """A release's last look for the booker's login in the container's log (as the sampler looks)."""
+        return usage.booker_logged_in(self.engine.logs(info.name), user=info.user,
+                                      probe_fingerprint=self.probe_key.fingerprint)
 
     def _build_sftp(self, config: config_module.Config, templates: TemplateSet, local: LocalHost) -> None:
         """The SFTP data service: made once, given each reloaded config (its users and keys)."""
@@ -436,6 +451,7 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = config_module.load(self.config.path)
+            _runnable(new)
         except ConfigError as error:
             message = f"reload refused, keeping the running config: {error}"
             log.error("%s", message)

@@ -26,7 +26,6 @@ from scheduler.sources.errors import CalendarError, printable, redact_url
 
 log = logging.getLogger(__name__)
 
-WINDOW_AHEAD = timedelta(days=7)  # bookings further ahead are neither planned nor written back
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,8 @@ class Calendars:
 
     def read(self, *, now: datetime) -> Reading:
         """Poll and expand over the daemon's window: from the longest booking back (two weeks more
-        where a week quota is set: see scheduler/core/policy.py) to a week ahead.
+        where a week quota is set: see scheduler/core/policy.py) to a week ahead (further where
+        `max_days_ahead` reaches further).
 
         A calendar that fails keeps its last good snapshot (`failures` says why, `read_at` since
         when); a CalendarError is raised only when every calendar failed."""
@@ -90,7 +90,7 @@ class Calendars:
             raise errors[0] if len(errors) == 1 else CalendarError("; ".join(str(e) for e in errors))
         occurrences, problems = self.occurrences(
             snapshots, window_start=now - policy.reach_back(self.config),
-            window_end=now + WINDOW_AHEAD)
+            window_end=now + policy.reach_ahead(self.config))
         etags = {href: obj.etag for snap in snapshots.values() for href, obj in snap.objects.items()}
         return Reading(occurrences, problems, etags, failures={url: str(e) for url, e in failures.items()},
                        read_at=dict(self.read_at))

@@ -190,3 +190,21 @@ def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
                              timeout=60, check=False)
     assert container_name(demo.NOW_BOOKING) not in listing.stdout
     assert "gpubook-sftp" not in listing.stdout.split(), "the demo's SFTP service must be removed"
+
+
+def test_the_daemon_reads_past_the_longest_max_days_ahead(tmp_path: Path, calendar: caldav.Calendar) -> None:
+    """A week ahead by default; with max_days_ahead = 10 the daemon reads 11 days ahead, so a booking
+    10.5 days ahead is read and refused (unread, it would pass once it came within the week: first
+    seen 7 days before its start). One made further ahead is refused when it comes within 11 days."""
+    from scheduler import config as config_module
+    from scheduler.service import Calendars
+
+    calendar.save_event(event("in-ten-days", START + timedelta(days=10.5), 4, "SUMMARY:alice"))
+    path = write_config(tmp_path, str(calendar.url))
+    assert [o.id for o in Calendars(config_module.load(path)).read(now=START).occurrences] == []
+    path.write_text(path.read_text() + "[policy]\nmax_days_ahead = 10\n")
+    assert [o.id for o in Calendars(config_module.load(path)).read(now=START).occurrences] == ["in-ten-days"]
+    done = gpubook("bookings", "--config", str(path), "--from", START.isoformat(), "--to",
+                   (START + timedelta(days=14)).isoformat())
+    assert done.returncode == 0, done.stderr
+    assert "alice may book at most 10 days ahead" in done.stdout, done.stdout

@@ -43,6 +43,7 @@ def test_an_armed_booking_lets_nobody_in_before_its_start(tmp_path: Path, radica
                                                           daemons) -> None:
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, gpus=8)
+    config.write_text(config.read_text() + "[policy]\nremind_minutes = 10\n")  # the daemon's alarm, too
     start = soon(18)
     book(calendar, "armed@test", user="alice", start=start, end=start + timedelta(seconds=600),
          gpus="7,")  # a GPU no other test's container holds (they share this podman)
@@ -52,6 +53,15 @@ def test_an_armed_booking_lets_nobody_in_before_its_start(tmp_path: Path, radica
     armed = wait_for("the container run ahead of its start", lambda: running_container(engine, "armed@test"),
                      timeout=40, interval=0.05, daemon=daemon)
     assert armed.start == start and armed.port is not None
+    # The port is fixed once armed: the event gives the ssh line before the start (the booker can
+    # have their terminal ready), and says it answers from the start.
+    ahead = f"ssh from the start: ssh -p {armed.port} alice@127.0.0.1"
+    wait_for("the ssh line in the event before the start", lambda: ahead in description(calendar, "armed@test"),
+             timeout=10, interval=0.1, daemon=daemon)
+    assert datetime.now(UTC) < start - timedelta(seconds=3), "the event said it too late to test the start"
+    alarms = calendar.event_by_uid("armed@test").icalendar_component.walk("VALARM")
+    assert [(str(a.get("X-GPUBOOK-ALARM")), a.decoded("TRIGGER")) for a in alarms] == [("1", -timedelta(minutes=10))]
+    assert f"ssh -p {armed.port} alice@127.0.0.1" in str(alarms[0].get("DESCRIPTION"))  # its port, once armed
     daemon.kill()  # killed while armed: the next daemon must still start it at its start, and only then
     attempts = 0
     while datetime.now(UTC) < start - timedelta(seconds=1.5):
@@ -93,8 +103,13 @@ def test_a_booking_deleted_while_armed_loses_its_container_and_port(tmp_path: Pa
     calendar.event_by_uid("gone@test").delete()
     wait_for("the armed container removed", lambda: engine.inspect(armed.name) is None, timeout=20, daemon=daemon)
     assert datetime.now(UTC) < start
+
+    def port_released() -> bool | None:  # the handler gives the port back right after the removal
+        with State(tmp_path / "state" / "state.sqlite") as state:
+            return "gone@test" not in state.ports() or None
+
+    wait_for("the armed booking's port given back", port_released, timeout=20, daemon=daemon)
     with State(tmp_path / "state" / "state.sqlite") as state:
-        assert "gone@test" not in state.ports()
         assert state.containers(booking_id="gone@test") == []  # never started: no run, no notice
         assert state.notes("armed") == {}
     assert any("removed its container run ahead of its start" in m for m in events(tmp_path, "gone@test"))

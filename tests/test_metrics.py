@@ -98,15 +98,18 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
     made.polled(seconds=0.2)
     made.passed(seconds=0.1)
     made.calendar_failed(url="https://bob:secret@cal.lab/dav/gpus/", cause="https://...: connection refused")
+    made.released()
     text = generate_latest(made.registry).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert value(families["gpubook_released_bookings"].samples, "gpubook_released_bookings_total") == 1
     assert set(families) == {
         "gpubook_bookings", "gpubook_containers_running", "gpubook_gpus", "gpubook_last_poll_timestamp_seconds",
         "gpubook_last_poll_success_timestamp_seconds", "gpubook_calendar_outage", "gpubook_image_preparations",
         "gpubook_image_storage_free_bytes", "gpubook_booked_gpu_seconds", "gpubook_used_gpu_seconds",
         "gpubook_gpu_utilisation_ratio", "gpubook_gpu_memory_used_bytes", "gpubook_gpu_memory_total_bytes",
         "gpubook_start_ssh_seconds", "gpubook_poll_duration_seconds", "gpubook_pass_duration_seconds",
-        "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls", "gpubook_foreign_processes"}
+        "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls", "gpubook_released_bookings",
+        "gpubook_foreign_processes"}
     for family in families.values():
         assert family.documentation, family.name
         if family.type == "counter":

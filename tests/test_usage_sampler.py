@@ -150,7 +150,7 @@ def test_old_databases_migrate_and_keep_their_rows(tmp_path: Path) -> None:
     old.commit()
     old.close()
     with State(path) as state:
-        assert state.schema_version == len(schema.MIGRATIONS) >= 5
+        assert state.schema_version == len(schema.MIGRATIONS) >= 6
         assert state.ports() == {"b": 2201}
         state.record_samples([Sample(at=NOW, host="h", gpu=0, booking_id=None, utilisation=1.0, memory_used_mib=1,
                                      memory_total_mib=2, seconds=30)])

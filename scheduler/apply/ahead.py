@@ -32,7 +32,7 @@ decide() leaves an armed container alone until its start, starts it then, and re
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, replace
@@ -77,6 +77,7 @@ class Preparation:
         self.tried: set[str] = set()  # bookings armed, or whose arm failed (not tried again)
         self.waiting: dict[str, datetime] = {}  # booking id → its start, its image not ready when last tried
         self.lane = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpubook-prepare")
+        self.on_armed: Callable[[], None] | None = None  # told when a booking's container was armed
 
     def __call__(self, plan: plan_module.Plan, *, running: set[str], now: datetime,
                  containers: Sequence[ContainerInfo] = (), templates: TemplateSet | None = None,
@@ -204,6 +205,8 @@ class Preparation:
         self.tried.add(booking_id)
         log.info("booking %s: its container runs ahead of its start on port %d; SSH opens at %s",
                  booking_id, port, arm.request.start.isoformat() if arm.request.start else "-")
+        if self.on_armed is not None:  # a pass soon writes its ssh line into the event, before the start
+            self.on_armed()
 
     def _give_back(self, host: Host, booking_id: str, *, remove: bool) -> None:
         try:

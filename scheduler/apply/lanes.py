@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeGuard
 
-from scheduler.core import decide
+from scheduler.core import decide, reclaim
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,9 @@ class BookingLanes:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _frees(action: Any) -> TypeGuard[decide.Stop | decide.Clear | decide.Disarm]:
+def _frees(action: Any) -> TypeGuard[decide.Stop | decide.Clear | decide.Disarm | reclaim.Release]:
     """Whether the action takes a container away (its GPUs free once it is done)."""
-    return isinstance(action, (decide.Stop, decide.Clear, decide.Disarm))
+    return isinstance(action, (decide.Stop, decide.Clear, decide.Disarm, reclaim.Release))
 
 
 def _waits_for(start: decide.Start, freeing: _Freeing) -> bool:

@@ -27,7 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
 from zoneinfo import ZoneInfo
@@ -37,6 +37,7 @@ import paramiko
 from runtime.engines import ContainerInfo, container_name
 from runtime.errors import GpubookError, Preparing
 from runtime.templates import Template, TemplateSet
+from scheduler.apply import reclaim as reclaim_apply
 from scheduler.apply.accounting import Accounting
 from scheduler.apply.ahead import Preparation
 from scheduler.apply.handlers import (
@@ -62,8 +63,9 @@ from scheduler.apply.memory import (
     failure,
 )
 from scheduler.config import Config
-from scheduler.core import decide
+from scheduler.core import decide, reclaim
 from scheduler.core import plan as plan_module
+from scheduler.core import policy as policy_module
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.hosts import Host
 from scheduler.hosts.images import ImagePreparer
@@ -85,12 +87,15 @@ class World:
 
     containers: dict[str, ContainerInfo]  # by container name
     records: dict[int, ContainerRecord]  # by record id, in id order
+    releases: dict[str, reclaim.Released] = field(default_factory=dict)  # by booking id: no-shows released
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # bookings fold in parallel
 
     @classmethod
-    def read(cls, hosts: Sequence[Host], state: State) -> World:
+    def read(cls, hosts: Sequence[Host], state: State, *, releases_after: datetime | None = None) -> World:
+        """`releases_after`: read the releases of bookings ending after it (None: none)."""
         containers = {info.name: info for host in hosts for info in host.list()}
-        return cls(containers=containers, records={r.id: r for r in state.containers()})
+        releases = reclaim_apply.read_releases(state, after=releases_after) if releases_after is not None else {}
+        return cls(containers=containers, records={r.id: r for r in state.containers()}, releases=releases)
 
     def fold(self, change: Change) -> None:
         with self.lock:
@@ -137,8 +142,9 @@ class Pass:
 
     def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
                  notices: Callable[[notices_module.Message], None] | None = None,
-                 metrics: Metrics | None = None) -> None:
-        """`metrics`: the daemon's, told of each start's SSH latency and each failed start."""
+                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None) -> None:
+        """`metrics`: the daemon's, told of each start's SSH latency and each failed start;
+        `logged_in`: a last look for the booker's login in a container's log before a release."""
         self.config = config
         self.metrics = metrics
         self.hosts = dict(hosts)
@@ -159,12 +165,18 @@ class Pass:
             decide.Disarm: DisarmHandler(hosts=hosts_, state=state, journal=journal),
             decide.Warn: WarnHandler(hosts=hosts_, state=state, journal=journal, timezone=config.host.timezone),
             decide.Hold: HoldHandler(recall=self.recall, journal=journal),
+            reclaim.Release: reclaim_apply.ReleaseHandler(hosts=hosts_, state=state, journal=journal,
+                                                          timezone=config.host.timezone, logged_in=logged_in,
+                                                          metrics=metrics),
+            reclaim.IdleNotice: reclaim_apply.IdleHandler(hosts=hosts_, state=state, journal=journal),
         }
+        self.policy_lines: dict[str, str] = {}  # booking id → its release or idle line, for its event
         self.patience = PATIENCE
         self.on_settled: Callable[[], None] | None = None  # told when a booking's work outlasted its pass
         self.lanes = BookingLanes()
         self.accounting = Accounting(state)  # the bookings each pass accepted and rejected, for reports
         self.ahead = Preparation(config, hosts=self.hosts, state=state)  # folders, host keys, containers ahead
+        self.ahead.on_armed = self._settled_late  # its ssh line goes into the event before the start
         self.outbox = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
         self._delivery: Future[None] | None = None
 
@@ -183,7 +195,8 @@ class Pass:
                              stop_grace=self.config.engine.stop_grace_seconds,
                              restart_limit=daemon.restart_limit,
                              restart_backoff=timedelta(seconds=daemon.restart_backoff_seconds),
-                             warn_before=timedelta(minutes=self.config.defaults.warn_minutes))
+                             warn_before=timedelta(minutes=self.config.defaults.warn_minutes),
+                             idle_percent=self.config.policy.idle_percent, timezone=self.config.host.timezone)
 
     def run(self, occurrences: Sequence[Booking | Rejection], *, now: datetime, may_start: bool = True,
             stale_reason: str = "", etags: Mapping[str, str | None] | None = None,
@@ -192,19 +205,26 @@ class Pass:
         self.ahead.settle(now)  # an arm still at work for a booking whose start came: its container first
         # Before the hosts are read: a start (or arm) ending in between keeps its port.
         at_work = self.lanes.at_work() | self.ahead.at_work()
-        world = World.read(list(self.hosts.values()), self.state)
+        world = World.read(list(self.hosts.values()), self.state,
+                           releases_after=now - policy_module.reach_back(self.config))
         self._release_idle_ports(world, at_work)
-        plan = self.plan(occurrences, world.actual(), now=now)
+        released = reclaim.released_ids(occurrences, world.releases)
+        plan = self.plan(occurrences, world.actual(), now=now, releases=world.releases)
         self.accounting.record(plan, now=now, complete=complete)
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
         armed = frozenset(self.state.notes(ARMED))
         self._adopt(plan, world, now=now, at_work=at_work, armed=armed)
         self._prepare_images(plan, world, now=now, armed=armed)
-        memory = decide_memory(world.records.values(), self.state.notes(WARNED), armed)
+        memory = replace(decide_memory(world.records.values(), self.state.notes(WARNED), armed), released=released,
+                         idle_told=reclaim_apply.told_stretches(self.state.notes(reclaim_apply.IDLE_TOLD)))
+        verdicts = reclaim_apply.judge_running(self.config, self.state, plan=plan, running=world.running(),
+                                               records=world.records_by_booking(), now=now)
+        self.policy_lines = reclaim_apply.event_lines(
+            verdicts, {k: v for k, v in world.releases.items() if k in released}, config=self.config)
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
-                                stale_calendars=stale_calendars or {}, complete=complete)
+                                stale_calendars=stale_calendars or {}, complete=complete, verdicts=verdicts)
         result = PassResult(plan=plan, actions=actions, world=world)
         handled = [a for a in actions if type(a) in self.handlers]  # Recheck only informs the wake-up time
         written = partial(self._write_start, world=world, now=now, etags=etags or {}, armed=armed) if write_back \
@@ -228,7 +248,7 @@ class Pass:
 
     # -- around the bookings' work -------------------------------------------------------------
 
-    def _settled_late(self, future: Future[None]) -> None:
+    def _settled_late(self, future: Future[None] | None = None) -> None:
         if self.on_settled is not None:
             self.on_settled()
 
@@ -270,9 +290,10 @@ class Pass:
             log.warning("notices wait for a later pass: %s", error)
 
     def plan(self, occurrences: Sequence[Booking | Rejection], actual: Sequence[ContainerInfo], *,
-             now: datetime) -> plan_module.Plan:
+             now: datetime, releases: Mapping[str, reclaim.Released] | None = None) -> plan_module.Plan:
         """The plan around what runs: running bookings keep their GPUs, template and (unless later
-        is free) their end."""
+        is free) their end; released ones (no-shows) end at their release."""
+        occurrences = reclaim.apply_releases(occurrences, releases or {})
         pinned = decide.pin_running(occurrences, actual, now=now)
         running = dict(pinned.running)
         agreed = self.state.notes(AGREED_END)
@@ -356,7 +377,8 @@ class Pass:
         booking = action.accepted.booking
         try:
             self.writeback.write_one(action.accepted, info=self._reportable(world, armed, now=now).get(booking.id),
-                                     records=world.records_by_booking().get(booking.id), remarks=self._remarks(),
+                                     records=world.records_by_booking().get(booking.id),
+                                     remarks=self._remarks(world, armed, now=now),
                                      now=now, etag=etags.get(booking.href))
         except GpubookError as error:  # the pass's own write-back tries again
             log.warning("booking %s: its write-back waits for the pass: %s", booking.id, error)
@@ -394,7 +416,8 @@ class Pass:
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
                    etags: Mapping[str, str | None], armed: frozenset[str] = frozenset()) -> None:
         self.writeback.write(plan, running=self._reportable(world, armed, now=now),
-                             records=world.records_by_booking(), remarks=self._remarks(), now=now, etags=etags)
+                             records=world.records_by_booking(), remarks=self._remarks(world, armed, now=now),
+                             now=now, etags=etags)
 
     @staticmethod
     def _reportable(world: World, armed: frozenset[str], *, now: datetime) -> dict[str, ContainerInfo]:
@@ -407,13 +430,17 @@ class Pass:
                 if booking_id in open_runs
                 or not ((info.start is not None and info.start > now) or booking_id in armed)}
 
-    def _remarks(self) -> Remarks:
+    def _remarks(self, world: World, armed: frozenset[str], *, now: datetime) -> Remarks:
         images = {booking: line for host in self.hosts.values()
                   if isinstance(preparer := getattr(host, "images", None), ImagePreparer)
                   for booking, line in preparer.lines().items()}
+        reportable = self._reportable(world, armed, now=now)
+        waiting = {booking_id: info for booking_id, info in world.running().items()
+                   if booking_id not in reportable and info.start is not None and info.start > now}
         return Remarks(refused=dict(self.recall.refused),
                        failures={k: f.reason for k, f in dict(self.recall.failures).items()},
-                       notes=dict(self.recall.notes), images=images)
+                       notes=dict(self.recall.notes), images=images, armed=waiting,
+                       policy=dict(self.policy_lines))
 
     def stop_now(self, booking_id: str, *, now: datetime) -> bool:
         """`gpubook stop`: stop a booking's container at once; it is not started again."""

@@ -40,8 +40,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
+from zoneinfo import ZoneInfo
 
 from runtime.engines.spec import ContainerInfo, container_name
+from scheduler.core import reclaim
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL, Accepted, Plan
 
@@ -117,8 +119,9 @@ class Recheck:
     reason: str
 
 
-Action = Clear | Disarm | Stop | Start | Warn | Hold | Recheck
-_ORDER = {Clear: 0, Disarm: 0, Stop: 1, Start: 2, Warn: 3, Hold: 4, Recheck: 5}
+Action = Clear | Disarm | Stop | Start | Warn | Hold | Recheck | reclaim.Release | reclaim.IdleNotice
+_ORDER = {Clear: 0, Disarm: 0, Stop: 1, reclaim.Release: 1, Start: 2, Warn: 3, reclaim.IdleNotice: 3, Hold: 4,
+          Recheck: 5}
 
 
 # -- what decide needs besides the plan and the engine -----------------------------------------
@@ -147,6 +150,9 @@ class Memory:
     warned: Mapping[str, Warned] = field(default_factory=lambda: MappingProxyType({}))
     runs: Mapping[str, Runs] = field(default_factory=lambda: MappingProxyType({}))
     armed: frozenset[str] = frozenset()  # bookings whose container was run ahead of their start
+    released: frozenset[str] = frozenset()  # bookings released as no-shows (scheduler/core/reclaim.py)
+    idle_told: Mapping[str, frozenset[tuple[int, datetime]]] = field(default_factory=lambda: MappingProxyType({}))
+    # ^ booking id → the idle stretches (GPU, since) its booker was told of
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,8 @@ class Policy:
     restart_limit: int = 3
     restart_backoff: timedelta = timedelta(seconds=10)  # doubled after each restart
     warn_before: timedelta = timedelta(minutes=15)  # for containers with no booking in the plan
+    idle_percent: float = 5.0  # [policy] idle_percent, for the idle notices' sentence
+    timezone: str = "UTC"  # the host's, for the idle notices' sentence
 
 
 # -- the decision ------------------------------------------------------------------------------
@@ -163,11 +171,13 @@ class Policy:
 
 def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory: Memory = Memory(),
            policy: Policy = Policy(), may_start: bool = True, stale_reason: str = "",
-           stale_calendars: Mapping[str, str] = MappingProxyType({}), complete: bool = True) -> list[Action]:
+           stale_calendars: Mapping[str, str] = MappingProxyType({}), complete: bool = True,
+           verdicts: Mapping[str, reclaim.Verdict] = MappingProxyType({})) -> list[Action]:
     """The actions that bring `actual` to what `plan` wants at `now`, in the order to apply them.
 
     `stale_calendars`: calendar url → why its bookings do not start now (its data is too old);
-    `complete`: every calendar was read at least once (see the module docstring)."""
+    `complete`: every calendar was read at least once (see the module docstring); `verdicts`:
+    the no-show and idle judge's, by booking id (scheduler/core/reclaim.py)."""
     wanted = {a.booking.id: a for a in plan.accepted}
     actions: list[Action] = []
     present: dict[str, ContainerInfo] = {}
@@ -186,6 +196,9 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
         actions.extend(replace(a, host=_host(info)) if isinstance(a, Clear | Disarm | Stop | Warn) else a
                        for a in found)
     stopping = {a.booking_id for a in actions if isinstance(a, Stop | Clear | Disarm)}
+    if verdicts:
+        actions.extend(_reclaim_actions(verdicts, present, wanted, stopping, now=now, memory=memory, policy=policy))
+        stopping |= {a.booking_id for a in actions if isinstance(a, reclaim.Release)}
     busy = {(_host(info), gpu): info.booking_id for info in present.values()
             if info.running and info.booking_id not in stopping for gpu in info.gpus}
     for accepted in plan.accepted:
@@ -196,6 +209,19 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
                                           stale_reason=stale or stale_reason))
     actions = [a for a in actions if not (isinstance(a, Warn) and a.booking_id in stopping)]
     return sorted(actions, key=lambda a: _ORDER[type(a)])
+
+
+def _reclaim_actions(verdicts: Mapping[str, reclaim.Verdict], present: Mapping[str, ContainerInfo],
+                     wanted: Mapping[str, Accepted], stopping: set[str], *, now: datetime, memory: Memory,
+                     policy: Policy) -> list[Action]:
+    """Releases and idle notices, for the bookings that run in their time and are not stopping."""
+    running = {booking_id: (info, wanted[booking_id].booking) for booking_id, info in present.items()
+               if info.running and booking_id in wanted and booking_id not in stopping
+               and not _armed(info, now=now, memory=memory)
+               and wanted[booking_id].booking.start <= now < wanted[booking_id].booking.end}
+    found = reclaim.actions(verdicts, running, told=memory.idle_told, percent=policy.idle_percent,
+                            zone=ZoneInfo(policy.timezone), now=now, grace=policy.stop_grace)
+    return [Recheck(*item) if isinstance(item, tuple) else item for item in found]
 
 
 def _armed(info: ContainerInfo, *, now: datetime, memory: Memory) -> bool:
@@ -243,6 +269,8 @@ def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: d
             return [Clear(info.name, info.booking_id, f"its container was {info.state} after {runs.last_reason}")]
         return [Clear(info.name, info.booking_id, f"{DIED}: the container was {info.state}"),
                 _restart_check(info.booking_id, now=now, memory=memory, policy=policy)]
+    if info.booking_id in memory.released:  # its release was recorded and its stop failed: stop it now
+        return [Stop(info.name, info.booking_id, f"{reclaim.RELEASED} as a no-show", policy.stop_grace)]
     if accepted is not None and accepted.booking.start > now:
         return _moved_later(info, accepted.booking.end, now=now, memory=memory, policy=policy)
     if accepted is not None:

@@ -70,6 +70,14 @@ def reach_back(config: Config) -> timedelta:
     return longest + WEEK_REACH if any_week_quota(config) else longest
 
 
+def reach_ahead(config: Config) -> timedelta:
+    """How far after `now` the daemon reads bookings: a week, or a day past the longest
+    `max_days_ahead` set, so a booking made further ahead than allowed is seen (and refused with
+    the reason) rather than unseen until it comes within the week, when it would pass."""
+    days = [config.policy.max_days_ahead, *(u.max_days_ahead or 0.0 for u in config.users.values())]
+    return max(WEEK, timedelta(days=max(days) + 1))
+
+
 @dataclass(frozen=True)
 class _Held:
     start: datetime

@@ -135,6 +135,9 @@ class Metrics:
                                      "the kind of error.", ["reason"], registry=self.registry)
         self.image_pulls = Counter(f"{PREFIX}_image_pulls", "Template images pulled ahead of their bookings, by "
                                    "outcome (present: nothing to pull).", ["outcome"], registry=self.registry)
+        self.releases = Counter(f"{PREFIX}_released_bookings", "Running bookings released as no-shows (nobody "
+                                "logged in, GPUs idle) or, with [policy] idle_action = \"release\", as idle.",
+                                registry=self.registry)
         for reason in START_FAILURES:  # zeros from the start: rate() and alerts see the first failure
             self.failed_starts.labels(reason=reason)
         for outcome in PULL_OUTCOMES:
@@ -149,6 +152,10 @@ class Metrics:
     @_guarded
     def start_failed(self, *, reason: str) -> None:
         self.failed_starts.labels(reason=reason if reason in START_FAILURES else "other").inc()
+
+    @_guarded
+    def released(self) -> None:
+        self.releases.inc()
 
     @_guarded
     def polled(self, *, seconds: float) -> None:

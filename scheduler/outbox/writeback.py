@@ -51,6 +51,10 @@ class Remarks:
     failures: Mapping[str, str]  # booking id → why its start failed (for a note once it is due)
     notes: Mapping[str, str]  # booking id → a sentence for its event
     images: Mapping[str, str] = field(default_factory=dict)  # booking id → "image: ready" or why not
+    # booking id → its container run ahead of its start (armed): its port is fixed already, so the
+    # event gives the ssh line before the start and the booker need not wait for the start's write.
+    armed: Mapping[str, ContainerInfo] = field(default_factory=dict)
+    policy: Mapping[str, str] = field(default_factory=dict)  # booking id → its release or idle line (no-shows)
 
 
 def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_version: str | None, port: int,
@@ -165,13 +169,29 @@ class WriteBack:
             image = remarks.images.get(booking.id)
             if image is not None:
                 outcome = outcome.with_note(image)
+            armed = remarks.armed.get(booking.id)
+            if armed is not None and armed.port is not None:
+                outcome = self._armed_lines(outcome, booking, armed)
         else:
             return None
         note = remarks.notes.get(booking.id)
         outcome = outcome.with_note(note) if note else outcome
+        line = remarks.policy.get(booking.id)
+        outcome = outcome.with_note(line) if line else outcome
         for line in (foreign or {}).get(booking.id, ()):  # processes seen on its GPUs outside its container
             outcome = outcome.with_note(line)
-        return replace(outcome, reminder=self._reminder(accepted, info))
+        return replace(outcome, reminder=self._reminder(accepted, info or remarks.armed.get(booking.id)))
+
+    def _armed_lines(self, outcome: block.Outcome, booking: Booking, info: ContainerInfo) -> block.Outcome:
+        """The ssh line (and known_hosts line) of a container armed for its start: it answers from the start."""
+        assert info.port is not None
+        host = self.config.host.name
+        line = block.ssh_line(port=info.port, user=booking.user, host=host)
+        outcome = outcome.with_note(f"ssh from the start: {line}")
+        if info.host_key:
+            outcome = outcome.with_note(
+                f"known_hosts: {ssh.known_hosts_line(host=host, port=info.port, host_key=info.host_key)}")
+        return outcome
 
     def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
         """gpubook's alarm for an accepted booking's event (`[policy] remind_minutes`; 0: none)."""

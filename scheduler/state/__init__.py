@@ -13,15 +13,18 @@ kill -9 of the daemon (a power cut may lose the last few, which the labels make 
 
 The package: `store.py` (State, one transaction per method), `schema.py` (the migrations and how a
 file is opened, checked and set aside), `records.py` (what State hands out), `usage.py` (accounting:
-bookings seen, GPU samples, logins; mixed into State), `errors.py`.
+bookings seen, GPU samples, logins; mixed into State), `releases.py` (no-shows released, each
+booking's GPU samples as the judge reads them; mixed in too), `errors.py`.
 """
 
 from scheduler.state.errors import StateError, StateUnavailable
 from scheduler.state.foreign import ForeignRow
 from scheduler.state.records import LEVELS, ContainerRecord, LogEntry, Notice, WriteBack
+from scheduler.state.releases import GpuSamples, ReleaseRow
 from scheduler.state.schema import MIGRATIONS
 from scheduler.state.store import State, port_is_free
 from scheduler.state.usage import BookedRow, RejectedRow, Sample, SampleSum
 
-__all__ = ["LEVELS", "MIGRATIONS", "BookedRow", "ContainerRecord", "ForeignRow", "LogEntry", "Notice", "RejectedRow",
-           "Sample", "SampleSum", "State", "StateError", "StateUnavailable", "WriteBack", "port_is_free"]
+__all__ = ["LEVELS", "MIGRATIONS", "BookedRow", "ContainerRecord", "ForeignRow", "GpuSamples", "LogEntry", "Notice",
+           "RejectedRow", "ReleaseRow", "Sample", "SampleSum", "State", "StateError", "StateUnavailable", "WriteBack",
+           "port_is_free"]

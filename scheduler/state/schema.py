@@ -154,7 +154,19 @@ MIGRATIONS: tuple[str, ...] = (
         at         REAL NOT NULL
     );
     """,
-    # 6: processes seen on GPUs outside the bookings' containers (scheduler/state/foreign.py): one
+    # 6: bookings released as no-shows (scheduler/state/releases.py): the plan gives them no GPU
+    # for the rest of their time; and the samples of one booking's GPU found without a scan.
+    """
+    CREATE TABLE releases (
+        booking_id TEXT PRIMARY KEY,
+        start_at   REAL NOT NULL,  -- the booking's time when it was released
+        end_at     REAL NOT NULL,
+        at         REAL NOT NULL,
+        reason     TEXT NOT NULL
+    );
+    CREATE INDEX gpu_samples_booking ON gpu_samples (booking_id, gpu, at);
+    """,
+    # 7: processes seen on GPUs outside the bookings' containers (scheduler/state/foreign.py): one
     # row per GPU and process (pid with its start time: a reused pid is another process).
     """
     CREATE TABLE foreign_processes (

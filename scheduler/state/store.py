@@ -20,6 +20,7 @@ from runtime.private import private_folder
 from scheduler.state.errors import StateError, StateUnavailable
 from scheduler.state.foreign import ForeignRecords
 from scheduler.state.records import LEVELS, ContainerRecord, LogEntry, Notice, WriteBack, container, moment_of, stamp_of
+from scheduler.state.releases import ReleaseRecords
 from scheduler.state.schema import Corrupt, open_checked, set_aside, set_up
 from scheduler.state.usage import UsageRecords
 
@@ -42,7 +43,7 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-class State(UsageRecords, ForeignRecords):
+class State(UsageRecords, ReleaseRecords, ForeignRecords):
     """`State(path)`: open (or create, or recreate) the database; every method is one transaction.
 
     Safe to share between the daemon's threads: each thread gets its own connection (bookings

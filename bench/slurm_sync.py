@@ -1,0 +1,118 @@
+"""Plan + Slurm reservation sync for many bookings on a simulated cluster: prints figures, asserts nothing.
+
+    PYTHONPATH=. python bench/slurm_sync.py [BOOKINGS] [NODES] [GPUS_PER_NODE]
+
+BOOKINGS bookings (default 1,000) over a week on NODES x GPUS_PER_NODE GPUs (default 64 x 8).
+Times, in this process: the plan; the first sync (every reservation's create argv built); the
+sync where nothing changed (scontrol's listing of every reservation parsed, compared: it must
+issue no command beyond that one listing); a sync where 10 bookings moved. scontrol itself is
+replaced by a subclass of the backend's `Scontrol` that answers the listing from memory and
+counts commands, so the figures are gpubook's own cost, not slurmctld's.
+
+The plan places bookings on one pool of NODES x GPUS_PER_NODE GPUs and each booking goes to the
+node of its first GPU (the plan does not yet choose among several hosts: see the README's
+Slurm section); the sync's cost does not depend on how the nodes were chosen.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TypeVar
+
+from scheduler.config import parse
+from scheduler.core.bookings import Booking
+from scheduler.core.plan import Accepted, plan
+from scheduler.hosts.slurm import Scontrol, SlurmCluster, sync
+
+CALENDAR = "http://127.0.0.1:5232/cluster/"
+NOW = datetime(2026, 11, 23, tzinfo=UTC)
+T = TypeVar("T")
+
+
+class InMemoryScontrol(Scontrol):
+    """Answers `show reservation` with what the syncs so far created; counts every other command."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listing = ""
+        self.commands: list[tuple[str, ...]] = []
+
+    def __call__(self, *args: str) -> str:
+        self.calls += 1
+        if args[:2] == ("show", "reservation"):
+            return self.listing
+        self.commands.append(args)
+        return ""
+
+
+def listing(wanted: Sequence[sync.Wanted]) -> str:
+    """What scontrol 22.05 prints for these reservations (--oneliner, TZ=UTC)."""
+    return "".join(
+        f"ReservationName={w.name} StartTime={sync.stamp(w.start)} EndTime={sync.stamp(w.end)} Duration=01:00:00 "
+        f"Nodes={','.join(w.nodes)} NodeCnt={len(w.nodes)} CoreCnt=64 Features=(null) PartitionName=(null) "
+        f"Flags=OVERLAP,SPEC_NODES TRES=cpu=64 Users={','.join(w.users)} Groups=(null) Accounts=(null) "
+        "Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n" for w in wanted)
+
+
+def bookings(count: int, rng: random.Random) -> list[Booking]:
+    out = []
+    for n in range(count):
+        start = NOW + timedelta(minutes=30 * rng.randrange(7 * 48))
+        out.append(Booking(id=f"bench-{n}@gpubook", uid=f"bench-{n}@gpubook", user=f"user{rng.randrange(20)}",
+                           template="base", gpu_count=rng.choice([1, 1, 2, 4, 8]), gpu_indices=None, start=start,
+                           end=start + timedelta(hours=rng.choice([1, 2, 4, 8, 24])), created=None, dtstamp=None,
+                           calendar_url=CALENDAR, href=f"{CALENDAR}{n}.ics"))
+    return out
+
+
+def timed(action: Callable[[], T]) -> tuple[T, float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = action()
+    return result, (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+
+
+def main() -> None:
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    nodes = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    per_node = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+    config = parse({"host": {"name": "bench", "timezone": "UTC"},
+                    "calendar": [{"url": CALENDAR, "gpus": "all"}],
+                    "users": {f"user{n}": {"uid": 2000 + n} for n in range(20)}}, Path("bench.toml"))
+    items = bookings(count, random.Random(42))
+    planned, plan_ms, plan_cpu = timed(lambda: plan(items, inventory=range(nodes * per_node), config=config,
+                                                    templates={"base"}, now=NOW))
+    placed = [Accepted(a.booking, tuple(g % per_node for g in a.gpus), a.warn_at,
+                       f"node{a.gpus[0] // per_node + 1:03d}") for a in planned.accepted]
+    scontrol = InMemoryScontrol()
+    cluster = SlurmCluster(scontrol=scontrol, prefix="gpubook-", users=["gpubook"])
+
+    first, first_ms, first_cpu = timed(lambda: cluster.sync(placed, now=NOW))
+    scontrol.listing = listing(sync.wanted(placed, prefix="gpubook-", users=["gpubook"]))
+    before = len(scontrol.commands), scontrol.calls
+    same, same_ms, same_cpu = timed(lambda: cluster.sync(placed, now=NOW))
+    issued, listings = len(scontrol.commands) - before[0], scontrol.calls - before[1] - (len(scontrol.commands)
+                                                                                      - before[0])
+    moved = [replace(a, booking=replace(a.booking, end=a.booking.end + timedelta(hours=1))) if i < 10 else a
+             for i, a in enumerate(placed)]
+    edit, edit_ms, edit_cpu = timed(lambda: cluster.sync(moved, now=NOW))
+
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"{count} bookings over 7 days on {nodes} nodes x {per_node} GPUs: "
+          f"{len(planned.accepted)} accepted, {len(planned.rejected)} rejected")
+    print(f"plan:                                   {plan_ms:8.1f} ms wall {plan_cpu:8.1f} ms CPU")
+    print(f"first sync ({len(first.changes)} creates built):         {first_ms:8.1f} ms wall {first_cpu:8.1f} ms CPU")
+    print(f"no-change sync (listing parsed, diffed): {same_ms:8.1f} ms wall {same_cpu:8.1f} ms CPU; "
+          f"{issued} commands issued besides {listings} listing; {len(same.changes)} changes")
+    print(f"sync after 10 edits ({len(edit.changes)} updates):      {edit_ms:8.1f} ms wall {edit_cpu:8.1f} ms CPU")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""A real Slurm cluster made by the tests: munge, slurmctld and two slurmd "nodes" on this machine.
+
+Debian 12's slurm-wlm 22.05 and munge, started by hand under a private folder (no systemd unit,
+no /etc/slurm change). Each slurmd runs in its own network namespace (ip netns + a veth pair to
+the root namespace) with its own NodeName and NodeAddr, as on a cluster of separate machines;
+it is entered with `nsenter --net` rather than `ip netns exec`, which mounts a fresh /sys and
+so hides /sys/fs/cgroup (slurmd 22.05 will not start without it). slurmctld listens in the root
+namespace on an address of a link of its own (a veth pair: this kernel has no dummy module) that
+every node routes to. GPUs are GRES on placeholder device files (null devices; Slurm drops a
+GPU without a File, and AutoDetect is off): no GPU is needed, Slurm still counts, reserves and
+hands out gres/gpu (CUDA_VISIBLE_DEVICES in a job). Process tracking is proctrack/linuxproc
+with task/none: this machine has hybrid cgroups, and confinement to GPUs needs no cgroup here.
+Without slurmdbd gres/gpu cannot be an accounting TRES (slurmctld refuses to start).
+
+SlurmUser is the unprivileged account the daemon runs as (`slurm_user`): slurmctld runs as that
+account, so it may create, update and delete reservations without root. slurmd runs as root (it
+starts jobs as their owners). Making it needs root (namespaces, slurmd); CI runs as root.
+Everything is undone by `stop()`: daemons ended by their process ids, namespaces and links
+deleted, the folder removed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SBIN = Path("/usr/sbin")
+
+
+def available() -> str | None:
+    """Why no test cluster can be made here (None: it can)."""
+    if os.geteuid() != 0:
+        return "making a Slurm test cluster needs root (network namespaces, slurmd)"
+    for program in ("slurmctld", "slurmd", "munged", "scontrol", "ip"):
+        if shutil.which(program, path=f"{SBIN}:/usr/bin:/bin") is None:
+            return f"{program} is not installed (apt-get install slurmctld slurmd slurm-client munge)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    address: str  # its address inside its namespace
+    netns: str
+    gpus: int
+
+
+@dataclass
+class Cluster:
+    """One running test cluster: its folder, config file and nodes."""
+
+    root: Path
+    conf: Path
+    user: str
+    nodes: tuple[Node, ...]
+    partition: str
+    gpu_type: str
+    _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _links: list[str] = field(default_factory=list)
+    _namespaces: list[str] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a Slurm client (scontrol, sbatch) needs to find this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def scontrol(self, *args: str, as_user: bool = True) -> str:
+        """scontrol run as the Slurm user (as the daemon would), its output; raises on failure."""
+        argv = ["scontrol", *args]
+        if as_user and os.geteuid() == 0:
+            argv = ["runuser", "-u", self.user, "--", *argv]
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
+        return done.stdout
+
+    def log(self, name: str) -> str:
+        path = self.root / "log" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -- the daemons -------------------------------------------------------------------------
+
+    def start_slurmctld(self) -> None:
+        self._processes["slurmctld"] = subprocess.Popen(
+            [str(SBIN / "slurmctld"), "-D", "-i", "-f", str(self.conf)], user=self.user, group=self.user,
+            extra_groups=[],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=(self.root / "log" / "slurmctld.out").open("wb"))
+        self._wait(lambda: self._answers(), "slurmctld answering `scontrol ping`", "slurmctld")
+
+    def stop_slurmctld(self, *, kill: bool = False) -> None:
+        self._end("slurmctld", kill=kill)
+
+    def start_slurmd(self, node: Node) -> None:
+        key = f"slurmd-{node.name}"
+        self._processes[key] = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{node.netns}", str(SBIN / "slurmd"), "-D", "-N", node.name,
+             "-f", str(self.conf)],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=(self.root / "log" / f"{key}.out").open("wb"))
+
+    def wait_nodes_idle(self, timeout: float = 30) -> None:
+        def idle() -> bool:
+            out = self.scontrol("show", "node", "--oneliner")
+            return all(f"NodeName={n.name} " in out for n in self.nodes) and out.count("State=IDLE") >= len(
+                self.nodes)
+        self._wait(idle, "every node IDLE", "slurmctld", timeout)
+
+    def _answers(self) -> bool:
+        try:
+            return "UP" in self.scontrol("ping")
+        except RuntimeError:
+            return False
+
+    def _wait(self, check: object, what: str, log: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if callable(check) and check():
+                return
+            if any(p.poll() is not None for p in self._processes.values()):
+                dead = [k for k, p in self._processes.items() if p.poll() is not None]
+                raise RuntimeError(f"{', '.join(dead)} ended while waiting for {what}; "
+                                   f"{log} log:\n{self.log(log)[-3000:]}")
+            time.sleep(0.2)
+        raise RuntimeError(f"the test cluster did not reach {what} in {timeout:.0f} s; "
+                           f"{log} log:\n{self.log(log)[-3000:]}")
+
+    def _end(self, key: str, *, kill: bool = False) -> None:
+        process = self._processes.pop(key, None)
+        if process is None or process.poll() is not None:
+            return
+        if kill:
+            process.kill()
+        else:
+            process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+    def stop(self) -> None:
+        """Everything undone, even after a half-made start."""
+        for key in sorted(self._processes, key=lambda k: k == "munged"):  # munge last
+            self._end(key)
+        for netns in self._namespaces:
+            subprocess.run(["ip", "netns", "delete", netns], capture_output=True, check=False)
+        for link in self._links:
+            subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _slurm_conf(cluster: Cluster, *, host: str, ctl_address: str, ctl_port: int, slurmd_port: int) -> str:
+    log = cluster.root / "log"
+    nodes = "\n".join(
+        f"NodeName={n.name} NodeAddr={n.address} CPUs=2 RealMemory=1000 Gres=gpu:{cluster.gpu_type}:{n.gpus} "
+        "State=UNKNOWN" for n in cluster.nodes)
+    names = ",".join(n.name for n in cluster.nodes)
+    return f"""\
+ClusterName=gpubooktest
+SlurmctldHost={host}({ctl_address})
+SlurmctldPort={ctl_port}
+SlurmdPort={slurmd_port}
+SlurmUser={cluster.user}
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={cluster.root}/munge/munge.socket
+StateSaveLocation={cluster.root}/state
+SlurmdSpoolDir={cluster.root}/spool/%n
+SlurmctldPidFile={cluster.root}/run/slurmctld.pid
+SlurmdPidFile={cluster.root}/run/slurmd-%n.pid
+SlurmctldLogFile={log}/slurmctld.log
+SlurmdLogFile={log}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+GresTypes=gpu
+PlugStackConfig={cluster.root}/plugstack.conf
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+MailProg=/bin/true
+MinJobAge=60
+KillWait=5
+{nodes}
+PartitionName={cluster.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _gres_conf(cluster: Cluster) -> str:
+    lines = ["AutoDetect=off"]
+    lines += [f"NodeName={n.name} Name=gpu Type={cluster.gpu_type} "
+              f"File={cluster.root}/dev/{n.name}/nvidia[0-{n.gpus - 1}]" for n in cluster.nodes]
+    return "\n".join(lines) + "\n"
+
+
+def make(*, user: str = "gpubook-test", nodes: int = 2, gpus: int = 4, gpu_type: str = "a100") -> Cluster:
+    """A started cluster (call `stop()`); raises with the daemons' logs when it does not come up."""
+    tag = secrets.token_hex(2)
+    octet = 100 + secrets.randbelow(150)
+    root = Path(tempfile.mkdtemp(prefix=f"gpubook-slurm-{tag}-"))
+    root.chmod(0o755)
+    node_list = tuple(Node(name=f"node{i}", address=f"10.{octet}.{i}.2", netns=f"gbs{tag}n{i}", gpus=gpus)
+                      for i in range(1, nodes + 1))
+    cluster = Cluster(root=root, conf=root / "slurm.conf", user=user, nodes=node_list, partition="gpu",
+                      gpu_type=gpu_type)
+    try:
+        _make(cluster, tag=tag, octet=octet)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _make(cluster: Cluster, *, tag: str, octet: int) -> None:
+    account = pwd.getpwnam(cluster.user)
+    root = cluster.root
+    for sub in ("state", "log", "run", "spool", "munge"):
+        (root / sub).mkdir()
+    for sub in ("state", "log", "run"):
+        os.chown(root / sub, account.pw_uid, account.pw_gid)
+    (root / "munge").chmod(0o755)
+    key = root / "munge" / "munge.key"
+    key.write_bytes(secrets.token_bytes(1024))
+    key.chmod(0o400)
+    (root / "plugstack.conf").write_text("")
+    for node in cluster.nodes:  # Slurm drops a GPU without a device file: placeholders (null devices)
+        (root / "dev" / node.name).mkdir(parents=True)
+        for index in range(node.gpus):
+            os.mknod(root / "dev" / node.name / f"nvidia{index}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    # The network: a link carrying slurmctld's address, one namespace + veth per node.
+    ctl_address = f"10.{octet}.0.1"
+    dummy = f"gbs{tag}c"
+    _run("ip", "link", "add", dummy, "type", "veth", "peer", "name", f"gbs{tag}d")  # no dummy module here
+    cluster._links.append(dummy)
+    _run("ip", "addr", "add", f"{ctl_address}/32", "dev", dummy)
+    _run("ip", "link", "set", dummy, "up")
+    _run("ip", "link", "set", f"gbs{tag}d", "up")
+    for i, node in enumerate(cluster.nodes, start=1):
+        outside, inside = f"gbs{tag}v{i}", f"gbs{tag}p{i}"
+        _run("ip", "netns", "add", node.netns)
+        cluster._namespaces.append(node.netns)
+        _run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+        cluster._links.append(outside)
+        _run("ip", "link", "set", inside, "netns", node.netns)
+        _run("ip", "addr", "add", f"10.{octet}.{i}.1/24", "dev", outside)
+        _run("ip", "link", "set", outside, "up")
+        ns = ("ip", "netns", "exec", node.netns)
+        _run(*ns, "ip", "addr", "add", f"{node.address}/24", "dev", inside)
+        _run(*ns, "ip", "link", "set", inside, "up")
+        _run(*ns, "ip", "link", "set", "lo", "up")
+        _run(*ns, "ip", "route", "add", "default", "via", f"10.{octet}.{i}.1")
+    cluster.conf.write_text(_slurm_conf(cluster, host=socket.gethostname().split(".")[0], ctl_address=ctl_address,
+                                        ctl_port=_free_port(), slurmd_port=_free_port()))
+    (root / "gres.conf").write_text(_gres_conf(cluster))
+    for path in (cluster.conf, root / "gres.conf", root / "plugstack.conf"):
+        path.chmod(0o644)
+    cluster._processes["munged"] = subprocess.Popen(
+        ["munged", "-F", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={key}",
+         f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/log/munged.log",
+         f"--seed-file={root}/munge/munged.seed"],
+        stdout=subprocess.DEVNULL, stderr=(root / "log" / "munged.out").open("wb"))
+    cluster._wait(lambda: (root / "munge" / "munge.socket").exists(), "munge's socket", "munged", 10)
+    cluster.start_slurmctld()
+    for node in cluster.nodes:
+        (root / "spool" / node.name).mkdir()
+        cluster.start_slurmd(node)
+    cluster.wait_nodes_idle()
+
+
+@contextmanager
+def running(**kwargs: object) -> Iterator[Cluster]:
+    cluster = make(**kwargs)  # type: ignore[arg-type]
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

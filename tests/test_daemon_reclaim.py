@@ -1,0 +1,121 @@
+"""No-shows and idle GPUs with the real daemon, Radicale and rootless podman; the GPUs' utilisation
+from tests/fake_gpus.py (no GPU here), rewritten by the test while the daemon runs.
+
+Three bookings start together on GPUs nobody uses (utilisation 0 %): alice's "gone" nobody logs
+into; alice's "came" she logs into over SSH (paramiko); bob's "busy" nobody logs into, but its GPU
+works at 80 %. After no_show_minutes only "gone" is released (hostile: a booker who came, or a GPU
+at work, keeps the booking): its container goes, its event says so, and bob's booking made then
+for the rest of its slot on its GPU is accepted and starts at once; a restarted daemon does not
+give the slot back. "came" sits idle: alice is told in her terminal and in the event; busy again,
+the event's line goes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import fake_gpus
+import pytest
+
+from scheduler.state import State
+from tests import daemon_kit
+from tests.daemon_kit import (
+    DaemonProcess,
+    book,
+    description,
+    run,
+    running_container,
+    soon,
+    try_login,
+    wait_for,
+    write_config,
+)
+
+engine, keys = daemon_kit.engine, daemon_kit.keys
+cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
+
+pytestmark = [
+    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+]
+
+GONE, CAME, BUSY = 6, 5, 4  # GPUs no other daemon test books
+
+
+def gpus(busy: dict[int, int]) -> list[dict[str, int]]:
+    return [{"utilisation": busy.get(index, 0)} for index in range(8)]
+
+
+def test_a_no_show_is_released_and_its_slot_booked_again_while_a_booker_who_came_is_told_of_idle_gpus(
+        tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    calendar = radicale.new_calendar()
+    monitor = tmp_path / "gpus.json"
+    fake_gpus.write(monitor, gpus({BUSY: 80}))
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8,
+                          gpu_lines=['monitor = "tests.fake_gpus:read"'])
+    config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
+                      + "\n[policy]\nno_show_minutes = 0.25\nidle_minutes = 0.15\nidle_percent = 5\n")
+    start = soon(8)
+    end = start + timedelta(seconds=300)  # never reached: the test ends before
+    book(calendar, "gone@test", user="alice", start=start, end=end, gpus=f"{GONE},")
+    book(calendar, "came@test", user="alice", start=start, end=end, gpus=f"{CAME},")
+    book(calendar, "busy@test", user="bob", start=start, end=end, gpus=f"{BUSY},")
+    cleanup.extend(["gone@test", "came@test", "busy@test", "rest@test"])
+    daemon = DaemonProcess(config, env={fake_gpus.ENV: str(monitor)}).start()
+    daemons.append(daemon)
+    for booking_id in ("gone@test", "busy@test"):
+        wait_for(f"{booking_id}'s container", lambda b=booking_id: running_container(engine, b), timeout=60,
+                 daemon=daemon)
+    came = wait_for("came@test's container", lambda: running_container(engine, "came@test"), timeout=60,
+                    daemon=daemon)
+    client = wait_for("alice's login", lambda: try_login(came.port, "alice", keys["alice"]), timeout=30,
+                      daemon=daemon)
+    assert run(client, "true")[0] == 0
+
+    # Released after 15 s: the container goes, the event says why and until when.
+    wait_for("the no-show's container gone", lambda: running_container(engine, "gone@test") is None, timeout=45,
+             daemon=daemon)
+    released_at = datetime.now(UTC)
+    text = wait_for("the release in the event", lambda: "released: " in (d := description(calendar, "gone@test"))
+                    and d, timeout=60, daemon=daemon)
+    assert f"nobody logged in and GPU {GONE} stayed under 5 % for" in text
+    assert f"the GPUs went back to the pool until {end:%H:%M}" in text
+    with State(tmp_path / "state" / "state.sqlite") as state:
+        assert set(state.releases()) == {"gone@test"}  # hostile: a booker who came, a GPU at work, keep theirs
+    assert running_container(engine, "came@test") and running_container(engine, "busy@test")
+
+    # The rest of the slot on its GPU is free: bob's booking made now starts at once.
+    book(calendar, "rest@test", user="bob", start=soon(2), end=end, gpus=f"{GONE},")
+    rest = wait_for("bob's container on the freed GPU", lambda: running_container(engine, "rest@test"),
+                    timeout=60, daemon=daemon)
+    assert rest.gpus == (GONE,) and running_container(engine, "gone@test") is None  # never started again
+    bob = wait_for("bob's login", lambda: try_login(rest.port, "bob", keys["bob"]), timeout=30, daemon=daemon)
+    assert run(bob, "true")[0] == 0
+    bob.close()
+    assert datetime.now(UTC) < end and released_at < end
+    daemon.stop()  # the release is State's: a new daemon does not give alice her slot back
+    daemon = DaemonProcess(config, env={fake_gpus.ENV: str(monitor)}).start()
+    daemons.append(daemon)
+
+    # alice came but her GPU sits idle: told in her terminal (the notice file) and in the event.
+    status, notice = wait_for("the idle notice in alice's container",
+                              lambda: (r := run(client, "cat /run/gpubook/notice 2>/dev/null"))[1] and r,
+                              timeout=30, daemon=daemon)
+    assert f"idle: GPU {CAME} under 5 % since" in notice
+    wait_for("the idle line in the event", lambda: f"idle: GPU {CAME} under 5 %" in description(calendar, "came@test"),
+             timeout=60, daemon=daemon)
+    fake_gpus.write(monitor, gpus({BUSY: 80, CAME: 60}))  # busy again: the line goes
+    wait_for("the idle line gone", lambda: "idle: " not in description(calendar, "came@test"), timeout=60,
+             daemon=daemon)
+    client.close()
+    assert "released" not in description(calendar, "busy@test")
+    assert running_container(engine, "gone@test") is None and running_container(engine, "rest@test")
+    daemon.stop()
+    with closing(sqlite3.connect(tmp_path / "state" / "state.sqlite")) as db:  # the notices' outbox (mail, webhook)
+        told = set(db.execute("SELECT kind, booking_id FROM outbox"))
+    assert {("released", "gone@test"), ("idle", "came@test")} <= told
+    assert not {("released", "came@test"), ("released", "busy@test"), ("idle", "busy@test")} & told

@@ -1,0 +1,249 @@
+"""A booking's job on a real Slurm 22.05 cluster (tests/slurm_kit.py): submitted into its
+reservation, its step runs the booking's container with rootless podman on the chosen node (inside
+that node's network namespace), and the booker logs in over SSH at the node's address.
+
+The job runs as the daemon's account (gpubook-test, the cluster's SlurmUser), whose rootless
+podman storage holds the test image (built once, as that account, by the podman suites' route).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pwd
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from runtime import ssh
+from runtime.engines import container_name
+from runtime.errors import EngineError
+from runtime.slurm_step import StepRequest
+from runtime.templates import get_template
+from scheduler.hosts import Booker, StartRequest
+from scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmUnreachable
+from scheduler.hosts.slurm.host import SlurmHost
+from scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
+from tests import slurm_kit
+from tests.engine_suite import PODMAN, key_line, new_key
+from tests.test_slurm_sync import accepted, booking
+
+pytestmark = [pytest.mark.slurm, pytest.mark.podman,
+              pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]
+PREFIX = "gpubook-"
+# The source tree the account reads (quickstart copies a clone it cannot read to one it can).
+REPO = Path(os.environ.get("GPUBOOK_TEST_TREE") or Path(__file__).resolve().parents[1])
+
+
+class AsAccount(Scontrol):
+    """A Slurm client run as the daemon's account with its own environment (the job inherits it, and
+    its steps run rootless podman as that account)."""
+
+    def __init__(self, user: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        account = pwd.getpwnam(user)
+        self.user = user
+        self.env = [f"HOME={account.pw_dir}", f"USER={user}", f"LOGNAME={user}",
+                    f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", f"PYTHONPATH={REPO}", "PYTHONDONTWRITEBYTECODE=1",
+                    "PATH=/usr/local/bin:/usr/bin:/bin"]
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        return ["runuser", "-u", self.user, "--", "env", *self.env, f"SLURM_CONF={self.conf}", "TZ=UTC",
+                *super().argv(args)]
+
+
+def _as_account(user: str, code: str) -> None:
+    account = pwd.getpwnam(user)
+    subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
+                    f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", f"PYTHONPATH={REPO}", "PYTHONDONTWRITEBYTECODE=1",
+                    sys.executable, "-c", code], cwd="/tmp", check=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def account_image() -> None:
+    """The debian-ssh image in the account's own podman storage (cached: a no-op once built)."""
+    _as_account("gpubook-test", "from runtime import overlay_image; from runtime.engines import engine_from; "
+                "from runtime.templates import get_template; from tests.engine_suite import CACHE_DIR, PODMAN; "
+                "overlay_image.build_rootfs_image(engine_from(**PODMAN), get_template('debian-ssh'), "
+                "cache_dir=CACHE_DIR)")
+
+
+@pytest.fixture
+def cluster() -> Iterator[slurm_kit.Cluster]:
+    with slurm_kit.running() as made:
+        yield made
+
+
+class JobsOfAccount(SlurmJobs):
+    """The test runs as root where the daemon runs as the account: the job folder is given to it."""
+
+    def _make_folder(self, booking_id: str) -> Path:
+        folder = super()._make_folder(booking_id)
+        account = pwd.getpwnam(self.user)
+        os.chown(folder, account.pw_uid, account.pw_gid)
+        return folder
+
+
+def _ssh_banner(address: str, port: int) -> str:
+    with socket.create_connection((address, port), timeout=5) as sock:
+        return sock.recv(7).decode()
+
+
+def _podman(user: str, *args: str) -> int:
+    account = pwd.getpwnam(user)
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
+                           f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", "podman", *args],
+                          cwd="/tmp", capture_output=True, timeout=60).returncode
+
+
+@pytest.fixture
+def leftover(cluster: slurm_kit.Cluster) -> Iterator[list[str]]:
+    """Containers removed after the test, pass or fail: a step ended with its slurmd (the cluster's
+    stop) has no chance to stop its container (conmon is not one of the job's processes)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        _podman(cluster.user, "rm", "--force", "--time=0", name)
+
+
+def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_its_node(
+        cluster: slurm_kit.Cluster, account_image: None, leftover: list[str]) -> None:
+    leftover.append(container_name("alice-run"))
+    shared = cluster.root / "shared"
+    shared.mkdir()
+    os.chown(shared, pwd.getpwnam(cluster.user).pw_uid, pwd.getpwnam(cluster.user).pw_gid)
+    scontrol = AsAccount(cluster.user, conf=cluster.conf)
+    now = datetime.now(UTC).replace(microsecond=0)
+    item = accepted(booking("alice-run", start=now - timedelta(minutes=1), gpus=2), host="node2")
+    assert not SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user]).sync([item], now=now).refused
+    jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user,
+                     python=sys.executable)
+    key = new_key()
+    node1, node2 = (SlurmHost(name=n.name, gpus=range(n.gpus), jobs=jobs, engine=dict(PODMAN), start_timeout=60)
+                    for n in cluster.nodes)
+    request = StartRequest(booking_id="alice-run", booker=Booker(name="alice", uid=2001, gid=2001,
+                                                                 ssh_keys=(key_line(key),)),
+                           template=get_template("debian-ssh"), gpus=(0, 1), port=22000 + os.getpid() % 1000,
+                           end=item.booking.end)
+    started = node2.start(request)
+    result = jobs.results("alice-run")["node2"]
+    assert (started.info.host, started.info.host_key, started.info.gpus) == ("node2", result.host_key, (0, 1))
+    assert (result.port, result.error) == (request.port, "")
+    # the booking's private host key stays on the node, never on the shared storage
+    assert [p for p in shared.rglob("*") if p.name == ssh.HOST_KEY_FILE] == []
+    listed = jobs.jobs()[jobs.name("alice-run")]
+    assert (listed.state, listed.nodes) == ("RUNNING", "node2")
+    assert [i.name for i in node2.list()] == [result.container] and node1.list() == []
+    # a restarted daemon (kill -9: nothing in memory) finds the job and its container, submits nothing
+    fresh = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user,
+                          python=sys.executable)
+    again = SlurmHost(name="node2", gpus=range(4), jobs=fresh, engine=dict(PODMAN)).start(request)
+    assert (again.info.name, again.info.host_key) == (started.info.name, started.info.host_key)
+    assert list(fresh.jobs().values()) == [listed]
+    node = cluster.nodes[1]
+    client = paramiko.SSHClient()
+    algorithm, blob = result.host_key.split()[:2]
+    client.get_host_keys().add(f"[{node.address}]:{request.port}", algorithm,
+                               paramiko.PKey.from_type_string(algorithm, base64.b64decode(blob)))
+    client.connect(node.address, port=request.port, username="alice", pkey=key, timeout=10,
+                   look_for_keys=False, allow_agent=False)  # RejectPolicy: only the host key the step reported
+    try:
+        _, out, _ = client.exec_command("id -un", timeout=20)
+        assert out.read().decode().split() == ["alice"]
+    finally:
+        client.close()
+    with pytest.raises(ConnectionRefusedError):  # the port is open on node2 only, not on node1
+        socket.create_connection((cluster.nodes[0].address, request.port), timeout=5).close()
+    # slurmctld restarted mid-booking: the booking goes on, the host says Slurm is unreachable meanwhile
+    cluster.stop_slurmctld()
+    jobs.squeue.timeout = 5
+    with pytest.raises(SlurmUnreachable):
+        node2.list()
+    assert _ssh_banner(node.address, request.port) == "SSH-2.0"
+    cluster.start_slurmctld()
+    assert [i.name for i in node2.list()] == [result.container]
+    assert jobs.jobs()[jobs.name("alice-run")].job_id == listed.job_id
+    node2.stop(result.container, 10)
+    deadline = time.monotonic() + 30
+    while jobs.name("alice-run") in jobs.jobs() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert jobs.name("alice-run") not in jobs.jobs() and node2.list() == []
+    assert _podman(cluster.user, "container", "exists", result.container) == 1  # stopped and removed
+    assert json.loads((jobs.folder("alice-run") / "request.json").read_text())["user"] == "alice"
+
+
+def test_a_two_node_booking_runs_one_container_per_node_and_they_reach_each_other(
+        cluster: slurm_kit.Cluster, account_image: None, leftover: list[str]) -> None:
+    leftover.extend(container_name(f"pair@{n.name}") for n in cluster.nodes)
+    shared = cluster.root / "shared"
+    shared.mkdir()
+    os.chown(shared, pwd.getpwnam(cluster.user).pw_uid, pwd.getpwnam(cluster.user).pw_gid)
+    scontrol = AsAccount(cluster.user, conf=cluster.conf)
+    now = datetime.now(UTC).replace(microsecond=0)
+    item = accepted(booking("pair", start=now - timedelta(minutes=1), gpus=2))
+    slurm = SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user])
+    assert not slurm.sync([item], now=now, nodes_of={"pair": ("node1", "node2")}).refused
+    jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user, python=sys.executable)
+    key = new_key()
+    step = StepRequest(booking_id="pair", user="alice", uid=2001, gid=2001, ssh_keys=(key_line(key),),
+                       template="debian-ssh", templates_dir=None, port=23000 + os.getpid() % 1000,
+                       end=item.booking.end, engine=dict(PODMAN), data_root=None, multi_node=True)
+    jobs.submit(JobRequest(step=step, nodes=2, gpus_per_node=2), now=now)
+    deadline = time.monotonic() + 60
+    while len(jobs.results("pair")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    results = jobs.results("pair")
+    assert sorted(results) == ["node1", "node2"], jobs.log("pair")
+    assert all((r.error, r.gpus, r.hostfile) == ("", (0, 1), "/etc/gpubook/hostfile") for r in results.values())
+    first, second = cluster.nodes
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - the key is compared below
+    client.connect(first.address, port=step.port, username="alice", pkey=key, timeout=10,
+                   look_for_keys=False, allow_agent=False)
+    try:
+        shown = client.get_transport().get_remote_server_key()  # type: ignore[union-attr]
+        assert f"{shown.get_name()} {shown.get_base64()}" == results["node1"].host_key
+        _, out, _ = client.exec_command("cat /etc/gpubook/hostfile", timeout=20)
+        assert out.read().decode().splitlines() == [f"{first.address} slots=2", f"{second.address} slots=2"]
+        # node1's container reaches node2's container (its sshd answers) at the hostfile's address
+        _, out, _ = client.exec_command(f"bash -c 'exec 3<>/dev/tcp/{second.address}/{step.port}; head -c 7 <&3'",
+                                        timeout=20)
+        assert out.read().decode() == "SSH-2.0"
+    finally:
+        client.close()
+    assert jobs.cancel("pair")
+    deadline = time.monotonic() + 30
+    while jobs.name("pair") in jobs.jobs() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert all(_podman(cluster.user, "container", "exists", r.container) == 1 for r in results.values())
+
+
+def test_a_start_that_fails_on_the_node_says_why_and_leaves_no_job(cluster: slurm_kit.Cluster,
+                                                                   tmp_path: Path) -> None:
+    shared = cluster.root / "shared"
+    shared.mkdir()
+    os.chown(shared, pwd.getpwnam(cluster.user).pw_uid, pwd.getpwnam(cluster.user).pw_gid)
+    scontrol = AsAccount(cluster.user, conf=cluster.conf)
+    now = datetime.now(UTC).replace(microsecond=0)
+    item = accepted(booking("broken", start=now - timedelta(minutes=1), gpus=1), host="node1")
+    assert not SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user]).sync([item], now=now).refused
+    jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user, python=sys.executable)
+    node1 = SlurmHost(name="node1", gpus=range(4), jobs=jobs, engine=dict(PODMAN), start_timeout=60)
+    missing = replace(get_template("debian-ssh"), name="not-on-the-nodes")
+    request = StartRequest(booking_id="broken", booker=Booker(name="alice", uid=2001, gid=2001), template=missing,
+                           gpus=(0,), port=22999, end=item.booking.end)
+    with pytest.raises(EngineError, match="its container did not start on node1: no template 'not-on-the-nodes'"):
+        node1.start(request)
+    deadline = time.monotonic() + 30
+    while jobs.name("broken") in jobs.jobs() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert jobs.jobs() == {} and node1.list() == []  # the job ended with its step

@@ -1,0 +1,100 @@
+"""The booking's job as gpubook writes it, without a cluster: what reaches sbatch and the job's
+shell, and what a job step accepts from its request and from Slurm's environment."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from runtime.errors import GpubookError
+from runtime.slurm_step import StepRequest, granted_gpus
+from scheduler.hosts.slurm import Scontrol
+from scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
+
+NOW = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+HOSTILE_ID = "x'; touch /tmp/pwned; echo '$(id)`id`\n--reservation=other"
+
+
+class Recorded(Scontrol):
+    """Slurm's clients as a list of argv lists: squeue lists nothing, sbatch answers a job id."""
+
+    def __init__(self, log: list[list[str]]) -> None:
+        super().__init__()
+        self.log = log
+
+    def __call__(self, *args: str) -> str:
+        self.log.append([self.program, *args])
+        return "42\n" if self.program == "sbatch" else ""
+
+
+def step(booking_id: str = "b1", **changes: object) -> StepRequest:
+    values: dict[str, object] = dict(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=("k",),
+                                     template="debian-ssh", templates_dir=None, port=22001,
+                                     end=NOW + timedelta(hours=1), engine={"name": "podman"}, data_root=None,
+                                     multi_node=False)
+    values.update(changes)
+    return StepRequest(**values)  # type: ignore[arg-type]
+
+
+def test_a_hostile_booking_id_reaches_neither_the_script_nor_sbatch_as_anything_but_a_checked_name(
+        tmp_path: Path) -> None:
+    shared = tmp_path / "shared $(touch pwned) dir"  # the admin's path, with a shell's specials
+    log: list[list[str]] = []
+    jobs = SlurmJobs(scontrol=Recorded(log), prefix="gpubook-", shared_dir=shared, user="gpubook",
+                     python="/opt/gpubook venv/bin/python")
+    job = jobs.submit(JobRequest(step=step(HOSTILE_ID), nodes=2, gpus_per_node=8), now=NOW)
+    assert job.job_id == "42"
+    folder = jobs.folder(HOSTILE_ID)
+    assert folder.parent == shared and set(folder.name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
+    (sbatch,) = [argv for argv in log if argv[0] == "sbatch"]
+    assert sbatch[1:] == ["--parsable", f"--job-name={folder.name}", f"--reservation={folder.name}", "--nodes=2",
+                          "--ntasks-per-node=1", "--time=62", f"--output={folder / 'slurm.out'}",
+                          f"--chdir={folder}", "--gres=gpu:8", str(folder / "job.sh")]
+    lines = (folder / "job.sh").read_text().splitlines()
+    assert lines[0] == "#!/bin/sh" and all(line.startswith("#") for line in lines[1:-1])
+    assert shlex.split(lines[-1]) == ["exec", "srun", "--kill-on-bad-exit=1", "/opt/gpubook venv/bin/python", "-m",
+                                      "runtime.slurm_step", str(folder / "request.json")]
+    assert json.loads((folder / "request.json").read_text())["booking_id"] == HOSTILE_ID  # data, never code
+
+
+def test_a_booking_with_a_pending_or_running_job_is_never_submitted_twice(tmp_path: Path) -> None:
+    log: list[list[str]] = []
+
+    class Listed(Recorded):
+        def __call__(self, *args: str) -> str:
+            if self.program == "squeue":
+                self.log.append([self.program, *args])
+                return "7|gpubook-b1-{}|RUNNING|node1|None\n".format(jobs.name("b1").rsplit("-", 1)[1])
+            return super().__call__(*args)
+
+    jobs = SlurmJobs(scontrol=Listed(log), prefix="gpubook-", shared_dir=tmp_path, user="gpubook")
+    assert jobs.submit(JobRequest(step=step(), nodes=1, gpus_per_node=1), now=NOW).job_id == "7"
+    assert [argv[0] for argv in log] == ["squeue"]
+
+
+def test_a_step_takes_its_gpus_from_slurm_and_refuses_anything_but_indices() -> None:
+    assert granted_gpus({"SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}) == (2, 3)
+    assert granted_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == (0, 1)
+    assert granted_gpus({}) == ()
+    with pytest.raises(GpubookError, match="is not a list of GPU indices"):
+        granted_gpus({"SLURM_JOB_GPUS": "0,1;rm -rf /"})
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"user": "root;id"}, "user name"),
+    ({"end": "2026-11-23T10:00:00"}, "has no time zone"),
+    ({"extra": "x"}, "unknown keys extra"),
+])
+def test_a_step_refuses_a_request_it_was_not_written_to_run(tmp_path: Path, change: dict[str, str],
+                                                             message: str) -> None:
+    path = tmp_path / "request.json"
+    step().write(path)
+    data = json.loads(path.read_text())
+    data.update(change)
+    path.write_text(json.dumps(data))
+    with pytest.raises(GpubookError, match=message):
+        StepRequest.read(path)
