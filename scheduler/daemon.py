@@ -192,6 +192,7 @@ class Daemon:
         if old is not None:
             old.close()
         self.inventory = inventory
+        self.monitor = nvml.monitor(config.gpu_monitor)  # loaded once; the config checked that it loads
         if self.images is not None:
             self.images.close()
         self.images = ImagePreparer(engine=self.engine, ledger=Ledger(self.state_dir / "images.json"),
@@ -255,7 +256,7 @@ class Daemon:
         nothing to read (and no NVML call) without a driver."""
         if self.config.gpu_monitor == "nvml" and self.inventory.source != "nvml":
             return nvml.NvmlView(None, problem="no NVIDIA driver")
-        return nvml.monitor(self.config.gpu_monitor)()
+        return self.monitor()
 
     def poll(self) -> None:
         """Read the calendars, then run a pass. A CalendarError keeps the last known bookings."""

@@ -42,6 +42,19 @@ def notice_argv(message: str) -> list[str]:
     return ["/bin/sh", "-c", NOTICE_SCRIPT, "gpubook-notice", " ".join(message.split())]
 
 
+def tell_terminals(host: Host, name: str, text: str, *, booking_id: str, journal: Journal, what: str) -> None:
+    """`text` on the booker's terminals inside the container; a failure (a hung or stopped terminal)
+    is logged and no more: the event and the mail or webhook notice still tell."""
+    try:
+        done = host.exec(name, notice_argv(text), timeout=NOTICE_TIMEOUT)
+    except GpubookError as error:
+        journal.log.warning("booking %s: the %s inside the container failed: %s", booking_id, what, error)
+        return
+    if done.returncode != 0:
+        journal.log.warning("booking %s: the %s inside the container failed: %s", booking_id, what,
+                            done.stderr.strip()[:200])
+
+
 @dataclass(frozen=True)
 class Change:
     """What an action changed, for the pass's view: a container now running, one gone, records written."""
@@ -261,15 +274,8 @@ class WarnHandler:
         }[action.reason]
         self.state.set_note(action.booking_id, WARNED, warned_note(action, now=now), at=now)
         self.journal.say(action.booking_id, f"warned: {text}", now=now)
-        try:
-            done = self.hosts[action.host].exec(action.name, notice_argv(text), timeout=NOTICE_TIMEOUT)
-        except GpubookError as error:  # a hung or stopped terminal: the e-mail and the event still tell
-            self.journal.log.warning("booking %s: the notice inside the container failed: %s", action.booking_id,
-                                     error)
-        else:
-            if done.returncode != 0:
-                self.journal.log.warning("booking %s: the notice inside the container failed: %s",
-                                         action.booking_id, done.stderr.strip()[:200])
+        tell_terminals(self.hosts[action.host], action.name, text, booking_id=action.booking_id,
+                       journal=self.journal, what="notice")
         self.state.queue_notice(kind="warning", booking_id=action.booking_id, user=action.user,
                                 subject="gpubook: your booking ends soon", text=text,
                                 fields={"stop_at": action.stop_at.isoformat()}, at=now)

@@ -375,10 +375,11 @@ class Pass:
         """A start's outcome (its ssh line, or why it failed) queued for write-back from its own
         lane as soon as it is known: a booker never waits for the bookings starting beside theirs."""
         booking = action.accepted.booking
+        reportable = self._reportable(world, armed, now=now)
         try:
-            self.writeback.write_one(action.accepted, info=self._reportable(world, armed, now=now).get(booking.id),
+            self.writeback.write_one(action.accepted, info=reportable.get(booking.id),
                                      records=world.records_by_booking().get(booking.id),
-                                     remarks=self._remarks(world, armed, now=now),
+                                     remarks=self._remarks(world, reportable, now=now),
                                      now=now, etag=etags.get(booking.href))
         except GpubookError as error:  # the pass's own write-back tries again
             log.warning("booking %s: its write-back waits for the pass: %s", booking.id, error)
@@ -415,9 +416,9 @@ class Pass:
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
                    etags: Mapping[str, str | None], armed: frozenset[str] = frozenset()) -> None:
-        self.writeback.write(plan, running=self._reportable(world, armed, now=now),
-                             records=world.records_by_booking(), remarks=self._remarks(world, armed, now=now),
-                             now=now, etags=etags)
+        reportable = self._reportable(world, armed, now=now)
+        self.writeback.write(plan, running=reportable, records=world.records_by_booking(),
+                             remarks=self._remarks(world, reportable, now=now), now=now, etags=etags)
 
     @staticmethod
     def _reportable(world: World, armed: frozenset[str], *, now: datetime) -> dict[str, ContainerInfo]:
@@ -430,11 +431,12 @@ class Pass:
                 if booking_id in open_runs
                 or not ((info.start is not None and info.start > now) or booking_id in armed)}
 
-    def _remarks(self, world: World, armed: frozenset[str], *, now: datetime) -> Remarks:
+    def _remarks(self, world: World, reportable: Mapping[str, ContainerInfo], *, now: datetime) -> Remarks:
+        """`reportable`: the running containers a booker may be sent to (`_reportable`); the others
+        still before their start are armed, and their ssh lines go into the accepted block."""
         images = {booking: line for host in self.hosts.values()
                   if isinstance(preparer := getattr(host, "images", None), ImagePreparer)
                   for booking, line in preparer.lines().items()}
-        reportable = self._reportable(world, armed, now=now)
         waiting = {booking_id: info for booking_id, info in world.running().items()
                    if booking_id not in reportable and info.start is not None and info.start > now}
         return Remarks(refused=dict(self.recall.refused),

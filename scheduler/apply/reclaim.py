@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 from runtime.engines import ContainerInfo
 from runtime.errors import GpubookError
-from scheduler.apply.handlers import NOTHING, NOTICE_TIMEOUT, Change, notice_argv, record_stop
+from scheduler.apply.handlers import NOTHING, Change, record_stop, tell_terminals
 from scheduler.apply.memory import Journal
 from scheduler.config import Config
 from scheduler.core import reclaim
@@ -145,15 +145,8 @@ class IdleHandler:
                 f"that others can use them.")
         self.state.set_note(action.booking_id, IDLE_TOLD, told_note(action.stretches), at=now)
         self.journal.say(action.booking_id, f"told its booker: {action.line}", now=now)
-        try:
-            done = self.hosts[action.host].exec(action.name, notice_argv(text), timeout=NOTICE_TIMEOUT)
-        except GpubookError as error:  # the event and the notice still tell
-            self.journal.log.warning("booking %s: the idle notice inside the container failed: %s",
-                                     action.booking_id, error)
-        else:
-            if done.returncode != 0:
-                self.journal.log.warning("booking %s: the idle notice inside the container failed: %s",
-                                         action.booking_id, done.stderr.strip()[:200])
+        tell_terminals(self.hosts[action.host], action.name, text, booking_id=action.booking_id,
+                       journal=self.journal, what="idle notice")
         self.state.queue_notice(kind="idle", booking_id=action.booking_id, user=action.user,
                                 subject="gpubook: your GPUs are idle", text=text,
                                 fields={"gpus": ",".join(str(gpu) for gpu, _ in action.stretches)}, at=now)

@@ -147,10 +147,9 @@ class WriteBack:
             # another process, or a death this pass handles): say nothing rather than something stale.
             return None
         if info is not None and info.port is not None:
-            host = self.config.host.name
-            known = ssh.known_hosts_line(host=host, port=info.port, host_key=info.host_key) if info.host_key else ""
-            outcome = block.running(port=info.port, user=booking.user, host=host, end=booking.end, timezone=zone,
-                                    known_hosts=known, extra=json.loads((extra or {}).get(booking.id, "[]")))
+            outcome = block.running(port=info.port, user=booking.user, host=self.config.host.name, end=booking.end,
+                                    timezone=zone, known_hosts=self._known_hosts(info),
+                                    extra=json.loads((extra or {}).get(booking.id, "[]")))
         elif records and all(r.stopped_at is not None for r in records) and (
                 now >= booking.end or (records[-1].exit_reason or "") == decide.ADMIN_STOP):
             hours = sum(r.gpu_hours(now) for r in records)
@@ -185,13 +184,16 @@ class WriteBack:
     def _armed_lines(self, outcome: block.Outcome, booking: Booking, info: ContainerInfo) -> block.Outcome:
         """The ssh line (and known_hosts line) of a container armed for its start: it answers from the start."""
         assert info.port is not None
-        host = self.config.host.name
-        line = block.ssh_line(port=info.port, user=booking.user, host=host)
+        line = block.ssh_line(port=info.port, user=booking.user, host=self.config.host.name)
         outcome = outcome.with_note(f"ssh from the start: {line}")
-        if info.host_key:
-            outcome = outcome.with_note(
-                f"known_hosts: {ssh.known_hosts_line(host=host, port=info.port, host_key=info.host_key)}")
-        return outcome
+        known = self._known_hosts(info)
+        return outcome.with_note(f"known_hosts: {known}") if known else outcome
+
+    def _known_hosts(self, info: ContainerInfo) -> str:
+        """The booking's `[host]:port ssh-ed25519 AAAA...` line ("" without a host key label)."""
+        if not info.host_key or info.port is None:
+            return ""
+        return ssh.known_hosts_line(host=self.config.host.name, port=info.port, host_key=info.host_key)
 
     def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
         """gpubook's alarm for an accepted booking's event (`[policy] remind_minutes`; 0: none)."""
