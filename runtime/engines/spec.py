@@ -191,6 +191,9 @@ class ContainerInfo:
     host_key: str = ""  # "ssh-ed25519 AAAA...", from its label: what the booker's known_hosts gets
     pid: int = 0  # its first process on the host, where the engine says (0: not running or not told)
     start: datetime | None = None  # its booking's start, from its label: SSH opens inside only then
+    # A multi-node booking (a Slurm cluster) is listed once, by its first node: the other nodes and
+    # the GPUs it holds there.
+    others: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def running(self) -> bool:

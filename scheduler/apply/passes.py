@@ -303,11 +303,13 @@ class Pass:
         templates = frozenset(self.templates.templates) | frozenset(self.templates.errors)
         zone = ZoneInfo(self.config.host.timezone)
         inventory = self.inventory
+        placed = {i.booking_id: ((i.host or plan_module.LOCAL, i.gpus), *i.others)
+                  for i in actual if i.booking_id in running and i.host}
         result, granted, refused = decide.plan_with_extensions(
             pinned.occurrences, agreed_ends=ends,  # type: ignore[arg-type]
             plan=lambda items: plan_module.plan(items, inventory=inventory, config=self.config,
                                                 templates=templates, now=now, running=running,
-                                                first_seen=first_seen),
+                                                first_seen=first_seen, placed=placed),
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
         for booking_id, end in granted.items():
             try:

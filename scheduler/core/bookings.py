@@ -65,6 +65,7 @@ class Booking:
     calendar_url: str
     href: str
     summary: str = ""
+    nodes: int | None = None  # `nodes: K` asked for (a Slurm cluster); None: as few as its GPUs fit on
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: st
         gpu_count=asked.gpu_count, gpu_indices=asked.gpu_indices, start=start, end=end,
         created=_stamp(component.get("CREATED"), host_tz),
         dtstamp=_stamp(component.get("DTSTAMP"), host_tz),
-        calendar_url=calendar.url, href=series.href, summary=text(component.get("SUMMARY")))
+        calendar_url=calendar.url, href=series.href, summary=text(component.get("SUMMARY")), nodes=asked.nodes)
 
 
 def _unknown_timezone(component: icalendar.Event) -> str | None:

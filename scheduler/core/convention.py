@@ -2,6 +2,8 @@
 
 `key: value` lines in the description win, then the title's short form (`alice tensorflow-cuda9
 gpus=2`), then GPUs named in LOCATION, then the organizer's e-mail and the config's defaults.
+`gpus:` is always the booking's whole count; `nodes: 2` (a Slurm cluster) spreads it evenly over
+that many nodes (without `gpus:`, each node gets the default count).
 Every value is checked here (names against runtime/names.py, no look-alikes); a wrong one becomes
 `Refused` with the sentence the booker reads. Pure: no I/O.
 """
@@ -23,11 +25,12 @@ from scheduler.sources.richtext import description_source, lines
 
 # Matched against one line with its blanks stripped: anchored, with no pattern after the value,
 # so a line of blanks costs a single scan (a `(.*?)[ \t]*$` cost seconds on 80 KB of them).
-_DESCRIPTION_LINE = re.compile(r"(user|template|gpus)[ \t]*:(.*)", re.IGNORECASE | re.DOTALL)
+_DESCRIPTION_LINE = re.compile(r"(user|template|gpus|nodes)[ \t]*:(.*)", re.IGNORECASE | re.DOTALL)
 _LOCATION_GPUS = re.compile(
     r"\bgpus?[ \t]*[#:]?[ \t]*([0-9]{1,3}(?:[ \t]*,[ \t]*(?:gpu[ \t]*)?[0-9]{1,3})*)",
     re.IGNORECASE | re.ASCII)
 _COUNT = re.compile(r"[0-9]{1,3}", re.ASCII)
+MAX_NODES = 64
 _INDICES = re.compile(r"[0-9]{1,3}(?:[ \t]*,[ \t]*[0-9]{1,3})*[ \t]*,?", re.ASCII)
 
 
@@ -37,6 +40,7 @@ class Request:
     template: str
     gpu_count: int
     gpu_indices: tuple[int, ...] | None
+    nodes: int | None = None  # `nodes: K` (a multi-node booking); None: as few as its GPUs fit on
 
 
 class Refused(Exception):
@@ -70,9 +74,22 @@ def request(component: icalendar.Event, *, config: Config, templates: Collection
             count, indices = _gpus(located, "the location's GPU")
         else:
             count, indices = config.defaults.gpus, None
+        if indices is not None and config.backend.kind != "local":
+            raise Refused(f"on a Slurm cluster a booking asks for a number of GPUs (gpus: {len(indices)}), not GPU "
+                          "indices: Slurm picks which GPUs of a node")
+        nodes = _nodes(described.get("nodes", titled.get("nodes")), "nodes:" if "nodes" in described else "nodes=")
+        if nodes is not None and nodes > 1:
+            if indices is not None:
+                raise Refused(f"a booking on {nodes} nodes asks for a number of GPUs (gpus: {nodes * len(indices)}), "
+                              "not GPU indices: Slurm picks which GPUs of each node")
+            if "gpus" not in described and "gpus" not in titled:
+                count = nodes * config.defaults.gpus
+            elif count % nodes:
+                raise Refused(f"{count} GPUs cannot be spread evenly over {nodes} nodes; ask for a multiple of "
+                              f"{nodes} GPUs")
     except Refused as refused:
         raise Refused(refused.reason, user) from None
-    return Request(user=user, template=template, gpu_count=count, gpu_indices=indices)
+    return Request(user=user, template=template, gpu_count=count, gpu_indices=indices, nodes=nodes)
 
 
 def _booker(component: icalendar.Event, described: Mapping[str, str], titled: Mapping[str, str], *,
@@ -133,6 +150,8 @@ def _summary_values(summary: str, *, users: Collection[str],
         lower = word.lower()
         if lower.startswith("gpus="):
             found["gpus"].add(word[len("gpus="):])
+        elif lower.startswith("nodes="):
+            found["nodes"].add(word[len("nodes="):])
         elif lower in users:
             found["user"].add(lower)
         elif lower in templates:
@@ -181,6 +200,15 @@ def _gpus(value: str, where: str) -> tuple[int, tuple[int, ...] | None]:
         return len(indices), tuple(sorted(indices))
     raise Refused(f"{where} {show(value)} is neither a number of GPUs (such as 2) nor a list of "
                    "GPU indices (such as 0,2)")
+
+
+def _nodes(value: str | None, where: str) -> int | None:
+    """`nodes: K`: how many nodes a booking spans (1 to 64)."""
+    if value is None:
+        return None
+    if not _COUNT.fullmatch(value) or not 1 <= int(value) <= MAX_NODES:
+        raise Refused(f"{where} {show(value)} is not a number of nodes from 1 to {MAX_NODES}")
+    return int(value)
 
 
 def text(prop: object) -> str:

@@ -199,8 +199,9 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
     if verdicts:
         actions.extend(_reclaim_actions(verdicts, present, wanted, stopping, now=now, memory=memory, policy=policy))
         stopping |= {a.booking_id for a in actions if isinstance(a, reclaim.Release)}
-    busy = {(_host(info), gpu): info.booking_id for info in present.values()
-            if info.running and info.booking_id not in stopping for gpu in info.gpus}
+    busy = {(host, gpu): info.booking_id for info in present.values()
+            if info.running and info.booking_id not in stopping
+            for host, gpus in ((_host(info), info.gpus), *info.others) for gpu in gpus}
     for accepted in plan.accepted:
         if accepted.booking.id not in present:
             stale = stale_calendars.get(accepted.booking.calendar_url)
@@ -366,7 +367,7 @@ def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy:
         attempt = runs.restarts + 1
     if not may_start:
         return [Hold(booking.id, stale_reason or "the calendar data is too old to start anything from")]
-    places = [(accepted.host, gpu) for gpu in accepted.gpus]
+    places = [(host, gpu) for host, gpus in accepted.placement for gpu in gpus]
     holders = sorted({busy[place] for place in places if place in busy and busy[place] != booking.id})
     if holders:
         return [Hold(booking.id, f"GPU {', '.join(map(str, accepted.gpus))} still used by {', '.join(holders)}"),
@@ -410,9 +411,13 @@ def pin_running(occurrences: Sequence[Booking | Rejection], actual: Sequence[Con
         held[item.id] = info.gpus
         pinned = item
         changed = []
-        if info.gpus and (item.gpu_indices not in (None, info.gpus) or item.gpu_count != len(info.gpus)):
+        total = len(info.gpus) + sum(len(gpus) for _, gpus in info.others)
+        if info.gpus and (item.gpu_indices not in (None, info.gpus) or item.gpu_count != total
+                          or (info.others and item.nodes not in (None, 1 + len(info.others)))):
             changed.append("GPUs")
-        if info.gpus:
+        if info.others:  # a multi-node booking keeps its nodes (the plan's `placed`) and its count
+            pinned = replace(pinned, gpu_indices=None, gpu_count=total, nodes=1 + len(info.others))
+        elif info.gpus:
             pinned = replace(pinned, gpu_indices=info.gpus, gpu_count=len(info.gpus))
         if info.template and item.template != info.template:
             changed.append("template")

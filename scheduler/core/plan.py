@@ -19,8 +19,11 @@ booking with every accepted one.
 
 Hosts are a dimension: the inventory maps each host to its GPU indices, and each accepted booking
 is placed on (host, GPUs). The machine the daemon runs on is the host `LOCAL`; a plain list of
-indices is the one-host case. A calendar's bookings go to its host (today every calendar belongs
-to the local host; a cluster backend adds hosts here, not a second planner).
+indices is the one-host case. On a Slurm cluster every node is a host and every calendar books the
+whole cluster: a booking goes to the first nodes (in the inventory's order) with its GPUs free for
+its whole time, one node unless it asks for more (`nodes: 2`) or its GPUs fit on no single node
+(`gpus: 16` on 8-GPU nodes: two nodes of 8), always spread evenly. Quotas and `max_gpus` count
+its GPUs on every node together.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ from scheduler.sources.errors import redact_url
 
 LOCAL = "local"  # the host the daemon runs on
 Inventory = Mapping[str, Sequence[int]]  # host → the GPU indices present on it
+Placement = tuple[tuple[str, tuple[int, ...]], ...]  # (host, its GPU indices) for each node a booking holds
 SeenKey = tuple[str, str, str]  # (calendar url, object href, occurrence id): see `seen_key`
 _NOTHING_RUNNING: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 _NOTHING_SEEN: Mapping[SeenKey, datetime] = MappingProxyType({})
+_NOTHING_PLACED: Mapping[str, Placement] = MappingProxyType({})
 # First-seen times are kept this long after they leave the calendars' reading: far beyond the
 # daemon's window (a week ahead, the longest booking back), so a visible occurrence keeps its time.
 FIRST_SEEN_KEPT = timedelta(days=30)
@@ -58,6 +63,12 @@ class Accepted:
     gpus: tuple[int, ...]  # concrete GPU indices, ascending
     warn_at: datetime  # when the booker is warned that the end is near (never before the start)
     host: str = LOCAL  # the host whose GPUs these are
+    others: Placement = ()  # a multi-node booking's other nodes and their GPUs (the first is `host`)
+
+    @property
+    def placement(self) -> Placement:
+        """Every node the booking holds, first `host`, with its GPUs there."""
+        return ((self.host, self.gpus), *self.others)
 
 
 @dataclass(frozen=True)
@@ -76,58 +87,71 @@ def plan(
     now: datetime,
     running: Mapping[str, tuple[int, ...]] = _NOTHING_RUNNING,
     first_seen: Mapping[SeenKey, datetime] = _NOTHING_SEEN,
+    placed: Mapping[str, Placement] = _NOTHING_PLACED,
 ) -> Plan:
     """Decide every occurrence: accepted on concrete GPUs, or rejected with a reason.
 
     `inventory` maps each host to the GPU indices present on it (a plain list: the local host's);
     `running` maps the id of each booking whose container runs now to the GPUs it runs on;
-    `first_seen` maps `seen_key(occurrence)` to when gpubook first saw it (missing: seen last).
+    `first_seen` maps `seen_key(occurrence)` to when gpubook first saw it (missing: seen last);
+    `placed` maps a running booking's id to the hosts and GPUs it runs on (missing: `running`'s
+    GPUs on the first host).
     """
     host_tz = ZoneInfo(config.host.timezone)
     calendars = {calendar.url: calendar for calendar in config.calendars}
     hosts = one_host(inventory) if not isinstance(inventory, Mapping) else \
         {name: frozenset(gpus) for name, gpus in inventory.items()}
-    host = next(iter(hosts), LOCAL)  # every calendar belongs to the first host (see the docstring)
-    present = frozenset(hosts.get(host, ()))
+    if not hosts:
+        hosts = one_host(())
+    cluster = config.backend.kind != "local"
+    if not cluster:  # every calendar belongs to the first host (see the docstring)
+        hosts = dict([next(iter(hosts.items()))])
+    where = "the cluster" if cluster else _host_name(next(iter(hosts)), config)
     rejected = [item for item in bookings if isinstance(item, Rejection)]
     candidates = [item for item in bookings if isinstance(item, Booking)]
     duplicated = _duplicated_uids(bookings, first_seen)
 
-    valid: list[Booking] = []
+    valid: list[tuple[Booking, tuple[int, int]]] = []  # with its shape: (nodes, GPUs on each)
     for booking in candidates:
-        reason: str | None
+        reason: str | tuple[int, int] | None
         if (booking.calendar_url, booking.href) in duplicated.get(booking.uid, {}):
             reason = duplicated[booking.uid][(booking.calendar_url, booking.href)]
         else:
-            reason = _static_problem(booking, calendars=calendars, present=present, config=config,
-                                     templates=templates, host=_host_name(host, config))
-        if reason is None:
-            valid.append(booking)
+            reason = _static_problem(booking, calendars=calendars, hosts=hosts, config=config,
+                                     templates=templates, where=where)
+        if isinstance(reason, tuple):
+            valid.append((booking, reason))
         else:
-            rejected.append(_rejection(booking, reason))
+            rejected.append(_rejection(booking, reason or "?"))
 
-    busy: dict[int, _Timeline] = defaultdict(_Timeline)  # the GPUs of `host`
+    busy: dict[str, dict[int, _Timeline]] = {name: defaultdict(_Timeline) for name in hosts}
     accepted: list[Accepted] = []
     warn = timedelta(minutes=config.defaults.warn_minutes)
     ledger = policy.Ledger(config, now=now, host_tz=host_tz)
-    for booking in sorted(valid, key=lambda b: _priority(b, running, first_seen)):
-        owned = _owned(calendars[booking.calendar_url], present)
-        gpus = _kept_gpus(booking, running, busy)
+    first = next(iter(hosts))
+    for booking, shape in sorted(valid, key=lambda item: _priority(item[0], running, first_seen)):
+        calendar = calendars[booking.calendar_url]
+        owned = {name: _owned(calendar, present) for name, present in hosts.items()}
+        kept = placed.get(booking.id) or (((first, running[booking.id]),) if running.get(booking.id) else ())
+        placement = _kept(booking, kept, busy)
         # A running booking is never judged by a quota (see scheduler/core/policy.py); it counts.
         if booking.id not in running and \
                 (over := ledger.problem(booking, first_seen=first_seen.get(seen_key(booking)))):
             rejected.append(_rejection(booking, over))
             continue
-        if gpus is None:
-            gpus_or_reason = _choose(booking, owned, busy, host_tz)
-            if isinstance(gpus_or_reason, str):
-                rejected.append(_rejection(booking, gpus_or_reason))
+        if placement is None:
+            placed_or_reason = _place(booking, shape, owned, busy, host_tz)
+            if isinstance(placed_or_reason, str):
+                rejected.append(_rejection(booking, placed_or_reason))
                 continue
-            gpus = gpus_or_reason
-        for gpu in gpus:
-            busy[gpu].add(booking)
-        ledger.add(booking, gpus=gpus)
-        accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn), host))
+            placement = placed_or_reason
+        for name, gpus in placement:
+            timelines = busy.setdefault(name, defaultdict(_Timeline))  # a node gone from the inventory
+            for gpu in gpus:
+                timelines[gpu].add(booking)
+        ledger.add(booking, gpus=[gpu for _, gpus in placement for gpu in gpus])
+        (host, gpus), *others = placement
+        accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn), host, tuple(others)))
 
     accepted.sort(key=lambda a: _order(a.booking))
     rejected.sort(key=_order)
@@ -141,7 +165,8 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "accepted": [
             {"id": a.booking.id, "uid": a.booking.uid, "user": a.booking.user, "gpus": list(a.gpus),
              "template": a.booking.template, "start": a.booking.start.isoformat(),
-             "end": a.booking.end.isoformat()}
+             "end": a.booking.end.isoformat(),
+             **({"nodes": {name: list(gpus) for name, gpus in a.placement}} if a.others or a.host != LOCAL else {})}
             for a in plan.accepted
         ],
         "rejected": [
@@ -196,39 +221,73 @@ def _duplicated_uids(items: Sequence[Booking | Rejection],
 
 
 def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig],
-                    present: frozenset[int], config: Config,
-                    templates: Collection[str], host: str) -> str | None:
-    """What is wrong with a booking on its own, before looking at other bookings."""
+                    hosts: Mapping[str, frozenset[int]], config: Config,
+                    templates: Collection[str], where: str) -> str | tuple[int, int]:
+    """What is wrong with a booking on its own, before looking at other bookings; else its shape
+    (how many nodes, how many GPUs on each)."""
     user = config.users.get(booking.user)
     if user is None:
-        return f"{booking.user!r} is not a known user of {host}"
+        return f"{booking.user!r} is not a known user of {where}"
     if booking.template not in templates:
         known = ", ".join(sorted(templates)) or "none"
-        return f"there is no template {booking.template!r} on {host} ({known})"
+        return f"there is no template {booking.template!r} on {where} ({known})"
     if not any(fnmatch.fnmatchcase(booking.template, pattern) for pattern in user.templates):
         allowed = ", ".join(user.templates)
         return f"{user.name} may not use template {booking.template!r} (allowed: {allowed})"
     calendar = calendars.get(booking.calendar_url)
     if calendar is None:
-        return f"the calendar {redact_url(booking.calendar_url)} is not configured on {host}"
+        return f"the calendar {redact_url(booking.calendar_url)} is not configured on {where}"
     if user.max_gpus is not None and booking.gpu_count > user.max_gpus:
         return (f"{user.name} may book at most {_gpus_text(user.max_gpus)}; "
                 f"this booking asks for {booking.gpu_count}")
-    owned = _owned(calendar, present)
-    if booking.gpu_indices is not None:
-        for index in booking.gpu_indices:
-            if index not in present:
-                return f"GPU {index} is not present on {host} ({_list_text(present)})"
-            if index not in owned:
-                return f"GPU {index} is not booked through this calendar ({_list_text(owned)})"
-    elif booking.gpu_count > len(owned):
-        return (f"this calendar books {_gpus_text(len(owned))} of {host} "
-                f"({_list_text(owned)}); this booking asks for {booking.gpu_count}")
+    shape = _local_shape(booking, calendar, next(iter(hosts.values())), where) \
+        if len(hosts) == 1 and config.backend.kind == "local" else \
+        _shape(booking, sorted((len(_owned(calendar, present)) for present in hosts.values()), reverse=True))
+    if isinstance(shape, str):
+        return shape
     hours = (booking.end - booking.start) / timedelta(hours=1)
     if hours > config.defaults.max_hours:
         return (f"the booking lasts {hours:g} hours; bookings may last at most "
                 f"{config.defaults.max_hours:g} hours")
-    return None
+    return shape
+
+
+def _local_shape(booking: Booking, calendar: CalendarConfig, present: frozenset[int],
+                 where: str) -> str | tuple[int, int]:
+    """One machine: the booking's GPUs must be there, and booked through its calendar."""
+    owned = _owned(calendar, present)
+    if (booking.nodes or 1) > 1:
+        return (f"nodes: {booking.nodes} asks for {booking.nodes} machines; {where} is one machine "
+                "(a booking spans nodes on a Slurm cluster)")
+    if booking.gpu_indices is not None:
+        for index in booking.gpu_indices:
+            if index not in present:
+                return f"GPU {index} is not present on {where} ({_list_text(present)})"
+            if index not in owned:
+                return f"GPU {index} is not booked through this calendar ({_list_text(owned)})"
+    elif booking.gpu_count > len(owned):
+        return (f"this calendar books {_gpus_text(len(owned))} of {where} "
+                f"({_list_text(owned)}); this booking asks for {booking.gpu_count}")
+    return (1, booking.gpu_count)
+
+
+def _shape(booking: Booking, sizes: Sequence[int]) -> str | tuple[int, int]:
+    """A cluster booking's nodes and GPUs on each, given each node's GPUs for its calendar (largest
+    first): `nodes: K` spreads its GPUs evenly; without it, the fewest nodes its GPUs fit on."""
+    count, largest = booking.gpu_count, (sizes[0] if sizes else 0)
+    if booking.nodes is not None:
+        per, nodes = count // booking.nodes, booking.nodes
+        fitting = sum(1 for size in sizes if size >= per)
+        if fitting < nodes:
+            return (f"the booking asks for {nodes} nodes with {_gpus_text(per)} each; the cluster has "
+                    f"{fitting} such node{'' if fitting == 1 else 's'}")
+        return (nodes, per)
+    for nodes in range(1, len(sizes) + 1):
+        per = count // nodes
+        if count % nodes == 0 and per <= largest and sum(1 for size in sizes if size >= per) >= nodes:
+            return (nodes, per)
+    return (f"the booking asks for {_gpus_text(count)}; the cluster's nodes have at most {largest} each and "
+            f"{sum(sizes)} together, and they cannot be spread evenly over its nodes")
 
 
 def _owned(calendar: CalendarConfig, present: frozenset[int]) -> tuple[int, ...]:
@@ -287,24 +346,51 @@ def _end(booking: Booking) -> datetime:
     return max(booking.start, booking.end)
 
 
-def _kept_gpus(booking: Booking, running: Mapping[str, tuple[int, ...]],
-               busy: Mapping[int, _Timeline]) -> tuple[int, ...] | None:
-    """A running booking keeps its GPUs while they still match what it asks for."""
-    gpus = running.get(booking.id)
-    if not gpus:
+def _kept(booking: Booking, placement: Placement, busy: Mapping[str, Mapping[int, _Timeline]]) -> Placement | None:
+    """A running booking keeps its nodes and GPUs while they still match what it asks for."""
+    if not placement or not all(gpus for _, gpus in placement):
         return None
-    gpus = tuple(sorted(gpus))
-    wanted = booking.gpu_indices
-    if (wanted is not None and wanted != gpus) or len(gpus) != booking.gpu_count:
+    placement = tuple((name, tuple(sorted(gpus))) for name, gpus in placement)
+    if sum(len(gpus) for _, gpus in placement) != booking.gpu_count:
         return None
-    if any(gpu in busy and busy[gpu].taken(booking) for gpu in gpus):
+    if booking.gpu_indices is not None and (len(placement) != 1 or booking.gpu_indices != placement[0][1]):
         return None
-    return gpus
+    if booking.nodes is not None and booking.nodes != len(placement):
+        return None
+    for name, gpus in placement:
+        timelines = busy.get(name, {})
+        if any(gpu in timelines and timelines[gpu].taken(booking) for gpu in gpus):
+            return None
+    return placement
+
+
+def _place(booking: Booking, shape: tuple[int, int], owned: Mapping[str, tuple[int, ...]],
+           busy: Mapping[str, Mapping[int, _Timeline]], host_tz: tzinfo) -> Placement | str:
+    """The first nodes (inventory order) with the GPUs free for the booking's whole time, or why none."""
+    nodes, per = shape
+    found: list[tuple[str, tuple[int, ...]]] = []
+    first_reason = ""
+    for name, gpus in owned.items():
+        if len(gpus) < per:
+            continue
+        chosen = _choose(booking, gpus, busy[name], host_tz, count=per)
+        if isinstance(chosen, str):
+            first_reason = first_reason or (chosen if len(owned) == 1 else f"{name}: {chosen}")
+            continue
+        found.append((name, chosen))
+        if len(found) == nodes:
+            return tuple(found)
+    if len(owned) == 1:
+        return first_reason
+    if nodes == 1:
+        return f"no node of the cluster has {_gpus_text(per)} free at that time ({first_reason})"
+    return (f"only {len(found)} of the {nodes} nodes asked for have {_gpus_text(per)} free at that time "
+            f"({first_reason})")
 
 
 def _choose(booking: Booking, owned: tuple[int, ...], busy: Mapping[int, _Timeline],
-            host_tz: tzinfo) -> tuple[int, ...] | str:
-    """Concrete GPUs for a booking, or the reason none can be given."""
+            host_tz: tzinfo, *, count: int) -> tuple[int, ...] | str:
+    """Concrete GPUs for a booking (`count` of them on this host), or the reason none can be given."""
     candidates = booking.gpu_indices if booking.gpu_indices is not None else owned
     free: list[int] = []
     blocked: list[int] = []
@@ -316,7 +402,7 @@ def _choose(booking: Booking, owned: tuple[int, ...], busy: Mapping[int, _Timeli
             blocked.append(gpu)
         else:
             free.append(gpu)
-            if booking.gpu_indices is None and len(free) == booking.gpu_count:
+            if booking.gpu_indices is None and len(free) == count:
                 return tuple(free)  # the lowest free ones: the rest need not be looked at
     if booking.gpu_indices is not None and not blocked:
         return tuple(free)
@@ -324,7 +410,7 @@ def _choose(booking: Booking, owned: tuple[int, ...], busy: Mapping[int, _Timeli
                       for gpu in blocked[:3] if (other := busy[gpu].first_conflict(booking)) is not None)
     more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
     if booking.gpu_indices is None:
-        return (f"only {len(free)} of the {booking.gpu_count} GPUs asked for "
+        return (f"only {len(free)} of the {count} GPUs asked for "
                 f"{'is' if len(free) == 1 else 'are'} free at that time: {named}{more}")
     return f"the GPUs asked for are taken: {named}{more}"
 
