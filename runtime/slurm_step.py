@@ -37,7 +37,7 @@ from runtime.templates import get_template
 
 HOSTFILE = "/etc/gpubook/hostfile"  # in a multi-node booking's containers: "ADDRESS slots=GPUS" per node
 REQUEST_KEYS = frozenset({"booking_id", "user", "uid", "gid", "ssh_keys", "template", "templates_dir", "port",
-                          "end", "engine", "data_root", "multi_node"})
+                          "end", "engine", "data_root", "multi_node", "placement"})
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ class StepRequest:
     engine: dict[str, str]
     data_root: Path | None
     multi_node: bool
+    # The daemon's plan: each node and the GPUs it counts there (Slurm picks which of the node's GPUs).
+    placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
     def read(cls, path: Path) -> StepRequest:
@@ -73,14 +75,17 @@ class StepRequest:
                    port=int(data["port"]), end=end,
                    engine={str(k): str(v) for k, v in dict(data.get("engine") or {}).items()},
                    data_root=Path(data["data_root"]) if data.get("data_root") else None,
-                   multi_node=bool(data.get("multi_node")))
+                   multi_node=bool(data.get("multi_node")),
+                   placement=tuple((str(node), tuple(int(g) for g in gpus))
+                                   for node, gpus in data.get("placement", ())))
 
     def write(self, path: Path) -> None:
         data = {"booking_id": self.booking_id, "user": self.user, "uid": self.uid, "gid": self.gid,
                 "ssh_keys": list(self.ssh_keys), "template": self.template,
                 "templates_dir": str(self.templates_dir) if self.templates_dir else "", "port": self.port,
                 "end": self.end.isoformat(), "engine": self.engine,
-                "data_root": str(self.data_root) if self.data_root else "", "multi_node": self.multi_node}
+                "data_root": str(self.data_root) if self.data_root else "", "multi_node": self.multi_node,
+                "placement": [[node, list(gpus)] for node, gpus in self.placement]}
         _write_atomic(path, json.dumps(data, indent=1))
 
 

@@ -51,11 +51,12 @@ from scheduler import config as config_module
 from scheduler.apply.passes import Pass, PassResult, World
 from scheduler.core.bookings import Booking, Rejection
 from scheduler.core.plan import LOCAL
+from scheduler.hosts import Host, usage
 from scheduler.hosts import sftp as sftp_host
-from scheduler.hosts import usage
 from scheduler.hosts.foreign import ForeignWatch
 from scheduler.hosts.images import ImagePreparer
 from scheduler.hosts.local import LocalHost
+from scheduler.hosts.slurm.backend import SlurmBackend
 from scheduler.outbox import foreign, metrics, notices, status, timeline
 from scheduler.sdnotify import Notifier
 from scheduler.service import Calendars, inventory_indices
@@ -138,11 +139,17 @@ class _Calendar:
 
 
 def _runnable(config: config_module.Config) -> None:
-    """The daemon runs bookings on this machine only so far: a Slurm backend config is refused in one
-    sentence rather than quietly run locally (scheduler/hosts/slurm holds its inventory and reservations)."""
-    if config.backend.kind != "local":
-        raise ConfigError(f'{config.path}: backend.kind: "{config.backend.kind}" is not run by the daemon yet '
-                          '(Slurm reservations are kept by scheduler/hosts/slurm; jobs are to come); use "local"')
+    """What the daemon refuses to start with, in one sentence (the config's own checks came first)."""
+    if config.backend.kind == "slurm" and config.backend.shared_dir is None:
+        raise ConfigError(f"{config.path}: backend.shared_dir: not set; the Slurm backend needs a folder that "
+                          "every node and the daemon see at the same path (the bookings' job folders)")
+
+
+def _engine_settings(config: config_module.Config) -> dict[str, str]:
+    """The [engine] settings a Slurm job's step starts its container with (runtime/slurm_step.py)."""
+    engine = config.engine
+    return {"name": engine.name, "runtime": engine.runtime or "", "storage_driver": engine.storage_driver or "",
+            "network": engine.network}
 
 
 class Daemon:
@@ -205,20 +212,25 @@ class Daemon:
             probe_key=self.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
             mps=config.gpu_mps, images=self.images, parallel_starts=config.daemon.parallel_starts)
-        self.passes = Pass(config, hosts={local.name: local}, state=self.state, templates=templates,
+        self.cluster = SlurmBackend(config, engine=_engine_settings(config), templates_dir=config.templates_dir) \
+            if config.backend.kind == "slurm" else None
+        hosts: dict[str, Host] = {local.name: local} if self.cluster is None else {}
+        self.passes = Pass(config, hosts=hosts, state=self.state, templates=templates,
                            notices=notices.Notices.from_config(config), metrics=self.metrics,
-                           logged_in=self._logged_in)
+                           logged_in=self._logged_in, cluster=self.cluster)
         # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
         self.passes.on_settled = self._soon
         self.calendars = Calendars(config)
         self.config = config
+        # This machine's GPUs and engine: a cluster's bookings run on its nodes, sampled by nothing here yet.
+        here = (lambda: self._world.actual() if self._world is not None else []) if self.cluster is None \
+            else (lambda: [])
         self.sampler = usage.Sampler(state=self.state, host=local.name, interval=config.daemon.sample_seconds,
-                                     running=lambda: self._world.actual() if self._world is not None else [],
+                                     running=here,
                                      logs=self.engine.logs, probe_fingerprint=self.probe_key.fingerprint,
                                      read=self.gpu_view.view)
         self.foreign = ForeignWatch(state=self.state, host=local.name, read=self.gpu_view.view,
-                                    running=lambda: self._world.actual() if self._world is not None else [],
-                                    mode=config.policy.foreign_processes, on_change=self._soon,
+                                    running=here, mode=config.policy.foreign_processes, on_change=self._soon,
                                     inspect=self.engine.inspect,
                                     grace=timedelta(minutes=config.policy.foreign_grace_minutes))
         self._build_sftp(config, templates, local)
@@ -416,7 +428,7 @@ class Daemon:
     def _report(self, result: PassResult, now: datetime) -> None:
         containers = result.world.actual() if result.world is not None else []
         report = status.Status(
-            hosts=status.hosts_status({LOCAL: status.GpuSummary.of(self.inventory)}, plan=result.plan, now=now,
+            hosts=status.hosts_status(self._gpu_summaries(), plan=result.plan, now=now,
                                       containers=containers, ports=self._ports(),
                                       held=timeline.held_reasons(result.actions), records=self._records(),
                                       previous=self.last_status),
@@ -431,6 +443,14 @@ class Daemon:
         self.last_status = report
         self.notifier.status(report.line())
         write_private(self.state_dir / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
+
+    def _gpu_summaries(self) -> dict[str, status.GpuSummary]:
+        """Each host's GPUs for the status: this machine's, or each cluster node's as Slurm counts them."""
+        if self.cluster is None:
+            return {LOCAL: status.GpuSummary.of(self.inventory)}
+        return {name: status.GpuSummary(source="slurm", count=len(host.gpus), indices=host.gpus,
+                                        note=None if host.gpus else "down, drained or without GPUs in Slurm")
+                for name, host in sorted(self.cluster.hosts.items())}
 
     def _foreign_items(self) -> tuple[dict[str, object], ...]:
         try:

@@ -127,18 +127,30 @@ def child_env() -> dict[str, str]:
 class DaemonProcess:
     """`gpubook run` as a real process; stderr kept in a file for the failure message."""
 
-    def __init__(self, config: Path, *, env: dict[str, str] | None = None) -> None:
-        """`env`: added to the daemon's environment (e.g. tests/fake_gpus.py's file)."""
+    def __init__(self, config: Path, *, env: dict[str, str] | None = None, user: str | None = None,
+                 tree: Path = ROOT) -> None:
+        """`env`: added to the daemon's environment (e.g. tests/fake_gpus.py's file); `user`: the
+        account it runs as (a test run as root: the Slurm tests), from the source `tree` it can read."""
         self.config = config
         self.env = env or {}
+        self.user, self.tree = user, tree
         self.log = config.with_name("daemon.log")
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> DaemonProcess:
+        argv = [sys.executable, "-m", "scheduler.commands.cli", "run", "--config", str(self.config)]
+        env = child_env() | self.env
+        account: dict[str, object] = {}
+        if self.user is not None:  # exec'd as the account itself: a kill -9 reaches the daemon, not a wrapper
+            import pwd
+
+            entry = pwd.getpwnam(self.user)
+            account = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+            env |= {"HOME": entry.pw_dir, "USER": self.user, "LOGNAME": self.user, "PYTHONDONTWRITEBYTECODE": "1",
+                    "XDG_RUNTIME_DIR": f"/run/user/{entry.pw_uid}", "PYTHONPATH": str(self.tree)}
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "scheduler.commands.cli", "run", "--config",
-                                             str(self.config)], stdout=log, stderr=log, env=child_env() | self.env,
-                                            stdin=subprocess.DEVNULL, cwd=ROOT)
+            self.process = subprocess.Popen(argv, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL,
+                                            cwd=self.tree, **account)  # type: ignore[call-overload]
         return self
 
     def signal(self, number: int) -> None:

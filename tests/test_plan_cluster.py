@@ -141,3 +141,12 @@ def test_wrong_nodes_are_refused(description: str, reason: str) -> None:
     result = read(raw(vcalendar(vevent("u1", "DTSTART:20261124T100000Z", "DTEND:20261124T120000Z",
                                        "SUMMARY:x", f"DESCRIPTION:{description}"))), config=CONFIG)
     assert [r.reason for r in result.occurrences] == [reason]
+
+
+def test_a_running_booking_stays_when_its_nodes_offer_nothing_for_now() -> None:
+    wide = booking("wide", gpus=4, nodes=2, start=-30)
+    placed = (("node1", (0, 1)), ("node2", (0, 1)))
+    result = run(wide, booking("new", gpus=1), inventory={"node1": (), "node2": ()}, running={"wide": (0, 1)},
+                 placed={"wide": placed})
+    assert placement(result) == {"wide": placed}
+    assert reasons(result)["new"].startswith("the booking asks for 1 GPU; the cluster's nodes have at most 0")

@@ -135,8 +135,20 @@ def test_the_backend_section_is_read_and_checked(tmp_path: Path) -> None:
     assert "backend.kind" in str(raised.value) and "backend.reservation_prefix" in str(raised.value)
 
 
-def test_the_daemon_refuses_a_slurm_backend_in_one_sentence_rather_than_running_locally(tmp_path: Path) -> None:
+def test_the_daemon_refuses_a_slurm_backend_without_shared_storage_in_one_sentence(tmp_path: Path) -> None:
     config = parse_config({**BASE, "backend": {"kind": "slurm"}}, tmp_path / "gpubook.toml")
-    with pytest.raises(ConfigError, match='backend.kind: "slurm" is not run by the daemon yet'):
+    with pytest.raises(ConfigError, match="backend.shared_dir: not set; the Slurm backend needs a folder that "
+                                          "every node and the daemon see at the same path"):
         daemon._runnable(config)
+    daemon._runnable(parse_config({**BASE, "backend": {"kind": "slurm", "shared_dir": str(tmp_path)}},
+                                  tmp_path / "gpubook.toml"))
     daemon._runnable(parse_config(BASE, tmp_path / "gpubook.toml"))
+
+
+def test_a_silent_node_is_told_from_a_down_one() -> None:
+    def node(state: str) -> parse.Node:
+        return parse.Node(name="n", gpus=4, gpu_types=(), partitions=("gpu",), state=state)
+
+    assert [node(s).silent for s in ("IDLE*", "MIXED*", "UNKNOWN*", "IDLE", "DOWN*", "IDLE+DRAIN*", "FAIL*")] == [
+        True, True, True, False, False, False, False]
+    assert not node("IDLE*").usable

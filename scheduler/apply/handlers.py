@@ -112,7 +112,8 @@ class StartHandler:
             port = port_for(self.config, self.state, booking.id, now=now)
         try:
             started = host.start(replace(start_request(booking, user, template=template, gpus=accepted.gpus,
-                                                       port=port), armed=action.armed))
+                                                       port=port), armed=action.armed,
+                                         placement=accepted.placement if accepted.others else ()))
         except Preparing:
             if not action.armed:  # an armed container keeps running (and holding its port) meanwhile
                 self._release_port(booking.id)
@@ -126,16 +127,19 @@ class StartHandler:
         self._forget_armed(booking.id)
         if self.metrics is not None:
             self.metrics.started(seconds_to_ssh=started.seconds_to_ssh)
+        gpus = [gpu for _, on_node in accepted.placement for gpu in on_node]
         record = self.state.container_started(booking.id, started.info.name, user=user.name,
-                                              gpu_count=len(accepted.gpus), at=now)
+                                              gpu_count=len(gpus), at=now)
+        where = accepted.host if self.config.backend.kind != "local" else self.config.host.name
         self._note_lines(booking.id, start_lines(template, started.jupyter, driver_version=host.driver_version,
-                                                 port=port, user=user.name, host=self.config.host.name), now=now)
+                                                 port=port, user=user.name, host=where), now=now)
         self.recall.failures.pop(booking.id, None)
         self.recall.preparing.pop(booking.id, None)
         self.recall.held.pop(booking.id, None)
         again = f" (restart {action.attempt} after it died)" if action.attempt else ""
-        self.journal.say(booking.id, f"started{again} on GPU {','.join(map(str, accepted.gpus)) or '-'}, "
-                         f"ssh -p {port} {user.name}@{self.config.host.name}, SSH answered after "
+        nodes = f" (and {', '.join(name for name, _ in accepted.others)})" if accepted.others else ""
+        self.journal.say(booking.id, f"started{again} on GPU {','.join(map(str, accepted.gpus)) or '-'}{nodes}, "
+                         f"ssh -p {port} {user.name}@{where}, SSH answered after "
                          f"{started.seconds_to_ssh:.2f} s", now=now)
         return Change(running=started.info, records=(record,))
 

@@ -30,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
 import paramiko
@@ -137,17 +138,40 @@ class PassResult:
     world: World | None = None
 
 
+class Cluster(Protocol):
+    """A cluster backend (scheduler/hosts/slurm/backend.py), as a pass uses it."""
+
+    @property
+    def hosts(self) -> Mapping[str, Host]: ...
+
+    def refresh(self) -> str: ...
+
+    def sync(self, accepted: Sequence[plan_module.Accepted], *, now: datetime) -> Reserved: ...
+
+
+class Reserved(Protocol):
+    @property
+    def refused(self) -> Mapping[str, str]: ...
+
+    @property
+    def problem(self) -> str: ...
+
+
 class Pass:
     """The daemon's hands: one `run` per pass, with the handlers built once."""
 
     def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
                  notices: Callable[[notices_module.Message], None] | None = None,
-                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None) -> None:
+                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None,
+                 cluster: Cluster | None = None) -> None:
         """`metrics`: the daemon's, told of each start's SSH latency and each failed start;
-        `logged_in`: a last look for the booker's login in a container's log before a release."""
+        `logged_in`: a last look for the booker's login in a container's log before a release;
+        `cluster`: a cluster backend whose nodes are the hosts (read again each pass) and whose
+        reservations follow the plan."""
+        self.cluster = cluster
         self.config = config
         self.metrics = metrics
-        self.hosts = dict(hosts)
+        self.hosts = dict(hosts)  # the handlers share this dict: a cluster's refresh updates it in place
         self.state = state
         self.templates = templates
         self.notices = notices
@@ -203,6 +227,8 @@ class Pass:
             write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
             complete: bool = True) -> PassResult:
         self.ahead.settle(now)  # an arm still at work for a booking whose start came: its container first
+        if self.cluster is not None and (problem := self._refresh_cluster()):
+            may_start, stale_reason = False, problem
         # Before the hosts are read: a start (or arm) ending in between keeps its port.
         at_work = self.lanes.at_work() | self.ahead.at_work()
         world = World.read(list(self.hosts.values()), self.state,
@@ -216,6 +242,7 @@ class Pass:
         armed = frozenset(self.state.notes(ARMED))
         self._adopt(plan, world, now=now, at_work=at_work, armed=armed)
         self._prepare_images(plan, world, now=now, armed=armed)
+        held = self._reserve(plan, now=now) if self.cluster is not None and may_start else {}
         memory = replace(decide_memory(world.records.values(), self.state.notes(WARNED), armed), released=released,
                          idle_told=reclaim_apply.told_stretches(self.state.notes(reclaim_apply.IDLE_TOLD)))
         verdicts = reclaim_apply.judge_running(self.config, self.state, plan=plan, running=world.running(),
@@ -224,7 +251,8 @@ class Pass:
             verdicts, {k: v for k, v in world.releases.items() if k in released}, config=self.config)
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
-                                stale_calendars=stale_calendars or {}, complete=complete, verdicts=verdicts)
+                                stale_calendars=stale_calendars or {}, complete=complete, verdicts=verdicts,
+                                held=held)
         result = PassResult(plan=plan, actions=actions, world=world)
         handled = [a for a in actions if type(a) in self.handlers]  # Recheck only informs the wake-up time
         written = partial(self._write_start, world=world, now=now, etags=etags or {}, armed=armed) if write_back \
@@ -247,6 +275,24 @@ class Pass:
         return result
 
     # -- around the bookings' work -------------------------------------------------------------
+
+    def _refresh_cluster(self) -> str:
+        """The cluster's nodes and jobs read again ("" or why they could not be: nothing starts)."""
+        assert self.cluster is not None
+        problem = self.cluster.refresh()
+        for name, host in self.cluster.hosts.items():
+            self.hosts[name] = host
+        return problem
+
+    def _reserve(self, plan: plan_module.Plan, *, now: datetime) -> dict[str, str]:
+        """The plan's reservations made on the cluster; the bookings that must not start, and why."""
+        assert self.cluster is not None
+        reserved = self.cluster.sync(plan.accepted, now=now)
+        if reserved.problem:
+            return {a.booking.id: reserved.problem for a in plan.accepted}
+        for booking_id, reason in reserved.refused.items():
+            self.journal.note(booking_id, reason, now=now)
+        return dict(reserved.refused)
 
     def _settled_late(self, future: Future[None] | None = None) -> None:
         if self.on_settled is not None:

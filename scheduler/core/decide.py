@@ -172,10 +172,12 @@ class Policy:
 def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory: Memory = Memory(),
            policy: Policy = Policy(), may_start: bool = True, stale_reason: str = "",
            stale_calendars: Mapping[str, str] = MappingProxyType({}), complete: bool = True,
-           verdicts: Mapping[str, reclaim.Verdict] = MappingProxyType({})) -> list[Action]:
+           verdicts: Mapping[str, reclaim.Verdict] = MappingProxyType({}),
+           held: Mapping[str, str] = MappingProxyType({})) -> list[Action]:
     """The actions that bring `actual` to what `plan` wants at `now`, in the order to apply them.
 
     `stale_calendars`: calendar url → why its bookings do not start now (its data is too old);
+    `held`: booking id → why it does not start now (a cluster refused its reservation);
     `complete`: every calendar was read at least once (see the module docstring); `verdicts`:
     the no-show and idle judge's, by booking id (scheduler/core/reclaim.py)."""
     wanted = {a.booking.id: a for a in plan.accepted}
@@ -204,7 +206,7 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
             for host, gpus in ((_host(info), info.gpus), *info.others) for gpu in gpus}
     for accepted in plan.accepted:
         if accepted.booking.id not in present:
-            stale = stale_calendars.get(accepted.booking.calendar_url)
+            stale = held.get(accepted.booking.id) or stale_calendars.get(accepted.booking.calendar_url)
             actions.extend(_start_actions(accepted, now=now, memory=memory, policy=policy, busy=busy,
                                           may_start=may_start and stale is None,
                                           stale_reason=stale or stale_reason))

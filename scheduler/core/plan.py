@@ -118,7 +118,7 @@ def plan(
             reason = duplicated[booking.uid][(booking.calendar_url, booking.href)]
         else:
             reason = _static_problem(booking, calendars=calendars, hosts=hosts, config=config,
-                                     templates=templates, where=where)
+                                     templates=templates, where=where, placed=placed.get(booking.id))
         if isinstance(reason, tuple):
             valid.append((booking, reason))
         else:
@@ -222,9 +222,10 @@ def _duplicated_uids(items: Sequence[Booking | Rejection],
 
 def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig],
                     hosts: Mapping[str, frozenset[int]], config: Config,
-                    templates: Collection[str], where: str) -> str | tuple[int, int]:
+                    templates: Collection[str], where: str, placed: Placement | None = None) -> str | tuple[int, int]:
     """What is wrong with a booking on its own, before looking at other bookings; else its shape
-    (how many nodes, how many GPUs on each)."""
+    (how many nodes, how many GPUs on each). A cluster booking that runs (`placed`) has the shape
+    it runs with, whatever its nodes offer now (a node silent for a moment ends no booking)."""
     user = config.users.get(booking.user)
     if user is None:
         return f"{booking.user!r} is not a known user of {where}"
@@ -240,9 +241,12 @@ def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig]
     if user.max_gpus is not None and booking.gpu_count > user.max_gpus:
         return (f"{user.name} may book at most {_gpus_text(user.max_gpus)}; "
                 f"this booking asks for {booking.gpu_count}")
-    shape = _local_shape(booking, calendar, next(iter(hosts.values())), where) \
-        if len(hosts) == 1 and config.backend.kind == "local" else \
-        _shape(booking, sorted((len(_owned(calendar, present)) for present in hosts.values()), reverse=True))
+    if len(hosts) == 1 and config.backend.kind == "local":
+        shape = _local_shape(booking, calendar, next(iter(hosts.values())), where)
+    elif placed:
+        shape = (len(placed), len(placed[0][1]))
+    else:
+        shape = _shape(booking, sorted((len(_owned(calendar, present)) for present in hosts.values()), reverse=True))
     if isinstance(shape, str):
         return shape
     hours = (booking.end - booking.start) / timedelta(hours=1)

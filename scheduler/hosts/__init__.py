@@ -41,6 +41,8 @@ class StartRequest:
     end: datetime
     start: datetime | None = None  # the booking's start: the container opens SSH only then (see arm)
     armed: str = ""  # the spec hash of its container run ahead, as this pass listed it ("": none)
+    # Every node a cluster booking holds (the first is this host) with its GPUs there; empty: this host alone.
+    placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from datetime import UTC, date, datetime
 from runtime import cuda, jupyter, ssh
 from runtime.engines import ContainerInfo
 from runtime.errors import GpubookError
+from runtime.slurm_step import HOSTFILE
 from runtime.templates import Template
 from scheduler.config import CalendarConfig, Config, remind_minutes
 from scheduler.core import decide
@@ -147,9 +148,10 @@ class WriteBack:
             # another process, or a death this pass handles): say nothing rather than something stale.
             return None
         if info is not None and info.port is not None:
-            outcome = block.running(port=info.port, user=booking.user, host=self.config.host.name, end=booking.end,
+            outcome = block.running(port=info.port, user=booking.user, host=self._where(info), end=booking.end,
                                     timezone=zone, known_hosts=self._known_hosts(info),
-                                    extra=json.loads((extra or {}).get(booking.id, "[]")))
+                                    extra=[*self._other_nodes(info, booking.user),
+                                           *json.loads((extra or {}).get(booking.id, "[]"))])
         elif records and all(r.stopped_at is not None for r in records) and (
                 now >= booking.end or (records[-1].exit_reason or "") == decide.ADMIN_STOP):
             hours = sum(r.gpu_hours(now) for r in records)
@@ -184,7 +186,7 @@ class WriteBack:
     def _armed_lines(self, outcome: block.Outcome, booking: Booking, info: ContainerInfo) -> block.Outcome:
         """The ssh line (and known_hosts line) of a container armed for its start: it answers from the start."""
         assert info.port is not None
-        line = block.ssh_line(port=info.port, user=booking.user, host=self.config.host.name)
+        line = block.ssh_line(port=info.port, user=booking.user, host=self._where(info))
         outcome = outcome.with_note(f"ssh from the start: {line}")
         known = self._known_hosts(info)
         return outcome.with_note(f"known_hosts: {known}") if known else outcome
@@ -193,7 +195,19 @@ class WriteBack:
         """The booking's `[host]:port ssh-ed25519 AAAA...` line ("" without a host key label)."""
         if not info.host_key or info.port is None:
             return ""
-        return ssh.known_hosts_line(host=self.config.host.name, port=info.port, host_key=info.host_key)
+        return ssh.known_hosts_line(host=self._where(info), port=info.port, host_key=info.host_key)
+
+    def _where(self, info: ContainerInfo) -> str:
+        """Where the booker logs in: this server, or the cluster node the booking runs on."""
+        return info.host if self.config.backend.kind != "local" and info.host else self.config.host.name
+
+    @staticmethod
+    def _other_nodes(info: ContainerInfo, user: str) -> list[str]:
+        """A multi-node booking: an ssh line for each of its other nodes and where the hostfile is."""
+        if not info.others or info.port is None:
+            return []
+        return [*(f"also on {node}: {block.ssh_line(port=info.port, user=user, host=node)}" for node, _ in info.others),
+                f"hostfile: {HOSTFILE} (one line per node, for mpirun or torchrun)"]
 
     def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
         """gpubook's alarm for an accepted booking's event (`[policy] remind_minutes`; 0: none)."""

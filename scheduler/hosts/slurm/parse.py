@@ -34,6 +34,13 @@ class Node:
         words = set(re.split(r"[+]", self.state.rstrip("*~#!%$@^-")))
         return not self.state.endswith("*") and not (words & _UNUSABLE)
 
+    @property
+    def silent(self) -> bool:
+        """Not responding for now (`*`, as every node is for a moment after slurmctld restarts) but
+        neither down, drained nor failed: its GPUs are kept in the plan rather than moved away."""
+        words = set(re.split(r"[+]", self.state.rstrip("*~#!%$@^-")))
+        return self.state.endswith("*") and not (words - {"UNKNOWN", "NOT_RESPONDING"}) & _UNUSABLE
+
 
 @dataclass(frozen=True)
 class Reservation:

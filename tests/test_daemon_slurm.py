@@ -1,0 +1,172 @@
+"""The daemon with `[backend] kind = "slurm"` on a real Slurm 22.05 cluster (tests/slurm_kit.py: two
+slurmd nodes of 4 GPUs in their own network namespaces, slurmctld as the unprivileged account the
+daemon runs as), real Radicale and rootless podman on the nodes: bookings become reservations on
+the nodes the plan chose, their jobs start at their start, bookers log in on their nodes, a
+two-node booking's containers reach each other, an edit moves a reservation, a cancel deletes it,
+a kill -9 of the daemon adopts jobs and reservations, and a stopped slurmctld is said, not
+mistaken for dead bookings."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import caldav
+import paramiko
+import pytest
+
+from runtime.engines import container_name
+from scheduler.hosts.slurm import parse
+from tests import slurm_kit
+from tests.daemon_kit import DaemonProcess, book, description, key_line, port_range, wait_for
+from tests.engine_suite import new_key
+from tests.test_slurm_jobs import REPO, _podman, account_image  # noqa: F401 - account_image is a fixture
+
+pytestmark = [pytest.mark.slurm, pytest.mark.podman,
+              pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]
+SSH_LINE = re.compile(r"ssh -p (\d+) alice@(node\d)")
+
+
+@pytest.fixture
+def cluster() -> Iterator[slurm_kit.Cluster]:
+    with slurm_kit.running() as made:
+        yield made
+
+
+@pytest.fixture
+def daemon_dir(cluster: slurm_kit.Cluster) -> Path:
+    """The daemon's folder, its account's (the test runs as root, the daemon as the Slurm user)."""
+    account = pwd.getpwnam(cluster.user)
+    folder = cluster.root / "daemon"
+    for path in (folder, folder / "shared"):
+        path.mkdir()
+        os.chown(path, account.pw_uid, account.pw_gid)
+    return folder
+
+
+def write_config(folder: Path, cluster: slurm_kit.Cluster, calendar_url: str, key: paramiko.PKey) -> Path:
+    low, high = port_range()
+    path = folder / "gpubook.toml"
+    path.write_text("\n".join([
+        '[host]', 'name = "login"', 'timezone = "UTC"', '',
+        '[backend]', 'kind = "slurm"', f'slurm_conf = "{cluster.conf}"', f'shared_dir = "{folder / "shared"}"',
+        'command_seconds = 5', '',
+        '[[calendar]]', f'url = "{calendar_url}"', 'username = "test"', '',
+        '[defaults]', 'template = "debian-ssh"', 'gpus = 1', 'warn_minutes = 0.1', '',
+        '[engine]', 'name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"', 'stop_grace_seconds = 1', '',
+        '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
+        '[daemon]', 'poll_seconds = 2', f'state_dir = "{folder / "state"}"', 'notice_seconds = 3', '',
+        '[users.alice]', 'uid = 2001', 'email = ["alice@lab.example"]', f'ssh_keys = ["{key_line(key)}"]', '',
+    ]))
+    path.chmod(0o644)
+    return path
+
+
+def reservations(cluster: slurm_kit.Cluster) -> dict[str, parse.Reservation]:
+    text = subprocess.run(["scontrol", "show", "reservation", "--oneliner"], env={**cluster.env, "TZ": "UTC"},
+                          capture_output=True, text=True, check=True).stdout
+    return {r.name: r for r in parse.reservations(text) if r.name.startswith("gpubook-")}
+
+
+def jobs(cluster: slurm_kit.Cluster) -> dict[str, str]:
+    """gpubook's active jobs: name → job id."""
+    text = subprocess.run(["squeue", "--noheader", "--format=%j %i %T"], env=cluster.env, capture_output=True,
+                          text=True, check=True).stdout
+    return {name: job for name, job, state in (line.split() for line in text.splitlines())
+            if name.startswith("gpubook-") and state in ("PENDING", "RUNNING", "CONFIGURING")}
+
+
+def nodes_of(held: parse.Reservation | None) -> tuple[str, ...]:
+    return held.nodes if held is not None else ()
+
+
+def login(address: str, port: int, key: paramiko.PKey) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - a fresh container's host key
+    client.connect(address, port=port, username="alice", pkey=key, timeout=10, look_for_keys=False,
+                   allow_agent=False)
+    return client
+
+
+def run(client: paramiko.SSHClient, command: str) -> str:
+    _, out, _ = client.exec_command(command, timeout=20)
+    return out.read().decode()
+
+
+def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, daemon_dir: Path, radicale,
+                                                   account_image: None) -> None:  # noqa: F811
+    calendar: caldav.Calendar = radicale.new_calendar()
+    key = new_key()
+    config = write_config(daemon_dir, cluster, str(calendar.url), key)
+    address = {n.name: n.address for n in cluster.nodes}
+    daemon = DaemonProcess(config, user=cluster.user, tree=REPO).start()
+    leftover = [container_name("one@test"), *(container_name(f"pair@test@{n}") for n in address)]
+    try:
+        now = datetime.now(UTC).replace(microsecond=0)
+        start, end = now + timedelta(seconds=25), now + timedelta(hours=1)
+        book(calendar, "one@test", user="alice", start=start, end=end, gpus="1")
+        book(calendar, "pair@test", user="alice", start=start, end=end, gpus="6", description="nodes: 2\n")
+        book(calendar, "later@test", user="alice", start=now + timedelta(hours=2), end=now + timedelta(hours=3))
+        # Before the start: each booking's reservation on the nodes the plan chose (node1 first).
+        held = wait_for("three reservations", lambda: (r := reservations(cluster)) and len(r) == 3 and r,
+                        timeout=60, daemon=daemon)
+        by_booking = {name.split("-")[1]: r for name, r in held.items()}
+        assert {k: v.nodes for k, v in by_booking.items()} == {
+            "one": ("node1",), "pair": ("node1", "node2"), "later": ("node1",)}, held
+        assert jobs(cluster) == {}  # nothing runs before its start
+        # At the start: the jobs run, the events give each node's ssh line.
+        one = wait_for("one's ssh line", lambda: SSH_LINE.search(description(calendar, "one@test")),
+                       timeout=90, daemon=daemon)
+        assert one.group(2) == "node1"
+        pair_text = wait_for("pair's ssh lines", lambda: (t := description(calendar, "pair@test"))
+                             and "also on node2" in t and t, timeout=90, daemon=daemon)
+        first = SSH_LINE.search(pair_text)
+        assert first is not None and first.group(2) == "node1"
+        assert f"also on node2: ssh -p {first.group(1)} alice@node2" in pair_text
+        assert "hostfile: /etc/gpubook/hostfile" in pair_text
+        with login(address["node1"], int(one.group(1)), key) as client:
+            assert run(client, "id -un").split() == ["alice"]
+        with login(address["node1"], int(first.group(1)), key) as client:
+            hostfile = run(client, "cat /etc/gpubook/hostfile").splitlines()
+            assert hostfile == [f"{address['node1']} slots=3", f"{address['node2']} slots=3"]
+            reach = f"bash -c 'exec 3<>/dev/tcp/{address['node2']}/{first.group(1)}; head -c 7 <&3'"
+            assert run(client, reach) == "SSH-2.0"  # node1's container reaches node2's at the hostfile's address
+        running = jobs(cluster)
+        assert len(running) == 2
+        # An edit moves a reservation; kill -9 of the daemon: the new one adopts jobs and reservations.
+        daemon.kill()
+        later = calendar.event_by_uid("later@test")
+        for name, moment in (("DTSTART", now + timedelta(hours=4)), ("DTEND", now + timedelta(hours=5))):
+            later.icalendar_component.pop(name)
+            later.icalendar_component.add(name, moment)
+        later.save()
+        daemon = DaemonProcess(config, user=cluster.user, tree=REPO).start()
+        moved = wait_for("the moved reservation", lambda: any(
+            r.start == now + timedelta(hours=4) for r in reservations(cluster).values()), timeout=60, daemon=daemon)
+        assert moved and len(reservations(cluster)) == 3
+        assert jobs(cluster) == running  # the same jobs: nothing started twice
+        with login(address["node1"], int(one.group(1)), key) as client:
+            assert run(client, "id -un").split() == ["alice"]
+        # slurmctld stopped: said, and nothing is mistaken for dead; back: the bookings go on.
+        cluster.stop_slurmctld()
+        wait_for("the controller's outage in the log", lambda: "the Slurm controller does not answer" in daemon.tail(),
+                 timeout=60, daemon=daemon)
+        cluster.start_slurmctld()
+        wait_for("a pass after the outage", lambda: jobs(cluster) == running, timeout=60, daemon=daemon)
+        # A cancel (the event deleted) deletes the reservation and ends the job; the container goes.
+        calendar.event_by_uid("later@test").delete()
+        calendar.event_by_uid("one@test").delete()
+        wait_for("one's job and both reservations gone", lambda: len(jobs(cluster)) == 1
+                 and len(reservations(cluster)) == 1, timeout=60, daemon=daemon)
+        wait_for("one's container removed", lambda: _podman(cluster.user, "container", "exists",
+                                                             container_name("one@test")) == 1, timeout=30)
+        assert "died" not in daemon.tail()
+    finally:
+        daemon.stop()
+        for name in leftover:
+            _podman(cluster.user, "rm", "--force", "--time=0", name)
