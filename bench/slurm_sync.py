@@ -9,9 +9,9 @@ issue no command beyond that one listing); a sync where 10 bookings moved. scont
 replaced by a subclass of the backend's `Scontrol` that answers the listing from memory and
 counts commands, so the figures are gpubook's own cost, not slurmctld's.
 
-The plan places bookings on one pool of NODES x GPUS_PER_NODE GPUs and each booking goes to the
-node of its first GPU (the plan does not yet choose among several hosts: see the README's
-Slurm section); the sync's cost does not depend on how the nodes were chosen.
+The plan places bookings on the cluster's nodes as the daemon's does (`[backend] kind = "slurm"`:
+every node a host, a booking on the first nodes with its GPUs free); one in twenty asks for 16
+GPUs, which go on two nodes of 8.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def bookings(count: int, rng: random.Random) -> list[Booking]:
     for n in range(count):
         start = NOW + timedelta(minutes=30 * rng.randrange(7 * 48))
         out.append(Booking(id=f"bench-{n}@gpubook", uid=f"bench-{n}@gpubook", user=f"user{rng.randrange(20)}",
-                           template="base", gpu_count=rng.choice([1, 1, 2, 4, 8]), gpu_indices=None, start=start,
+                           template="base", gpu_count=rng.choice([1, 1, 2, 2, 4, 4, 8, 8, 1, 1, 2, 2, 4, 4, 8, 8,
+                                                                   1, 2, 4, 16]), gpu_indices=None, start=start,
                            end=start + timedelta(hours=rng.choice([1, 2, 4, 8, 24])), created=None, dtstamp=None,
                            calendar_url=CALENDAR, href=f"{CALENDAR}{n}.ics"))
     return out
@@ -83,30 +84,32 @@ def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
     nodes = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     per_node = int(sys.argv[3]) if len(sys.argv) > 3 else 8
-    config = parse({"host": {"name": "bench", "timezone": "UTC"},
+    config = parse({"host": {"name": "bench", "timezone": "UTC"}, "backend": {"kind": "slurm"},
                     "calendar": [{"url": CALENDAR, "gpus": "all"}],
                     "users": {f"user{n}": {"uid": 2000 + n} for n in range(20)}}, Path("bench.toml"))
     items = bookings(count, random.Random(42))
-    planned, plan_ms, plan_cpu = timed(lambda: plan(items, inventory=range(nodes * per_node), config=config,
+    inventory = {f"node{n + 1:03d}": tuple(range(per_node)) for n in range(nodes)}
+    planned, plan_ms, plan_cpu = timed(lambda: plan(items, inventory=inventory, config=config,
                                                     templates={"base"}, now=NOW))
-    placed = [Accepted(a.booking, tuple(g % per_node for g in a.gpus), a.warn_at,
-                       f"node{a.gpus[0] // per_node + 1:03d}") for a in planned.accepted]
+    placed: list[Accepted] = list(planned.accepted)
+    spanning = sum(1 for a in placed if a.others)
     scontrol = InMemoryScontrol()
     cluster = SlurmCluster(scontrol=scontrol, prefix="gpubook-", users=["gpubook"])
 
-    first, first_ms, first_cpu = timed(lambda: cluster.sync(placed, now=NOW))
-    scontrol.listing = listing(sync.wanted(placed, prefix="gpubook-", users=["gpubook"]))
+    nodes_of = {a.booking.id: tuple(name for name, _ in a.placement) for a in placed}
+    first, first_ms, first_cpu = timed(lambda: cluster.sync(placed, now=NOW, nodes_of=nodes_of))
+    scontrol.listing = listing(sync.wanted(placed, prefix="gpubook-", users=["gpubook"], nodes_of=nodes_of))
     before = len(scontrol.commands), scontrol.calls
-    same, same_ms, same_cpu = timed(lambda: cluster.sync(placed, now=NOW))
+    same, same_ms, same_cpu = timed(lambda: cluster.sync(placed, now=NOW, nodes_of=nodes_of))
     issued, listings = len(scontrol.commands) - before[0], scontrol.calls - before[1] - (len(scontrol.commands)
                                                                                       - before[0])
     moved = [replace(a, booking=replace(a.booking, end=a.booking.end + timedelta(hours=1))) if i < 10 else a
              for i, a in enumerate(placed)]
-    edit, edit_ms, edit_cpu = timed(lambda: cluster.sync(moved, now=NOW))
+    edit, edit_ms, edit_cpu = timed(lambda: cluster.sync(moved, now=NOW, nodes_of=nodes_of))
 
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(f"{count} bookings over 7 days on {nodes} nodes x {per_node} GPUs: "
-          f"{len(planned.accepted)} accepted, {len(planned.rejected)} rejected")
+          f"{len(planned.accepted)} accepted ({spanning} on two nodes), {len(planned.rejected)} rejected")
     print(f"plan:                                   {plan_ms:8.1f} ms wall {plan_cpu:8.1f} ms CPU")
     print(f"first sync ({len(first.changes)} creates built):         {first_ms:8.1f} ms wall {first_cpu:8.1f} ms CPU")
     print(f"no-change sync (listing parsed, diffed): {same_ms:8.1f} ms wall {same_cpu:8.1f} ms CPU; "

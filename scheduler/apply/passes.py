@@ -227,8 +227,9 @@ class Pass:
             write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
             complete: bool = True) -> PassResult:
         self.ahead.settle(now)  # an arm still at work for a booking whose start came: its container first
-        if self.cluster is not None and (problem := self._refresh_cluster()):
-            may_start, stale_reason = False, problem
+        silent = self._refresh_cluster() if self.cluster is not None else ""
+        if silent:
+            may_start, stale_reason = False, silent
         # Before the hosts are read: a start (or arm) ending in between keeps its port.
         at_work = self.lanes.at_work() | self.ahead.at_work()
         world = World.read(list(self.hosts.values()), self.state,
@@ -253,6 +254,9 @@ class Pass:
                                 may_start=may_start, stale_reason=stale_reason,
                                 stale_calendars=stale_calendars or {}, complete=complete, verdicts=verdicts,
                                 held=held)
+        for action in actions:  # the cluster's reasons go into the held bookings' events
+            if isinstance(action, decide.Hold) and (action.booking_id in held or silent):
+                self.recall.notes[action.booking_id] = action.reason
         result = PassResult(plan=plan, actions=actions, world=world)
         handled = [a for a in actions if type(a) in self.handlers]  # Recheck only informs the wake-up time
         written = partial(self._write_start, world=world, now=now, etags=etags or {}, armed=armed) if write_back \
@@ -290,8 +294,6 @@ class Pass:
         reserved = self.cluster.sync(plan.accepted, now=now)
         if reserved.problem:
             return {a.booking.id: reserved.problem for a in plan.accepted}
-        for booking_id, reason in reserved.refused.items():
-            self.journal.note(booking_id, reason, now=now)
         return dict(reserved.refused)
 
     def _settled_late(self, future: Future[None] | None = None) -> None:
