@@ -124,6 +124,17 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *([kept] if kept else [])])}
 
 
+def as_account(user: str, tree: Path) -> tuple[dict[str, object], dict[str, str]]:
+    """Popen's arguments and the environment that run a process as `user` itself (no wrapper
+    process), importing gpubook from `tree`."""
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    return ({"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []},
+            {"HOME": entry.pw_dir, "USER": user, "LOGNAME": user, "PYTHONDONTWRITEBYTECODE": "1",
+             "XDG_RUNTIME_DIR": f"/run/user/{entry.pw_uid}", "PYTHONPATH": str(tree)})
+
+
 class DaemonProcess:
     """`gpubook run` as a real process; stderr kept in a file for the failure message."""
 
@@ -142,12 +153,8 @@ class DaemonProcess:
         env = child_env() | self.env
         account: dict[str, object] = {}
         if self.user is not None:  # exec'd as the account itself: a kill -9 reaches the daemon, not a wrapper
-            import pwd
-
-            entry = pwd.getpwnam(self.user)
-            account = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-            env |= {"HOME": entry.pw_dir, "USER": self.user, "LOGNAME": self.user, "PYTHONDONTWRITEBYTECODE": "1",
-                    "XDG_RUNTIME_DIR": f"/run/user/{entry.pw_uid}", "PYTHONPATH": str(self.tree)}
+            account, extra = as_account(self.user, self.tree)
+            env |= extra
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL,
                                             cwd=self.tree, **account)  # type: ignore[call-overload]
@@ -322,11 +329,16 @@ def daemons() -> Iterator[list[DaemonProcess]]:
         daemon.stop()
 
 
-def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """A `gpubook` command (status, stop, log, ...) on the test's config, as an admin runs it."""
+def cli(config: Path, *args: str, user: str | None = None, tree: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """A `gpubook` command (status, stop, log, ...) on the test's config, as an admin runs it
+    (`user`: as the daemon's account, from a source `tree` it can read; see DaemonProcess)."""
+    env, account = child_env(), {}
+    if user is not None:
+        account, extra = as_account(user, tree)
+        env |= extra
     return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args, "--config", str(config)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env=child_env())
+                          capture_output=True, text=True, timeout=120, cwd=tree, env=env,
+                          **account)  # type: ignore[call-overload]
 
 
 @pytest.fixture

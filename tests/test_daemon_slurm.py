@@ -23,7 +23,7 @@ import pytest
 from runtime.engines import container_name
 from scheduler.hosts.slurm import parse
 from tests import slurm_kit
-from tests.daemon_kit import DaemonProcess, book, description, key_line, port_range, wait_for
+from tests.daemon_kit import DaemonProcess, book, cli, description, key_line, port_range, wait_for
 from tests.engine_suite import new_key
 from tests.test_slurm_jobs import REPO, _podman, account_image  # noqa: F401 - account_image is a fixture
 
@@ -165,6 +165,12 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
                  and len(reservations(cluster)) == 1, timeout=60, daemon=daemon)
         wait_for("one's container removed", lambda: _podman(cluster.user, "container", "exists",
                                                              container_name("one@test")) == 1, timeout=30)
+        # An admin's `gpubook stop` (as the daemon's account) ends the two-node booking's job on both nodes.
+        stopped = cli(config, "stop", "pair@test", user=cluster.user, tree=REPO)
+        assert stopped.returncode == 0, stopped.stderr
+        wait_for("pair's job gone", lambda: jobs(cluster) == {}, timeout=60, daemon=daemon)
+        wait_for("the stop in the event", lambda: "stopped early by an admin" in description(calendar, "pair@test"),
+                 timeout=30, daemon=daemon)
         assert "died" not in daemon.tail()
     finally:
         daemon.stop()

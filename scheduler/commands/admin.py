@@ -70,7 +70,14 @@ def stop(config_path: str, booking: str) -> int:
     config = config_module.load(config_path)
     daemon = Daemon(config)
     now = datetime.now(UTC)
-    matches = [c for c in daemon.engine.list() if booking in (c.booking_id, c.name)]
+    if daemon.cluster is not None:  # a cluster's bookings: its nodes' jobs, read as a pass reads them
+        if problem := daemon.cluster.refresh():
+            raise GpubookError(problem)
+        daemon.passes.hosts.update(daemon.cluster.hosts)
+        listed = [c for host in daemon.passes.hosts.values() for c in host.list()]
+    else:
+        listed = daemon.engine.list()
+    matches = [c for c in listed if booking in (c.booking_id, c.name)]
     if not matches:
         raise GpubookError(f"no running container for booking {booking!r} (see gpubook status)")
     info = matches[0]
@@ -78,6 +85,8 @@ def stop(config_path: str, booking: str) -> int:
     print(f"stopped {container_name(info.booking_id)} (booking {info.booking_id})")
     try:
         reading = daemon.calendars.read(now=now)
+        if daemon.cluster is not None:  # the job cancelled: its nodes read again
+            daemon.cluster.refresh()
         plan = daemon.passes.plan([o for o in reading.occurrences if o.id == info.booking_id], [], now=now)
         world = World.read(list(daemon.passes.hosts.values()), daemon.state)
         daemon.passes.write_back(plan, world, now=now, etags=reading.etags)
