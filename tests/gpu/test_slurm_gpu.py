@@ -99,11 +99,13 @@ def cluster(host_gpus: tuple[Gpu, ...]) -> Iterator[slurm_kit.Cluster]:
         yield made
     finally:
         results = os.environ.get("GPUBOOK_GPU_RESULTS")
-        if results:
-            out = Path(results) / "slurm-logs"
+        if results:  # the device tool brings back 8 files: the two daemons' logs and the job's output
+            out = Path(results)
             out.mkdir(parents=True, exist_ok=True)
-            for log in (made.root / "log").glob("*"):
-                shutil.copy(log, out / log.name)
+            for log in [made.root / "log" / "slurmctld.log", made.root / "log" / "slurmd-node1.log",
+                        *(made.root / "shared").glob("*/slurm.out")]:
+                if log.exists():
+                    shutil.copy(log, out / ("job-slurm.out" if log.name == "slurm.out" else log.name))
         made.stop()
 
 
