@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SBIN = Path("/usr/sbin")
+CGROUP_V2 = Path("/sys/fs/cgroup/cgroup.controllers")  # exists where /sys/fs/cgroup is cgroup v2 alone
 
 
 def available(*, real_gpus: bool = False) -> str | None:
@@ -145,11 +146,17 @@ class Cluster:
                 return
             if any(p.poll() is not None for p in self._processes.values()):
                 dead = [k for k, p in self._processes.items() if p.poll() is not None]
+                said = "".join(f"\n{k} log:\n{self.log(k)[-2000:]}{self._stderr(k)}" for k in dead if k != log)
                 raise RuntimeError(f"{', '.join(dead)} ended while waiting for {what}; "
-                                   f"{log} log:\n{self.log(log)[-3000:]}")
+                                   f"{log} log:\n{self.log(log)[-3000:]}{said}")
             time.sleep(0.2)
         raise RuntimeError(f"the test cluster did not reach {what} in {timeout:.0f} s; "
                            f"{log} log:\n{self.log(log)[-3000:]}")
+
+    def _stderr(self, key: str) -> str:
+        path = self.root / "log" / f"{key}.out"
+        text = path.read_text(errors="replace")[-1500:] if path.exists() else ""
+        return f"\n{key} stderr:\n{text}" if text else ""
 
     def _end(self, key: str, *, kill: bool = False) -> None:
         process = self._processes.pop(key, None)
@@ -310,8 +317,13 @@ def _configure_and_start(cluster: Cluster, *, ctl_address: str, key: Path) -> No
     cluster.conf.write_text(_slurm_conf(cluster, host=socket.gethostname().split(".")[0], ctl_address=ctl_address,
                                         ctl_port=_free_port(), slurmd_port=_free_port()))
     (root / "gres.conf").write_text(_gres_conf(cluster))
-    for path in (cluster.conf, root / "gres.conf", root / "plugstack.conf"):
-        path.chmod(0o644)
+    if CGROUP_V2.exists():  # slurmd 22.05 always starts its cgroup plugin; without systemd (the GPU host)
+        # v2 needs IgnoreSystemd (plain mkdir instead of a scope asked of systemd over dbus) and system.slice
+        (root / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        (CGROUP_V2.parent / "system.slice").mkdir(exist_ok=True)
+    for path in (cluster.conf, root / "gres.conf", root / "plugstack.conf", root / "cgroup.conf"):
+        if path.exists():
+            path.chmod(0o644)
     cluster._processes["munged"] = subprocess.Popen(
         ["munged", "-F", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={key}",
          f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/log/munged.log",
