@@ -122,9 +122,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _engine(settings: dict[str, str]) -> Engine:
+    """The node's engine from the request's settings; `ulimits` is comma-separated ("nofile=1024:1024,
+    nproc=4096:4096"): a node whose runc cannot raise the defaults (rootful podman in a user namespace
+    on the GPU host) needs them, as `[engine] ulimits` on the local backend."""
     return engine_from(settings.get("name", "podman"), runtime=settings.get("runtime") or None,
                        storage_driver=settings.get("storage_driver") or None,
-                       network=settings.get("network", "private"))
+                       network=settings.get("network", "private"),
+                       ulimits=[limit for limit in settings.get("ulimits", "").split(",") if limit])
 
 
 @dataclass(frozen=True)

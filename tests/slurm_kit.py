@@ -17,6 +17,11 @@ account, so it may create, update and delete reservations without root. slurmd r
 starts jobs as their owners). Making it needs root (namespaces, slurmd); CI runs as root.
 Everything is undone by `stop()`: daemons ended by their process ids, namespaces and links
 deleted, the folder removed.
+
+Real-GPU mode (`make(real_gpus=N)`, tests/gpu/test_slurm_gpu.py on the GPU host): one node, the
+host itself (NodeAddr 127.0.0.1, no network namespace: that host has no `ip`), whose GRES gpu are
+the host's REAL device files `/dev/nvidia[0-N-1]` (AutoDetect still off: gres.conf names them),
+so Slurm hands out the host's GPUs by their minor numbers.
 """
 
 from __future__ import annotations
@@ -36,13 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SBIN = Path("/usr/sbin")
+CGROUP_V2 = Path("/sys/fs/cgroup/cgroup.controllers")  # exists where /sys/fs/cgroup is cgroup v2 alone
 
 
-def available() -> str | None:
-    """Why no test cluster can be made here (None: it can)."""
+def available(*, real_gpus: bool = False) -> str | None:
+    """Why no test cluster can be made here (None: it can); `real_gpus`: the one-node GPU-host mode,
+    which needs no `ip`."""
     if os.geteuid() != 0:
         return "making a Slurm test cluster needs root (network namespaces, slurmd)"
-    for program in ("slurmctld", "slurmd", "munged", "scontrol", "ip"):
+    for program in ("slurmctld", "slurmd", "munged", "scontrol", *(() if real_gpus else ("ip",))):
         if shutil.which(program, path=f"{SBIN}:/usr/bin:/bin") is None:
             return f"{program} is not installed (apt-get install slurmctld slurmd slurm-client munge)"
     return None
@@ -62,7 +69,7 @@ def _run(*argv: str) -> None:
 class Node:
     name: str
     address: str  # its address inside its namespace
-    netns: str
+    netns: str  # "": the host's own network (real-GPU mode)
     gpus: int
 
 
@@ -76,6 +83,7 @@ class Cluster:
     nodes: tuple[Node, ...]
     partition: str
     gpu_type: str
+    gpu_files: str = ""  # real-GPU mode: the host's device files ("/dev/nvidia[0-1]"); "": placeholders
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _links: list[str] = field(default_factory=list)
     _namespaces: list[str] = field(default_factory=list)
@@ -113,9 +121,9 @@ class Cluster:
 
     def start_slurmd(self, node: Node) -> None:
         key = f"slurmd-{node.name}"
+        enter = ["nsenter", f"--net=/run/netns/{node.netns}"] if node.netns else []
         self._processes[key] = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{node.netns}", str(SBIN / "slurmd"), "-D", "-N", node.name,
-             "-f", str(self.conf)],
+            [*enter, str(SBIN / "slurmd"), "-D", "-N", node.name, "-f", str(self.conf)],
             env=self.env, stdout=subprocess.DEVNULL, stderr=(self.root / "log" / f"{key}.out").open("wb"))
 
     def wait_nodes_idle(self, timeout: float = 30) -> None:
@@ -138,11 +146,17 @@ class Cluster:
                 return
             if any(p.poll() is not None for p in self._processes.values()):
                 dead = [k for k, p in self._processes.items() if p.poll() is not None]
+                said = "".join(f"\n{k} log:\n{self.log(k)[-2000:]}{self._stderr(k)}" for k in dead if k != log)
                 raise RuntimeError(f"{', '.join(dead)} ended while waiting for {what}; "
-                                   f"{log} log:\n{self.log(log)[-3000:]}")
+                                   f"{log} log:\n{self.log(log)[-3000:]}{said}")
             time.sleep(0.2)
         raise RuntimeError(f"the test cluster did not reach {what} in {timeout:.0f} s; "
                            f"{log} log:\n{self.log(log)[-3000:]}")
+
+    def _stderr(self, key: str) -> str:
+        path = self.root / "log" / f"{key}.out"
+        text = path.read_text(errors="replace")[-1500:] if path.exists() else ""
+        return f"\n{key} stderr:\n{text}" if text else ""
 
     def _end(self, key: str, *, kill: bool = False) -> None:
         process = self._processes.pop(key, None)
@@ -219,20 +233,28 @@ PartitionName={cluster.partition} Nodes={names} Default=YES MaxTime=INFINITE Sta
 def _gres_conf(cluster: Cluster) -> str:
     lines = ["AutoDetect=off"]
     lines += [f"NodeName={n.name} Name=gpu Type={cluster.gpu_type} "
-              f"File={cluster.root}/dev/{n.name}/nvidia[0-{n.gpus - 1}]" for n in cluster.nodes]
+              f"File={cluster.gpu_files or f'{cluster.root}/dev/{n.name}/nvidia[0-{n.gpus - 1}]'}"
+              for n in cluster.nodes]
     return "\n".join(lines) + "\n"
 
 
-def make(*, user: str = "gpubook-test", nodes: int = 2, gpus: int = 4, gpu_type: str = "a100") -> Cluster:
-    """A started cluster (call `stop()`); raises with the daemons' logs when it does not come up."""
+def make(*, user: str = "gpubook-test", nodes: int = 2, gpus: int = 4, gpu_type: str = "a100",
+         real_gpus: int = 0) -> Cluster:
+    """A started cluster (call `stop()`); raises with the daemons' logs when it does not come up.
+    `real_gpus`: one node, this host, with its GPUs /dev/nvidia0 ... (the GPU host's mode)."""
     tag = secrets.token_hex(2)
     octet = 100 + secrets.randbelow(150)
     root = Path(tempfile.mkdtemp(prefix=f"gpubook-slurm-{tag}-"))
     root.chmod(0o755)
-    node_list = tuple(Node(name=f"node{i}", address=f"10.{octet}.{i}.2", netns=f"gbs{tag}n{i}", gpus=gpus)
-                      for i in range(1, nodes + 1))
+    if real_gpus:
+        node_list: tuple[Node, ...] = (Node(name="node1", address="127.0.0.1", netns="", gpus=real_gpus),)
+        gpu_files = "/dev/nvidia0" if real_gpus == 1 else f"/dev/nvidia[0-{real_gpus - 1}]"
+    else:
+        node_list = tuple(Node(name=f"node{i}", address=f"10.{octet}.{i}.2", netns=f"gbs{tag}n{i}", gpus=gpus)
+                          for i in range(1, nodes + 1))
+        gpu_files = ""
     cluster = Cluster(root=root, conf=root / "slurm.conf", user=user, nodes=node_list, partition="gpu",
-                      gpu_type=gpu_type)
+                      gpu_type=gpu_type, gpu_files=gpu_files)
     try:
         _make(cluster, tag=tag, octet=octet)
     except BaseException:
@@ -253,11 +275,19 @@ def _make(cluster: Cluster, *, tag: str, octet: int) -> None:
     key.write_bytes(secrets.token_bytes(1024))
     key.chmod(0o400)
     (root / "plugstack.conf").write_text("")
-    for node in cluster.nodes:  # Slurm drops a GPU without a device file: placeholders (null devices)
-        (root / "dev" / node.name).mkdir(parents=True)
+    for node in () if cluster.gpu_files else cluster.nodes:  # Slurm drops a GPU without a device file:
+        (root / "dev" / node.name).mkdir(parents=True)  # placeholders (null devices)
         for index in range(node.gpus):
             os.mknod(root / "dev" / node.name / f"nvidia{index}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    # The network: a link carrying slurmctld's address, one namespace + veth per node.
+    if cluster.gpu_files:  # one node, this host, its own network
+        ctl_address = "127.0.0.1"
+    else:
+        ctl_address = _make_network(cluster, tag=tag, octet=octet)
+    _configure_and_start(cluster, ctl_address=ctl_address, key=key)
+
+
+def _make_network(cluster: Cluster, *, tag: str, octet: int) -> str:
+    """A link carrying slurmctld's address (returned), one namespace + veth per node."""
     ctl_address = f"10.{octet}.0.1"
     dummy = f"gbs{tag}c"
     _run("ip", "link", "add", dummy, "type", "veth", "peer", "name", f"gbs{tag}d")  # no dummy module here
@@ -279,11 +309,21 @@ def _make(cluster: Cluster, *, tag: str, octet: int) -> None:
         _run(*ns, "ip", "link", "set", inside, "up")
         _run(*ns, "ip", "link", "set", "lo", "up")
         _run(*ns, "ip", "route", "add", "default", "via", f"10.{octet}.{i}.1")
+    return ctl_address
+
+
+def _configure_and_start(cluster: Cluster, *, ctl_address: str, key: Path) -> None:
+    root = cluster.root
     cluster.conf.write_text(_slurm_conf(cluster, host=socket.gethostname().split(".")[0], ctl_address=ctl_address,
                                         ctl_port=_free_port(), slurmd_port=_free_port()))
     (root / "gres.conf").write_text(_gres_conf(cluster))
-    for path in (cluster.conf, root / "gres.conf", root / "plugstack.conf"):
-        path.chmod(0o644)
+    if CGROUP_V2.exists():  # slurmd 22.05 always starts its cgroup plugin; without systemd (the GPU host)
+        # v2 needs IgnoreSystemd (plain mkdir instead of a scope asked of systemd over dbus) and system.slice
+        (root / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        (CGROUP_V2.parent / "system.slice").mkdir(exist_ok=True)
+    for path in (cluster.conf, root / "gres.conf", root / "plugstack.conf", root / "cgroup.conf"):
+        if path.exists():
+            path.chmod(0o644)
     cluster._processes["munged"] = subprocess.Popen(
         ["munged", "-F", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={key}",
          f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/log/munged.log",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import GpubookError
-from runtime.slurm_step import StepRequest, granted_gpus
+from runtime.slurm_step import StepRequest, _engine, granted_gpus
 from scheduler.hosts.slurm import Scontrol
 from scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 
@@ -82,6 +82,13 @@ def test_a_step_takes_its_gpus_from_slurm_and_refuses_anything_but_indices() -> 
     assert granted_gpus({}) == ()
     with pytest.raises(GpubookError, match="is not a list of GPU indices"):
         granted_gpus({"SLURM_JOB_GPUS": "0,1;rm -rf /"})
+
+
+def test_a_step_gives_its_engine_the_requested_ulimits() -> None:
+    """The GPU host's runc refuses podman's default nofile/nproc: the step must pass the configured ones."""
+    engine = _engine({"name": "podman", "ulimits": "nofile=1024:1024,nproc=4096:4096"})
+    assert engine.ulimits == ("nofile=1024:1024", "nproc=4096:4096")  # type: ignore[attr-defined]
+    assert _engine({"name": "podman"}).ulimits == ()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("change", "message"), [

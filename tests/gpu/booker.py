@@ -48,10 +48,11 @@ def run(client: paramiko.SSHClient, command: str, *, stdin: bytes | None = None,
     return status, stdout.read().decode(errors="replace")
 
 
-def look(client: paramiko.SSHClient, *, cudacheck: bytes, every: Sequence[Gpu]) -> Seen:
+def look(client: paramiko.SSHClient, *, cudacheck: bytes, every: Sequence[Gpu], output: str = OUTPUT) -> Seen:
+    """`output`: where the kernel's lines are kept (a booking without data folders: under /tmp)."""
     status, said = run(client, f"cat > {REMOTE_BINARY} && chmod 755 {REMOTE_BINARY}", stdin=cudacheck)
     assert status == 0, f"uploading cudacheck failed: {said}"
-    kernel_status, kernel = run(client, f"{REMOTE_BINARY} > {OUTPUT}; s=$?; cat {OUTPUT}; exit $s")
+    kernel_status, kernel = run(client, f"{REMOTE_BINARY} > {output}; s=$?; cat {output}; exit $s")
     smi_status, smi = run(client, "nvidia-smi -L")
     assert smi_status == 0, f"nvidia-smi -L failed inside the booking: {smi}"
     minors = " ".join(str(gpu.device_minor) for gpu in every)
