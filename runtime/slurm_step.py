@@ -22,10 +22,12 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import paramiko
 
@@ -34,6 +36,9 @@ from runtime.engines import ContainerSpec, Engine, container_name, engine_from
 from runtime.errors import GpubookError
 from runtime.mounts import Mount
 from runtime.templates import get_template
+
+if TYPE_CHECKING:
+    from runtime.nvidia.model import Gpu
 
 HOSTFILE = "/etc/gpubook/hostfile"  # in a multi-node booking's containers: "ADDRESS slots=GPUS" per node
 REQUEST_KEYS = frozenset({"booking_id", "user", "uid", "gid", "ssh_keys", "template", "templates_dir", "port",
@@ -237,7 +242,22 @@ def _injection(gpus: tuple[int, ...], cache_dir: Path) -> object | None:
         return None
     from runtime import nvidia
 
-    return nvidia.injection(gpus, cache_dir=cache_dir)
+    return nvidia.injection(nvidia_indices(gpus, nvidia.list_gpus()), cache_dir=cache_dir)
+
+
+def nvidia_indices(granted: tuple[int, ...], gpus: Sequence[Gpu]) -> tuple[int, ...]:
+    """Slurm's GRES indices as nvidia-smi's. Slurm numbers a node's GPUs in the order of its
+    gres.conf `File=/dev/nvidia[0-7]`, that is by device minor; nvidia-smi (and the injection) by
+    NVML's order. They differ where minors do not follow the PCI bus order: the i-th GRES GPU is
+    the GPU with the i-th smallest minor."""
+    by_minor = sorted(gpus, key=lambda gpu: (gpu.minor is None, gpu.minor or 0, gpu.index))
+    out = []
+    for index in granted:
+        if index >= len(by_minor):
+            raise GpubookError(f"Slurm granted GPU {index}, but this node's driver lists {len(by_minor)} GPUs; "
+                               "check gres.conf against nvidia-smi")
+        out.append(by_minor[index].index)
+    return tuple(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 slurmd nodes of 4 GPUs in their own network namespaces, slurmctld as the unprivileged account the
 daemon runs as), real Radicale and rootless podman on the nodes: bookings become reservations on
 the nodes the plan chose, their jobs start at their start, bookers log in on their nodes, a
-two-node booking's containers reach each other, an edit moves a reservation, a cancel deletes it,
+two-node booking's containers reach each other, the booker's data folders on the shared storage are
+bound (input read-only, output written through), an edit moves a reservation, a cancel deletes it,
 a kill -9 of the daemon adopts jobs and reservations, and a stopped slurmctld is said, not
 mistaken for dead bookings."""
 
@@ -22,7 +23,7 @@ import pytest
 
 from runtime.engines import container_name
 from scheduler.hosts.slurm import parse
-from tests import slurm_kit
+from tests import safe_data, slurm_kit
 from tests.daemon_kit import DaemonProcess, book, cli, description, key_line, port_range, wait_for
 from tests.engine_suite import new_key
 from tests.test_slurm_jobs import REPO, _podman, account_image  # noqa: F401 - account_image is a fixture
@@ -49,7 +50,18 @@ def daemon_dir(cluster: slurm_kit.Cluster) -> Path:
     return folder
 
 
-def write_config(folder: Path, cluster: slurm_kit.Cluster, calendar_url: str, key: paramiko.PKey) -> Path:
+@pytest.fixture
+def data_root(cluster: slurm_kit.Cluster) -> Iterator[Path]:
+    """The bookers' data folders on "shared storage" (the nodes here share this machine's disk),
+    on the tests' nosuid,nodev mount, given to the daemon's account."""
+    account = pwd.getpwnam(cluster.user)
+    with safe_data.data_root() as folder:
+        os.chown(folder, account.pw_uid, account.pw_gid)
+        yield folder
+
+
+def write_config(folder: Path, cluster: slurm_kit.Cluster, calendar_url: str, key: paramiko.PKey,
+                 data: Path) -> Path:
     low, high = port_range()
     path = folder / "gpubook.toml"
     path.write_text("\n".join([
@@ -59,8 +71,9 @@ def write_config(folder: Path, cluster: slurm_kit.Cluster, calendar_url: str, ke
         '[[calendar]]', f'url = "{calendar_url}"', 'username = "test"', '',
         '[defaults]', 'template = "debian-ssh"', 'gpus = 1', 'warn_minutes = 0.1', '',
         '[engine]', 'name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"', 'stop_grace_seconds = 1', '',
-        '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
-        '[daemon]', 'poll_seconds = 2', f'state_dir = "{folder / "state"}"', 'notice_seconds = 3', '',
+        '[ssh]', f'port_min = {low}', f'port_max = {high}', '', '[storage]', f'data_root = "{data}"', '',
+        '[daemon]', 'poll_seconds = 2', f'state_dir = "{folder / "state"}"', 'notice_seconds = 3',
+        'restart_backoff_seconds = 1', '',
         '[users.alice]', 'uid = 2001', 'email = ["alice@lab.example"]', f'ssh_keys = ["{key_line(key)}"]', '',
     ]))
     path.chmod(0o644)
@@ -99,10 +112,10 @@ def run(client: paramiko.SSHClient, command: str) -> str:
 
 
 def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, daemon_dir: Path, radicale,
-                                                   account_image: None) -> None:  # noqa: F811
+                                                   data_root: Path, account_image: None) -> None:  # noqa: F811
     calendar: caldav.Calendar = radicale.new_calendar()
     key = new_key()
-    config = write_config(daemon_dir, cluster, str(calendar.url), key)
+    config = write_config(daemon_dir, cluster, str(calendar.url), key, data_root)
     address = {n.name: n.address for n in cluster.nodes}
     daemon = DaemonProcess(config, user=cluster.user, tree=REPO).start()
     leftover = [container_name("one@test"), *(container_name(f"pair@test@{n}") for n in address)]
@@ -131,6 +144,11 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
         assert "hostfile: /etc/gpubook/hostfile" in pair_text
         with login(address["node1"], int(one.group(1)), key) as client:
             assert run(client, "id -un").split() == ["alice"]
+            # The booker's folders on the shared storage: output written through, input read-only.
+            assert run(client, "echo trained > /data/output/model.txt && echo ok") == "ok\n"
+            assert run(client, "touch /data/input/x 2>&1 || echo refused").endswith("refused\n")
+        assert (data_root / "alice" / "output" / "model.txt").read_text() == "trained\n"
+        assert not (data_root / "alice" / "input" / "x").exists()
         with login(address["node1"], int(first.group(1)), key) as client:
             hostfile = run(client, "cat /etc/gpubook/hostfile").splitlines()
             assert hostfile == [f"{address['node1']} slots=3", f"{address['node2']} slots=3"]
@@ -176,3 +194,36 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
         daemon.stop()
         for name in leftover:
             _podman(cluster.user, "rm", "--force", "--time=0", name)
+
+
+def test_a_failed_node_ends_its_job_and_the_booking_starts_again_on_another(
+        cluster: slurm_kit.Cluster, daemon_dir: Path, radicale, data_root: Path,
+        account_image: None) -> None:  # noqa: F811
+    calendar: caldav.Calendar = radicale.new_calendar()
+    key = new_key()
+    config = write_config(daemon_dir, cluster, str(calendar.url), key, data_root)
+    address = {n.name: n.address for n in cluster.nodes}
+    daemon = DaemonProcess(config, user=cluster.user, tree=REPO).start()
+    try:
+        now = datetime.now(UTC).replace(microsecond=0)
+        book(calendar, "moved@test", user="alice", start=now + timedelta(seconds=15), end=now + timedelta(hours=1),
+             gpus="2")
+        first = wait_for("the ssh line", lambda: SSH_LINE.search(description(calendar, "moved@test")),
+                         timeout=90, daemon=daemon)
+        assert first.group(2) == "node1"
+        (job,) = jobs(cluster).values()
+        # Slurm takes node1 out (as on a node failure: DOWN ends its jobs; drained, it stays out): the job
+        # ends; gpubook sees the booking die, the plan moves it to node2 (its reservation too) and it
+        # starts again there.
+        cluster.scontrol("update", "NodeName=node1", "State=DOWN", "Reason=failed")
+        cluster.scontrol("update", "NodeName=node1", "State=DRAIN", "Reason=failed")  # not back on its own
+        again = wait_for("the ssh line on node2", lambda: (m := SSH_LINE.search(description(calendar, "moved@test")))
+                         and m.group(2) == "node2" and m, timeout=120, daemon=daemon)
+        assert nodes_of(next(iter(reservations(cluster).values()))) == ("node2",)
+        assert list(jobs(cluster).values()) != [job]  # a new job: the old one ended with its node
+        with login(address["node2"], int(again.group(1)), key) as client:
+            assert run(client, "id -un").split() == ["alice"]
+        assert "died" in daemon.tail()
+    finally:
+        daemon.stop()
+        _podman(cluster.user, "rm", "--force", "--time=0", container_name("moved@test"))

@@ -51,8 +51,8 @@ def test_a_hostile_booking_id_reaches_neither_the_script_nor_sbatch_as_anything_
     folder = jobs.folder(HOSTILE_ID)
     assert folder.parent == shared and set(folder.name) <= set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
     (sbatch,) = [argv for argv in log if argv[0] == "sbatch"]
-    assert sbatch[1:] == ["--parsable", f"--job-name={folder.name}", f"--reservation={folder.name}", "--nodes=2",
-                          "--ntasks-per-node=1", "--time=62", f"--output={folder / 'slurm.out'}",
+    assert sbatch[1:] == ["--parsable", "--no-requeue", f"--job-name={folder.name}", f"--reservation={folder.name}",
+                          "--nodes=2", "--ntasks-per-node=1", "--time=62", f"--output={folder / 'slurm.out'}",
                           f"--chdir={folder}", "--gres=gpu:8", str(folder / "job.sh")]
     lines = (folder / "job.sh").read_text().splitlines()
     assert lines[0] == "#!/bin/sh" and all(line.startswith("#") for line in lines[1:-1])
@@ -105,3 +105,17 @@ def test_a_step_refuses_a_request_it_was_not_written_to_run(tmp_path: Path, chan
     path.write_text(json.dumps(data))
     with pytest.raises(GpubookError, match=message):
         StepRequest.read(path)
+
+
+def test_slurms_gres_indices_are_read_as_nvidia_smis_through_the_device_minors() -> None:
+    from runtime.nvidia.model import Gpu
+    from runtime.slurm_step import nvidia_indices
+
+    # nvidia-smi's order (PCI bus) against the minors: GPU 0 is /dev/nvidia1, GPU 1 is /dev/nvidia0.
+    crossed = (Gpu(index=0, minor=1, bus_id="0000:01:00.0"), Gpu(index=1, minor=0, bus_id="0000:02:00.0"))
+    assert nvidia_indices((0,), crossed) == (1,)  # GRES 0 = File /dev/nvidia0 = nvidia-smi's GPU 1
+    assert nvidia_indices((1, 0), crossed) == (0, 1)
+    same = (Gpu(index=0, minor=0), Gpu(index=1, minor=1))
+    assert nvidia_indices((1,), same) == (1,)
+    with pytest.raises(GpubookError, match="Slurm granted GPU 2, but this node's driver lists 2 GPUs"):
+        nvidia_indices((2,), same)

@@ -109,7 +109,9 @@ class SlurmJobs:
                           f"exec srun --kill-on-bad-exit=1 {shlex.quote(self.python)} -m runtime.slurm_step "
                           f"{shlex.quote(str(folder / 'request.json'))}\n")
         minutes = max(1, math.ceil((step.end - now).total_seconds() / 60)) + GRACE_MINUTES
-        argv = ["--parsable", f"--job-name={name}", f"--reservation={name}", f"--nodes={request.nodes}",
+        # --no-requeue: a job whose node failed ends (gpubook sees the death and places the booking
+        # again), rather than waiting in its reservation for a node that may not come back.
+        argv = ["--parsable", "--no-requeue", f"--job-name={name}", f"--reservation={name}", f"--nodes={request.nodes}",
                 "--ntasks-per-node=1", f"--time={minutes}", f"--output={folder / 'slurm.out'}", f"--chdir={folder}"]
         if request.gpus_per_node:
             argv.append(f"--gres=gpu:{request.gpus_per_node}")
