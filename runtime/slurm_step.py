@@ -9,8 +9,9 @@ the local backend (runtime.ssh.booking_spec, runtime.engines, the NVIDIA injecti
 has a driver), for exactly those GPUs; its SSH host key is made in the node's own cache, never on
 the shared storage. The step proves SSH answers with a probe key of its own,
 then writes `result-<node>.json` (node, port, host key) next to the request: the daemon reads it
-from the shared folder. SIGTERM (scancel, or Slurm's time limit) or the booking's end stops and
-removes the container; nothing is left behind by a failed start (start_booking removes it).
+from the shared folder, and asks its commands for the container there too (`serve_execs`).
+SIGTERM (scancel, or Slurm's time limit) or the booking's end stops and removes the container;
+nothing is left behind by a failed start (start_booking removes it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from runtime.templates import get_template
 if TYPE_CHECKING:
     from runtime.nvidia.model import Gpu
 
+EXEC_POLL = 1.0  # seconds between the step's looks for the daemon's commands (and for the end)
 HOSTFILE = "/etc/gpubook/hostfile"  # in a multi-node booking's containers: "ADDRESS slots=GPUS" per node
 REQUEST_KEYS = frozenset({"booking_id", "user", "uid", "gid", "ssh_keys", "template", "templates_dir", "port",
                           "end", "engine", "data_root", "multi_node", "placement"})
@@ -200,14 +202,38 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
          "hostfile": HOSTFILE if request.multi_node else ""}))
     print(f"booking {request.booking_id}: SSH answers on {node} port {request.port}", flush=True)
     try:
-        while not stopping.wait(max(0.0, min(30.0, (request.end - datetime.now(UTC)).total_seconds()))):
+        while not stopping.wait(max(0.0, min(EXEC_POLL, (request.end - datetime.now(UTC)).total_seconds()))):
             if datetime.now(UTC) >= request.end:
                 break
+            serve_execs(folder, node=node, engine=engine, name=name)
     finally:
         engine.stop(name, 10)
         ssh.forget_host_key(cache_dir, name)
         print(f"booking {request.booking_id}: its container on {node} stopped", flush=True)
     return 0
+
+
+def serve_execs(folder: Path, *, node: str, engine: Engine, name: str) -> None:
+    """The daemon's commands for this node's container (its end warning, its idle notice), asked
+    in the job folder (`exec-NODE-TOKEN.json`: an argv list and a time limit) and answered there
+    (`done-NODE-TOKEN.json`): the way into a node needs no Slurm step of its own, so it works while
+    slurmctld is away too. The folder is writable by the daemon's account alone; argv is data run
+    without a shell in the booking's own container, as the local backend's exec."""
+    for asked in sorted(folder.glob(f"exec-{node}-*.json")):
+        token = asked.name.removeprefix(f"exec-{node}-").removesuffix(".json")
+        try:
+            order = json.loads(asked.read_text())
+            asked.unlink()
+            argv = [str(word) for word in order["argv"]]
+            timeout = min(float(order.get("timeout", 30)), 120.0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # half-written or taken: the daemon's own time limit answers for it
+        try:
+            done = engine.exec(name, argv, timeout=timeout)
+            answer = {"returncode": done.returncode, "stdout": done.stdout[-4000:], "stderr": done.stderr[-4000:]}
+        except GpubookError as error:
+            answer = {"returncode": 125, "stdout": "", "stderr": str(error)}
+        _write_atomic(folder / f"done-{node}-{token}.json", json.dumps(answer))
 
 
 def _new_private_key() -> object:

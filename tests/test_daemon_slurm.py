@@ -190,6 +190,9 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
         wait_for("the stop in the event", lambda: "stopped early by an admin" in description(calendar, "pair@test"),
                  timeout=30, daemon=daemon)
         assert "died" not in daemon.tail()
+        # The warnings before the stops reached the containers (through a step of each booking's job).
+        assert "warned: gpubook: this booking was removed from the calendar" in daemon.tail()
+        assert [line for line in daemon.log.read_text().splitlines() if "inside the container failed" in line] == []
     finally:
         daemon.stop()
         for name in leftover:

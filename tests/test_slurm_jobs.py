@@ -161,6 +161,11 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
         assert out.read().decode().split() == ["alice"]
     finally:
         client.close()
+    # A command in the container (the daemon's notices) is asked of the booking's step on its node.
+    inside = node2.exec(started.info.name, ["sh", "-c", "id -un; hostname"], timeout=30)
+    assert (inside.returncode, inside.stdout.split()[0]) == (0, "root"), inside.stderr
+    with pytest.raises(EngineError, match="no job of gpubook's runs gpubook-other"):
+        node2.exec("gpubook-other", ["true"])
     with pytest.raises(ConnectionRefusedError):  # the port is open on node2 only, not on node1
         socket.create_connection((cluster.nodes[0].address, request.port), timeout=5).close()
     # slurmctld restarted mid-booking: the booking goes on, the host says Slurm is unreachable meanwhile

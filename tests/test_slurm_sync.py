@@ -152,3 +152,10 @@ def test_a_silent_node_is_told_from_a_down_one() -> None:
     assert [node(s).silent for s in ("IDLE*", "MIXED*", "UNKNOWN*", "IDLE", "DOWN*", "IDLE+DRAIN*", "FAIL*")] == [
         True, True, True, False, False, False, False]
     assert not node("IDLE*").usable
+
+
+def test_a_cancelled_bookings_reservation_stays_while_its_job_runs() -> None:
+    held = [parse.Reservation(name="gpubook-gone-1", nodes=("node1",), start=NOW, end=NOW + timedelta(hours=1),
+                        users=("gpubook",), flags=("OVERLAP",), state="ACTIVE")]
+    assert sync.diff([], held, prefix="gpubook-", now=NOW, keep={"gpubook-gone-1"}) == []
+    assert [c.kind for c in sync.diff([], held, prefix="gpubook-", now=NOW)] == ["delete"]

@@ -52,6 +52,7 @@ class SlurmBackend:
         self.data_root = config.storage.data_root
         self.hosts: dict[str, SlurmHost] = {}
         self.problem = ""
+        self.active: frozenset[str] = frozenset()
 
     def refresh(self) -> str:
         """Read the nodes and gpubook's jobs once; "" or why Slurm could not be read (then the
@@ -64,6 +65,7 @@ class SlurmBackend:
         if self.problem:
             log.warning("the Slurm controller answers again (was: %s)", self.problem)
         self.problem = ""
+        self.active = frozenset(active)  # the jobs' names: their reservations stay while they run
         listing = read_listing(self.jobs, active)
         for node in nodes:
             if node.gpus <= 0 or (self.partition and self.partition not in node.partitions):
@@ -86,7 +88,7 @@ class SlurmBackend:
         chosen = list(accepted)
         nodes_of = {a.booking.id: tuple(name for name, _ in a.placement) for a in chosen}
         try:
-            synced = self.cluster.sync(chosen, now=now, nodes_of=nodes_of)
+            synced = self.cluster.sync(chosen, now=now, nodes_of=nodes_of, keep=self.active)
         except SlurmUnreachable as error:
             return Reserved({}, self._unreachable(error))
         for change in synced.changes:

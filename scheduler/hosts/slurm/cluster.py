@@ -15,7 +15,7 @@ import copy
 import os
 import pwd
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -116,10 +116,11 @@ class SlurmCluster:
         return tuple(r for r in listed if r.name.startswith(self.prefix))
 
     def sync(self, accepted: Iterable[Accepted], *, now: datetime,
-             nodes_of: dict[str, tuple[str, ...]] | None = None) -> Synced:
-        """Make gpubook's reservations match the plan: one listing, then only the changes."""
+             nodes_of: dict[str, tuple[str, ...]] | None = None, keep: Collection[str] = ()) -> Synced:
+        """Make gpubook's reservations match the plan: one listing, then only the changes (`keep`:
+        reservations not deleted yet, their jobs still running)."""
         want = sync.wanted(accepted, prefix=self.prefix, users=self.users, nodes_of=nodes_of)
-        changes = sync.diff(want, self.reservations(), prefix=self.prefix, now=now)
+        changes = sync.diff(want, self.reservations(), prefix=self.prefix, now=now, keep=keep)
         refused: dict[str, str] = {}
         for change in changes:
             try:

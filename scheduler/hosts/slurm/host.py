@@ -9,7 +9,8 @@ with its other nodes in `others`.
 
 What the nodes run is read from the job folders (each node's result), by the backend once per pass
 (backend.py), not from the nodes' engines: gpubook runs nothing on the nodes itself. `exec` into
-a container on another machine is not offered: the Slurm backend has no way in but the job's step.
+a node's container is asked of the booking's step there, through the job folder (the step runs it
+in its container and answers): no Slurm step of its own, so it works while slurmctld is away.
 """
 
 from __future__ import annotations
@@ -105,8 +106,12 @@ class SlurmHost:
                 self.jobs.cancel(step.booking_id)
 
     def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
-        raise EngineError(f"running a command in {name} on Slurm node {self.name} is not available: the Slurm "
-                          f"backend reaches a booking's container only through its job's step")
+        """In the booking's container on this node, through its step (the end warning, the idle
+        notice); bounded by `timeout` (default 30 s)."""
+        for info in self.list():
+            if info.name == name:
+                return self.jobs.exec(info.booking_id, self.name, argv, timeout=timeout or 30.0)
+        raise EngineError(f"no job of gpubook's runs {name} on Slurm node {self.name}")
 
 
 def _request(jobs: SlurmJobs, job: Job) -> StepRequest | None:

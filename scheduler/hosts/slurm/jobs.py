@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import shlex
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from runtime.slurm_step import StepRequest
+from runtime.engines import ExecResult
+from runtime.errors import EngineError
+from runtime.slurm_step import EXEC_POLL, StepRequest
 from scheduler.hosts.slurm.cluster import Scontrol, SlurmError
 from scheduler.hosts.slurm.sync import reservation_name
 
@@ -144,6 +149,26 @@ class SlurmJobs:
     def log(self, booking_id: str) -> str:
         path = self.folder(booking_id) / "slurm.out"
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def exec(self, booking_id: str, node: str, argv: Sequence[str], *, timeout: float) -> ExecResult:
+        """`argv` in the booking's container on `node`, asked of that node's step through the job
+        folder (runtime.slurm_step.serve_execs) and waited for at most `timeout` seconds."""
+        folder = self.folder(booking_id)
+        token = secrets.token_hex(8)
+        asked = folder / f"exec-{node}-{token}.json"
+        partial = folder / f".exec-{node}-{token}.part"
+        partial.write_text(json.dumps({"argv": list(argv), "timeout": timeout}))
+        partial.replace(asked)
+        answer = folder / f"done-{node}-{token}.json"
+        deadline = time.monotonic() + timeout + EXEC_POLL + 1
+        while time.monotonic() < deadline:
+            if answer.exists():
+                data = json.loads(answer.read_text())
+                answer.unlink()
+                return ExecResult(int(data["returncode"]), str(data["stdout"]), str(data["stderr"]))
+            time.sleep(0.1)
+        asked.unlink(missing_ok=True)
+        raise EngineError(f"booking {booking_id}: its step on {node} did not answer within {timeout:g} s")
 
     def cancel(self, booking_id: str) -> bool:
         """scancel the booking's job (SIGTERM to its steps: each stops its container); False: none."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -67,11 +67,14 @@ def wanted(accepted: Iterable[Accepted], *, prefix: str, users: Sequence[str],
     return out
 
 
-def diff(want: Sequence[Wanted], have: Sequence[Reservation], *, prefix: str, now: datetime) -> list[Change]:
+def diff(want: Sequence[Wanted], have: Sequence[Reservation], *, prefix: str, now: datetime,
+         keep: Collection[str] = ()) -> list[Change]:
     """The commands that make Slurm's gpubook reservations what `want` says, and nothing else.
 
     A reservation already active keeps its start (Slurm moved a late creation's start to the
     moment it was made); ended bookings are left to Slurm, which removes a reservation at its end.
+    One in `keep` (a booking's job still runs in it: a cancelled booking is warned before its stop)
+    is deleted only once its job has ended.
     """
     mine = {r.name: r for r in have if r.name.startswith(prefix)}
     changes = []
@@ -83,7 +86,7 @@ def diff(want: Sequence[Wanted], have: Sequence[Reservation], *, prefix: str, no
             changes.append(Change("create", w.name, w.booking_id, create_argv(w, now=now)))
         elif (update := update_argv(w, existing, now=now)) is not None:
             changes.append(Change("update", w.name, w.booking_id, update))
-    for name in sorted(mine):  # a cancelled booking's, or an orphan's left by an earlier daemon
+    for name in sorted(set(mine) - set(keep)):  # a cancelled booking's, or an orphan's left by an earlier daemon
         changes.append(Change("delete", name, "", ("delete", f"ReservationName={name}")))
     return changes
 
