@@ -217,9 +217,14 @@ def serve_execs(folder: Path, *, node: str, engine: Engine, name: str) -> None:
     """The daemon's commands for this node's container (its end warning, its idle notice), asked
     in the job folder (`exec-NODE-TOKEN.json`: an argv list and a time limit) and answered there
     (`done-NODE-TOKEN.json`): the way into a node needs no Slurm step of its own, so it works while
-    slurmctld is away too. The folder is writable by the daemon's account alone; argv is data run
-    without a shell in the booking's own container, as the local backend's exec."""
+    slurmctld is away too. Only an order in a folder nobody else may write, in a file of the step's
+    own account (the daemon's), is run; argv is data run without a shell in the booking's own
+    container, as the local backend's exec."""
+    if folder.stat().st_mode & 0o022:
+        return  # others may write there: an order could be anybody's (the README says who owns it)
     for asked in sorted(folder.glob(f"exec-{node}-*.json")):
+        if asked.stat().st_uid != os.geteuid() or asked.is_symlink():
+            continue
         token = asked.name.removeprefix(f"exec-{node}-").removesuffix(".json")
         try:
             order = json.loads(asked.read_text())

@@ -30,6 +30,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -174,6 +175,7 @@ class Cluster:
 
     def stop(self) -> None:
         """Everything undone, even after a half-made start."""
+        self._end_jobs()
         for key in sorted(self._processes, key=lambda k: k == "munged"):  # munge last
             self._end(key)
         for netns in self._namespaces:
@@ -181,6 +183,34 @@ class Cluster:
         for link in self._links:
             subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+    def _end_jobs(self) -> None:
+        """The jobs' processes (slurmstepd, srun, the gpubook steps): they outlive slurmd by design,
+        so a test's cluster would leave them running (and a step's container) for the next tests."""
+        for _ in range(2):  # a step killed while slurmstepd starts another: look twice
+            for pid in _pids_of(self):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
+
+
+def _pids_of(cluster: Cluster) -> list[int]:
+    """Processes whose environment names this cluster's slurm.conf, or whose command line its folder."""
+    marker, found = f"SLURM_CONF={cluster.conf}".encode(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in environ or str(cluster.root).encode() in command:
+            found.append(int(entry.name))
+    return found
 
 
 def _slurm_conf(cluster: Cluster, *, host: str, ctl_address: str, ctl_port: int, slurmd_port: int) -> str:

@@ -92,6 +92,11 @@ class JobsOfAccount(SlurmJobs):
         os.chown(folder, account.pw_uid, account.pw_gid)
         return folder
 
+    def _write_order(self, path: Path, text: str) -> None:
+        super()._write_order(path, text)
+        account = pwd.getpwnam(self.user)
+        os.chown(path, account.pw_uid, account.pw_gid)
+
 
 def _ssh_banner(address: str, port: int) -> str:
     with socket.create_connection((address, port), timeout=5) as sock:

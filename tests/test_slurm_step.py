@@ -119,3 +119,63 @@ def test_slurms_gres_indices_are_read_as_nvidia_smis_through_the_device_minors()
     assert nvidia_indices((1,), same) == (1,)
     with pytest.raises(GpubookError, match="Slurm granted GPU 2, but this node's driver lists 2 GPUs"):
         nvidia_indices((2,), same)
+
+
+class _Recording:
+    """The engine's exec, recorded (the step's only call here)."""
+
+    def __init__(self) -> None:
+        self.ran: list[list[str]] = []
+
+    def exec(self, name: str, argv: list[str], *, user: str | None = None, timeout: float | None = None) -> object:
+        from runtime.engines import ExecResult
+
+        self.ran.append([name, *argv])
+        return ExecResult(0, "done\n", "")
+
+
+def _order(folder: Path, token: str, argv: list[str]) -> Path:
+    path = folder / f"exec-node1-{token}.json"
+    path.write_text(json.dumps({"argv": argv, "timeout": 5}))
+    return path
+
+
+def test_the_step_runs_the_daemons_orders_and_answers_them(tmp_path: Path) -> None:
+    from runtime.slurm_step import serve_execs
+
+    folder = tmp_path / "job"
+    folder.mkdir(mode=0o755)
+    engine = _Recording()
+    _order(folder, "a1", ["sh", "-c", "echo $(id -u); touch /x"])
+    serve_execs(folder, node="node1", engine=engine, name="gpubook-b")  # type: ignore[arg-type]
+    assert engine.ran == [["gpubook-b", "sh", "-c", "echo $(id -u); touch /x"]]  # argv as data, no shell here
+    assert json.loads((folder / "done-node1-a1.json").read_text()) == {"returncode": 0, "stdout": "done\n",
+                                                                       "stderr": ""}
+    assert not (folder / "exec-node1-a1.json").exists()
+
+
+def test_orders_anybody_could_have_written_are_not_run(tmp_path: Path) -> None:
+    """Hostile: an order in a folder others may write, or a file of another account, runs nothing
+    (it would run as root in a booker's container)."""
+    import os
+
+    from runtime.slurm_step import serve_execs
+
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    engine = _Recording()
+    _order(open_folder, "b1", ["reboot"])
+    serve_execs(open_folder, node="node1", engine=engine, name="gpubook-b")  # type: ignore[arg-type]
+    folder = tmp_path / "job"
+    folder.mkdir(mode=0o755)
+    foreign = _order(folder, "c1", ["reboot"])
+    if os.geteuid() == 0:
+        os.chown(foreign, 65534, 65534)  # nobody's file
+    else:
+        foreign.unlink()
+        foreign.symlink_to(tmp_path / "elsewhere.json")
+        (tmp_path / "elsewhere.json").write_text(json.dumps({"argv": ["reboot"]}))
+    serve_execs(folder, node="node1", engine=engine, name="gpubook-b")  # type: ignore[arg-type]
+    assert engine.ran == []
+    assert not list(folder.glob("done-*")) and not list(open_folder.glob("done-*"))

@@ -131,6 +131,10 @@ class SlurmJobs:
         folder.mkdir(mode=0o755, parents=True, exist_ok=True)
         return folder
 
+    def _write_order(self, path: Path, text: str) -> None:
+        """An order for a node's step, written by the daemon's account (the step runs no other's)."""
+        path.write_text(text)
+
     def results(self, booking_id: str) -> dict[str, NodeResult]:
         """Each node's result so far (a node not yet written is absent)."""
         found: dict[str, NodeResult] = {}
@@ -156,9 +160,8 @@ class SlurmJobs:
         folder = self.folder(booking_id)
         token = secrets.token_hex(8)
         asked = folder / f"exec-{node}-{token}.json"
-        partial = folder / f".exec-{node}-{token}.part"
-        partial.write_text(json.dumps({"argv": list(argv), "timeout": timeout}))
-        partial.replace(asked)
+        self._write_order(folder / f".exec-{node}-{token}.part", json.dumps({"argv": list(argv), "timeout": timeout}))
+        (folder / f".exec-{node}-{token}.part").replace(asked)
         answer = folder / f"done-{node}-{token}.json"
         deadline = time.monotonic() + timeout + EXEC_POLL + 1
         while time.monotonic() < deadline:
