@@ -28,6 +28,17 @@ from runtime import nvidia  # noqa: E402
 from runtime.engines import engine_from  # noqa: E402
 
 HOST_IMAGE = os.environ.get("GPUBOOK_HOST_IMAGE", "localhost/gpubook-hostroot:test")
+# The sshd test image the daemon and Slurm GPU suites book (tests/gpu/prepare_daemon_bundle.sh).
+BUNDLE = Path(os.environ.get("GPUBOOK_BUNDLE", REPO / ".bundle"))
+SSHD_TEMPLATE, SSHD_IMAGE = "gpu-sshd", "localhost/gpubook/gpu-sshd:test"
+SSHD_TEMPLATE_TOML = f'''description = "Debian 12 minbase with sshd and sudo (tests/gpu/prepare_daemon_bundle.sh)"
+image = "{SSHD_IMAGE}"
+cuda = "none"
+has_sshd = true
+shm_size = "256m"
+'''
+# runc on the GPU host refuses higher limits (../shared/gpuhost/README.md).
+ULIMITS = ("nofile=1024:1024", "nproc=4096:4096")
 TORCH_PYTHON = "/opt/torch/.venv/bin/python3"
 PODMAN = os.environ.get("GPUBOOK_PODMAN", "podman")
 # Contents excluded, folders kept (mount points); the NVIDIA driver and CUDA left out entirely.

@@ -62,16 +62,8 @@ from tests.daemon_kit import (
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 
-BUNDLE = Path(os.environ.get("GPUBOOK_BUNDLE", hostroot.REPO / ".bundle"))
-TEMPLATE, IMAGE = "gpu-sshd", "localhost/gpubook/gpu-sshd:test"
-TEMPLATE_TOML = f'''description = "Debian 12 minbase with sshd and sudo (tests/gpu/prepare_daemon_bundle.sh)"
-image = "{IMAGE}"
-cuda = "none"
-has_sshd = true
-shm_size = "256m"
-'''
-# runc on the GPU host refuses higher limits (../shared/gpuhost/README.md).
-ULIMITS = ("nofile=1024:1024", "nproc=4096:4096")
+BUNDLE, TEMPLATE, IMAGE, TEMPLATE_TOML, ULIMITS = (hostroot.BUNDLE, hostroot.SSHD_TEMPLATE, hostroot.SSHD_IMAGE,
+                                                  hostroot.SSHD_TEMPLATE_TOML, hostroot.ULIMITS)
 # The host's network: podman runs as root there, and the bundle brings no netavark or CNI plugins
 # for a bridge (rootless podman's slirp4netns is tested on the build machine).
 ENGINE_LINES = (f"ulimits = {json.dumps(list(ULIMITS))}", 'network = "host"')

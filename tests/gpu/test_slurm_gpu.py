@@ -57,15 +57,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slurm,
               pytest.mark.skipif(slurm_kit.available(real_gpus=True) is not None,
                                  reason=str(slurm_kit.available(real_gpus=True)))]
 
-BUNDLE = Path(os.environ.get("GPUBOOK_BUNDLE", hostroot.REPO / ".bundle"))
-TEMPLATE, IMAGE = "gpu-sshd", "localhost/gpubook/gpu-sshd:test"
-TEMPLATE_TOML = f'''description = "Debian 12 minbase with sshd and sudo (tests/gpu/prepare_daemon_bundle.sh)"
-image = "{IMAGE}"
-cuda = "none"
-has_sshd = true
-shm_size = "256m"
-'''
-ULIMITS = ("nofile=1024:1024", "nproc=4096:4096")  # runc on the GPU host refuses higher ones
+BUNDLE, TEMPLATE, IMAGE, TEMPLATE_TOML, ULIMITS = (hostroot.BUNDLE, hostroot.SSHD_TEMPLATE, hostroot.SSHD_IMAGE,
+                                                  hostroot.SSHD_TEMPLATE_TOML, hostroot.ULIMITS)
 # The step's engine (runtime.slurm_step reads these): rootful podman, runc, overlay, the host network.
 STEP_ENGINE = {"name": "podman", "runtime": "runc", "storage_driver": "overlay", "network": "host",
                "ulimits": ",".join(ULIMITS)}
