@@ -28,6 +28,7 @@ import json
 import lzma
 import os
 import platform
+import re
 import shutil
 import socket
 import sys
@@ -40,8 +41,9 @@ import booker
 import hostroot
 import paramiko
 import pytest
+from test_daemon_gpu import radicale  # noqa: F401 - a fixture: Radicale from the bundle's wheels
 
-from runtime.engines import Engine, engine_from
+from runtime.engines import Engine, container_name, engine_from
 from runtime.errors import EngineError
 from runtime.nvidia.model import Gpu
 from runtime.templates import get_template
@@ -51,7 +53,8 @@ from scheduler.hosts import Booker, StartRequest
 from scheduler.hosts.slurm import Scontrol, SlurmCluster
 from scheduler.hosts.slurm.host import SlurmHost
 from scheduler.hosts.slurm.jobs import SlurmJobs
-from tests import slurm_kit
+from tests import servers, slurm_kit
+from tests.daemon_kit import DaemonProcess, book, description, port_range, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slurm,
               pytest.mark.skipif(slurm_kit.available(real_gpus=True) is not None,
@@ -204,3 +207,71 @@ def write(name: str, data: object) -> None:
     if results:
         Path(results).mkdir(parents=True, exist_ok=True)
         (Path(results) / name).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def test_the_daemon_runs_a_gpu_booking_through_slurm(
+        cluster: slurm_kit.Cluster, engine: Engine, host_gpus: tuple[Gpu, ...],
+        radicale: servers.CalendarServer, tmp_path: Path) -> None:  # noqa: F811 - the fixture imported above
+    """`gpubook run` with `[backend] kind = "slurm"` on this host's single-node Slurm (real GPU GRES):
+    a booking in the calendar becomes a reservation and, at its start, a job whose container sees
+    exactly the GPU Slurm granted; the event gives the ssh line on the node; deleting the event ends it."""
+    every = host_gpus
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / f"{TEMPLATE}.toml").write_text(TEMPLATE_TOML)
+    shared = cluster.root / "daemon-shared"
+    shared.mkdir()
+    key = paramiko.ECDSAKey.generate(bits=256)
+    calendar = radicale.new_calendar()
+    low, high = port_range()
+    config = tmp_path / "gpubook.toml"
+    config.write_text("\n".join([
+        '[host]', 'name = "gpuhost"', 'timezone = "UTC"', '',
+        '[backend]', 'kind = "slurm"', f'slurm_conf = "{cluster.conf}"', f'shared_dir = "{shared}"', '',
+        '[[calendar]]', f'url = "{calendar.url}"', 'username = "test"', '',
+        '[templates]', f'dir = "{templates}"', '',
+        '[defaults]', f'template = "{TEMPLATE}"', 'gpus = 1', 'warn_minutes = 0.1', '',
+        '[engine]', 'name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"', 'network = "host"',
+        f'ulimits = {json.dumps(list(ULIMITS))}', 'stop_grace_seconds = 1', '',
+        '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
+        '[daemon]', 'poll_seconds = 2', f'state_dir = "{tmp_path / "state"}"', 'notice_seconds = 3', '',
+        '[users.alice]', 'uid = 2001', f'ssh_keys = ["{key.get_name()} {key.get_base64()} test"]', '']))
+    daemon = DaemonProcess(config).start()
+    uid = "gpu-slurm-daemon@test"
+    try:
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=15)
+        book(calendar, uid, user="alice", start=start, end=start + timedelta(minutes=20), gpus="1",
+             description=f"template: {TEMPLATE}\n")
+        line = wait_for("the ssh line on node1", lambda: re.search(r"running: ssh -p (\d+) alice@node1",
+                                                                   description(calendar, uid)),
+                        timeout=120, daemon=daemon)
+        line_after = (datetime.now(UTC) - start).total_seconds()
+        (folder,) = [p for p in shared.iterdir() if p.is_dir()]
+        result = json.loads((folder / "result-node1.json").read_text())
+        mine = [gpu for gpu in every if gpu.device_minor in result["gpus"]]
+        assert len(result["gpus"]) == 1 and len(mine) == 1, (result, every)
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - compared below
+        client.connect("127.0.0.1", port=int(line.group(1)), username="alice", pkey=key, timeout=10,
+                       look_for_keys=False, allow_agent=False)
+        login_after = (datetime.now(UTC) - start).total_seconds()
+        try:
+            shown = client.get_transport().get_remote_server_key()  # type: ignore[union-attr]
+            assert f"{shown.get_name()} {shown.get_base64()}" == result["host_key"]
+            seen = booker.look(client, cudacheck=(BUNDLE / "cudacheck").read_bytes(), every=every,
+                               output="/tmp/cudacheck.txt")
+        finally:
+            client.close()
+        booker.assert_exactly(seen, mine=mine, every=every, booking_id=uid)
+        figures = {"start_to_ssh_line_s": round(line_after, 3), "start_to_login_s": round(login_after, 3),
+                   "gres_index": result["gpus"], "uuid": mine[0].uuid}
+        calendar.event_by_uid(uid).delete()  # the booking cancelled: warned, stopped, its job ends
+        wait_for("the job and its container gone", lambda: engine.inspect(result["container"]) is None
+                 and not Scontrol(conf=cluster.conf)("show", "job", "--oneliner").count("JobState=RUNNING"),
+                 timeout=90, daemon=daemon)
+        assert "inside the container failed" not in daemon.tail()
+        write("slurm-daemon-gpu-figures.json", figures)
+        print(f"daemon through Slurm: {json.dumps(figures)}", flush=True)
+    finally:
+        daemon.stop()
+        engine.stop(container_name(uid), 0)
