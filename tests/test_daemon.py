@@ -209,6 +209,8 @@ def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, en
     log = events(tmp_path, "dies@test")
     assert any(m.startswith("died:") for m in log), log
     assert any("restart 1 after it died" in m for m in log), log
+    wait_for("the restart in the event", lambda: "after its container died" in description(calendar, "dies@test"),
+             timeout=30, daemon=daemon)
 
 
 def test_back_to_back_bookings_hand_over_one_gpu(tmp_path: Path, radicale, engine, keys, cleanup,

@@ -156,6 +156,12 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
             assert run(client, reach) == "SSH-2.0"  # node1's container reaches node2's at the hostfile's address
         running = jobs(cluster)
         assert len(running) == 2
+        # `gpubook status` (as the daemon's account) lists each node and what runs there.
+        shown = wait_for("both bookings in gpubook status", lambda: (out := cli(
+            config, "status", user=cluster.user, tree=REPO).stdout) and "pair@test" in out and out,
+            timeout=30, daemon=daemon)
+        node1_part = shown[shown.index("Host node1"):shown.index("Host node2")]
+        assert "one@test" in node1_part and "pair@test" in node1_part, shown
         # An edit moves a reservation; kill -9 of the daemon: the new one adopts jobs and reservations.
         daemon.kill()
         later = calendar.event_by_uid("later@test")
@@ -223,6 +229,7 @@ def test_a_failed_node_ends_its_job_and_the_booking_starts_again_on_another(
         again = wait_for("the ssh line on node2", lambda: (m := SSH_LINE.search(description(calendar, "moved@test")))
                          and m.group(2) == "node2" and m, timeout=120, daemon=daemon)
         assert nodes_of(next(iter(reservations(cluster).values()))) == ("node2",)
+        assert "after its container died" in description(calendar, "moved@test")  # the event says why
         assert list(jobs(cluster).values()) != [job]  # a new job: the old one ended with its node
         with login(address["node2"], int(again.group(1)), key) as client:
             assert run(client, "id -un").split() == ["alice"]

@@ -242,3 +242,4 @@ def test_an_image_removed_after_it_was_prepared_is_prepared_again_not_failed_for
     finally:
         preparer.close()
     assert sum("pull" in a for a in engine.answers.argv) == 2
+

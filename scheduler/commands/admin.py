@@ -42,7 +42,7 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     config = config_module.load(config_path)
     folder = state_dir(config)
     engine = make_engine(config)
-    containers = [replace(info, host=LOCAL) for info in engine.list()]
+    containers = [replace(info, host=LOCAL) for info in engine.list()] if config.backend.kind == "local" else []
     status_path = folder / STATUS_FILE
     if status_path.is_file():
         report = Status.from_json(json.loads(status_path.read_text()))
@@ -50,7 +50,8 @@ def status(config_path: str, *, as_json: bool = False) -> int:
         summary = GpuSummary.of(gpu_inventory.inventory(static_count=config.gpu_count))
         report = Status(hosts=(HostStatus(name=LOCAL, gpus=summary),))
     with State(folder / "state.sqlite") as state:
-        report = report.with_containers(containers, ports=state.ports())
+        if config.backend.kind == "local":  # a cluster's nodes: as the daemon's last pass listed them
+            report = report.with_containers(containers, ports=state.ports())
         problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
     report = replace(report, findings=setup_findings(config.engine), recent_warnings=tuple(
         printable(f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}") for e in problems))

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
+from zoneinfo import ZoneInfo
 
 from runtime import cuda, jupyter, ssh
 from runtime.engines import ContainerInfo
@@ -152,6 +153,8 @@ class WriteBack:
                                     timezone=zone, known_hosts=self._known_hosts(info),
                                     extra=[*self._other_nodes(info, booking.user),
                                            *json.loads((extra or {}).get(booking.id, "[]"))])
+            if again := self._started_again(records or (), zone):
+                outcome = outcome.with_note(again)
         elif records and all(r.stopped_at is not None for r in records) and (
                 now >= booking.end or (records[-1].exit_reason or "") == decide.ADMIN_STOP):
             hours = sum(r.gpu_hours(now) for r in records)
@@ -196,6 +199,15 @@ class WriteBack:
         if not info.host_key or info.port is None:
             return ""
         return ssh.known_hosts_line(host=self._where(info), port=info.port, host_key=info.host_key)
+
+    @staticmethod
+    def _started_again(records: Sequence[ContainerRecord], zone: str) -> str:
+        """Why this run is not the first: its container died (or its node failed) and it started
+        again, on the line the booker reads next to the new ssh line ("": the first run)."""
+        if len(records) < 2 or not (records[-2].exit_reason or "").startswith(decide.DIED):
+            return ""
+        at = records[-1].started_at.astimezone(ZoneInfo(zone)).strftime("%H:%M:%S %Z")
+        return f"started again at {at} after its container died ({records[-2].exit_reason})"
 
     def _where(self, info: ContainerInfo) -> str:
         """Where the booker logs in: this server, or the cluster node the booking runs on."""
