@@ -141,8 +141,9 @@ def measure(side: Side, booking_id: str, key: paramiko.PKey, user: str) -> tuple
     if login_at is None or "seen" not in line:
         raise SystemExit(f"{side.name} {booking_id}: no ssh line or login within 180 s\n{side.daemon.tail()}")
     side.calendar.event_by_uid(booking_id).delete()
-    daemon_kit.wait_for(f"{booking_id}'s container gone", lambda: _podman(
-        user, "container", "exists", container_name(booking_id)) == 1, timeout=90, interval=0.5, daemon=side.daemon)
+    names = [container_name(booking_id), *(container_name(f"{booking_id}@{n}") for n in ("node1", "node2"))]
+    daemon_kit.wait_for(f"{booking_id}'s container gone", lambda: all(_podman(
+        user, "container", "exists", name) == 1 for name in names), timeout=90, interval=0.5, daemon=side.daemon)
     daemon_kit.wait_for(f"{booking_id}'s job and reservation gone", side.idle, timeout=60, interval=0.5,
                         daemon=side.daemon)
     return line["seen"][0], login_at, ahead
@@ -206,8 +207,9 @@ def main() -> None:
         finally:
             for side in sides:
                 side.daemon.stop()
-            for booking_id in ids:
-                _podman(cluster.user, "rm", "--force", "--time=0", container_name(booking_id))
+            for booking_id in ids:  # a Slurm step's container is named with its node
+                for name in (booking_id, f"{booking_id}@node1", f"{booking_id}@node2"):
+                    _podman(cluster.user, "rm", "--force", "--time=0", container_name(name))
             if data_link.is_symlink():
                 safe_data.remove(data_link.resolve())
     for name, pairs in figures.items():

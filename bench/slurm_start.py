@@ -107,7 +107,7 @@ def main() -> None:
                       f"without Slurm {local[-1][0]:.2f} s (step's own {local[-1][1]:.2f} s)", flush=True)
         finally:
             for index in range(rounds):
-                for name in (f"bench-s{index}", f"bench-l{index}"):
+                for name in (f"bench-s{index}", f"bench-l{index}", f"bench-s{index}@node2", f"bench-l{index}@node2"):
                     _podman(cluster.user, "rm", "--force", "--time=0", container_name(name))
     print(f"median start-to-SSH: through Slurm {statistics.median(s for s, _ in slurm):.2f} s, "
           f"without Slurm {statistics.median(s for s, _ in local):.2f} s ({rounds} rounds)")

@@ -151,9 +151,10 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     """The booking's container spec on this node, with the local backend's code."""
     engine = _engine(request.engine)
     template = get_template(request.template, request.templates_dir)
-    # One container per node: on a cluster each node has its own engine storage, but names stay
-    # distinct per node so that nodes sharing a store (tests, one host) never collide.
-    booking_id = f"{request.booking_id}@{node}" if request.multi_node else request.booking_id
+    # One container per node, named with its node: on a cluster each node has its own engine
+    # storage, but nodes sharing one (the tests' nodes, a home on NFS) must never take another
+    # node's container (a failed node's leftover) for their own.
+    booking_id = f"{request.booking_id}@{node}"
     name = container_name(booking_id)
     # The node's own cache (the account's ~/.cache/gpubook there): the booking's private host key
     # stays on the node's disk, never on the shared storage.
@@ -207,7 +208,16 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
                 break
             serve_execs(folder, node=node, engine=engine, name=name)
     finally:
-        engine.stop(name, 10)
+        # Within Slurm's KillWait (its SIGKILL follows SIGTERM after it): the README asks for a
+        # KillWait longer than [engine] stop_grace_seconds, else the container outlives its step.
+        grace = float(request.engine.get("stop_grace_seconds") or 10)
+        for _ in range(3):  # a signal to the step's processes may end a podman call midway: again
+            try:
+                engine.stop(name, grace)
+            except GpubookError as error:
+                print(f"booking {request.booking_id}: stopping its container on {node}: {error}", file=sys.stderr)
+            if engine.inspect(name) is None:
+                break
         ssh.forget_host_key(cache_dir, name)
         print(f"booking {request.booking_id}: its container on {node} stopped", flush=True)
     return 0

@@ -149,7 +149,8 @@ def _engine_settings(config: config_module.Config) -> dict[str, str]:
     """The [engine] settings a Slurm job's step starts its container with (runtime/slurm_step.py)."""
     engine = config.engine
     return {"name": engine.name, "runtime": engine.runtime or "", "storage_driver": engine.storage_driver or "",
-            "network": engine.network, "ulimits": ",".join(engine.ulimits)}
+            "network": engine.network, "ulimits": ",".join(engine.ulimits),
+            "stop_grace_seconds": f"{engine.stop_grace_seconds:g}"}
 
 
 class Daemon:

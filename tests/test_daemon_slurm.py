@@ -118,7 +118,7 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
     config = write_config(daemon_dir, cluster, str(calendar.url), key, data_root)
     address = {n.name: n.address for n in cluster.nodes}
     daemon = DaemonProcess(config, user=cluster.user, tree=REPO).start()
-    leftover = [container_name("one@test"), *(container_name(f"pair@test@{n}") for n in address)]
+    leftover = [container_name(f"{b}@test@{n}") for b in ("one", "pair") for n in address]
     try:
         now = datetime.now(UTC).replace(microsecond=0)
         start, end = now + timedelta(seconds=25), now + timedelta(hours=1)
@@ -188,7 +188,7 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
         wait_for("one's job and both reservations gone", lambda: len(jobs(cluster)) == 1
                  and len(reservations(cluster)) == 1, timeout=60, daemon=daemon)
         wait_for("one's container removed", lambda: _podman(cluster.user, "container", "exists",
-                                                             container_name("one@test")) == 1, timeout=30)
+                                                             container_name("one@test@node1")) == 1, timeout=30)
         # An admin's `gpubook stop` (as the daemon's account) ends the two-node booking's job on both nodes.
         stopped = cli(config, "stop", "pair@test", user=cluster.user, tree=REPO)
         assert stopped.returncode == 0, stopped.stderr
@@ -205,7 +205,7 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
             _podman(cluster.user, "rm", "--force", "--time=0", name)
 
 
-def test_a_failed_node_ends_its_job_and_the_booking_starts_again_on_another(
+def test_a_failed_node_ends_its_job_the_booking_starts_again_on_another_and_ends_at_its_end(
         cluster: slurm_kit.Cluster, daemon_dir: Path, radicale, data_root: Path,
         account_image: None) -> None:  # noqa: F811
     calendar: caldav.Calendar = radicale.new_calendar()
@@ -215,8 +215,8 @@ def test_a_failed_node_ends_its_job_and_the_booking_starts_again_on_another(
     daemon = DaemonProcess(config, user=cluster.user, tree=REPO).start()
     try:
         now = datetime.now(UTC).replace(microsecond=0)
-        book(calendar, "moved@test", user="alice", start=now + timedelta(seconds=15), end=now + timedelta(hours=1),
-             gpus="2")
+        end = now + timedelta(seconds=100)  # short: its end is seen too
+        book(calendar, "moved@test", user="alice", start=now + timedelta(seconds=15), end=end, gpus="2")
         first = wait_for("the ssh line", lambda: SSH_LINE.search(description(calendar, "moved@test")),
                          timeout=90, daemon=daemon)
         assert first.group(2) == "node1"
@@ -234,6 +234,15 @@ def test_a_failed_node_ends_its_job_and_the_booking_starts_again_on_another(
         with login(address["node2"], int(again.group(1)), key) as client:
             assert run(client, "id -un").split() == ["alice"]
         assert "died" in daemon.tail()
+        # At the booking's end: warned, the job ends, the container goes, the event says "ended".
+        wait_for("the end in the event", lambda: "GPU-hours, stopped" in description(calendar, "moved@test"),
+                 timeout=(end - datetime.now(UTC)).total_seconds() + 60, daemon=daemon)
+        assert datetime.now(UTC) >= end
+        wait_for("the job gone", lambda: jobs(cluster) == {}, timeout=30, daemon=daemon)
+        wait_for("its container removed (the step stops it as the job completes)", lambda: _podman(
+            cluster.user, "container", "exists", container_name("moved@test@node2")) == 1, timeout=30, daemon=daemon)
+        assert "warned: gpubook: this booking ends at" in daemon.log.read_text()
     finally:
         daemon.stop()
-        _podman(cluster.user, "rm", "--force", "--time=0", container_name("moved@test"))
+        for node in ("node1", "node2"):  # node1's: its step was ended with its node, not always its container
+            _podman(cluster.user, "rm", "--force", "--time=0", container_name(f"moved@test@{node}"))

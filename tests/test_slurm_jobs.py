@@ -122,7 +122,7 @@ def leftover(cluster: slurm_kit.Cluster) -> Iterator[list[str]]:
 
 def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_its_node(
         cluster: slurm_kit.Cluster, account_image: None, leftover: list[str]) -> None:
-    leftover.append(container_name("alice-run"))
+    leftover.append(container_name("alice-run@node2"))
     shared = cluster.root / "shared"
     shared.mkdir()
     os.chown(shared, pwd.getpwnam(cluster.user).pw_uid, pwd.getpwnam(cluster.user).pw_gid)
@@ -147,7 +147,8 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
     assert [p for p in shared.rglob("*") if p.name == ssh.HOST_KEY_FILE] == []
     listed = jobs.jobs()[jobs.name("alice-run")]
     assert (listed.state, listed.nodes) == ("RUNNING", "node2")
-    assert [i.name for i in node2.list()] == [result.container] and node1.list() == []
+    assert result.container == container_name("alice-run@node2")  # each node's container named with its node
+    assert [i.name for i in node2.list()] == [started.info.name] and node1.list() == []
     # a restarted daemon (kill -9: nothing in memory) finds the job and its container, submits nothing
     fresh = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user,
                           python=sys.executable)
@@ -180,7 +181,7 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
         node2.list()
     assert _ssh_banner(node.address, request.port) == "SSH-2.0"
     cluster.start_slurmctld()
-    assert [i.name for i in node2.list()] == [result.container]
+    assert [i.name for i in node2.list()] == [started.info.name]
     assert jobs.jobs()[jobs.name("alice-run")].job_id == listed.job_id
     node2.stop(result.container, 10)
     deadline = time.monotonic() + 30

@@ -274,4 +274,4 @@ def test_the_daemon_runs_a_gpu_booking_through_slurm(
         print(f"daemon through Slurm: {json.dumps(figures)}", flush=True)
     finally:
         daemon.stop()
-        engine.stop(container_name(uid), 0)
+        engine.stop(container_name(f"{uid}@node1"), 0)  # the step's container, named with its node

@@ -25,7 +25,7 @@ from runtime.errors import EngineError, GpubookError
 from runtime.slurm_step import StepRequest
 from scheduler.hosts import Started, StartRequest
 from scheduler.hosts.slurm.cluster import SlurmError
-from scheduler.hosts.slurm.jobs import Job, JobRequest, NodeResult, SlurmJobs
+from scheduler.hosts.slurm.jobs import STOP_MARGIN, Job, JobRequest, NodeResult, SlurmJobs
 
 ENDED = "the booking's job ended"
 
@@ -99,11 +99,15 @@ class SlurmHost:
                      if info.name == name), None)
 
     def stop(self, name: str, grace: float) -> None:
-        """Cancel the job of the booking whose container this is (scancel: its steps stop them)."""
+        """End the job of the booking whose container this is: its steps stop their containers
+        within `grace`, then the job ends (scancel only if it does not)."""
         for job in self.jobs.jobs().values():
             step = _request(self.jobs, job)
-            if step is not None and container_name(step.booking_id) == name:
-                self.jobs.cancel(step.booking_id)
+            if step is not None and name in (container_name(step.booking_id),
+                                             *(r.container for r in self.jobs.results(step.booking_id).values())):
+                if step.end <= self.now():  # at its end the steps stop their containers themselves
+                    self.jobs.wait_ended(step.booking_id, seconds=grace + STOP_MARGIN)
+                self.jobs.cancel(step.booking_id, grace=grace)
 
     def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         """In the booking's container on this node, through its step (the end warning, the idle

@@ -31,6 +31,7 @@ from scheduler.hosts.slurm.cluster import Scontrol, SlurmError
 from scheduler.hosts.slurm.sync import reservation_name
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+STOP_MARGIN = 20.0  # seconds past the stop grace a step has to stop its container before scancel
 GRACE_MINUTES = 2  # past the booking's end before Slurm's time limit ends the job (the step stops first)
 
 
@@ -173,10 +174,28 @@ class SlurmJobs:
         asked.unlink(missing_ok=True)
         raise EngineError(f"booking {booking_id}: its step on {node} did not answer within {timeout:g} s")
 
-    def cancel(self, booking_id: str) -> bool:
-        """scancel the booking's job (SIGTERM to its steps: each stops its container); False: none."""
-        job = self.jobs().get(self.name(booking_id))
+    def cancel(self, booking_id: str, *, grace: float | None = None) -> bool:
+        """End the booking's job; False: it has none. With a `grace`, first SIGTERM to its steps
+        only (`scancel --signal=TERM`: each stops its container, exits, and the job ends by itself),
+        then scancel if it still runs after the grace and a margin. A plain scancel at once may
+        SIGKILL a step in the middle of stopping its container (after KillWait), and the container
+        (conmon is not one of the job's processes) would be left running."""
+        name = self.name(booking_id)
+        job = self.jobs().get(name)
         if job is None:
             return False
+        if grace is not None and job.state == "RUNNING":
+            self.scancel("--signal=TERM", job.job_id)
+            if self.wait_ended(booking_id, seconds=grace + STOP_MARGIN):
+                return True
         self.scancel(job.job_id)
+        return True
+
+    def wait_ended(self, booking_id: str, *, seconds: float) -> bool:
+        """Whether the booking's job ended within `seconds` (polled every 0.5 s)."""
+        name, deadline = self.name(booking_id), time.monotonic() + seconds
+        while name in self.jobs():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
         return True
