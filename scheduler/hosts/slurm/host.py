@@ -28,6 +28,7 @@ from scheduler.hosts.slurm.cluster import SlurmError
 from scheduler.hosts.slurm.jobs import STOP_MARGIN, Job, JobRequest, NodeResult, SlurmJobs
 
 ENDED = "the booking's job ended"
+EXEC_SECONDS = 30.0
 
 
 def listed(step: StepRequest, results: dict[str, NodeResult], *, node: str) -> ContainerInfo | None:
@@ -111,10 +112,13 @@ class SlurmHost:
 
     def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         """In the booking's container on this node, through its step (the end warning, the idle
-        notice); bounded by `timeout` (default 30 s)."""
+        notice); bounded by `timeout`, at least EXEC_SECONDS."""
+        # The step answers at its next look (EXEC_POLL) and runs the command with the node's engine:
+        # at least EXEC_SECONDS, so a loaded node still delivers a 10-second notice.
+        limit = max(timeout or 0.0, EXEC_SECONDS)
         for info in self.list():
             if info.name == name:
-                return self.jobs.exec(info.booking_id, self.name, argv, timeout=timeout or 30.0)
+                return self.jobs.exec(info.booking_id, self.name, argv, timeout=limit)
         raise EngineError(f"no job of gpubook's runs {name} on Slurm node {self.name}")
 
 
