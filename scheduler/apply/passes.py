@@ -227,7 +227,7 @@ class Pass:
             write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
             complete: bool = True) -> PassResult:
         self.ahead.settle(now)  # an arm still at work for a booking whose start came: its container first
-        silent = self._refresh_cluster() if self.cluster is not None else ""
+        silent = self.refresh_cluster() if self.cluster is not None else ""
         if silent:
             may_start, stale_reason = False, silent
         # Before the hosts are read: a start (or arm) ending in between keeps its port.
@@ -280,8 +280,9 @@ class Pass:
 
     # -- around the bookings' work -------------------------------------------------------------
 
-    def _refresh_cluster(self) -> str:
-        """The cluster's nodes and jobs read again ("" or why they could not be: nothing starts)."""
+    def refresh_cluster(self) -> str:
+        """The cluster's nodes and jobs read again, its hosts this pass's ("" or why they could not
+        be read: nothing starts). Also for `gpubook stop`, which reads the hosts as a pass does."""
         assert self.cluster is not None
         problem = self.cluster.refresh()
         for name, host in self.cluster.hosts.items():

@@ -72,9 +72,8 @@ def stop(config_path: str, booking: str) -> int:
     daemon = Daemon(config)
     now = datetime.now(UTC)
     if daemon.cluster is not None:  # a cluster's bookings: its nodes' jobs, read as a pass reads them
-        if problem := daemon.cluster.refresh():
+        if problem := daemon.passes.refresh_cluster():
             raise GpubookError(problem)
-        daemon.passes.hosts.update(daemon.cluster.hosts)
         listed = [c for host in daemon.passes.hosts.values() for c in host.list()]
     else:
         listed = daemon.engine.list()
@@ -87,7 +86,7 @@ def stop(config_path: str, booking: str) -> int:
     try:
         reading = daemon.calendars.read(now=now)
         if daemon.cluster is not None:  # the job cancelled: its nodes read again
-            daemon.cluster.refresh()
+            daemon.passes.refresh_cluster()
         plan = daemon.passes.plan([o for o in reading.occurrences if o.id == info.booking_id], [], now=now)
         world = World.read(list(daemon.passes.hosts.values()), daemon.state)
         daemon.passes.write_back(plan, world, now=now, etags=reading.etags)

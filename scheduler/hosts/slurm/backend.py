@@ -58,7 +58,7 @@ class SlurmBackend:
         """Read the nodes and gpubook's jobs once; "" or why Slurm could not be read (then the
         hosts keep what they listed last)."""
         try:
-            nodes = self.cluster.nodes()
+            nodes = self.cluster.gpu_nodes()
             active = self.jobs.jobs()
         except SlurmUnreachable as error:
             return self._unreachable(error)
@@ -68,8 +68,6 @@ class SlurmBackend:
         self.active = frozenset(active)  # the jobs' names: their reservations stay while they run
         listing = read_listing(self.jobs, active)
         for node in nodes:
-            if node.gpus <= 0 or (self.partition and self.partition not in node.partitions):
-                continue
             host = self.hosts.get(node.name)
             if host is None:
                 host = self.hosts[node.name] = SlurmHost(

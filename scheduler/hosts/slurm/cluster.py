@@ -104,11 +104,15 @@ class SlurmCluster:
     def nodes(self) -> tuple[parse.Node, ...]:
         return parse.nodes(self.scontrol("show", "node", "--oneliner"))
 
+    def gpu_nodes(self) -> tuple[parse.Node, ...]:
+        """The nodes with GPUs in the configured partition, whatever their state, in Slurm's order."""
+        return tuple(node for node in self.nodes()
+                     if node.gpus > 0 and (not self.partition or self.partition in node.partitions))
+
     def inventory(self) -> dict[str, tuple[int, ...]]:
         """Each usable node with GPUs (in the configured partition) → its GPU indices, in Slurm's order.
         A down, drained or failed node is left out: the plan places nothing new there."""
-        return {node.name: tuple(range(node.gpus)) for node in self.nodes()
-                if node.gpus > 0 and node.usable and (not self.partition or self.partition in node.partitions)}
+        return {node.name: tuple(range(node.gpus)) for node in self.gpu_nodes() if node.usable}
 
     def reservations(self) -> tuple[parse.Reservation, ...]:
         """gpubook's reservations (its prefix), as Slurm holds them now."""

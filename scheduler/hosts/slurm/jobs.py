@@ -161,8 +161,9 @@ class SlurmJobs:
         folder = self.folder(booking_id)
         token = secrets.token_hex(8)
         asked = folder / f"exec-{node}-{token}.json"
-        self._write_order(folder / f".exec-{node}-{token}.part", json.dumps({"argv": list(argv), "timeout": timeout}))
-        (folder / f".exec-{node}-{token}.part").replace(asked)
+        partial = folder / f".exec-{node}-{token}.part"
+        self._write_order(partial, json.dumps({"argv": list(argv), "timeout": timeout}))
+        partial.replace(asked)
         answer = folder / f"done-{node}-{token}.json"
         deadline = time.monotonic() + timeout + EXEC_POLL + 1
         while time.monotonic() < deadline:
