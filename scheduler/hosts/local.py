@@ -104,9 +104,10 @@ class LocalHost:
         (ready, never pulled here; not asked again for the container armed with it), folders, GPU
         injection, host key and the booking's start."""
         booker, template = request.booker, request.template
+        # The folders first: a data_root refused for its mount is the admin's to fix, whatever the image.
+        folders = self._folders(booker.name, booker.uid, booker.gid)
         if check_image:  # Preparing until pulled and built in the background (never here)
             self.images.ready(template)
-        folders = self._folders(booker.name, booker.uid, booker.gid)
         gpu = None
         if self.driver_version is not None and request.gpus:
             from runtime import nvidia  # only hosts with a driver need it
