@@ -61,3 +61,24 @@ def feed_server() -> Iterator[servers.FeedServer]:
     server = servers.FeedServer().start()
     yield server
     server.stop()
+
+
+# The fast lane (`pytest --fast`, README "Development"): unit and pure tests only, under two minutes on
+# a 2-core machine; what needs servers, engines, a cluster, a browser, a GPU or an install waits for CI.
+SLOW_LANE_MARKERS = ("caldav", "podman", "docker", "slurm", "browser", "gpu", "slow", "install", "systemd")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help="run only the fast lane: tests without the markers " + ", ".join(SLOW_LANE_MARKERS))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--fast"):
+        return
+    kept, dropped = [], []
+    for item in items:
+        (dropped if any(item.get_closest_marker(name) for name in SLOW_LANE_MARKERS) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
