@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import paramiko  # noqa: E402
 import requests  # noqa: E402
 
-from runtime.engines import ContainerInfo, container_name  # noqa: E402
-from scheduler.config import parse  # noqa: E402
-from scheduler.core.bookings import Booking  # noqa: E402
-from scheduler.core.decide import Memory, decide, pin_running, plan_with_extensions  # noqa: E402
-from scheduler.core.plan import plan  # noqa: E402
-from scheduler.state import State  # noqa: E402
+from gpubook.runtime.engines import ContainerInfo, container_name  # noqa: E402
+from gpubook.scheduler.config import parse  # noqa: E402
+from gpubook.scheduler.core.bookings import Booking  # noqa: E402
+from gpubook.scheduler.core.decide import Memory, decide, pin_running, plan_with_extensions  # noqa: E402
+from gpubook.scheduler.core.plan import plan  # noqa: E402
+from gpubook.scheduler.state import State  # noqa: E402
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -57,9 +57,9 @@ def machine() -> str:
 
 
 def latency(count: int) -> None:
-    from runtime import overlay_image
-    from runtime.engines import engine_from
-    from runtime.templates import get_template
+    from gpubook.runtime import overlay_image
+    from gpubook.runtime.engines import engine_from
+    from gpubook.runtime.templates import get_template
     from tests import servers
     from tests.daemon_kit import DaemonProcess, book, soon, try_login, write_config
     from tests.engine_suite import CACHE_DIR

@@ -7,9 +7,9 @@ The layout: --gpus GPUs, each booked by a "container" (a real PID namespace of i
 is made up (an NvmlView naming those real PIDs); the /proc reads are the real ones.
 
 Printed with the machine, CPU and wall per round (median wall, mean CPU):
-- attribution alone: runtime/nvidia/processes.py's Attribution built for the round's containers
+- attribution alone: gpubook/runtime/nvidia/processes.py's Attribution built for the round's containers
   and each listed PID looked at (namespace, owner, command, start time);
-- a whole round of scheduler/hosts/foreign.py's ForeignWatch on a real state database, with every
+- a whole round of gpubook/scheduler/hosts/foreign.py's ForeignWatch on a real state database, with every
   sighting already known (the steady state: last-seen times moved on, nothing to tell).
 
 Usage: python3 bench/foreign.py [--gpus 8] [--per-gpu 10] [--rounds 200]
@@ -32,12 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.engines import ContainerInfo  # noqa: E402
-from runtime.nvidia.model import Gpu, GpuProcess  # noqa: E402
-from runtime.nvidia.nvml import NvmlView  # noqa: E402
-from runtime.nvidia.processes import Attribution  # noqa: E402
-from scheduler.hosts.foreign import ForeignWatch  # noqa: E402
-from scheduler.state import State  # noqa: E402
+from gpubook.runtime.engines import ContainerInfo  # noqa: E402
+from gpubook.runtime.nvidia.model import Gpu, GpuProcess  # noqa: E402
+from gpubook.runtime.nvidia.nvml import NvmlView  # noqa: E402
+from gpubook.runtime.nvidia.processes import Attribution  # noqa: E402
+from gpubook.scheduler.hosts.foreign import ForeignWatch  # noqa: E402
+from gpubook.scheduler.state import State  # noqa: E402
 
 
 def machine() -> str:

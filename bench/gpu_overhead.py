@@ -178,7 +178,7 @@ class Runner:
         sys.path.insert(0, str(REPO))
         import hostroot  # noqa: PLC0415 - the GPU-host helpers; absent from the container
 
-        from runtime import nvidia  # noqa: PLC0415
+        from gpubook.runtime import nvidia  # noqa: PLC0415
 
         self.hostroot, self.nvidia, self.options = hostroot, nvidia, options
         self.driver = nvidia.discover()
@@ -420,7 +420,7 @@ def selftest(options: argparse.Namespace) -> int:
     sys.path.insert(0, str(REPO / "tests" / "gpu"))
     import hostroot  # noqa: PLC0415
 
-    from runtime import nvidia  # noqa: PLC0415
+    from gpubook.runtime import nvidia  # noqa: PLC0415
 
     assert median_ratio([100.0, 200.0, 300.0], [99.0, 200.0, 303.0]) == 1.0
     assert last_json('noise\n{"images_per_s": 5}\n') == {"images_per_s": 5}

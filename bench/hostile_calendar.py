@@ -21,10 +21,10 @@ from pathlib import Path
 
 import icalendar
 
-from scheduler.config import parse
-from scheduler.core.bookings import Booking, BookingReader, Rejection
-from scheduler.core.plan import plan
-from scheduler.sources import RawObject
+from gpubook.scheduler.config import parse
+from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
+from gpubook.scheduler.core.plan import plan
+from gpubook.scheduler.sources import RawObject
 
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"
 TEMPLATES = frozenset({"debian-ssh"})

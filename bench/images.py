@@ -30,13 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime import images, overlay_image, ssh  # noqa: E402
-from runtime.engines import Engine, container_name, engine_from  # noqa: E402
-from runtime.errors import Preparing  # noqa: E402
-from runtime.templates import Template, get_template, load_template  # noqa: E402
-from scheduler.hosts import Booker, StartRequest  # noqa: E402
-from scheduler.hosts.images import ImagePreparer  # noqa: E402
-from scheduler.hosts.local import LocalHost  # noqa: E402
+from gpubook.runtime import images, overlay_image, ssh  # noqa: E402
+from gpubook.runtime.engines import Engine, container_name, engine_from  # noqa: E402
+from gpubook.runtime.errors import Preparing  # noqa: E402
+from gpubook.runtime.templates import Template, get_template, load_template  # noqa: E402
+from gpubook.scheduler.hosts import Booker, StartRequest  # noqa: E402
+from gpubook.scheduler.hosts.images import ImagePreparer  # noqa: E402
+from gpubook.scheduler.hosts.local import LocalHost  # noqa: E402
 from tests import registry_kit  # noqa: E402
 from tests.engine_suite import CACHE_DIR, free_port  # noqa: E402
 

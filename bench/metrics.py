@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import requests  # noqa: E402
 from prometheus_client import generate_latest  # noqa: E402
 
-from runtime.nvidia.model import Gpu  # noqa: E402
-from runtime.nvidia.nvml import NvmlView  # noqa: E402
-from scheduler.outbox import metrics  # noqa: E402
-from scheduler.outbox.status import GpuSummary, HostStatus, RunningBooking, Status  # noqa: E402
-from scheduler.state import State  # noqa: E402
+from gpubook.runtime.nvidia.model import Gpu  # noqa: E402
+from gpubook.runtime.nvidia.nvml import NvmlView  # noqa: E402
+from gpubook.scheduler.outbox import metrics  # noqa: E402
+from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, RunningBooking, Status  # noqa: E402
+from gpubook.scheduler.state import State  # noqa: E402
 
 USERS = [f"user{n}" for n in range(50)]
 

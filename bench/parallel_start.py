@@ -82,7 +82,7 @@ def export(rev: str) -> Path:
 def start_daemon(tree: Path, config: Path) -> subprocess.Popen[bytes]:
     log = config.with_name("daemon.log").open("ab")
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    return subprocess.Popen([sys.executable, "-m", "scheduler.commands.cli", "run", "--config", str(config)],
+    return subprocess.Popen([sys.executable, "-m", "gpubook.scheduler.commands.cli", "run", "--config", str(config)],
                             stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL, cwd=tree)
 
 
@@ -181,7 +181,7 @@ def daemon_figures(figures: list[Figure], state_path: Path) -> None:
 def scenario(tree: Path, *, name: str, starts: list[int], lead: float, tag: str,
              parallel_starts: int | None = None, logs: Path | None = None) -> Scenario:
     """Bookings at `lead` + each of `starts` seconds (the same number: at one second); measured."""
-    from runtime.engines import container_name, engine_from
+    from gpubook.runtime.engines import container_name, engine_from
     from tests import servers
     from tests.daemon_kit import book, soon, write_config
 
@@ -244,9 +244,9 @@ def create_ahead(runs: int) -> None:
     """One booking at a time: `run` against `create` ahead and `start` at the start, each from its
     call to the probe's login (the booking's real spec and argv; podman 4.3's `create` has no
     `--passwd`, so it is left out there: the container runs as root 0:0, whose entry exists)."""
-    from runtime import ssh, storage
-    from runtime.engines import container_name, engine_from
-    from runtime.templates import get_template
+    from gpubook.runtime import ssh, storage
+    from gpubook.runtime.engines import container_name, engine_from
+    from gpubook.runtime.templates import get_template
     from tests.engine_suite import free_port
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
@@ -320,9 +320,9 @@ def main() -> None:
         create_ahead(args.create_ahead)
         return
 
-    from runtime import overlay_image
-    from runtime.engines import engine_from
-    from runtime.templates import get_template
+    from gpubook.runtime import overlay_image
+    from gpubook.runtime.engines import engine_from
+    from gpubook.runtime.templates import get_template
     from tests.engine_suite import CACHE_DIR
 
     overlay_image.build_rootfs_image(engine_from("podman", runtime="runc", storage_driver="overlay"),

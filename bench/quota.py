@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from plan_scale import CALENDAR, TEMPLATES, WINDOW_START, event  # noqa: E402
 
-from scheduler.config import Config, parse  # noqa: E402
-from scheduler.core import policy  # noqa: E402
-from scheduler.core.bookings import BookingReader  # noqa: E402
-from scheduler.core.plan import plan, seen_key  # noqa: E402
-from scheduler.sources import RawObject  # noqa: E402
+from gpubook.scheduler.config import Config, parse  # noqa: E402
+from gpubook.scheduler.core import policy  # noqa: E402
+from gpubook.scheduler.core.bookings import BookingReader  # noqa: E402
+from gpubook.scheduler.core.plan import plan, seen_key  # noqa: E402
+from gpubook.scheduler.sources import RawObject  # noqa: E402
 
 NOW = WINDOW_START + timedelta(days=3)
 

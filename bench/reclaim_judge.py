@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What judging no-shows and idle GPUs adds to a pass (scheduler/apply/reclaim.py: `judge_running`):
+"""What judging no-shows and idle GPUs adds to a pass (gpubook/scheduler/apply/reclaim.py: `judge_running`):
 State's logins and each running booking's first, last and last busy GPU sample, read from the
 index (booking, GPU, time), then the pure judge. Printed with the machine.
 
@@ -25,12 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.engines import ContainerInfo  # noqa: E402
-from scheduler.apply.reclaim import judge_running  # noqa: E402
-from scheduler.config import parse  # noqa: E402
-from scheduler.core.bookings import Booking  # noqa: E402
-from scheduler.core.plan import Accepted, Plan  # noqa: E402
-from scheduler.state import Sample, State  # noqa: E402
+from gpubook.runtime.engines import ContainerInfo  # noqa: E402
+from gpubook.scheduler.apply.reclaim import judge_running  # noqa: E402
+from gpubook.scheduler.config import parse  # noqa: E402
+from gpubook.scheduler.core.bookings import Booking  # noqa: E402
+from gpubook.scheduler.core.plan import Accepted, Plan  # noqa: E402
+from gpubook.scheduler.state import Sample, State  # noqa: E402
 
 
 def machine() -> str:

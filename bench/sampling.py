@@ -4,7 +4,7 @@
 Measures, each printed with the machine:
 - NVML: `nvml.read(status=True)` (what a round reads), CPU and wall per call; on a machine
   without a GPU, what finding none costs;
-- a whole round (scheduler/hosts/usage.py: the read, a row per GPU with its booking, the State
+- a whole round (gpubook/scheduler/hosts/usage.py: the read, a row per GPU with its booking, the State
   transaction) on a real state database, CPU and wall per round, rows per second; the GPUs are
   the real ones with --nvml, else --gpus made-up ones of NVML's view type (the sampler's reader);
 - a pass's accounting call (the bookings it accepted and rejected) with 1,000 bookings;
@@ -34,12 +34,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.engines import ContainerInfo  # noqa: E402
-from runtime.nvidia import nvml  # noqa: E402
-from runtime.nvidia.model import Gpu  # noqa: E402
-from runtime.nvidia.nvml import NvmlView  # noqa: E402
-from scheduler.hosts.usage import Sampler  # noqa: E402
-from scheduler.state import BookedRow, Sample, State  # noqa: E402
+from gpubook.runtime.engines import ContainerInfo  # noqa: E402
+from gpubook.runtime.nvidia import nvml  # noqa: E402
+from gpubook.runtime.nvidia.model import Gpu  # noqa: E402
+from gpubook.runtime.nvidia.nvml import NvmlView  # noqa: E402
+from gpubook.scheduler.hosts.usage import Sampler  # noqa: E402
+from gpubook.scheduler.state import BookedRow, Sample, State  # noqa: E402
 
 MONTH_SECONDS = 30 * 24 * 3600
 
@@ -142,9 +142,9 @@ def pass_record(folder: Path, count: int = 1000) -> None:
 
 
 def podman_logs(args: argparse.Namespace) -> None:
-    from runtime import overlay_image
-    from runtime.engines import engine_from
-    from runtime.templates import get_template
+    from gpubook.runtime import overlay_image
+    from gpubook.runtime.engines import engine_from
+    from gpubook.runtime.templates import get_template
     from tests.engine_suite import CACHE_DIR
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")

@@ -46,10 +46,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.container_start import podman_engine  # noqa: E402
-from runtime import sftp, ssh, storage  # noqa: E402
-from runtime.engines import Engine  # noqa: E402
-from runtime.templates import get_template  # noqa: E402
-from scheduler.hosts.sftp import SftpService, SftpSettings  # noqa: E402
+from gpubook.runtime import sftp, ssh, storage  # noqa: E402
+from gpubook.runtime.engines import Engine  # noqa: E402
+from gpubook.runtime.templates import get_template  # noqa: E402
+from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings  # noqa: E402
 from tests import safe_data  # noqa: E402
 
 MIB = 1 << 20

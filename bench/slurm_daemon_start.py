@@ -44,7 +44,7 @@ from pathlib import Path
 import caldav
 import paramiko
 
-from runtime.engines import container_name
+from gpubook.runtime.engines import container_name
 from tests import daemon_kit, safe_data, servers, slurm_kit
 from tests.engine_suite import new_key
 from tests.test_daemon_slurm import jobs, login, reservations, run

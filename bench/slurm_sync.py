@@ -27,10 +27,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
-from scheduler.config import parse
-from scheduler.core.bookings import Booking
-from scheduler.core.plan import Accepted, plan
-from scheduler.hosts.slurm import Scontrol, SlurmCluster, sync
+from gpubook.scheduler.config import parse
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.plan import Accepted, plan
+from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, sync
 
 CALENDAR = "http://127.0.0.1:5232/cluster/"
 NOW = datetime(2026, 11, 23, tzinfo=UTC)

@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import requests  # noqa: E402
 
-from runtime.engines import ContainerInfo, container_name  # noqa: E402
-from scheduler.core.plan import Plan  # noqa: E402
-from scheduler.outbox import status  # noqa: E402
-from scheduler.state.records import ContainerRecord  # noqa: E402
+from gpubook.runtime.engines import ContainerInfo, container_name  # noqa: E402
+from gpubook.scheduler.core.plan import Plan  # noqa: E402
+from gpubook.scheduler.outbox import status  # noqa: E402
+from gpubook.scheduler.state.records import ContainerRecord  # noqa: E402
 from tests.web_kit import (  # noqa: E402
     accepted,
     booking,

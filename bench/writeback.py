@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scheduler.sources import EventRef, block  # noqa: E402
-from scheduler.sources.caldav_writer import CalendarWriter  # noqa: E402
-from scheduler.state import State  # noqa: E402
+from gpubook.scheduler.sources import EventRef, block  # noqa: E402
+from gpubook.scheduler.sources.caldav_writer import CalendarWriter  # noqa: E402
+from gpubook.scheduler.state import State  # noqa: E402
 from tests.test_notify import PASSWORD, USER, _event, _put, calendar_on  # noqa: E402
 
 ROUNDS = 20

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.outbox import report, report_plots  # noqa: E402
-from scheduler.state import BookedRow, RejectedRow, Sample, State  # noqa: E402
+from gpubook.scheduler.outbox import report, report_plots  # noqa: E402
+from gpubook.scheduler.state import BookedRow, RejectedRow, Sample, State  # noqa: E402
 
 START, END = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
 USERS = {"alice": 0.85, "bob": 0.35, "carol": 0.6, "dave": 0.1, "erin": 0.7}  # how busy each keeps a GPU

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scheduler.config import Config, parse
-from scheduler.core.bookings import Booking, BookingReader, Expansion
-from scheduler.sources import RawObject
+from gpubook.scheduler.config import Config, parse
+from gpubook.scheduler.core.bookings import Booking, BookingReader, Expansion
+from gpubook.scheduler.sources import RawObject
 
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"
 GPU1_CALENDAR = "http://127.0.0.1:5232/lab/devbox1-gpu1/"

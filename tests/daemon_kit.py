@@ -20,11 +20,11 @@ import icalendar
 import paramiko
 import pytest
 
-from runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, ServiceSpec, container_name
-from scheduler.commands.embedded import end_process
-from scheduler.config import load as load_config
-from scheduler.daemon import Daemon
-from scheduler.sdnotify import Notifier
+from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, ServiceSpec, container_name
+from gpubook.scheduler.commands.embedded import end_process
+from gpubook.scheduler.config import load as load_config
+from gpubook.scheduler.daemon import Daemon
+from gpubook.scheduler.sdnotify import Notifier
 from tests import safe_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +149,7 @@ class DaemonProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> DaemonProcess:
-        argv = [sys.executable, "-m", "scheduler.commands.cli", "run", "--config", str(self.config)]
+        argv = [sys.executable, "-m", "gpubook.scheduler.commands.cli", "run", "--config", str(self.config)]
         env = child_env() | self.env
         account: dict[str, object] = {}
         if self.user is not None:  # exec'd as the account itself: a kill -9 reaches the daemon, not a wrapper
@@ -301,9 +301,9 @@ def in_process_daemon(folder: Path, *, notifier: Notifier | None = None, poll_se
 @pytest.fixture(scope="module")
 def engine() -> Engine:
     """Rootless podman with the test image built once."""
-    from runtime import overlay_image
-    from runtime.engines import engine_from
-    from runtime.templates import get_template
+    from gpubook.runtime import overlay_image
+    from gpubook.runtime.engines import engine_from
+    from gpubook.runtime.templates import get_template
     from tests.engine_suite import CACHE_DIR
 
     made = engine_from("podman", runtime="runc", storage_driver="overlay")
@@ -336,7 +336,7 @@ def cli(config: Path, *args: str, user: str | None = None, tree: Path = ROOT) ->
     if user is not None:
         account, extra = as_account(user, tree)
         env |= extra
-    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args, "--config", str(config)],
+    return subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", *args, "--config", str(config)],
                           capture_output=True, text=True, timeout=120, cwd=tree, env=env,
                           **account)  # type: ignore[call-overload]
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from runtime import overlay_image, ssh, storage
-from runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
-from runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
-from runtime.errors import EngineError, StorageError
-from runtime.templates import Template, get_template
-from scheduler.commands.embedded import end_process, free_port
+from gpubook.runtime import overlay_image, ssh, storage
+from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
+from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
+from gpubook.runtime.errors import EngineError, StorageError
+from gpubook.runtime.templates import Template, get_template
+from gpubook.scheduler.commands.embedded import end_process, free_port
 from tests import safe_data
 
 BOOKER = "alice"

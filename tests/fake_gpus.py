@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from runtime.nvidia.model import Gpu, GpuProcess
-from runtime.nvidia.nvml import NvmlView
+from gpubook.runtime.nvidia.model import Gpu, GpuProcess
+from gpubook.runtime.nvidia.nvml import NvmlView
 
 ENV = "GPUBOOK_FAKE_GPUS"
 

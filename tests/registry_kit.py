@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from runtime.engines import Engine
-from scheduler.commands.embedded import free_port
+from gpubook.runtime.engines import Engine
+from gpubook.scheduler.commands.embedded import free_port
 from tests.engine_suite import CACHE_DIR
 
 USER, PASSWORD = "lab", "registry-" + secrets.token_hex(6)

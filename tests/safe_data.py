@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from runtime import storage
+from gpubook.runtime import storage
 
 MOUNT = Path(os.environ.get("GPUBOOK_TEST_DATA_ROOT", "/srv/gpubook-test-data"))
 

@@ -28,7 +28,7 @@ import caldav
 import requests
 from caldav.lib.http_sync import HTTPBasicAuth
 
-from scheduler.commands.embedded import end_process, free_port
+from gpubook.scheduler.commands.embedded import end_process, free_port
 
 STARTUP_SECONDS = 20.0
 RADICALE_USER = ("alice", "correct horse battery")  # the htpasswd Radicale's user and password

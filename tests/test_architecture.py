@@ -14,19 +14,19 @@ from typing import ClassVar
 
 import pytest
 
-from runtime import engines, ssh
-from runtime.checks import Check
-from runtime.engines import ContainerInfo, EngineOptions, EngineSettings, container_name
-from runtime.templates import load_all
-from scheduler import config as config_module
-from scheduler import sources
-from scheduler.apply.passes import Pass
-from scheduler.core import decide
-from scheduler.hosts.local import LocalHost
-from scheduler.service import Calendars
-from scheduler.sources import BaseSource, EventRef, PollStats, RawObject, Snapshot, WriteResult
-from scheduler.sources.block import Outcome
-from scheduler.state import State
+from gpubook.runtime import engines, ssh
+from gpubook.runtime.checks import Check
+from gpubook.runtime.engines import ContainerInfo, EngineOptions, EngineSettings, container_name
+from gpubook.runtime.templates import load_all
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler import sources
+from gpubook.scheduler.apply.passes import Pass
+from gpubook.scheduler.core import decide
+from gpubook.scheduler.hosts.local import LocalHost
+from gpubook.scheduler.service import Calendars
+from gpubook.scheduler.sources import BaseSource, EventRef, PollStats, RawObject, Snapshot, WriteResult
+from gpubook.scheduler.sources.block import Outcome
+from gpubook.scheduler.state import State
 from tests.daemon_kit import IdleEngine
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)

@@ -18,7 +18,7 @@ from booking_kit import (
     vevent,
 )
 
-from scheduler.core.bookings import Booking, BookingReader, Rejection
+from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
 
 START = "DTSTART:20261124T090000Z"
 END = "DTEND:20261124T110000Z"
@@ -402,7 +402,7 @@ def test_window_moves_with_a_cached_parse() -> None:
 def test_gpubooks_own_block_is_not_read_as_the_bookers_lines() -> None:
     import icalendar
 
-    from scheduler.sources import block as notify
+    from gpubook.scheduler.sources import block as notify
 
     calendar = icalendar.Calendar.from_ical(vcalendar(vevent("u1", START, END, "DESCRIPTION:user: bob")))
     outcome = notify.accepted(gpus=[0, 1], template="digits-cuda8", start=utc(2026, 11, 24, 9),

@@ -13,7 +13,7 @@ from datetime import datetime
 import pytest
 from booking_kit import DATA, raw, read, utc
 
-from scheduler.core.bookings import Expansion, Rejection
+from gpubook.scheduler.core.bookings import Expansion, Rejection
 
 
 def expand_file(name: str, start: datetime, end: datetime) -> Expansion:

@@ -30,8 +30,8 @@ def event(uid: str, start: datetime, hours: float, *lines: str, created: str = "
 
 
 def gpubook(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, check=False)
+    return subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture
@@ -148,8 +148,8 @@ def test_a_booking_over_the_week_quota_shows_the_sentence(tmp_path: Path, calend
 
 def test_the_daemon_reads_two_weeks_back_only_where_a_week_quota_is_set(
         tmp_path: Path, calendar: caldav.Calendar) -> None:
-    from scheduler import config as config_module
-    from scheduler.service import Calendars
+    from gpubook.scheduler import config as config_module
+    from gpubook.scheduler.service import Calendars
 
     calendar.save_event(event("ten-days-ago", START - timedelta(days=10), 4, "SUMMARY:alice"))
     path = write_config(tmp_path, str(calendar.url))
@@ -174,7 +174,7 @@ def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
     with the demo's key (and sudo works), then everything is stopped and removed."""
     # The demo's data go where ./quickstart mounted the test path's nosuid,nodev tmpfs.
     env = {**os.environ, "GPUBOOK_DEMO_DATA_ROOT": str(safe_data.MOUNT)}
-    done = subprocess.run([sys.executable, "-m", "scheduler.commands.cli", "demo", "--until-ready"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "demo", "--until-ready"], cwd=REPO,
                           capture_output=True, text=True, timeout=600, check=False, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Your booking is up" in done.stdout
@@ -183,8 +183,8 @@ def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
     assert not key_path.exists(), "the demo's files must be removed"
     assert any(line.strip().startswith("sftp -i ") for line in done.stdout.splitlines())
     assert "stopped the daemon and the demo's containers" in done.stdout
-    from runtime.engines import container_name
-    from scheduler.commands import demo
+    from gpubook.runtime.engines import container_name
+    from gpubook.scheduler.commands import demo
 
     listing = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
                              timeout=60, check=False)
@@ -196,8 +196,8 @@ def test_the_daemon_reads_past_the_longest_max_days_ahead(tmp_path: Path, calend
     """A week ahead by default; with max_days_ahead = 10 the daemon reads 11 days ahead, so a booking
     10.5 days ahead is read and refused (unread, it would pass once it came within the week: first
     seen 7 days before its start). One made further ahead is refused when it comes within 11 days."""
-    from scheduler import config as config_module
-    from scheduler.service import Calendars
+    from gpubook.scheduler import config as config_module
+    from gpubook.scheduler.service import Calendars
 
     calendar.save_event(event("in-ten-days", START + timedelta(days=10.5), 4, "SUMMARY:alice"))
     path = write_config(tmp_path, str(calendar.url))

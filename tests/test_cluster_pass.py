@@ -12,12 +12,12 @@ from pathlib import Path
 
 from test_pass_bounded import DEAD_URL, HOLD, NOW, Machine, bookings, event
 
-from runtime.engines import container_name
-from scheduler import config as config_module
-from scheduler.apply.passes import Pass
-from scheduler.core.plan import Accepted
-from scheduler.hosts import Started, StartRequest
-from scheduler.state import State
+from gpubook.runtime.engines import container_name
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler.apply.passes import Pass
+from gpubook.scheduler.core.plan import Accepted
+from gpubook.scheduler.hosts import Started, StartRequest
+from gpubook.scheduler.state import State
 
 
 class Node(Machine):
@@ -66,7 +66,7 @@ def make(tmp_path: Path, cluster: Cluster, state: State) -> Pass:
 
 
 def _templates():  # type: ignore[no-untyped-def]
-    from runtime.templates import load_all
+    from gpubook.runtime.templates import load_all
 
     return load_all(None)
 

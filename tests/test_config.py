@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import ConfigError
-from scheduler import config
+from gpubook.runtime.errors import ConfigError
+from gpubook.scheduler import config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def problems(tmp_path: Path, text: str) -> list[str]:
 
 
 def test_example_config_is_valid() -> None:
-    loaded = config.load(REPO / "config" / "gpubook.example.toml")
+    loaded = config.load(REPO / "gpubook" / "config" / "gpubook.example.toml")
     assert loaded.host.name == "devbox1"
     assert loaded.host.timezone == "Europe/Paris"
     assert loaded.calendars[0].gpus is None
@@ -140,9 +140,9 @@ email = ["Shared@lab.example"]
 
 
 def test_cli_config_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from scheduler.commands import cli
+    from gpubook.scheduler.commands import cli
 
-    assert cli.main(["config", "check", "--config", str(REPO / "config" / "gpubook.example.toml")]) == 0
+    assert cli.main(["config", "check", "--config", str(REPO / "gpubook" / "config" / "gpubook.example.toml")]) == 0
     assert "ok" in capsys.readouterr().out
     bad = write(tmp_path, "[[calendar]]\nurl = 3\n")
     assert cli.main(["config", "check", "--config", str(bad)]) == 1
@@ -159,17 +159,17 @@ def test_unreadable_password_file(tmp_path: Path) -> None:
 
 
 def test_a_calendar_kind_may_name_a_source_class(tmp_path: Path) -> None:
-    loaded = config.load(write(tmp_path, MINIMAL + 'kind = "scheduler.sources.ics_feed:IcsFeedSource"\n'))
-    assert loaded.calendars[0].kind == "scheduler.sources.ics_feed:IcsFeedSource"
+    loaded = config.load(write(tmp_path, MINIMAL + 'kind = "gpubook.scheduler.sources.ics_feed:IcsFeedSource"\n'))
+    assert loaded.calendars[0].kind == "gpubook.scheduler.sources.ics_feed:IcsFeedSource"
     [line] = problems(tmp_path, MINIMAL + 'kind = "no_such_package.sources:Feed"\n')
     assert line.endswith("calendar[0].kind: cannot load the calendar source no_such_package.sources:Feed: "
                          "No module named 'no_such_package'")
-    [line] = problems(tmp_path, MINIMAL + 'kind = "scheduler.config:Config"\n')
+    [line] = problems(tmp_path, MINIMAL + 'kind = "gpubook.scheduler.config:Config"\n')
     assert "is not a calendar source" in line
 
 
 def test_calendar_keys_come_from_the_source_kind(tmp_path: Path) -> None:
-    from scheduler.sources import source_class
+    from gpubook.scheduler.sources import source_class
 
     assert source_class("caldav").calendar_keys == ("username", "password_file")
     [line] = problems(tmp_path, MINIMAL + "zzzzzz = 1\n")
@@ -187,7 +187,7 @@ def test_each_default_is_declared_once_with_help() -> None:
 
 
 def test_engine_section_is_read_from_the_engines_own_settings(tmp_path: Path) -> None:
-    from runtime.engines import EngineSettings
+    from gpubook.runtime.engines import EngineSettings
 
     loaded = config.load(write(tmp_path, MINIMAL + '[engine]\nname = "docker"\nstop_grace_seconds = 3\n'))
     assert loaded.engine == EngineSettings(name="docker", stop_grace_seconds=3.0)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from caldav.lib import error as dav_error
 
-from runtime.engines import container_name
-from scheduler.state import State
+from gpubook.runtime.engines import container_name
+from gpubook.scheduler.state import State
 from tests import daemon_kit
 from tests.daemon_kit import (
     DaemonProcess,

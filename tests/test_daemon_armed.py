@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.state import State
+from gpubook.scheduler.state import State
 from tests import daemon_kit
 from tests.daemon_kit import (
     DaemonProcess,

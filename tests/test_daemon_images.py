@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.templates import default_templates_dir
+from gpubook.runtime.templates import default_templates_dir
 from tests import daemon_kit, registry_kit
 from tests.daemon_kit import DaemonProcess, book, description, run, running_container, soon, try_login, wait_for
 from tests.registry_kit import Registry

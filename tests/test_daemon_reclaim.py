@@ -21,7 +21,7 @@ from pathlib import Path
 import fake_gpus
 import pytest
 
-from scheduler.state import State
+from gpubook.scheduler.state import State
 from tests import daemon_kit
 from tests.daemon_kit import (
     DaemonProcess,

@@ -21,8 +21,8 @@ import caldav
 import paramiko
 import pytest
 
-from runtime.engines import container_name
-from scheduler.hosts.slurm import parse
+from gpubook.runtime.engines import container_name
+from gpubook.scheduler.hosts.slurm import parse
 from tests import safe_data, slurm_kit
 from tests.daemon_kit import DaemonProcess, book, cli, description, key_line, port_range, wait_for
 from tests.engine_suite import new_key

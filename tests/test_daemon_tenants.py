@@ -17,8 +17,8 @@ import caldav
 import pytest
 from caldav.lib import error as dav_error
 
-from runtime.engines import container_name
-from scheduler.state import State
+from gpubook.runtime.engines import container_name
+from gpubook.scheduler.state import State
 from tests import daemon_kit, servers
 from tests.daemon_kit import (
     DaemonProcess,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.outbox import report
-from scheduler.state import State
+from gpubook.scheduler.outbox import report
+from gpubook.scheduler.state import State
 from tests import daemon_kit
 from tests.daemon_kit import DaemonProcess, book, run, running_container, soon, try_login, wait_for, write_config
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from booking_kit import TEMPLATES, make_config, utc
 from test_plan import booking
 
-from runtime.engines import ContainerInfo, container_name
-from runtime.templates import load_all
-from scheduler.apply.ahead import Preparation
-from scheduler.core.bookings import Booking
-from scheduler.core.decide import Disarm, Memory, Recheck, Runs, Start, Stop, Warn, decide
-from scheduler.core.plan import LOCAL, Plan, plan
+from gpubook.runtime.engines import ContainerInfo, container_name
+from gpubook.runtime.templates import load_all
+from gpubook.scheduler.apply.ahead import Preparation
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.decide import Disarm, Memory, Recheck, Runs, Start, Stop, Warn, decide
+from gpubook.scheduler.core.plan import LOCAL, Plan, plan
 
 CONFIG = make_config()
 START = utc(2026, 11, 24, 10)  # booking("a") runs 10:00-12:00
@@ -121,9 +121,9 @@ class _Host:
 
 
 def test_back_to_back_bookings_on_the_same_gpu_are_not_armed(tmp_path: Path) -> None:
-    from scheduler.state import State
+    from gpubook.scheduler.state import State
 
-    templates = load_all(Path(__file__).resolve().parents[1] / "templates")
+    templates = load_all(Path(__file__).resolve().parents[1] / "gpubook" / "templates")
     first = booking("first", indices=(0,), start=9, hours=1)  # 09:00-10:00 on GPU 0, runs now
     second = booking("second", indices=(0,))  # 10:00 on GPU 0: right after it
     free = booking("free", indices=(1,))  # 10:00 on GPU 1: nothing before it
@@ -145,7 +145,7 @@ def test_back_to_back_bookings_on_the_same_gpu_are_not_armed(tmp_path: Path) -> 
 def test_status_shows_an_armed_container_as_armed_not_running() -> None:
     from datetime import UTC
 
-    from scheduler.outbox.status import running_booking
+    from gpubook.scheduler.outbox.status import running_booking
 
     a = booking("a", indices=(0,))
     later = datetime.now(UTC) + timedelta(minutes=1)

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from runtime import storage
-from runtime.engines import Engine
+from gpubook.runtime import storage
+from gpubook.runtime.engines import Engine
 from tests import engine_suite, safe_data
 from tests.engine_suite import DOCKER, DOCKERD, EngineBehaviour
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import config as config_module
-from scheduler.commands import doctor as doctor_module
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler.commands import doctor as doctor_module
 from tests import safe_data, servers
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler.commands.cli", "doctor", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "doctor", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
 
 

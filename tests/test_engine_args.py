@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from nvidia_fake_driver import OLD_VERSION, VERSION, device_nodes, driver_libraries, proc_driver
 
-from runtime import nvidia
-from runtime.engines import ContainerSpec, EngineSettings, engine_from, make_engine, register
-from runtime.errors import EngineError
+from gpubook.runtime import nvidia
+from gpubook.runtime.engines import ContainerSpec, EngineSettings, engine_from, make_engine, register
+from gpubook.runtime.errors import EngineError
 
 LIBS = "usr/lib/x86_64-linux-gnu"
 
@@ -56,7 +56,7 @@ def test_docker_gpu_booking_on_one_of_two_gpus_never_gets_podmans_mask(
 def test_docker_says_once_per_start_that_proc_entries_stay_visible(
         two_gpu_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     spec = booking(one_of_two(two_gpu_root, tmp_path))
-    with caplog.at_level(logging.WARNING, logger="runtime.engines.docker"):
+    with caplog.at_level(logging.WARNING, logger="gpubook.runtime.engines.docker"):
         engine_from("docker").run_args(spec)  # type: ignore[attr-defined]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
@@ -77,19 +77,19 @@ def test_podman_masks_the_other_gpus_proc_entries(two_gpu_root: Path, tmp_path: 
 def test_engines_by_name_and_by_dotted_path() -> None:
     assert make_engine(EngineSettings(name="podman")).name == "podman"
     assert make_engine(EngineSettings(name="docker", binary="/usr/bin/docker")).name == "docker"
-    dotted = make_engine(EngineSettings(name="runtime.engines.docker:DockerEngine"))
+    dotted = make_engine(EngineSettings(name="gpubook.runtime.engines.docker:DockerEngine"))
     assert dotted.name == "docker"
     with pytest.raises(EngineError, match='unknown engine .lxc. \\(known: "podman", "docker"'):
         make_engine(EngineSettings(name="lxc"))
-    with pytest.raises(EngineError, match="cannot load runtime.engines.docker:NoSuchEngine"):
-        make_engine(EngineSettings(name="runtime.engines.docker:NoSuchEngine"))
+    with pytest.raises(EngineError, match="cannot load gpubook.runtime.engines.docker:NoSuchEngine"):
+        make_engine(EngineSettings(name="gpubook.runtime.engines.docker:NoSuchEngine"))
     with pytest.raises(EngineError, match="network"):
         make_engine(EngineSettings(network="bridge"))
 
 
 def test_a_new_engine_is_one_registration_line() -> None:
-    from runtime.engines import ENGINES
-    from runtime.engines.podman import PodmanEngine
+    from gpubook.runtime.engines import ENGINES
+    from gpubook.runtime.engines.podman import PodmanEngine
 
     class Udocker(PodmanEngine):  # a stand-in: any class taking (settings, options)
         name = "udocker"

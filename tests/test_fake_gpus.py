@@ -8,7 +8,7 @@ from pathlib import Path
 import fake_gpus
 import pytest
 
-from runtime.nvidia import nvml
+from gpubook.runtime.nvidia import nvml
 
 
 def test_the_stand_in_reads_what_the_test_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

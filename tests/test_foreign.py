@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engines import ContainerInfo
-from runtime.nvidia import processes
-from runtime.nvidia.model import Gpu, GpuProcess
-from runtime.nvidia.nvml import NvmlView
-from scheduler.hosts.foreign import ForeignWatch
-from scheduler.outbox import foreign
-from scheduler.outbox.status import GpuSummary, HostStatus, Status
-from scheduler.state import State
+from gpubook.runtime.engines import ContainerInfo
+from gpubook.runtime.nvidia import processes
+from gpubook.runtime.nvidia.model import Gpu, GpuProcess
+from gpubook.runtime.nvidia.nvml import NvmlView
+from gpubook.scheduler.hosts.foreign import ForeignWatch
+from gpubook.scheduler.outbox import foreign
+from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status
+from gpubook.scheduler.state import State
 
 NOW = datetime(2026, 11, 23, 14, 5, tzinfo=UTC)
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -153,7 +153,7 @@ def test_stop_mode_stops_the_outside_process_after_the_grace_and_never_the_booki
 
 @needs_root
 def test_stop_mode_kills_a_process_that_ignores_sigterm(tmp_path: Path, namespace, monkeypatch) -> None:
-    from scheduler.hosts import foreign as watch_module
+    from gpubook.scheduler.hosts import foreign as watch_module
 
     monkeypatch.setattr(watch_module, "KILL_AFTER", 0.5)
     stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"])
@@ -172,7 +172,7 @@ def test_stop_mode_kills_a_process_that_ignores_sigterm(tmp_path: Path, namespac
 
 
 def test_status_and_metrics_show_the_sightings() -> None:
-    from scheduler.outbox import metrics
+    from gpubook.scheduler.outbox import metrics
 
     item = {"host": "local", "gpu": 0, "pid": 4242, "user": "carol", "command": "python3", "booking": "b@test",
             "container": None, "since": NOW.isoformat(), "action": "cannot: not hers"}

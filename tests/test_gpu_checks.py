@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.nvidia.model import Gpu
+from gpubook.runtime.nvidia.model import Gpu
 from tests.gpu import booker
 
 A = Gpu(index=0, minor=0, bus_id="0000:00:06.0", uuid="GPU-295df82b-1be4-49cd-f42f-9a20fcc9ca7b")

@@ -16,16 +16,16 @@ import icalendar
 import pytest
 from booking_kit import CALENDAR, make_config, raw, read, single, utc, vcalendar, vevent
 
-from scheduler import service
-from scheduler.commands import admin
-from scheduler.config import parse
-from scheduler.core.bookings import Booking, BookingReader, Rejection
-from scheduler.sources import BaseSource, RawObject, Snapshot
-from scheduler.sources import block as notify
-from scheduler.sources.block import BEGIN, END, apply, strip_block
-from scheduler.sources.errors import printable, redact_url
-from scheduler.sources.richtext import description_source, lines
-from scheduler.state import State
+from gpubook.scheduler import service
+from gpubook.scheduler.commands import admin
+from gpubook.scheduler.config import parse
+from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
+from gpubook.scheduler.sources import BaseSource, RawObject, Snapshot
+from gpubook.scheduler.sources import block as notify
+from gpubook.scheduler.sources.block import BEGIN, END, apply, strip_block
+from gpubook.scheduler.sources.errors import printable, redact_url
+from gpubook.scheduler.sources.richtext import description_source, lines
+from gpubook.scheduler.state import State
 from tests import servers
 
 START = "DTSTART:20261124T090000Z"
@@ -268,7 +268,7 @@ def test_doctor_does_not_print_a_password_written_into_a_calendar_url(tmp_path: 
     config = tmp_path / "gpubook.toml"
     config.write_text(f'[[calendar]]\nurl = "http://alice:s3cret@127.0.0.1:{servers.free_port()}/cal/"\n'
                       "[gpus]\ncount = 1\n")
-    done = subprocess.run([sys.executable, "-m", "scheduler.commands.cli", "doctor", "--config", str(config)],
+    done = subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "doctor", "--config", str(config)],
                           cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert "calendar http://alice:***@127.0.0.1:" in done.stdout, done.stdout + done.stderr
     assert "s3cret" not in done.stdout + done.stderr
@@ -301,8 +301,8 @@ def test_bookings_output_escapes_control_characters() -> None:
     config = make_config()
     expansion = read(raw(vcalendar(vevent("e1", START, END_LINE, "SUMMARY:alice \x1b[2Jwiped\x1b]0;x\x07"),
                                    vevent("e2\x1b[31m", START, END_LINE, "SUMMARY:nobody"))), config=config)
-    from runtime import gpus as gpu_inventory
-    from scheduler.core import plan as plan_module
+    from gpubook.runtime import gpus as gpu_inventory
+    from gpubook.scheduler.core import plan as plan_module
 
     inventory = gpu_inventory.inventory(static_count=2)
     planned = plan_module.plan(list(expansion.occurrences), inventory=(0, 1), config=config,

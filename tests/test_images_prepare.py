@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from runtime import images
-from runtime.engines import EngineOptions, EngineSettings
-from runtime.engines.docker import DockerEngine
-from runtime.engines.podman import PodmanEngine
-from runtime.errors import TemplateError
-from runtime.templates import Template, load_template
-from scheduler.hosts.images import FAILED, ImagePreparer
-from scheduler.outbox.writeback import Remarks, WriteBack
-from scheduler.state import State
+from gpubook.runtime import images
+from gpubook.runtime.engines import EngineOptions, EngineSettings
+from gpubook.runtime.engines.docker import DockerEngine
+from gpubook.runtime.engines.podman import PodmanEngine
+from gpubook.runtime.errors import TemplateError
+from gpubook.runtime.templates import Template, load_template
+from gpubook.scheduler.hosts.images import FAILED, ImagePreparer
+from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
+from gpubook.scheduler.state import State
 from tests.booking_kit import vevent
 from tests.test_pass_bounded import HOLD, NOW, Machine, bookings, event, make_config, make_pass
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime import images
-from runtime.engines import Engine, engine_from
-from runtime.templates import Template, load_template
-from scheduler.hosts.images import FAILED, READY, ImagePreparer
+from gpubook.runtime import images
+from gpubook.runtime.engines import Engine, engine_from
+from gpubook.runtime.templates import Template, load_template
+from gpubook.scheduler.hosts.images import FAILED, READY, ImagePreparer
 from tests import registry_kit
 from tests.registry_kit import Registry
 

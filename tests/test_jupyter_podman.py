@@ -26,12 +26,12 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
-from runtime import jupyter
-from runtime.engines import Engine, container_name, engine_from
-from runtime.errors import EngineError
-from runtime.overlay_image import build_rootfs_image
-from runtime.templates import Template, get_template, load_template
-from scheduler.commands.embedded import free_port
+from gpubook.runtime import jupyter
+from gpubook.runtime.engines import Engine, container_name, engine_from
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.overlay_image import build_rootfs_image
+from gpubook.runtime.templates import Template, get_template, load_template
+from gpubook.scheduler.commands.embedded import free_port
 from tests import daemon_kit, safe_data
 from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
 from tests.engine_suite import BOOKER, BOOKER_UID, CACHE_DIR, PODMAN, Booking, Bookings, connect, run

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from runtime import cuda, jupyter, ssh
-from runtime.engines import ContainerInfo, ExecResult, container_name
-from runtime.templates import load_all, load_template
-from scheduler.apply.handlers import StartHandler
-from scheduler.apply.memory import Journal, Recall
-from scheduler.core import decide
-from scheduler.core.bookings import Booking
-from scheduler.core.plan import LOCAL, Accepted
-from scheduler.hosts import Started, StartRequest
-from scheduler.outbox.writeback import RUNNING_LINES, Remarks, WriteBack, start_lines
-from scheduler.state import State
+from gpubook.runtime import cuda, jupyter, ssh
+from gpubook.runtime.engines import ContainerInfo, ExecResult, container_name
+from gpubook.runtime.templates import load_all, load_template
+from gpubook.scheduler.apply.handlers import StartHandler
+from gpubook.scheduler.apply.memory import Journal, Recall
+from gpubook.scheduler.core import decide
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.plan import LOCAL, Accepted
+from gpubook.scheduler.hosts import Started, StartRequest
+from gpubook.scheduler.outbox.writeback import RUNNING_LINES, Remarks, WriteBack, start_lines
+from gpubook.scheduler.state import State
 from tests.test_pass_bounded import make_config
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
@@ -78,7 +78,7 @@ def test_jupyter_must_be_true_or_false(tmp_path: Path) -> None:
 
 
 def test_booking_spec_asks_the_entrypoint_for_jupyter_only_when_the_template_does(tmp_path: Path) -> None:
-    from runtime.storage import DataFolders
+    from gpubook.runtime.storage import DataFolders
 
     torch = load_all().templates["pytorch-cuda12"]
     probe = ssh.load_probe_key(tmp_path / "probe")

@@ -1,4 +1,4 @@
-"""The Prometheus metrics (scheduler/outbox/metrics.py) without the daemon: names, types, labels
+"""The Prometheus metrics (gpubook/scheduler/outbox/metrics.py) without the daemon: names, types, labels
 and values as Prometheus's own text parser reads them, bounded label values, and instrumentation
 that never raises. The daemon end to end is tests/test_metrics_daemon.py."""
 
@@ -20,18 +20,18 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from runtime.errors import EngineError, StorageError, TemplateError
-from runtime.images import Ledger, PullError
-from runtime.nvidia import nvml
-from runtime.nvidia.model import Gpu
-from runtime.nvidia.nvml import NvmlView
-from runtime.ssh import ForeignHostKey
-from runtime.templates import get_template
-from scheduler.daemon import Daemon
-from scheduler.hosts.images import ImagePreparer
-from scheduler.outbox import metrics
-from scheduler.outbox.status import GpuSummary, HostStatus, RunningBooking, Status
-from scheduler.state import State, StateError
+from gpubook.runtime.errors import EngineError, StorageError, TemplateError
+from gpubook.runtime.images import Ledger, PullError
+from gpubook.runtime.nvidia import nvml
+from gpubook.runtime.nvidia.model import Gpu
+from gpubook.runtime.nvidia.nvml import NvmlView
+from gpubook.runtime.ssh import ForeignHostKey
+from gpubook.runtime.templates import get_template
+from gpubook.scheduler.daemon import Daemon
+from gpubook.scheduler.hosts.images import ImagePreparer
+from gpubook.scheduler.outbox import metrics
+from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, RunningBooking, Status
+from gpubook.scheduler.state import State, StateError
 from tests.daemon_kit import IdleEngine, in_process_daemon
 from tests.test_images_prepare import lab_preparer, recording
 
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class UsageState(State):
-    """State with the accounting methods H-usage adds (scheduler/state/usage.py), fixed figures."""
+    """State with the accounting methods H-usage adds (gpubook/scheduler/state/usage.py), fixed figures."""
 
     booked: dict[str, float] = {"alice": 2.5, "bob": 1.0}  # noqa: RUF012 - read only
 

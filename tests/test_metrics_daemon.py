@@ -19,10 +19,10 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from scheduler.config import load as load_config
-from scheduler.daemon import Daemon
-from scheduler.outbox.metrics import wsgi_app
-from scheduler.sdnotify import Notifier
+from gpubook.scheduler.config import load as load_config
+from gpubook.scheduler.daemon import Daemon
+from gpubook.scheduler.outbox.metrics import wsgi_app
+from gpubook.scheduler.sdnotify import Notifier
 from tests import daemon_kit
 from tests.daemon_kit import book, running_container, soon, try_login, wait_for, write_config
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime import network
-from runtime.engines import EngineSettings
-from scheduler.outbox.status import GpuSummary, HostStatus, Status, setup_findings
+from gpubook.runtime import network
+from gpubook.runtime.engines import EngineSettings
+from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status, setup_findings
 
 
 def test_host_network_is_a_finding_for_doctor_and_status() -> None:

@@ -22,14 +22,14 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from runtime import ssh
-from runtime.engines import ContainerSpec, Engine, EngineOptions, EngineSettings
-from runtime.engines.podman import PodmanEngine
-from runtime.errors import EngineError
-from runtime.templates import get_template
-from scheduler.commands.embedded import free_port
-from scheduler.hosts import Booker, StartRequest
-from scheduler.hosts.local import LocalHost
+from gpubook.runtime import ssh
+from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, EngineSettings
+from gpubook.runtime.engines.podman import PodmanEngine
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.templates import get_template
+from gpubook.scheduler.commands.embedded import free_port
+from gpubook.scheduler.hosts import Booker, StartRequest
+from gpubook.scheduler.hosts.local import LocalHost
 from tests import engine_suite, servers
 from tests.daemon_kit import DaemonProcess, book, description, running_container, soon, wait_for, write_config
 from tests.engine_suite import BOOKER, CACHE_DIR, Bookings, connect, new_key, run

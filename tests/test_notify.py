@@ -19,14 +19,21 @@ import icalendar
 import pytest
 import requests
 
-from scheduler.config import CalendarConfig
-from scheduler.outbox import notices
-from scheduler.outbox.notices import MailSettings, Message, NotifyError, WebhookSettings, post_webhook, send_mail
-from scheduler.sources import EventRef, open_writer
-from scheduler.sources import block as notify
-from scheduler.sources.block import BEGIN, END, MAX_OCCURRENCES, apply, replace_block, strip_block
-from scheduler.sources.caldav_writer import CalendarWriter
-from scheduler.sources.errors import CalendarError
+from gpubook.scheduler.config import CalendarConfig
+from gpubook.scheduler.outbox import notices
+from gpubook.scheduler.outbox.notices import (
+    MailSettings,
+    Message,
+    NotifyError,
+    WebhookSettings,
+    post_webhook,
+    send_mail,
+)
+from gpubook.scheduler.sources import EventRef, open_writer
+from gpubook.scheduler.sources import block as notify
+from gpubook.scheduler.sources.block import BEGIN, END, MAX_OCCURRENCES, apply, replace_block, strip_block
+from gpubook.scheduler.sources.caldav_writer import CalendarWriter
+from gpubook.scheduler.sources.errors import CalendarError
 from tests import servers
 from tests.servers import free_port
 
@@ -440,7 +447,7 @@ def test_webhook_refusal_and_absence_are_notify_errors(hook_server) -> None:
 
 
 def _notify_config(tmp_path, body: str):  # type: ignore[no-untyped-def]
-    from scheduler import config as config_module
+    from gpubook.scheduler import config as config_module
 
     path = tmp_path / "gpubook.toml"
     path.write_text('[[calendar]]\nurl = "http://127.0.0.1:5232/lab/devbox1/"\n'
@@ -484,7 +491,7 @@ events = ["warning", "ended"]
 
 
 def test_notify_config_errors_are_named(tmp_path) -> None:
-    from runtime.errors import ConfigError
+    from gpubook.runtime.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         _notify_config(tmp_path, """
@@ -505,7 +512,7 @@ url = "ftp://x"
 def test_smtp_login_without_tls_is_refused_at_config_load(tmp_path) -> None:
     """A user name with security "none" would send the SMTP password in clear (even to a loopback
     host, where any local user may hold the port while the relay is down): refused at load."""
-    from runtime.errors import ConfigError
+    from gpubook.runtime.errors import ConfigError
 
     password = tmp_path / "smtp-password"
     password.write_text("s3cret\n")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from nvidia_fake_driver import VERSION, device_nodes, driver_libraries, executable, proc_driver
 
-from runtime import cuda, gpus, nvidia
-from runtime.checks import format_checks
-from runtime.errors import DriverError
-from runtime.nvidia import cdi
+from gpubook.runtime import cuda, gpus, nvidia
+from gpubook.runtime.checks import format_checks
+from gpubook.runtime.errors import DriverError
+from gpubook.runtime.nvidia import cdi
 
 
 def fake_driver(tmp_path: Path, **kwargs) -> nvidia.Driver:

@@ -25,10 +25,10 @@ from nvidia_fake_driver import (
     shared_object,
 )
 
-from runtime import nvidia
-from runtime.elf import read_elf
-from runtime.engines import engine_from
-from runtime.errors import DriverError, EngineError
+from gpubook.runtime import nvidia
+from gpubook.runtime.elf import read_elf
+from gpubook.runtime.engines import engine_from
+from gpubook.runtime.errors import DriverError, EngineError
 
 DEBIAN_LIBS = "usr/lib/x86_64-linux-gnu"
 NO_ENV: dict[str, str] = {}

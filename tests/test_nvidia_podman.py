@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from nvidia_fake_driver import VERSION, device_nodes, driver_libraries, proc_driver
 
-from runtime import nvidia
-from runtime.engines import engine_from
+from gpubook.runtime import nvidia
+from gpubook.runtime.engines import engine_from
 
 pytestmark = pytest.mark.podman
 

@@ -23,20 +23,20 @@ from pathlib import Path
 
 import pytest
 
-from runtime import images
-from runtime.engines import ContainerInfo, ExecResult, container_name
-from runtime.errors import EngineError
-from runtime.templates import load_all
-from scheduler import config as config_module
-from scheduler.apply.ahead import LEAD
-from scheduler.apply.memory import START_BACKOFF
-from scheduler.apply.passes import Pass
-from scheduler.core import decide
-from scheduler.core.bookings import Booking, Rejection
-from scheduler.core.plan import LOCAL
-from scheduler.hosts import Ahead, Booker, Started, StartRequest
-from scheduler.hosts.images import ImagePreparer
-from scheduler.state import State
+from gpubook.runtime import images
+from gpubook.runtime.engines import ContainerInfo, ExecResult, container_name
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.templates import load_all
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler.apply.ahead import LEAD
+from gpubook.scheduler.apply.memory import START_BACKOFF
+from gpubook.scheduler.apply.passes import Pass
+from gpubook.scheduler.core import decide
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import LOCAL
+from gpubook.scheduler.hosts import Ahead, Booker, Started, StartRequest
+from gpubook.scheduler.hosts.images import ImagePreparer
+from gpubook.scheduler.state import State
 from tests import servers
 from tests.booking_kit import raw, read, vcalendar, vevent
 
@@ -554,8 +554,8 @@ def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path:
     never answers does not keep the next booking's container from starting."""
     import paramiko
 
-    from runtime import ssh
-    from runtime.engines import ContainerSpec
+    from gpubook.runtime import ssh
+    from gpubook.runtime.engines import ContainerSpec
     from tests.daemon_kit import IdleEngine
 
     began = {"a": threading.Event(), "b": threading.Event()}
@@ -635,8 +635,8 @@ def test_local_host_makes_the_host_key_ahead_and_removes_it_when_the_booking_goe
     its start leaves no key behind."""
     import paramiko
 
-    from runtime import ssh
-    from scheduler.hosts.local import LocalHost
+    from gpubook.runtime import ssh
+    from gpubook.scheduler.hosts.local import LocalHost
     from tests.daemon_kit import IdleEngine
 
     host = LocalHost(engine=IdleEngine(), gpus=(0,), driver_version=None,

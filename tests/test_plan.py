@@ -17,8 +17,8 @@ from booking_kit import (
     vevent,
 )
 
-from scheduler.core.bookings import Booking, Rejection
-from scheduler.core.plan import Plan, plan, seen_key, to_json
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import Plan, plan, seen_key, to_json
 
 NOW = utc(2026, 11, 23, 8)
 CONFIG = make_config()

@@ -10,8 +10,8 @@ from booking_kit import CALENDAR, GPU1_CALENDAR, TEMPLATES, make_config, utc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.bookings import Booking, Rejection
-from scheduler.core.plan import Plan, plan
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import Plan, plan
 
 CONFIG = make_config()
 INVENTORY = (0, 1, 2, 3)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engines import engine_from
+from gpubook.runtime.engines import engine_from
 from tests import engine_suite
 from tests.engine_suite import Bookings, EngineBehaviour, owner_for_podman
 

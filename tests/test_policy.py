@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from booking_kit import CALENDAR, TEMPLATES, make_config, raw, read, utc, vcalendar, vevent
 
-from runtime.errors import ConfigError
-from scheduler.config import Config, parse
-from scheduler.core import policy
-from scheduler.core.bookings import Booking
-from scheduler.core.plan import Plan, plan, seen_key
+from gpubook.runtime.errors import ConfigError
+from gpubook.scheduler.config import Config, parse
+from gpubook.scheduler.core import policy
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.plan import Plan, plan, seen_key
 
 NOW = utc(2026, 11, 23, 8)  # a Monday
 

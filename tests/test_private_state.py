@@ -13,10 +13,10 @@ import paramiko
 import pytest
 from daemon_kit import in_process_daemon
 
-from runtime import ssh
-from runtime.private import UnsafePath
-from scheduler.daemon import STATUS_FILE
-from scheduler.state import State
+from gpubook.runtime import ssh
+from gpubook.runtime.private import UnsafePath
+from gpubook.scheduler.daemon import STATUS_FILE
+from gpubook.scheduler.state import State
 
 
 def mode(path: Path) -> int:

@@ -1,4 +1,4 @@
-"""No-shows and idle GPUs: the pure judge (scheduler/core/reclaim.py), the actions decide makes of
+"""No-shows and idle GPUs: the pure judge (gpubook/scheduler/core/reclaim.py), the actions decide makes of
 its verdicts, the plan around a release, and State's records of them. Plain data; the daemon test
 is tests/test_daemon_reclaim.py."""
 
@@ -13,13 +13,13 @@ import pytest
 from booking_kit import TEMPLATES, utc
 from test_policy import booking, config
 
-from runtime.engines import ContainerInfo, container_name
-from scheduler.core import reclaim
-from scheduler.core.bookings import Booking
-from scheduler.core.decide import Memory, Policy, Runs, Stop, Warn, decide
-from scheduler.core.plan import Plan, plan, seen_key
-from scheduler.core.reclaim import Evidence, GpuUse, Idle, IdleNotice, NoShow, Release, Rules, judge
-from scheduler.state import Sample, State
+from gpubook.runtime.engines import ContainerInfo, container_name
+from gpubook.scheduler.core import reclaim
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.decide import Memory, Policy, Runs, Stop, Warn, decide
+from gpubook.scheduler.core.plan import Plan, plan, seen_key
+from gpubook.scheduler.core.reclaim import Evidence, GpuUse, Idle, IdleNotice, NoShow, Release, Rules, judge
+from gpubook.scheduler.state import Sample, State
 
 START = utc(2026, 11, 24, 10)
 MIN = timedelta(minutes=1)
@@ -229,7 +229,7 @@ def test_state_keeps_releases_and_finds_each_gpus_first_last_and_last_busy_sampl
 
 @pytest.mark.parametrize("value", [0, 101, -1])
 def test_idle_percent_outside_0_to_100_is_refused(value: float) -> None:
-    from runtime.errors import ConfigError
+    from gpubook.runtime.errors import ConfigError
     with pytest.raises(ConfigError, match="idle_percent"):
         config({"idle_percent": value})
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from test_pass_bounded import NOW, Machine, bookings, event, make_pass
 
-from runtime.engines import ContainerInfo
-from scheduler import config as config_module
-from scheduler.apply.passes import Pass
-from scheduler.state import State
+from gpubook.runtime.engines import ContainerInfo
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler.apply.passes import Pass
+from gpubook.scheduler.state import State
 
 CONFIG = ('[host]\nname = "devbox1"\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/lab/devbox1/"\n'
           '[engine]\nname = "podman"\n[gpus]\ncount = 1\n[defaults]\ntemplate = "debian-ssh"\ngpus = 1\n'

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from runtime.engines import ContainerInfo, container_name
-from scheduler.core.bookings import Booking
-from scheduler.core.decide import (
+from gpubook.runtime.engines import ContainerInfo, container_name
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.decide import (
     Action,
     Clear,
     Hold,
@@ -43,7 +43,7 @@ from scheduler.core.decide import (
     Warned,
     decide,
 )
-from scheduler.core.plan import Accepted, Plan
+from gpubook.scheduler.core.plan import Accepted, Plan
 
 CASES = sorted((Path(__file__).parent / "cases").glob("*.toml"))
 

@@ -17,14 +17,14 @@ import icalendar
 import pytest
 import requests
 
-from scheduler.config import Config, parse
-from scheduler.core.bookings import Booking, Rejection
-from scheduler.core.plan import Accepted, Plan
-from scheduler.outbox import reminders
-from scheduler.outbox.writeback import Remarks, WriteBack
-from scheduler.sources import block
-from scheduler.sources.alarm import MARK_PROPERTY, Reminder
-from scheduler.state import State
+from gpubook.scheduler.config import Config, parse
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import Accepted, Plan
+from gpubook.scheduler.outbox import reminders
+from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
+from gpubook.scheduler.sources import block
+from gpubook.scheduler.sources.alarm import MARK_PROPERTY, Reminder
+from gpubook.scheduler.state import State
 from tests import servers
 
 USER, PASSWORD = "test", "any"

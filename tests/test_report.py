@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.commands import cli
-from scheduler.commands import report as report_command
-from scheduler.outbox import report
-from scheduler.state import BookedRow, RejectedRow, Sample, State
+from gpubook.scheduler.commands import cli
+from gpubook.scheduler.commands import report as report_command
+from gpubook.scheduler.outbox import report
+from gpubook.scheduler.state import BookedRow, RejectedRow, Sample, State
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
@@ -230,7 +230,8 @@ def test_a_missing_state_database_is_said_and_not_made(tmp_path: Path, capsys: p
 
 
 def test_the_daemon_never_imports_matplotlib() -> None:
-    code = ("import sys, scheduler.daemon, scheduler.commands.cli, scheduler.commands.admin, scheduler.outbox.report; "
+    code = ("import sys, gpubook.scheduler.daemon, gpubook.scheduler.commands.cli, "
+            "gpubook.scheduler.commands.admin, gpubook.scheduler.outbox.report; "
             "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "[]"
@@ -238,7 +239,7 @@ def test_the_daemon_never_imports_matplotlib() -> None:
 
 def test_the_html_page_escapes_what_came_from_a_calendar(tmp_path: Path) -> None:
     """Rejection reasons quote calendar text: in the page it is text, never markup."""
-    from scheduler.outbox import report_plots
+    from gpubook.scheduler.outbox import report_plots
 
     with State(tmp_path / "state.sqlite") as state:
         hostile = RejectedRow(booking_id="x", user="eve", start=at(11, 3), end=at(11, 4),

@@ -1,4 +1,4 @@
-"""scheduler.sdnotify against real AF_UNIX datagram sockets (a path and the abstract namespace)."""
+"""gpubook.scheduler.sdnotify against real AF_UNIX datagram sockets (a path and the abstract namespace)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.sdnotify import Notifier
+from gpubook.scheduler.sdnotify import Notifier
 
 
 def _receive(sock: socket.socket) -> dict[str, str]:
@@ -88,7 +88,7 @@ def test_a_long_first_pass_extends_systemds_start_timeout_before_ready(tmp_path:
 
     from daemon_kit import in_process_daemon
 
-    from scheduler.daemon import Daemon
+    from gpubook.scheduler.daemon import Daemon
 
     address, sock = path_socket
     held = threading.Event()

@@ -18,9 +18,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from runtime import sftp
-from runtime.engines import Engine, container_name
-from scheduler.commands.embedded import free_port
+from gpubook.runtime import sftp
+from gpubook.runtime.engines import Engine, container_name
+from gpubook.scheduler.commands.embedded import free_port
 from tests import daemon_kit, sftp_kit
 from tests.daemon_kit import (
     DaemonProcess,

@@ -14,10 +14,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from runtime import sftp
-from runtime.engines import Engine
-from scheduler.commands.embedded import free_port
-from scheduler.hosts.sftp import SftpService, SftpSettings
+from gpubook.runtime import sftp
+from gpubook.runtime.engines import Engine
+from gpubook.scheduler.commands.embedded import free_port
+from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings
 from tests import safe_data, sftp_kit
 from tests.daemon_kit import engine, key_line, wait_for  # noqa: F401 - fixtures by name
 

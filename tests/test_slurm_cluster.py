@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError, SlurmUnreachable, parse
+from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError, SlurmUnreachable, parse
 from tests import slurm_kit
 from tests.test_slurm_sync import accepted, booking
 

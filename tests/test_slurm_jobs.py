@@ -24,15 +24,15 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from runtime import ssh
-from runtime.engines import container_name
-from runtime.errors import EngineError
-from runtime.slurm_step import StepRequest
-from runtime.templates import get_template
-from scheduler.hosts import Booker, StartRequest
-from scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmUnreachable
-from scheduler.hosts.slurm.host import SlurmHost
-from scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
+from gpubook.runtime import ssh
+from gpubook.runtime.engines import container_name
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.slurm_step import StepRequest
+from gpubook.runtime.templates import get_template
+from gpubook.scheduler.hosts import Booker, StartRequest
+from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmUnreachable
+from gpubook.scheduler.hosts.slurm.host import SlurmHost
+from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 from tests import slurm_kit
 from tests.engine_suite import PODMAN, key_line, new_key
 from tests.test_slurm_sync import accepted, booking
@@ -71,8 +71,9 @@ def _as_account(user: str, code: str) -> None:
 @pytest.fixture(scope="module")
 def account_image() -> None:
     """The debian-ssh image in the account's own podman storage (cached: a no-op once built)."""
-    _as_account("gpubook-test", "from runtime import overlay_image; from runtime.engines import engine_from; "
-                "from runtime.templates import get_template; from tests.engine_suite import CACHE_DIR, PODMAN; "
+    _as_account("gpubook-test", "from gpubook.runtime import overlay_image; "
+                "from gpubook.runtime.engines import engine_from; "
+                "from gpubook.runtime.templates import get_template; from tests.engine_suite import CACHE_DIR, PODMAN; "
                 "overlay_image.build_rootfs_image(engine_from(**PODMAN), get_template('debian-ssh'), "
                 "cache_dir=CACHE_DIR)")
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import GpubookError
-from runtime.slurm_step import StepRequest, _engine, granted_gpus
-from scheduler.hosts.slurm import Scontrol
-from scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
+from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.slurm_step import StepRequest, _engine, granted_gpus
+from gpubook.scheduler.hosts.slurm import Scontrol
+from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 
 NOW = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 HOSTILE_ID = "x'; touch /tmp/pwned; echo '$(id)`id`\n--reservation=other"
@@ -57,7 +57,7 @@ def test_a_hostile_booking_id_reaches_neither_the_script_nor_sbatch_as_anything_
     lines = (folder / "job.sh").read_text().splitlines()
     assert lines[0] == "#!/bin/sh" and all(line.startswith("#") for line in lines[1:-1])
     assert shlex.split(lines[-1]) == ["exec", "srun", "--kill-on-bad-exit=1", "/opt/gpubook venv/bin/python", "-m",
-                                      "runtime.slurm_step", str(folder / "request.json")]
+                                      "gpubook.runtime.slurm_step", str(folder / "request.json")]
     assert json.loads((folder / "request.json").read_text())["booking_id"] == HOSTILE_ID  # data, never code
 
 
@@ -108,8 +108,8 @@ def test_a_step_refuses_a_request_it_was_not_written_to_run(tmp_path: Path, chan
 
 
 def test_slurms_gres_indices_are_read_as_nvidia_smis_through_the_device_minors() -> None:
-    from runtime.nvidia.model import Gpu
-    from runtime.slurm_step import nvidia_indices
+    from gpubook.runtime.nvidia.model import Gpu
+    from gpubook.runtime.slurm_step import nvidia_indices
 
     # nvidia-smi's order (PCI bus) against the minors: GPU 0 is /dev/nvidia1, GPU 1 is /dev/nvidia0.
     crossed = (Gpu(index=0, minor=1, bus_id="0000:01:00.0"), Gpu(index=1, minor=0, bus_id="0000:02:00.0"))
@@ -128,7 +128,7 @@ class _Recording:
         self.ran: list[list[str]] = []
 
     def exec(self, name: str, argv: list[str], *, user: str | None = None, timeout: float | None = None) -> object:
-        from runtime.engines import ExecResult
+        from gpubook.runtime.engines import ExecResult
 
         self.ran.append([name, *argv])
         return ExecResult(0, "done\n", "")
@@ -141,7 +141,7 @@ def _order(folder: Path, token: str, argv: list[str]) -> Path:
 
 
 def test_the_step_runs_the_daemons_orders_and_answers_them(tmp_path: Path) -> None:
-    from runtime.slurm_step import serve_execs
+    from gpubook.runtime.slurm_step import serve_execs
 
     folder = tmp_path / "job"
     folder.mkdir(mode=0o755)
@@ -159,7 +159,7 @@ def test_orders_anybody_could_have_written_are_not_run(tmp_path: Path) -> None:
     (it would run as root in a booker's container)."""
     import os
 
-    from runtime.slurm_step import serve_execs
+    from gpubook.runtime.slurm_step import serve_execs
 
     open_folder = tmp_path / "open"
     open_folder.mkdir()

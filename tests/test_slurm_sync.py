@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import ConfigError
-from scheduler import daemon
-from scheduler.config import parse as parse_config
-from scheduler.core.bookings import Booking
-from scheduler.core.plan import Accepted
-from scheduler.hosts.slurm import SlurmCluster, parse, sync
+from gpubook.runtime.errors import ConfigError
+from gpubook.scheduler import daemon
+from gpubook.scheduler.config import parse as parse_config
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.plan import Accepted
+from gpubook.scheduler.hosts.slurm import SlurmCluster, parse, sync
 
 NOW = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)
 PREFIX = "gpubook-"

@@ -12,10 +12,10 @@ import caldav
 import pytest
 from icalendar import Calendar, Event
 
-from scheduler.config import CalendarConfig
-from scheduler.sources import open_source
-from scheduler.sources.caldav_source import CaldavSource
-from scheduler.sources.errors import CalendarDataError, CalendarError
+from gpubook.scheduler.config import CalendarConfig
+from gpubook.scheduler.sources import open_source
+from gpubook.scheduler.sources.caldav_source import CaldavSource
+from gpubook.scheduler.sources.errors import CalendarDataError, CalendarError
 from tests import servers
 
 pytestmark = pytest.mark.caldav

@@ -9,10 +9,10 @@ from email.utils import format_datetime
 import pytest
 from icalendar import Calendar
 
-from scheduler.config import CalendarConfig
-from scheduler.sources import open_source
-from scheduler.sources.errors import CalendarDataError, CalendarError
-from scheduler.sources.ics_feed import IcsFeedSource
+from gpubook.scheduler.config import CalendarConfig
+from gpubook.scheduler.sources import open_source
+from gpubook.scheduler.sources.errors import CalendarDataError, CalendarError
+from gpubook.scheduler.sources.ics_feed import IcsFeedSource
 from tests import servers
 
 FEED = """BEGIN:VCALENDAR
@@ -154,7 +154,7 @@ def test_open_source_gives_a_feed_source(feed_server):
 def test_a_source_named_by_its_class_path_and_its_preflight(feed_server):
     feed_server.replies["/lab.ics"] = servers.Reply(body=FEED.encode())
     config = CalendarConfig(url=feed_server.base_url + "/lab.ics", gpus=None,
-                            kind="scheduler.sources.ics_feed:IcsFeedSource")
+                            kind="gpubook.scheduler.sources.ics_feed:IcsFeedSource")
     source = open_source(config, timeout=5)
     assert isinstance(source, IcsFeedSource)
     assert source.preflight() == "2 object(s)"

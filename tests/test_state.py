@@ -1,4 +1,4 @@
-"""scheduler.state against a real SQLite file: ports, containers, accounting, log, recovery."""
+"""gpubook.scheduler.state against a real SQLite file: ports, containers, accounting, log, recovery."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.state import MIGRATIONS, State, StateError, port_is_free, schema
+from gpubook.scheduler.state import MIGRATIONS, State, StateError, port_is_free, schema
 
 T0 = datetime(2026, 11, 21, 9, 0, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def _free_block(size: int) -> int:
 
 def test_new_database_has_current_schema_wal_and_foreign_keys(tmp_path: Path, caplog) -> None:
     path = tmp_path / "sub" / "state.sqlite"
-    with caplog.at_level(logging.WARNING, logger="scheduler.state"), State(path) as db:
+    with caplog.at_level(logging.WARNING, logger="gpubook.scheduler.state"), State(path) as db:
         assert db.schema_version == len(MIGRATIONS)
         mode = db._query("PRAGMA journal_mode")[0][0]
         assert mode == "wal"
@@ -45,7 +45,7 @@ def test_new_database_has_current_schema_wal_and_foreign_keys(tmp_path: Path, ca
     assert "does not exist" in caplog.text
     # Opening again migrates nothing and warns about nothing.
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="scheduler.state"), State(path) as db:
+    with caplog.at_level(logging.WARNING, logger="gpubook.scheduler.state"), State(path) as db:
         assert db.schema_version == len(MIGRATIONS)
     assert caplog.text == ""
 
@@ -146,7 +146,7 @@ def test_naive_datetime_is_refused(db: State) -> None:
 def test_corrupt_database_is_set_aside_and_recreated(tmp_path: Path, caplog) -> None:
     path = tmp_path / "state.sqlite"
     path.write_bytes(b"this is not a database, it is garbage " * 200)
-    with caplog.at_level(logging.WARNING, logger="scheduler.state"), State(path) as db:
+    with caplog.at_level(logging.WARNING, logger="gpubook.scheduler.state"), State(path) as db:
         assert db.schema_version == len(MIGRATIONS)
         db.log_event("alive")
         assert [e.message for e in db.events()] == ["alive"]
@@ -197,7 +197,7 @@ def test_failed_migration_leaves_the_version_unchanged(tmp_path: Path, monkeypat
 
 WRITER = textwrap.dedent("""
     import sys
-    from scheduler.state import State
+    from gpubook.scheduler.state import State
     db = State(sys.argv[1])
     number = 0
     while True:
@@ -240,7 +240,7 @@ def test_record_stop_keeps_a_run_already_closed_and_records_a_lost_one(db: State
     """The handlers' record_stop: a run `gpubook stop` already closed stays closed with its reason (a
     pass that finds the leftover must not add a death, which would be restarted); a container State
     never saw (a lost database) gets a record, so that its restarts stay bounded."""
-    from scheduler.apply.handlers import record_stop
+    from gpubook.scheduler.apply.handlers import record_stop
 
     db.container_started("b1", "gpubook-b1", user="alice", gpu_count=1, at=T0)
     admin = record_stop(db, name="gpubook-b1", booking_id="b1", reason="stopped by an admin",

@@ -9,12 +9,12 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from runtime import storage
-from runtime.engines import engine_from
-from runtime.errors import StorageError
-from runtime.templates import get_template
-from scheduler.hosts import Booker, StartRequest
-from scheduler.hosts.local import LocalHost
+from gpubook.runtime import storage
+from gpubook.runtime.engines import engine_from
+from gpubook.runtime.errors import StorageError
+from gpubook.runtime.templates import get_template
+from gpubook.scheduler.hosts import Booker, StartRequest
+from gpubook.scheduler.hosts.local import LocalHost
 from tests import safe_data
 
 

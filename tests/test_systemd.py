@@ -1,4 +1,4 @@
-"""systemd/gpubook.service passes `systemd-analyze verify --user` and says what the daemon needs.
+"""gpubook/systemd/gpubook.service passes `systemd-analyze verify --user` and says what the daemon needs.
 
 No user manager runs here (CI runs the suite under runuser), so the verification gets its own
 HOME and XDG_RUNTIME_DIR; the ExecStart binary it checks for (%h/.local/share/gpubook/venv/bin/gpubook)
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-UNIT = Path(__file__).resolve().parent.parent / "systemd" / "gpubook.service"
+UNIT = Path(__file__).resolve().parent.parent / "gpubook" / "systemd" / "gpubook.service"
 EXEC = Path(".local/share/gpubook/venv/bin/gpubook")
 # Notes about the checkout's file modes (umask of a CI clone), not about the unit's content.
 MODE_NOTES = ("is marked executable", "is marked world-writable", "is marked world-inaccessible")

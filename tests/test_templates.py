@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime import templates_cli
-from runtime.errors import TemplateError
-from runtime.templates import get_template, load_all, load_template, template_names
+from gpubook.runtime import templates_cli
+from gpubook.runtime.errors import TemplateError
+from gpubook.runtime.templates import get_template, load_all, load_template, template_names
 
 SHIPPED = {
     "tensorflow-cuda9",

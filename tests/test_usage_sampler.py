@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engines import ContainerInfo
-from runtime.nvidia.model import Gpu
-from runtime.nvidia.nvml import NvmlView
-from scheduler.apply.accounting import Accounting
-from scheduler.core.plan import Plan
-from scheduler.hosts.usage import Sampler, booker_logged_in
-from scheduler.state import BookedRow, Sample, State, StateUnavailable
+from gpubook.runtime.engines import ContainerInfo
+from gpubook.runtime.nvidia.model import Gpu
+from gpubook.runtime.nvidia.nvml import NvmlView
+from gpubook.scheduler.apply.accounting import Accounting
+from gpubook.scheduler.core.plan import Plan
+from gpubook.scheduler.hosts.usage import Sampler, booker_logged_in
+from gpubook.scheduler.state import BookedRow, Sample, State, StateUnavailable
 
 NOW = datetime(2026, 11, 20, 10, tzinfo=UTC)
 PROBE = "SHA256:pr0beFingerprintOfTheDaemonsKey0000000000000"
@@ -89,12 +89,12 @@ def test_only_the_bookers_own_login_counts(tmp_path: Path) -> None:
 
 def test_without_a_gpu_nothing_is_recorded_and_that_is_said_once(tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="scheduler.hosts.usage")
+    caplog.set_level(logging.WARNING, logger="gpubook.scheduler.hosts.usage")
     with State(tmp_path / "state.sqlite") as state:
         sampler = make_sampler(state, [], {}, read=lambda: NvmlView(None, problem="NVML cannot be read (no driver)"))
         assert [sampler(now=NOW + timedelta(seconds=30 * n)).samples for n in range(3)] == [0, 0, 0]
         assert state.samples_count() == 0
-    said = [r.getMessage() for r in caplog.records if r.name == "scheduler.hosts.usage"]
+    said = [r.getMessage() for r in caplog.records if r.name == "gpubook.scheduler.hosts.usage"]
     assert said == ["no GPU to sample (NVML cannot be read (no driver)): GPU utilisation is not recorded; "
                     "logins still are"]
 
@@ -139,7 +139,7 @@ def test_a_plan_recorded_once_is_not_written_again(tmp_path: Path) -> None:
 def test_old_databases_migrate_and_keep_their_rows(tmp_path: Path) -> None:
     import sqlite3
 
-    from scheduler.state import schema
+    from gpubook.scheduler.state import schema
 
     path = tmp_path / "state.sqlite"
     old = sqlite3.connect(path)

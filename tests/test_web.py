@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from runtime.engines import ContainerInfo, container_name
-from runtime.errors import ConfigError
-from scheduler.config import load
-from scheduler.core.plan import Plan
-from scheduler.outbox import status, timeline
-from scheduler.outbox.web.access import read_htpasswd
-from scheduler.state.records import ContainerRecord
+from gpubook.runtime.engines import ContainerInfo, container_name
+from gpubook.runtime.errors import ConfigError
+from gpubook.scheduler.config import load
+from gpubook.scheduler.core.plan import Plan
+from gpubook.scheduler.outbox import status, timeline
+from gpubook.scheduler.outbox.web.access import read_htpasswd
+from gpubook.scheduler.state.records import ContainerRecord
 from tests.web_kit import (
     accepted,
     booking,

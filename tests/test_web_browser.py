@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import requests
 
-from scheduler.commands.embedded import free_port
+from gpubook.scheduler.commands.embedded import free_port
 from tests import daemon_kit
 from tests.daemon_kit import DaemonProcess, book, child_env, soon, wait_for, write_config
 from tests.web_kit import (
@@ -131,7 +131,7 @@ def test_the_page_holds_a_week_of_a_thousand_bookings(tmp_path: Path) -> None:
     config = tmp_path / "gpubook.toml"
     config.write_text(f'[host]\nname = "devbox1"\n[[calendar]]\nurl = "http://127.0.0.1:9/c/"\n[users.alice]\n'
                       f'uid = 2001\n[daemon]\nstate_dir = "{state}"\n[web]\nlisten = "127.0.0.1:0"\n')
-    web = subprocess.Popen([sys.executable, "-m", "scheduler.commands.cli", "web", "--config", str(config)],
+    web = subprocess.Popen([sys.executable, "-m", "gpubook.scheduler.commands.cli", "web", "--config", str(config)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=child_env())
     try:
         assert web.stdout is not None

@@ -7,9 +7,9 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from runtime.engines import container_name
-from scheduler.outbox.writeback import Remarks, WriteBack
-from scheduler.state import ContainerRecord, State
+from gpubook.runtime.engines import container_name
+from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
+from gpubook.scheduler.state import ContainerRecord, State
 from tests.test_pass_bounded import NOW, Machine, bookings, event, make_config, make_pass, running
 
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import requests
 
-from scheduler.config import Config, parse
-from scheduler.core.bookings import Booking, Rejection
-from scheduler.core.plan import LOCAL, Accepted, Plan
-from scheduler.outbox import status, timeline
-from scheduler.outbox.web import serve
-from scheduler.state.records import ContainerRecord
+from gpubook.scheduler.config import Config, parse
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import LOCAL, Accepted, Plan
+from gpubook.scheduler.outbox import status, timeline
+from gpubook.scheduler.outbox.web import serve
+from gpubook.scheduler.state.records import ContainerRecord
 
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import paramiko
 
-from runtime.nvidia.model import Gpu
+from gpubook.runtime.nvidia.model import Gpu
 
 UUID = re.compile(r"GPU-[0-9a-fA-F-]{36}")
 KERNEL_LINE = re.compile(r"^device (\d+) (GPU-[0-9a-f-]{36}) (\S+) kernel (\S+)$", re.MULTILINE)

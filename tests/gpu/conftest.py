@@ -11,7 +11,7 @@ from pathlib import Path
 import hostroot
 import pytest
 
-from runtime import nvidia
+from gpubook.runtime import nvidia
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,8 +6,9 @@ without /proc, /sys, /dev, /tmp, /root, /opt, /usr/local/cuda* and /usr/local/nv
 must come from the injection, not the image), imported once into podman and reused.
 
 The containers are started with `podman run` argv built here from the podman engine's
-`gpu_args`; once the podman engine (runtime/engines/podman.py) takes a `ContainerSpec(gpu=injection)`, `run_argv`
-is the one place to switch. `LOADER_SHIM` does what gpubook's entrypoint does for the driver:
+`gpu_args`; once the podman engine (gpubook/runtime/engines/podman.py) takes a
+`ContainerSpec(gpu=injection)`, `run_argv` is the one place to switch. `LOADER_SHIM` does what
+gpubook's entrypoint does for the driver:
 ldconfig if the image has it, else LD_LIBRARY_PATH prepended.
 """
 
@@ -24,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from runtime import nvidia  # noqa: E402
-from runtime.engines import engine_from  # noqa: E402
+from gpubook.runtime import nvidia  # noqa: E402
+from gpubook.runtime.engines import engine_from  # noqa: E402
 
 HOST_IMAGE = os.environ.get("GPUBOOK_HOST_IMAGE", "localhost/gpubook-hostroot:test")
 # The sshd test image the daemon and Slurm GPU suites book (tests/gpu/prepare_daemon_bundle.sh).
@@ -171,7 +172,7 @@ def run_argv(
         return [*argv, *extra, image, "sh", "-c", LOADER_SHIM, "sh", *command]
     from datetime import UTC, datetime, timedelta
 
-    from runtime.engines import ContainerSpec
+    from gpubook.runtime.engines import ContainerSpec
 
     # The host's own storage and cgroup defaults, so that plain `podman exec/rm` find the container.
     # The bundle's limits (podman-on-gpuhost.sh): runc there refuses higher nofile/nproc values.

@@ -39,10 +39,10 @@ from test_daemon_gpu import (  # noqa: F401 - fixtures, used by name
     radicale,
 )
 
-from runtime.engines import Engine, container_name
-from runtime.nvidia.model import Gpu
-from scheduler.commands.embedded import free_port
-from scheduler.state import State
+from gpubook.runtime.engines import Engine, container_name
+from gpubook.runtime.nvidia.model import Gpu
+from gpubook.scheduler.commands.embedded import free_port
+from gpubook.scheduler.state import State
 from tests import servers
 from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
 from tests.web_kit import answers
@@ -128,7 +128,7 @@ def test_a_busy_gpu_booking_shows_on_the_page_in_metrics_and_in_the_report(
     figures.update(samples=len(rows), busy_samples=len(busy_rows))
     assert len(busy_rows) >= 3, rows
     day = start.date()
-    done = subprocess.run([sys.executable, "-m", "scheduler.commands.cli", "report", "--config", str(config),
+    done = subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "report", "--config", str(config),
                            "--from", day.isoformat(), "--to", (day + timedelta(days=1)).isoformat(),
                            "--csv", str(tmp_path / "report.csv")], capture_output=True, text=True, timeout=120,
                           check=False)

@@ -43,11 +43,11 @@ import hostroot
 import paramiko
 import pytest
 
-from runtime import storage
-from runtime.engines import Engine, container_name, engine_from
-from runtime.errors import EngineError
-from runtime.nvidia.model import Gpu
-from scheduler.state import State
+from gpubook.runtime import storage
+from gpubook.runtime.engines import Engine, container_name, engine_from
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.nvidia.model import Gpu
+from gpubook.scheduler.state import State
 from tests import safe_data, servers
 from tests.daemon_kit import (
     DaemonProcess,

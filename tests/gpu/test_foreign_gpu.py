@@ -42,10 +42,10 @@ from test_daemon_gpu import (  # noqa: F401 - fixtures, used by name
     radicale,
 )
 
-from runtime.engines import Engine, container_name
-from runtime.nvidia import nvml
-from runtime.nvidia.model import Gpu
-from scheduler.state import ForeignRow, State
+from gpubook.runtime.engines import Engine, container_name
+from gpubook.runtime.nvidia import nvml
+from gpubook.runtime.nvidia.model import Gpu
+from gpubook.scheduler.state import ForeignRow, State
 from tests import servers
 from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
 

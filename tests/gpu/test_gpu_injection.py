@@ -17,7 +17,7 @@ from pathlib import Path
 import hostroot
 import pytest
 
-from runtime import nvidia
+from gpubook.runtime import nvidia
 
 pytestmark = pytest.mark.gpu
 

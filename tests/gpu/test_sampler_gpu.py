@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engines import ContainerInfo
-from scheduler.hosts.usage import Sampler
-from scheduler.state import BookedRow, State
+from gpubook.runtime.engines import ContainerInfo
+from gpubook.scheduler.hosts.usage import Sampler
+from gpubook.scheduler.state import BookedRow, State
 
 pytestmark = pytest.mark.gpu
 

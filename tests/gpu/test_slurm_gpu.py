@@ -43,16 +43,16 @@ import paramiko
 import pytest
 from test_daemon_gpu import radicale  # noqa: F401 - a fixture: Radicale from the bundle's wheels
 
-from runtime.engines import Engine, container_name, engine_from
-from runtime.errors import EngineError
-from runtime.nvidia.model import Gpu
-from runtime.templates import get_template
-from scheduler.core.bookings import Booking
-from scheduler.core.plan import Accepted
-from scheduler.hosts import Booker, StartRequest
-from scheduler.hosts.slurm import Scontrol, SlurmCluster
-from scheduler.hosts.slurm.host import SlurmHost
-from scheduler.hosts.slurm.jobs import SlurmJobs
+from gpubook.runtime.engines import Engine, container_name, engine_from
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.nvidia.model import Gpu
+from gpubook.runtime.templates import get_template
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.plan import Accepted
+from gpubook.scheduler.hosts import Booker, StartRequest
+from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster
+from gpubook.scheduler.hosts.slurm.host import SlurmHost
+from gpubook.scheduler.hosts.slurm.jobs import SlurmJobs
 from tests import servers, slurm_kit
 from tests.daemon_kit import DaemonProcess, book, description, port_range, wait_for
 

@@ -1,0 +1,78 @@
+"""Docker (the nvidia-docker sites): the shared CLI engine with Docker's own flags.
+
+Docker has no per-container user namespace: a container shares dockerd's (the host's, unless
+dockerd runs with `userns-remap`). The booker's uid inside is therefore the same number on the
+host, so bound folders chown'ed to the booker (as root) stay the booker's. Root inside a Docker
+container is host root with the capabilities below only; sites that need the stronger boundary
+use podman (rootless or with its per-container --uidmap).
+
+Docker cannot hide the other GPUs' /proc/driver/nvidia/gpus entries. Its CLI has no mask option
+(podman's `--security-opt mask=` does not exist there); HostConfig.MaskedPaths exists only in the
+API and replaces Docker's default list; and a tmpfs or bind mount over the folder is refused by
+runc, which allows no mounts inside /proc beyond a few lxcfs files. So a Docker booking on some
+of the GPUs gets no mask flag, a warning at each start, and doctor says so: the other GPUs' device
+nodes are still absent and the device cgroup denies them; only their model, UUID and bus id show.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpubook.runtime.checks import Check
+from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine
+
+if TYPE_CHECKING:
+    from gpubook.runtime.engines import EngineOptions, EngineSettings
+    from gpubook.runtime.nvidia.model import GpuInjection
+
+log = logging.getLogger(__name__)
+
+PROC_ISOLATION = (
+    "Docker cannot hide the other GPUs' /proc/driver/nvidia/gpus entries (model, UUID, bus id); "
+    "their device nodes are still isolated"
+)
+
+
+class DockerEngine(CliEngine):
+    name = "docker"
+    package = "docker.io"
+
+    def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
+        # OCI runtime, storage driver and cgroups are dockerd's own settings, not the client's.
+        super().__init__(settings, options)
+
+    def preflight(self) -> builtins.list[Check]:
+        checks = super().preflight()
+        if checks[0].ok:
+            # A limit to know of, not a fault to fix: doctor shows it without failing.
+            checks.append(Check("engine GPU isolation", True, f"{PROC_ISOLATION}; podman can hide them"))
+        return checks
+
+    def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
+        """Docker reads credentials from DIR/config.json (`--config DIR`, before the command): a
+        private copy of the auth.json, in a folder that lives as long as the pull."""
+        if auth_file is None:
+            return [], []
+        copy = folder / "config.json"
+        copy.write_bytes(auth_file.read_bytes())
+        copy.chmod(0o600)
+        return ["--config", str(folder)], []
+
+    def storage_path(self) -> Path:
+        return Path(self._call(["info", "--format", "{{.DockerRootDir}}"]).strip())
+
+    def image_exists(self, image: str) -> bool:
+        return self._process(["image", "inspect", image], timeout=QUICK_TIMEOUT).returncode == 0
+
+    def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
+        if injection.hidden_proc_paths:
+            log.warning(
+                "booking %s: %s (%s stays visible in its container)",
+                booking_id or "?",
+                PROC_ISOLATION,
+                ", ".join(injection.hidden_proc_paths),
+            )
+        return []

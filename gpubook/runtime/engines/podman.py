@@ -1,0 +1,312 @@
+"""Podman, rootless first (and rootful where the GPU host only allows that).
+
+Every setting that rootless podman would otherwise read from per-user config files is passed as a
+global flag, so the daemon behaves the same under a systemd user session, a plain `runuser`, or
+root; except the storage driver, which by default follows the user's own podman configuration:
+overriding it makes podman refuse a store that was made with another driver.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import re
+import resource
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpubook.runtime.checks import Check
+from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, checked_proc_path, message_of
+from gpubook.runtime.engines.spec import ContainerSpec, permanent
+from gpubook.runtime.errors import EngineError
+
+if TYPE_CHECKING:
+    from gpubook.runtime.engines import EngineOptions, EngineSettings
+    from gpubook.runtime.nvidia.model import GpuInjection
+
+# Rootful podman (euid 0) maps container ids 0..N onto host ids starting here: far above any real
+# account and any /etc/subuid range that useradd hands out.
+ROOTFUL_ID_BASE = 1_000_000_000
+CONTAINER_ID_COUNT = 65536
+# slirp4netns's port handler: "rootlesskit" (podman's default: rootlessport proxies each connection
+# in user space; the source address inside is not the client's) or "slirp4netns" (slirp forwards
+# it, keeping the source address). Measured by bench/container_start.py and bench/network_copy.py
+# (bench/results/network-2026-11-22): no slower to start, 5-11 % faster to copy through than slirp4netns.
+PORT_HANDLER = "rootlesskit"
+NPROC = 32768  # rootful default: runc was refused 65536 on the GPU host and on Debian 12
+
+# podman 4: `database storage graph driver "" does not match our storage graph driver "overlay"`;
+# older: `database graph driver "vfs" does not match our graph driver "overlay"`.
+_DRIVER_MISMATCH = re.compile(
+    r'database (?:storage )?graph driver "(?P<store>[^"]*)" does not match our '
+    r'(?:storage )?graph driver "(?P<ours>[^"]*)"'
+)
+
+
+@dataclass(frozen=True)
+class SubordinateIds:
+    """The daemon user's subordinate ids: intermediate id 1+N is host id `base+N`."""
+
+    uid_base: int
+    uid_count: int
+    gid_base: int
+    gid_count: int
+
+    def inner_uid(self, host: int) -> int:
+        return _inner(host, self.uid_base, self.uid_count, what="uid")
+
+    def inner_gid(self, host: int) -> int:
+        return _inner(host, self.gid_base, self.gid_count, what="gid")
+
+
+def _inner(host: int, base: int, count: int, *, what: str) -> int:
+    if not base <= host < base + count:
+        raise EngineError(f"host {what} {host} is not one of the daemon's subordinate {what}s")
+    return host - base + 1
+
+
+def _subordinate_range(text: str, name: str) -> tuple[int, int]:
+    """The host base and count of the line of `podman unshare cat /proc/self/<name>` that starts
+    at intermediate id 1 (id 0 is the daemon's own)."""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0] == "1":
+            return int(fields[1]), int(fields[2])
+    raise permanent(
+        f"rootless podman maps no subordinate ids ({name}: {text.strip()!r}); give the daemon's "
+        f"user a range in /etc/subuid and /etc/subgid (usermod --add-subuids/--add-subgids)"
+    )
+
+
+def cgroup_version(mounts: Path = Path("/proc/self/mounts")) -> int:
+    """2 where /sys/fs/cgroup is the unified hierarchy, else 1 (v1 or hybrid)."""
+    for line in mounts.read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "/sys/fs/cgroup":
+            return 2 if fields[2] == "cgroup2" else 1
+    return 1
+
+
+class PodmanEngine(CliEngine):
+    name = "podman"
+    package = "podman"
+
+    def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
+        super().__init__(settings, options)
+        self.runtime = settings.runtime
+        self.storage_driver = settings.storage_driver
+        self.cgroup_manager = options.cgroup_manager
+        self._subordinate: SubordinateIds | None = None
+
+    def preflight(self) -> builtins.list[Check]:
+        binary = self.binary_check()
+        if not binary.ok:
+            return [binary]
+        if os.geteuid() != 0 and not shutil.which("newuidmap"):
+            return [
+                Check(
+                    "engine",
+                    False,
+                    f"{binary.detail}, but newuidmap is missing (rootless podman needs it)",
+                    "install the uidmap package",
+                )
+            ]
+        return [binary, self.storage_check(), self.limits_check()]
+
+    def storage_check(self) -> Check:
+        """`podman info` with gpubook's own flags: the cheapest command that opens the store."""
+        try:
+            done = self._process(["info", "--format", "json"], timeout=QUICK_TIMEOUT)
+        except EngineError as error:  # no answer in time, or the binary gone meanwhile
+            return Check("engine storage", False, f"podman info: {error}", "run `podman info` as this user")
+        if done.returncode != 0:
+            return self._storage_failure(message_of(done))
+        try:
+            store = json.loads(done.stdout).get("store") or {}
+        except ValueError:
+            store = {}
+        driver, root = store.get("graphDriverName", "?"), store.get("graphRoot", "?")
+        if driver == "vfs":
+            return Check(
+                "engine storage",
+                False,
+                f"driver vfs, store {root}: every start copies the whole image (seconds per start, "
+                "and the image's size again on disk for each booking)",
+                'before the store is first used, put [storage] driver = "overlay" in '
+                "~/.config/containers/storage.conf; for a store made already, `podman system reset` "
+                "(it removes its images and containers) and then the same",
+            )
+        return Check("engine storage", True, f"driver {driver}, store {root}")
+
+    def _storage_failure(self, message: str) -> Check:
+        mismatch = _DRIVER_MISMATCH.search(message)
+        if mismatch is None:
+            return Check(
+                "engine storage",
+                False,
+                f"podman info: {message[:300]}",
+                "run `podman info` as this user and fix what it reports",
+            )
+        store, ours = mismatch.group("store"), mismatch.group("ours")
+        made_with = f'"{store}"' if store else "podman's default driver"
+        return Check(
+            "engine storage",
+            False,
+            f"podman's store was made with {made_with} but gpubook asks for \"{ours}\" "
+            f"([engine] storage_driver), so every podman command fails: {message[:200]}",
+            "remove [engine] storage_driver so podman uses its store's own driver"
+            + (f' (or set it to "{store}")' if store else "")
+            + ", or run `podman system reset` if the store's images and containers may be lost",
+        )
+
+    # --- podman's own flags --------------------------------------------------------------------
+
+    def global_argv(self) -> builtins.list[str]:
+        argv = [self.binary, *self.global_args]
+        if self.runtime:
+            argv += ["--runtime", self.runtime]
+        if self.storage_driver:
+            argv += ["--storage-driver", self.storage_driver]
+        if self.cgroup_manager:
+            argv += ["--cgroup-manager", self.cgroup_manager]
+        return argv + ["--events-backend", "file"]
+
+    def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
+        return [], ([] if auth_file is None else ["--authfile", str(auth_file)])
+
+    def storage_path(self) -> Path:
+        return Path(self._call(["info", "--format", "{{.Store.GraphRoot}}"]).strip())
+
+    def image_exists(self, image: str) -> bool:
+        return self._process(["image", "exists", image], timeout=QUICK_TIMEOUT).returncode == 0
+
+    def userns_args(self, spec: ContainerSpec) -> builtins.list[str]:
+        """The container's own user namespace: never the daemon's own uid (nor host root).
+
+        Rootless, container id N is id N+1 of podman's intermediate namespace, which is the
+        daemon user's subordinate id `base+N` (/etc/subuid): root inside and the booker are
+        subordinate ids, so a file they make on a bound folder, setuid or not, never belongs to
+        the daemon user (keep-id mapped the booker onto it). `--passwd=false`: the entrypoint
+        writes the booker's account itself. Rootful: one contiguous map far above real accounts.
+        A map with an identity hole for the booker would keep host ownership, but podman 4.3's
+        overlay driver refuses to mount such a layer ("permission denied"), so folders are
+        chown'ed to the mapped ids instead (host_owner).
+        """
+        if os.geteuid() != 0:
+            ids = self._subordinate_ids(spec.uid, spec.gid)
+            return [f"--uidmap=0:1:{ids.uid_count}", f"--gidmap=0:1:{ids.gid_count}", "--passwd=false"]
+        count = max(CONTAINER_ID_COUNT, spec.uid + 1, spec.gid + 1)
+        return [f"--uidmap=0:{ROOTFUL_ID_BASE}:{count}", f"--gidmap=0:{ROOTFUL_ID_BASE}:{count}"]
+
+    def service_userns_args(self) -> builtins.list[str]:
+        """Root of a service container is the daemon user (rootful: host root), so that the
+        daemon's folders are root's inside (sshd's ChrootDirectory wants that); every other id
+        maps exactly as in `userns_args`, so a booker's files have one owner in both."""
+        if os.geteuid() != 0:
+            ids = self._read_subordinate_ids()
+            return ["--uidmap=0:0:1", f"--uidmap=1:2:{ids.uid_count - 1}",
+                    "--gidmap=0:0:1", f"--gidmap=1:2:{ids.gid_count - 1}", "--passwd=false"]
+        count = CONTAINER_ID_COUNT - 1
+        return ["--uidmap=0:0:1", f"--uidmap=1:{ROOTFUL_ID_BASE + 1}:{count}",
+                "--gidmap=0:0:1", f"--gidmap=1:{ROOTFUL_ID_BASE + 1}:{count}"]
+
+    def private_network_args(self) -> builtins.list[str]:
+        """Rootless: slirp4netns, each container its own namespace, the host's loopback out of
+        reach (`allow_host_loopback=false`: no host-local service such as the calendar server);
+        Debian 12's podman 4.3 has no pasta. The port handler is chosen by the benchmarks'
+        figures (see PORT_HANDLER). Rootful: podman's own bridge (netavark/CNI)."""
+        if os.geteuid() == 0:
+            return ["--network", "bridge"]
+        return ["--network", f"slirp4netns:port_handler={PORT_HANDLER},allow_host_loopback=false"]
+
+    def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
+        """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""
+        if os.geteuid() != 0:
+            ids = self._subordinate_ids(uid, gid)
+            return ids.uid_base + uid, ids.gid_base + gid
+        return ROOTFUL_ID_BASE + uid, ROOTFUL_ID_BASE + gid
+
+    def chown(self, path: Path, uid: int, gid: int) -> None:
+        """Give a data folder to host ids `uid`/`gid`; rootless, only podman's namespace can."""
+        if os.geteuid() == 0:
+            os.chown(path, uid, gid, follow_symlinks=False)
+            return
+        ids = self._read_subordinate_ids()
+        # The daemon's own ids are id 0 of podman's namespace (a folder it keeps, given a group).
+        inner = (0 if uid == os.geteuid() else ids.inner_uid(uid), 0 if gid == os.getegid() else ids.inner_gid(gid))
+        done = self._process(
+            ["unshare", "chown", "--no-dereference", f"{inner[0]}:{inner[1]}", "--", str(path)],
+            timeout=QUICK_TIMEOUT,
+        )
+        if done.returncode != 0:
+            raise EngineError(f"podman unshare chown {path}: {message_of(done)}")
+
+    def _subordinate_ids(self, uid: int, gid: int) -> SubordinateIds:
+        ids = self._read_subordinate_ids()
+        if uid >= ids.uid_count or gid >= ids.gid_count:
+            raise permanent(
+                f"booker uid {uid} or gid {gid} is outside the {ids.uid_count} uids and "
+                f"{ids.gid_count} gids that /etc/subuid and /etc/subgid give the daemon's user; "
+                f"give that user a larger range (usermod --add-subuids/--add-subgids) or the "
+                f"booker a smaller uid"
+            )
+        return ids
+
+    def _read_subordinate_ids(self) -> SubordinateIds:
+        """The daemon user's subordinate ranges as podman's namespace maps them (read once)."""
+        if self._subordinate is None:
+            maps = []
+            for name in ("uid_map", "gid_map"):
+                done = self._process(["unshare", "cat", f"/proc/self/{name}"], timeout=QUICK_TIMEOUT)
+                if done.returncode != 0:
+                    raise EngineError(f"podman unshare: {message_of(done)}")
+                maps.append(_subordinate_range(done.stdout, name))
+            self._subordinate = SubordinateIds(*maps[0], *maps[1])
+        return self._subordinate
+
+    def default_ulimits(self) -> builtins.list[str]:
+        """nproc from pids_limit (cli_engine). Rootful runc in a user namespace cannot raise
+        nofile/nproc: keep them within its own."""
+        if os.geteuid() != 0:
+            return super().default_ulimits()
+        configured = {limit.split("=", 1)[0] for limit in self.ulimits}
+        nofile = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 1 << 20)
+        nproc = min(NPROC, self.pids_limit or NPROC)
+        defaults = {"nofile": f"nofile={nofile}:{nofile}", "nproc": f"nproc={nproc}:{nproc}"}
+        return [value for key, value in defaults.items() if key not in configured]
+
+    def limits_problem(self) -> str | None:
+        """What podman will not enforce here: on a cgroup-v1 host rootless podman ignores
+        --pids-limit and --memory (it says so only as a warning at each start)."""
+        if os.geteuid() == 0 or cgroup_version() == 2:
+            return None
+        return (
+            "this host has cgroups v1, where rootless podman ignores every resource limit "
+            "(--pids-limit, --memory): only the per-uid nproc ulimit bounds a booking's processes, "
+            "and root inside can get around it by changing uids"
+        )
+
+    def limits_check(self) -> Check:
+        problem = self.limits_problem()
+        memory = f"memory {self.memory}" if self.memory else "no memory limit unless the template sets one"
+        if problem is not None:
+            return Check("engine limits", False, problem,
+                         "boot with cgroups v2 (systemd.unified_cgroup_hierarchy=1) and delegate "
+                         "cpu, memory and pids to the daemon's user (systemd user@.service Delegate=)")
+        pids = f"{self.pids_limit} processes per container" if self.pids_limit else "no process limit"
+        return Check("engine limits", True, f"{pids}, {memory}")
+
+    def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
+        """libnvidia-container mounts a tmpfs over /proc/driver/nvidia from a hook; runc refuses
+        OCI mounts inside /proc, but its maskedPaths are allowed, and podman exposes them as
+        `--security-opt mask=` (a ':'-separated list, hence PROC_GPUS as a whole, see
+        nvidia.inject). runc masks a folder with an empty read-only tmpfs."""
+        if not injection.hidden_proc_paths:
+            return []
+        paths = [checked_proc_path(p) for p in injection.hidden_proc_paths]
+        return ["--security-opt", "mask=" + ":".join(paths)]
+
+

@@ -1,0 +1,317 @@
+"""One Slurm job step of a booking: start the booking's container on this node, say where SSH is,
+and keep it until the booking's end (`python -m gpubook.runtime.slurm_step REQUEST.json`).
+
+The daemon (gpubook/scheduler/hosts/slurm/jobs.py) writes the request from validated values only and
+submits a job into the booking's reservation; Slurm runs this on each allocated node (one task
+per node), as the daemon's account, with the GPUs it granted in SLURM_STEP_GPUS / SLURM_JOB_GPUS
+(the node's own indices) or CUDA_VISIBLE_DEVICES. The container is made by the same code as on
+the local backend (runtime.ssh.booking_spec, runtime.engines, the NVIDIA injection where the node
+has a driver), for exactly those GPUs; its SSH host key is made in the node's own cache, never on
+the shared storage. The step proves SSH answers with a probe key of its own,
+then writes `result-<node>.json` (node, port, host key) next to the request: the daemon reads it
+from the shared folder, and asks its commands for the container there too (`serve_execs`).
+SIGTERM (scancel, or Slurm's time limit) or the booking's end stops and removes the container;
+nothing is left behind by a failed start (start_booking removes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import paramiko
+
+from gpubook.runtime import ssh, storage
+from gpubook.runtime.engines import ContainerSpec, Engine, container_name, engine_from
+from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.mounts import Mount
+from gpubook.runtime.templates import get_template
+
+if TYPE_CHECKING:
+    from gpubook.runtime.nvidia.model import Gpu
+
+EXEC_POLL = 1.0  # seconds between the step's looks for the daemon's commands (and for the end)
+HOSTFILE = "/etc/gpubook/hostfile"  # in a multi-node booking's containers: "ADDRESS slots=GPUS" per node
+REQUEST_KEYS = frozenset({"booking_id", "user", "uid", "gid", "ssh_keys", "template", "templates_dir", "port",
+                          "end", "engine", "data_root", "multi_node", "placement"})
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """What the daemon asks of every node of one booking's job (request.json)."""
+
+    booking_id: str
+    user: str
+    uid: int
+    gid: int
+    ssh_keys: tuple[str, ...]
+    template: str
+    templates_dir: Path | None
+    port: int
+    end: datetime
+    engine: dict[str, str]
+    data_root: Path | None
+    multi_node: bool
+    # The daemon's plan: each node and the GPUs it counts there (Slurm picks which of the node's GPUs).
+    placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @classmethod
+    def read(cls, path: Path) -> StepRequest:
+        data = json.loads(path.read_text())
+        unknown = set(data) - REQUEST_KEYS
+        if unknown:
+            raise GpubookError(f"{path}: unknown keys {', '.join(sorted(unknown))}")
+        storage.check_user_name(data["user"])
+        end = datetime.fromisoformat(data["end"])
+        if end.tzinfo is None:
+            raise GpubookError(f"{path}: end {data['end']!r} has no time zone")
+        return cls(booking_id=str(data["booking_id"]), user=data["user"], uid=int(data["uid"]), gid=int(data["gid"]),
+                   ssh_keys=tuple(str(k) for k in data["ssh_keys"]), template=str(data["template"]),
+                   templates_dir=Path(data["templates_dir"]) if data.get("templates_dir") else None,
+                   port=int(data["port"]), end=end,
+                   engine={str(k): str(v) for k, v in dict(data.get("engine") or {}).items()},
+                   data_root=Path(data["data_root"]) if data.get("data_root") else None,
+                   multi_node=bool(data.get("multi_node")),
+                   placement=tuple((str(node), tuple(int(g) for g in gpus))
+                                   for node, gpus in data.get("placement", ())))
+
+    def write(self, path: Path) -> None:
+        data = {"booking_id": self.booking_id, "user": self.user, "uid": self.uid, "gid": self.gid,
+                "ssh_keys": list(self.ssh_keys), "template": self.template,
+                "templates_dir": str(self.templates_dir) if self.templates_dir else "", "port": self.port,
+                "end": self.end.isoformat(), "engine": self.engine,
+                "data_root": str(self.data_root) if self.data_root else "", "multi_node": self.multi_node,
+                "placement": [[node, list(gpus)] for node, gpus in self.placement]}
+        _write_atomic(path, json.dumps(data, indent=1))
+
+
+def granted_gpus(env: dict[str, str]) -> tuple[int, ...]:
+    """The node's GPU indices Slurm gave this job (its own numbering, as gres.conf lists them)."""
+    for key in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        value = env.get(key, "").strip()
+        if value:
+            if not all(part.isdigit() for part in value.split(",")):
+                raise GpubookError(f"{key}={value!r} is not a list of GPU indices")
+            return tuple(int(part) for part in value.split(","))
+    return ()
+
+
+def job_addresses(nodelist: str) -> list[str]:
+    """Each node of the job by the address Slurm reaches it at (NodeAddr), in Slurm's order."""
+    names = _scontrol("show", "hostnames", nodelist).split()
+    listing = _scontrol("show", "node", ",".join(names), "--oneliner")
+    address = {m.group(1): m.group(2) for m in re.finditer(r"NodeName=(\S+) .*?NodeAddr=(\S+)", listing)}
+    return [address.get(name, name) for name in names]
+
+
+def _scontrol(*args: str) -> str:
+    done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        raise GpubookError(f"scontrol {' '.join(args)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")  # nodes may write the same file
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def _engine(settings: dict[str, str]) -> Engine:
+    """The node's engine from the request's settings; `ulimits` is comma-separated ("nofile=1024:1024,
+    nproc=4096:4096"): a node whose runc cannot raise the defaults (rootful podman in a user namespace
+    on the GPU host) needs them, as `[engine] ulimits` on the local backend."""
+    return engine_from(settings.get("name", "podman"), runtime=settings.get("runtime") or None,
+                       storage_driver=settings.get("storage_driver") or None,
+                       network=settings.get("network", "private"),
+                       ulimits=[limit for limit in settings.get("ulimits", "").split(",") if limit])
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    engine: Engine
+    spec: ContainerSpec
+    probe: paramiko.PKey
+    cache_dir: Path
+
+
+def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, ...],
+             env: dict[str, str]) -> _Prepared:
+    """The booking's container spec on this node, with the local backend's code."""
+    engine = _engine(request.engine)
+    template = get_template(request.template, request.templates_dir)
+    # One container per node, named with its node: on a cluster each node has its own engine
+    # storage, but nodes sharing one (the tests' nodes, a home on NFS) must never take another
+    # node's container (a failed node's leftover) for their own.
+    booking_id = f"{request.booking_id}@{node}"
+    name = container_name(booking_id)
+    # The node's own cache (the account's ~/.cache/gpubook there): the booking's private host key
+    # stays on the node's disk, never on the shared storage.
+    cache_dir = ssh.default_cache_dir()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    folders = _folders(request, engine)
+    gpu = _injection(gpus, cache_dir)
+    host_key = ssh.booking_host_key(cache_dir, name, owner=engine.host_owner(0, 0), chown=engine.chown)
+    probe = paramiko.Ed25519Key.from_private_key(_new_private_key())
+    spec = ssh.booking_spec(template, booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
+                            ssh_keys=request.ssh_keys, probe_key=probe, port=request.port, end=request.end,
+                            folders=folders, cache_dir=cache_dir, host_key=host_key, gpus=gpus, gpu=gpu)
+    if request.multi_node:  # MPI/NCCL programs find the other nodes in the hostfile
+        hostfile = folder / "hostfile"
+        _write_atomic(hostfile, "".join(f"{address} slots={len(gpus) or 1}\n"
+                                        for address in job_addresses(env.get("SLURM_JOB_NODELIST", node))))
+        spec = replace(spec, mounts=(*spec.mounts, Mount(hostfile, HOSTFILE)))
+    return _Prepared(engine=engine, spec=spec, probe=probe, cache_dir=cache_dir)
+
+
+def run(request_path: Path, *, env: dict[str, str]) -> int:
+    """Start, report, wait for the end or SIGTERM, stop. The exit status is the job's. Whatever
+    keeps the container from starting is written as this node's result: the daemon says it."""
+    request = StepRequest.read(request_path)
+    folder = request_path.parent
+    node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        gpus = granted_gpus(env)
+        made = _prepare(request, folder=folder, node=node, gpus=gpus, env=env)
+        ready = ssh.start_booking(made.engine, made.spec, probe_key=made.probe, timeout=90)
+    except GpubookError as error:
+        _write_atomic(folder / f"result-{node}.json", json.dumps({"node": node, "error": str(error)}))
+        print(f"booking {request.booking_id}: its container did not start on {node}: {error}", file=sys.stderr)
+        return 1
+    engine, name, cache_dir = made.engine, made.spec.name, made.cache_dir
+    _write_atomic(folder / f"result-{node}.json", json.dumps(
+        {"node": node, "port": request.port, "host_key": ready.host_key, "container": name,
+         "gpus": list(gpus), "seconds_to_ssh": round(ready.seconds, 3),
+         "hostfile": HOSTFILE if request.multi_node else ""}))
+    print(f"booking {request.booking_id}: SSH answers on {node} port {request.port}", flush=True)
+    try:
+        while not stopping.wait(max(0.0, min(EXEC_POLL, (request.end - datetime.now(UTC)).total_seconds()))):
+            if datetime.now(UTC) >= request.end:
+                break
+            serve_execs(folder, node=node, engine=engine, name=name)
+    finally:
+        # Within Slurm's KillWait (its SIGKILL follows SIGTERM after it): the README asks for a
+        # KillWait longer than [engine] stop_grace_seconds, else the container outlives its step.
+        grace = float(request.engine.get("stop_grace_seconds") or 10)
+        for _ in range(3):  # a signal to the step's processes may end a podman call midway: again
+            try:
+                engine.stop(name, grace)
+            except GpubookError as error:
+                print(f"booking {request.booking_id}: stopping its container on {node}: {error}", file=sys.stderr)
+            if engine.inspect(name) is None:
+                break
+        ssh.forget_host_key(cache_dir, name)
+        print(f"booking {request.booking_id}: its container on {node} stopped", flush=True)
+    return 0
+
+
+def serve_execs(folder: Path, *, node: str, engine: Engine, name: str) -> None:
+    """The daemon's commands for this node's container (its end warning, its idle notice), asked
+    in the job folder (`exec-NODE-TOKEN.json`: an argv list and a time limit) and answered there
+    (`done-NODE-TOKEN.json`): the way into a node needs no Slurm step of its own, so it works while
+    slurmctld is away too. Only an order in a folder nobody else may write, in a file of the step's
+    own account (the daemon's), is run; argv is data run without a shell in the booking's own
+    container, as the local backend's exec."""
+    if folder.stat().st_mode & 0o022:
+        return  # others may write there: an order could be anybody's (the README says who owns it)
+    for asked in sorted(folder.glob(f"exec-{node}-*.json")):
+        if asked.stat().st_uid != os.geteuid() or asked.is_symlink():
+            continue
+        token = asked.name.removeprefix(f"exec-{node}-").removesuffix(".json")
+        try:
+            order = json.loads(asked.read_text())
+            asked.unlink()
+            argv = [str(word) for word in order["argv"]]
+            timeout = min(float(order.get("timeout", 30)), 120.0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # half-written or taken: the daemon's own time limit answers for it
+        try:
+            done = engine.exec(name, argv, timeout=timeout)
+            answer = {"returncode": done.returncode, "stdout": done.stdout[-4000:], "stderr": done.stderr[-4000:]}
+        except GpubookError as error:
+            answer = {"returncode": 125, "stdout": "", "stderr": str(error)}
+        _write_atomic(folder / f"done-{node}-{token}.json", json.dumps(answer))
+
+
+def _new_private_key() -> object:
+    import io
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                                     serialization.NoEncryption())
+    return io.StringIO(pem.decode())
+
+
+class _NoFolders(storage.DataFolders):
+    def mounts(self) -> tuple:  # type: ignore[override]
+        return ()
+
+
+def _folders(request: StepRequest, engine: Engine) -> storage.DataFolders:
+    if request.data_root is None:
+        return _NoFolders(user=request.user, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
+    problem = storage.mount_problem(request.data_root)
+    if problem is not None:
+        raise GpubookError(problem)
+    owner_uid, owner_gid = engine.host_owner(request.uid, request.gid)
+    return storage.prepare(request.data_root, request.user, uid=owner_uid, gid=owner_gid, chown=engine.chown)
+
+
+def _injection(gpus: tuple[int, ...], cache_dir: Path) -> object | None:
+    """The host driver's files and exactly these GPUs' devices, where this node has a driver."""
+    if not gpus or not Path("/proc/driver/nvidia/version").exists():
+        return None
+    from gpubook.runtime import nvidia
+
+    return nvidia.injection(nvidia_indices(gpus, nvidia.list_gpus()), cache_dir=cache_dir)
+
+
+def nvidia_indices(granted: tuple[int, ...], gpus: Sequence[Gpu]) -> tuple[int, ...]:
+    """Slurm's GRES indices as nvidia-smi's. Slurm numbers a node's GPUs in the order of its
+    gres.conf `File=/dev/nvidia[0-7]`, that is by device minor; nvidia-smi (and the injection) by
+    NVML's order. They differ where minors do not follow the PCI bus order: the i-th GRES GPU is
+    the GPU with the i-th smallest minor."""
+    by_minor = sorted(gpus, key=lambda gpu: (gpu.minor is None, gpu.minor or 0, gpu.index))
+    out = []
+    for index in granted:
+        if index >= len(by_minor):
+            raise GpubookError(f"Slurm granted GPU {index}, but this node's driver lists {len(by_minor)} GPUs; "
+                               "check gres.conf against nvidia-smi")
+        out.append(by_minor[index].index)
+    return tuple(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m gpubook.runtime.slurm_step REQUEST.json", file=sys.stderr)
+        return 2
+    try:
+        return run(Path(args[0]), env=dict(os.environ))
+    except GpubookError as error:
+        print(f"gpubook slurm step: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""`gpubook templates list|show|validate|build`: each takes parsed arguments, returns an exit code.
+
+Arguments read: `templates_dir` (None: the default folder), `json` (list), `name` (show, validate,
+build); build also reads `engine`, `binary`, `runtime`, `storage_driver` (None: podman, runc unset,
+the user's own storage configuration, as the daemon) so it builds into the same storage the daemon
+starts from.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from gpubook.runtime import overlay_image, ssh
+from gpubook.runtime.engines import engine_from
+from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.templates import Template, get_template, load_all
+
+
+def _folder(args: Namespace) -> Path | None:
+    value = getattr(args, "templates_dir", None)
+    return Path(value) if value else None
+
+
+def _summary(template: Template) -> dict[str, Any]:
+    return {
+        "name": template.name,
+        "image": template.image,
+        "cuda": template.cuda,
+        "has_sshd": template.has_sshd,
+        "jupyter": template.jupyter,
+        "description": template.description,
+        "path": str(template.path),
+    }
+
+
+def list_templates(args: Namespace) -> int:
+    loaded = load_all(_folder(args))
+    if getattr(args, "json", False):
+        items = [_summary(t) for t in loaded.templates.values()]
+        items += [{"name": name, "error": message} for name, message in loaded.errors.items()]
+        print(json.dumps(sorted(items, key=lambda item: item["name"]), indent=2))
+        return 0
+    for template in loaded.templates.values():
+        print(f"{template.name:<20} cuda {template.cuda or '-':<5} {template.image}")
+    for name, message in loaded.errors.items():
+        print(f"{name:<20} INVALID: {message.splitlines()[0]}")
+    return 0
+
+
+def show(args: Namespace) -> int:
+    try:
+        template = get_template(args.name, _folder(args))
+    except GpubookError as error:
+        print(f"gpubook: {error}", file=sys.stderr)
+        return 1
+    data = asdict(template)
+    data["path"] = str(template.path)
+    data["mounts"] = [{"source": str(m.source), "target": m.target} for m in template.mounts]
+    data["run_image"] = overlay_image.run_image(template)
+    print(json.dumps(data, indent=2, default=str))
+    return 0
+
+
+def validate(args: Namespace) -> int:
+    name = getattr(args, "name", None)
+    if name:
+        try:
+            template = get_template(name, _folder(args))
+        except GpubookError as error:
+            print(error, file=sys.stderr)
+            return 1
+        print(f"{template.path}: ok")
+        return 0
+    loaded = load_all(_folder(args))
+    for template in loaded.templates.values():
+        print(f"{template.path}: ok")
+    for message in loaded.errors.values():
+        print(message, file=sys.stderr)
+    return 1 if loaded.errors else 0
+
+
+def build(args: Namespace) -> int:
+    """Make the image a template runs: mmdebstrap + import for [build] recipes, else the overlay."""
+    try:
+        template = get_template(args.name, _folder(args))
+        engine = engine_from(
+            getattr(args, "engine", None) or "podman",
+            binary=getattr(args, "binary", None),
+            runtime=getattr(args, "runtime", None),
+            storage_driver=getattr(args, "storage_driver", None),
+        )
+        cache = ssh.default_cache_dir()
+        if template.build is not None:
+            overlay_image.build_rootfs_image(engine, template, cache_dir=cache)
+        if not template.has_sshd:
+            print(overlay_image.build_overlay(engine, template))
+        else:
+            print(template.image)
+    except GpubookError as error:
+        print(f"gpubook: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,297 @@
+"""One handler per action kind, each with only the collaborators it needs.
+
+A handler does its action, records the outcome in State once (a container started or stopped, a
+warning given, a notice queued in the outbox) and returns a `Change` that the pass folds into its
+view of the world. Nothing here writes to a calendar or sends a notice: the outbox consumers do
+that after the pass, from what was recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from gpubook.runtime import cuda
+from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
+from gpubook.runtime.errors import GpubookError, Preparing
+from gpubook.runtime.templates import Template, TemplateSet
+from gpubook.scheduler.apply.memory import ARMED, WARNED, Journal, Recall, warned_note
+from gpubook.scheduler.config import Config, UserConfig
+from gpubook.scheduler.core import decide
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.hosts import Booker, Host, StartRequest
+from gpubook.scheduler.outbox.metrics import Metrics
+from gpubook.scheduler.outbox.writeback import RUNNING_LINES, start_lines
+from gpubook.scheduler.state import ContainerRecord, State, StateError
+
+# A constant script; the message is its $1, never part of the script (nothing from a calendar
+# reaches a shell as code). It leaves the notice in /run/gpubook for sessions that log in later.
+# Each terminal is written without blocking (a booker's Ctrl-S stops a terminal's output, and a
+# plain write to it would wait for Ctrl-Q) and with 2 s at most; the exec itself has NOTICE_TIMEOUT.
+NOTICE_SCRIPT = ('msg=$1; printf "%s\\n" "$msg" > /run/gpubook/notice 2>/dev/null; '
+                 'for t in /dev/pts/[0-9]*; do [ -c "$t" ] || continue; '
+                 'printf "\\r\\n%s\\r\\n" "$msg" | timeout -s KILL 2 dd of="$t" oflag=nonblock 2>/dev/null; '
+                 'done; exit 0')
+NOTICE_TIMEOUT = 10.0  # seconds the notice inside a container may take; the booker's container may hang it
+
+
+def notice_argv(message: str) -> list[str]:
+    return ["/bin/sh", "-c", NOTICE_SCRIPT, "gpubook-notice", " ".join(message.split())]
+
+
+def tell_terminals(host: Host, name: str, text: str, *, booking_id: str, journal: Journal, what: str) -> None:
+    """`text` on the booker's terminals inside the container; a failure (a hung or stopped terminal)
+    is logged and no more: the event and the mail or webhook notice still tell."""
+    try:
+        done = host.exec(name, notice_argv(text), timeout=NOTICE_TIMEOUT)
+    except GpubookError as error:
+        journal.log.warning("booking %s: the %s inside the container failed: %s", booking_id, what, error)
+        return
+    if done.returncode != 0:
+        journal.log.warning("booking %s: the %s inside the container failed: %s", booking_id, what,
+                            done.stderr.strip()[:200])
+
+
+@dataclass(frozen=True)
+class Change:
+    """What an action changed, for the pass's view: a container now running, one gone, records written."""
+
+    running: ContainerInfo | None = None
+    gone: str | None = None  # container name
+    records: tuple[ContainerRecord, ...] = ()
+
+
+NOTHING = Change()
+
+
+def record_stop(state: State, *, name: str, booking_id: str, reason: str, now: datetime) -> ContainerRecord:
+    """Close the container's open record; one never recorded (a lost database) is recorded first,
+    so that restarts stay bounded. A record already closed (by `gpubook stop`) stays as it is."""
+    closed = state.container_stopped(name, reason=reason, at=now)
+    if closed is None:
+        earlier = [r for r in state.containers(booking_id=booking_id) if r.name == name]
+        if earlier:
+            return earlier[-1]
+        state.container_started(booking_id, name, user="", gpu_count=0, at=now)
+        closed = state.container_stopped(name, reason=reason, at=now)
+    assert closed is not None  # noqa: S101 - just opened above
+    return closed
+
+
+class StartHandler:
+    def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
+                 recall: Recall, journal: Journal, metrics: Metrics | None = None) -> None:
+        self.config, self.hosts, self.state, self.templates = config, hosts, state, templates
+        self.recall, self.journal, self.metrics = recall, journal, metrics
+
+    def __call__(self, action: decide.Start, *, now: datetime) -> Change:
+        accepted = action.accepted
+        booking = accepted.booking
+        failure = self.recall.failures.get(booking.id)
+        if booking.id in self.recall.refused or (failure is not None and failure.waiting(now)):
+            return NOTHING
+        problem = booking_id_problem(booking.id)  # before anything is taken for it (a port)
+        if problem:
+            self._refuse(booking.id, problem)
+            return NOTHING
+        host = self.hosts[accepted.host]
+        template = self._template(booking, host)
+        if template is None:
+            return NOTHING
+        user = self.config.users[booking.user]
+        # The port is held only while this start is in progress and then by the running container:
+        # a start that fails in any way gives it back.
+        # An armed container (run ahead of the start) already publishes its port: the same spec needs it.
+        if action.port is not None:
+            port = action.port
+            self.state.adopt_port(booking.id, port, now=now)
+        else:
+            port = port_for(self.config, self.state, booking.id, now=now)
+        try:
+            started = host.start(replace(start_request(booking, user, template=template, gpus=accepted.gpus,
+                                                       port=port), armed=action.armed,
+                                         placement=accepted.placement if accepted.others else ()))
+        except Preparing:
+            if not action.armed:  # an armed container keeps running (and holding its port) meanwhile
+                self._release_port(booking.id)
+            raise
+        except BaseException:
+            if action.armed:  # nothing half-done: its armed container goes too, and it starts anew
+                host.stop(container_name(booking.id), 0)
+            self._release_port(booking.id)
+            self._forget_armed(booking.id)
+            raise
+        self._forget_armed(booking.id)
+        if self.metrics is not None:
+            self.metrics.started(seconds_to_ssh=started.seconds_to_ssh)
+        gpus = [gpu for _, on_node in accepted.placement for gpu in on_node]
+        record = self.state.container_started(booking.id, started.info.name, user=user.name,
+                                              gpu_count=len(gpus), at=now)
+        where = accepted.host if self.config.backend.kind != "local" else self.config.host.name
+        self._note_lines(booking.id, start_lines(template, started.jupyter, driver_version=host.driver_version,
+                                                 port=port, user=user.name, host=where), now=now)
+        self.recall.failures.pop(booking.id, None)
+        self.recall.preparing.pop(booking.id, None)
+        self.recall.held.pop(booking.id, None)
+        again = f" (restart {action.attempt} after it died)" if action.attempt else ""
+        nodes = f" (and {', '.join(name for name, _ in accepted.others)})" if accepted.others else ""
+        self.journal.say(booking.id, f"started{again} on GPU {','.join(map(str, accepted.gpus)) or '-'}{nodes}, "
+                         f"ssh -p {port} {user.name}@{where}, SSH answered after "
+                         f"{started.seconds_to_ssh:.2f} s", now=now)
+        return Change(running=started.info, records=(record,))
+
+    def _forget_armed(self, booking_id: str) -> None:
+        """Its start is recorded (or failed, and its container is gone): it is armed no more."""
+        try:
+            self.state.clear_note(booking_id, ARMED)
+        except StateError as error:  # an open record outweighs the note (decide); a failed start clears again
+            self.journal.log.warning("booking %s: its armed note stays: %s", booking_id, error)
+
+    def _template(self, booking: Booking, host: Host) -> Template | None:
+        template, problem = usable_template(self.templates, booking.template, driver_version=host.driver_version)
+        if template is None:
+            self._refuse(booking.id, problem)
+        return template
+
+    def _note_lines(self, booking_id: str, lines: list[str], *, now: datetime) -> None:
+        """Keep what the start adds to the running block (JupyterLab, CUDA limits) for the write-back;
+        a locked database costs those lines, never the started booking."""
+        if not lines:
+            return
+        try:
+            self.state.set_note(booking_id, RUNNING_LINES, json.dumps(lines), at=now)
+        except StateError as error:
+            self.journal.log.warning("booking %s: its JupyterLab and CUDA lines are not kept: %s", booking_id, error)
+
+    def _release_port(self, booking_id: str) -> None:
+        try:
+            self.state.release_port(booking_id)
+        except StateError as error:  # the next pass frees it (ports of bookings not running)
+            self.journal.log.warning("booking %s: its port stays held until the next pass: %s", booking_id, error)
+
+    def _refuse(self, booking_id: str, reason: str) -> None:
+        self.recall.refused[booking_id] = reason
+        if self.metrics is not None:
+            self.metrics.start_failed(reason="refused")
+        self.journal.say(booking_id, f"rejected at its start: {reason}", now=None, level="warning")
+
+
+def usable_template(templates: TemplateSet, name: str, *, driver_version: str | None) -> tuple[Template | None, str]:
+    """The template a booking names, if it exists and suits the host's driver; else None and why
+    (the start refuses the booking with that sentence; an arm ahead simply leaves it to the start)."""
+    template = templates.templates.get(name)
+    if template is None:
+        problem = templates.errors.get(name, f"there is no template {name!r}")
+        return None, f"the template {name} cannot be used: {problem.splitlines()[0]}"
+    if driver_version is not None and template.cuda:
+        reason = cuda.check_cuda(template.cuda, driver_version)
+        if reason:
+            return None, reason
+    return template, ""
+
+
+def port_for(config: Config, state: State, booking_id: str, *, now: datetime) -> int:
+    """The booking's SSH port (held, or the lowest free one), never the SFTP service's."""
+    sftp = config.sftp
+    return state.port_for(booking_id, port_min=config.ssh.port_min, port_max=config.ssh.port_max, now=now,
+                          reserved=frozenset({sftp.port}) if sftp.enabled else frozenset())
+
+
+def start_request(booking: Booking, user: UserConfig, *, template: Template, gpus: tuple[int, ...],
+                  port: int) -> StartRequest:
+    """What a host gets to start (or arm) a booking: one function, so both build the same spec."""
+    return StartRequest(booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys),
+                        template=template, gpus=gpus, port=port, end=booking.end, start=booking.start)
+
+
+class DisarmHandler:
+    """A container run ahead of its booking's start that must not open: removed at once (its SSH
+    never opened, so nobody is warned), its port and armed note given back. Nothing is recorded as
+    a run: the booking, if it still stands, starts the normal way."""
+
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
+        self.hosts, self.state, self.journal = hosts, state, journal
+
+    def __call__(self, action: decide.Disarm, *, now: datetime) -> Change:
+        self.hosts[action.host].stop(action.name, 0)
+        self.state.release_port(action.booking_id)
+        self.state.clear_note(action.booking_id, ARMED)
+        self.journal.say(action.booking_id, f"removed its container run ahead of its start: {action.reason}", now=now)
+        return Change(gone=action.name)
+
+
+class StopHandler:
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
+        self.hosts, self.state, self.journal = hosts, state, journal
+
+    def __call__(self, action: decide.Stop, *, now: datetime, recorded: ContainerRecord | None = None) -> Change:
+        """`recorded`: the record closed before the container went (an admin's `gpubook stop`)."""
+        self.hosts[action.host].stop(action.name, action.grace)
+        records: tuple[ContainerRecord, ...] = ()
+        if recorded is None:
+            recorded = record_stop(self.state, name=action.name, booking_id=action.booking_id,
+                                   reason=action.reason, now=now)
+            records = (recorded,)
+        self.state.release_port(action.booking_id)
+        self.state.clear_notes(action.booking_id)  # stopped for good: its warning and extension are history
+        self.journal.say(action.booking_id, f"stopped ({action.reason})", now=now)
+        self.state.queue_notice(
+            kind="ended", booking_id=action.booking_id, user=recorded.user,
+            subject="gpubook: your booking ended",
+            text=f"gpubook: booking {action.booking_id} ended ({action.reason}); files in /data/output are kept.",
+            fields={"reason": action.reason}, at=now)
+        return Change(gone=action.name, records=records)
+
+
+class ClearHandler:
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
+        self.hosts, self.state, self.journal = hosts, state, journal
+
+    def __call__(self, action: decide.Clear, *, now: datetime) -> Change:
+        self.hosts[action.host].stop(action.name, 0)  # removes the exited leftover; nothing if it is gone
+        record = record_stop(self.state, name=action.name, booking_id=action.booking_id, reason=action.reason,
+                             now=now)
+        self.journal.say(action.booking_id, action.reason, now=now, level="warning")
+        return Change(gone=action.name, records=(record,))
+
+
+class WarnHandler:
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal, timezone: str) -> None:
+        self.hosts, self.state, self.journal = hosts, state, journal
+        self.zone = ZoneInfo(timezone)
+
+    def __call__(self, action: decide.Warn, *, now: datetime) -> Change:
+        stop = action.stop_at.astimezone(self.zone).strftime("%H:%M:%S %Z")
+        minutes = max(0, round((action.stop_at - now).total_seconds() / 60))
+        text = {
+            "end-near": f"gpubook: this booking ends at {stop} (in {minutes} min); the container stops then. "
+                        f"Save your work to /data/output.",
+            "end-moved": f"gpubook: the end of this booking was moved earlier; the container stops at {stop} "
+                         f"(in {minutes} min). Save your work to /data/output.",
+            "gone": f"gpubook: this booking was removed from the calendar; the container stops at {stop} "
+                    f"(in {minutes} min). Save your work to /data/output.",
+            "moved": f"gpubook: this booking was moved to a later time; this container stops at {stop} "
+                     f"(in {minutes} min) and a new one starts at the new time. Save your work to /data/output.",
+        }[action.reason]
+        self.state.set_note(action.booking_id, WARNED, warned_note(action, now=now), at=now)
+        self.journal.say(action.booking_id, f"warned: {text}", now=now)
+        tell_terminals(self.hosts[action.host], action.name, text, booking_id=action.booking_id,
+                       journal=self.journal, what="notice")
+        self.state.queue_notice(kind="warning", booking_id=action.booking_id, user=action.user,
+                                subject="gpubook: your booking ends soon", text=text,
+                                fields={"stop_at": action.stop_at.isoformat()}, at=now)
+        return NOTHING
+
+
+class HoldHandler:
+    def __init__(self, *, recall: Recall, journal: Journal) -> None:
+        self.recall, self.journal = recall, journal
+
+    def __call__(self, action: decide.Hold, *, now: datetime) -> Change:
+        if self.recall.held.get(action.booking_id) != action.reason:
+            self.recall.held[action.booking_id] = action.reason
+            self.journal.say(action.booking_id, f"not started: {action.reason}", now=now, level="warning")
+        return NOTHING

@@ -1,0 +1,130 @@
+"""Each booking's actions in order, different bookings in parallel, in a bounded pool of threads.
+
+No booking waits on another booking's slow step (a start whose sshd is slow, a notice a booker's
+terminal holds up). A start waits only for the stops and clears that free its GPUs on its host;
+stops and clears are submitted first, so that a start waiting for one never waits for a task
+queued behind it. A booking still at work from an earlier pass is skipped (its port stays held).
+The pass (passes.py) waits `patience` seconds for its bookings, then leaves the slow ones to
+finish on their own and is told when each does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeGuard
+
+from gpubook.scheduler.core import decide, reclaim
+
+log = logging.getLogger(__name__)
+
+WORKERS = 8  # bookings whose actions run at the same time
+
+_Apply = Callable[[decide.Action], None]
+
+
+@dataclass(frozen=True)
+class _Freeing:
+    """A booking's stop or clear at work: a start on the same host and GPUs waits for it."""
+
+    host: str
+    gpus: frozenset[int]  # empty: unknown, so every start on the host waits
+    future: Future[None]
+
+
+
+class BookingLanes:
+    """One lane per booking: its actions run in order in one task of the pool."""
+
+    def __init__(self, *, workers: int = WORKERS) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubook-booking")
+        self._lock = threading.RLock()
+        self.busy: dict[str, Future[None]] = {}  # booking id → its actions at work
+        self.freeing: dict[str, _Freeing] = {}  # booking id → its stop or clear at work
+
+    def dispatch(self, actions: Sequence[decide.Action], *, apply: _Apply,
+                 gpus_of: Callable[[str], frozenset[int]]) -> list[Future[None]]:
+        """Each booking's actions, in order, as one task of the pool; stops and clears first, so
+        that a start waiting for one never waits for a task queued behind it. `apply` runs one
+        action; `gpus_of` gives the GPUs a container holds (empty: unknown)."""
+        groups: dict[str, list[decide.Action]] = {}
+        for action in actions:
+            groups.setdefault(booking_of(action) or f"?{id(action)}", []).append(action)
+        ordered = sorted(groups.items(), key=lambda item: not any(_frees(a) for a in item[1]))
+        submitted = []
+        for booking_id, group in ordered:
+            future = self._submit(booking_id, group, apply=apply, gpus_of=gpus_of)
+            if future is not None:
+                submitted.append(future)
+        return submitted
+
+    def _submit(self, booking_id: str, group: list[decide.Action], *, apply: _Apply,
+                gpus_of: Callable[[str], frozenset[int]]) -> Future[None] | None:
+        with self._lock:
+            earlier = self.busy.get(booking_id)
+            if earlier is not None and not earlier.done():
+                log.info("booking %s: still at work from an earlier pass; its actions wait for that", booking_id)
+                return None
+            starts = [a for a in group if isinstance(a, decide.Start)]
+            needs = [f.future for f in self.freeing.values() if any(_waits_for(s, f) for s in starts)]
+            future = self.pool.submit(self._run_group, group, needs, apply)
+            self.busy[booking_id] = future
+            freeing = [a for a in group if _frees(a)]
+            if freeing:
+                gpus = frozenset[int]().union(*(gpus_of(a.name) for a in freeing))
+                self.freeing[booking_id] = _Freeing(host=freeing[0].host, gpus=gpus, future=future)
+        future.add_done_callback(partial(self._forget, booking_id))
+        return future
+
+    def _run_group(self, group: Sequence[decide.Action], needs: Sequence[Future[None]], apply: _Apply) -> None:
+        wait(needs)
+        for action in group:
+            try:
+                apply(action)
+            except Exception:  # a defect, not a booking's failure: logged, and the pool goes on
+                log.exception("booking %s: %s failed unexpectedly", booking_of(action) or "-",
+                              type(action).__name__.lower())
+
+    def _forget(self, booking_id: str, future: Future[None]) -> None:
+        with self._lock:
+            if self.busy.get(booking_id) is future:
+                del self.busy[booking_id]
+            freeing = self.freeing.get(booking_id)
+            if freeing is not None and freeing.future is future:
+                del self.freeing[booking_id]
+
+    def wait_patiently(self, pending: Sequence[Future[None]], *, patience: float,
+             on_late: Callable[[Future[None]], None]) -> None:
+        """Wait `patience` seconds for the pass's bookings; `on_late` is told when a slower one ends."""
+        _, late = wait(pending, timeout=patience)
+        for future in late:
+            future.add_done_callback(on_late)
+
+    def at_work(self) -> set[str]:
+        with self._lock:
+            return {booking_id for booking_id, future in self.busy.items() if not future.done()}
+
+    def close(self) -> None:
+        """Wait for the bookings at work; queued ones are dropped."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _frees(action: Any) -> TypeGuard[decide.Stop | decide.Clear | decide.Disarm | reclaim.Release]:
+    """Whether the action takes a container away (its GPUs free once it is done)."""
+    return isinstance(action, (decide.Stop, decide.Clear, decide.Disarm, reclaim.Release))
+
+
+def _waits_for(start: decide.Start, freeing: _Freeing) -> bool:
+    if freeing.future.done() or freeing.host != start.accepted.host:
+        return False
+    return not freeing.gpus or bool(freeing.gpus & frozenset(start.accepted.gpus))
+
+
+def booking_of(action: Any) -> str | None:
+    if isinstance(action, decide.Start):
+        return action.accepted.booking.id
+    return getattr(action, "booking_id", None)

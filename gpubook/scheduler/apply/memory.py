@@ -1,0 +1,121 @@
+"""What the apply stage remembers: per booking, in this process, and in State across restarts.
+
+`Recall` is this process's memory between passes (a failed start and when to retry it, a booking
+refused for good, the hold or note last logged): losing it on a restart only means one more log
+line. What must survive a restart (a warning given, an end extension granted) is a State note;
+`decide_memory` turns State's records and notes into decide()'s plain `Memory`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from gpubook.scheduler.core import decide
+from gpubook.scheduler.state import ContainerRecord, State, StateError
+
+PERMANENT_RETRY = timedelta(minutes=5)  # a start that failed for good is tried again after this
+START_BACKOFF = timedelta(seconds=10)  # a failed start's first wait; doubled each time, up to PERMANENT_RETRY
+PREPARING_RECHECK = timedelta(seconds=30)  # a booking waiting for its image is looked at again at least this often
+WARNED = "warned"  # State note: the warning given and the stop it announced (JSON)
+AGREED_END = "agreed-end"  # State note: an end moved later while running, granted (ISO time)
+ARMED = "armed"  # State note: the booking's container was run ahead of its start (its port); cleared at its start
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a booking's last action failed, and whether a retry can cure it soon."""
+
+    reason: str
+    at: datetime
+    permanent: bool
+    delay: timedelta = timedelta(0)  # a temporary failure's wait before the next try (backoff)
+    count: int = 1  # failures in a row
+
+    @property
+    def retry_at(self) -> datetime | None:
+        """When the booking may be tried again; None: on the next pass."""
+        if self.permanent:
+            return self.at + PERMANENT_RETRY
+        return self.at + self.delay if self.delay else None
+
+    def after(self, reason: str, *, now: datetime, permanent: bool, backoff: bool) -> Failure:
+        """The failure that follows this one: with `backoff`, a temporary one waits twice as long."""
+        return failure(reason, now=now, permanent=permanent, backoff=backoff, count=self.count + 1)
+
+    def waiting(self, now: datetime) -> bool:
+        return self.retry_at is not None and now < self.retry_at
+
+
+def failure(reason: str, *, now: datetime, permanent: bool, backoff: bool, count: int = 1) -> Failure:
+    """A start that keeps failing the same temporary way (sshd never answering: 60 s each) backs off,
+    10 s, 20 s, 40 s ... up to PERMANENT_RETRY, instead of costing its time on every pass."""
+    delay = min(START_BACKOFF * 2 ** (count - 1), PERMANENT_RETRY) if backoff and not permanent else timedelta(0)
+    return Failure(reason, now, permanent, delay=delay, count=count)
+
+
+@dataclass
+class Recall:
+    failures: dict[str, Failure] = field(default_factory=dict)  # booking id → its last failure
+    refused: dict[str, str] = field(default_factory=dict)  # booking id → why it can never start
+    held: dict[str, str] = field(default_factory=dict)  # booking id → the hold reason last logged
+    notes: dict[str, str] = field(default_factory=dict)  # booking id → this pass's note for its event
+    logged_notes: dict[str, str] = field(default_factory=dict)  # booking id → the note last logged
+    preparing: dict[str, datetime] = field(default_factory=dict)  # booking id → when to look at it again
+
+    def retries(self) -> list[datetime]:
+        # Copies: bookings' actions run in parallel threads that change these dicts.
+        failures, preparing = dict(self.failures), dict(self.preparing)
+        return [*(f.retry_at for f in failures.values() if f.retry_at is not None), *preparing.values()]
+
+
+def decide_memory(records: Iterable[ContainerRecord], warned: Mapping[str, str],
+                  armed: Iterable[str] = ()) -> decide.Memory:
+    """decide()'s memory from State: each booking's runs, the warnings given, the containers armed."""
+    runs: dict[str, decide.Runs] = {}
+    for record in records:  # in id order: the last record of a booking is its latest run
+        before = runs.get(record.booking_id)
+        runs[record.booking_id] = decide.Runs(
+            restarts=0 if before is None else before.restarts + 1, running=record.stopped_at is None,
+            last_stopped=record.stopped_at, last_reason=record.exit_reason)
+    given = {}
+    for booking_id, text in warned.items():
+        data = json.loads(text)
+        given[booking_id] = decide.Warned(
+            at=datetime.fromisoformat(data["at"]),
+            end=datetime.fromisoformat(data["end"]) if data["end"] else None,
+            stop_at=datetime.fromisoformat(data["stop_at"]))
+    return decide.Memory(known=frozenset(runs), warned=given, runs=runs, armed=frozenset(armed))
+
+
+def warned_note(action: decide.Warn, *, now: datetime) -> str:
+    return json.dumps({"at": now.isoformat(), "end": action.end.isoformat() if action.end else None,
+                       "stop_at": action.stop_at.isoformat()})
+
+
+class Journal:
+    """Log lines about a named booking, each also kept in State's event log."""
+
+    def __init__(self, state: State, recall: Recall, logger_name: str = "gpubook.scheduler.apply") -> None:
+        self.state = state
+        self.recall = recall
+        self.log = logging.getLogger(logger_name)
+
+    def say(self, booking_id: str | None, message: str, *, now: datetime | None, level: str = "info",
+            detail: str | None = None) -> None:
+        """Logged always; kept in State's event log when the database can be written (a locked or
+        full database costs the event log line, never the pass)."""
+        getattr(self.log, level)("booking %s: %s", booking_id or "-", message)
+        try:
+            self.state.log_event(detail or message, booking_id=booking_id, level=level, at=now)
+        except StateError as error:
+            self.log.warning("booking %s: this line is not in the event log: %s", booking_id or "-", error)
+
+    def note(self, booking_id: str, message: str, *, now: datetime) -> None:
+        """A note for the booking's event, logged once while it stays the same."""
+        if self.recall.logged_notes.get(booking_id) != message:
+            self.recall.logged_notes[booking_id] = message
+            self.say(booking_id, message, now=now)

@@ -1,0 +1,267 @@
+"""The `gpubook` command line. Each subcommand is a small function; errors become one line + exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+from gpubook import __version__
+from gpubook.runtime.errors import GpubookError
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+def _when(text: str) -> datetime:
+    """An ISO 8601 time from the command line; without an offset it means the host's local time."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r} (e.g. 2026-11-21T09:00+01:00)") from None
+    return moment if moment.tzinfo else moment.astimezone()
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from gpubook.scheduler import config
+
+    loaded = config.load(args.config)
+    users = ", ".join(sorted(loaded.users)) or "none"
+    print(f"{loaded.path}: ok — {len(loaded.calendars)} calendar(s), users: {users}")
+    return EXIT_OK
+
+
+def cmd_bookings(args: argparse.Namespace) -> int:
+    from gpubook.scheduler import config, service
+    from gpubook.scheduler.core import plan
+    from gpubook.scheduler.sources.errors import printable, redact_url
+
+    loaded = config.load(args.config)
+    now = datetime.now(UTC)
+    start = args.start or now
+    end = args.end or start + timedelta(days=7)
+    if end <= start:
+        raise GpubookError(f"--to ({end.isoformat()}) must be after --from ({start.isoformat()})")
+    result = service.plan_window(loaded, window_start=start, window_end=end, now=now)
+    if args.json:
+        json.dump(plan.to_json(result.plan), sys.stdout, indent=2)
+        print()
+        for problem in result.problems:
+            where = printable(problem.uid or redact_url(problem.href))
+            print(f"gpubook: not a booking: {where}: {printable(problem.reason)}", file=sys.stderr)
+    else:
+        print(service.describe_plan(result, timezone=loaded.host.timezone))
+    return EXIT_OK
+
+
+def _optional_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from gpubook.scheduler import config
+
+    return config.load(args.config) if getattr(args, "config", None) else None
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    from gpubook.runtime import gpus
+    from gpubook.runtime.nvidia import cdi
+
+    loaded = _optional_config(args)
+    if args.gpus_command == "cdi":
+        return cdi.cli_gpus_cdi(args, extra_roots=loaded.nvidia.driver_roots if loaded else ())
+    return gpus.cli_gpus(args, static_count=loaded.gpu_count if loaded else None)
+
+
+def cmd_templates(args: argparse.Namespace) -> int:
+    from gpubook.runtime import cuda, templates_cli
+    from gpubook.runtime.templates import load_all
+
+    loaded = _optional_config(args)
+    if loaded is not None:
+        args.templates_dir = loaded.templates_dir
+        args.engine, args.binary = loaded.engine.name, loaded.engine.binary
+        args.runtime, args.storage_driver = loaded.engine.runtime, loaded.engine.storage_driver
+    action = {"list": templates_cli.list_templates, "show": templates_cli.show,
+              "validate": templates_cli.validate, "build": templates_cli.build}[args.templates_command]
+    status = action(args)
+    if args.templates_command == "validate" and args.driver:
+        templates = load_all(args.templates_dir).templates
+        chosen = [t for t in templates.values() if not args.name or t.name == args.name]
+        lines, driver_status = cuda.format_checks(
+            cuda.validate_against_driver([(t.name, t.cuda or "none") for t in chosen], args.driver), args.driver)
+        print("\n".join(lines))
+        status = status or driver_status
+    return status
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import doctor
+
+    return doctor.run(args.config)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import demo
+
+    return demo.run(plan_only=args.plan_only, until_ready=args.until_ready)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import admin
+
+    return admin.run(args.config)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import admin
+
+    return admin.status(args.config, as_json=args.json)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import admin
+
+    return admin.stop(args.config, args.booking)
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import admin
+
+    return admin.show_log(args.config, follow=args.follow, booking=args.booking, last=args.lines)
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import web
+
+    return web.run(args.config)
+
+
+def cmd_images(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import images
+
+    return images.show(args.config, as_json=args.json)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gpubook.scheduler.commands import report
+
+    paths = {kind: Path(value) if value else None for kind, value in (("csv", args.csv), ("png", args.png),
+                                                                       ("html", args.html))}
+    return report.run(start_text=args.start, end_text=args.end, by=args.by, outputs=report.Outputs(**paths),
+                      config_path=args.config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpubook", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
+    parser.add_argument("--version", action="version", version=f"gpubook {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str,
+                parent: argparse._SubParsersAction = commands) -> argparse.ArgumentParser:
+        sub = parent.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    bookings = command("bookings", cmd_bookings, "show the plan: which booking runs when, on which GPUs")
+    bookings.add_argument("--config", required=True, help="the daemon's TOML config file")
+    bookings.add_argument("--from", dest="start", type=_when, help="window start (ISO 8601; default: now)")
+    bookings.add_argument("--to", dest="end", type=_when, help="window end (ISO 8601; default: start + 7 days)")
+    bookings.add_argument("--json", action="store_true", help="print one JSON object")
+
+    config_group = commands.add_parser("config", help="configuration tools").add_subparsers(
+        dest="config_command", required=True, metavar="SUBCOMMAND")
+    check = command("check", cmd_config_check, "validate a config file, listing every problem",
+                    parent=config_group)
+    check.add_argument("--config", required=True, help="the daemon's TOML config file")
+
+    gpus = command("gpus", cmd_gpus, "the host's GPUs (NVML, else the config's [gpus] count)")
+    gpus.add_argument("--config", help="the daemon's config file (for [gpus] count and [nvidia] driver_roots)")
+    gpus.add_argument("--json", action="store_true", help="print one JSON object")
+    gpus.set_defaults(gpus_command=None)
+    gpus_sub = gpus.add_subparsers(dest="gpus_command", metavar="SUBCOMMAND")
+    cdi = command("cdi", cmd_gpus, "print or write the nvidia.com/gpu CDI spec of this host", parent=gpus_sub)
+    cdi.add_argument("--config", help="the daemon's config file (for [nvidia] driver_roots)")
+    cdi.add_argument("--output", metavar="FILE", help="write the spec to FILE instead of printing it")
+    cdi.add_argument("--cache-dir", metavar="DIR",
+                     help="where the soname-link folder lives (it must outlive the spec)")
+
+    templates_group = commands.add_parser("templates", help="list, show, validate or build container templates")
+    templates_group.add_argument("--config", help="the daemon's config file (for [templates] dir and [engine])")
+    templates_group.set_defaults(handler=cmd_templates, templates_dir=None, name=None, driver=None)
+    templates_sub = templates_group.add_subparsers(dest="templates_command", required=True, metavar="SUBCOMMAND")
+    listing = templates_sub.add_parser("list", help="the templates and whether each is valid")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    templates_sub.add_parser("show", help="one template, resolved").add_argument("name")
+    validate = templates_sub.add_parser("validate", help="check templates; name the file and field at fault")
+    validate.add_argument("name", nargs="?")
+    validate.add_argument("--driver", metavar="VERSION",
+                          help="also check each template's CUDA version against this driver version")
+    templates_sub.add_parser("build", help="build the image a template runs (local rootfs or SSH overlay)"
+                             ).add_argument("name")
+
+    doctor = command("doctor", cmd_doctor, "check driver, devices, engine, calendars and storage; "
+                     "each problem with its fix")
+    doctor.add_argument("--config", help="the daemon's config file")
+
+    run = command("run", cmd_run, "run the daemon in the foreground (logs to stderr)")
+    run.add_argument("--config", required=True, help="the daemon's TOML config file")
+    status = command("status", cmd_status, "GPUs, running bookings with ports and ends, next bookings, "
+                     "last poll, problems")
+    status.add_argument("--config", required=True, help="the daemon's TOML config file")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    stop = command("stop", cmd_stop, "stop a booking's container now (admin); the event says it ended")
+    stop.add_argument("booking", help="the booking id (or container name), as gpubook status shows it")
+    stop.add_argument("--config", required=True, help="the daemon's TOML config file")
+    images = command("images", cmd_images, "images prepared for upcoming bookings, those gpubook pulled or "
+                     "built (sizes), and the engine's free space")
+    images.add_argument("--config", required=True, help="the daemon's TOML config file")
+    images.add_argument("--json", action="store_true", help="print one JSON object")
+    web = command("web", cmd_web, "serve the read-only status page ([web] in the config) from the "
+                  "daemon's status file, until Ctrl-C")
+    web.add_argument("--config", required=True, help="the daemon's TOML config file")
+    log_parser = command("log", cmd_log, "the daemon's event log")
+    log_parser.add_argument("--config", required=True, help="the daemon's TOML config file")
+    log_parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")
+    log_parser.add_argument("--booking", help="only this booking's entries")
+    log_parser.add_argument("-n", "--lines", type=int, default=50, help="entries shown first (0: all)")
+
+    report = command("report", cmd_report, "GPU-hours booked and used, the idle share, no-shows and rejected "
+                     "requests over a window; as a table, CSV, a PNG plot or an HTML page")
+    report.add_argument("--from", dest="start", required=True, metavar="DATE",
+                        help="window start: a date (midnight in [host] timezone) or an ISO 8601 time")
+    report.add_argument("--to", dest="end", required=True, metavar="DATE", help="window end (not included)")
+    report.add_argument("--by", choices=("user", "gpu", "template"), default="user", help="one row per (default: user)")
+    report.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
+    report.add_argument("--png", metavar="FILE", help="write the plots (GPU-hours per user per week, "
+                        "utilisation per GPU) as a PNG")
+    report.add_argument("--html", metavar="FILE", help="write one HTML page: the table and the plots")
+    report.add_argument("--config", help="the daemon's TOML config file (its state_dir and timezone)")
+
+    demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with demo bookings, "
+                   "the daemon, and an SSH login to your booking; Ctrl-C ends it")
+    demo.add_argument("--plan-only", action="store_true", help="show the plan of the demo bookings and stop")
+    demo.add_argument("--until-ready", action="store_true",
+                      help="stop (and clean up) once your booking answers on SSH, instead of at Ctrl-C")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args))
+    except GpubookError as error:
+        # One error may carry several lines (config validation lists every problem).
+        print(f"gpubook: {error}", file=sys.stderr)
+        return EXIT_PROBLEM
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

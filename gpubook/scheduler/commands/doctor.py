@@ -1,0 +1,173 @@
+"""`gpubook doctor`: every check an admin needs before trusting gpubook, each problem with its fix.
+
+The driver and device checks come from gpubook.runtime.gpus and the engine's from its own preflight; this
+module adds the config, the templates, the calendars and the data folders. Exit status 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from contextlib import closing
+from pathlib import Path
+
+from gpubook.runtime import engines, gpus, network, sftp, ssh, storage
+from gpubook.runtime.checks import Check, format_checks
+from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.templates import load_all
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler.hosts import sftp as sftp_host
+from gpubook.scheduler.sources import open_source
+from gpubook.scheduler.sources.errors import redact_url
+
+
+def _config_check(path: str | None) -> tuple[Check, config_module.Config | None]:
+    if path is None:
+        return Check("config", False, "no --config given; only host checks were made",
+                     "run `gpubook doctor --config FILE` with the daemon's config"), None
+    try:
+        loaded = config_module.load(path)
+    except GpubookError as error:
+        return Check("config", False, str(error), "correct the lines named above"), None
+    return Check("config", True, f"{loaded.path}: {len(loaded.calendars)} calendar(s), "
+                 f"{len(loaded.users)} user(s)"), loaded
+
+
+def _templates_check(loaded: config_module.Config | None) -> Check:
+    templates = load_all(loaded.templates_dir if loaded else None)
+    if templates.errors:
+        return Check("templates", False, "; ".join(m.splitlines()[0] for m in templates.errors.values()),
+                     "fix the named fields (`gpubook templates validate` lists them); invalid templates are skipped")
+    return Check("templates", True, ", ".join(sorted(templates.templates)) or "none")
+
+
+def _calendar_checks(loaded: config_module.Config) -> list[Check]:
+    checks = []
+    for calendar in loaded.calendars:
+        try:
+            with closing(open_source(calendar, timeout=15)) as source:
+                found = source.preflight()
+        except GpubookError as error:
+            checks.append(Check(f"calendar {redact_url(calendar.url)}", False, str(error),
+                                "check the URL, the credentials and that the server is up"))
+        else:
+            checks.append(Check(f"calendar {redact_url(calendar.url)}", True, found))
+    return checks
+
+
+def _storage_check(loaded: config_module.Config) -> Check:
+    root = loaded.storage.data_root
+    if root is None:
+        return Check("data_root", True, "not set: bookings get no input/output folders")
+    if not root.is_dir():
+        return Check("data_root", False, f"{root} does not exist",
+                     f"create it and give it to the daemon's user (mkdir -p {root})")
+    if not os.access(root, os.W_OK | os.X_OK):
+        return Check("data_root", False, f"{root} is not writable by this user",
+                     f"chown it to the daemon's user (chown {os.getuid()} {root})")
+    problem = storage.mount_problem(root)
+    if problem is not None:
+        detail, _, fix = problem.partition("; ")
+        return Check("data_root", False, detail, fix + " (bookings are refused until then)")
+    return Check("data_root", True, f"{root} (nosuid,nodev)")
+
+
+def port_check(listen: str, port: int) -> Check:
+    """The SFTP port is free on its address (when the service does not hold it already)."""
+    family = socket.AF_INET6 if ":" in listen else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((listen, port))
+        except OSError as error:
+            why = "is taken by another program" if error.errno == errno.EADDRINUSE else f": {error.strerror}"
+            return Check("sftp port", False, f"port {port} on {listen} {why}",
+                         f"stop what listens there (ss -ltnp 'sport = :{port}') or choose another [sftp] port")
+    return Check("sftp port", True, f"{listen}:{port} is free")
+
+
+def sftp_key_check(loaded: config_module.Config) -> Check:
+    """Every user gets in: a valid name, their own ids, keys that decode."""
+    kept, left_out = sftp.usable(sftp_host.users_of(loaded))
+    for user in kept:
+        for key in user.keys:
+            try:
+                ssh.fingerprint(key)
+            except (ValueError, IndexError):
+                left_out.append(f"user {user.name}: key {key[:30]}... does not decode")
+    if left_out:
+        return Check("sftp users", False, "; ".join(left_out),
+                     "give each user an ssh_keys line of their own public key and a uid of their own")
+    return Check("sftp users", True, f"{len(kept)} user(s) with keys")
+
+
+def _sftp_checks(loaded: config_module.Config) -> list[Check]:
+    settings = loaded.sftp
+    if not settings.enabled:
+        return [Check("sftp", True, "off ([sftp] enabled = false): no data access outside bookings")]
+    result = [sftp_key_check(loaded)]
+    try:
+        engine = engines.make_engine(loaded.engine)
+        running = engine.inspect_service(sftp.SERVICE_NAME)
+    except GpubookError as error:
+        return [*result, Check("sftp", False, f"cannot ask the engine: {error}", "see the engine checks above")]
+    if running is not None and running.running:
+        result.append(Check("sftp", True, f"{sftp.SERVICE_NAME} runs on {settings.listen}:{settings.port}"))
+    else:
+        result.append(port_check(settings.listen, settings.port))
+    if not sftp.DEFAULT_SECCOMP.is_file():
+        result.append(Check("sftp seccomp", True, f"{sftp.DEFAULT_SECCOMP} is missing: the service runs with a "
+                            "profile that only refuses set-id chmod (install containers-common for the default)"))
+    return result
+
+
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ports_check(loaded: config_module.Config, *, ephemeral: Path = EPHEMERAL) -> Check:
+    """Bookings' SSH ports inside the kernel's ephemeral range can be taken by any outgoing connection
+    between the choice of a port and sshd's bind (with the host network: between arming and the start)."""
+    low, high = loaded.ssh.port_min, loaded.ssh.port_max
+    try:
+        first, last = (int(part) for part in ephemeral.read_text().split())
+    except (OSError, ValueError):
+        return Check("ssh ports", True, f"{low}-{high} (the kernel's ephemeral range could not be read)")
+    if high < first or low > last:
+        return Check("ssh ports", True, f"{low}-{high}, outside the ephemeral range {first}-{last}")
+    detail = (f"[ssh] port_min/port_max {low}-{high} overlap the kernel's ephemeral range {first}-{last}: "
+              "an outgoing connection can take a booking's port before its sshd listens")
+    if loaded.engine.network != "host":
+        return Check("ssh ports", True, detail + " (the private network holds it from the container's start)")
+    return Check("ssh ports", False, detail, f"choose [ssh] ports below {first} (the default is 2200-2299)")
+
+
+def checks(config_path: str | None) -> list[Check]:
+    config_check, loaded = _config_check(config_path)
+    result = [config_check]
+    driver = gpus.driver_checks(gpus.DoctorOptions(extra_roots=loaded.nvidia.driver_roots if loaded else ()))
+    if loaded is not None and loaded.gpu_count is not None and not all(c.ok for c in driver):
+        # A host declared GPU-less on purpose ([gpus] count) runs bookings without driver injection.
+        result.append(Check("driver", True, f"no NVIDIA driver; the config's [gpus] count = {loaded.gpu_count} "
+                            "is used and containers get no GPU"))
+    else:
+        result.extend(driver)
+    engine = loaded.engine if loaded else engines.EngineSettings()
+    result.extend(engines.preflight(engine))
+    result.extend(network.checks(engine))
+    result.append(_templates_check(loaded))
+    if loaded is not None:
+        result.extend(_calendar_checks(loaded))
+        result.append(_storage_check(loaded))
+        result.append(ports_check(loaded))
+        result.extend(_sftp_checks(loaded))
+    return result
+
+
+def run(config_path: str | None) -> int:
+    lines, status = format_checks(checks(config_path))
+    print("\n".join(lines))
+    return status
+
+
+

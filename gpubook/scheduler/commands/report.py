@@ -1,0 +1,127 @@
+"""`gpubook report --from DATE --to DATE [--by user|gpu|template] [--csv F] [--png F] [--html F]`:
+GPU-hours booked and used, the idle share, no-shows and rejected requests over a window, from the
+daemon's state database (read only: the report never starts a database of its own).
+
+Dates are the host's ([host] timezone; UTC without --config). Bad input is one sentence; every file
+is made in memory first and then written beside its target and renamed, so a report either writes
+all its files or, when a target cannot be written, none.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, tzinfo
+from io import StringIO
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from gpubook.runtime.errors import GpubookError
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler.daemon import state_dir
+from gpubook.scheduler.outbox import report as report_module
+from gpubook.scheduler.state import State
+
+
+class ReportError(GpubookError):
+    """The report's input or its files (one sentence)."""
+
+    temporary = False
+
+
+@dataclass(frozen=True)
+class Outputs:
+    csv: Path | None = None
+    png: Path | None = None
+    html: Path | None = None
+
+
+def moment(text: str, zone: tzinfo, *, flag: str) -> datetime:
+    """A date (midnight) or an ISO 8601 time, in `zone` unless it names an offset."""
+    try:
+        parsed = datetime.combine(date.fromisoformat(text), time()) if len(text) == 10 else datetime.fromisoformat(text)
+    except ValueError:
+        raise ReportError(f"{flag} {text!r} is not a date (e.g. 2026-11-01) or an ISO 8601 time") from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=zone)
+
+
+def run(*, start_text: str, end_text: str, by: str = "user", outputs: Outputs = Outputs(),  # noqa: B008 - frozen
+        config_path: str | None = None, now: datetime | None = None, print_line: Callable[[str], None] = print) -> int:
+    config = config_module.load(config_path) if config_path else None
+    zone: tzinfo = ZoneInfo(config.host.timezone) if config is not None else UTC
+    start, end = moment(start_text, zone, flag="--from"), moment(end_text, zone, flag="--to")
+    if end <= start:
+        raise ReportError(f"--to {end_text} is not after --from {start_text}: the window is empty")
+    targets = [(path, kind) for path, kind in ((outputs.csv, "CSV"), (outputs.png, "PNG"), (outputs.html, "HTML"))
+               if path is not None]
+    for path, kind in targets:
+        _check_writable(path, kind)
+    database = _database(config)
+    with State(database) as state:
+        report = report_module.build(state, start=start, end=end, now=now or datetime.now(UTC), by=by)
+    files = _render(report, outputs)
+    for line in report_module.table(report):
+        print_line(line)
+    for path, data in files.items():
+        _write(path, data)
+        print_line(f"wrote {path}")
+    return 0
+
+
+def _database(config: config_module.Config | None) -> Path:
+    if config is not None:
+        folder = state_dir(config)
+    else:
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        folder = Path(base) / "gpubook"
+    database = folder / "state.sqlite"
+    if not database.is_file():
+        raise ReportError(f"no state database at {database}: the daemon has not run with this config "
+                          "(or --config names another [daemon] state_dir)")
+    return database
+
+
+def _render(report: report_module.Report, outputs: Outputs) -> dict[Path, bytes]:
+    files: dict[Path, bytes] = {}
+    if outputs.csv is not None:
+        text = StringIO(newline="")
+        report_module.write_csv(report, text)
+        files[outputs.csv] = text.getvalue().encode()
+    if outputs.png is not None or outputs.html is not None:
+        from gpubook.scheduler.outbox import report_plots  # matplotlib: only when a picture is asked for
+
+        picture = report_plots.png(report)
+        if outputs.png is not None:
+            files[outputs.png] = picture
+        if outputs.html is not None:
+            files[outputs.html] = report_plots.html_page(report, picture=picture).encode()
+    return files
+
+
+def _check_writable(path: Path, kind: str) -> None:
+    folder = path.parent
+    if path.is_dir():
+        raise ReportError(f"cannot write the {kind} file {path}: it is a folder")
+    if not folder.is_dir():
+        raise ReportError(f"cannot write the {kind} file {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ReportError(f"cannot write the {kind} file {path}: permission denied")
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Written beside the target and renamed: a reader never sees half a file."""
+    temporary: str | None = None
+    try:
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)  # as an ordinary new file (mkstemp makes 0600)
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+        raise ReportError(f"cannot write {path}: {error.strerror or error}") from None

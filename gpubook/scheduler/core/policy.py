@@ -1,0 +1,165 @@
+"""Quotas: how much one user may book, decided in the plan's order from plain data (no I/O, no clock).
+
+The plan hands bookings to a `Ledger` in its deterministic priority order (running first, then the
+order gpubook first saw them); the ledger says why a booking is over one of its user's quotas, or
+records it once the plan accepted it. So the booking that came first keeps its place, and the one
+that would go over is rejected with the numbers.
+
+The rolling week: for every booking of a user, the GPU-hours of that user's accepted bookings inside
+the 7 days (168 real hours) that end at that booking's end must stay within `week_gpu_hours`. A
+new booking is accepted only if its own week and the week of each of the user's accepted bookings
+that it reaches into stay within it. GPU-hours are GPUs times real elapsed hours (times are UTC,
+so a week across a change of daylight saving time is still 168 hours, a 10:00-14:00 booking 4).
+
+A running booking is never rejected by a quota (a quota never stops a running container); it
+counts. Every other booking, past ones included, is judged in the order above, so with an
+unchanged config the same bookings pass on every poll. When an admin lowers a quota, the running
+bookings keep running and the others are judged again in that order: what no longer fits is
+rejected (a booking that ended is then no longer counted; rejections of ended bookings are not
+written back).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
+
+from gpubook.scheduler.config import Config
+from gpubook.scheduler.core.bookings import Booking
+
+WEEK = timedelta(days=7)
+# How far back the daemon reads when a week quota is set: a booking's week reaches a week back, and
+# whether the bookings in it were accepted depends on their own weeks, another week back.
+WEEK_REACH = 2 * WEEK
+_HOUR = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One user's quotas; None: no limit."""
+
+    week_gpu_hours: float | None = None
+    max_days_ahead: float | None = None
+    max_future_bookings: int | None = None
+
+
+def limits(config: Config, user: str) -> Limits:
+    """The user's quotas: their `[users.NAME]` value, else `[policy]`'s; 0 means no limit."""
+    policy, own = config.policy, config.users.get(user)
+
+    def pick(name: str) -> float | None:
+        value = getattr(own, name, None) if own is not None else None
+        value = getattr(policy, name) if value is None else value
+        return value or None
+
+    future = pick("max_future_bookings")
+    return Limits(week_gpu_hours=pick("week_gpu_hours"), max_days_ahead=pick("max_days_ahead"),
+                  max_future_bookings=None if future is None else int(future))
+
+
+def any_week_quota(config: Config) -> bool:
+    return bool(config.policy.week_gpu_hours) or any(u.week_gpu_hours for u in config.users.values())
+
+
+def reach_back(config: Config) -> timedelta:
+    """How far before `now` the daemon must read bookings: the longest booking, plus the reach of
+    the week quota where one is set."""
+    longest = timedelta(hours=config.defaults.max_hours)
+    return longest + WEEK_REACH if any_week_quota(config) else longest
+
+
+def reach_ahead(config: Config) -> timedelta:
+    """How far after `now` the daemon reads bookings: a week, or a day past the longest
+    `max_days_ahead` set, so a booking made further ahead than allowed is seen (and refused with
+    the reason) rather than unseen until it comes within the week, when it would pass."""
+    days = [config.policy.max_days_ahead, *(u.max_days_ahead or 0.0 for u in config.users.values())]
+    return max(WEEK, timedelta(days=max(days) + 1))
+
+
+@dataclass(frozen=True)
+class _Held:
+    start: datetime
+    end: datetime
+    gpus: int
+
+    def within(self, since: datetime, until: datetime) -> timedelta:
+        """GPU-time of this booking between `since` and `until`."""
+        overlap = min(self.end, until) - max(self.start, since)
+        return overlap * self.gpus if overlap > timedelta(0) else timedelta(0)
+
+
+class Ledger:
+    """Each user's accepted bookings, in the order the plan accepted them."""
+
+    def __init__(self, config: Config, *, now: datetime, host_tz: tzinfo) -> None:
+        self.config = config
+        self.now = now
+        self.host_tz = host_tz
+        self.held: dict[str, list[_Held]] = defaultdict(list)
+        self.limits: dict[str, Limits] = {}
+
+    def _limits(self, user: str) -> Limits:
+        if user not in self.limits:
+            self.limits[user] = limits(self.config, user)
+        return self.limits[user]
+
+    def problem(self, booking: Booking, *, first_seen: datetime | None) -> str | None:
+        """Why `booking` is over one of its user's quotas (None: it is within them).
+
+        `first_seen`: when gpubook first saw it (None: now)."""
+        quota = self._limits(booking.user)
+        if quota.max_days_ahead is not None:
+            made = min(first_seen or self.now, self.now)
+            ahead = (booking.start - made) / timedelta(days=1)
+            if ahead > quota.max_days_ahead:
+                return (f"{booking.user} may book at most {_number(quota.max_days_ahead)} days ahead; this "
+                        f"booking starts {_number(ahead)} days after gpubook first saw it")
+        if quota.max_future_bookings is not None and booking.start > self.now:
+            future = sum(1 for held in self.held[booking.user] if held.start > self.now)
+            if future >= quota.max_future_bookings:
+                return (f"{booking.user} may hold at most {quota.max_future_bookings} "
+                        f"{'booking' if quota.max_future_bookings == 1 else 'bookings'} that have not "
+                        f"started; {future} {'is' if future == 1 else 'are'} held already")
+        if quota.week_gpu_hours is not None:
+            return self._week_problem(booking, quota.week_gpu_hours)
+        return None
+
+    def add(self, booking: Booking, *, gpus: Collection[int] | None = None) -> None:
+        """Count an accepted booking (a running one too: it is never judged, but it counts)."""
+        count = len(gpus) if gpus is not None else booking.gpu_count
+        self.held[booking.user].append(_Held(booking.start, booking.end, count))
+
+    def _week_problem(self, booking: Booking, quota_hours: float) -> str | None:
+        quota = timedelta(hours=quota_hours)
+        new = _Held(booking.start, booking.end, booking.gpu_count)
+        held = self.held[booking.user]
+        # The weeks this booking reaches into: its own, then those of the user's accepted bookings
+        # that end after its start and less than a week after its end, earliest first.
+        ends = [booking.end, *sorted({h.end for h in held if booking.start < h.end < booking.end + WEEK
+                                       and h.end != booking.end})]
+        for end in ends:
+            since = end - WEEK
+            used = sum((h.within(since, end) for h in held), timedelta(0))
+            needs = new.within(since, end)
+            if used + needs > quota:
+                where = "in the week before this booking ends" if end == booking.end else \
+                    f"in the week before {_moment(end, self.host_tz)} (the end of another booking of theirs)"
+                return (f"{booking.user} has {_hours(used)} of {_number(quota_hours)} GPU-hours {where}; "
+                        f"this booking needs {_hours(needs)}")
+        return None
+
+
+def _hours(amount: timedelta) -> str:
+    return _number(amount / _HOUR)
+
+
+def _number(value: float) -> str:
+    return f"{round(value, 2):g}"
+
+
+def _moment(moment: datetime, zone: tzinfo) -> str:
+    local = moment.astimezone(zone)
+    return f"{local:%Y-%m-%d %H:%M} ({local:%Z})"
+

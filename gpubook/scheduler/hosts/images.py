@@ -1,0 +1,268 @@
+"""Images prepared ahead: each booking's template image pulled and its sshd overlay built in the
+background, hours before the start, so that a start never waits for a pull or an `apt-get`.
+
+Each pass hands `want` the accepted bookings that start within `[images] prepare_hours` (one cheap
+call: it only queues). A bounded pool of workers pulls (gpubook/runtime/images.py: credentials, digests,
+the template's mirror) and builds the overlay (gpubook/runtime/overlay_image.py), one preparation per
+template at a time; a start whose image is not ready yet queues it too (a booking accepted minutes
+before its start) and is held with a note (`Preparing`). A failed pull is tried again after a
+growing delay, never in a loop. Each image's state (queued, pulling, building, ready, failed: why,
+since when) is kept for the event's block ("image: ready" / "image: not ready: <why>"), `gpubook
+status` and `gpubook images`; when something finishes, `on_done` wakes a pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from gpubook.runtime import images, overlay_image
+from gpubook.runtime.engines import Engine
+from gpubook.runtime.errors import GpubookError, Preparing
+from gpubook.runtime.templates import Template
+
+log = logging.getLogger(__name__)
+
+QUEUED, PULLING, BUILDING, READY, FAILED = "queued", "pulling", "building", "ready", "failed"
+RETRY_FIRST = timedelta(seconds=60)  # after a failed preparation; doubled each time
+RETRY_MOST = timedelta(hours=1)
+GB = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """One template's image on its way to being ready."""
+
+    template: str
+    image: str  # as the template names it
+    run_image: str  # what its bookings run (the image, its pinned tag or its overlay)
+    state: str
+    since: datetime
+    why: str = ""  # failed: the reason in a booker's words (images.REFUSED, NOT_FOUND, ...)
+    detail: str = ""  # failed: the engine's words; ready: which source served it
+    attempts: int = 0
+    retry_at: datetime | None = None
+    size: int | None = None  # bytes of the run image, once ready
+
+    @property
+    def busy(self) -> bool:
+        return self.state in (QUEUED, PULLING, BUILDING)
+
+    def line(self) -> str | None:
+        """The event block's line: ready, or why not (nothing while it is being made)."""
+        if self.state == READY:
+            return "image: ready"
+        if self.state == FAILED:
+            return f"image: not ready: {self.why} ({self.image}); gpubook tries again"
+        return None
+
+
+def key_of(template: Template) -> str:
+    return f"{template.name} {template.image} {template.mirror or ''} {template.has_sshd}"
+
+
+class ImagePreparer:
+    """The background preparations of one host's engine."""
+
+    def __init__(self, *, engine: Engine, ledger: images.Ledger, auth_file: Path | None = None,
+                 min_free_gb: float = 0.0, workers: int = 2,
+                 on_done: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.auth_file = auth_file
+        self.min_free = int(min_free_gb * GB)
+        self.on_done = on_done  # told when a preparation ends (the daemon wakes a pass)
+        # Told each pull's outcome: "pulled", "present" (nothing to pull) or why it failed (images.REFUSED, ...).
+        self.on_pull: Callable[[str], None] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubook-images")
+        self._lock = threading.Lock()
+        self._states: dict[str, Preparation] = {}
+        self._wanted: dict[str, Template] = {}  # booking id → its template (the last pass's)
+        self._storage: Path | None = None
+
+    # -- what the pass and the start call (cheap, never blocking on a pull) --------------------
+
+    def want(self, bookings: Mapping[str, Template], *, now: datetime) -> None:
+        """The accepted bookings starting within prepare_hours: queue what they need."""
+        with self._lock:
+            self._wanted = dict(bookings)
+            for template in {key_of(t): t for t in bookings.values()}.values():
+                self._queue_if_due(template, now=now)
+
+    def ready(self, template: Template, *, now: datetime | None = None) -> str:
+        """The image a booking of `template` runs, when ready; else it is queued (if it is not
+        yet) and `Preparing` says what it waits for."""
+        now = now or datetime.now(UTC)
+        with self._lock:
+            current = self._states.get(key_of(template))
+            if current is not None and current.state == READY:
+                return current.run_image
+        if current is None and self._present(template):  # made before gpubook knew of it
+            with self._lock:
+                self._states[key_of(template)] = Preparation(template.name, template.image,
+                                                             overlay_image.run_image(template), READY, now)
+            return overlay_image.run_image(template)
+        with self._lock:
+            current = self._queue_if_due(template, now=now)
+        if current.state == FAILED:
+            raise Preparing(f"image not ready: {current.why}: {current.detail}")
+        raise Preparing(f"preparing the image of template {template.name}: {current.state}")
+
+    def recheck(self, template: Template, *, now: datetime | None = None) -> bool:
+        """After a start that failed: is the image it was told is ready still there? If not (an
+        admin removed it, or a cleanup by hand), it is prepared again instead of failing every
+        start from now on; the caller holds the booking with `Preparing`."""
+        if self._present(template):
+            return True
+        with self._lock:
+            self._states.pop(key_of(template), None)
+            self._queue_if_due(template, now=now or datetime.now(UTC))
+        log.warning("template %s: its image %s is gone since it was prepared; it is prepared again",
+                    template.name, overlay_image.run_image(template))
+        return False
+
+    def lines(self) -> dict[str, str]:
+        """Booking id → its event's image line (wanted bookings whose image is ready or failed)."""
+        with self._lock:
+            found = {b: self._states.get(key_of(t)) for b, t in self._wanted.items()}
+        return {booking: line for booking, p in found.items() if p is not None and (line := p.line())}
+
+    def snapshot(self) -> dict[str, Any]:
+        """For `gpubook status` and `gpubook images`: each preparation, its bookings, the disk."""
+        with self._lock:
+            states = list(self._states.values())
+            wanted = dict(self._wanted)
+        free = None
+        if self._storage is not None:
+            free = images.free_bytes_at(self._storage)
+        rows = []
+        for item in states:
+            row = asdict(item)
+            row.update(since=item.since.isoformat(), retry_at=item.retry_at.isoformat() if item.retry_at else None,
+                       bookings=sorted(b for b, t in wanted.items() if t.name == item.template))
+            rows.append(row)
+        return {"preparations": rows, "free_bytes": free, "min_free_bytes": self.min_free,
+                "storage": str(self._storage) if self._storage else None}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- the background work ---------------------------------------------------------------------
+
+    def _queue_if_due(self, template: Template, *, now: datetime) -> Preparation:
+        key = key_of(template)
+        current = self._states.get(key)
+        if current is not None and (current.busy or current.state == READY):
+            return current
+        if current is not None and current.retry_at is not None and current.retry_at > now:
+            return current
+        queued = Preparation(template.name, template.image, overlay_image.run_image(template), QUEUED, now,
+                             attempts=current.attempts if current else 0)
+        self._states[key] = queued
+        log.info("template %s: its image %s is queued to be prepared", template.name, template.image)
+        self._pool.submit(self._prepare, template)
+        return queued
+
+    def _set(self, template: Template, **changes: Any) -> Preparation:
+        with self._lock:
+            key = key_of(template)
+            changed = replace(self._states[key], since=datetime.now(UTC), **changes)
+            self._states[key] = changed
+            return changed
+
+    def _prepare(self, template: Template) -> None:
+        try:
+            detail = self._pull(template)
+            if not template.has_sshd:
+                self._set(template, state=BUILDING)
+                log.info("template %s: building its sshd overlay in the background", template.name)
+                tag = overlay_image.build_overlay(self.engine, template)
+                self.ledger.add(tag, kind="overlay")
+            size = self._size(overlay_image.run_image(template))
+            self._set(template, state=READY, detail=detail, why="", retry_at=None, size=size)
+            log.info("template %s: its image is ready (%s)", template.name, detail)
+            self._clean()
+        except GpubookError as error:
+            self._failed(template, error)
+        except Exception:  # a defect: logged, and the image is tried again later
+            log.exception("template %s: preparing its image failed unexpectedly", template.name)
+            self._failed(template, GpubookError("an unexpected error (see the log)"))
+        finally:
+            if self.on_done is not None:
+                self.on_done()
+
+    def _pull(self, template: Template) -> str:
+        """Make the template's image present; say which source served it (and tell `on_pull`)."""
+        try:
+            detail, outcome = self._fetch(template)
+        except images.PullError as error:
+            self._told(error.reason)
+            raise
+        self._told(outcome)
+        return detail
+
+    def _told(self, outcome: str) -> None:
+        if self.on_pull is not None:
+            self.on_pull(outcome)
+
+    def _fetch(self, template: Template) -> tuple[str, str]:
+        engine = self.engine
+        reference = images.parse_reference(template.image)
+        if not isinstance(engine, images.ImageEngine):  # a site's engine that cannot pull: present or not
+            engine.ensure_image(overlay_image.base_image(template))
+            return "present", "present"
+        if self._storage is None:
+            self._storage = engine.storage_path()
+        if reference.registry == "localhost" and not template.mirror and not engine.image_exists(template.image):
+            raise images.PullError(images.NOT_FOUND, f"{template.image} is made on this machine, not pulled: "
+                                   f"gpubook templates build {template.name}")
+        self._clean()
+        self._set(template, state=PULLING)
+        log.info("template %s: pulling %s%s", template.name, template.image,
+                 f" (mirror {template.mirror} first)" if template.mirror else "")
+        result = images.pull(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
+        if result.source:
+            self.ledger.add(result.image, kind="pulled", source=result.source)
+        return result.sentence(), "pulled" if result.source else "present"
+
+    def _failed(self, template: Template, error: GpubookError) -> None:
+        with self._lock:
+            attempts = self._states[key_of(template)].attempts + 1
+        delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_MOST)
+        why = getattr(error, "reason", None) or images.classify(str(error))
+        detail = str(error).splitlines()[0][-400:] if str(error) else type(error).__name__
+        retry_at = datetime.now(UTC) + delay
+        self._set(template, state=FAILED, why=why, detail=detail, attempts=attempts, retry_at=retry_at)
+        log.warning("template %s: its image is not ready: %s: %s; tried again in %d s", template.name, why,
+                    detail, int(delay.total_seconds()))
+
+    def _present(self, template: Template) -> bool:
+        exists = getattr(self.engine, "image_exists", None)
+        if exists is None:
+            try:
+                self.engine.ensure_image(overlay_image.run_image(template))
+            except GpubookError:
+                return False
+            return True
+        return bool(exists(overlay_image.run_image(template)))
+
+    def _size(self, image: str) -> int | None:
+        if not isinstance(self.engine, images.ImageEngine):
+            return None
+        facts = self.engine.image_facts(image)
+        return facts.size if facts else None
+
+    def _clean(self) -> None:
+        """Under the free-space floor: gpubook's images no wanted booking needs, oldest first."""
+        if not self.min_free or not isinstance(self.engine, images.ImageEngine):
+            return
+        with self._lock:
+            keep = {name for t in self._wanted.values()
+                    for name in (overlay_image.base_image(t), overlay_image.run_image(t))}
+        images.clean(self.engine, self.ledger, keep=keep, min_free=self.min_free)

@@ -1,0 +1,166 @@
+"""The machine the daemon runs on, as a host: a container engine, the host's driver, SSH.
+
+Starting a booking here means: the booker's data folders, the GPU injection for exactly the
+booked GPUs (from the driver found once per driver version), the template's image (pulled and its
+sshd overlay built ahead by hosts/images.py; a start never pulls), the booking's own SSH host key,
+the container, and the probe login that says SSH really answers, from the server that shows that
+key. Data folders are only made on a nosuid,nodev data_root (storage.mount_problem): a booking is
+refused otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import paramiko
+
+from gpubook.runtime import jupyter, ssh, storage
+from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
+from gpubook.runtime.errors import EngineError, Preparing, StorageError
+from gpubook.runtime.images import Ledger
+from gpubook.scheduler.core.plan import LOCAL
+from gpubook.scheduler.hosts import Ahead, Started, StartRequest
+from gpubook.scheduler.hosts.images import ImagePreparer
+
+
+class _NoFolders(storage.DataFolders):
+    """No [storage] data_root: bookings get no input/output folders."""
+
+    def mounts(self) -> tuple:  # type: ignore[override]
+        return ()
+
+
+class LocalHost:
+    def __init__(self, *, engine: Engine, gpus: Sequence[int], driver_version: str | None,
+                 probe_key: paramiko.PKey, cache_dir: Path, data_root: Path | None = None,
+                 persistent_home: bool = False, driver_roots: Sequence[Path] = (),
+                 probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False,
+                 images: ImagePreparer | None = None, parallel_starts: int = 0) -> None:
+        self.name = name
+        self.engine = engine
+        self.gpus = tuple(gpus)
+        self.driver_version = driver_version
+        self.probe_key = probe_key
+        self.cache_dir = cache_dir
+        self.data_root = data_root
+        self.persistent_home = persistent_home
+        self.driver_roots = tuple(driver_roots)
+        self.probe_address = probe_address
+        self.images = images or ImagePreparer(engine=engine, ledger=Ledger(cache_dir / "images.json"))
+        self.mps = mps
+        # Bookings starting together: each one's engine start (`run`, CPU-bound) waits for a free
+        # slot; its SSH probe does not hold one, so a slow sshd never delays another booking.
+        self.starting = threading.BoundedSemaphore(parallel_starts or os.cpu_count() or 1)
+        self._locks: dict[str, threading.Lock] = {}  # container name → its engine start in progress
+        self._locks_lock = threading.Lock()
+
+    def list(self) -> list[ContainerInfo]:
+        return [replace(info, host=self.name) for info in self.engine.list()]
+
+    def inspect(self, name: str) -> ContainerInfo | None:
+        info = self.engine.inspect(name)
+        return None if info is None else replace(info, host=self.name)
+
+    def start(self, request: StartRequest) -> Started:
+        """Run the booking's container (an armed one, run ahead with this very spec, is taken as it
+        is: the engine sees the same spec hash) and wait until its SSH lets the probe in."""
+        spec = self.spec(request, check_image=not request.armed)
+        # Its armed container, listed by this pass with this very spec: no engine call, the probe only
+        # (a container that died since is seen by the probe's check).
+        running = (info_from_labels(name=spec.name, id="", state="running", image=spec.image, labels=spec.labels())
+                   if request.armed and request.armed == spec.spec_hash else None)
+        if running is None and request.armed:
+            self.images.ready(request.template)
+        try:
+            ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
+                                      gate=self._gate(spec.name), running=running)
+        except EngineError:
+            if not self.images.recheck(request.template):
+                raise Preparing(f"preparing the image of template {request.template.name} again: it was "
+                                f"removed from the engine's storage after it was prepared") from None
+            raise
+        lab = jupyter.availability(self.engine, spec.name) if request.template.jupyter else None
+        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
+
+    def arm(self, request: StartRequest) -> ContainerInfo:
+        """Before the booking's start: run its container with exactly the spec its start will build
+        (`spec`), with no probe. Its entrypoint makes the account and keys and then waits for
+        `request.start` before sshd or anything of the booker's runs; at the start, `start` finds it
+        running with the same spec hash and only probes SSH. A failed run leaves nothing behind."""
+        if request.start is None:
+            raise EngineError(f"booking {request.booking_id}: no start to arm its container for")
+        spec = self.spec(request)
+        with self._gate(spec.name):
+            info = self.engine.start(spec)
+        return replace(info, host=self.name)
+
+    def spec(self, request: StartRequest, *, check_image: bool = True) -> ContainerSpec:
+        """The booking's container, the same whether it is armed ahead or run at its start: its image
+        (ready, never pulled here; not asked again for the container armed with it), folders, GPU
+        injection, host key and the booking's start."""
+        booker, template = request.booker, request.template
+        # The folders first: a data_root refused for its mount is the admin's to fix, whatever the image.
+        folders = self._folders(booker.name, booker.uid, booker.gid)
+        if check_image:  # Preparing until pulled and built in the background (never here)
+            self.images.ready(template)
+        gpu = None
+        if self.driver_version is not None and request.gpus:
+            from gpubook.runtime import nvidia  # only hosts with a driver need it
+
+            gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir,
+                                   mps=self.mps)
+        name = container_name(request.booking_id)
+        host_key = ssh.booking_host_key(self.cache_dir, name, owner=self.engine.host_owner(0, 0),
+                                        chown=self.engine.chown)
+        return ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
+                                gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
+                                port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
+                                host_key=host_key, gpus=request.gpus, gpu=gpu, start=request.start)
+
+    @contextmanager
+    def _gate(self, name: str) -> Iterator[None]:
+        """One engine start per container at a time (an arm still at work when its start comes is
+        waited for, so the start finds its container), and at most `parallel_starts` in all."""
+        with self._locks_lock:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock, self.starting:
+            yield
+
+    def prepare(self, ahead: Ahead) -> None:
+        """Before the start: the booker's folders and the booking's host key (each a `podman
+        unshare chown` the first time, rootless), so that at the start only the container is made."""
+        booker = ahead.booker
+        self._folders(booker.name, booker.uid, booker.gid)
+        ssh.booking_host_key(self.cache_dir, container_name(ahead.booking_id), owner=self.engine.host_owner(0, 0),
+                             chown=self.engine.chown)
+
+    def unprepare(self, booking_id: str) -> None:
+        """A booking gone or moved away before its start: its host key goes, unless a container of
+        that name holds it."""
+        name = container_name(booking_id)
+        if self.engine.inspect(name) is None:
+            ssh.forget_host_key(self.cache_dir, name)
+
+    def stop(self, name: str, grace: float) -> None:
+        self.engine.stop(name, grace)
+        ssh.forget_host_key(self.cache_dir, name)
+        with self._locks_lock:
+            self._locks.pop(name, None)
+
+    def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
+        return self.engine.exec(name, argv, timeout=timeout)
+
+    def _folders(self, user: str, uid: int, gid: int) -> storage.DataFolders:
+        if self.data_root is None:
+            return _NoFolders(user=user, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
+        problem = storage.mount_problem(self.data_root)
+        if problem is not None:  # checked at every start: a remount may drop the flags
+            raise StorageError(problem)
+        owner_uid, owner_gid = self.engine.host_owner(uid, gid)
+        return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home,
+                               chown=self.engine.chown)

@@ -1,0 +1,202 @@
+"""A booking's Slurm job: submitted into its reservation at its start, found again after a restart,
+cancelled at its stop.
+
+The job is named like the booking's reservation (prefix + hashed booking id): `squeue` by that
+name finds it after a restart, so a booking's job is never submitted twice while one is pending
+or running. Its folder under `[backend] shared_dir` (seen by every node) holds the request the
+job's steps read (`runtime.slurm_step`), the script, Slurm's log and each node's result (where
+SSH answers). The script is made by gpubook from validated values only: quoted paths and the
+interpreter; the request is JSON. sbatch gets an argv list: `--reservation`, `--nodes`,
+`--ntasks-per-node=1`, `--gres=gpu:N` (Slurm confines the job to N GPUs per node) and `--time`
+up to the booking's end (Slurm's backstop; the step itself stops the container at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from gpubook.runtime.engines import ExecResult
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.slurm_step import EXEC_POLL, StepRequest
+from gpubook.scheduler.hosts.slurm.cluster import Scontrol, SlurmError
+from gpubook.scheduler.hosts.slurm.sync import reservation_name
+
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+STOP_MARGIN = 20.0  # seconds past the stop grace a step has to stop its container before scancel
+GRACE_MINUTES = 2  # past the booking's end before Slurm's time limit ends the job (the step stops first)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One of gpubook's jobs as squeue lists it."""
+
+    job_id: str
+    name: str
+    state: str
+    nodes: str  # Slurm's node list expression ("node[1-2]"); empty while pending
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """What a node's step wrote: where SSH answers, or why its container did not start."""
+
+    node: str
+    port: int = 0
+    host_key: str = ""
+    container: str = ""
+    seconds_to_ssh: float = 0.0
+    gpus: tuple[int, ...] = ()  # the node's GPU indices Slurm granted, as the container got them
+    hostfile: str = ""  # a multi-node booking's hostfile path inside the container
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One booking's job: where (its reservation, nodes, GPUs per node) and what (the step request)."""
+
+    step: StepRequest
+    nodes: int
+    gpus_per_node: int
+    partition: str = ""
+
+
+class SlurmJobs:
+    """gpubook's jobs on the cluster, run with the same account and settings as its scontrol."""
+
+    def __init__(self, *, scontrol: Scontrol, prefix: str, shared_dir: Path, user: str,
+                 python: str = sys.executable) -> None:
+        self.sbatch, self.squeue, self.scancel = (scontrol.tool(p) for p in ("sbatch", "squeue", "scancel"))
+        self.prefix, self.shared_dir, self.user, self.python = prefix, shared_dir, user, python
+
+    def name(self, booking_id: str) -> str:
+        return reservation_name(booking_id, prefix=self.prefix)
+
+    def folder(self, booking_id: str) -> Path:
+        return self.shared_dir / self.name(booking_id)
+
+    def jobs(self) -> dict[str, Job]:
+        """gpubook's pending and running jobs, by name (one squeue call)."""
+        out = self.squeue("--noheader", f"--user={self.user}", "--states=all", "--format=%i|%j|%T|%N|%r")
+        found: dict[str, Job] = {}
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) != 5 or not parts[1].startswith(self.prefix) or parts[2] not in ACTIVE:
+                continue
+            found[parts[1]] = Job(job_id=parts[0], name=parts[1], state=parts[2], nodes=parts[3], reason=parts[4])
+        return found
+
+    def submit(self, request: JobRequest, *, now: datetime) -> Job:
+        """The booking's job, submitted into its reservation unless one is pending or running already
+        (a restarted daemon adopts it). Its folder starts empty of old results."""
+        step = request.step
+        name = self.name(step.booking_id)
+        running = self.jobs().get(name)
+        if running is not None:
+            return running
+        if request.nodes < 1 or request.gpus_per_node < 0:
+            raise SlurmError(f"booking {step.booking_id}: {request.nodes} nodes with {request.gpus_per_node} GPUs "
+                             f"each is not a job")
+        folder = self._make_folder(step.booking_id)
+        for old in folder.glob("result-*.json"):
+            old.unlink()
+        step.write(folder / "request.json")
+        script = folder / "job.sh"
+        script.write_text("#!/bin/sh\n# gpubook: one step per node runs the booking's container (runtime.slurm_step)\n"
+                          f"exec srun --kill-on-bad-exit=1 {shlex.quote(self.python)} -m gpubook.runtime.slurm_step "
+                          f"{shlex.quote(str(folder / 'request.json'))}\n")
+        minutes = max(1, math.ceil((step.end - now).total_seconds() / 60)) + GRACE_MINUTES
+        # --no-requeue: a job whose node failed ends (gpubook sees the death and places the booking
+        # again), rather than waiting in its reservation for a node that may not come back.
+        argv = ["--parsable", "--no-requeue", f"--job-name={name}", f"--reservation={name}", f"--nodes={request.nodes}",
+                "--ntasks-per-node=1", f"--time={minutes}", f"--output={folder / 'slurm.out'}", f"--chdir={folder}"]
+        if request.gpus_per_node:
+            argv.append(f"--gres=gpu:{request.gpus_per_node}")
+        if request.partition:
+            argv.append(f"--partition={request.partition}")
+        job_id = self.sbatch(*argv, str(script)).strip().split(";")[0]
+        return Job(job_id=job_id, name=name, state="PENDING", nodes="")
+
+    def _make_folder(self, booking_id: str) -> Path:
+        """The booking's job folder, made by the daemon's account (its job writes there)."""
+        folder = self.folder(booking_id)
+        folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        return folder
+
+    def _write_order(self, path: Path, text: str) -> None:
+        """An order for a node's step, written by the daemon's account (the step runs no other's)."""
+        path.write_text(text)
+
+    def results(self, booking_id: str) -> dict[str, NodeResult]:
+        """Each node's result so far (a node not yet written is absent)."""
+        found: dict[str, NodeResult] = {}
+        for path in sorted(self.folder(booking_id).glob("result-*.json")):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            found[str(data["node"])] = NodeResult(
+                node=str(data["node"]), port=int(data.get("port", 0)), host_key=str(data.get("host_key", "")),
+                container=str(data.get("container", "")), seconds_to_ssh=float(data.get("seconds_to_ssh", 0.0)),
+                gpus=tuple(int(g) for g in data.get("gpus", ())), hostfile=str(data.get("hostfile", "")),
+                error=str(data.get("error", "")))
+        return found
+
+    def log(self, booking_id: str) -> str:
+        path = self.folder(booking_id) / "slurm.out"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def exec(self, booking_id: str, node: str, argv: Sequence[str], *, timeout: float) -> ExecResult:
+        """`argv` in the booking's container on `node`, asked of that node's step through the job
+        folder (runtime.slurm_step.serve_execs) and waited for at most `timeout` seconds."""
+        folder = self.folder(booking_id)
+        token = secrets.token_hex(8)
+        asked = folder / f"exec-{node}-{token}.json"
+        partial = folder / f".exec-{node}-{token}.part"
+        self._write_order(partial, json.dumps({"argv": list(argv), "timeout": timeout}))
+        partial.replace(asked)
+        answer = folder / f"done-{node}-{token}.json"
+        deadline = time.monotonic() + timeout + EXEC_POLL + 1
+        while time.monotonic() < deadline:
+            if answer.exists():
+                data = json.loads(answer.read_text())
+                answer.unlink()
+                return ExecResult(int(data["returncode"]), str(data["stdout"]), str(data["stderr"]))
+            time.sleep(0.1)
+        asked.unlink(missing_ok=True)
+        raise EngineError(f"booking {booking_id}: its step on {node} did not answer within {timeout:g} s")
+
+    def cancel(self, booking_id: str, *, grace: float | None = None) -> bool:
+        """End the booking's job; False: it has none. With a `grace`, first SIGTERM to its steps
+        only (`scancel --signal=TERM`: each stops its container, exits, and the job ends by itself),
+        then scancel if it still runs after the grace and a margin. A plain scancel at once may
+        SIGKILL a step in the middle of stopping its container (after KillWait), and the container
+        (conmon is not one of the job's processes) would be left running."""
+        name = self.name(booking_id)
+        job = self.jobs().get(name)
+        if job is None:
+            return False
+        if grace is not None and job.state == "RUNNING":
+            self.scancel("--signal=TERM", job.job_id)
+            if self.wait_ended(booking_id, seconds=grace + STOP_MARGIN):
+                return True
+        self.scancel(job.job_id)
+        return True
+
+    def wait_ended(self, booking_id: str, *, seconds: float) -> bool:
+        """Whether the booking's job ended within `seconds` (polled every 0.5 s)."""
+        name, deadline = self.name(booking_id), time.monotonic() + seconds
+        while name in self.jobs():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+        return True

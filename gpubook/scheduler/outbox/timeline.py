@@ -1,0 +1,127 @@
+"""Each GPU's timeline for the status page: what is booked, running, held, or ended on it, from a
+week back to the end of the daemon's window (a week ahead), and the bookings refused with why.
+
+Built by the daemon after each pass from what the pass saw (the plan, the containers running, the
+Hold actions) and from State's containers table (what ran and ended); the page picks today and
+this week out of it in the browser's time zone. Free time is the gaps. Everything is plain data
+(ISO 8601 UTC strings), so the status file carries it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from gpubook.runtime.engines import ContainerInfo
+from gpubook.scheduler.core.decide import Hold
+from gpubook.scheduler.core.plan import LOCAL, Plan
+from gpubook.scheduler.state.records import ContainerRecord
+
+PAST = timedelta(days=7)  # ended containers are kept this far back (the page's week)
+REJECTED_SHOWN = 500  # refused bookings kept in the status; the rest are counted
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: str  # "booked" (accepted, not started), "running", "held" (should run, does not), "ended"
+    booking: str
+    user: str
+    start: str  # ISO 8601, UTC
+    end: str
+    template: str = ""
+    note: str = ""  # held: why; ended: how it ended ("ended", "died: exit 137", ...)
+
+
+@dataclass(frozen=True)
+class GpuTimeline:
+    gpu: int
+    segments: tuple[Segment, ...]  # sorted by start
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GpuTimeline:
+        return cls(gpu=data["gpu"], segments=tuple(Segment(**s) for s in data["segments"]))
+
+
+@dataclass(frozen=True)
+class RejectedBooking:
+    id: str
+    user: str  # "" where the booker is unknown
+    start: str  # ISO 8601, UTC
+    end: str
+    reason: str
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat()
+
+
+def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
+                  containers: Iterable[ContainerInfo] = (), held: Mapping[str, str] | None = None,
+                  records: Iterable[ContainerRecord] = (),
+                  known_gpus: Mapping[str, tuple[int, ...]] | None = None) -> tuple[GpuTimeline, ...]:
+    """One timeline per GPU of `host`. `held`: booking id → the Hold's reason this pass;
+    `records`: State's container records (those stopped in the last week become "ended");
+    `known_gpus`: booking id → its GPUs where neither the plan nor a container says any more
+    (the previous status's timelines), for an ended booking that has left the calendar window."""
+    held = held or {}
+    lanes: dict[int, list[Segment]] = {gpu: [] for gpu in gpus}
+    running = {info.booking_id: info for info in containers
+               if info.running and (info.host or LOCAL) == host}
+    placed = dict(known_gpus or {})
+
+    def put(on: Iterable[int], segment: Segment) -> None:
+        for gpu in on:
+            lanes.setdefault(gpu, []).append(segment)
+
+    for accepted in plan.accepted:
+        booking = accepted.booking
+        if accepted.host != host:
+            continue
+        placed[booking.id] = accepted.gpus
+        info = running.get(booking.id)
+        if booking.end <= now and info is None:
+            continue  # over: its container record (below) shows it as ended
+        kind, note = "booked", ""
+        if info is not None and booking.start <= now:
+            kind = "running"
+        elif booking.id in held:
+            kind, note = "held", held[booking.id]
+        put(accepted.gpus, Segment(kind=kind, booking=booking.id, user=booking.user, start=_iso(booking.start),
+                                   end=_iso(booking.end), template=booking.template, note=note))
+    planned = {a.booking.id for a in plan.accepted if a.host == host}
+    for info in running.values():  # running, though gone from the plan (being stopped, or its end moved)
+        placed[info.booking_id] = info.gpus
+        if info.booking_id not in planned and info.end is not None:
+            put(info.gpus, Segment(kind="running", booking=info.booking_id, user=info.user,
+                                   start=_iso(info.start or now), end=_iso(info.end), template=info.template))
+    for record in records:
+        stopped = record.stopped_at
+        if stopped is None or stopped < now - PAST or record.booking_id not in placed:
+            continue
+        put(placed[record.booking_id], Segment(kind="ended", booking=record.booking_id, user=record.user,
+                                               start=_iso(record.started_at), end=_iso(stopped),
+                                               note=record.exit_reason or ""))
+    return tuple(GpuTimeline(gpu=gpu, segments=tuple(sorted(lanes[gpu], key=lambda s: (s.start, s.kind))))
+                 for gpu in sorted(lanes))
+
+
+def held_reasons(actions: Iterable[object]) -> dict[str, str]:
+    """Booking id → why decide holds it this pass (its Hold actions)."""
+    return {action.booking_id: action.reason for action in actions if isinstance(action, Hold)}
+
+
+def rejected_bookings(plan: Plan) -> tuple[RejectedBooking, ...]:
+    """The refused bookings with their reasons (at most REJECTED_SHOWN, the earliest first)."""
+    return tuple(RejectedBooking(id=r.id, user=r.user or "", start=_iso(r.start), end=_iso(r.end), reason=r.reason)
+                 for r in plan.rejected[:REJECTED_SHOWN])
+
+
+def gpus_of(timelines: Iterable[GpuTimeline]) -> dict[str, tuple[int, ...]]:
+    """Booking id → the GPUs its segments are on (to keep placing an ended booking)."""
+    found: dict[str, set[int]] = {}
+    for lane in timelines:
+        for segment in lane.segments:
+            found.setdefault(segment.booking, set()).add(lane.gpu)
+    return {booking: tuple(sorted(gpus)) for booking, gpus in found.items()}

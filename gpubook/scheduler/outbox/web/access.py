@@ -1,0 +1,169 @@
+"""Who may see the status page, as one WSGI middleware in front of the page and every mount.
+
+- "none": anyone who reaches the port (the config allows it on a loopback address only); nobody
+  is anybody, so no ssh line is ever shown.
+- "basic": HTTP basic auth against an htpasswd file of bcrypt entries (`htpasswd -B`); any other
+  hash kind is refused when the file is read, naming its line.
+- "header": a reverse proxy authenticated the user and names them in `trusted_header`; the header
+  is believed only from `trusted_proxies` (a request from anywhere else is refused outright, with
+  or without the header: it went around the proxy).
+
+Every method but GET and HEAD is refused here, for the page and the mounts alike: the page never
+changes anything. The user, once known, is put in the WSGI environ under `USER_KEY`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import logging
+import secrets
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import bcrypt
+
+from gpubook.runtime.errors import ConfigError
+from gpubook.runtime.names import user_name_problem
+from gpubook.scheduler.config import WebConfig
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+log = logging.getLogger(__name__)
+
+USER_KEY = "gpubook.user"  # the authenticated user's name in the WSGI environ (absent: nobody)
+BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+_REMEMBERED = 256  # credentials checked once and remembered (bcrypt costs ~0.1-0.3 s a check)
+_DUMMY_HASH = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))  # an unknown user costs the same
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: str  # "401 Unauthorized", "403 Forbidden", "405 Method Not Allowed"
+    text: str
+    challenge: bool = False  # send WWW-Authenticate: Basic
+
+
+def read_htpasswd(path: Path) -> dict[str, bytes]:
+    """`user:hash` lines, bcrypt only; ConfigError naming the line of anything else."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"[web] htpasswd_file {path} cannot be read: {error.strerror}") from None
+    users: dict[str, bytes] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        user, colon, hashed = line.strip().partition(":")
+        where = f"[web] htpasswd_file {path} line {number}"
+        if not colon or not user:
+            raise ConfigError(f"{where}: not a user:hash line")
+        if not hashed.startswith(BCRYPT_PREFIXES):
+            kind = "apr1-MD5" if hashed.startswith("$apr1$") else "SHA-1" if hashed.startswith("{SHA}") \
+                else "crypt or plain text"
+            raise ConfigError(f"{where} (user {user}): a {kind} entry, not bcrypt; gpubook takes bcrypt only: "
+                              f"make it again with htpasswd -B")
+        users[user] = hashed.encode()
+    return users
+
+
+def _networks(texts: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(text, strict=False) for text in texts)
+
+
+class Access:
+    """The middleware: `Access(app, web=WebConfig)`; refuses, or passes on with the user known."""
+
+    def __init__(self, app: WSGIApplication, *, web: WebConfig, users: Mapping[str, bytes] | None = None) -> None:
+        self.app = app
+        self.mode = web.auth
+        if users is None and web.auth == "basic":
+            if web.htpasswd_file is None:
+                raise ConfigError('[web] auth = "basic" needs htpasswd_file (user:bcrypt lines, htpasswd -B)')
+            users = read_htpasswd(web.htpasswd_file)
+        self.users = dict(users or {})
+        self.header_key = "HTTP_" + web.trusted_header.upper().replace("-", "_")
+        self.proxies = _networks(web.trusted_proxies)
+        self._key = secrets.token_bytes(32)
+        self._known: dict[bytes, str] = {}  # a keyed digest of checked credentials → the user
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            return _refuse(Refusal("405 Method Not Allowed", "this page only shows; it changes nothing"),
+                           start_response, allow="GET, HEAD")
+        found = self.identify(environ)
+        if isinstance(found, Refusal):
+            return _refuse(found, start_response)
+        if found is not None:
+            environ[USER_KEY] = found
+        return self.app(environ, start_response)
+
+    def identify(self, environ: WSGIEnvironment) -> str | Refusal | None:
+        """The user asking (None: access without a name, auth none), or why they are refused."""
+        if self.mode == "header":
+            return self._from_proxy(environ)
+        if self.mode == "basic":
+            return self._from_password(environ.get("HTTP_AUTHORIZATION", ""))
+        return None
+
+    def _from_proxy(self, environ: WSGIEnvironment) -> str | Refusal:
+        try:
+            peer: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(
+                environ.get("REMOTE_ADDR", ""))
+        except ValueError:
+            peer = None
+        if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+            peer = peer.ipv4_mapped  # an IPv4 proxy reaching a dual-stack listen address
+        if peer is None or not any(peer in network for network in self.proxies):
+            log.warning("web: refused a request from %s, which is not a trusted proxy", environ.get("REMOTE_ADDR"))
+            return Refusal("403 Forbidden", "this page is reached through its reverse proxy only")
+        user = environ.get(self.header_key, "").strip()
+        if not user or user_name_problem(user):
+            return Refusal("403 Forbidden", "the proxy named no valid user")
+        return str(user)
+
+    def _from_password(self, header: str) -> str | Refusal:
+        denied = Refusal("401 Unauthorized", "log in with your gpubook page user name and password", challenge=True)
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return denied
+        try:
+            user, colon, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return denied
+        if not colon:
+            return denied
+        digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
+        with self._lock:
+            if self._known.get(digest) == user:
+                return user
+        hashed = self.users.get(user)
+        # The dummy check makes an unknown user cost what a known one does (no user-name oracle).
+        if not bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) or hashed is None:
+            log.warning("web: a wrong user name or password for %r", user[:64])
+            return denied
+        with self._lock:
+            if len(self._known) >= _REMEMBERED:
+                self._known.clear()
+            self._known[digest] = user
+        return user
+
+
+def _refuse(refusal: Refusal, start_response: StartResponse, *, allow: str | None = None) -> list[bytes]:
+    body = (refusal.text + "\n").encode()
+    headers = [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
+               ("Cache-Control", "no-store")]
+    if refusal.challenge:
+        headers.append(("WWW-Authenticate", 'Basic realm="gpubook", charset="UTF-8"'))
+    if allow:
+        headers.append(("Allow", allow))
+    start_response(refusal.status, headers)
+    return [body]

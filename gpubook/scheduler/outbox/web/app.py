@@ -1,0 +1,71 @@
+"""The status page as a Flask app: `create_app(...)` gives the WSGI app that waitress serves.
+
+Two views of one data set (web/page.py): `/` (HTML: tables rendered here, the timelines drawn by
+static/app.js in the browser's time zone from the same data embedded as JSON) and `/api/status`
+(that JSON). `mounts` (path → WSGI app, such as /metrics) are served beside them; access.Access
+stands in front of all of it. Nothing here writes: there is no form, no POST, no cookie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, Response, jsonify, render_template, request
+from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+from gpubook.scheduler.config import WebConfig
+from gpubook.scheduler.core.plan import LOCAL
+from gpubook.scheduler.outbox.status import Status
+from gpubook.scheduler.outbox.web.access import USER_KEY, Access
+from gpubook.scheduler.outbox.web.live import LiveGpus
+from gpubook.scheduler.outbox.web.page import page_data
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication
+
+# The page runs only its own script and style; it may not be framed, and it posts nowhere.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name: str,
+               live: Callable[[], LiveGpus] | None = None, mounts: Mapping[str, WSGIApplication] | None = None,
+               users: Mapping[str, bytes] | None = None, stale_after: timedelta = timedelta(minutes=5)) -> Flask:
+    """`status`: the last Status (None before the first pass); `live`: this host's NVML reading
+    (None: not shown); `users`: the basic-auth table (default: read from web.htpasswd_file);
+    `stale_after`: a status older than this is flagged (the daemon may be down)."""
+    app = Flask(__name__, static_folder="static", template_folder="templates")
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # keep the data in the page's order
+
+    def data() -> dict[str, Any]:
+        viewer = request.environ.get(USER_KEY)
+        return page_data(status(), viewer=viewer, host_name=host_name, now=datetime.now(UTC),
+                         live={LOCAL: live()} if live is not None else None, stale_after=stale_after)
+
+    @app.get("/")
+    def index() -> str:
+        return render_template("index.html", data=data())
+
+    @app.get("/api/status")
+    def api_status() -> Response:
+        return jsonify(data())
+
+    @app.after_request
+    def headers(response: Response) -> Response:
+        response.headers.update(SECURITY_HEADERS)
+        if request.path in ("/", "/api/status"):
+            response.headers["Cache-Control"] = "no-store"  # a booker's ssh line stays out of caches
+        return response
+
+    inner: WSGIApplication = app.wsgi_app
+    if mounts:
+        inner = DispatcherMiddleware(inner, dict(mounts))
+    app.wsgi_app = Access(inner, web=web, users=users)  # type: ignore[method-assign]
+    return app

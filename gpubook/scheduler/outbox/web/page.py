@@ -1,0 +1,121 @@
+"""What the page shows one viewer, from the last `Status`: plain JSON-able data, the same for the
+HTML page and its JSON endpoint.
+
+Two rules are kept here, in one place, for every view:
+- a running booking's SSH port (and so its ssh line) goes to its own booker only, when the
+  page knows who asks (auth basic or header): another user, or anyone with auth none, gets
+  neither the line nor the port;
+- free text (problems, reasons) is shown with every URL cut to its scheme and host: a calendar
+  URL may carry a password or a secret token in its user part, path or query.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from gpubook.scheduler.outbox.status import HostStatus, RunningBooking, Status
+from gpubook.scheduler.outbox.web.live import LiveGpus
+
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+
+
+def redacted(text: str) -> str:
+    """`text` with each URL cut to scheme://host/… (no user part, path or query)."""
+
+    def cut(match: re.Match[str]) -> str:
+        try:
+            parts = urlsplit(match[0])
+            host = parts.hostname or "?"
+            port = f":{parts.port}" if parts.port else ""
+        except ValueError:
+            return "(a URL)"
+        return f"{parts.scheme}://{host}{port}/…"
+
+    return _URL.sub(cut, text)
+
+
+def ssh_line(running: RunningBooking, *, viewer: str | None, host_name: str) -> str | None:
+    """`ssh -p PORT user@host` for the booking's own booker; None for anybody else."""
+    if viewer is None or viewer != running.user or running.port is None:
+        return None
+    return f"ssh -p {running.port} {running.user}@{host_name}"
+
+
+def _running(running: RunningBooking, *, viewer: str | None, host_name: str) -> dict[str, Any]:
+    line = ssh_line(running, viewer=viewer, host_name=host_name)
+    return {"booking": running.booking, "user": running.user, "template": running.template,
+            "gpus": list(running.gpus), "start": running.start, "end": running.end,
+            "state": redacted(running.state), "ssh": line, "port": running.port if line else None}
+
+
+def _host(host: HostStatus, *, viewer: str | None, host_name: str, live: LiveGpus | None) -> dict[str, Any]:
+    timeline = [{"gpu": lane.gpu, "segments": [
+        {**asdict(segment), "note": redacted(segment.note)} for segment in lane.segments]}
+        for lane in host.timeline]
+    if not timeline:  # no pass yet: each GPU with nothing on it
+        timeline = [{"gpu": gpu, "segments": []} for gpu in host.gpus.gpu_indices]
+    return {
+        "name": host.name,
+        "gpus": {"source": host.gpus.source, "count": host.gpus.count, "driver": host.gpus.driver,
+                 "note": redacted(host.gpus.note or "")},
+        "live": _live(live),
+        "running": [_running(r, viewer=viewer, host_name=host_name) for r in host.running],
+        "held": _held(host),
+        "next": [asdict(n) | {"gpus": list(n.gpus)} for n in host.next],
+        "timeline": timeline,
+    }
+
+
+def _held(host: HostStatus) -> list[dict[str, Any]]:
+    """The bookings that should run and do not (decide's holds), once each, with why."""
+    held: dict[str, dict[str, Any]] = {}
+    for lane in host.timeline:
+        for segment in lane.segments:
+            if segment.kind == "held":
+                row = held.setdefault(segment.booking, {
+                    "booking": segment.booking, "user": segment.user, "gpus": [], "start": segment.start,
+                    "end": segment.end, "reason": redacted(segment.note)})
+                row["gpus"].append(lane.gpu)
+    return list(held.values())
+
+
+def _live(live: LiveGpus | None) -> dict[str, Any] | None:
+    if live is None:
+        return None
+    return {"gpus": [asdict(g) for g in live.gpus], "problem": live.problem,
+            "read_at": datetime.fromtimestamp(live.read_at, UTC).isoformat() if live.read_at else None}
+
+
+def _summary(counts: Mapping[str, int]) -> str:
+    return (f"{counts.get('now', 0)} booking(s) now, {counts.get('upcoming', 0)} upcoming, "
+            f"{counts.get('rejected', 0)} refused")
+
+
+def page_data(status: Status | None, *, viewer: str | None, host_name: str, now: datetime,
+              live: Mapping[str, LiveGpus] | None = None, stale_after: timedelta = timedelta(minutes=5)
+              ) -> dict[str, Any]:
+    """The page's data for `viewer` (None: nobody logged in). `live`: host → its NVML reading."""
+    live = live or {}
+    if status is None:
+        return {"now": now.isoformat(), "viewer": viewer, "hosts": [], "rejected": [], "problems": [],
+                "stale": "the daemon has written no status yet (it writes one after each pass)",
+                "updated": None, "last_poll": None, "last_poll_ok": None, "outage": None, "counts": {},
+                "summary": "no status yet"}
+    stale = None
+    if status.updated and now - datetime.fromisoformat(status.updated) > stale_after:
+        stale = (f"the status is from {status.updated} (UTC): the daemon has not finished a pass since; "
+                 f"is it running?")
+    return {
+        "now": now.isoformat(), "viewer": viewer, "stale": stale, "summary": _summary(status.counts),
+        "updated": status.updated, "last_poll": status.last_poll, "last_poll_ok": status.last_poll_ok,
+        "outage": redacted(status.outage) if status.outage else None, "outage_since": status.outage_since,
+        "counts": dict(status.counts),
+        "problems": [redacted(p) for p in (*status.problems, *status.findings)],
+        "hosts": [_host(h, viewer=viewer, host_name=host_name, live=live.get(h.name)) for h in status.hosts],
+        "rejected": [asdict(r) | {"reason": redacted(r.reason)} for r in status.rejected],
+    }

@@ -1,0 +1,339 @@
+"""Calendar write-back: each booking's recorded outcome, written into its event.
+
+After a pass, the outcome of every booking in the window is read from what was recorded (the
+plan, the containers the pass saw or started, State's start/stop records, the pass's notes) and
+written through the calendar's writer where its source has one (CalDAV yes, ICS feeds no). A
+write whose content and event ETag match the last one recorded is skipped, so calling this on
+every pass costs nothing while nothing changes. A source that cannot write (an ICS feed) gives
+no writer, and its bookings are only planned.
+
+Writes leave the pass: each calendar has a lane of its own (one thread, so one DAV client is never
+shared) where its events are written one after another, each bounded by the writer's network
+timeout. A hung calendar server therefore holds only its own calendar's write-backs, never a
+pass, a start, or another calendar's events. A booking with a write still queued gets only its
+newest outcome written. A start's outcome is queued by its own booking's lane as soon as its SSH
+answered (`write_one`), so a booker never waits for the other bookings that start with theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime
+from zoneinfo import ZoneInfo
+
+from gpubook.runtime import cuda, jupyter, ssh
+from gpubook.runtime.engines import ContainerInfo
+from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.slurm_step import HOSTFILE
+from gpubook.runtime.templates import Template
+from gpubook.scheduler.config import CalendarConfig, Config, remind_minutes
+from gpubook.scheduler.core import decide
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import Accepted, Plan
+from gpubook.scheduler.outbox import foreign
+from gpubook.scheduler.sources import EventRef, Writer, block, open_writer
+from gpubook.scheduler.sources.alarm import Reminder
+from gpubook.scheduler.state import ContainerRecord, State, StateError
+
+log = logging.getLogger(__name__)
+RUNNING_LINES = "running-lines"  # State note: the lines a start adds to the running block (JSON list)
+
+
+@dataclass(frozen=True)
+class Remarks:
+    """What the apply stage has to say about bookings beyond State's records."""
+
+    refused: Mapping[str, str]  # booking id → why it can never start
+    failures: Mapping[str, str]  # booking id → why its start failed (for a note once it is due)
+    notes: Mapping[str, str]  # booking id → a sentence for its event
+    images: Mapping[str, str] = field(default_factory=dict)  # booking id → "image: ready" or why not
+    # booking id → its container run ahead of its start (armed): its port is fixed already, so the
+    # event gives the ssh line before the start and the booker need not wait for the start's write.
+    armed: Mapping[str, ContainerInfo] = field(default_factory=dict)
+    policy: Mapping[str, str] = field(default_factory=dict)  # booking id → its release or idle line (no-shows)
+
+
+def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_version: str | None, port: int,
+                user: str, host: str) -> list[str]:
+    """What a start adds to the booking's running block: how to reach its JupyterLab (or why there is
+    none), and the limits of a CUDA version run through minor version compatibility. The token is
+    not among them: the calendar is read by the whole lab (gpubook/runtime/jupyter.py)."""
+    lines = []
+    if template.jupyter and lab is not None and lab.started:
+        lines.append(f"jupyter: {jupyter.forward_line(port=port, user=user, host=host)}")
+        lines.append(f"jupyter url: {jupyter.url_hint(port=port, user=user, host=host)}")
+    elif template.jupyter:
+        lines.append(f"jupyter: {lab.reason if lab is not None else jupyter.NOT_AVAILABLE}")
+    limit = cuda.limitation(template.cuda, driver_version) if template.cuda and driver_version else None
+    if limit:
+        lines.append(f"cuda {template.cuda}: {limit}")
+    return lines
+
+
+@dataclass(frozen=True)
+class _Job:
+    item: Booking | Rejection
+    outcome: block.Outcome
+    key: str  # status and digest, as recorded once written
+    now: datetime
+
+
+def event_ref(item: Booking | Rejection) -> EventRef:
+    """Which event (and occurrence) a booking id points at: UID, or UID@original start."""
+    occurrence: datetime | date | None = None
+    if item.id != item.uid and item.id.startswith(item.uid + "@"):
+        suffix = item.id[len(item.uid) + 1:]
+        try:
+            occurrence = datetime.strptime(suffix, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        except ValueError:
+            occurrence = datetime.strptime(suffix, "%Y%m%d").date()  # noqa: DTZ007 - a date
+    return EventRef(calendar_url=item.calendar_url, href=item.href, uid=item.uid, occurrence=occurrence)
+
+
+class WriteBack:
+    """Writes outcomes into the configured calendars; one writer per writable calendar, reused."""
+
+    def __init__(self, config: Config, state: State) -> None:
+        self.config = config
+        self.state = state
+        self.writers: dict[str, Writer] = {}  # by calendar URL; each used only in its lane
+        self.lanes: dict[str, ThreadPoolExecutor] = {}  # by calendar URL
+        self.queued: dict[str, _Job] = {}  # booking id → the newest outcome not yet written
+        self.sending: dict[str, str] = {}  # booking id → the outcome's key being written now
+        self._lock = threading.Lock()
+
+    def write(self, plan: Plan, *, running: Mapping[str, ContainerInfo],
+              records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
+              etags: Mapping[str, str | None]) -> None:
+        items: list[tuple[Booking | Rejection, block.Outcome]] = []
+        extra = self._running_lines() if running else {}
+        seen = self._foreign_lines([a.booking.id for a in plan.accepted])
+        for rejection in plan.rejected:
+            if rejection.end > now:
+                items.append((rejection, block.rejected(rejection.reason)))
+        for accepted in plan.accepted:
+            outcome = self.outcome(accepted, running.get(accepted.booking.id), records.get(accepted.booking.id),
+                                   remarks=remarks, now=now, extra=extra, foreign=seen)
+            if outcome is not None:
+                items.append((accepted.booking, outcome))
+        for item, outcome in items:
+            self._write(item, outcome, etag=etags.get(item.href), now=now)
+
+    def write_one(self, accepted: Accepted, *, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
+                  remarks: Remarks, now: datetime, etag: str | None) -> None:
+        """One booking's outcome, queued in its calendar's lane at once: a start that succeeded
+        (or failed) is written back as soon as its own SSH answered, not after its pass waited for
+        its slower siblings. The pass's write afterwards finds the same outcome and skips it."""
+        extra = self._running_lines() if info is not None else {}  # its JupyterLab and CUDA lines too
+        outcome = self.outcome(accepted, info, records, remarks=remarks, now=now, extra=extra,
+                               foreign=self._foreign_lines([accepted.booking.id]))
+        if outcome is not None:
+            self._write(accepted.booking, outcome, etag=etag, now=now)
+
+    def outcome(self, accepted: Accepted, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
+                *, remarks: Remarks, now: datetime, extra: Mapping[str, str] | None = None,
+                foreign: Mapping[str, Sequence[str]] | None = None) -> block.Outcome | None:
+        booking = accepted.booking
+        zone = self.config.host.timezone
+        outcome: block.Outcome
+        if booking.id in remarks.refused:
+            return block.rejected(remarks.refused[booking.id])
+        if info is None and records and records[-1].stopped_at is None:
+            # Its container is gone but its stop is not recorded yet (an admin's `gpubook stop` in
+            # another process, or a death this pass handles): say nothing rather than something stale.
+            return None
+        if info is not None and info.port is not None:
+            outcome = block.running(port=info.port, user=booking.user, host=self._where(info), end=booking.end,
+                                    timezone=zone, known_hosts=self._known_hosts(info),
+                                    extra=[*self._other_nodes(info, booking.user),
+                                           *json.loads((extra or {}).get(booking.id, "[]"))])
+            if again := self._started_again(records or (), zone):
+                outcome = outcome.with_note(again)
+        elif records and all(r.stopped_at is not None for r in records) and (
+                now >= booking.end or (records[-1].exit_reason or "") == decide.ADMIN_STOP):
+            hours = sum(r.gpu_hours(now) for r in records)
+            root = self.config.storage.data_root
+            outputs = f"{self.config.host.name}:{root / booking.user / 'output'}" if root else None
+            outcome = block.ended(gpu_hours=hours, outputs=outputs, at=records[-1].stopped_at or now, timezone=zone,
+                                  download=self._sftp(booking.user))
+            if records[-1].exit_reason == decide.ADMIN_STOP:
+                outcome = outcome.with_note("stopped early by an admin")
+        elif now < booking.end:
+            outcome = block.accepted(gpus=accepted.gpus, template=booking.template, start=booking.start,
+                                     end=booking.end, timezone=zone, upload=self._sftp(booking.user))
+            failed = remarks.failures.get(booking.id)
+            if failed is not None and now >= booking.start:
+                outcome = outcome.with_note(f"could not start yet: {failed}")
+            image = remarks.images.get(booking.id)
+            if image is not None:
+                outcome = outcome.with_note(image)
+            armed = remarks.armed.get(booking.id)
+            if armed is not None and armed.port is not None:
+                outcome = self._armed_lines(outcome, booking, armed)
+        else:
+            return None
+        note = remarks.notes.get(booking.id)
+        outcome = outcome.with_note(note) if note else outcome
+        line = remarks.policy.get(booking.id)
+        outcome = outcome.with_note(line) if line else outcome
+        for line in (foreign or {}).get(booking.id, ()):  # processes seen on its GPUs outside its container
+            outcome = outcome.with_note(line)
+        return replace(outcome, reminder=self._reminder(accepted, info or remarks.armed.get(booking.id)))
+
+    def _armed_lines(self, outcome: block.Outcome, booking: Booking, info: ContainerInfo) -> block.Outcome:
+        """The ssh line (and known_hosts line) of a container armed for its start: it answers from the start."""
+        assert info.port is not None
+        line = block.ssh_line(port=info.port, user=booking.user, host=self._where(info))
+        outcome = outcome.with_note(f"ssh from the start: {line}")
+        known = self._known_hosts(info)
+        return outcome.with_note(f"known_hosts: {known}") if known else outcome
+
+    def _known_hosts(self, info: ContainerInfo) -> str:
+        """The booking's `[host]:port ssh-ed25519 AAAA...` line ("" without a host key label)."""
+        if not info.host_key or info.port is None:
+            return ""
+        return ssh.known_hosts_line(host=self._where(info), port=info.port, host_key=info.host_key)
+
+    @staticmethod
+    def _started_again(records: Sequence[ContainerRecord], zone: str) -> str:
+        """Why this run is not the first: its container died (or its node failed) and it started
+        again, on the line the booker reads next to the new ssh line ("": the first run)."""
+        if len(records) < 2 or not (records[-2].exit_reason or "").startswith(decide.DIED):
+            return ""
+        at = records[-1].started_at.astimezone(ZoneInfo(zone)).strftime("%H:%M:%S %Z")
+        return f"started again at {at} after its container died ({records[-2].exit_reason})"
+
+    def _where(self, info: ContainerInfo) -> str:
+        """Where the booker logs in: this server, or the cluster node the booking runs on."""
+        return info.host if self.config.backend.kind != "local" and info.host else self.config.host.name
+
+    @staticmethod
+    def _other_nodes(info: ContainerInfo, user: str) -> list[str]:
+        """A multi-node booking: an ssh line for each of its other nodes and where the hostfile is."""
+        if not info.others or info.port is None:
+            return []
+        return [*(f"also on {node}: {block.ssh_line(port=info.port, user=user, host=node)}" for node, _ in info.others),
+                f"hostfile: {HOSTFILE} (one line per node, for mpirun or torchrun)"]
+
+    def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
+        """gpubook's alarm for an accepted booking's event (`[policy] remind_minutes`; 0: none)."""
+        booking = accepted.booking
+        minutes = remind_minutes(self.config, booking.user)
+        if minutes <= 0:
+            return None
+        count = f"{len(accepted.gpus)} GPU{'s' if len(accepted.gpus) != 1 else ''}"
+        name = block.one_line(booking.summary) or booking.id
+        text = f'gpubook: "{name}" starts in {minutes:g} min on {self.config.host.name} ({count})'
+        if info is not None and info.port is not None:
+            detail = f"log in with {block.ssh_line(port=info.port, user=booking.user, host=self.config.host.name)}"
+        else:
+            detail = "the event shows the ssh line at the start"
+        return Reminder(minutes=minutes, text=text, detail=detail)
+
+    def _running_lines(self) -> dict[str, str]:
+        """Each running booking's lines from its start (RUNNING_LINES notes), read once per write."""
+        try:
+            return self.state.notes(RUNNING_LINES)
+        except StateError as error:
+            log.warning("the lines bookings' starts added wait for a later write: %s", error)
+            return {}
+
+    def _foreign_lines(self, booking_ids: Sequence[str]) -> dict[str, list[str]]:
+        """Each booking's foreign lines (processes seen on its GPUs outside its container), read once per write."""
+        try:
+            rows = self.state.foreign(current=False, booking_ids=booking_ids)
+        except StateError as error:
+            log.warning("processes seen outside the bookings wait for a later write: %s", error)
+            return {}
+        return foreign.event_lines(rows, timezone=self.config.host.timezone)
+
+    def _sftp(self, user: str) -> str | None:
+        """The booker's SFTP line where the SFTP service runs (their data at any time), else None."""
+        if not self.config.sftp.enabled or self.config.storage.data_root is None:
+            return None
+        return block.sftp_line(port=self.config.sftp.port, user=user, host=self.config.host.name)
+
+    def _write(self, item: Booking | Rejection, outcome: block.Outcome, *, etag: str | None, now: datetime) -> None:
+        calendar = next((c for c in self.config.calendars if c.url == item.calendar_url), None)
+        if calendar is None:
+            return
+        reminder = outcome.reminder
+        remind = [f"reminder {reminder.minutes:g} {reminder.text} {reminder.detail}"] if reminder else []
+        digest = hashlib.sha256("\n".join([*outcome.lines, *remind]).encode()).hexdigest()[:12]
+        key = f"{outcome.status} {digest}"
+        try:
+            done = self.state.write_back(item.id)
+        except StateError as error:
+            log.warning("booking %s: its write-back waits for a later pass: %s", item.id, error)
+            return
+        if done is not None and done.status == key and (etag is None or done.etag == etag):
+            return
+        with self._lock:  # the same outcome already queued or being written (by its start's own write)
+            queued = self.queued.get(item.id)
+            if self.sending.get(item.id) == key or (queued is not None and queued.key == key):
+                return
+        self._queue(calendar, _Job(item=item, outcome=outcome, key=key, now=now))
+
+    def _queue(self, calendar: CalendarConfig, job: _Job) -> None:
+        with self._lock:
+            waiting = job.item.id in self.queued
+            self.queued[job.item.id] = job
+            if waiting:  # the lane's task for it takes this newer outcome
+                return
+            lane = self.lanes.get(calendar.url)
+            if lane is None:
+                lane = self.lanes[calendar.url] = ThreadPoolExecutor(max_workers=1,
+                                                                      thread_name_prefix="gpubook-writeback")
+        lane.submit(self._deliver, calendar, job.item.id)
+
+    def _deliver(self, calendar: CalendarConfig, booking_id: str) -> None:
+        with self._lock:
+            job = self.queued.pop(booking_id, None)
+            if job is None:
+                return
+            self.sending[booking_id] = job.key
+        try:
+            self._send(calendar, job)
+        except Exception:  # a defect: logged, and the lane goes on with the next event
+            log.exception("booking %s: writing %s back failed unexpectedly", booking_id, job.outcome.status)
+        finally:
+            with self._lock:
+                self.sending.pop(booking_id, None)
+
+    def _send(self, calendar: CalendarConfig, job: _Job) -> None:
+        item, outcome = job.item, job.outcome
+        writer = self.writers.get(calendar.url) or open_writer(calendar, timezone=self.config.host.timezone)
+        if writer is None:  # a read-only source (an ICS feed)
+            return
+        self.writers[calendar.url] = writer
+        try:
+            result = writer.write(event_ref(item), outcome)
+            if result.reason in ("written", "unchanged"):
+                self.state.write_back_done(item.id, status=job.key, etag=result.etag, at=job.now)
+            if result.written:
+                self.state.log_event(f"wrote {outcome.status} into the calendar event", booking_id=item.id,
+                                     at=job.now)
+        except GpubookError as error:
+            log.warning("booking %s: %s", item.id, error)
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until every write queued so far is done (tests, `gpubook stop`); False on timeout."""
+        with self._lock:
+            lanes = list(self.lanes.values())
+        marks = [lane.submit(lambda: None) for lane in lanes]
+        _, late = wait(marks, timeout=timeout)
+        return not late
+
+    def close(self) -> None:
+        with self._lock:
+            lanes = list(self.lanes.values())
+        for lane in lanes:
+            lane.shutdown(wait=True)
+        for writer in self.writers.values():
+            writer.close()

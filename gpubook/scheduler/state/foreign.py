@@ -1,0 +1,98 @@
+"""What State keeps of processes seen on GPUs outside the bookings' containers ("foreign"): one row
+per sighting (a GPU, a process), first and last seen, and what gpubook did about it. Mixed into
+State (store.py), one transaction per method. The sampler (gpubook/scheduler/hosts/foreign.py) writes it;
+the write-back, the status file and the metrics read it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from gpubook.scheduler.state.records import moment_of, stamp_of
+
+# ForeignRow.action's forms: a stop due at, done at (ISO times); why not stoppable, why spared
+DUE, STOPPED, CANNOT, SPARED = "due ", "stopped ", "cannot: ", "spared: "
+_COLUMNS = "host, gpu, pid, started, user, command, booking_id, container, first_seen, last_seen, gone_at, action"
+
+
+@dataclass(frozen=True)
+class ForeignRow:
+    """A process on a GPU that is not the booking's own (or on a GPU nobody booked)."""
+
+    host: str
+    gpu: int
+    pid: int
+    started: int  # the process's start in clock ticks after boot: with pid, which process it is
+    user: str
+    command: str
+    booking_id: str | None  # the booking on that GPU; None: an unbooked GPU
+    container: str | None  # the gpubook container the process runs in (another booking's); None: none
+    first_seen: datetime
+    last_seen: datetime
+    gone_at: datetime | None = None  # when it was no longer on the GPU; None: still there
+    action: str = ""  # what gpubook did: "", "stop due at ISO", "stopped at ISO", "cannot stop: why"
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        return self.host, self.gpu, self.pid, self.started
+
+
+class ForeignRecords:
+    """The foreign-process half of State (its connections and transactions are State's)."""
+
+    if TYPE_CHECKING:
+        def _transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+        def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
+
+    def record_foreign(self, seen: Sequence[ForeignRow], *, host: str, now: datetime) -> list[ForeignRow]:
+        """One round's sightings on `host`: new ones inserted (with their action), known ones' last_seen moved on, those
+        of the host no longer seen marked gone now. Returns the rows that changed: new, back, gone."""
+        stamp = stamp_of(now)
+        with self._transaction() as db:
+            before = {row.key: row for row in _rows(db.execute(
+                f"SELECT {_COLUMNS} FROM foreign_processes WHERE host = ? AND gone_at IS NULL", (host,)))}  # noqa: S608 - a constant
+            # A process still there when its GPU's booking changes is news for the new booking.
+            changed = [row for row in seen if row.key not in before or before[row.key].booking_id != row.booking_id]
+            db.executemany(
+                f"INSERT INTO foreign_processes ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?) "  # noqa: S608 - a constant
+                "ON CONFLICT (host, gpu, pid, started) DO UPDATE SET last_seen = excluded.last_seen, gone_at = NULL, "
+                "booking_id = excluded.booking_id, action = CASE WHEN booking_id IS excluded.booking_id "
+                "THEN action ELSE excluded.action END",
+                [(*row.key, row.user, row.command, row.booking_id, row.container, stamp_of(row.first_seen), stamp,
+                  row.action) for row in seen])
+            keep = {row.key for row in seen}
+            gone = [row for key, row in before.items() if key not in keep]
+            db.executemany("UPDATE foreign_processes SET gone_at = ? WHERE host = ? AND gpu = ? AND pid = ? "
+                           "AND started = ?", [(stamp, *row.key) for row in gone])
+        return changed + [ForeignRow(**{**row.__dict__, "gone_at": now}) for row in gone]
+
+    def foreign_action(self, row: ForeignRow, action: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE foreign_processes SET action = ? WHERE host = ? AND gpu = ? AND pid = ? AND started = ?",
+                       (action, *row.key))
+
+    def foreign(self, *, current: bool = True, booking_ids: Sequence[str] | None = None) -> list[ForeignRow]:
+        """Sightings by first seen: those still there (`current`), or also gone ones of `booking_ids`."""
+        if current:
+            rows = self._query(f"SELECT {_COLUMNS} FROM foreign_processes WHERE gone_at IS NULL "  # noqa: S608
+                               "ORDER BY first_seen, host, gpu, pid")
+        else:
+            wanted = list(booking_ids or ())
+            rows = [row for first in range(0, len(wanted), 500)  # SQLite's limit on parameters
+                    for row in self._query(f"SELECT {_COLUMNS} FROM foreign_processes WHERE booking_id IN "  # noqa: S608 - placeholders only
+                                           f"({', '.join('?' * len(wanted[first:first + 500]))}) "
+                                           "ORDER BY first_seen, gpu, pid", tuple(wanted[first:first + 500]))]
+        return _rows(rows)
+
+
+def _rows(rows: object) -> list[ForeignRow]:
+    return [ForeignRow(host=h, gpu=g, pid=p, started=s, user=u, command=c, booking_id=b, container=k,
+                       first_seen=moment_of(f), last_seen=moment_of(seen), gone_at=moment_of(gone),  # type: ignore[arg-type]
+                       action=a or "")
+            for h, g, p, s, u, c, b, k, f, seen, gone, a in rows]  # type: ignore[attr-defined]
