@@ -50,9 +50,10 @@ def daemon_pid(folder: Path, *, locks: Path = PROC_LOCKS) -> int | None:
     path = folder / LOCK_FILE
     try:
         found = path.stat()
-        table = locks.read_text()
     except FileNotFoundError:
         return None
+    try:
+        table = locks.read_text()
     except OSError:  # no /proc here: ask the lock itself, briefly
         return _pid_by_flock(path)
     device = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
