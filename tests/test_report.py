@@ -21,8 +21,8 @@ in December).
 from __future__ import annotations
 
 import csv
-import json
 import io
+import json
 import subprocess
 import sys
 from dataclasses import replace
