@@ -52,6 +52,8 @@ def daemon_pid(folder: Path, *, locks: Path = PROC_LOCKS) -> int | None:
         found = path.stat()
     except FileNotFoundError:
         return None
+    except PermissionError:
+        raise GpubookError(f"cannot read {path}: permission denied (run this as the daemon's user)") from None
     try:
         table = locks.read_text()
     except OSError:  # no /proc here: ask the lock itself, briefly
