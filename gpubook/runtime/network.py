@@ -4,7 +4,9 @@ per-booking network (the default) can be made here.
 Rootless podman gives each container its own network namespace through slirp4netns, which opens
 /dev/net/tun as the daemon's user. A stock Linux host has that device at mode 0666; some (the
 Debian 12 test machines) have it 0600 root, and then every start fails inside podman with an
-error that does not name the device, so doctor names it and its fix.
+error that does not name the device, so doctor names it and its fix. Rootful podman makes a bridge
+with its network backend (netavark, or the older CNI plugins) and iptables or nft instead; a host
+without them (the GPU host, 2026-11-25) fails every start just as silently.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`gpubook doctor`: every check an admin needs before trusting gpubook, each problem with its fix.
 
 The driver and device checks come from gpubook.runtime.gpus and the engine's from its own preflight; this
-module adds the config, the templates, the calendars and the data folders. Exit status 1 if any check failed.
+module adds the config, the templates and their images, the calendars and the data folders. Each check is
+ok, WARN (not passed, but gpubook works without it) or FAIL; exit status 1 if any FAILed, else 0.
 """
 
 from __future__ import annotations
