@@ -47,8 +47,9 @@ class DockerEngine(CliEngine):
     def preflight(self) -> builtins.list[Check]:
         checks = super().preflight()
         if checks[0].ok:
-            # A limit to know of, not a fault to fix: doctor shows it without failing.
-            checks.append(Check("engine GPU isolation", True, f"{PROC_ISOLATION}; podman can hide them"))
+            # A limit to know of, not a fault to fix: doctor warns without failing.
+            checks.append(Check("engine GPU isolation", False, PROC_ISOLATION,
+                                '[engine] name = "podman" hides them', optional=True))
         return checks
 
     def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
