@@ -102,7 +102,7 @@ def post_webhook(settings: WebhookSettings, message: Message) -> None:
                                timeout=settings.timeout, allow_redirects=False)
     except niquests.RequestException as failure:
         raise NotifyError(f"booking {message.booking_id}: webhook {settings.url} failed: {failure}") from None
-    if not 200 <= answer.status_code < 300:
+    if answer.status_code is None or not 200 <= answer.status_code < 300:  # niquests: None without an answer
         raise NotifyError(f"booking {message.booking_id}: webhook {settings.url} answered "
                           f"{answer.status_code} {answer.reason}")
 

@@ -92,7 +92,7 @@ class IcsFeedSource(BaseSource):
             if response.status_code == 304 and self._digest is not None:
                 return "ics-304", False
             if response.status_code != 200:
-                raise http_status_error(self.url, response.status_code, response.reason or "")
+                raise http_status_error(self.url, response.status_code or 0, response.reason or "")
             body = self._read_capped(response)
             etag = response.headers.get("ETag")
             last_modified = response.headers.get("Last-Modified")
