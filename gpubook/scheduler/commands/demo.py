@@ -300,7 +300,9 @@ def _data_folder(stack: contextlib.ExitStack, folder: Path) -> tuple[Path, bool]
     """The demo's data_root (removed at the end) and whether it is on a nosuid,nodev mount; said."""
     root = find_data_root()
     if root is None:
-        print(f"gpubook demo: {no_data_root_sentence()}.", flush=True)
+        tried = ", ".join(data_root_candidates()) or "none"
+        print(f"gpubook demo: no nosuid,nodev folder for the booking's data (tried: {tried}): the plan is "
+              "shown, the booking cannot start", flush=True)
         (folder / "data").mkdir()
         return folder / "data", False
     data = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpubook-demo-data-", dir=root,
