@@ -14,7 +14,7 @@ from gpubook.runtime.errors import GpubookError
 
 # extra -> (what needs it, the modules it brings that gpubook imports)
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "web": ("the status page", ("flask", "werkzeug", "waitress", "bcrypt")),
+    "web": ("the status page", ("flask", "werkzeug", "waitress")),  # bcrypt too, but paramiko brings it
     "report": ("the report's plots (--png, --html)", ("matplotlib",)),
     "demo": ("gpubook demo", ("radicale",)),
 }
