@@ -41,7 +41,7 @@ def disk_bytes(folder: Path) -> int:
 
 
 def build_wheel(out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-qq", "--disable-pip-version-check",
                     "-w", str(out), str(ROOT)], check=True)
     (wheel,) = out.glob("gpubook-*.whl")
     return wheel
@@ -53,7 +53,7 @@ def measure(install: str, wheel: Path, work: Path) -> dict[str, object]:
     python = str(venv / "bin" / "python")
     if not install.startswith("("):
         target = str(wheel) if install == "base" else f"gpubook[{install}] @ {wheel.as_uri()}"
-        subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c",
+        subprocess.run([python, "-m", "pip", "install", "-qq", "--disable-pip-version-check", "-c",
                         str(ROOT / "constraints.txt"), target], check=True)
     code = "import importlib.metadata as m, site; print(site.getsitepackages()[0]); print(len(list(m.distributions())))"
     site_packages, count = subprocess.run([python, "-c", code], capture_output=True, text=True,

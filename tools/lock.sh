@@ -13,7 +13,7 @@ python=${PYTHON:-/usr/bin/python3}
 work=$(mktemp -d /tmp/gpubook-lock.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 "$python" -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check ".[test]"
+"$work/venv/bin/python" -m pip install -qq --disable-pip-version-check ".[test]"
 version=$("$work/venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 {
   echo "# gpubook's lock: every distribution of a fresh venv with '.[test]' (Python $version), made by tools/lock.sh."
