@@ -167,10 +167,8 @@ def _login(port: int, user: str, key: paramiko.PKey, *, host_key: str) -> bool:
 
     The quiet probe first (gpubook's own): while sshd starts, the published port accepts and hangs
     up, which paramiko's transport thread would log as an error with its traceback."""
-    try:
+    try:  # a server showing another host key raises ForeignHostKey: the demo stops with it
         ssh.probe_login("127.0.0.1", port, user, key, host_key=host_key, timeout=3)
-    except ssh.ForeignHostKey:
-        raise
     except (OSError, paramiko.SSHException, EOFError):
         return False
     client = paramiko.SSHClient()
@@ -273,8 +271,7 @@ def _run_daemon(config: config_module.Config, config_path: Path, booker: str, ke
         print(f"\nYour booking is up ({late:.1f} s after its start). Log in with:\n\n"
               f"  ssh -o UserKnownHostsFile={known_hosts} -i {key_path} -p {info.port} {booker}@localhost\n",
               flush=True)
-        sftp_line = _sftp_known_hosts(engine, known_hosts, config)
-        if sftp_line:
+        if _sftp_known_hosts(engine, known_hosts, config):
             print("Your data folders (input/, output/), at any time, before and after bookings:\n\n"
                   f"  sftp -o UserKnownHostsFile={known_hosts} -i {key_path} -P {config.sftp.port} "
                   f"{booker}@localhost\n", flush=True)
