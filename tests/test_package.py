@@ -117,11 +117,18 @@ def test_a_command_without_its_extra_says_which_to_install(tmp_path: Path, argv:
 
 # The installed wheel (root's part of CI: pip needs the package index, through this machine's mirrors).
 
+ARTEFACTS = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".venv", ".*_cache")
+
+
 def _clean_copy(target: Path) -> Path:
-    """The tracked and not-ignored files of the checkout, as a fresh clone has them (no build/, no egg-info)."""
+    """The tracked and not-ignored files of the checkout, as a fresh clone has them (no build/, no egg-info);
+    outside a git checkout (or one git refuses to read), the tree without build artefacts."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
-    for name in filter(None, listed):
+                            capture_output=True, check=False, timeout=60)
+    if listed.returncode != 0:
+        shutil.copytree(ROOT, target, ignore=ARTEFACTS, dirs_exist_ok=True)
+        return target
+    for name in filter(None, listed.stdout.decode().split("\0")):
         source = ROOT / name
         if source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
