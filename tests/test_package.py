@@ -115,6 +115,25 @@ def test_a_command_without_its_extra_says_which_to_install(tmp_path: Path, argv:
     assert not (tmp_path / "plot.png").exists()
 
 
+def test_a_daemon_serving_the_page_without_the_web_extra_says_so_and_runs_on(tmp_path: Path) -> None:
+    """[web] enabled but Flask absent: one logged sentence, no page, and the daemon is still up."""
+    code = ("import logging, sys; sys.modules['flask'] = None; logging.basicConfig(format='%(message)s')\n"
+            "from pathlib import Path\nfrom tests.daemon_kit import in_process_daemon\n"
+            f"daemon = in_process_daemon(Path({str(tmp_path)!r}))\n"
+            "daemon.config.path.write_text(daemon.config.path.read_text()\n"
+            "                              + '[web]\\nenabled = true\\nlisten = \"127.0.0.1:0\"\\n')\n"
+            "from datetime import UTC, datetime, timedelta\n"
+            "daemon.scheduler.start()\n"
+            "daemon._schedule_polls(first=datetime.now(UTC) + timedelta(hours=1))  # reload() reschedules it\n"
+            "print(daemon.reload(), daemon.web)\n"
+            "daemon.scheduler.shutdown(wait=False); daemon.passes.close(); daemon.state.close()")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert (done.returncode, done.stdout) == (0, "True None\n"), done.stderr[-2000:]
+    assert ("the status page does not start: the status page needs gpubook[web]: pip install 'gpubook[web]'"
+            in done.stderr.splitlines())
+
+
 # The installed wheel (root's part of CI: pip needs the package index, through this machine's mirrors).
 
 ARTEFACTS = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".venv", ".*_cache")
