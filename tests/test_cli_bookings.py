@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -167,29 +170,87 @@ def test_demo_runs_on_embedded_defaults() -> None:
     assert "is not a known user" in done.stdout and "at most 72 hours" in done.stdout
 
 
+def _reader(process: subprocess.Popen[str]) -> tuple[queue.Queue[str], threading.Thread]:
+    """The process's output lines, as they come, and the thread that reads them (it ends at EOF)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return lines, thread
+
+
+def _line_starting(lines: queue.Queue[str], prefix: str, *, seen: list[str], timeout: float) -> str:
+    """The next output line starting with `prefix` (every line read is kept in `seen`); bounded."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        seen.append(line)
+        if line.strip().startswith(prefix):
+            return line.strip()
+    raise AssertionError(f"no {prefix!r} line within {timeout:.0f} s:\n" + "".join(seen)[-3000:])
+
+
 @pytest.mark.podman
 @pytest.mark.slow
-def test_demo_starts_a_booking_the_user_can_log_in_to() -> None:
-    """The README's first command, without the Ctrl-C: the daemon starts the demo booking, SSH answers
-    with the demo's key (and sudo works), then everything is stopped and removed."""
+def test_demo_starts_a_booking_the_user_can_log_in_to(tmp_path: Path) -> None:
+    """The README's first command, from another directory: the daemon starts the demo booking; the
+    printed ssh and sftp lines work as printed with OpenSSH, against the booking's pinned host key
+    (no StrictHostKeyChecking=no); no traceback reaches the terminal; Ctrl-C (here SIGTERM) stops and
+    removes everything."""
     # The demo's data go where ./quickstart mounted the test path's nosuid,nodev tmpfs.
     env = {**os.environ, "GPUBOOK_DEMO_DATA_ROOT": str(safe_data.MOUNT)}
-    done = subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "demo", "--until-ready"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, check=False, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "Your booking is up" in done.stdout
-    line = next(line for line in done.stdout.splitlines() if line.strip().startswith("ssh -i "))
-    key_path = Path(line.split()[2])
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as errors:
+        demo = subprocess.Popen([sys.executable, "-m", "gpubook", "demo"], cwd="/", env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL)
+    seen: list[str] = []
+    try:
+        lines, reader = _reader(demo)
+        ssh_line = _line_starting(lines, "ssh ", seen=seen, timeout=600)
+        sftp_line = _line_starting(lines, "sftp ", seen=seen, timeout=120)
+        login = subprocess.run([*ssh_line.split(), "true"], capture_output=True, text=True, timeout=60,
+                               check=False, stdin=subprocess.DEVNULL)
+        assert login.returncode == 0, login.stderr
+        listing = subprocess.run([sftp_line.split()[0], "-b", "-", *sftp_line.split()[1:]], input="ls\n",
+                                 capture_output=True, text=True, timeout=60, check=False)
+        assert listing.returncode == 0 and "input" in listing.stdout, listing.stdout + listing.stderr
+    finally:
+        demo.terminate()
+        demo.wait(timeout=120)
+    reader.join(timeout=30)  # the demo has exited: its output ends
+    while not lines.empty():
+        seen.append(lines.get())
+    output = "".join(seen) + stderr.read_text()
+    assert "Traceback" not in output and "StrictHostKeyChecking" not in output, output[-3000:]
+    assert "UserKnownHostsFile=" in ssh_line and "UserKnownHostsFile=" in sftp_line
+    key_path = Path(ssh_line.split()[ssh_line.split().index("-i") + 1])
     assert not key_path.exists(), "the demo's files must be removed"
-    assert any(line.strip().startswith("sftp -i ") for line in done.stdout.splitlines())
-    assert "stopped the daemon and the demo's containers" in done.stdout
+    assert "stopped the daemon and the demo's containers" in output
     from gpubook.runtime.engines import container_name
-    from gpubook.scheduler.commands import demo
+    from gpubook.scheduler.commands import demo as demo_module
 
-    listing = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
-                             timeout=60, check=False)
-    assert container_name(demo.NOW_BOOKING) not in listing.stdout
-    assert "gpubook-sftp" not in listing.stdout.split(), "the demo's SFTP service must be removed"
+    containers = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                                timeout=60, check=False)
+    assert container_name(demo_module.NOW_BOOKING) not in containers.stdout
+    assert "gpubook-sftp" not in containers.stdout.split(), "the demo's SFTP service must be removed"
+
+
+def test_demo_without_a_nosuid_nodev_folder_shows_the_plan_and_says_what_to_mount() -> None:
+    env = {**os.environ, "GPUBOOK_DEMO_DATA_ROOT": "/"}  # a mount with suid and devices
+    done = subprocess.run([sys.executable, "-m", "gpubook", "demo", "--until-ready"], cwd="/", env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1
+    assert "2 accepted, 3 rejected." in done.stdout
+    assert done.stderr.startswith("gpubook: the demo cannot start its booking: no nosuid,nodev folder")
+    assert "GPUBOOK_DEMO_DATA_ROOT=" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_the_daemon_reads_past_the_longest_max_days_ahead(tmp_path: Path, calendar: caldav.Calendar) -> None:

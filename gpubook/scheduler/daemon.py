@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from gpubook import extras
 from gpubook.runtime import engines, ssh
 from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import ContainerInfo, Engine
@@ -399,6 +400,12 @@ class Daemon:
         """The status page, when [web] enabled: Flask is imported only then (the daemon's memory).
         A page that cannot start costs the page, never the bookings."""
         if not self.config.web.enabled:
+            return None
+        try:
+            extras.require("web")
+        except extras.MissingExtra as error:
+            log.error("the status page does not start: %s", error)
+            self._event(f"the status page does not start: {error}", level="error")
             return None
         from gpubook.scheduler.outbox.web import serve
 

@@ -125,6 +125,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from gpubook import extras
+
+    extras.require("demo")
     from gpubook.scheduler.commands import demo
 
     return demo.run(plan_only=args.plan_only, until_ready=args.until_ready)
@@ -156,6 +159,9 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
+    from gpubook import extras
+
+    extras.require("web")
     from gpubook.scheduler.commands import web
 
     return web.run(_config_path(args))

@@ -4,13 +4,21 @@ It starts a Radicale on 127.0.0.1 with a temporary calendar, fills it with a few
 the current user starting in 10 seconds, a recurring one, and some that must be rejected), writes a
 config for this host (NVML's GPUs, else a static inventory of two), shows the plan gpubook makes of
 them, builds the local `debian-ssh` image if it is missing, runs the daemon, and prints the ssh line
-(with a key made for the demo) the moment SSH answers. Ctrl-C ends it: the daemon, the demo's
+the moment SSH answers: with a key made for the demo and a known_hosts file holding the booking's own
+host key (gpubook pins it; nothing is trusted on first use). Ctrl-C ends it: the daemon, the demo's
 containers, the calendar server and every file are removed.
+
+Its data folders need a nosuid,nodev mount (as every gpubook data_root does): GPUBOOK_DEMO_DATA_ROOT,
+else the first writable one of $XDG_RUNTIME_DIR and /dev/shm (tmpfs, nosuid,nodev on most hosts);
+without one the plan is shown and the demo says what to mount.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import getpass
+import logging
 import os
 import shutil
 import signal
@@ -27,7 +35,7 @@ import paramiko
 from icalendar import Calendar, Event, vCalAddress
 
 from gpubook.runtime import overlay_image, sftp, ssh, storage
-from gpubook.runtime.engines import Engine, container_name
+from gpubook.runtime.engines import ContainerInfo, Engine, container_name
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.names import USER_NAME
 from gpubook.runtime.templates import get_template
@@ -38,7 +46,9 @@ from gpubook.scheduler.commands.embedded import RadicaleServer, end_process, fre
 from gpubook.scheduler.core import plan as plan_module
 
 NOW_BOOKING = "demo-now@gpubook"
+DATA_ROOT_ENV = "GPUBOOK_DEMO_DATA_ROOT"
 READY_TIMEOUT = 120.0  # seconds from the booking's start to a successful login, at most
+SFTP_TIMEOUT = 30.0  # seconds after the booking's login for the SFTP service to serve, at most
 
 
 def _booker_name() -> str:
@@ -102,22 +112,34 @@ def _free_ports(size: int = 10) -> tuple[int, int]:
     raise GpubookError("no free block of 10 ports between 2200 and 2900 for the demo's SSH")
 
 
-def _demo_data_root(folder: Path) -> Path:
-    """The demo's data folders, on a nosuid,nodev mount as gpubook requires (`./quickstart demo`
-    mounts one at /srv/gpubook-test-data); in the demo's own folder when none is found, where the
-    daemon then says what to mount."""
-    for candidate in (os.environ.get("GPUBOOK_DEMO_DATA_ROOT"), "/srv/gpubook-test-data",
-                      os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):  # noqa: S108 - a tmpfs, nosuid on most hosts
-        if candidate and os.access(candidate, os.W_OK | os.X_OK) and storage.mount_problem(Path(candidate)) is None:
-            return Path(tempfile.mkdtemp(prefix="gpubook-demo-data-", dir=candidate))
-    (folder / "data").mkdir()
-    return folder / "data"
+def data_root_candidates() -> list[str]:
+    """Where the demo may put its data folders, in order: the one named, then tmpfs folders that are
+    nosuid,nodev on most hosts (`./quickstart demo` names the tmpfs it mounts)."""
+    named = os.environ.get(DATA_ROOT_ENV)
+    if named:
+        return [named]
+    return [path for path in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm") if path]  # noqa: S108 - a tmpfs
 
 
-def demo_config(folder: Path, calendar_url: str, booker: str, key_line: str) -> Path:
+def find_data_root() -> Path | None:
+    """The first candidate this user may write on a nosuid,nodev mount, or None."""
+    for candidate in data_root_candidates():
+        if os.access(candidate, os.W_OK | os.X_OK) and storage.mount_problem(Path(candidate)) is None:
+            return Path(candidate)
+    return None
+
+
+def no_data_root_sentence() -> str:
+    tried = ", ".join(data_root_candidates()) or "none"
+    return (f"no nosuid,nodev folder this user may write for the demo's data (tried: {tried}); "
+            f"gpubook refuses data folders elsewhere, so mount one, e.g. `sudo mount -t tmpfs -o "
+            f"nosuid,nodev,size=1g,uid={os.getuid()} gpubook-demo /mnt`, and run "
+            f"`{DATA_ROOT_ENV}=/mnt gpubook demo`")
+
+
+def demo_config(folder: Path, calendar_url: str, booker: str, key_line: str, *, data_root: Path) -> Path:
     users = {booker: os.getuid() if os.getuid() else 1000, "alice": 2001, "bob": 2002}
     low, high = _free_ports()
-    data_root = _demo_data_root(folder)
     lines = [
         '[host]', 'name = "localhost"', f'timezone = "{config_module._system_timezone()}"', '',
         '[[calendar]]', f'url = "{calendar_url}"', 'gpus = "all"', '',
@@ -140,9 +162,20 @@ def demo_config(folder: Path, calendar_url: str, booker: str, key_line: str) -> 
     return path
 
 
-def _login(port: int, user: str, key: paramiko.PKey) -> bool:
+def _login(port: int, user: str, key: paramiko.PKey, *, host_key: str) -> bool:
+    """The booker logs in to the server showing the booking's host key, and sudo works there.
+
+    The quiet probe first (gpubook's own): while sshd starts, the published port accepts and hangs
+    up, which paramiko's transport thread would log as an error with its traceback."""
+    try:  # a server showing another host key raises ForeignHostKey: the demo stops with it
+        ssh.probe_login("127.0.0.1", port, user, key, host_key=host_key, timeout=3)
+    except (OSError, paramiko.SSHException, EOFError):
+        return False
     client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - the booking's fresh host key
+    kind, blob = host_key.split()[:2]
+    pinned = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
+    client.get_host_keys().add(f"[127.0.0.1]:{port}", kind, pinned)
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
     try:
         client.connect("127.0.0.1", port=port, username=user, pkey=key, look_for_keys=False,
                        allow_agent=False, timeout=3, banner_timeout=3, auth_timeout=3)
@@ -155,17 +188,43 @@ def _login(port: int, user: str, key: paramiko.PKey) -> bool:
 
 
 def _wait_until_ready(engine: Engine, daemon: subprocess.Popen[bytes], booker: str,
-                      key: paramiko.PKey, *, deadline: float) -> int:
-    """The booking's SSH port once the booker can log in (and sudo); raises if it never comes."""
+                      key: paramiko.PKey, *, deadline: float) -> ContainerInfo:
+    """The booking's container once the booker can log in (and sudo); raises if it never comes."""
     name = container_name(NOW_BOOKING)
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
             raise GpubookError(f"the daemon exited with status {daemon.returncode}")
         info = engine.inspect(name)
-        if info is not None and info.running and info.port and _login(info.port, booker, key):
-            return info.port
+        if (info is not None and info.running and info.port and info.host_key
+                and _login(info.port, booker, key, host_key=info.host_key)):
+            return info
         time.sleep(0.2)
     raise GpubookError(f"the demo booking did not answer on SSH within {READY_TIMEOUT:.0f} s of its start")
+
+
+def write_known_hosts(path: Path, info: ContainerInfo) -> None:
+    """The booking's pinned host key as OpenSSH reads it for `localhost` and the booking's port."""
+    assert info.port is not None
+    path.write_text(ssh.known_hosts_line(host="localhost", port=info.port, host_key=info.host_key) + "\n")
+
+
+def _sftp_known_hosts(engine: Engine, known_hosts: Path, config: config_module.Config) -> bool:
+    """Add the SFTP service's host key to the demo's known_hosts once it serves (bounded wait)."""
+    if not config.sftp.enabled:
+        return False
+    public = daemon_module.state_dir(config) / "sftp" / "etc" / "host_key.pub"
+    deadline = time.monotonic() + SFTP_TIMEOUT
+    while time.monotonic() < deadline:
+        service = engine.inspect_service(sftp.SERVICE_NAME)
+        if service is not None and service.running and public.is_file():
+            line = ssh.known_hosts_line(host="localhost", port=config.sftp.port, host_key=public.read_text().strip())
+            with known_hosts.open("a") as out:
+                out.write(line + "\n")
+            return True
+        time.sleep(0.2)
+    print(f"gpubook demo: the SFTP service did not start within {SFTP_TIMEOUT:.0f} s; see the daemon's log",
+          flush=True)
+    return False
 
 
 def _clean_up(engine: Engine, daemon: subprocess.Popen[bytes] | None, booking_ids: set[str],
@@ -205,14 +264,17 @@ def _run_daemon(config: config_module.Config, config_path: Path, booker: str, ke
                                        str(config_path)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         wait = (start - datetime.now(start.tzinfo)).total_seconds()
         print(f"gpubook demo: the daemon runs; your booking starts in {max(wait, 0):.0f} s …", flush=True)
-        port = _wait_until_ready(engine, daemon, booker, key, deadline=time.monotonic() + max(wait, 0) + READY_TIMEOUT)
+        info = _wait_until_ready(engine, daemon, booker, key, deadline=time.monotonic() + max(wait, 0) + READY_TIMEOUT)
         late = (datetime.now(start.tzinfo) - start).total_seconds()
+        known_hosts = key_path.with_name("known_hosts")
+        write_known_hosts(known_hosts, info)
         print(f"\nYour booking is up ({late:.1f} s after its start). Log in with:\n\n"
-              f"  ssh -i {key_path} -o StrictHostKeyChecking=no -p {port} {booker}@localhost\n", flush=True)
-        if config.sftp.enabled:
+              f"  ssh -o UserKnownHostsFile={known_hosts} -i {key_path} -p {info.port} {booker}@localhost\n",
+              flush=True)
+        if _sftp_known_hosts(engine, known_hosts, config):
             print("Your data folders (input/, output/), at any time, before and after bookings:\n\n"
-                  f"  sftp -i {key_path} -o StrictHostKeyChecking=no -P {config.sftp.port} {booker}@localhost\n",
-                  flush=True)
+                  f"  sftp -o UserKnownHostsFile={known_hosts} -i {key_path} -P {config.sftp.port} "
+                  f"{booker}@localhost\n", flush=True)
         if until_ready:
             return 0
         print("Ctrl-C ends the demo (the container is stopped and everything removed).", flush=True)
@@ -231,12 +293,31 @@ def _run_daemon(config: config_module.Config, config_path: Path, booker: str, ke
         print("gpubook demo: stopped the daemon and the demo's containers.", flush=True)
 
 
+def _data_folder(stack: contextlib.ExitStack, folder: Path) -> tuple[Path, bool]:
+    """The demo's data_root (removed at the end) and whether it is on a nosuid,nodev mount; said."""
+    root = find_data_root()
+    if root is None:
+        tried = ", ".join(data_root_candidates()) or "none"
+        print(f"gpubook demo: no nosuid,nodev folder for the booking's data (tried: {tried}): the plan is "
+              "shown, the booking cannot start", flush=True)
+        (folder / "data").mkdir()
+        return folder / "data", False
+    data = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpubook-demo-data-", dir=root,
+                                                           ignore_cleanup_errors=True))
+    print(f"gpubook demo: the booking's data folders go to {data} (a nosuid,nodev mount), removed at the end")
+    return Path(data), True
+
+
 def run(*, plan_only: bool = False, until_ready: bool = False) -> int:
     booker = _booker_name()
     # Ctrl-C or a plain `kill` both end the demo through the same clean-up.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with tempfile.TemporaryDirectory(prefix="gpubook-demo-") as folder_name, RadicaleServer() as server:
-        folder = Path(folder_name)
+    # While sshd starts, logins fail by design; paramiko would log each with a traceback.
+    logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpubook-demo-")))
+        server = stack.enter_context(RadicaleServer())
+        data_root, data_safe = _data_folder(stack, folder)
         # Radicale's "none" authentication takes any name; a name is needed to own a calendar.
         client = caldav.DAVClient(url=server.url, username="demo", password="demo")  # type: ignore[operator]  # noqa: S106 - ignored by "none" auth
         principal_calendar = client.principal().make_calendar(name="devbox", cal_id="devbox")
@@ -249,7 +330,8 @@ def run(*, plan_only: bool = False, until_ready: bool = False) -> int:
         key_path = folder / "demo-key"
         key.write_private_key_file(str(key_path))
         key_path.chmod(0o600)
-        config_path = demo_config(folder, calendar_url, booker, f"{key.get_name()} {key.get_base64()} demo")
+        config_path = demo_config(folder, calendar_url, booker, f"{key.get_name()} {key.get_base64()} demo",
+                                  data_root=data_root)
         loaded = config_module.load(config_path)
         print(f"gpubook demo: a Radicale calendar at {calendar_url} with {len(events)} bookings")
         print(f"gpubook demo: config {config_path} (users {', '.join(sorted(loaded.users))})\n")
@@ -260,6 +342,8 @@ def run(*, plan_only: bool = False, until_ready: bool = False) -> int:
         print(f"\n{len(summary['accepted'])} accepted, {len(summary['rejected'])} rejected.\n", flush=True)
         if plan_only:
             return 0
+        if not data_safe:
+            raise GpubookError(f"the demo cannot start its booking: {no_data_root_sentence()}")
         start = next(a.booking.start for a in result.plan.accepted if a.booking.id == NOW_BOOKING)
         booking_ids = {"demo-now@gpubook", "demo-weekly@gpubook", "demo-clash@gpubook",
                        "demo-stranger@gpubook", "demo-long@gpubook"}

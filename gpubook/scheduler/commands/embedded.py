@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import requests
+import niquests
 
 from gpubook.runtime.errors import GpubookError
 
@@ -60,9 +60,9 @@ class RadicaleServer:
                 error = self._process.stderr.read().decode(errors="replace") if self._process.stderr else ""
                 raise GpubookError(f"Radicale did not start: {error.strip()[-500:] or 'it exited'}")
             try:
-                requests.get(self.url, timeout=1)
+                niquests.get(self.url, timeout=1)
                 return self
-            except requests.ConnectionError:
+            except niquests.ConnectionError:
                 time.sleep(0.05)
         self.__exit__(None, None, None)
         raise GpubookError(f"Radicale did not answer on {self.url} within {self._start_timeout:.0f} s")

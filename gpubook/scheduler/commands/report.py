@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from gpubook import extras
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.daemon import state_dir
@@ -63,6 +64,8 @@ def run(*, start_text: str, end_text: str, by: str = "user", outputs: Outputs = 
                if path is not None]
     for path, kind in targets:
         _check_writable(path, kind)
+    if outputs.png is not None or outputs.html is not None:
+        extras.require("report")  # before anything is read or written
     database = _database(config)
     with State(database) as state:
         report = report_module.build(state, start=start, end=end, now=now or datetime.now(UTC), by=by)

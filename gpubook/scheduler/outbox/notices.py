@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from email.message import EmailMessage
 
-import requests
+import niquests
 
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler.config import Config, NotifyConfig, UserConfig
@@ -98,11 +98,11 @@ def post_webhook(settings: WebhookSettings, message: Message) -> None:
     if settings.token:
         headers["Authorization"] = f"Bearer {settings.token}"
     try:
-        answer = requests.post(settings.url, data=json.dumps(message.as_json()), headers=headers,
+        answer = niquests.post(settings.url, data=json.dumps(message.as_json()), headers=headers,
                                timeout=settings.timeout, allow_redirects=False)
-    except requests.RequestException as failure:
+    except niquests.RequestException as failure:
         raise NotifyError(f"booking {message.booking_id}: webhook {settings.url} failed: {failure}") from None
-    if not 200 <= answer.status_code < 300:
+    if answer.status_code is None or not 200 <= answer.status_code < 300:  # niquests: None without an answer
         raise NotifyError(f"booking {message.booking_id}: webhook {settings.url} answered "
                           f"{answer.status_code} {answer.reason}")
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
-import requests
+import niquests
 from icalendar import Calendar, Component
 
 from gpubook.scheduler.sources import DEFAULT_TIMEOUT, BaseSource, PollStats, RawObject, Snapshot, https_url
@@ -55,7 +55,7 @@ class IcsFeedSource(BaseSource):
         self.timeout = timeout
         self.max_bytes = max_bytes
         self._wire = WireCounter()
-        self._session = requests.Session()
+        self._session = niquests.Session()
         self._session.trust_env = False  # no ~/.netrc credentials or proxies picked up silently
         self._session.hooks["response"].append(self._wire.hook)
         user, secret = username or url_user, password or url_password
@@ -86,13 +86,13 @@ class IcsFeedSource(BaseSource):
         try:
             response = self._session.get(self.url, headers=headers, stream=True,
                                          timeout=self.timeout, allow_redirects=True)
-        except requests.RequestException as failure:
+        except niquests.RequestException as failure:
             raise self._transport(failure) from None
         with response:
             if response.status_code == 304 and self._digest is not None:
                 return "ics-304", False
             if response.status_code != 200:
-                raise http_status_error(self.url, response.status_code, response.reason or "")
+                raise http_status_error(self.url, response.status_code or 0, response.reason or "")
             body = self._read_capped(response)
             etag = response.headers.get("ETag")
             last_modified = response.headers.get("Last-Modified")
@@ -106,7 +106,7 @@ class IcsFeedSource(BaseSource):
         self._digest, self._etag, self._last_modified = digest, etag, last_modified
         return "ics-full", True
 
-    def _read_capped(self, response: requests.Response) -> bytes:
+    def _read_capped(self, response: niquests.Response) -> bytes:
         declared = response.headers.get("Content-Length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             raise CalendarDataError(
@@ -126,7 +126,7 @@ class IcsFeedSource(BaseSource):
                     raise CalendarError(
                         f"{self.url}: download took longer than {self.timeout * 10:g} s (timeout)")
                 chunks.append(chunk)
-        except requests.RequestException as failure:
+        except niquests.RequestException as failure:
             raise self._transport(failure) from None
         finally:
             self._wire.add_streamed(size)
