@@ -76,6 +76,8 @@ def check_binary(binary: Path) -> None:
     first = binary.read_text(errors="replace").partition("\n")[0]
     interpreter = Path(first[2:].strip().split()[0]) if first.startswith("#!") and first[2:].strip() else None
     for path in (binary, *([interpreter] if interpreter else [])):
+        if not path.exists():
+            raise SetupError(f"{binary} runs {path}, which does not exist: reinstall gpubook in a working venv")
         blocked = unreachable(path)
         if blocked is not None:
             raise SetupError(f"{path} cannot be run by other accounts ({blocked} is closed to them): install gpubook "
