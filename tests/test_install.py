@@ -111,8 +111,12 @@ def clean_host() -> Iterator[None]:
 
 def install_wheel(folder: Path) -> None:
     """pip wheel from the tree, a venv of Debian's python outside the checkout, the wheel in it."""
-    wheels = folder / "wheels"
-    built = _quiet([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), str(ROOT)])
+    wheels, source = folder / "wheels", folder / "source"
+    # A copy without build outputs: setuptools would take stale files from the tree's build/, and
+    # root's build/ would stand in the way of a later build by the checkout's owner.
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "dist"))
+    built = _quiet([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)])
     assert built.returncode == 0, built.stdout + built.stderr
     wheel = next(wheels.glob("gpubook-*.whl"))
     PREFIX.mkdir(mode=0o755)
@@ -258,3 +262,43 @@ def test_an_admin_install_by_gpubook_setup_runs_a_caldav_booking_to_ssh(clean_ho
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     wait_for("the booking's container gone", lambda: as_account("podman", "container", "exists", name).returncode == 1,
              timeout=60, interval=0.5)
+
+
+def install_md_script(*, systemd: bool, tun_mode: int) -> str:
+    """docs/INSTALL.md's steps as one root shell script for ACCOUNT, each block chosen as its
+    "only where ..." line says for this host; the image build (the long one) and doctor left out."""
+    text = (ROOT / "docs" / "INSTALL.md").read_text()
+    steps = text[text.index("## The steps"):text.index("## Config and secrets")]
+    blocks = re.findall(r"```sh\n(.*?)```", steps, re.S)
+    conditions = {"# only where systemd runs": systemd, "# only where systemd does not run": not systemd,
+                  "# only if the check shows none": False,  # useradd gives a range here (setup checks it)
+                  "# only where /dev/net/tun is 0600": tun_mode & 0o066 != 0o066,
+                  "# only where data_root is not on a nosuid,nodev mount": True}  # /srv is on / here
+    chosen = []
+    for block in blocks[1:]:
+        first = block.splitlines()[0]
+        condition = next((value for tag, value in conditions.items() if first.startswith(tag)), None)
+        assert condition is not None or not first.startswith("# only"), f"a condition the test does not know: {first}"
+        if condition is False or "build debian-ssh" in block or " doctor " in block:
+            continue
+        chosen.append(block)
+    names = f"account={ACCOUNT} data_root={DATA} venv={VENV}\nhome=/home/$account\n"
+    assert blocks[0].startswith("account="), blocks[0]
+    return "set -eu\n" + names + "".join(chosen)
+
+
+def test_install_md_by_hand_leaves_gpubook_setup_nothing_to_do_but_the_image(clean_host: None, tmp_path: Path) -> None:
+    """The manual page and the command are one procedure: after the page's steps, setup says "already"."""
+    install_wheel(tmp_path)
+    statvfs = os.statvfs("/srv")
+    assert not statvfs.f_flag & os.ST_NOSUID, "this test expects /srv without nosuid (the bind-mount branch)"
+    script = install_md_script(systemd=Path("/run/systemd/system").is_dir(),
+                               tun_mode=Path("/dev/net/tun").stat().st_mode & 0o777)
+    by_hand = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300, check=False,
+                             cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+    assert by_hand.returncode == 0, script + by_hand.stdout + by_hand.stderr
+    status, lines = timed_setup("--dry-run")
+    found = step_lines(lines)
+    assert status == 0 and list(found) == list(STEPS), lines
+    left = {name: rest for name, (_, rest) in found.items() if not rest.startswith(("already: ", "skipped: "))}
+    assert list(left) == ["image"] and left["image"].startswith("would change: "), left
