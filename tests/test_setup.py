@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.scheduler.commands import setup, setup_steps
+from gpubook.scheduler.commands import setup, setup_host, setup_steps
 from gpubook.scheduler.commands.setup_host import (
     DELEGATE_CONF,
     UDEV_RULE,
@@ -39,8 +39,8 @@ OPTIONS = setup_steps.Options(account=NAME, data_root=DATA, binary=BINARY, confi
 # A Debian 12 machine as installed: no gpubook account, a data folder nowhere, /dev/net/tun 0600.
 FRESH = Facts(account=None, subids=(OTHERS, OTHERS), systemd=True, lingering=False, udev=True,
               data_root=DataRoot(exists=False, owner=None, nosuid_nodev=False), fstab="# static file system info\n",
-              tun_mode=0o600, udev_rule=False, delegate_conf=None, runtime_dir=False, storage_conf=None, stores=(),
-              config=False, unit=None, unit_enabled=False, mmdebstrap=True, image=False)
+              tun_mode=0o600, udev_rule=False, delegate_conf=None, subtree_delegated=None, runtime_dir=False,
+              storage_conf=None, stores=(), config=False, unit=None, unit_enabled=False, mmdebstrap=True, image=False)
 ACCOUNT = Account(NAME, 1001, 1001, Path("/home/gpubook"))
 MINE = f"{NAME}:231072:65536\n"
 # The same machine after `gpubook setup`: what a second run finds.
@@ -74,8 +74,8 @@ def test_a_fresh_systemd_host_gets_every_step_in_order() -> None:
         "echo '/srv/gpubook /srv/gpubook none bind,nosuid,nodev 0 0' >> /etc/fstab"]
     assert steps["/dev/net/tun"].actions == (Run(("chmod", "0666", "/dev/net/tun")),
                                              Write(UDEV_RULE, 'KERNEL=="tun", MODE="0666"\n'))
-    assert steps["cgroup delegation"].actions == (Write(DELEGATE_CONF, "[Service]\nDelegate=cpu cpuset io memory pids\n"),
-                                                  Run(("systemctl", "daemon-reload")))
+    delegate = Write(DELEGATE_CONF, "[Service]\nDelegate=cpu cpuset io memory pids\n")
+    assert steps["cgroup delegation"].actions == (delegate, Run(("systemctl", "daemon-reload")))
     assert shell(steps["unit"])[-1] == "systemctl --user -M gpubook@ enable --now gpubook"
 
 
@@ -107,6 +107,20 @@ def test_a_host_without_systemd_gets_a_runtime_folder_and_the_command_that_start
     assert not any("systemctl" in line for line in shell(unit))
     assert f"XDG_RUNTIME_DIR=/run/user/1001 LANG=C.UTF-8 {BINARY} run --config /home/gpubook/.config/gpubook/" \
            "gpubook.toml" in unit.text
+
+
+def test_without_systemd_a_delegated_subtree_comes_from_gpubooks_own_cgroups_code(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where gpubook.runtime.cgroups.make_delegated_subtree exists (the limits work), setup calls it."""
+    made: list[str] = []
+    monkeypatch.setattr(setup_steps, "delegated_subtree_maker", lambda: made.append)
+    facts = dataclasses.replace(FRESH, account=ACCOUNT, **NO_SYSTEMD)
+    step = plan(facts)["cgroup delegation"]
+    assert step.state == "change" and len(step.actions) == 1
+    assert step.actions[0].shell().startswith("gpubook.runtime.cgroups.make_delegated_subtree('gpubook')")
+    setup_host.perform(step.actions[0])
+    assert made == ["gpubook"]
+    assert plan(dataclasses.replace(facts, subtree_delegated=True))["cgroup delegation"].state == "already"
 
 
 def test_a_dry_run_before_the_account_exists_names_its_uid_for_the_shell() -> None:

@@ -39,7 +39,7 @@ def check_input(*, account: str, data_root: str, euid: int, dry_run: bool) -> Pa
     if euid != 0 and not dry_run:
         raise SetupError(NOT_ROOT)
     if not steps.ACCOUNT_NAME.fullmatch(account) or account == "root":
-        raise SetupError(f"--user {account!r} is not a name for a new system account (lower-case letters, digits, "
+        raise SetupError(f"--user {account!r} is not a valid account name (lower-case letters, digits, "
                          "'_' and '-', at most 32, not root)")
     path = Path(os.path.normpath(data_root))
     if not path.is_absolute() or path == Path("/") or re.search(r"\s", data_root):

@@ -62,6 +62,7 @@ class Facts:
     tun_mode: int | None  # /dev/net/tun's permission bits; None: no such device
     udev_rule: bool
     delegate_conf: str | None
+    subtree_delegated: bool | None  # without systemd: gpubook.runtime.cgroups says; None where it cannot
     runtime_dir: bool  # /run/user/UID exists
     storage_conf: str | None  # the account's ~/.config/containers/storage.conf
     stores: tuple[str, ...]  # drivers of the account's existing podman store (vfs, overlay)
@@ -137,6 +138,7 @@ def read_facts(name: str, data_root: Path, *, image: str | None = None) -> Facts
         systemd=systemd, lingering=(LINGER_DIR / name).exists(), udev=Path("/run/udev/control").exists(),
         data_root=_data_root(data_root), fstab=read_text(FSTAB) or "", tun_mode=_tun_mode(),
         udev_rule=UDEV_RULE.exists(), delegate_conf=read_text(DELEGATE_CONF),
+        subtree_delegated=None if systemd else _subtree_delegated(name),
         runtime_dir=found is not None and Path(f"/run/user/{found.uid}").is_dir(),
         storage_conf=read_text(home / ".config/containers/storage.conf"), stores=_stores(home),
         config=(home / ".config/gpubook/gpubook.toml").exists(),
@@ -145,6 +147,16 @@ def read_facts(name: str, data_root: Path, *, image: str | None = None) -> Facts
         mmdebstrap=_which("mmdebstrap"),
         image=_has_image(found, image) if image and found is not None and os.geteuid() == 0 else None,
     )
+
+
+def _subtree_delegated(name: str) -> bool | None:
+    """gpubook.runtime.cgroups.subtree_delegated(account), where this gpubook has it (the limits work)."""
+    try:
+        from gpubook.runtime import cgroups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    check = getattr(cgroups, "subtree_delegated", None)
+    return bool(check(name)) if callable(check) else None
 
 
 def _unit_enabled(name: str) -> bool:
@@ -242,7 +254,10 @@ def perform(action: Action, *, cwd: Path | None = None) -> str:
         action.path.chmod(0o644)
         return ""
     if isinstance(action, Call):
-        return str(action.function(action.argument) or "")
+        try:
+            return str(action.function(action.argument) or "")
+        except GpubookError as error:  # the host cannot (cgroups v1): said, and the set-up goes on
+            return f"not done: {error}"
     if isinstance(action, AppendLine):
         text = read_text(action.path) or ""
         with action.path.open("a") as stream:

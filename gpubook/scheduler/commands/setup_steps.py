@@ -230,13 +230,17 @@ def step_cgroups(facts: Facts, options: Options) -> Step:
         return Step("cgroup delegation", "skipped", "systemd is not PID 1 here and this gpubook cannot delegate a "
                     "cgroup subtree itself (no gpubook.runtime.cgroups.make_delegated_subtree): memory, CPU and "
                     "pids limits are not enforced (gpubook doctor says which hold)")
+    if facts.subtree_delegated:
+        return Step("cgroup delegation", "already", f"{options.account} has a delegated cgroup subtree")
     return Step("cgroup delegation", "change", f"delegate a cgroup subtree to {options.account} "
                 "(systemd is not PID 1 here)",
                 (Call("gpubook.runtime.cgroups.make_delegated_subtree", maker, options.account),))
 
 
 def delegated_subtree_maker() -> Callable[[str], object] | None:
-    """gpubook.runtime.cgroups.make_delegated_subtree where this gpubook has it (the limits work)."""
+    """gpubook.runtime.cgroups.make_delegated_subtree(account) where this gpubook has it (the limits
+    work): idempotent, it returns a sentence saying what it made and raises GpubookError where the host
+    cannot delegate (cgroups v1); its partner subtree_delegated(account) -> bool says whether it is done."""
     try:
         from gpubook.runtime import cgroups  # type: ignore[attr-defined]
     except ImportError:
