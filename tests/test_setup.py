@@ -39,17 +39,25 @@ OPTIONS = setup_steps.Options(account=NAME, data_root=DATA, binary=BINARY, confi
 # A Debian 12 machine as installed: no gpubook account, a data folder nowhere, /dev/net/tun 0600.
 FRESH = Facts(account=None, subids=(OTHERS, OTHERS), systemd=True, lingering=False, udev=True,
               data_root=DataRoot(exists=False, owner=None, nosuid_nodev=False), fstab="# static file system info\n",
-              tun_mode=0o600, udev_rule=False, delegate_conf=None, subtree_delegated=None, runtime_dir=False,
-              storage_conf=None, stores=(), config=False, unit=None, unit_enabled=False, mmdebstrap=True, image=False)
+              tun_mode=0o600, udev_rule=False, delegate_conf=None, cgroup_v2=True, subtree_owner=None,
+              runtime_dir=False, storage_conf=None, stores=(), config=False, unit=None, unit_enabled=False,
+              mmdebstrap=True, image=False)
 ACCOUNT = Account(NAME, 1001, 1001, Path("/home/gpubook"))
 MINE = f"{NAME}:231072:65536\n"
 # The same machine after `gpubook setup`: what a second run finds.
 SET_UP = dataclasses.replace(
     FRESH, account=ACCOUNT, subids=(OTHERS + MINE, OTHERS + MINE), lingering=True, runtime_dir=True,
-    data_root=DataRoot(exists=True, owner=1001, nosuid_nodev=True), fstab=FRESH.fstab + setup_steps.fstab_line(DATA),
+    subtree_owner=1001, data_root=DataRoot(exists=True, owner=1001, nosuid_nodev=True),
+    fstab=FRESH.fstab + setup_steps.fstab_line(DATA),
     tun_mode=0o666, udev_rule=True, delegate_conf=setup_steps.DELEGATE_TEXT, storage_conf=setup_steps.STORAGE_TEXT,
     stores=("overlay",), config=True, unit=setup_steps.unit_text(PACKAGED_UNIT, BINARY), unit_enabled=True, image=True)
 NO_SYSTEMD = {"systemd": False, "udev": False, "lingering": False, "unit_enabled": False}
+
+
+@pytest.fixture(autouse=True)
+def without_cgroups_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans as by a gpubook without gpubook.runtime.cgroups' subtree functions, unless a test gives them."""
+    monkeypatch.setattr(setup_steps, "delegation_module", lambda: None)
 
 
 def plan(facts: Facts) -> dict[str, setup_steps.Step]:
@@ -109,18 +117,39 @@ def test_a_host_without_systemd_gets_a_runtime_folder_and_the_command_that_start
            "gpubook.toml" in unit.text
 
 
+class Cgroups:
+    """Stands in for gpubook.runtime.cgroups' two functions setup calls (the limits work, another branch)."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[int, int]] = []
+
+    def delegation_commands(self, user: str) -> list[str]:
+        return ["mkdir -p /sys/fs/cgroup/gpubook/daemon", f"chown {user}: /sys/fs/cgroup/gpubook"]
+
+    def make_delegated_subtree(self, uid: int, gid: int) -> list[str]:
+        self.made.append((uid, gid))
+        return ["made /sys/fs/cgroup/gpubook", "gave it to the account"]
+
+
 def test_without_systemd_a_delegated_subtree_comes_from_gpubooks_own_cgroups_code(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where gpubook.runtime.cgroups.make_delegated_subtree exists (the limits work), setup calls it."""
-    made: list[str] = []
-    monkeypatch.setattr(setup_steps, "delegated_subtree_maker", lambda: made.append)
+    cgroups = Cgroups()
+    monkeypatch.setattr(setup_steps, "delegation_module", lambda: cgroups)
     facts = dataclasses.replace(FRESH, account=ACCOUNT, **NO_SYSTEMD)
-    step = plan(facts)["cgroup delegation"]
+    steps = plan(facts)
+    step = steps["cgroup delegation"]
     assert step.state == "change" and len(step.actions) == 1
-    assert step.actions[0].shell().startswith("gpubook.runtime.cgroups.make_delegated_subtree('gpubook')")
-    setup_host.perform(step.actions[0])
-    assert made == ["gpubook"]
-    assert plan(dataclasses.replace(facts, subtree_delegated=True))["cgroup delegation"].state == "already"
+    assert step.actions[0].shell() == ("mkdir -p /sys/fs/cgroup/gpubook/daemon\n"
+                                       "  $ chown gpubook: /sys/fs/cgroup/gpubook")
+    assert setup_host.perform(step.actions[0]) == "made /sys/fs/cgroup/gpubook; gave it to the account"
+    assert cgroups.made == [(1001, 1001)]
+    # The daemon started by hand goes into the subtree's leaf, where its containers' limits hold.
+    assert "systemd is not PID 1 here: start the daemon as gpubook yourself: sh -c 'echo $$ > " \
+           "/sys/fs/cgroup/gpubook/daemon/cgroup.procs && exec \"$@\"' sh runuser -u gpubook -- " in steps["unit"].text
+    assert plan(dataclasses.replace(facts, subtree_owner=1001))["cgroup delegation"].state == "already"
+    v1 = plan(dataclasses.replace(facts, cgroup_v2=False))
+    assert v1["cgroup delegation"].state == "skipped" and "cgroups v1" in v1["cgroup delegation"].text
+    assert "sh -c" not in v1["unit"].text
 
 
 def test_a_dry_run_before_the_account_exists_names_its_uid_for_the_shell() -> None:

@@ -25,6 +25,8 @@ TUN = Path("/dev/net/tun")
 UDEV_RULE = Path("/etc/udev/rules.d/60-gpubook-tun.rules")
 DELEGATE_CONF = Path("/etc/systemd/system/user@.service.d/delegate.conf")
 LINGER_DIR = Path("/var/lib/systemd/linger")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+SUBTREE_LEAF = "gpubook/daemon"  # gpubook.runtime.cgroups' SUBTREE/DAEMON_LEAF: where the daemon is started
 ACCOUNT_PATH = "/usr/local/bin:/usr/bin:/bin"
 COMMAND_SECONDS = 1800  # the image build (mmdebstrap) is the longest: minutes on a slow mirror
 
@@ -62,7 +64,8 @@ class Facts:
     tun_mode: int | None  # /dev/net/tun's permission bits; None: no such device
     udev_rule: bool
     delegate_conf: str | None
-    subtree_delegated: bool | None  # without systemd: gpubook.runtime.cgroups says; None where it cannot
+    cgroup_v2: bool  # /sys/fs/cgroup is a cgroup v2 hierarchy
+    subtree_owner: int | None  # uid owning the delegated subtree's daemon leaf (/sys/fs/cgroup/gpubook/daemon)
     runtime_dir: bool  # /run/user/UID exists
     storage_conf: str | None  # the account's ~/.config/containers/storage.conf
     stores: tuple[str, ...]  # drivers of the account's existing podman store (vfs, overlay)
@@ -138,7 +141,7 @@ def read_facts(name: str, data_root: Path, *, image: str | None = None) -> Facts
         systemd=systemd, lingering=(LINGER_DIR / name).exists(), udev=Path("/run/udev/control").exists(),
         data_root=_data_root(data_root), fstab=read_text(FSTAB) or "", tun_mode=_tun_mode(),
         udev_rule=UDEV_RULE.exists(), delegate_conf=read_text(DELEGATE_CONF),
-        subtree_delegated=None if systemd else _subtree_delegated(name),
+        cgroup_v2=(CGROUP_ROOT / "cgroup.controllers").exists(), subtree_owner=_owner(CGROUP_ROOT / SUBTREE_LEAF),
         runtime_dir=found is not None and Path(f"/run/user/{found.uid}").is_dir(),
         storage_conf=read_text(home / ".config/containers/storage.conf"), stores=_stores(home),
         config=(home / ".config/gpubook/gpubook.toml").exists(),
@@ -149,14 +152,11 @@ def read_facts(name: str, data_root: Path, *, image: str | None = None) -> Facts
     )
 
 
-def _subtree_delegated(name: str) -> bool | None:
-    """gpubook.runtime.cgroups.subtree_delegated(account), where this gpubook has it (the limits work)."""
+def _owner(path: Path) -> int | None:
     try:
-        from gpubook.runtime import cgroups  # type: ignore[attr-defined]
-    except ImportError:
+        return path.stat().st_uid
+    except OSError:
         return None
-    check = getattr(cgroups, "subtree_delegated", None)
-    return bool(check(name)) if callable(check) else None
 
 
 def _unit_enabled(name: str) -> bool:
@@ -233,14 +233,14 @@ class AppendLine:
 
 @dataclass(frozen=True)
 class Call:
-    """A function of gpubook's own, run in setup's process (as root) on the account's name."""
+    """A function of gpubook's own, run in setup's process (as root); `shown`: the shell lines it
+    is equal to."""
 
-    label: str
-    function: Callable[[str], object]
-    argument: str
+    function: Callable[[], object]
+    shown: tuple[str, ...]
 
     def shell(self) -> str:
-        return f"{self.label}({self.argument!r})  # gpubook's own code, run by gpubook setup"
+        return "\n  $ ".join(self.shown)
 
 
 Action = Run | Write | AppendLine | Call
@@ -255,9 +255,10 @@ def perform(action: Action, *, cwd: Path | None = None) -> str:
         return ""
     if isinstance(action, Call):
         try:
-            return str(action.function(action.argument) or "")
+            done = action.function()
         except GpubookError as error:  # the host cannot (cgroups v1): said, and the set-up goes on
             return f"not done: {error}"
+        return "; ".join(done) if isinstance(done, list) else str(done or "")
     if isinstance(action, AppendLine):
         text = read_text(action.path) or ""
         with action.path.open("a") as stream:

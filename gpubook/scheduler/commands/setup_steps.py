@@ -225,28 +225,48 @@ def step_cgroups(facts: Facts, options: Options) -> Step:
         return Step("cgroup delegation", "change", "delegate the cpu, cpuset, io, memory and pids controllers to "
                     "user managers, so that rootless podman can set bookings' limits",
                     (Write(host.DELEGATE_CONF, DELEGATE_TEXT), Run(("systemctl", "daemon-reload"))))
-    maker = delegated_subtree_maker()
-    if maker is None:
+    cgroups = delegation_module()
+    if cgroups is None:
         return Step("cgroup delegation", "skipped", "systemd is not PID 1 here and this gpubook cannot delegate a "
                     "cgroup subtree itself (no gpubook.runtime.cgroups.make_delegated_subtree): memory, CPU and "
                     "pids limits are not enforced (gpubook doctor says which hold)")
-    if facts.subtree_delegated:
-        return Step("cgroup delegation", "already", f"{options.account} has a delegated cgroup subtree")
-    return Step("cgroup delegation", "change", f"delegate a cgroup subtree to {options.account} "
-                "(systemd is not PID 1 here)",
-                (Call("gpubook.runtime.cgroups.make_delegated_subtree", maker, options.account),))
+    if not facts.cgroup_v2:
+        return Step("cgroup delegation", "skipped", "systemd is not PID 1 here and this host has cgroups v1, where "
+                    "rootless podman enforces no memory, CPU or pids limit (boot with "
+                    "systemd.unified_cgroup_hierarchy=1 for them; gpubook doctor says which hold)")
+    leaf = host.CGROUP_ROOT / host.SUBTREE_LEAF
+    if facts.account is not None and facts.subtree_owner == facts.account.uid:
+        return Step("cgroup delegation", "already", f"{leaf.parent} is delegated to {options.account}")
+    shown = tuple(cgroups.delegation_commands(options.account))
+    account = facts.account
+    if account is None:  # a dry run before the account exists: shown, never run
+        return Step("cgroup delegation", "change", f"delegate {leaf.parent} to {options.account}",
+                    (Call(lambda: None, shown),))
+    make = cgroups.make_delegated_subtree
+    return Step("cgroup delegation", "change", f"delegate the cgroup subtree {leaf.parent} to {options.account} "
+                "(systemd is not PID 1 here; cgroupfs forgets it at a reboot: run setup again after one)",
+                (Call(lambda: make(account.uid, account.gid), shown),))
 
 
-def delegated_subtree_maker() -> Callable[[str], object] | None:
-    """gpubook.runtime.cgroups.make_delegated_subtree(account) where this gpubook has it (the limits
-    work): idempotent, it returns a sentence saying what it made and raises GpubookError where the host
-    cannot delegate (cgroups v1); its partner subtree_delegated(account) -> bool says whether it is done."""
+def delegation_module():  # type: ignore[no-untyped-def]
+    """gpubook.runtime.cgroups where this gpubook has make_delegated_subtree(uid, gid) and
+    delegation_commands(account) (the limits work), else None."""
     try:
-        from gpubook.runtime import cgroups  # type: ignore[attr-defined]
+        from gpubook.runtime import cgroups  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         return None
-    maker = getattr(cgroups, "make_delegated_subtree", None)
-    return maker if callable(maker) else None
+    wanted = ("make_delegated_subtree", "delegation_commands")
+    return cgroups if all(callable(getattr(cgroups, name, None)) for name in wanted) else None
+
+
+def start_by_hand(facts: Facts, options: Options) -> str:
+    """How to start the daemon without systemd: as the account, in the delegated subtree's leaf if any."""
+    run = host.shell_line(_as_account(options, facts, str(options.binary), "run", "--config",
+                                      str(options.file(CONFIG))))
+    if not facts.cgroup_v2 or delegation_module() is None:
+        return run
+    procs = host.CGROUP_ROOT / host.SUBTREE_LEAF / "cgroup.procs"
+    return f"sh -c 'echo $$ > {procs} && exec \"$@\"' sh {run}"
 
 
 def step_config(facts: Facts, options: Options) -> Step:
@@ -290,9 +310,8 @@ def step_unit(facts: Facts, options: Options, *, packaged: str) -> Step:
         said.append(f"install {path} (ExecStart: {options.binary})")
         actions += _install_file(options, facts, UNIT, wanted, mode="0644", shown="gpubook/systemd/gpubook.service")
     if not facts.systemd:
-        start = _as_account(options, facts, str(options.binary), "run", "--config", str(options.file(CONFIG)))
         said.append(f"systemd is not PID 1 here: start the daemon as {options.account} yourself: "
-                    f"{host.shell_line(start)}")
+                    f"{start_by_hand(facts, options)}")
         return Step("unit", "change" if actions else "skipped", "; ".join(said), tuple(actions))
     if facts.unit_enabled:
         said.append("enabled and running")
