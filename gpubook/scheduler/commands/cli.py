@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the table's rows as one JSON object")
 
     setup = command("setup", cmd_setup, "set this host up for gpubook, once, as root: the daemon's account, its "
-                    "data_root, podman, the config, the image and the user unit; then gpubook doctor")
+                    "data_root, podman, the config, the image and the user unit; then gpubook doctor", config=False)
     setup.add_argument("--user", required=True, metavar="ACCOUNT", help="the daemon's account (made if missing)")
     setup.add_argument("--data-root", required=True, metavar="PATH", help="[storage] data_root: bookers' folders")
     setup.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
