@@ -158,6 +158,12 @@ def cmd_log(args: argparse.Namespace) -> int:
                           as_json=args.json)
 
 
+def cmd_setup(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import setup
+
+    return setup.run(account=args.user, data_root=args.data_root, dry_run=args.dry_run, config_from=args.config_from)
+
+
 def cmd_web(args: argparse.Namespace) -> int:
     from gpubook import extras
 
@@ -269,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "utilisation per GPU) as a PNG")
     report.add_argument("--html", metavar="FILE", help="write one HTML page: the table and the plots")
     report.add_argument("--json", action="store_true", help="print the table's rows as one JSON object")
+
+    setup = command("setup", cmd_setup, "set this host up for gpubook, once, as root: the daemon's account, its "
+                    "data_root, podman, the config, the image and the user unit; then gpubook doctor", config=False)
+    setup.add_argument("--user", required=True, metavar="ACCOUNT", help="the daemon's account (made if missing)")
+    setup.add_argument("--data-root", required=True, metavar="PATH", help="[storage] data_root: bookers' folders")
+    setup.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+    setup.add_argument("--config-from", metavar="FILE", help="the account's new config (default: the example)")
 
     demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with demo bookings, "
                    "the daemon, and an SSH login to your booking; Ctrl-C ends it", config=False)

@@ -1,0 +1,304 @@
+"""The install an admin makes, proven on this Debian 12 machine: the wheel built from this tree, a venv
+outside the checkout, `gpubook setup` for a fresh account, and a CalDAV booking that reaches SSH through
+that install (the installed `gpubook run`, no PYTHONPATH, no checkout), stopped by `gpubook stop`.
+
+Runs as root (marker install). Everything it makes is removed afterwards, and before, in case an
+earlier run was killed: the account with its processes and podman store, the bind mount, its
+/etc/fstab line, the data folder, the venv. `-s` prints setup's time (with and without the image
+build) for BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from gpubook.runtime.engines import container_name
+from gpubook.scheduler.commands.embedded import end_process
+from gpubook.scheduler.commands.setup_steps import fstab_line
+from tests.daemon_kit import book, description, key_line, port_range, soon, wait_for
+
+pytestmark = [pytest.mark.install,
+              pytest.mark.skipif(os.geteuid() != 0, reason="gpubook setup makes an account and a mount: root only")]
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCOUNT = "gpubook-setup-it"
+DATA = Path("/srv/gpubook-setup-it")
+PREFIX = Path("/opt/gpubook-it")  # outside the checkout, readable by the account
+VENV = PREFIX / "venv"
+BINARY = VENV / "bin" / "gpubook"
+FSTAB = Path("/etc/fstab")
+BOOKING = "install@test"
+STEPS = ("account", "subids", "linger", "data_root", "data_root mount", "storage.conf", "/dev/net/tun",
+         "cgroup delegation", "config", "image", "unit")
+
+
+def _quiet(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, **kwargs)  # type: ignore[call-overload]
+
+
+def _account_env(entry: pwd.struct_passwd) -> dict[str, str]:
+    """What `runuser` with a clean environment gives: no PYTHONPATH, no checkout anywhere."""
+    return {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name, "LANG": "C.UTF-8",
+            "PATH": "/usr/local/bin:/usr/bin:/bin", "XDG_RUNTIME_DIR": f"/run/user/{entry.pw_uid}"}
+
+
+def as_account(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    entry = pwd.getpwnam(ACCOUNT)
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
+                          cwd=entry.pw_dir, env=_account_env(entry), user=entry.pw_uid, group=entry.pw_gid,
+                          extra_groups=[])
+
+
+def mounted(path: Path) -> int:
+    """How many mounts sit on `path` (os.path.ismount misses a bind mount within one file system)."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return points.count(str(path))
+
+
+def remove_everything() -> None:
+    """Undo gpubook setup and the test: each piece only if it is there."""
+    try:
+        entry = pwd.getpwnam(ACCOUNT)
+    except KeyError:
+        entry = None
+    if entry is not None:
+        if Path(entry.pw_dir).is_dir():
+            as_account("podman", "rm", "--all", "--force", "--time", "0")
+            as_account("podman", "system", "reset", "--force")  # the store's files belong to its subuids
+        for pid in _quiet(["pgrep", "-u", str(entry.pw_uid)]).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)  # the account's own leftovers (podman's pause process)
+            except ProcessLookupError:
+                pass
+        _quiet(["userdel", "--remove", ACCOUNT])
+        shutil.rmtree(f"/run/user/{entry.pw_uid}", ignore_errors=True)
+    for _ in range(mounted(DATA)):  # a bind mount made twice (by a killed earlier run) is stacked
+        _quiet(["umount", str(DATA)])
+    lines = FSTAB.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() != fstab_line(DATA)]
+    if kept != lines:
+        FSTAB.write_text("".join(kept))
+    for path in (Path("/etc/subuid"), Path("/etc/subgid")):
+        text = path.read_text()
+        kept_ids = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(f"{ACCOUNT}:"))
+        if kept_ids != text:
+            path.write_text(kept_ids)
+    shutil.rmtree(DATA, ignore_errors=True)
+    shutil.rmtree(PREFIX, ignore_errors=True)
+
+
+@pytest.fixture
+def clean_host() -> Iterator[None]:
+    remove_everything()
+    yield
+    remove_everything()
+    assert mounted(DATA) == 0 and fstab_line(DATA) not in FSTAB.read_text()
+    assert _quiet(["id", ACCOUNT]).returncode != 0
+
+
+def install_wheel(folder: Path) -> None:
+    """pip wheel from the tree, a venv of Debian's python outside the checkout, the wheel in it."""
+    wheels, source = folder / "wheels", folder / "source"
+    # A copy without build outputs: setuptools would take stale files from the tree's build/, and
+    # root's build/ would stand in the way of a later build by the checkout's owner.
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "dist"))
+    built = _quiet([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)])
+    assert built.returncode == 0, built.stdout + built.stderr
+    wheel = next(wheels.glob("gpubook-*.whl"))
+    PREFIX.mkdir(mode=0o755)
+    made = _quiet(["/usr/bin/python3", "-m", "venv", str(VENV)])
+    assert made.returncode == 0, made.stderr
+    constraints = ROOT / "constraints.txt"
+    pinned = ["-c", str(constraints)] if constraints.is_file() else []
+    installed = _quiet([str(VENV / "bin" / "python"), "-m", "pip", "install", *pinned, str(wheel)], cwd="/")
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+
+
+def timed_setup(*extra: str) -> tuple[int, list[tuple[float, str]]]:
+    """`gpubook setup` as root from the venv; its exit status and each output line with its time."""
+    started = time.monotonic()
+    process = subprocess.Popen([str(BINARY), "setup", "--user", ACCOUNT, "--data-root", str(DATA), *extra],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/",
+                               env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+    assert process.stdout is not None
+    lines = [(time.monotonic() - started, line.rstrip("\n")) for line in process.stdout]
+    return process.wait(timeout=60), lines
+
+
+def step_lines(lines: list[tuple[float, str]]) -> dict[str, tuple[float, str]]:
+    """Each step's first line by its name (`name: state: what`)."""
+    found = {}
+    for at, line in lines:
+        name, _, rest = line.partition(": ")
+        if name in STEPS and name not in found:
+            found[name] = (at, rest)
+    return found
+
+
+def write_config(folder: Path, calendar_url: str, key: paramiko.PKey) -> Path:
+    """The config setup gives the account (--config-from); setup adds data_root."""
+    low, high = port_range()
+    path = folder / "gpubook-it.toml"
+    path.write_text("\n".join([
+        '[host]', 'name = "127.0.0.1"', 'timezone = "UTC"',
+        '[[calendar]]', f'url = "{calendar_url}"', 'username = "test"',
+        '[gpus]', 'count = 1',  # no GPU on this machine: a GPU-less host declared as such
+        '[engine]', 'runtime = "runc"', 'stop_grace_seconds = 1',
+        '[ssh]', f'port_min = {low}', f'port_max = {high}',
+        '[users.alice]', 'uid = 2001', f'ssh_keys = ["{key_line(key)}"]', '']))
+    path.chmod(0o600)  # read by setup as root, copied into the account's home by the account
+    return path
+
+
+def login(port: int, known_hosts: Path, key: paramiko.PKey) -> paramiko.SSHClient | None:
+    """SSH as alice, trusting only the host key the event gave; None while sshd does not answer yet."""
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        client.connect("127.0.0.1", port=port, username="alice", pkey=key, look_for_keys=False,
+                       allow_agent=False, timeout=5, banner_timeout=5, auth_timeout=5)
+    except paramiko.BadHostKeyException:
+        raise
+    except (OSError, EOFError, paramiko.SSHException):
+        client.close()
+        return None
+    return client
+
+
+def test_an_admin_install_by_gpubook_setup_runs_a_caldav_booking_to_ssh(clean_host: None, tmp_path: Path,
+                                                                          radicale) -> None:
+    install_wheel(tmp_path)
+    version = _quiet([str(BINARY), "--version"], cwd="/")
+    assert re.fullmatch(r"gpubook \d+\.\d+\.\d+\S*\n", version.stdout), version.stdout + version.stderr
+    calendar = radicale.new_calendar()
+    key = paramiko.ECDSAKey.generate(bits=256)
+    source = write_config(tmp_path, str(calendar.url), key)
+
+    status, first = timed_setup("--config-from", str(source))
+    output = "\n".join(line for _, line in first)
+    steps = step_lines(first)
+    assert list(steps) == list(STEPS), output
+    for name in ("account", "data_root", "data_root mount", "storage.conf", "config", "image", "unit"):
+        assert steps[name][1].startswith("change: "), (name, output)
+    entry = pwd.getpwnam(ACCOUNT)
+    flags = os.statvfs(DATA).f_flag
+    assert flags & os.ST_NOSUID and flags & os.ST_NODEV and mounted(DATA) == 1
+    assert Path(DATA).stat().st_uid == entry.pw_uid
+    assert FSTAB.read_text().splitlines().count(fstab_line(DATA)) == 1
+    home = Path(entry.pw_dir)
+    config = home / ".config/gpubook/gpubook.toml"
+    assert config.stat().st_mode & 0o777 == 0o600 and config.stat().st_uid == entry.pw_uid
+    assert f'data_root = "{DATA}"' in config.read_text()
+    assert f"ExecStart={BINARY} run --config" in (home / ".config/systemd/user/gpubook.service").read_text()
+    # Setup's verdict is doctor's, run by the account itself.
+    doctor = as_account(str(BINARY), "doctor", "--config", str(config))
+    assert status == (0 if doctor.returncode == 0 else 1), output + doctor.stdout
+    for fine in ("ok    data_root:", "ok    engine storage: driver overlay", "ok    tun device", "ok    calendar"):
+        assert fine in doctor.stdout, doctor.stdout
+    image_seconds = steps["unit"][0] - steps["image"][0]
+    print(f"\ngpubook setup on a fresh account: {first[-1][0]:.1f} s in all, the image build {image_seconds:.1f} s, "
+          f"without it {first[-1][0] - image_seconds:.1f} s")
+
+    again_started = time.monotonic()
+    status_again, second = timed_setup("--config-from", str(source))
+    again = step_lines(second)
+    assert list(again) == list(STEPS)
+    assert all(rest.startswith(("already: ", "skipped: ")) for _, rest in again.values()), second
+    assert not any(line.startswith("  $ ") and "doctor" not in line for _, line in second), second
+    assert status_again == status and FSTAB.read_text().splitlines().count(fstab_line(DATA)) == 1
+    print(f"gpubook setup again (all already): {time.monotonic() - again_started:.1f} s")
+
+    # The installed package, not the checkout: the account's python finds gpubook in the venv.
+    where = as_account(str(VENV / "bin" / "python"), "-c", "import gpubook; print(gpubook.__file__)")
+    assert where.stdout.startswith(str(VENV)), where.stdout + where.stderr
+
+    start = soon(20)
+    book(calendar, BOOKING, user="alice", start=start, end=start + timedelta(minutes=10))
+    log = tmp_path / "daemon.log"
+    with log.open("wb") as stream:
+        daemon = subprocess.Popen([str(BINARY), "run", "--config", str(config)], stdout=stream, stderr=stream,
+                                  stdin=subprocess.DEVNULL, cwd=home, env=_account_env(entry), user=entry.pw_uid,
+                                  group=entry.pw_gid, extra_groups=[])
+    try:
+        def ssh_lines() -> tuple[int, str] | None:
+            text = description(calendar, BOOKING)
+            port = re.search(r"running: ssh -p (\d+) alice@127\.0\.0\.1", text)
+            known = re.search(r"known_hosts: (\[127\.0\.0\.1\]:\d+ \S+ \S+)", text)
+            if daemon.poll() is not None:
+                raise AssertionError(f"the daemon exited ({daemon.returncode}): {log.read_text()[-3000:]}")
+            return (int(port.group(1)), known.group(1)) if port and known else None
+
+        port, known_line = wait_for("the event's ssh and known_hosts lines", ssh_lines, timeout=180, interval=0.5)
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(known_line + "\n")
+        client = wait_for("an SSH login with the event's host key", lambda: login(port, known_hosts, key),
+                          timeout=60, interval=0.2)
+        try:
+            _, stdout, _ = client.exec_command("id -un", timeout=30)
+            assert stdout.read().decode().strip() == "alice"
+        finally:
+            client.close()
+    finally:
+        assert end_process(daemon, timeout=30) == 0, log.read_text()[-3000:]
+
+    name = container_name(BOOKING)
+    assert as_account("podman", "container", "exists", name).returncode == 0  # it outlives the daemon
+    stopped = as_account(str(BINARY), "stop", BOOKING, "--config", str(config))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    wait_for("the booking's container gone", lambda: as_account("podman", "container", "exists", name).returncode == 1,
+             timeout=60, interval=0.5)
+
+
+def install_md_script(*, systemd: bool, tun_mode: int) -> str:
+    """docs/INSTALL.md's steps as one root shell script for ACCOUNT, each block chosen as its
+    "only where ..." line says for this host; the image build (the long one) and doctor left out."""
+    text = (ROOT / "docs" / "INSTALL.md").read_text()
+    steps = text[text.index("## The steps"):text.index("## Config and secrets")]
+    blocks = re.findall(r"```sh\n(.*?)```", steps, re.S)
+    conditions = {"# only where systemd runs": systemd, "# only where systemd does not run": not systemd,
+                  "# only if the check shows none": False,  # useradd gives a range here (setup checks it)
+                  "# only where /dev/net/tun is 0600": tun_mode & 0o066 != 0o066,
+                  "# only where data_root is not on a nosuid,nodev mount": True}  # /srv is on / here
+    chosen = []
+    for block in blocks[1:]:
+        first = block.splitlines()[0]
+        condition = next((value for tag, value in conditions.items() if first.startswith(tag)), None)
+        assert condition is not None or not first.startswith("# only"), f"a condition the test does not know: {first}"
+        if condition is False or "build debian-ssh" in block or " doctor " in block:
+            continue
+        chosen.append(block)
+    names = f"account={ACCOUNT} data_root={DATA} venv={VENV}\nhome=/home/$account\n"
+    assert blocks[0].startswith("account="), blocks[0]
+    return "set -eu\n" + names + "".join(chosen)
+
+
+def test_install_md_by_hand_leaves_gpubook_setup_nothing_to_do_but_the_image(clean_host: None, tmp_path: Path) -> None:
+    """The manual page and the command are one procedure: after the page's steps, setup says "already"."""
+    install_wheel(tmp_path)
+    statvfs = os.statvfs("/srv")
+    assert not statvfs.f_flag & os.ST_NOSUID, "this test expects /srv without nosuid (the bind-mount branch)"
+    script = install_md_script(systemd=Path("/run/systemd/system").is_dir(),
+                               tun_mode=Path("/dev/net/tun").stat().st_mode & 0o777)
+    by_hand = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300, check=False,
+                             cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+    assert by_hand.returncode == 0, script + by_hand.stdout + by_hand.stderr
+    status, lines = timed_setup("--dry-run")
+    found = step_lines(lines)
+    assert status == 0 and list(found) == list(STEPS), lines
+    left = {name: rest for name, (_, rest) in found.items() if not rest.startswith(("already: ", "skipped: "))}
+    assert list(left) == ["image"] and left["image"].startswith("would change: "), left
