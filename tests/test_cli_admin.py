@@ -213,3 +213,13 @@ def test_the_lock_holders_pid_is_read_without_taking_the_lock(tmp_path: Path) ->
     assert (folder / LOCK_FILE).exists()  # left behind by the holder, and held by no one
     assert admin.daemon_pid(folder) is None
     assert admin.daemon_pid(folder, locks=tmp_path / "no-proc-locks") is None
+
+
+@pytest.mark.parametrize("argv", [["setup", "--config", "x.toml", "--user", "a", "--data-root", "/srv/d", "--dry-run"],
+                                  ["status", "--conf", "x.toml"]])
+def test_options_are_never_abbreviated(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`setup --config X` must not become `setup --config-from X` (argparse's prefix matching)."""
+    with pytest.raises(SystemExit) as ended:
+        cli.build_parser().parse_args(argv)
+    assert ended.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err

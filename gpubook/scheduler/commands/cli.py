@@ -193,7 +193,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpubook", description=__doc__)
+    # No abbreviated options: `gpubook setup --config X` must not be read as `--config-from X`.
+    parser = argparse.ArgumentParser(prog="gpubook", description=__doc__, allow_abbrev=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
     parser.add_argument("--version", action="version", version=f"gpubook {__version__}")
     parser.add_argument("--config", help=CONFIG_HELP)
@@ -204,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, handler: Callable[[argparse.Namespace], int] | None, help_text: str,
                 parent: argparse._SubParsersAction = commands, *, config: bool = True) -> argparse.ArgumentParser:
-        sub = parent.add_parser(name, help=help_text, description=help_text, parents=[with_config] if config else [])
+        sub = parent.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
+                                parents=[with_config] if config else [])
         if handler is not None:
             sub.set_defaults(handler=handler)
         return sub
