@@ -334,7 +334,8 @@ def test_a_start_again_after_its_step_was_killed_adopts_or_replaces_the_containe
         with pytest.raises(EngineError) as ended:
             first.result(timeout=60)
     said = str(ended.value)
-    assert "the booking's job ended" in said and "Slurm says JobState=" in said, said
+    assert "the booking's job ended" in said and "Slurm says JobState=" in said and "ExitCode=" in said, said
+    assert "its nodes now: node1 " in said, said
     assert "step-node1.log" in said and "preparing booking again's container on node1" in said, said
     # 2. Started; its step killed after SSH answered (its container left running): the start again adopts it.
     started = node1.start(request)

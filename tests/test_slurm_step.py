@@ -129,7 +129,7 @@ def test_a_request_written_by_the_earlier_daemon_still_reads() -> None:
 
 @pytest.mark.parametrize(("engine", "message"), [
     ({"pids_limit": "many"}, "pids_limit is not a number"),
-    ({"pids_limit": True}, "pids_limit is not a int"),
+    ({"pids_limit": True}, "pids_limit should be of type int, not True"),
     ({"ulimits": [1]}, "ulimits is not a list of strings"),
     ({"name": None}, "name may not be empty"),
     ({"cgroup": "x"}, "unknown engine settings cgroup"),

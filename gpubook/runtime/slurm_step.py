@@ -175,9 +175,12 @@ def _typed(hint: object, value: object, *, name: str, source: object) -> object:
             return kind(value)  # 0.2.0 wrote numbers as strings
         except ValueError:
             raise GpubookError(f"{source}: engine setting {name} is not a number: {value!r}") from None
-    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind if kind is not float else (int, float)):
-        raise GpubookError(f"{source}: engine setting {name} is not a {getattr(kind, '__name__', kind)}: {value!r}")
-    return float(value) if kind is float else value
+    if kind is float and type(value) is int:
+        return float(value)
+    if type(value) is not kind:  # strictly: True is no pids_limit
+        raise GpubookError(f"{source}: engine setting {name} should be of type {getattr(kind, '__name__', kind)}, "
+                           f"not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -221,11 +224,6 @@ class _Stopped(BaseException):  # noqa: N818 - not an error: Slurm ends the job
     """SIGTERM (or SIGINT) while the container starts: the start ends, and removes what it made."""
 
 
-@dataclass
-class _Phase:
-    starting: bool = True
-
-
 def run(request_path: Path, *, env: dict[str, str]) -> int:
     """Start, report, wait for the end or SIGTERM, stop. The exit status is the job's. Whatever
     keeps the container from starting is written as this node's result: the daemon says it."""
@@ -233,12 +231,13 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
     folder = request_path.parent
     node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     say = StepLog(folder / f"step-{node}.log")
-    stopping, phase = threading.Event(), _Phase()
+    stopping, starting = threading.Event(), threading.Event()
+    starting.set()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopping.set()
-        if phase.starting:  # a start may take minutes (an image, a slow node): end it now
-            phase.starting = False
+        if starting.is_set():  # a start may take minutes (an image, a slow node): end it now
+            starting.clear()
             raise _Stopped(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -252,9 +251,9 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
         clear_leftover(made.engine, made.spec, say=say)
         say(f"starting {made.spec.name} (spec {made.spec.spec_hash}) on port {request.port}")
         ready = ssh.start_booking(made.engine, made.spec, probe_key=made.probe, timeout=90)
-        phase.starting = False
+        starting.clear()
     except (GpubookError, _Stopped) as error:
-        phase.starting = False
+        starting.clear()
         problem = f"the step was sent {error} before SSH answered" if isinstance(error, _Stopped) else str(error)
         if made is not None and isinstance(error, _Stopped):  # start_booking removes its own on an error
             _remove(made.engine, made.spec.name, say=say)

@@ -159,20 +159,27 @@ class SlurmJobs:
 
     def why_ended(self, booking_id: str, job_id: str) -> str:
         """Why a job ended, as far as can be told: Slurm's state, reason and exit code for it (while
-        slurmctld keeps it, MinJobAge), what each node's step wrote it was doing, and the job's output."""
-        try:
-            shown = self.scontrol("show", "job", job_id, "--oneliner")
-            fields = dict(re.findall(r"\b(JobState|Reason|ExitCode|NodeList|RunTime)=(\S+)", shown))
-            slurm = "Slurm says " + " ".join(f"{k}={v}" for k, v in fields.items()) if fields else \
-                f"Slurm says: {shown.strip()[:300]}"
-        except SlurmError as error:
-            slurm = f"Slurm no longer says why ({error})"
+        slurmctld keeps it, MinJobAge) and its nodes' state (a node that stopped answering ends its
+        jobs: NODE_FAIL), what each node's step wrote it was doing, and the job's output."""
         folder = self.folder(booking_id)
         steps = [f"{path.name}:\n{path.read_text(errors='replace')[-1500:].rstrip()}"
                  for path in sorted(folder.glob("step-*.log"))] or ["no node's step wrote a line (none began)"]
         output = self.log(booking_id).rstrip()
-        return "\n".join([f"{slurm}; its steps' logs:", *steps,
+        return "\n".join([f"{self._slurm_says(job_id)}; its steps' logs:", *steps,
                           f"its output: {output}" if output else "its output (slurm.out) is empty"])
+
+    def _slurm_says(self, job_id: str) -> str:
+        try:
+            shown = self.scontrol("show", "job", job_id, "--oneliner")
+            job = dict(re.findall(r"\b(JobState|Reason|ExitCode|RunTime|NodeList)=(\S+)", shown))
+            nodes = self.scontrol("show", "node", job["NodeList"], "--oneliner") if job.get("NodeList") else ""
+        except SlurmError as error:
+            return f"Slurm no longer says why ({error})"
+        said = " ".join(f"{key}={value}" for key, value in job.items()) or shown.strip()[:300]
+        states = [f"{m.group(1)} {m.group(2)}" + (f" ({m.group(3)})" if m.group(3) else "")
+                  for m in re.finditer(r"NodeName=(\S+) .*?\bState=(\S+)(?: .*?\bReason=(.*?)(?= \w+=|$))?",
+                                       nodes, flags=re.MULTILINE)]
+        return f"Slurm says {said}" + (f"; its nodes now: {', '.join(states)}" if states else "")
 
     def exec(self, booking_id: str, node: str, argv: Sequence[str], *, timeout: float) -> ExecResult:
         """`argv` in the booking's container on `node`, asked of that node's step through the job
