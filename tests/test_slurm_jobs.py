@@ -265,7 +265,8 @@ def test_a_start_that_fails_on_the_node_says_why_and_leaves_no_job(cluster: slur
 
 
 def _step_pids(folder: Path) -> list[int]:
-    """The processes of a booking's step (`python -m gpubook.runtime.slurm_step FOLDER/request.json`)."""
+    """The processes of a booking's step (`python -m gpubook.runtime.slurm_step FOLDER/request.json`),
+    not the srun that started it."""
     wanted = [b"gpubook.runtime.slurm_step", str(folder / "request.json").encode()]
     found = []
     for entry in Path("/proc").iterdir():
@@ -273,7 +274,7 @@ def _step_pids(folder: Path) -> list[int]:
             words = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
         except OSError:
             continue
-        if all(word in words for word in wanted):
+        if all(word in words for word in wanted) and not words[0].endswith(b"srun"):  # the step, not its srun
             found.append(int(entry.name))
     return found
 
@@ -334,6 +335,7 @@ def test_a_start_again_after_its_step_was_killed_adopts_or_replaces_the_containe
         with pytest.raises(EngineError) as ended:
             first.result(timeout=60)
     said = str(ended.value)
+    print(said)  # shown with -s: what the daemon logs for a step killed before SSH answered
     assert "the booking's job ended" in said and "Slurm says JobState=" in said and "ExitCode=" in said, said
     assert "its nodes now: node1 " in said, said
     assert "step-node1.log" in said and "preparing booking again's container on node1" in said, said

@@ -165,8 +165,9 @@ class SlurmJobs:
         steps = [f"{path.name}:\n{path.read_text(errors='replace')[-1500:].rstrip()}"
                  for path in sorted(folder.glob("step-*.log"))] or ["no node's step wrote a line (none began)"]
         output = self.log(booking_id).rstrip()
-        return "\n".join([f"{self._slurm_says(job_id)}; its steps' logs:", *steps,
-                          f"its output: {output}" if output else "its output (slurm.out) is empty"])
+        said = f"its output: {output}" if output else "its output (slurm.out) is empty" \
+            if (folder / "slurm.out").exists() else "it wrote no output (no slurm.out: its batch step never began)"
+        return "\n".join([f"{self._slurm_says(job_id)}; its steps' logs:", *steps, said])
 
     def _slurm_says(self, job_id: str) -> str:
         try:
