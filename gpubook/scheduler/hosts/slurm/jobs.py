@@ -165,15 +165,20 @@ class SlurmJobs:
         steps = [f"{path.name}:\n{path.read_text(errors='replace')[-1500:].rstrip()}"
                  for path in sorted(folder.glob("step-*.log"))] or ["no node's step wrote a line (none began)"]
         output = self.log(booking_id).rstrip()
-        said = f"its output: {output}" if output else "its output (slurm.out) is empty" \
-            if (folder / "slurm.out").exists() else "it wrote no output (no slurm.out: its batch step never began)"
+        if output:
+            said = f"its output: {output}"
+        elif (folder / "slurm.out").exists():
+            said = "its output (slurm.out) is empty"
+        else:
+            said = "it wrote no output (no slurm.out: its batch step never began)"
         return "\n".join([f"{self._slurm_says(job_id)}; its steps' logs:", *steps, said])
 
     def _slurm_says(self, job_id: str) -> str:
         try:
             shown = self.scontrol("show", "job", job_id, "--oneliner")
             job = dict(re.findall(r"\b(JobState|Reason|ExitCode|RunTime|NodeList)=(\S+)", shown))
-            nodes = self.scontrol("show", "node", job["NodeList"], "--oneliner") if job.get("NodeList") else ""
+            listed = job.get("NodeList", "(null)") != "(null)"  # "(null)": it never ran on a node
+            nodes = self.scontrol("show", "node", job["NodeList"], "--oneliner") if listed else ""
         except SlurmError as error:
             return f"Slurm no longer says why ({error})"
         said = " ".join(f"{key}={value}" for key, value in job.items()) or shown.strip()[:300]
