@@ -37,8 +37,8 @@ from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.slurm import SlurmCluster
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
 from tests import slurm_kit
-from tests.engine_suite import PODMAN, key_line, new_key
-from tests.test_slurm_jobs import PREFIX, REPO, AsAccount, JobsOfAccount, _podman
+from tests.engine_suite import key_line, new_key
+from tests.test_slurm_jobs import ENGINE, PREFIX, REPO, AsAccount, JobsOfAccount, _podman
 from tests.test_slurm_sync import accepted, booking
 
 
@@ -47,7 +47,7 @@ def through_slurm(cluster: slurm_kit.Cluster, jobs: JobsOfAccount, scontrol: AsA
     now = datetime.now(UTC).replace(microsecond=0)
     item = accepted(booking(booking_id, start=now - timedelta(minutes=1), gpus=2), host="node2")
     SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user]).sync([item], now=now)
-    host = SlurmHost(name="node2", gpus=range(4), jobs=jobs, engine=dict(PODMAN), start_timeout=120)
+    host = SlurmHost(name="node2", gpus=range(4), jobs=jobs, engine=ENGINE, start_timeout=120)
     request = StartRequest(booking_id=booking_id, booker=Booker(name="alice", uid=2001, gid=2001,
                                                                 ssh_keys=(key_line(new_key()),)),
                            template=get_template("debian-ssh"), gpus=(0, 1), port=port, end=item.booking.end)
@@ -67,7 +67,7 @@ def without_slurm(folder: Path, user: str, booking_id: str, port: int) -> tuple[
     os.chown(folder, account.pw_uid, account.pw_gid)
     step = StepRequest(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(key_line(new_key()),),
                        template="debian-ssh", templates_dir=None, port=port,
-                       end=datetime.now(UTC) + timedelta(hours=1), engine=dict(PODMAN), data_root=None,
+                       end=datetime.now(UTC) + timedelta(hours=1), engine=ENGINE, data_root=None,
                        multi_node=False)
     step.write(folder / "request.json")
     env = [f"HOME={account.pw_dir}", f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", f"PYTHONPATH={REPO}",

@@ -43,6 +43,10 @@ from pathlib import Path
 
 SBIN = Path("/usr/sbin")
 CGROUP_V2 = Path("/sys/fs/cgroup/cgroup.controllers")  # exists where /sys/fs/cgroup is cgroup v2 alone
+# Seconds a node may leave slurmctld's pings unanswered before it is DOWN and its jobs are killed
+# (NODE_FAIL, no output): 30 (the old value) can pass on a loaded machine's first run; no test waits
+# for a node to time out (a failed node is set DOWN with scontrol).
+SLURMD_TIMEOUT = 300
 
 
 def available(*, real_gpus: bool = False) -> str | None:
@@ -250,7 +254,7 @@ ReturnToService=2
 GresTypes=gpu
 PlugStackConfig={cluster.root}/plugstack.conf
 SlurmctldTimeout=30
-SlurmdTimeout=30
+SlurmdTimeout={SLURMD_TIMEOUT}
 InactiveLimit=0
 MailProg=/bin/true
 MinJobAge=60

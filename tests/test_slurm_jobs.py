@@ -12,11 +12,13 @@ import base64
 import json
 import os
 import pwd
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +27,7 @@ import paramiko
 import pytest
 
 from gpubook.runtime import ssh
-from gpubook.runtime.engines import container_name
+from gpubook.runtime.engines import EngineSettings, container_name
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.slurm_step import StepRequest
 from gpubook.runtime.templates import get_template
@@ -42,6 +44,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.podman,
 PREFIX = "gpubook-"
 # The source tree the account reads (quickstart copies a clone it cannot read to one it can).
 REPO = Path(os.environ.get("GPUBOOK_TEST_TREE") or Path(__file__).resolve().parents[1])
+ENGINE = EngineSettings(**PODMAN)  # type: ignore[arg-type]
 
 
 class AsAccount(Scontrol):
@@ -134,7 +137,7 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
     jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user,
                      python=sys.executable)
     key = new_key()
-    node1, node2 = (SlurmHost(name=n.name, gpus=range(n.gpus), jobs=jobs, engine=dict(PODMAN), start_timeout=60)
+    node1, node2 = (SlurmHost(name=n.name, gpus=range(n.gpus), jobs=jobs, engine=ENGINE, start_timeout=60)
                     for n in cluster.nodes)
     request = StartRequest(booking_id="alice-run", booker=Booker(name="alice", uid=2001, gid=2001,
                                                                  ssh_keys=(key_line(key),)),
@@ -153,7 +156,7 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
     # a restarted daemon (kill -9: nothing in memory) finds the job and its container, submits nothing
     fresh = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user,
                           python=sys.executable)
-    again = SlurmHost(name="node2", gpus=range(4), jobs=fresh, engine=dict(PODMAN)).start(request)
+    again = SlurmHost(name="node2", gpus=range(4), jobs=fresh, engine=ENGINE).start(request)
     assert (again.info.name, again.info.host_key) == (started.info.name, started.info.host_key)
     assert list(fresh.jobs().values()) == [listed]
     node = cluster.nodes[1]
@@ -208,7 +211,7 @@ def test_a_two_node_booking_runs_one_container_per_node_and_they_reach_each_othe
     key = new_key()
     step = StepRequest(booking_id="pair", user="alice", uid=2001, gid=2001, ssh_keys=(key_line(key),),
                        template="debian-ssh", templates_dir=None, port=23000 + os.getpid() % 1000,
-                       end=item.booking.end, engine=dict(PODMAN), data_root=None, multi_node=True)
+                       end=item.booking.end, engine=ENGINE, data_root=None, multi_node=True)
     jobs.submit(JobRequest(step=step, nodes=2, gpus_per_node=2), now=now)
     deadline = time.monotonic() + 60
     while len(jobs.results("pair")) < 2 and time.monotonic() < deadline:
@@ -249,7 +252,7 @@ def test_a_start_that_fails_on_the_node_says_why_and_leaves_no_job(cluster: slur
     item = accepted(booking("broken", start=now - timedelta(minutes=1), gpus=1), host="node1")
     assert not SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user]).sync([item], now=now).refused
     jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user, python=sys.executable)
-    node1 = SlurmHost(name="node1", gpus=range(4), jobs=jobs, engine=dict(PODMAN), start_timeout=60)
+    node1 = SlurmHost(name="node1", gpus=range(4), jobs=jobs, engine=ENGINE, start_timeout=60)
     missing = replace(get_template("debian-ssh"), name="not-on-the-nodes")
     request = StartRequest(booking_id="broken", booker=Booker(name="alice", uid=2001, gid=2001), template=missing,
                            gpus=(0,), port=22999, end=item.booking.end)
@@ -259,3 +262,104 @@ def test_a_start_that_fails_on_the_node_says_why_and_leaves_no_job(cluster: slur
     while jobs.name("broken") in jobs.jobs() and time.monotonic() < deadline:
         time.sleep(0.3)
     assert jobs.jobs() == {} and node1.list() == []  # the job ended with its step
+
+
+def _step_pids(folder: Path) -> list[int]:
+    """The processes of a booking's step (`python -m gpubook.runtime.slurm_step FOLDER/request.json`),
+    not the srun that started it."""
+    wanted = [b"gpubook.runtime.slurm_step", str(folder / "request.json").encode()]
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if all(word in words for word in wanted) and not words[0].endswith(b"srun"):  # the step, not its srun
+            found.append(int(entry.name))
+    return found
+
+
+def _kill_step(jobs: SlurmJobs, booking_id: str, *, freeze_at: str = "") -> None:
+    """The booking's step killed (SIGKILL), as Slurm does after KillWait or as a node's failure does:
+    it has no chance to remove its container. With `freeze_at`: first stopped (SIGSTOP) as soon as its
+    log has that line, so that it cannot get further (report SSH) before it is killed."""
+    folder, log = jobs.folder(booking_id), jobs.folder(booking_id) / "step-node1.log"
+    deadline = time.monotonic() + 120
+    while not (pids := _step_pids(folder)) or (freeze_at and freeze_at not in (
+            log.read_text() if log.exists() else "")):
+        assert time.monotonic() < deadline, f"no step of {booking_id} said {freeze_at!r}: {jobs.log(booking_id)}"
+        time.sleep(0.02)
+    for signal_number in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            os.kill(pid, signal_number)
+    while jobs.name(booking_id) in jobs.jobs():
+        assert time.monotonic() < deadline, f"{booking_id}'s job outlived its killed step"
+        time.sleep(0.3)
+
+
+def _inspect(user: str, name: str, template: str = "{{.Id}}") -> str:
+    account = pwd.getpwnam(user)
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
+                           f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", "podman", "inspect", "--format", template,
+                           name], cwd="/tmp", capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def test_a_start_again_after_its_step_was_killed_adopts_or_replaces_the_container_left_behind(
+        cluster: slurm_kit.Cluster, account_image: None, leftover: list[str]) -> None:
+    """The fresh-machine failure of issue 21: a booking's first start ended with its job (its step
+    killed before SSH answered) and every later start then failed on the container it left running
+    ("already runs with another spec", a spec that changed at every start). Now: the ended start says
+    why (Slurm's state, what the step was doing), a start again adopts a leftover of the same spec
+    and replaces one of another spec (another port); the step's engine has the whole [engine]."""
+    name = container_name("again@node1")
+    leftover.append(name)
+    shared = cluster.root / "shared"
+    shared.mkdir()
+    os.chown(shared, pwd.getpwnam(cluster.user).pw_uid, pwd.getpwnam(cluster.user).pw_gid)
+    scontrol = AsAccount(cluster.user, conf=cluster.conf)
+    now = datetime.now(UTC).replace(microsecond=0)
+    item = accepted(booking("again", start=now - timedelta(minutes=1), gpus=1), host="node1")
+    assert not SlurmCluster(scontrol=scontrol, prefix=PREFIX, users=[cluster.user]).sync([item], now=now).refused
+    jobs = JobsOfAccount(scontrol=scontrol, prefix=PREFIX, shared_dir=shared, user=cluster.user, python=sys.executable)
+    limited = replace(ENGINE, memory="300m", pids_limit=321)  # passed on, though cgroup v1 rootless ignores them
+    node1 = SlurmHost(name="node1", gpus=range(4), jobs=jobs, engine=limited, start_timeout=120)
+    key = new_key()
+    request = StartRequest(booking_id="again", booker=Booker(name="alice", uid=2001, gid=2001,
+                                                             ssh_keys=(key_line(key),)),
+                           template=get_template("debian-ssh"), gpus=(0,), port=24000 + os.getpid() % 1000,
+                           end=item.booking.end)
+    # 1. The step killed before SSH answered: the start says the job ended, and why.
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(node1.start, request)
+        _kill_step(jobs, "again", freeze_at="preparing")
+        with pytest.raises(EngineError) as ended:
+            first.result(timeout=60)
+    said = str(ended.value)
+    print(said)  # shown with -s: what the daemon logs for a step killed before SSH answered
+    assert "the booking's job ended" in said and "Slurm says JobState=" in said and "ExitCode=" in said, said
+    assert "its nodes now: node1 " in said, said
+    assert "step-node1.log" in said and "preparing booking again's container on node1" in said, said
+    # 2. Started; its step killed after SSH answered (its container left running): the start again adopts it.
+    started = node1.start(request)
+    kept = _inspect(cluster.user, name)
+    # The step's podman run got [engine] memory and pids_limit (podman records its argv; on this
+    # cgroup-v1 host rootless podman drops both, HostConfig says 0), and the nproc ulimit from pids_limit.
+    argv = _inspect(cluster.user, name, "{{json .Config.CreateCommand}}")
+    assert '"--memory","300m"' in argv and '"--pids-limit","321"' in argv, argv
+    limits = _inspect(cluster.user, name, "{{range .HostConfig.Ulimits}}{{.Name}} {{.Soft}} {{.Hard}},{{end}}")
+    assert "NPROC 321 321" in limits.upper(), limits
+    _kill_step(jobs, "again")
+    assert _inspect(cluster.user, name) == kept  # left behind, running
+    again = node1.start(request)
+    assert _inspect(cluster.user, name) == kept and again.info.host_key == started.info.host_key
+    assert "runs already with this spec (an earlier start's): it is adopted" in (
+        jobs.folder("again") / "step-node1.log").read_text()
+    # 3. Left behind again, and the start again has another port: the leftover is replaced.
+    _kill_step(jobs, "again")
+    moved = node1.start(replace(request, port=request.port + 1))
+    assert _ssh_banner(cluster.nodes[0].address, request.port + 1) == "SSH-2.0"
+    assert _inspect(cluster.user, name) not in ("", kept)
+    assert "left running by an earlier start" in (jobs.folder("again") / "step-node1.log").read_text()
+    node1.stop(moved.info.name, 5)
+    assert jobs.wait_ended("again", seconds=60)
+    assert _podman(cluster.user, "container", "exists", name) == 1  # stopped and removed

@@ -3,15 +3,19 @@ shell, and what a job step accepts from its request and from Slurm's environment
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
+import types
+import typing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from gpubook.runtime.engines import EngineSettings
 from gpubook.runtime.errors import GpubookError
-from gpubook.runtime.slurm_step import StepRequest, _engine, granted_gpus
+from gpubook.runtime.slurm_step import StepRequest, _prepare, engine_settings_from, granted_gpus
 from gpubook.scheduler.hosts.slurm import Scontrol
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 
@@ -34,7 +38,7 @@ class Recorded(Scontrol):
 def step(booking_id: str = "b1", **changes: object) -> StepRequest:
     values: dict[str, object] = dict(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=("k",),
                                      template="debian-ssh", templates_dir=None, port=22001,
-                                     end=NOW + timedelta(hours=1), engine={"name": "podman"}, data_root=None,
+                                     end=NOW + timedelta(hours=1), engine=EngineSettings(), data_root=None,
                                      multi_node=False)
     values.update(changes)
     return StepRequest(**values)  # type: ignore[arg-type]
@@ -84,11 +88,75 @@ def test_a_step_takes_its_gpus_from_slurm_and_refuses_anything_but_indices() -> 
         granted_gpus({"SLURM_JOB_GPUS": "0,1;rm -rf /"})
 
 
-def test_a_step_gives_its_engine_the_requested_ulimits() -> None:
-    """The GPU host's runc refuses podman's default nofile/nproc: the step must pass the configured ones."""
-    engine = _engine({"name": "podman", "ulimits": "nofile=1024:1024,nproc=4096:4096"})
-    assert engine.ulimits == ("nofile=1024:1024", "nproc=4096:4096")  # type: ignore[attr-defined]
-    assert _engine({"name": "podman"}).ulimits == ()  # type: ignore[attr-defined]
+def _other_value(name: str, hint: object, default: object) -> object:
+    """A value of a field's type unlike its default, for any EngineSettings field there is."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    kind = next(option for option in options if option is not type(None))
+    if typing.get_origin(kind) is tuple:
+        return ("nofile=1024:1024", "nproc=77:77")
+    samples: dict[object, object] = {str: {"name": "docker", "network": "host"}.get(name, f"{name}-set"),
+                                     bool: not default, int: 777, float: 2.5}
+    if kind not in samples:
+        raise AssertionError(f"EngineSettings.{name}: no sample value of type {kind} here; add one, and make sure "
+                             f"runtime.slurm_step carries it to the step")
+    return samples[kind]
+
+
+def test_every_engine_setting_reaches_the_step(tmp_path: Path) -> None:
+    """Each field of [engine], changed from its default, comes back from the step's request as
+    it was written: a field added to EngineSettings cannot be dropped on the way to the nodes."""
+    hints = typing.get_type_hints(EngineSettings)
+    changed = {f.name: _other_value(f.name, hints[f.name], f.default) for f in dataclasses.fields(EngineSettings)}
+    settings = EngineSettings(**changed)  # type: ignore[arg-type]
+    assert all(getattr(settings, name) != getattr(EngineSettings(), name) for name in changed)
+    path = tmp_path / "request.json"
+    step(engine=settings).write(path)
+    read = StepRequest.read(path).engine
+    for f in dataclasses.fields(EngineSettings):
+        assert getattr(read, f.name) == getattr(settings, f.name), f.name
+    assert read == settings
+
+
+def test_a_request_written_by_the_earlier_daemon_still_reads() -> None:
+    """0.2.0 wrote [engine] as strings (ulimits comma-separated): a job running across the daemon's
+    upgrade is still read, and so still listed."""
+    old = {"name": "podman", "runtime": "", "storage_driver": "overlay", "network": "host",
+           "ulimits": "nofile=1024:1024,nproc=4096:4096", "stop_grace_seconds": "3"}
+    assert engine_settings_from(old) == EngineSettings(runtime=None, storage_driver="overlay", network="host",
+                                                       ulimits=("nofile=1024:1024", "nproc=4096:4096"),
+                                                       stop_grace_seconds=3.0)
+
+
+@pytest.mark.parametrize(("engine", "message"), [
+    ({"pids_limit": "many"}, "pids_limit is not a number"),
+    ({"pids_limit": True}, "pids_limit should be of type int, not True"),
+    ({"ulimits": [1]}, "ulimits is not a list of strings"),
+    ({"name": None}, "name may not be empty"),
+    ({"cgroup": "x"}, "unknown engine settings cgroup"),
+])
+def test_a_step_refuses_engine_settings_of_the_wrong_kind(engine: dict[str, object], message: str) -> None:
+    with pytest.raises(GpubookError, match=message):
+        engine_settings_from(engine)
+
+
+@pytest.mark.podman
+def test_a_start_again_of_the_same_booking_makes_the_same_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spec hash of a booking's container on a node depends only on what the booking asks for:
+    a start again after one whose step was killed (its container left running) makes the same
+    spec, so it adopts that container instead of failing on "already runs with another spec"."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    request = step("again@test", engine=EngineSettings(name="podman", runtime="runc", storage_driver="overlay"))
+    attempts = [_prepare(request, folder=tmp_path, node="node1", gpus=(0,), env={}) for _ in range(2)]
+    first, second = (made.spec for made in attempts)
+    assert first.spec_hash == second.spec_hash, [
+        (a, b) for a, b in zip(dataclasses.astuple(first), dataclasses.astuple(second), strict=True) if a != b]
+    assert attempts[0].probe.get_base64() == attempts[1].probe.get_base64()
+    # A key of its own for each booking's container, kept private on the node, out of the container's mounts.
+    other = _prepare(step("other@test", engine=request.engine), folder=tmp_path, node="node1", gpus=(), env={})
+    assert other.probe.get_base64() != attempts[0].probe.get_base64()
+    kept = tmp_path / "cache" / "gpubook" / "probe-keys" / first.name
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert all(not str(kept).startswith(str(mount.source)) for mount in first.mounts)
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -11,7 +11,16 @@ the shared storage. The step proves SSH answers with a probe key of its own,
 then writes `result-<node>.json` (node, port, host key) next to the request: the daemon reads it
 from the shared folder, and asks its commands for the container there too (`serve_execs`).
 SIGTERM (scancel, or Slurm's time limit) or the booking's end stops and removes the container;
-nothing is left behind by a failed start (start_booking removes it).
+nothing is left behind by a failed start (start_booking removes it; a SIGTERM during the start
+ends the start and removes it too).
+
+A start again after one whose step was killed (Slurm's SIGKILL after KillWait, a node that stopped
+answering) finds that start's container still running (conmon is not one of the job's processes).
+The spec depends only on what the booking asks for: its probe key is kept in the node's cache, like
+its host key, so a leftover with the same spec is adopted (only the SSH probe is left), and one with
+another spec (another port) is removed before the start. Each node's step writes what it does,
+with times, to `step-<node>.log` beside the request: a job that ends before its step said anything
+(a step killed) still tells where it was.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -33,9 +44,10 @@ from typing import TYPE_CHECKING
 import paramiko
 
 from gpubook.runtime import ssh, storage
-from gpubook.runtime.engines import ContainerSpec, Engine, container_name, engine_from
+from gpubook.runtime.engines import ContainerSpec, Engine, EngineSettings, container_name, make_engine
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.mounts import Mount
+from gpubook.runtime.private import write_private
 from gpubook.runtime.templates import get_template
 
 if TYPE_CHECKING:
@@ -60,7 +72,7 @@ class StepRequest:
     templates_dir: Path | None
     port: int
     end: datetime
-    engine: dict[str, str]
+    engine: EngineSettings  # the daemon's whole [engine]
     data_root: Path | None
     multi_node: bool
     # The daemon's plan: each node and the GPUs it counts there (Slurm picks which of the node's GPUs).
@@ -80,7 +92,7 @@ class StepRequest:
                    ssh_keys=tuple(str(k) for k in data["ssh_keys"]), template=str(data["template"]),
                    templates_dir=Path(data["templates_dir"]) if data.get("templates_dir") else None,
                    port=int(data["port"]), end=end,
-                   engine={str(k): str(v) for k, v in dict(data.get("engine") or {}).items()},
+                   engine=engine_settings_from(data.get("engine") or {}, source=path),
                    data_root=Path(data["data_root"]) if data.get("data_root") else None,
                    multi_node=bool(data.get("multi_node")),
                    placement=tuple((str(node), tuple(int(g) for g in gpus))
@@ -90,7 +102,7 @@ class StepRequest:
         data = {"booking_id": self.booking_id, "user": self.user, "uid": self.uid, "gid": self.gid,
                 "ssh_keys": list(self.ssh_keys), "template": self.template,
                 "templates_dir": str(self.templates_dir) if self.templates_dir else "", "port": self.port,
-                "end": self.end.isoformat(), "engine": self.engine,
+                "end": self.end.isoformat(), "engine": engine_settings_data(self.engine),
                 "data_root": str(self.data_root) if self.data_root else "", "multi_node": self.multi_node,
                 "placement": [[node, list(gpus)] for node, gpus in self.placement]}
         _write_atomic(path, json.dumps(data, indent=1))
@@ -128,14 +140,47 @@ def _write_atomic(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def _engine(settings: dict[str, str]) -> Engine:
-    """The node's engine from the request's settings; `ulimits` is comma-separated ("nofile=1024:1024,
-    nproc=4096:4096"): a node whose runc cannot raise the defaults (rootful podman in a user namespace
-    on the GPU host) needs them, as `[engine] ulimits` on the local backend."""
-    return engine_from(settings.get("name", "podman"), runtime=settings.get("runtime") or None,
-                       storage_driver=settings.get("storage_driver") or None,
-                       network=settings.get("network", "private"),
-                       ulimits=[limit for limit in settings.get("ulimits", "").split(",") if limit])
+def engine_settings_data(settings: EngineSettings) -> dict[str, object]:
+    """`[engine]` as the request's JSON: every field of EngineSettings, so none is left out."""
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in asdict(settings).items()}
+
+
+def engine_settings_from(data: Mapping[str, object], *, source: object = "the request") -> EngineSettings:
+    """EngineSettings back from `engine_settings_data`, each value checked against its field's type.
+    A request written by gpubook 0.2.0 (every value a string, ulimits comma-separated) reads too:
+    a job running across the daemon's upgrade is still listed."""
+    hints = typing.get_type_hints(EngineSettings)
+    unknown = set(data) - set(hints)
+    if unknown:
+        raise GpubookError(f"{source}: unknown engine settings {', '.join(sorted(unknown))}")
+    values: dict[str, typing.Any] = {name: _typed(hints[name], value, name=name, source=source)
+                                     for name, value in data.items()}
+    return EngineSettings(**values)
+
+
+def _typed(hint: object, value: object, *, name: str, source: object) -> object:
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None or (value == "" and type(None) in options):  # 0.2.0 wrote "" for an unset one
+        if type(None) in options:
+            return None
+        raise GpubookError(f"{source}: engine setting {name} may not be empty")
+    if typing.get_origin(hint) is tuple:
+        items = value.split(",") if isinstance(value, str) else value  # 0.2.0: comma-separated
+        if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
+            raise GpubookError(f"{source}: engine setting {name} is not a list of strings")
+        return tuple(item for item in items if item)
+    kind = next(option for option in options if option is not type(None))
+    if isinstance(value, str) and kind in (int, float):
+        try:
+            return kind(value)  # 0.2.0 wrote numbers as strings
+        except ValueError:
+            raise GpubookError(f"{source}: engine setting {name} is not a number: {value!r}") from None
+    if kind is float and type(value) is int:
+        return float(value)
+    if type(value) is not kind:  # strictly: True is no pids_limit
+        raise GpubookError(f"{source}: engine setting {name} should be of type {getattr(kind, '__name__', kind)}, "
+                           f"not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -149,7 +194,7 @@ class _Prepared:
 def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, ...],
              env: dict[str, str]) -> _Prepared:
     """The booking's container spec on this node, with the local backend's code."""
-    engine = _engine(request.engine)
+    engine = make_engine(request.engine)
     template = get_template(request.template, request.templates_dir)
     # One container per node, named with its node: on a cluster each node has its own engine
     # storage, but nodes sharing one (the tests' nodes, a home on NFS) must never take another
@@ -163,7 +208,7 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     folders = _folders(request, engine)
     gpu = _injection(gpus, cache_dir)
     host_key = ssh.booking_host_key(cache_dir, name, owner=engine.host_owner(0, 0), chown=engine.chown)
-    probe = paramiko.Ed25519Key.from_private_key(_new_private_key())
+    probe = booking_probe_key(cache_dir, name)
     spec = ssh.booking_spec(template, booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
                             ssh_keys=request.ssh_keys, probe_key=probe, port=request.port, end=request.end,
                             folders=folders, cache_dir=cache_dir, host_key=host_key, gpus=gpus, gpu=gpu)
@@ -175,32 +220,53 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     return _Prepared(engine=engine, spec=spec, probe=probe, cache_dir=cache_dir)
 
 
+class _Stopped(BaseException):  # noqa: N818 - not an error: Slurm ends the job
+    """SIGTERM (or SIGINT) while the container starts: the start ends, and removes what it made."""
+
+
 def run(request_path: Path, *, env: dict[str, str]) -> int:
     """Start, report, wait for the end or SIGTERM, stop. The exit status is the job's. Whatever
     keeps the container from starting is written as this node's result: the daemon says it."""
     request = StepRequest.read(request_path)
     folder = request_path.parent
     node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    stopping = threading.Event()
+    say = StepLog(folder / f"step-{node}.log")
+    stopping, starting = threading.Event(), threading.Event()
+    starting.set()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopping.set()
+        if starting.is_set():  # a start may take minutes (an image, a slow node): end it now
+            starting.clear()
+            raise _Stopped(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    made: _Prepared | None = None
     try:
         gpus = granted_gpus(env)
+        say(f"step {os.getpid()} of job {env.get('SLURM_JOB_ID', '?')}: preparing booking {request.booking_id}'s "
+            f"container on {node} (GPUs {','.join(map(str, gpus)) or 'none'})")
         made = _prepare(request, folder=folder, node=node, gpus=gpus, env=env)
+        clear_leftover(made.engine, made.spec, say=say)
+        say(f"starting {made.spec.name} (spec {made.spec.spec_hash}) on port {request.port}")
         ready = ssh.start_booking(made.engine, made.spec, probe_key=made.probe, timeout=90)
-    except GpubookError as error:
-        _write_atomic(folder / f"result-{node}.json", json.dumps({"node": node, "error": str(error)}))
-        print(f"booking {request.booking_id}: its container did not start on {node}: {error}", file=sys.stderr)
+        starting.clear()
+    except (GpubookError, _Stopped) as error:
+        starting.clear()
+        problem = f"the step was sent {error} before SSH answered" if isinstance(error, _Stopped) else str(error)
+        if made is not None and isinstance(error, _Stopped):  # start_booking removes its own on an error
+            _remove(made.engine, made.spec.name, say=say)
+        _write_atomic(folder / f"result-{node}.json", json.dumps({"node": node, "error": problem}))
+        say(f"its container did not start: {problem}")
+        print(f"booking {request.booking_id}: its container did not start on {node}: {problem}", file=sys.stderr)
         return 1
     engine, name, cache_dir = made.engine, made.spec.name, made.cache_dir
     _write_atomic(folder / f"result-{node}.json", json.dumps(
         {"node": node, "port": request.port, "host_key": ready.host_key, "container": name,
          "gpus": list(gpus), "seconds_to_ssh": round(ready.seconds, 3),
          "hostfile": HOSTFILE if request.multi_node else ""}))
+    say(f"SSH answers on port {request.port}, {ready.seconds:.2f} s after the start")
     print(f"booking {request.booking_id}: SSH answers on {node} port {request.port}", flush=True)
     try:
         while not stopping.wait(max(0.0, min(EXEC_POLL, (request.end - datetime.now(UTC)).total_seconds()))):
@@ -210,17 +276,52 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
     finally:
         # Within Slurm's KillWait (its SIGKILL follows SIGTERM after it): the README asks for a
         # KillWait longer than [engine] stop_grace_seconds, else the container outlives its step.
-        grace = float(request.engine.get("stop_grace_seconds") or 10)
-        for _ in range(3):  # a signal to the step's processes may end a podman call midway: again
-            try:
-                engine.stop(name, grace)
-            except GpubookError as error:
-                print(f"booking {request.booking_id}: stopping its container on {node}: {error}", file=sys.stderr)
-            if engine.inspect(name) is None:
-                break
+        _remove(engine, name, say=say, grace=request.engine.stop_grace_seconds)
         ssh.forget_host_key(cache_dir, name)
+        forget_probe_key(cache_dir, name)
         print(f"booking {request.booking_id}: its container on {node} stopped", flush=True)
     return 0
+
+
+class StepLog:
+    """What a node's step does, one timed line each, appended to `step-<node>.log` in the job folder
+    at once: a step killed midway (nothing on its stderr) still tells where it was."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, line: str) -> None:
+        try:
+            with self.path.open("a") as file:
+                file.write(f"{datetime.now(UTC).isoformat(timespec='milliseconds')} {line}\n")
+        except OSError as error:  # the shared folder full or gone: the step goes on without its log
+            print(f"{self.path}: {error}", file=sys.stderr)
+
+
+def clear_leftover(engine: Engine, spec: ContainerSpec, *, say: StepLog) -> None:
+    """The container an earlier start of this booking left on this node (its step killed before
+    it could remove it): adopted by the start when it runs with this very spec, else removed. The
+    name is the booking's and the node's own, so no other booking's container is ever touched."""
+    current = engine.inspect(spec.name)
+    if current is None:
+        return
+    if current.running and current.spec_hash == spec.spec_hash:
+        say(f"{spec.name} runs already with this spec (an earlier start's): it is adopted")
+        return
+    say(f"{spec.name} is left {current.state} by an earlier start (spec {current.spec_hash or 'unknown'}, "
+        f"this start's {spec.spec_hash}): it is removed")
+    engine.stop(spec.name, 0)
+
+
+def _remove(engine: Engine, name: str, *, say: StepLog, grace: float = 0.0) -> None:
+    for _ in range(3):  # a signal to the step's processes may end a podman call midway: again
+        try:
+            engine.stop(name, grace)
+        except GpubookError as error:
+            say(f"stopping {name}: {error}")
+        if engine.inspect(name) is None:
+            say(f"{name} is stopped and removed")
+            return
 
 
 def serve_execs(folder: Path, *, node: str, engine: Engine, name: str) -> None:
@@ -251,15 +352,25 @@ def serve_execs(folder: Path, *, node: str, engine: Engine, name: str) -> None:
         _write_atomic(folder / f"done-{node}-{token}.json", json.dumps(answer))
 
 
-def _new_private_key() -> object:
-    import io
+def booking_probe_key(cache_dir: Path, name: str) -> paramiko.PKey:
+    """The key the step proves SSH with for container `name`, made on first use and kept in the
+    node's cache (mode 600, never in the container's host key folder, which it mounts): its public
+    line is in the container's spec, so a start again makes the same spec and may adopt the
+    container an earlier start left running."""
+    folder = cache_dir / "probe-keys"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = folder / name
+    if not path.is_file():
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        write_private(path, Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    return paramiko.Ed25519Key.from_private_key_file(str(path))
 
-    pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                                     serialization.NoEncryption())
-    return io.StringIO(pem.decode())
+
+def forget_probe_key(cache_dir: Path, name: str) -> None:
+    (cache_dir / "probe-keys" / name).unlink(missing_ok=True)
 
 
 class _NoFolders(storage.DataFolders):

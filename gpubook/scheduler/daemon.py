@@ -146,14 +146,6 @@ def _runnable(config: config_module.Config) -> None:
                           "every node and the daemon see at the same path (the bookings' job folders)")
 
 
-def _engine_settings(config: config_module.Config) -> dict[str, str]:
-    """The [engine] settings a Slurm job's step starts its container with (gpubook/runtime/slurm_step.py)."""
-    engine = config.engine
-    return {"name": engine.name, "runtime": engine.runtime or "", "storage_driver": engine.storage_driver or "",
-            "network": engine.network, "ulimits": ",".join(engine.ulimits),
-            "stop_grace_seconds": f"{engine.stop_grace_seconds:g}"}
-
-
 class Daemon:
     def __init__(self, config: config_module.Config, *, notifier: Notifier | None = None,
                  engine: Engine | None = None, exclusive: bool = False) -> None:
@@ -214,7 +206,7 @@ class Daemon:
             probe_key=self.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
             mps=config.gpu_mps, images=self.images, parallel_starts=config.daemon.parallel_starts)
-        self.cluster = SlurmBackend(config, engine=_engine_settings(config), templates_dir=config.templates_dir) \
+        self.cluster = SlurmBackend(config, engine=config.engine, templates_dir=config.templates_dir) \
             if config.backend.kind == "slurm" else None
         hosts: dict[str, Host] = {local.name: local} if self.cluster is None else {}
         self.passes = Pass(config, hosts=hosts, state=self.state, templates=templates,

@@ -43,7 +43,7 @@ import paramiko
 import pytest
 from test_daemon_gpu import radicale  # noqa: F401 - a fixture: Radicale from the bundle's wheels
 
-from gpubook.runtime.engines import Engine, container_name, engine_from
+from gpubook.runtime.engines import Engine, EngineSettings, container_name, engine_from
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.nvidia.model import Gpu
 from gpubook.runtime.templates import get_template
@@ -63,8 +63,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slurm,
 BUNDLE, TEMPLATE, IMAGE, TEMPLATE_TOML, ULIMITS = (hostroot.BUNDLE, hostroot.SSHD_TEMPLATE, hostroot.SSHD_IMAGE,
                                                   hostroot.SSHD_TEMPLATE_TOML, hostroot.ULIMITS)
 # The step's engine (runtime.slurm_step reads these): rootful podman, runc, overlay, the host network.
-STEP_ENGINE = {"name": "podman", "runtime": "runc", "storage_driver": "overlay", "network": "host",
-               "ulimits": ",".join(ULIMITS)}
+STEP_ENGINE = EngineSettings(name="podman", runtime="runc", storage_driver="overlay", network="host",
+                             ulimits=tuple(ULIMITS))
 PREFIX = "gpubook-"
 BOOKING = "slurm-gpu@test"
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from gpubook.runtime.engines import EngineSettings
 from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.hosts.slurm.cluster import SlurmCluster, SlurmError, SlurmUnreachable
@@ -40,7 +41,7 @@ class Reserved:
 class SlurmBackend:
     """The cluster's nodes as hosts, and gpubook's reservations kept in step with the plan."""
 
-    def __init__(self, config: Config, *, engine: dict[str, str], templates_dir: Path | None) -> None:
+    def __init__(self, config: Config, *, engine: EngineSettings, templates_dir: Path | None) -> None:
         backend = config.backend
         if backend.shared_dir is None:
             raise SlurmError("backend.shared_dir is not set: the Slurm backend needs a folder every node sees")
@@ -48,7 +49,7 @@ class SlurmBackend:
         account = pwd.getpwuid(os.geteuid()).pw_name
         self.jobs = SlurmJobs(scontrol=self.cluster.scontrol, prefix=backend.reservation_prefix,
                               shared_dir=backend.shared_dir, user=account)
-        self.engine, self.templates_dir, self.partition = dict(engine), templates_dir, backend.partition
+        self.engine, self.templates_dir, self.partition = engine, templates_dir, backend.partition
         self.data_root = config.storage.data_root
         self.hosts: dict[str, SlurmHost] = {}
         self.problem = ""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpubook.runtime.engines import ContainerInfo, ExecResult, container_name
+from gpubook.runtime.engines import ContainerInfo, EngineSettings, ExecResult, container_name
 from gpubook.runtime.errors import EngineError, GpubookError
 from gpubook.runtime.slurm_step import StepRequest
 from gpubook.scheduler.hosts import Started, StartRequest
@@ -46,10 +46,10 @@ def listed(step: StepRequest, results: dict[str, NodeResult], *, node: str) -> C
 class SlurmHost:
     """A GPU node of the cluster, its bookings run as Slurm jobs in their reservations."""
 
-    def __init__(self, *, name: str, gpus: Sequence[int], jobs: SlurmJobs, engine: dict[str, str],
+    def __init__(self, *, name: str, gpus: Sequence[int], jobs: SlurmJobs, engine: EngineSettings,
                  templates_dir: Path | None = None, partition: str = "", start_timeout: float = 120.0,
                  data_root: Path | None = None, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self.name, self.gpus, self.jobs, self.engine = name, tuple(gpus), jobs, dict(engine)
+        self.name, self.gpus, self.jobs, self.engine = name, tuple(gpus), jobs, engine
         self.driver_version: str | None = None  # the node's driver is the step's business (it injects it)
         self.templates_dir, self.partition, self.start_timeout, self.now = (templates_dir, partition,
                                                                             start_timeout, now)
@@ -73,19 +73,23 @@ class SlurmHost:
         deadline = began + self.start_timeout
         while time.monotonic() < deadline:
             results = self.jobs.results(request.booking_id)
-            failed = {node: r.error for node, r in results.items() if r.error}
-            if failed:
-                self.jobs.cancel(request.booking_id)  # nothing half-done: the other nodes' containers go too
-                raise EngineError(f"booking {request.booking_id}: its container did not start on "
-                                  + "; ".join(f"{node}: {error}" for node, error in sorted(failed.items())))
+            failed = _failed(request.booking_id, results)
+            if failed is not None:
+                # Nothing half-done: the other nodes' steps are sent SIGTERM and remove their containers.
+                self.jobs.cancel(request.booking_id, grace=self.engine.stop_grace_seconds)
+                raise failed
             info = listed(step, results, node=self.name)
             if info is not None:
                 return Started(info=info, seconds_to_ssh=time.monotonic() - began)
             if job.name not in self.jobs.jobs():
+                # A node's error may have been written between the look at the results and the job's end.
+                failed = _failed(request.booking_id, self.jobs.results(request.booking_id))
+                if failed is not None:
+                    raise failed
                 raise EngineError(f"booking {request.booking_id}: {ENDED} (job {job.job_id}) before SSH answered "
-                                  f"on {self.name}; its log:\n{self.jobs.log(request.booking_id)}")
+                                  f"on {self.name}. {self.jobs.why_ended(request.booking_id, job.job_id)}")
             time.sleep(0.5)
-        self.jobs.cancel(request.booking_id)
+        self.jobs.cancel(request.booking_id, grace=self.engine.stop_grace_seconds)  # its steps remove theirs
         raise EngineError(f"booking {request.booking_id}: SSH did not answer on {self.name} within "
                           f"{self.start_timeout:g} s of submitting job {job.job_id}; the job is cancelled")
 
@@ -120,6 +124,15 @@ class SlurmHost:
             if info.name == name:
                 return self.jobs.exec(info.booking_id, self.name, argv, timeout=limit)
         raise EngineError(f"no job of gpubook's runs {name} on Slurm node {self.name}")
+
+
+def _failed(booking_id: str, results: dict[str, NodeResult]) -> EngineError | None:
+    """The error of the nodes whose step said why its container did not start (None: none did)."""
+    failed = sorted((node, r.error) for node, r in results.items() if r.error)
+    if not failed:
+        return None
+    return EngineError(f"booking {booking_id}: its container did not start on "
+                       + "; ".join(f"{node}: {error}" for node, error in failed))
 
 
 def _request(jobs: SlurmJobs, job: Job) -> StepRequest | None:

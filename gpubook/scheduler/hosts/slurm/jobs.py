@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 import shlex
 import sys
@@ -75,6 +76,7 @@ class SlurmJobs:
 
     def __init__(self, *, scontrol: Scontrol, prefix: str, shared_dir: Path, user: str,
                  python: str = sys.executable) -> None:
+        self.scontrol = scontrol
         self.sbatch, self.squeue, self.scancel = (scontrol.tool(p) for p in ("sbatch", "squeue", "scancel"))
         self.prefix, self.shared_dir, self.user, self.python = prefix, shared_dir, user, python
 
@@ -107,7 +109,7 @@ class SlurmJobs:
             raise SlurmError(f"booking {step.booking_id}: {request.nodes} nodes with {request.gpus_per_node} GPUs "
                              f"each is not a job")
         folder = self._make_folder(step.booking_id)
-        for old in folder.glob("result-*.json"):
+        for old in (*folder.glob("result-*.json"), *folder.glob("step-*.log")):
             old.unlink()
         step.write(folder / "request.json")
         script = folder / "job.sh"
@@ -154,6 +156,36 @@ class SlurmJobs:
     def log(self, booking_id: str) -> str:
         path = self.folder(booking_id) / "slurm.out"
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def why_ended(self, booking_id: str, job_id: str) -> str:
+        """Why a job ended, as far as can be told: Slurm's state, reason and exit code for it (while
+        slurmctld keeps it, MinJobAge) and its nodes' state (a node that stopped answering ends its
+        jobs: NODE_FAIL), what each node's step wrote it was doing, and the job's output."""
+        folder = self.folder(booking_id)
+        steps = [f"{path.name}:\n{path.read_text(errors='replace')[-1500:].rstrip()}"
+                 for path in sorted(folder.glob("step-*.log"))] or ["no node's step wrote a line (none began)"]
+        output = self.log(booking_id).rstrip()
+        if output:
+            said = f"its output: {output}"
+        elif (folder / "slurm.out").exists():
+            said = "its output (slurm.out) is empty"
+        else:
+            said = "it wrote no output (no slurm.out: its batch step never began)"
+        return "\n".join([f"{self._slurm_says(job_id)}; its steps' logs:", *steps, said])
+
+    def _slurm_says(self, job_id: str) -> str:
+        try:
+            shown = self.scontrol("show", "job", job_id, "--oneliner")
+            job = dict(re.findall(r"\b(JobState|Reason|ExitCode|RunTime|NodeList)=(\S+)", shown))
+            listed = job.get("NodeList", "(null)") != "(null)"  # "(null)": it never ran on a node
+            nodes = self.scontrol("show", "node", job["NodeList"], "--oneliner") if listed else ""
+        except SlurmError as error:
+            return f"Slurm no longer says why ({error})"
+        said = " ".join(f"{key}={value}" for key, value in job.items()) or shown.strip()[:300]
+        states = [f"{m.group(1)} {m.group(2)}" + (f" ({m.group(3)})" if m.group(3) else "")
+                  for m in re.finditer(r"NodeName=(\S+) .*?\bState=(\S+)(?: .*?\bReason=(.*?)(?= \w+=|$))?",
+                                       nodes, flags=re.MULTILINE)]
+        return f"Slurm says {said}" + (f"; its nodes now: {', '.join(states)}" if states else "")
 
     def exec(self, booking_id: str, node: str, argv: Sequence[str], *, timeout: float) -> ExecResult:
         """`argv` in the booking's container on `node`, asked of that node's step through the job
