@@ -158,7 +158,10 @@ def test_a_uid_with_a_tab_is_refused_before_it_takes_a_port(tmp_path: Path, stat
 
 
 def test_a_failed_start_gives_its_port_back(tmp_path: Path, state: State) -> None:
-    config = make_config(tmp_path, ports=(2200, 2200))  # one port only
+    with socket.socket() as probe:  # a port free on this host now: 2200 may be busy (another test's TIME-WAIT)
+        probe.bind(("0.0.0.0", 0))  # noqa: S104 - as the state's own check binds
+        port = probe.getsockname()[1]
+    config = make_config(tmp_path, ports=(port, port))  # one port only
     machine = Machine()
     machine.failing["broken"] = EngineError("image localhost/x is not present")
     passes = make_pass(config, machine, state)
@@ -174,7 +177,7 @@ def test_a_failed_start_gives_its_port_back(tmp_path: Path, state: State) -> Non
     finally:
         passes.close()
     assert ("running", "good") in machine.steps
-    assert state.ports() == {"good": 2200}
+    assert state.ports() == {"good": port}
 
 
 def test_a_port_held_but_busy_on_the_host_is_skipped(state: State) -> None:
