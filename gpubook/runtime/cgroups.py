@@ -41,6 +41,10 @@ GIB = 1 << 30
 MIB = 1 << 20
 RESERVE_MIN = 4 * GIB  # memory kept for the host (the daemon, sshd, the page cache) at the least
 RESERVE_SHARE = 0.10  # ... or this share of it, whichever is more
+# Where systemd runs: every user manager gets these controllers to hand on (`gpubook setup` writes it,
+# then `systemctl daemon-reload`; a running user manager takes it at its next start).
+SYSTEMD_DROPIN = Path("/etc/systemd/system/user@.service.d/delegate.conf")
+SYSTEMD_DROPIN_TEXT = "[Service]\nDelegate=cpu cpuset io memory pids\n"
 
 
 class DelegationError(GpubookError):
