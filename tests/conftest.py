@@ -65,7 +65,8 @@ def feed_server() -> Iterator[servers.FeedServer]:
 
 # The fast lane (`pytest --fast`, README "Development"): unit and pure tests only, under two minutes on
 # a 2-core machine; what needs servers, engines, a cluster, a browser, a GPU or an install waits for CI.
-SLOW_LANE_MARKERS = ("caldav", "podman", "docker", "slurm", "browser", "gpu", "slow", "install", "systemd")
+SLOW_LANE_MARKERS = ("caldav", "podman", "docker", "slurm", "browser", "gpu", "slow", "install", "systemd",
+                     "rootful")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -262,3 +263,27 @@ def test_a_short_bookings_hours_show_in_the_table() -> None:
     assert short[2:5] == ("0.014", "0.007", "50 %")
     month = report.text_row(report.Row("bob", 3, booked_hours=25.06, used_hours=0.0, no_shows=3, rejected=None))
     assert month[2:4] == ("25.1", "0.0")
+
+
+def test_json_gives_the_tables_rows_and_nothing_else_on_stdout(month: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    config = write_config(tmp_path, month.parent)
+    printed: list[str] = []
+    assert report_command.run(start_text="2026-11-01", end_text="2026-12-01", now=NOW, config_path=str(config),
+                              outputs=report_command.Outputs(csv=tmp_path / "r.csv"), print_line=printed.append,
+                              as_json=True) == 0
+    [text] = printed
+    data = json.loads(text)
+    assert (data["from"], data["to"], data["by"]) == ("2026-11-01T00:00:00+00:00", "2026-12-01T00:00:00+00:00", "user")
+    assert [r["user"] for r in data["rows"]] == ["alice", "bob", "carol", "dave"]
+    bob = data["rows"][1]
+    assert (bob["bookings"], bob["booked_gpu_hours"], bob["no_shows"], bob["rejected"]) == (2, 28.0, 0, 1)
+    assert bob["used_gpu_hours"] == pytest.approx(13.6) and bob["idle_share"] == pytest.approx(1 - 13.6 / 28)
+    assert data["rows"][3]["idle_share"] is None
+    total = data["total"]
+    assert (total["user"], total["bookings"], total["booked_gpu_hours"], total["rejected"]) == ("total", 5, 70.0, 3)
+    assert data["rejected"] == 3 and data["rejections"] == {"GPU N is not present on devbox1": 2,
+                                                            "… is not a known user of devbox1": 1}
+    assert data["gpu_samples"] is True
+    assert capsys.readouterr().err == f"wrote {tmp_path / 'r.csv'}\n"  # stdout stays one JSON object
+    assert (tmp_path / "r.csv").is_file()

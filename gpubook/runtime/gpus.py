@@ -246,4 +246,5 @@ def _cdi_check(directories: Sequence[Path]) -> Check:
         "no nvidia.com/gpu CDI spec in " + ", ".join(map(str, directories)),
         "Optional: `gpubook gpus cdi --output /etc/cdi/gpubook-nvidia.json` (as root) lets "
         "podman >= 4.1 use --device nvidia.com/gpu=N; gpubook works without it.",
+        optional=True,
     )

@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpubook.runtime import engines
@@ -844,6 +844,37 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         gpu_monitor=read["gpus"].monitor, sftp=read["sftp"], images=read["images"], web=read["web"],
         backend=read["backend"],
     )
+
+
+CONFIG_ENV = "GPUBOOK_CONFIG"
+SYSTEM_CONFIG = Path("/etc/gpubook/gpubook.toml")
+
+
+@overload
+def config_path(given: str | os.PathLike[str] | None = None, *, required: Literal[True] = True,
+                environ: Mapping[str, str] | None = None, home: Path | None = None) -> Path: ...
+@overload
+def config_path(given: str | os.PathLike[str] | None = None, *, required: bool,
+                environ: Mapping[str, str] | None = None, home: Path | None = None) -> Path | None: ...
+def config_path(given: str | os.PathLike[str] | None = None, *, required: bool = True,
+                environ: Mapping[str, str] | None = None, home: Path | None = None) -> Path | None:
+    """The config file a command reads: `--config` when given; else $GPUBOOK_CONFIG when set (it
+    must then exist, as --config must); else the first that exists of
+    $XDG_CONFIG_HOME/gpubook/gpubook.toml (~/.config/... without it) and /etc/gpubook/gpubook.toml.
+    With none of those: ConfigError naming each path tried, or None when not `required`."""
+    if given is not None:
+        return Path(given)
+    environ = os.environ if environ is None else environ
+    if environ.get(CONFIG_ENV):
+        return Path(environ[CONFIG_ENV])
+    xdg = environ.get("XDG_CONFIG_HOME", "")
+    user_base = Path(xdg) if os.path.isabs(xdg) else (home or Path.home()) / ".config"  # the spec: relative is ignored
+    tried = [user_base / "gpubook" / "gpubook.toml", SYSTEM_CONFIG]
+    found = next((path for path in tried if path.is_file()), None)
+    if found is None and required:
+        raise ConfigError(f"no config file: --config not given, ${CONFIG_ENV} not set, and none of "
+                          f"{', '.join(map(str, tried))} exists")
+    return found
 
 
 def load(path: str | os.PathLike[str]) -> Config:

@@ -314,19 +314,21 @@ class PodmanEngine(CliEngine):
                                 "inside can get around it by changing uids")
 
     def limits_check(self) -> Check:
-        """Doctor's line on limits: which hold here, through what, and which cannot and why."""
+        """Doctor's line on limits: which hold here, through what, and which cannot and why. A WARN
+        on cgroups v1, where only a reboot into v2 helps; a FAIL on v2, where `gpubook setup` does."""
         pids = f"pids {self.pids_limit} per container" if self.pids_limit else "no process limit"
         memory = self.memory_line()
         problem = self.limits_problem()
         if problem is None:
             return Check("engine limits", True, f"{pids}, {memory}: enforced ({self.placement().how})")
-        if cgroups.cgroup_version() != 2:
+        v1 = cgroups.cgroup_version() != 2
+        if v1:
             fix = ("boot with cgroups v2 (systemd.unified_cgroup_hierarchy=1), then delegate memory and pids "
                    "to the daemon's account (docs/LIMITS.md)")
         else:
             fix = ("run `gpubook setup` as root, or make the delegated subtree by hand and start the daemon in "
                    f"{cgroups.ROOT / cgroups.SUBTREE / cgroups.DAEMON_LEAF} (docs/LIMITS.md)")
-        return Check("engine limits", False, f"{pids}, {memory}: NOT enforced: {problem}", fix)
+        return Check("engine limits", False, f"{pids}, {memory}: NOT enforced: {problem}", fix, optional=v1)
 
     def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
         """libnvidia-container mounts a tmpfs over /proc/driver/nvidia from a hook; runc refuses

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from gpubook.runtime import gpus as gpu_inventory
@@ -20,12 +22,15 @@ from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import World
 from gpubook.scheduler.core.plan import LOCAL
-from gpubook.scheduler.daemon import STATUS_FILE, Daemon, make_engine, state_dir
+from gpubook.scheduler.daemon import LOCK_FILE, STATUS_FILE, Daemon, make_engine, state_dir
 from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status, setup_findings
 from gpubook.scheduler.sources.errors import printable
-from gpubook.scheduler.state import State
+from gpubook.scheduler.state import LogEntry, State
 
 log = logging.getLogger(__name__)
+
+EXIT_NOT_RUNNING = 3  # as `systemctl status` says of a unit that is not active
+PROC_LOCKS = Path("/proc/locks")
 
 
 def run(config_path: str) -> int:
@@ -38,9 +43,59 @@ def run(config_path: str) -> int:
     return Daemon(config_module.load(config_path), exclusive=True).run()
 
 
+def daemon_pid(folder: Path, *, locks: Path = PROC_LOCKS) -> int | None:
+    """The pid of the daemon holding the state folder's lock (`gpubook run`), or None when no
+    process holds it. Read from the kernel's lock table, so that asking never takes the lock
+    (a daemon starting at that instant would find it taken and refuse to run)."""
+    path = folder / LOCK_FILE
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        raise GpubookError(f"cannot read {path}: permission denied (run this as the daemon's user)") from None
+    try:
+        table = locks.read_text()
+    except OSError:  # no /proc here: ask the lock itself, briefly
+        return _pid_by_flock(path)
+    device = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        if "FLOCK" in fields and device in fields and "->" not in fields:  # "->": a waiter, not the holder
+            holder = fields[fields.index(device) - 1]
+            return int(holder) if holder.isdigit() else 0
+    return None
+
+
+def _pid_by_flock(path: Path) -> int | None:
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = os.read(fd, 32).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else 0
+    finally:
+        os.close(fd)
+    return None
+
+
+def _not_running(folder: Path, report: Status, *, written: float | None) -> str:
+    when = report.updated or (datetime.fromtimestamp(written, UTC).isoformat() if written else None)
+    last = f"last status written at {when}" if when else "no status written yet"
+    return f"no gpubook daemon is running for {folder} ({last})"
+
+
 def status(config_path: str, *, as_json: bool = False) -> int:
+    """What runs and what comes; exit 3 (and a first line saying so) when no daemon holds the state
+    folder, since the last status shown is then as old as that daemon's last pass."""
     config = config_module.load(config_path)
     folder = state_dir(config)
+    pid = daemon_pid(folder)
     engine = make_engine(config)
     containers = [replace(info, host=LOCAL) for info in engine.list()] if config.backend.kind == "local" else []
     status_path = folder / STATUS_FILE
@@ -58,12 +113,15 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     limits = getattr(engine, "limits_problem", lambda: None)()  # an engine may enforce everything
     if limits is not None:
         report = replace(report, problems=(*report.problems, f"resource limits: {limits}"))
+    written = status_path.stat().st_mtime if status_path.is_file() else None
+    warning = None if pid is not None else _not_running(folder, report, written=written)
     if as_json:
-        json.dump(report.to_json(), sys.stdout, indent=2)
+        json.dump({**report.to_json(), "daemon": {"running": pid is not None, "pid": pid or None,
+                                                  "state_dir": str(folder)}}, sys.stdout, indent=2)
         print()
-        return 0
-    print("\n".join(report.render(config.host.timezone)))
-    return 0
+    else:
+        print("\n".join(([warning] if warning else []) + report.render(config.host.timezone)))
+    return 0 if pid is not None else EXIT_NOT_RUNNING
 
 
 def stop(config_path: str, booking: str) -> int:
@@ -99,23 +157,31 @@ def stop(config_path: str, booking: str) -> int:
     return 0
 
 
-def show_log(config_path: str, *, follow: bool = False, booking: str | None = None, last: int = 50) -> int:
+def show_log(config_path: str, *, follow: bool = False, booking: str | None = None, last: int = 50,
+             as_json: bool = False) -> int:
+    """The event log; with `as_json` one JSON object a line (JSON Lines, so --follow can go on)."""
     config = config_module.load(config_path)
     zone = ZoneInfo(config.host.timezone)
+    show = _json_entry if as_json else _print_entry
     with State(state_dir(config) / "state.sqlite") as state:
         entries = state.events(booking_id=booking)
         entries = entries[-last:] if last else entries
         after = entries[-1].id if entries else 0
         for entry in entries:
-            _print_entry(entry, zone)
+            show(entry, zone)
         while follow:
             time.sleep(1.0)
             for entry in state.events(after_id=after, booking_id=booking):
-                _print_entry(entry, zone)
+                show(entry, zone)
                 after = entry.id
     return 0
 
 
-def _print_entry(entry, zone: ZoneInfo) -> None:  # type: ignore[no-untyped-def]
+def _print_entry(entry: LogEntry, zone: ZoneInfo) -> None:
     when = entry.at.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
     print(printable(f"{when} {entry.level:<7} {entry.booking_id or '-'}: {entry.message}"), flush=True)
+
+
+def _json_entry(entry: LogEntry, zone: ZoneInfo) -> None:
+    print(json.dumps({"id": entry.id, "at": entry.at.astimezone(zone).isoformat(), "level": entry.level,
+                      "booking": entry.booking_id, "message": entry.message}), flush=True)

@@ -12,7 +12,9 @@ from datetime import UTC, datetime, timedelta
 from gpubook import __version__
 from gpubook.runtime.errors import GpubookError
 
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2  # `gpubook status` adds 3: no daemon runs (admin.EXIT_NOT_RUNNING)
+CONFIG_HELP = ("the daemon's TOML config file (default: $GPUBOOK_CONFIG, else the first that exists of "
+               "~/.config/gpubook/gpubook.toml and /etc/gpubook/gpubook.toml)")
 
 
 def _when(text: str) -> datetime:
@@ -24,12 +26,32 @@ def _when(text: str) -> datetime:
     return moment if moment.tzinfo else moment.astimezone()
 
 
+def _config_path(args: argparse.Namespace) -> str:
+    """--config, else the default config path (ConfigError naming the paths tried when none exists)."""
+    from gpubook.scheduler import config
+
+    return str(config.config_path(args.config))
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     from gpubook.scheduler import config
 
-    loaded = config.load(args.config)
-    users = ", ".join(sorted(loaded.users)) or "none"
-    print(f"{loaded.path}: ok — {len(loaded.calendars)} calendar(s), users: {users}")
+    path = config.config_path(args.config)
+    try:
+        loaded = config.load(path)
+    except GpubookError as error:
+        if not args.json:
+            raise
+        json.dump({"path": str(path), "ok": False, "problems": str(error).splitlines()}, sys.stdout, indent=2)
+        print()
+        return EXIT_PROBLEM
+    users = sorted(loaded.users)
+    if args.json:
+        json.dump({"path": str(loaded.path), "ok": True, "calendars": len(loaded.calendars), "users": users,
+                   "problems": []}, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"{loaded.path}: ok — {len(loaded.calendars)} calendar(s), users: {', '.join(users) or 'none'}")
     return EXIT_OK
 
 
@@ -38,7 +60,7 @@ def cmd_bookings(args: argparse.Namespace) -> int:
     from gpubook.scheduler.core import plan
     from gpubook.scheduler.sources.errors import printable, redact_url
 
-    loaded = config.load(args.config)
+    loaded = config.load(_config_path(args))
     now = datetime.now(UTC)
     start = args.start or now
     end = args.end or start + timedelta(days=7)
@@ -57,9 +79,11 @@ def cmd_bookings(args: argparse.Namespace) -> int:
 
 
 def _optional_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """--config, else the default config path if one exists; None: none (these commands work without)."""
     from gpubook.scheduler import config
 
-    return config.load(args.config) if getattr(args, "config", None) else None
+    path = config.config_path(args.config, required=False)
+    return config.load(path) if path is not None else None
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
@@ -97,7 +121,7 @@ def cmd_templates(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from gpubook.scheduler.commands import doctor
 
-    return doctor.run(args.config)
+    return doctor.run(args.config, as_json=args.json)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -109,124 +133,124 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from gpubook.scheduler.commands import admin
 
-    return admin.run(args.config)
+    return admin.run(_config_path(args))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from gpubook.scheduler.commands import admin
 
-    return admin.status(args.config, as_json=args.json)
+    return admin.status(_config_path(args), as_json=args.json)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from gpubook.scheduler.commands import admin
 
-    return admin.stop(args.config, args.booking)
+    return admin.stop(_config_path(args), args.booking)
 
 
 def cmd_log(args: argparse.Namespace) -> int:
     from gpubook.scheduler.commands import admin
 
-    return admin.show_log(args.config, follow=args.follow, booking=args.booking, last=args.lines)
+    return admin.show_log(_config_path(args), follow=args.follow, booking=args.booking, last=args.lines,
+                          as_json=args.json)
 
 
 def cmd_web(args: argparse.Namespace) -> int:
     from gpubook.scheduler.commands import web
 
-    return web.run(args.config)
+    return web.run(_config_path(args))
 
 
 def cmd_images(args: argparse.Namespace) -> int:
     from gpubook.scheduler.commands import images
 
-    return images.show(args.config, as_json=args.json)
+    return images.show(_config_path(args), as_json=args.json)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from gpubook.scheduler import config
     from gpubook.scheduler.commands import report
 
     paths = {kind: Path(value) if value else None for kind, value in (("csv", args.csv), ("png", args.png),
                                                                        ("html", args.html))}
+    path = config.config_path(args.config, required=False)
     return report.run(start_text=args.start, end_text=args.end, by=args.by, outputs=report.Outputs(**paths),
-                      config_path=args.config)
+                      config_path=str(path) if path else None, as_json=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpubook", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
     parser.add_argument("--version", action="version", version=f"gpubook {__version__}")
+    parser.add_argument("--config", help=CONFIG_HELP)
+    # --config is also taken after any (sub-)command; SUPPRESS keeps a value given before it.
+    with_config = argparse.ArgumentParser(add_help=False)
+    with_config.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler: Callable[[argparse.Namespace], int], help_text: str,
-                parent: argparse._SubParsersAction = commands) -> argparse.ArgumentParser:
-        sub = parent.add_parser(name, help=help_text, description=help_text)
-        sub.set_defaults(handler=handler)
+    def command(name: str, handler: Callable[[argparse.Namespace], int] | None, help_text: str,
+                parent: argparse._SubParsersAction = commands, *, config: bool = True) -> argparse.ArgumentParser:
+        sub = parent.add_parser(name, help=help_text, description=help_text, parents=[with_config] if config else [])
+        if handler is not None:
+            sub.set_defaults(handler=handler)
         return sub
 
     bookings = command("bookings", cmd_bookings, "show the plan: which booking runs when, on which GPUs")
-    bookings.add_argument("--config", required=True, help="the daemon's TOML config file")
     bookings.add_argument("--from", dest="start", type=_when, help="window start (ISO 8601; default: now)")
     bookings.add_argument("--to", dest="end", type=_when, help="window end (ISO 8601; default: start + 7 days)")
     bookings.add_argument("--json", action="store_true", help="print one JSON object")
 
-    config_group = commands.add_parser("config", help="configuration tools").add_subparsers(
+    config_group = command("config", None, "configuration tools").add_subparsers(
         dest="config_command", required=True, metavar="SUBCOMMAND")
     check = command("check", cmd_config_check, "validate a config file, listing every problem",
                     parent=config_group)
-    check.add_argument("--config", required=True, help="the daemon's TOML config file")
+    check.add_argument("--json", action="store_true", help="print one JSON object (path, ok, problems)")
 
     gpus = command("gpus", cmd_gpus, "the host's GPUs (NVML, else the config's [gpus] count)")
-    gpus.add_argument("--config", help="the daemon's config file (for [gpus] count and [nvidia] driver_roots)")
     gpus.add_argument("--json", action="store_true", help="print one JSON object")
     gpus.set_defaults(gpus_command=None)
     gpus_sub = gpus.add_subparsers(dest="gpus_command", metavar="SUBCOMMAND")
     cdi = command("cdi", cmd_gpus, "print or write the nvidia.com/gpu CDI spec of this host", parent=gpus_sub)
-    cdi.add_argument("--config", help="the daemon's config file (for [nvidia] driver_roots)")
     cdi.add_argument("--output", metavar="FILE", help="write the spec to FILE instead of printing it")
     cdi.add_argument("--cache-dir", metavar="DIR",
                      help="where the soname-link folder lives (it must outlive the spec)")
 
-    templates_group = commands.add_parser("templates", help="list, show, validate or build container templates")
-    templates_group.add_argument("--config", help="the daemon's config file (for [templates] dir and [engine])")
-    templates_group.set_defaults(handler=cmd_templates, templates_dir=None, name=None, driver=None)
+    templates_group = command("templates", cmd_templates, "list, show, validate or build container templates")
+    templates_group.set_defaults(templates_dir=None, name=None, driver=None)
     templates_sub = templates_group.add_subparsers(dest="templates_command", required=True, metavar="SUBCOMMAND")
-    listing = templates_sub.add_parser("list", help="the templates and whether each is valid")
+    listing = command("list", None, "the templates and whether each is valid", parent=templates_sub)
     listing.add_argument("--json", action="store_true", help="print JSON")
-    templates_sub.add_parser("show", help="one template, resolved").add_argument("name")
-    validate = templates_sub.add_parser("validate", help="check templates; name the file and field at fault")
+    command("show", None, "one template, resolved", parent=templates_sub).add_argument("name")
+    validate = command("validate", None, "check templates; name the file and field at fault", parent=templates_sub)
     validate.add_argument("name", nargs="?")
     validate.add_argument("--driver", metavar="VERSION",
                           help="also check each template's CUDA version against this driver version")
-    templates_sub.add_parser("build", help="build the image a template runs (local rootfs or SSH overlay)"
-                             ).add_argument("name")
+    command("build", None, "build the image a template runs (local rootfs or SSH overlay)",
+            parent=templates_sub).add_argument("name")
 
-    doctor = command("doctor", cmd_doctor, "check driver, devices, engine, calendars and storage; "
-                     "each problem with its fix")
-    doctor.add_argument("--config", help="the daemon's config file")
+    doctor = command("doctor", cmd_doctor, "check driver, devices, engine, templates' images, calendars and "
+                     "storage; each problem with its fix (exit 1 if any FAIL; a WARN does not fail)")
+    doctor.add_argument("--json", action="store_true", help="print a JSON list of checks (name, level, detail, fix)")
 
-    run = command("run", cmd_run, "run the daemon in the foreground (logs to stderr)")
-    run.add_argument("--config", required=True, help="the daemon's TOML config file")
+    command("run", cmd_run, "run the daemon in the foreground (logs to stderr)")
     status = command("status", cmd_status, "GPUs, running bookings with ports and ends, next bookings, "
-                     "last poll, problems")
-    status.add_argument("--config", required=True, help="the daemon's TOML config file")
+                     "last poll, problems (exit 3 if no daemon runs for the state folder)")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     stop = command("stop", cmd_stop, "stop a booking's container now (admin); the event says it ended")
     stop.add_argument("booking", help="the booking id (or container name), as gpubook status shows it")
-    stop.add_argument("--config", required=True, help="the daemon's TOML config file")
     images = command("images", cmd_images, "images prepared for upcoming bookings, those gpubook pulled or "
                      "built (sizes), and the engine's free space")
-    images.add_argument("--config", required=True, help="the daemon's TOML config file")
     images.add_argument("--json", action="store_true", help="print one JSON object")
-    web = command("web", cmd_web, "serve the read-only status page ([web] in the config) from the "
+    command("web", cmd_web, "serve the read-only status page ([web] in the config) from the "
                   "daemon's status file, until Ctrl-C")
-    web.add_argument("--config", required=True, help="the daemon's TOML config file")
     log_parser = command("log", cmd_log, "the daemon's event log")
-    log_parser.add_argument("--config", required=True, help="the daemon's TOML config file")
     log_parser.add_argument("--follow", "-f", action="store_true", help="keep printing new entries")
     log_parser.add_argument("--booking", help="only this booking's entries")
     log_parser.add_argument("-n", "--lines", type=int, default=50, help="entries shown first (0: all)")
+    log_parser.add_argument("--json", action="store_true", help="one JSON object a line (id, at, level, booking, "
+                            "message)")
 
     report = command("report", cmd_report, "GPU-hours booked and used, the idle share, no-shows and rejected "
                      "requests over a window; as a table, CSV, a PNG plot or an HTML page")
@@ -238,10 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--png", metavar="FILE", help="write the plots (GPU-hours per user per week, "
                         "utilisation per GPU) as a PNG")
     report.add_argument("--html", metavar="FILE", help="write one HTML page: the table and the plots")
-    report.add_argument("--config", help="the daemon's TOML config file (its state_dir and timezone)")
+    report.add_argument("--json", action="store_true", help="print the table's rows as one JSON object")
 
     demo = command("demo", cmd_demo, "run gpubook on embedded defaults: a local Radicale with demo bookings, "
-                   "the daemon, and an SSH login to your booking; Ctrl-C ends it")
+                   "the daemon, and an SSH login to your booking; Ctrl-C ends it", config=False)
     demo.add_argument("--plan-only", action="store_true", help="show the plan of the demo bookings and stop")
     demo.add_argument("--until-ready", action="store_true",
                       help="stop (and clean up) once your booking answers on SSH, instead of at Ctrl-C")

@@ -1,31 +1,40 @@
 """`gpubook doctor`: every check an admin needs before trusting gpubook, each problem with its fix.
 
 The driver and device checks come from gpubook.runtime.gpus and the engine's from its own preflight; this
-module adds the config, the templates, the calendars and the data folders. Exit status 1 if any check failed.
+module adds the config, the templates and their images, the calendars and the data folders. Each check is
+ok, WARN (not passed, but gpubook works without it) or FAIL; exit status 1 if any FAILed, else 0.
 """
 
 from __future__ import annotations
 
 import errno
+import fnmatch
+import json
 import os
 import socket
+import sys
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
-from gpubook.runtime import engines, gpus, network, sftp, ssh, storage
-from gpubook.runtime.checks import Check, format_checks
+from gpubook.runtime import engines, gpus, images, network, overlay_image, sftp, ssh, storage
+from gpubook.runtime.checks import Check, exit_status, format_checks
 from gpubook.runtime.errors import GpubookError
-from gpubook.runtime.templates import load_all
+from gpubook.runtime.templates import Template, load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.hosts import sftp as sftp_host
 from gpubook.scheduler.sources import open_source
 from gpubook.scheduler.sources.errors import redact_url
 
 
-def _config_check(path: str | None) -> tuple[Check, config_module.Config | None]:
-    if path is None:
-        return Check("config", False, "no --config given; only host checks were made",
-                     "run `gpubook doctor --config FILE` with the daemon's config"), None
+def _config_check(given: str | None) -> tuple[Check, config_module.Config | None]:
+    """--config, else the default config path; without one only the host is checked."""
+    try:
+        path = config_module.config_path(given)
+    except GpubookError as error:
+        return Check("config", False, f"{error}; only host checks were made",
+                     "run `gpubook doctor --config FILE` with the daemon's config, or put it in one of those "
+                     "paths"), None
     try:
         loaded = config_module.load(path)
     except GpubookError as error:
@@ -40,6 +49,62 @@ def _templates_check(loaded: config_module.Config | None) -> Check:
         return Check("templates", False, "; ".join(m.splitlines()[0] for m in templates.errors.values()),
                      "fix the named fields (`gpubook templates validate` lists them); invalid templates are skipped")
     return Check("templates", True, ", ".join(sorted(templates.templates)) or "none")
+
+
+def allowed_templates(loaded: config_module.Config, known: list[str]) -> list[str]:
+    """The templates bookings may run here: the default (and the SFTP service's), then every known
+    template a user's patterns allow, in that order."""
+    names = [loaded.defaults.template]
+    if loaded.sftp.enabled:
+        names.append(loaded.sftp.template)
+    for name in sorted(known):
+        if any(fnmatch.fnmatchcase(name, p) for user in loaded.users.values() for p in user.templates):
+            names.append(name)
+    return list(dict.fromkeys(names))
+
+
+def image_checks(loaded: config_module.Config) -> list[Check]:
+    """Is each allowed template's image in the engine's store? An image made on this machine is
+    never pulled (its bookings fail until it is built); one from a registry is pulled ahead of its
+    bookings by the image preparer."""
+    templates = load_all(loaded.templates_dir).templates
+    try:
+        engine = engines.make_engine(loaded.engine)
+    except GpubookError as error:
+        return [Check("template images", False, f"cannot ask the engine: {error}", "see the engine checks above")]
+    exists = getattr(engine, "image_exists", None)
+    if exists is None:  # a site's engine plugin that cannot say
+        return [Check("template images", True, f"engine {loaded.engine.name} cannot list its images; not checked")]
+    result = []
+    for name in allowed_templates(loaded, list(templates)):
+        template = templates.get(name)
+        if template is None:
+            result.append(Check(f"image {name}", False, f"template {name} (allowed by the config) does not exist "
+                                "or is invalid (see templates above)", "add the template or change the config"))
+            continue
+        try:
+            result.append(_image_check(template, exists, engine_name=loaded.engine.name))
+        except GpubookError as error:
+            result.append(Check(f"image {name}", False, f"cannot ask the engine: {error}",
+                                "see the engine checks above"))
+    return result
+
+
+def _image_check(template: Template, exists: Callable[[str], bool], *, engine_name: str) -> Check:
+    image = overlay_image.base_image(template)
+    name = f"image {template.name}"
+    if exists(image):
+        return Check(name, True, f"{image} is in the engine's store")
+    registry = images.parse_reference(template.image).registry
+    if template.build is not None or (registry == "localhost" and not template.mirror):
+        fix = (f"gpubook templates build {template.name}" if template.build is not None
+               else f"build or load {image} into the engine's store as this user")
+        return Check(name, False, f"{image} is not in the engine's store and is made on this machine, never "
+                     "pulled: its bookings fail until it is there", fix)
+    where = f"the mirror {template.mirror}, then {registry}" if template.mirror else registry
+    return Check(name, False, f"{template.image} is not in the engine's store yet; the daemon pulls it from "
+                 f"{where} ahead of its first booking ([images] prepare_hours)",
+                 f"to have it now, as the daemon's user: {engine_name} pull {template.image}", optional=True)
 
 
 def _calendar_checks(loaded: config_module.Config) -> list[Check]:
@@ -117,8 +182,9 @@ def _sftp_checks(loaded: config_module.Config) -> list[Check]:
     else:
         result.append(port_check(settings.listen, settings.port))
     if not sftp.DEFAULT_SECCOMP.is_file():
-        result.append(Check("sftp seccomp", True, f"{sftp.DEFAULT_SECCOMP} is missing: the service runs with a "
-                            "profile that only refuses set-id chmod (install containers-common for the default)"))
+        result.append(Check("sftp seccomp", False, f"{sftp.DEFAULT_SECCOMP} is missing: the service runs with a "
+                            "profile that only refuses set-id chmod", "install containers-common (podman's default "
+                            "seccomp profile)", optional=True))
     return result
 
 
@@ -157,6 +223,7 @@ def checks(config_path: str | None) -> list[Check]:
     result.extend(network.checks(engine))
     result.append(_templates_check(loaded))
     if loaded is not None:
+        result.extend(image_checks(loaded))
         result.extend(_calendar_checks(loaded))
         result.append(_storage_check(loaded))
         result.append(ports_check(loaded))
@@ -164,8 +231,14 @@ def checks(config_path: str | None) -> list[Check]:
     return result
 
 
-def run(config_path: str | None) -> int:
-    lines, status = format_checks(checks(config_path))
+def run(config_path: str | None, *, as_json: bool = False) -> int:
+    """Print every check (or a JSON list of them); 1 if any failed, 0 with only warnings."""
+    found = checks(config_path)
+    if as_json:
+        json.dump([c.to_json() for c in found], sys.stdout, indent=2)
+        print()
+        return exit_status(found)
+    lines, status = format_checks(found)
     print("\n".join(lines))
     return status
 

@@ -9,13 +9,16 @@ all its files or, when a target cannot be written, none.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, tzinfo
 from io import StringIO
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from gpubook.runtime.errors import GpubookError
@@ -48,7 +51,9 @@ def moment(text: str, zone: tzinfo, *, flag: str) -> datetime:
 
 
 def run(*, start_text: str, end_text: str, by: str = "user", outputs: Outputs = Outputs(),  # noqa: B008 - frozen
-        config_path: str | None = None, now: datetime | None = None, print_line: Callable[[str], None] = print) -> int:
+        config_path: str | None = None, now: datetime | None = None, print_line: Callable[[str], None] = print,
+        as_json: bool = False) -> int:
+    """The table (or with `as_json` its rows as one JSON object) and the files asked for."""
     config = config_module.load(config_path) if config_path else None
     zone: tzinfo = ZoneInfo(config.host.timezone) if config is not None else UTC
     start, end = moment(start_text, zone, flag="--from"), moment(end_text, zone, flag="--to")
@@ -62,12 +67,31 @@ def run(*, start_text: str, end_text: str, by: str = "user", outputs: Outputs = 
     with State(database) as state:
         report = report_module.build(state, start=start, end=end, now=now or datetime.now(UTC), by=by)
     files = _render(report, outputs)
-    for line in report_module.table(report):
-        print_line(line)
+    if as_json:
+        print_line(json.dumps(to_json(report), indent=2))
+    else:
+        for line in report_module.table(report):
+            print_line(line)
     for path, data in files.items():
         _write(path, data)
-        print_line(f"wrote {path}")
+        if as_json:  # stdout stays one JSON object
+            print(f"wrote {path}", file=sys.stderr)
+        else:
+            print_line(f"wrote {path}")
     return 0
+
+
+def to_json(report: report_module.Report) -> dict[str, Any]:
+    """The table's rows as the CSV has them (hours unrounded, the idle share a fraction or null)."""
+    def row(item: report_module.Row) -> dict[str, Any]:
+        return {report.by: item.key, "bookings": item.bookings, "booked_gpu_hours": round(item.booked_hours, 6),
+                "used_gpu_hours": round(item.used_hours, 6), "idle_share":
+                None if item.idle_share is None else round(item.idle_share, 6), "no_shows": item.no_shows,
+                "rejected": item.rejected}
+
+    return {"from": report.start.isoformat(), "to": report.end.isoformat(), "until": report.until.isoformat(),
+            "by": report.by, "rows": [row(r) for r in report.rows], "total": row(report.total),
+            "rejected": report.rejected, "rejections": dict(report.rejections), "gpu_samples": report.samples}
 
 
 def _database(config: config_module.Config | None) -> Path:
