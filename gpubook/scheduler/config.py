@@ -445,7 +445,9 @@ ENGINE_CHECKS: dict[str, Check] = {
     "network": _one_of(engines.NETWORKS),
     "stop_grace_seconds": _not_negative,
     "pids_limit": _not_negative,
-    "memory": lambda v: None if v is None or re.fullmatch(r"[1-9][0-9]*[bkmg]?", v) else "must be like '512m' or '32g'",
+    # None: the host's memory less a reserve, shared by GPUs (runtime.cgroups.memory_share); "none": no limit
+    "memory": lambda v: (None if v is None or v == "none" or re.fullmatch(r"[1-9][0-9]*[bkmg]?", v)
+                         else "must be like '512m' or '32g', or \"none\""),
 }
 
 

@@ -149,8 +149,8 @@ class EngineSettings:
     # processes per container (--pids-limit, where cgroups enforce it) and per uid inside it (the
     # nproc ulimit, which holds on cgroup-v1 rootless hosts too); 0: no limit
     pids_limit: int = 4096
-    # a container's memory (--memory, like "32g") where its template sets none; None: no limit
-    # (doctor says so)
+    # a container's memory (--memory, like "32g") where its template sets none; None: the host's
+    # memory less a reserve, shared by GPUs (runtime.cgroups.memory_share); "none": no limit
     memory: str | None = None
     stop_grace_seconds: float = 10.0
 
@@ -160,7 +160,13 @@ class EngineOptions:
     """How this process talks to the engine, beside the site's `[engine]`: tests and tools only."""
 
     global_args: tuple[str, ...] = ()  # e.g. ("-H", "unix:///tmp/x/docker.sock") for a private dockerd
-    cgroup_manager: str | None = "cgroupfs"  # podman: works without a systemd user session
+    # podman's --cgroup-manager; "auto": systemd where a user manager delegates the controllers,
+    # else cgroupfs (in a delegated subtree where there is one: runtime.cgroups.placement); None: podman's own
+    cgroup_manager: str | None = "auto"
+    # The host's memory in bytes and its GPUs, which the default memory limit shares out; None: read
+    # from this host (/proc/meminfo, /proc/driver/nvidia/gpus).
+    host_memory: int | None = None
+    host_gpus: int | None = None
 
 
 NETWORKS = ("host", "private")
@@ -225,8 +231,11 @@ def engine_from(
     network: str = "private",
     ulimits: Sequence[str] = (),
     pids_limit: int = EngineSettings.pids_limit,
-    cgroup_manager: str | None = "cgroupfs",
+    memory: str | None = None,
+    cgroup_manager: str | None = "auto",
     global_args: Sequence[str] = (),
+    host_memory: int | None = None,
+    host_gpus: int | None = None,
 ) -> Engine:
     """`make_engine` with the settings one by one (tools, tests and benchmarks)."""
     settings = EngineSettings(
@@ -237,8 +246,10 @@ def engine_from(
         network=network,
         ulimits=tuple(ulimits),
         pids_limit=pids_limit,
+        memory=memory,
     )
-    options = EngineOptions(global_args=tuple(global_args), cgroup_manager=cgroup_manager)
+    options = EngineOptions(global_args=tuple(global_args), cgroup_manager=cgroup_manager,
+                            host_memory=host_memory, host_gpus=host_gpus)
     return make_engine(settings, options)
 
 

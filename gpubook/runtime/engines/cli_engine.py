@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpubook.runtime import images
+from gpubook.runtime import cgroups, images
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines.spec import (
     DROP_CAPABILITIES,
@@ -52,6 +52,7 @@ RUN_TIMEOUT = 300.0  # seconds for `run` (a first start may set up storage)
 BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
 EXEC_TIMEOUT = 60.0  # seconds for `exec` when the caller names none (a booker's container may hang it)
 EXEC_OUTPUT_LIMIT = 64 * 1024  # bytes of an exec's stdout and of its stderr kept; the rest is read and dropped
+MEMORY_OFF = "none"  # [engine] memory that turns the default limit off
 
 
 class CliEngine:
@@ -66,6 +67,8 @@ class CliEngine:
         self.pids_limit = settings.pids_limit
         self.memory = settings.memory
         self.global_args = tuple(options.global_args)
+        self.host_memory = options.host_memory
+        self.host_gpus = options.host_gpus
 
     # --- the protocol --------------------------------------------------------------------------
 
@@ -207,6 +210,7 @@ class CliEngine:
             argv += ["--security-opt", f"seccomp={_checked(spec.seccomp, 'path')}"]
         if spec.pids_limit:
             argv += ["--pids-limit", str(spec.pids_limit)]
+        argv += self.cgroup_args()
         for mount in spec.mounts:
             if problem := _mount_path_problem(mount):
                 raise permanent(f"service {spec.service}: {problem}")
@@ -337,10 +341,7 @@ class CliEngine:
             argv += ["--ulimit", ulimit]
         if spec.shm_size:
             argv += ["--shm-size", spec.shm_size]
-        if self.pids_limit:
-            argv += ["--pids-limit", str(self.pids_limit)]
-        if spec.memory or self.memory:
-            argv += ["--memory", spec.memory or str(self.memory)]
+        argv += self.limit_args(spec)
         for name, value in spec.env:
             argv += ["--env", f"{name}={value}"]
         for mount in spec.mounts:
@@ -353,6 +354,43 @@ class CliEngine:
             argv += ["--entrypoint", spec.entrypoint[0]]
             command = [*spec.entrypoint[1:], *command]
         return [*argv, spec.image, *command]
+
+    def limit_args(self, spec: ContainerSpec) -> builtins.list[str]:
+        """Processes and memory. The memory limit holds swap too (--memory-swap the same): a
+        booking over it is OOM-killed rather than pushing the host's other bookings into swap."""
+        argv = ["--pids-limit", str(self.pids_limit)] if self.pids_limit else []
+        memory = self.memory_limit(spec)
+        if memory is not None:
+            argv += ["--memory", memory, "--memory-swap", memory]
+        return argv + self.cgroup_args()
+
+    def memory_limit(self, spec: ContainerSpec) -> str | None:
+        """The template's memory, else [engine] memory, else the booking's share of the host's
+        memory (cgroups.memory_share); None where [engine] memory is "none"."""
+        if spec.memory:
+            return spec.memory
+        if self.memory:
+            return None if self.memory == MEMORY_OFF else self.memory
+        return cgroups.size_text(self.default_memory(len(spec.gpus)))
+
+    def default_memory(self, booked: int) -> int:
+        """The default limit in bytes of a booking of `booked` GPUs on this host."""
+        total = cgroups.mem_total() if self.host_memory is None else self.host_memory
+        gpus = cgroups.host_gpu_count() if self.host_gpus is None else self.host_gpus
+        return cgroups.memory_share(total, booked=booked, host_gpus=gpus)
+
+    def memory_line(self) -> str:
+        """What doctor says of the memory limit of a booking whose template names none."""
+        if self.memory == MEMORY_OFF:
+            return 'no memory limit ([engine] memory = "none")'
+        if self.memory:
+            return f"memory {self.memory} per container ([engine] memory)"
+        share = cgroups.size_text(self.default_memory(1))
+        return f"memory {share} per booked GPU by default (the host's memory less a reserve)"
+
+    def cgroup_args(self) -> builtins.list[str]:
+        """Where the engine puts a container's cgroup, where it must be told (rootless podman)."""
+        return []
 
     def network_args(self, spec: ContainerSpec) -> builtins.list[str]:
         """Private (the default): the container's own network namespace with only the booking's

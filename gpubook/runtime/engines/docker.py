@@ -17,12 +17,14 @@ nodes are still absent and the device cgroup denies them; only their model, UUID
 from __future__ import annotations
 
 import builtins
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine
+from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, message_of
+from gpubook.runtime.errors import EngineError
 
 if TYPE_CHECKING:
     from gpubook.runtime.engines import EngineOptions, EngineSettings
@@ -47,10 +49,35 @@ class DockerEngine(CliEngine):
     def preflight(self) -> builtins.list[Check]:
         checks = super().preflight()
         if checks[0].ok:
+            checks.append(self.limits_check())
             # A limit to know of, not a fault to fix: doctor warns without failing.
             checks.append(Check("engine GPU isolation", False, PROC_ISOLATION,
                                 '[engine] name = "podman" hides them', optional=True))
         return checks
+
+    def limits_check(self) -> Check:
+        """dockerd (root) sets every container's cgroup limits where its cgroups have the
+        controllers: `docker info` says whether they do."""
+        pids = f"pids {self.pids_limit} per container" if self.pids_limit else "no process limit"
+        line = f"{pids}, {self.memory_line()}"
+        try:
+            done = self._process(["info", "--format", "{{json .}}"], timeout=QUICK_TIMEOUT)
+        except EngineError as error:
+            return Check("engine limits", False, f"{line}: docker info: {error}", "check that dockerd runs")
+        if done.returncode != 0:
+            return Check("engine limits", False, f"{line}: docker info: {message_of(done)[:200]}",
+                         "check that dockerd runs and this user may use its socket")
+        try:
+            info = json.loads(done.stdout)
+        except ValueError:
+            info = {}
+        missing = [name for name, key in (("memory", "MemoryLimit"), ("pids", "PidsLimit")) if not info.get(key)]
+        version = info.get("CgroupVersion", "?")
+        if missing:
+            return Check("engine limits", False,
+                         f"{line}: NOT enforced: dockerd reports no {' or '.join(missing)} limit support "
+                         f"(cgroups v{version})", "enable the memory and pids cgroup controllers for dockerd")
+        return Check("engine limits", True, f"{line}: enforced by dockerd (cgroups v{version})")
 
     def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
         """Docker reads credentials from DIR/config.json (`--config DIR`, before the command): a

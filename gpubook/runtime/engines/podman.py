@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpubook.runtime import cgroups
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, checked_proc_path, message_of
 from gpubook.runtime.engines.spec import ContainerSpec, permanent
@@ -81,13 +82,7 @@ def _subordinate_range(text: str, name: str) -> tuple[int, int]:
     )
 
 
-def cgroup_version(mounts: Path = Path("/proc/self/mounts")) -> int:
-    """2 where /sys/fs/cgroup is the unified hierarchy, else 1 (v1 or hybrid)."""
-    for line in mounts.read_text().splitlines():
-        fields = line.split()
-        if len(fields) > 2 and fields[1] == "/sys/fs/cgroup":
-            return 2 if fields[2] == "cgroup2" else 1
-    return 1
+cgroup_version = cgroups.cgroup_version  # where it was before runtime.cgroups
 
 
 class PodmanEngine(CliEngine):
@@ -100,6 +95,8 @@ class PodmanEngine(CliEngine):
         self.storage_driver = settings.storage_driver
         self.cgroup_manager = options.cgroup_manager
         self._subordinate: SubordinateIds | None = None
+        self._placement: cgroups.Placement | None = None
+        self._prepared = False
 
     def preflight(self) -> builtins.list[Check]:
         binary = self.binary_check()
@@ -170,9 +167,32 @@ class PodmanEngine(CliEngine):
             argv += ["--runtime", self.runtime]
         if self.storage_driver:
             argv += ["--storage-driver", self.storage_driver]
-        if self.cgroup_manager:
-            argv += ["--cgroup-manager", self.cgroup_manager]
+        manager = self.placement().manager if self.cgroup_manager == "auto" else self.cgroup_manager
+        if manager:
+            argv += ["--cgroup-manager", manager]
         return argv + ["--events-backend", "file"]
+
+    def placement(self) -> cgroups.Placement:
+        """Where containers' cgroups go on this host and whether limits hold (read once)."""
+        if self._placement is None:
+            self._placement = cgroups.placement(euid=os.geteuid(), env=os.environ)
+        return self._placement
+
+    def cgroup_args(self) -> builtins.list[str]:
+        """In a delegated subtree (cgroup v2, no systemd), rootless podman sets limits only for a
+        container given a cgroup parent there (see runtime.cgroups); elsewhere its own choice."""
+        if self.cgroup_manager != "auto" or os.geteuid() == 0:
+            return []
+        parent = self.placement().parent
+        if parent is None:
+            return []
+        if not self._prepared:
+            try:
+                cgroups.prepare_bookings(parent)
+            except cgroups.DelegationError as error:
+                raise permanent(f"the delegated cgroup {parent}: {error}") from None
+            self._prepared = True
+        return ["--cgroup-parent", parent]
 
     def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
         return [], ([] if auth_file is None else ["--authfile", str(auth_file)])
@@ -279,25 +299,36 @@ class PodmanEngine(CliEngine):
         return [value for key, value in defaults.items() if key not in configured]
 
     def limits_problem(self) -> str | None:
-        """What podman will not enforce here: on a cgroup-v1 host rootless podman ignores
-        --pids-limit and --memory (it says so only as a warning at each start)."""
-        if os.geteuid() == 0 or cgroup_version() == 2:
+        """What podman will not enforce here, and why; None where memory and pids limits hold.
+        Rootless podman only warns, at each start, when it drops them."""
+        placement = self.placement()
+        if os.geteuid() == 0:
             return None
-        return (
-            "this host has cgroups v1, where rootless podman ignores every resource limit "
-            "(--pids-limit, --memory): only the per-uid nproc ulimit bounds a booking's processes, "
-            "and root inside can get around it by changing uids"
-        )
+        if self.cgroup_manager != "auto" and placement.enforced and (
+                placement.parent is not None or self.cgroup_manager != placement.manager):
+            # a manager chosen by hand (tools, tests): no cgroup parent in the delegated subtree
+            return f"--cgroup-manager {self.cgroup_manager} was given, so gpubook puts no container where limits hold"
+        if placement.enforced:
+            return None
+        return placement.how + ("; only the per-uid nproc ulimit bounds a booking's processes, and root "
+                                "inside can get around it by changing uids")
 
     def limits_check(self) -> Check:
+        """Doctor's line on limits: which hold here, through what, and which cannot and why. A WARN
+        on cgroups v1, where only a reboot into v2 helps; a FAIL on v2, where `gpubook setup` does."""
+        pids = f"pids {self.pids_limit} per container" if self.pids_limit else "no process limit"
+        memory = self.memory_line()
         problem = self.limits_problem()
-        memory = f"memory {self.memory}" if self.memory else "no memory limit unless the template sets one"
-        if problem is not None:
-            return Check("engine limits", False, problem,
-                         "boot with cgroups v2 (systemd.unified_cgroup_hierarchy=1) and delegate "
-                         "cpu, memory and pids to the daemon's user (systemd user@.service Delegate=)")
-        pids = f"{self.pids_limit} processes per container" if self.pids_limit else "no process limit"
-        return Check("engine limits", True, f"{pids}, {memory}")
+        if problem is None:
+            return Check("engine limits", True, f"{pids}, {memory}: enforced ({self.placement().how})")
+        v1 = cgroups.cgroup_version() != 2
+        if v1:
+            fix = ("boot with cgroups v2 (systemd.unified_cgroup_hierarchy=1), then delegate memory and pids "
+                   "to the daemon's account (docs/LIMITS.md)")
+        else:
+            fix = ("run `gpubook setup` as root, or make the delegated subtree by hand and start the daemon in "
+                   f"{cgroups.ROOT / cgroups.SUBTREE / cgroups.DAEMON_LEAF} (docs/LIMITS.md)")
+        return Check("engine limits", False, f"{pids}, {memory}: NOT enforced: {problem}", fix, optional=v1)
 
     def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
         """libnvidia-container mounts a tmpfs over /proc/driver/nvidia from a hook; runc refuses
