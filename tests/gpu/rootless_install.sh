@@ -3,7 +3,7 @@
 # from the bundle of tests/gpu/prepare_rootless_bundle.sh, an unprivileged account that runs it, a
 # delegated cgroup v2 subtree for that account, and gpubook's wheel installed into the account's
 # own venv with `pip install --no-index --find-links` (no checkout, no PYTHONPATH).
-#   tests/gpu/rootless_install.sh BUNDLE [ACCOUNT]        (ACCOUNT: gpubook)
+#   tests/gpu/rootless_install.sh BUNDLE [ACCOUNT [DATA_ROOT]]   (gpubook, /srv/gpubook-data)
 # Idempotent: a second run finds each step done. Prints each step.
 #
 # What it does, and why (../shared/gpuhost/README.md has the host's facts):
@@ -18,11 +18,16 @@
 #   - /sys/fs/cgroup/gpubook owned by the account with cpu, memory and pids enabled for its
 #     children (there is no systemd to delegate one): the daemon is started in its leaf "daemon",
 #     and podman puts each booking's container beside it (--cgroup-parent);
+#   - / made a shared mount and data_root mounted (a nosuid,nodev tmpfs here) BEFORE the account's
+#     first podman call: without systemd, / is private, so rootless podman's mount namespace (made
+#     once, by its first call) never sees a mount made later; seen here: every start failed with
+#     "podman unshare chown DATA_ROOT/alice: No such file or directory";
 #   - a venv of the host's /usr/bin/python3 for the account, the wheel and its dependencies from
 #     BUNDLE/wheels only.
 set -euo pipefail
 bundle=$(cd "${1:?usage: rootless_install.sh BUNDLE [ACCOUNT]}" && pwd)
 account=${2:-gpubook}
+data=${3:-/srv/gpubook-data}
 P=/opt/pm
 say() { printf 'setup: %s\n' "$*"; }
 
@@ -76,6 +81,11 @@ runroot = "/run/user/$uid/containers"
 graphroot = "$home/.local/share/containers/storage"
 EOC
 chown "$uid:$gid" "$home/.config/containers/storage.conf"
+
+say "/ made a shared mount; data_root $data: a nosuid,nodev tmpfs owned by $account"
+mount --make-rshared /
+mkdir -p "$data"
+mountpoint -q "$data" || mount -t tmpfs -o "nosuid,nodev,mode=0755,uid=$uid,gid=$gid,size=8g" tmpfs "$data"
 
 say "cgroup v2 subtree /sys/fs/cgroup/gpubook delegated to $account (cpu memory pids)"
 cg=/sys/fs/cgroup/gpubook

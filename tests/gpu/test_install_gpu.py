@@ -48,6 +48,7 @@ import paramiko
 import pytest
 
 import gpubook
+from gpubook.runtime import storage
 from gpubook.runtime.engines import Engine, container_name, engine_from
 from gpubook.runtime.nvidia.model import Gpu
 from tests import servers
@@ -58,7 +59,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 ACCOUNT = os.environ.get("GPUBOOK_ACCOUNT", "gpubook")
 CGROUP = Path("/sys/fs/cgroup/gpubook")
 DAEMON_LEAF = CGROUP / "daemon"
-DATA_MOUNT = Path("/srv/gpubook-install-data")
+DATA_MOUNT = Path("/srv/gpubook-data")
 MEMORY, MEMORY_BYTES = "1g", 1 << 30
 PIDS = 4096  # [engine] pids_limit's default
 LENGTH_SECONDS = 75
@@ -143,13 +144,13 @@ def engine(account: Account, tmp_path_factory: pytest.TempPathFactory) -> Engine
 
 
 @pytest.fixture(scope="module")
-def data_mount(account: Account) -> Iterator[Path]:
-    """The nosuid,nodev data_root gpubook requires, owned by the account."""
-    DATA_MOUNT.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"nosuid,nodev,mode=0755,uid={account.uid},gid={account.gid},"
-                    "size=2g", "tmpfs", str(DATA_MOUNT)], check=True)
-    yield DATA_MOUNT
-    subprocess.run(["umount", "-l", str(DATA_MOUNT)], check=False)
+def data_mount(account: Account) -> Path:
+    """The nosuid,nodev data_root rootless_install.sh mounted before the account's first podman call."""
+    problem = storage.mount_problem(DATA_MOUNT)
+    if problem is not None or DATA_MOUNT.stat().st_uid != account.uid:
+        why = problem or f"not owned by {account.name}"
+        pytest.skip(f"{DATA_MOUNT}: {why} (tests/gpu/rootless_install.sh mounts it)")
+    return DATA_MOUNT
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +159,7 @@ def radicale() -> Iterator[servers.CalendarServer]:
         yield server
 
 
-def test_the_installed_wheel_runs_a_rootless_gpu_booking(account: Account, engine: Engine, data_mount: Path,
+def test_the_installed_wheel_runs_a_rootless_gpu_booking(account: Account, data_mount: Path, engine: Engine,
                                                          radicale: servers.CalendarServer,
                                                          host_gpus: tuple[Gpu, ...]) -> None:
     results = Path(os.environ.get("GPUBOOK_GPU_RESULTS", "/tmp/install-gpu-results"))  # noqa: S108
@@ -173,12 +174,14 @@ def test_the_installed_wheel_runs_a_rootless_gpu_booking(account: Account, engin
     templates = folder / "templates"
     templates.mkdir()
     (templates / f"{hostroot.SSHD_TEMPLATE}.toml").write_text(hostroot.SSHD_TEMPLATE_TOML)
-    (folder / "data").symlink_to(data_mount)
+    data = data_mount / folder.name
+    data.mkdir()
+    (folder / "data").symlink_to(data)
     config = write_config(folder, str(calendar.url), keys=keys, gpus=len(host_gpus), poll_seconds=60,
                           warn_minutes=0.1, template=hostroot.SSHD_TEMPLATE, templates_dir=templates,
                           engine_lines=(f"ulimits = {json.dumps(list(hostroot.ULIMITS))}", f'memory = "{MEMORY}"'))
     assert "network" not in config.read_text(), "the default network must be under test"
-    subprocess.run(["chown", "-R", f"{account.uid}:{account.gid}", str(folder)], check=True)
+    subprocess.run(["chown", "-R", f"{account.uid}:{account.gid}", str(folder), str(data)], check=True)
     start = (datetime.now(UTC) + timedelta(seconds=21)).replace(microsecond=0)
     bookers = [Booker("gpu-a@install", "alice", keys["alice"], hog=not two)]
     if two:
