@@ -87,6 +87,14 @@ mount --make-rshared /
 mkdir -p "$data"
 mountpoint -q "$data" || mount -t tmpfs -o "nosuid,nodev,mode=0755,uid=$uid,gid=$gid,size=8g" tmpfs "$data"
 
+# A rootless namespace made before the mount (the pause process of an earlier podman call) never
+# sees it: podman system migrate ends that pause process (no booking may be running then). Seen on
+# a GPU host kept from an earlier run. Where there is none, `podman unshare` makes it now.
+if ! runuser -u "$account" -- env XDG_RUNTIME_DIR="/run/user/$uid" HOME="$home" podman unshare mountpoint -q "$data"; then
+  say "$account's podman namespace predates the data_root mount: podman system migrate ends its pause process"
+  runuser -u "$account" -- env XDG_RUNTIME_DIR="/run/user/$uid" HOME="$home" podman system migrate
+fi
+
 say "cgroup v2 subtree /sys/fs/cgroup/gpubook delegated to $account (cpu memory pids)"
 cg=/sys/fs/cgroup/gpubook
 mkdir -p "$cg" "$cg/daemon"
