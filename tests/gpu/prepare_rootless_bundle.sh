@@ -9,7 +9,8 @@
 #                            the tarball (sshd needs neither; about 6 MiB less)
 #   BUNDLE/cudacheck         tests/gpu/cudacheck.c built here (glibc 2.36)
 #   BUNDLE/wheels/           gpubook's wheel built from this tree (`pip wheel --no-deps`) and its
-#                            dependencies for CPython 3.12: what rootless_install.sh installs
+#                            dependencies for CPython 3.12 at the versions of constraints.txt:
+#                            what rootless_install.sh installs
 #   BUNDLE/wheels-test/      what Radicale (the test's calendar, not part of the install) adds
 # Usage, on the Debian 12 build machine, from the project root:
 #   tests/gpu/prepare_rootless_bundle.sh BUNDLE
@@ -52,8 +53,9 @@ fetch() {  # fetch FOLDER REQUIREMENT...: wheels for the GPU host's CPython 3.12
   "$pip" download --quiet --dest "$into" --only-binary :all: --python-version 3.12 \
     --implementation cp --abi cp312 --abi abi3 --abi none \
     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_34_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform any "$@" 2>&1 | grep -v 'is ignored' || true
+    --platform manylinux_2_17_x86_64 --platform any ${lock:+-c "$lock"} "$@" 2>&1 | grep -v 'is ignored' || true
 }
+lock=$([ -s "$root/constraints.txt" ] && echo "$root/constraints.txt" || true)  # the versions the tests ran with
 "$pip" wheel --quiet --no-deps --wheel-dir "$dest/wheels" "$root"
 fetch "$dest/wheels" "$dest"/wheels/gpubook-*.whl
 fetch "$dest/wheels-test" radicale
