@@ -17,17 +17,21 @@ bash tests/gpu/rootless_install.sh "$bundle" "$account" > "$out/setup.log" 2>&1
 status=$?
 echo "setup: exit $status in $(python3 -c "import time; print(round(time.time() - $begin, 1))") s" | tee -a "$out/setup.log"
 [ "$status" = 0 ] || { tail -30 "$out/setup.log"; exit 1; }
-home=$(getent passwd "$account" | cut -d: -f6)
-site=$(echo "$home"/venv/lib/python3*/site-packages)
-runuser -u "$account" -- "$home/venv/bin/python" -m pip list 2>/dev/null > "$out/venv-packages.txt" \
-  || ls "$site" > "$out/venv-packages.txt"
-du -sh "$home/venv" >> "$out/venv-packages.txt"
+site=$(echo /opt/gpubook/venv/lib/python3*/site-packages)
+{ echo "== /opt/gpubook/venv"; /usr/bin/python3 -m pip --python /opt/gpubook/venv/bin/python list 2>&1; du -sh /opt/gpubook/venv; } > "$out/extra.log"
 
 /usr/bin/python3 -m pip install --quiet --break-system-packages --no-index --find-links "$bundle/wheels" \
   --find-links "$bundle/wheels-test" --target "$bundle/testsite" radicale \
-  > "$out/testsite.log" 2>&1 || { echo "Radicale for the test's calendar did not install:"; cat "$out/testsite.log"; }
+  >> "$out/extra.log" 2>&1 || { echo "Radicale for the test's calendar did not install:"; tail "$out/extra.log"; }
 
 PYTHONPATH=.:$site:$bundle/testsite GPUBOOK_BUNDLE=$bundle GPUBOOK_GPU_RESULTS=$out NCCL_NVLS_ENABLE=0 \
   python3 -m pytest tests/gpu/test_install_gpu.py -m gpu -v -s --confcutdir=tests/gpu -p no:cacheprovider \
   2>&1 | tee "$out/pytest.log" | tail -60
 echo "pytest: exit ${PIPESTATUS[0]}"
+uid=$(id -u "$account")
+config=$(ls -d /home/"$account"/install-test-*/gpubook.toml 2>/dev/null | tail -1)
+{ echo "== gpubook doctor --json as $account (after the test: its calendar is gone)"
+  (cd / && timeout 120 runuser -u "$account" -- env -i HOME="/home/$account" XDG_RUNTIME_DIR="/run/user/$uid" \
+     PATH=/usr/local/bin:/usr/bin:/bin /opt/gpubook/venv/bin/gpubook doctor --json --config "$config")
+  echo "== the kernel's OOM lines"; dmesg 2>/dev/null | grep -i -A1 "killed process" | tail -6
+} >> "$out/extra.log" 2>&1

@@ -1,9 +1,10 @@
 """gpubook installed from its wheel on the GPU host and run rootless: issue 21's proof on Ubuntu.
 
-tests/gpu/rootless_install.sh (as root, before this test) made an unprivileged account with
-rootless podman (Debian's stack from the bundle, setuid newuidmap/newgidmap, slirp4netns), a
-delegated cgroup v2 subtree and a venv holding only the wheel and its dependencies. This test (as
-root) runs the daemon AS THAT ACCOUNT from that venv (`gpubook run`: no checkout, no PYTHONPATH),
+tests/gpu/rootless_install.sh (as root, before this test) brought rootless podman (Debian's stack
+from the bundle, setuid newuidmap/newgidmap, slirp4netns), installed the wheel and its dependencies
+alone into /opt/gpubook/venv and ran `gpubook setup` (the account, its subordinate ids, data_root,
+storage.conf, /dev/net/tun, the delegated cgroup v2 subtree). This test (as root) runs the daemon
+AS THAT ACCOUNT from that venv (`gpubook run`: no checkout, no PYTHONPATH),
 in the subtree's leaf /gpubook/daemon, with `[engine] network` left at its default (private:
 slirp4netns, the booking's port published) and `[engine] memory` set. A Radicale on 127.0.0.1
 holds the bookings.
@@ -19,7 +20,7 @@ On the GPU host, as root, from a folder holding BUNDLE and the source tree's tes
 there: the test imports the installed wheel):
 
     tests/gpu/rootless_install.sh BUNDLE gpubook
-    PYTHONPATH=.:/home/gpubook/venv/lib/python3.12/site-packages:BUNDLE/testsite \\
+    PYTHONPATH=.:/opt/gpubook/venv/lib/python3.12/site-packages:BUNDLE/testsite \\
       GPUBOOK_BUNDLE=BUNDLE python3 -m pytest tests/gpu/test_install_gpu.py -m gpu -v -s --confcutdir=tests/gpu
 
 GPUBOOK_GPU_RESULTS names a folder for the figures (install-gpu-figures.json) and the logs.
@@ -118,7 +119,7 @@ def account() -> Account:
         entry = pwd.getpwnam(ACCOUNT)
     except KeyError:
         pytest.skip(f"no account {ACCOUNT}: run tests/gpu/rootless_install.sh BUNDLE {ACCOUNT} as root first")
-    venv = Path(entry.pw_dir) / "venv"
+    venv = Path(os.environ.get("GPUBOOK_VENV", "/opt/gpubook/venv"))
     if not (venv / "bin" / "gpubook").exists() or os.geteuid() != 0:
         pytest.skip(f"needs root and {venv}/bin/gpubook (tests/gpu/rootless_install.sh)")
     return Account(ACCOUNT, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir), venv)
@@ -265,7 +266,7 @@ def serve(one: Booker, server: servers.CalendarServer, calendar_url: object, eng
     text = description(calendar, one.booking_id)
     pinned = KNOWN_HOSTS.search(text)
     assert pinned, f"no known_hosts line in the event:\n{text}"
-    known_hosts = results / f"known_hosts-{one.user}"
+    known_hosts = log.with_name(f"known_hosts-{one.user}")
     known_hosts.write_text(pinned.group(1) + "\n")
     port = int(line.group(1))
     client = wait_for(f"{one.booking_id}: SSH login as {one.user} with the event's known_hosts",
