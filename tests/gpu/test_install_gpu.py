@@ -286,6 +286,7 @@ def serve(one: Booker, server: servers.CalendarServer, calendar_url: object, eng
                                           capture_output=True, text=True, check=True).stdout)[0]
     host_pid = inspected["State"]["Pid"]
     container_cgroup = Path(f"/proc/{host_pid}/cgroup").read_text().strip()
+    assert container_cgroup.startswith("0::/gpubook/"), container_cgroup  # in the delegated subtree
     network_mode = inspected["HostConfig"]["NetworkMode"]
     assert network_mode.startswith("slirp4netns"), network_mode
     hog: dict[str, object] = {}
