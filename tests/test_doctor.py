@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubook.runtime.checks import Check
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import doctor as doctor_module
 from tests import safe_data, servers
@@ -116,3 +117,15 @@ def test_doctor_names_ssh_ports_inside_the_ephemeral_range_with_the_host_network
     assert inside.fix is not None and "below 32768" in inside.fix
     assert doctor_module.ports_check(config("2200-2299", "host"), ephemeral=ephemeral).ok
     assert doctor_module.ports_check(config("32000-32768", "private"), ephemeral=ephemeral).ok  # held at start
+
+
+def test_a_host_with_a_driver_and_only_the_optional_cdi_warning_is_not_called_driverless() -> None:
+    """Seen on the GPU host: with [gpus] count set, the CDI WARN made doctor say "no NVIDIA driver …
+    containers get no GPU" while bookings ran on the GPUs."""
+    driver = [Check("NVIDIA driver", True, "580.159.04"),
+              Check("CDI spec", False, "no CDI spec", "gpubook works without it", optional=True)]
+    assert doctor_module.driver_section(driver, gpu_count=2) == driver
+    missing = [Check("NVIDIA driver", False, "no NVIDIA driver on this machine", "install it")]
+    assert [c.detail for c in doctor_module.driver_section(missing, gpu_count=2)] == [
+        "no NVIDIA driver; the config's [gpus] count = 2 is used and containers get no GPU"]
+    assert doctor_module.driver_section(missing, gpu_count=None) == missing

@@ -208,16 +208,21 @@ def ports_check(loaded: config_module.Config, *, ephemeral: Path = EPHEMERAL) ->
     return Check("ssh ports", False, detail, f"choose [ssh] ports below {first} (the default is 2200-2299)")
 
 
+def driver_section(driver: list[Check], *, gpu_count: int | None) -> list[Check]:
+    """The driver's checks, or one line where a host declared GPU-less on purpose ([gpus] count) has
+    no usable driver. An optional driver check (no CDI spec) is a WARN: only a failed one means
+    "no usable driver"; a host with a driver and a static count keeps its driver's lines."""
+    if gpu_count is not None and any(c.level == "fail" for c in driver):
+        return [Check("driver", True, f"no NVIDIA driver; the config's [gpus] count = {gpu_count} "
+                      "is used and containers get no GPU")]
+    return driver
+
+
 def checks(config_path: str | None) -> list[Check]:
     config_check, loaded = _config_check(config_path)
     result = [config_check]
     driver = gpus.driver_checks(gpus.DoctorOptions(extra_roots=loaded.nvidia.driver_roots if loaded else ()))
-    if loaded is not None and loaded.gpu_count is not None and not all(c.ok for c in driver):
-        # A host declared GPU-less on purpose ([gpus] count) runs bookings without driver injection.
-        result.append(Check("driver", True, f"no NVIDIA driver; the config's [gpus] count = {loaded.gpu_count} "
-                            "is used and containers get no GPU"))
-    else:
-        result.extend(driver)
+    result.extend(driver_section(driver, gpu_count=loaded.gpu_count if loaded else None))
     engine = loaded.engine if loaded else engines.EngineSettings()
     result.extend(engines.preflight(engine))
     result.extend(network.checks(engine))
