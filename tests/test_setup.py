@@ -302,3 +302,16 @@ def test_dry_run_on_this_host_changes_nothing() -> None:
     assert "gpubook setup: dry run, nothing was changed" in result.stdout
     assert (Path("/etc/fstab").read_text(), Path("/etc/subuid").read_text()) == before
     assert not Path("/srv/gpubook-setup-never").exists() and not Path("/home/gpubook-setup-never").exists()
+
+
+def test_setup_runs_its_doctor_in_the_daemon_leaf_where_the_account_owns_one(tmp_path: Path) -> None:
+    """On a host without systemd the daemon runs in the delegated subtree's leaf; a doctor run from
+    root's cgroup said "limits NOT enforced" there although the daemon's bookings had them."""
+    from gpubook.scheduler.commands import setup
+
+    assert setup.daemon_leaf(os.getuid(), root=tmp_path) is None  # no subtree: doctor runs where it is
+    leaf = tmp_path / "gpubook" / "daemon"
+    leaf.mkdir(parents=True)
+    assert setup.daemon_leaf(os.getuid(), root=tmp_path) == leaf
+    assert setup.daemon_leaf(os.getuid() + 1, root=tmp_path) is None  # another account's subtree
+    assert setup.daemon_leaf(None, root=tmp_path) is None  # the account does not exist yet (dry run)

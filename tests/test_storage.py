@@ -105,3 +105,48 @@ def test_a_booking_is_refused_on_a_data_root_without_nosuid_nodev(tmp_path: Path
         host.start(request)
     assert not refused.value.temporary
     assert list(tmp_path.iterdir()) == []
+
+
+HOST_MOUNTINFO = """\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+40 22 0:40 / /srv/gpubook rw,nosuid,nodev,relatime - tmpfs gpubook-data rw,size=8g
+41 22 0:41 / /srv/with\\040space rw,nosuid,nodev - tmpfs other rw
+"""
+# Rootless podman's pause process started before /srv/gpubook was mounted, on a host whose / is private.
+PODMAN_MOUNTINFO = "622 621 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n"
+
+
+def test_a_data_root_missing_from_podmans_mount_namespace_is_found() -> None:
+    """Seen on the GPU host (no systemd, / private): every start failed with 'podman unshare chown
+    DATA_ROOT/alice: No such file or directory' while the host had the nosuid,nodev mount."""
+    assert storage.mountinfo_problem(HOST_MOUNTINFO, Path("/srv/gpubook")) is None
+    assert storage.mountinfo_problem(HOST_MOUNTINFO, Path("/srv/gpubook/alice")) is None
+    assert storage.mountinfo_problem(HOST_MOUNTINFO, Path("/srv/with space")) is None
+    assert storage.mountinfo_problem(PODMAN_MOUNTINFO, Path("/srv/gpubook")) == (
+        "/srv/gpubook lies on / there, mounted without nosuid,nodev")
+    assert storage.mountinfo_problem(HOST_MOUNTINFO, Path("/srv/gpubook-other")) == (
+        "/srv/gpubook-other lies on / there, mounted without nosuid,nodev")
+
+
+@pytest.mark.podman
+def test_doctor_looks_for_the_data_root_in_rootless_podmans_namespace(tmp_path: Path) -> None:
+    """The test data mount was made before this account's podman first ran: podman's namespace has
+    it; a folder on a plain mount is found lacking there (the same look that finds a missing mount)."""
+    from gpubook.scheduler import config as config_module
+    from gpubook.scheduler.commands import doctor
+
+    if os.geteuid() == 0:
+        pytest.skip("rootless podman's namespace: run as the unprivileged test user")
+    if storage.mount_problem(tmp_path) is None:
+        pytest.skip(f"{tmp_path} is on a nosuid,nodev mount already")
+
+    def config(root: Path) -> config_module.Config:
+        path = tmp_path / "gpubook.toml"
+        path.write_text(f'[host]\nname = "t"\n[gpus]\ncount = 1\n[storage]\ndata_root = "{root}"\n'
+                        '[engine]\nruntime = "runc"\n[[calendar]]\nurl = "http://127.0.0.1:9/c/"\n')
+        return config_module.load(path)
+
+    with safe_data.data_root() as safe:
+        assert doctor.podman_namespace_check(config(safe)) is None
+    found = doctor.podman_namespace_check(config(tmp_path))
+    assert found is not None and not found.ok and "not in rootless podman's mount namespace" in found.detail

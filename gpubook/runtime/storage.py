@@ -83,6 +83,27 @@ def mount_problem(data_root: Path) -> str | None:
     )
 
 
+def mountinfo_problem(mountinfo: str, data_root: Path) -> str | None:
+    """None when, in the mount namespace whose /proc/self/mountinfo this is, `data_root` lies on a
+    nosuid,nodev mount; else which flags its covering mount lacks there. Rootless podman keeps its
+    own mount namespace (its pause process): where / is not a shared mount (hosts without systemd)
+    a data_root mounted on the host after that process started is not there at all, and bookings
+    would bind the bare folder underneath it."""
+    best, options = "", ""
+    target = str(data_root).rstrip("/") or "/"
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        point = fields[4].replace("\\040", " ").replace("\\011", "\t")
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, options = point, fields[5]
+    missing = [flag for flag in ("nosuid", "nodev") if flag not in options.split(",")]
+    if not best or not missing:
+        return None
+    return f"{data_root} lies on {best} there, mounted without {','.join(missing)}"
+
+
 def prepare(
     data_root: Path, user: str, *, uid: int, gid: int, home: bool = False, chown: Chown | None = None
 ) -> DataFolders:

@@ -20,6 +20,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from gpubook.runtime import cgroups
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.templates import get_template
 from gpubook.scheduler import config as config_module
@@ -139,6 +140,22 @@ def apply(options: Options) -> list[Step]:
     return done
 
 
+def daemon_leaf(uid: int | None, *, root: Path = cgroups.ROOT) -> Path | None:
+    """The delegated subtree's daemon leaf (hosts without systemd, cgroup v2) when it is the account's:
+    doctor must run where the daemon runs, or it reports limits "not enforced" that the daemon has
+    (seen on the GPU host: setup's doctor ran in root's cgroup)."""
+    leaf = root / cgroups.SUBTREE / cgroups.DAEMON_LEAF
+    try:
+        return leaf if uid is not None and leaf.stat().st_uid == uid else None
+    except OSError:
+        return None
+
+
+def _enter_leaf() -> None:
+    """In the child, before runuser drops to the account: move into the daemon leaf (root may)."""
+    cgroups.enter(os.getpid())
+
+
 def doctor(options: Options) -> int:
     account = host.account(options.account)
     argv = host.as_account(options.account, (str(options.binary), "doctor", "--config", str(options.file(
@@ -147,9 +164,12 @@ def doctor(options: Options) -> int:
           flush=True)
     if options.dry_run:
         return 0
+    leaf = daemon_leaf(account.uid if account else None)
+    if leaf is not None:
+        print(f"    (in {leaf}, where the daemon runs: its limits are the ones doctor checks)", flush=True)
     try:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=DOCTOR_SECONDS, check=False,
-                                cwd=options.home)
+                                cwd=options.home, preexec_fn=None if leaf is None else _enter_leaf)
     except subprocess.TimeoutExpired:
         raise SetupError(f"gpubook doctor did not finish within {DOCTOR_SECONDS} s") from None
     for line in (result.stdout + result.stderr).splitlines():
