@@ -87,14 +87,14 @@ class StepRequest:
     placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
-    def read(cls, path: Path) -> StepRequest:
-        """The request in a job folder, once the folder and the file are the account's own and nobody
-        else may change them (checked on the open file); its engine only a built-in one, running
-        programs nobody else may change."""
-        check_private_dir(path.parent.parent, what="shared_dir", ancestors=True)
-        check_private_dir(path.parent, what="job folder")
+    def read(cls, path: Path, *, owners: frozenset[int] | None = None) -> StepRequest:
+        """The request in a job folder, once the folder and the file are the account's own (or
+        `owners`': root and the account) and nobody else may change them (checked on the open file);
+        its engine only a built-in one, running programs nobody else may change."""
+        check_private_dir(path.parent.parent, what="shared_dir", owners=owners, ancestors=True)
+        check_private_dir(path.parent, what="job folder", owners=owners)
         try:
-            data = json.loads(read_private(path, what="request.json"))
+            data = json.loads(read_private(path, what="request.json", owners=owners))
         except ValueError as error:
             raise GpubookError(f"{path} is not JSON: {error}") from None
         if not isinstance(data, dict):
@@ -110,12 +110,12 @@ class StepRequest:
         if not (1 <= uid < 2**31 and 1 <= gid < 2**31):
             raise GpubookError(f"{path}: uid {uid} and gid {gid} must be between 1 and 2147483647 (not root)")
         engine = engine_settings_from(data.get("engine") or {}, source=path)
-        check_engine(engine, source=path)
+        check_engine(engine, source=path, owners=owners)
         templates_dir = Path(data["templates_dir"]) if data.get("templates_dir") else None
         data_root = Path(data["data_root"]) if data.get("data_root") else None
         for folder, what in ((templates_dir, "templates_dir"), (data_root, "data_root")):
             if folder is not None:
-                check_trusted_path(folder, what=what)
+                check_trusted_path(folder, what=what, owners=owners)
         return cls(booking_id=str(data["booking_id"]), user=data["user"], uid=uid, gid=gid,
                    ssh_keys=tuple(str(k) for k in data["ssh_keys"]), template=str(data["template"]),
                    templates_dir=templates_dir, port=int(data["port"]), end=end, engine=engine,
@@ -233,20 +233,22 @@ def _check_ancestors(path: Path, *, what: str, owners: frozenset[int] | None) ->
                              f"(mode {stat.S_IMODE(info.st_mode):04o}, not sticky)")
 
 
-def check_trusted_path(path: Path, *, what: str, kind: int = stat.S_IFDIR) -> None:
+def check_trusted_path(path: Path, *, what: str, kind: int = stat.S_IFDIR,
+                       owners: frozenset[int] | None = None) -> None:
     """A folder or program named in a request: the account's or root's, nobody else's to change,
     and so is every folder above it."""
     try:
         info = os.lstat(path)
     except OSError as error:
         raise UnsafeFile(f"{what} {path}: {error.strerror}") from None
-    _check_stat(info, path, what=what, owners=None, kind=kind)
-    _check_ancestors(path, what=what, owners=None)
+    _check_stat(info, path, what=what, owners=owners, kind=kind)
+    _check_ancestors(path, what=what, owners=owners)
 
 
-def read_private(path: Path, *, what: str, owners: frozenset[int] | None = None) -> str:
+def read_private(path: Path, *, what: str, owners: frozenset[int] | None = None, tail: int = 0) -> str:
     """A file of the job folder, opened without following a link and checked on the open file
-    (fstat: no swap between the check and the read): the account's or root's, nobody else's to write."""
+    (fstat: no swap between the check and the read): the account's or root's, nobody else's to write.
+    `tail`: only its last so many bytes (a log), whatever its size."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
@@ -254,14 +256,18 @@ def read_private(path: Path, *, what: str, owners: frozenset[int] | None = None)
             raise UnsafeFile(f"{what} {path} is a symbolic link; gpubook follows none there") from None
         raise UnsafeFile(f"{what} {path}: {error.strerror}") from None
     with os.fdopen(fd, "rb") as file:
-        _check_stat(os.fstat(fd), path, what=what, owners=owners, kind=stat.S_IFREG)
+        info = os.fstat(fd)
+        _check_stat(info, path, what=what, owners=owners, kind=stat.S_IFREG)
+        if tail:
+            file.seek(max(0, info.st_size - tail))
+            return file.read(tail).decode("utf-8", errors="replace")
         data = file.read(MAX_FILE + 1)
     if len(data) > MAX_FILE:
         raise UnsafeFile(f"{what} {path} is larger than {MAX_FILE} bytes")
     return data.decode("utf-8", errors="replace")
 
 
-def check_engine(settings: EngineSettings, *, source: object) -> None:
+def check_engine(settings: EngineSettings, *, source: object, owners: frozenset[int] | None = None) -> None:
     """The engine a request may name: a built-in one, its programs (binary, OCI runtime) names
     looked up on PATH or files nobody but root or the account may change."""
     if settings.name not in BUILTIN_ENGINES:
@@ -273,7 +279,7 @@ def check_engine(settings: EngineSettings, *, source: object) -> None:
         if not program.startswith("/"):
             raise GpubookError(f"{source}: {what} {program!r} is neither a program name nor an absolute path")
         try:
-            check_trusted_path(Path(program), what=what, kind=stat.S_IFREG)
+            check_trusted_path(Path(program), what=what, kind=stat.S_IFREG, owners=owners)
         except UnsafeFile as error:
             raise GpubookError(f"{source}: {error}") from None
 

@@ -210,7 +210,7 @@ class SlurmJobs:
         if not path.exists() and not path.is_symlink():
             return ""
         try:
-            return self._read(path, what="log")[-size:]
+            return read_private(path, what="log", owners=self.owners, tail=size)
         except UnsafeFile as error:
             return f"({error})"
 
