@@ -405,7 +405,7 @@ def _configure_and_start(cluster: Cluster, *, ctl_address: str, key: Path) -> No
             cluster.start_slurmctld()
             break
         except RuntimeError:
-            if attempt == 2 or "Address already in use" not in cluster.log("slurmctld"):
+            if attempt == 2 or "Address already in use" not in cluster.log("slurmctld") + cluster._stderr("slurmctld"):
                 raise
             cluster._processes.pop("slurmctld", None)
             (root / "log" / "slurmctld.log").unlink(missing_ok=True)
