@@ -26,6 +26,7 @@ so Slurm hands out the host's GPUs by their minor numbers.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import secrets
@@ -47,6 +48,12 @@ CGROUP_V2 = Path("/sys/fs/cgroup/cgroup.controllers")  # exists where /sys/fs/cg
 # (NODE_FAIL, no output): 30 (the old value) can pass on a loaded machine's first run; no test waits
 # for a node to time out (a failed node is set DOWN with scontrol).
 SLURMD_TIMEOUT = 300
+# The account the clusters' SlurmUser (and so the daemon and its jobs) runs as: each test run its own,
+# so that runs side by side (a CI run, a helper's) never share a podman store or a data folder.
+DEFAULT_USER = os.environ.get("GPUBOOK_SLURM_TEST_USER", "gpubook-test")
+# Held while a cluster picks its network and ports, so that two clusters made at once on this machine
+# (a CI run's and another's) never pick the same subnet, link names or ports.
+LOCK = Path("/run/gpubook-slurm-kit.lock")
 
 
 def available(*, real_gpus: bool = False) -> str | None:
@@ -64,6 +71,30 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@contextmanager
+def _machine_lock() -> Iterator[None]:
+    with LOCK.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def _unused_network() -> tuple[str, int]:
+    """A tag (link and namespace names) and a 10.OCTET.0.0/16 subnet no other cluster here uses: an
+    address taken twice would route one cluster's nodes to another's slurmctld."""
+    addresses = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, check=False).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
+    namespaces = {p.name for p in Path("/run/netns").iterdir()} if Path("/run/netns").is_dir() else set()
+    for _ in range(200):
+        tag, octet = secrets.token_hex(2), 100 + secrets.randbelow(150)
+        if (f" 10.{octet}." not in addresses and f"gbs{tag}" not in links
+                and not any(n.startswith(f"gbs{tag}") for n in namespaces)):
+            return tag, octet
+    raise RuntimeError("no free 10.x subnet for a test cluster: 200 tries found each taken")
 
 
 def _run(*argv: str) -> None:
@@ -272,12 +303,13 @@ def _gres_conf(cluster: Cluster) -> str:
     return "\n".join(lines) + "\n"
 
 
-def make(*, user: str = "gpubook-test", nodes: int = 2, gpus: int = 4, gpu_type: str = "a100",
+def make(*, user: str | None = None, nodes: int = 2, gpus: int = 4, gpu_type: str = "a100",
          real_gpus: int = 0) -> Cluster:
     """A started cluster (call `stop()`); raises with the daemons' logs when it does not come up.
-    `real_gpus`: one node, this host, with its GPUs /dev/nvidia0 ... (the GPU host's mode)."""
-    tag = secrets.token_hex(2)
-    octet = 100 + secrets.randbelow(150)
+    `real_gpus`: one node, this host, with its GPUs /dev/nvidia0 ... (the GPU host's mode); `user`:
+    the SlurmUser (default: GPUBOOK_SLURM_TEST_USER, else gpubook-test)."""
+    user = user or DEFAULT_USER
+    tag, octet = secrets.token_hex(2), 100 + secrets.randbelow(150)
     root = Path(tempfile.mkdtemp(prefix=f"gpubook-slurm-{tag}-"))
     root.chmod(0o755)
     if real_gpus:
@@ -290,7 +322,12 @@ def make(*, user: str = "gpubook-test", nodes: int = 2, gpus: int = 4, gpu_type:
     cluster = Cluster(root=root, conf=root / "slurm.conf", user=user, nodes=node_list, partition="gpu",
                       gpu_type=gpu_type, gpu_files=gpu_files)
     try:
-        _make(cluster, tag=tag, octet=octet)
+        with _machine_lock():  # released once its addresses and ports are taken (its daemons answer)
+            if not real_gpus:
+                tag, octet = _unused_network()
+                cluster.nodes = tuple(Node(name=n.name, address=f"10.{octet}.{i}.2", netns=f"gbs{tag}n{i}",
+                                           gpus=n.gpus) for i, n in enumerate(cluster.nodes, start=1))
+            _make(cluster, tag=tag, octet=octet)
     except BaseException:
         cluster.stop()
         raise
@@ -348,8 +385,7 @@ def _make_network(cluster: Cluster, *, tag: str, octet: int) -> str:
 
 def _configure_and_start(cluster: Cluster, *, ctl_address: str, key: Path) -> None:
     root = cluster.root
-    cluster.conf.write_text(_slurm_conf(cluster, host=socket.gethostname().split(".")[0], ctl_address=ctl_address,
-                                        ctl_port=_free_port(), slurmd_port=_free_port()))
+    _write_conf(cluster, ctl_address=ctl_address)
     (root / "gres.conf").write_text(_gres_conf(cluster))
     if CGROUP_V2.exists():  # slurmd 22.05 always starts its cgroup plugin; without systemd (the GPU host)
         # v2 needs IgnoreSystemd (plain mkdir instead of a scope asked of systemd over dbus) and system.slice
@@ -364,11 +400,26 @@ def _configure_and_start(cluster: Cluster, *, ctl_address: str, key: Path) -> No
          f"--seed-file={root}/munge/munged.seed"],
         stdout=subprocess.DEVNULL, stderr=(root / "log" / "munged.out").open("wb"))
     cluster._wait(lambda: (root / "munge" / "munge.socket").exists(), "munge's socket", "munged", 10)
-    cluster.start_slurmctld()
+    for attempt in range(3):  # a port free when picked may be taken before slurmctld binds it (by another run)
+        try:
+            cluster.start_slurmctld()
+            break
+        except RuntimeError:
+            if attempt == 2 or "Address already in use" not in cluster.log("slurmctld") + cluster._stderr("slurmctld"):
+                raise
+            cluster._processes.pop("slurmctld", None)
+            (root / "log" / "slurmctld.log").unlink(missing_ok=True)
+            _write_conf(cluster, ctl_address=ctl_address)
     for node in cluster.nodes:
         (root / "spool" / node.name).mkdir()
         cluster.start_slurmd(node)
     cluster.wait_nodes_idle()
+
+
+def _write_conf(cluster: Cluster, *, ctl_address: str) -> None:
+    cluster.conf.write_text(_slurm_conf(cluster, host=socket.gethostname().split(".")[0], ctl_address=ctl_address,
+                                        ctl_port=_free_port(), slurmd_port=_free_port()))
+    cluster.conf.chmod(0o644)
 
 
 @contextmanager

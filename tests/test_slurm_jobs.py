@@ -2,8 +2,9 @@
 reservation, its step runs the booking's container with rootless podman on the chosen node (inside
 that node's network namespace), and the booker logs in over SSH at the node's address.
 
-The job runs as the daemon's account (gpubook-test, the cluster's SlurmUser), whose rootless
-podman storage holds the test image (built once, as that account, by the podman suites' route).
+The job runs as the daemon's account (the cluster's SlurmUser: GPUBOOK_SLURM_TEST_USER, default
+gpubook-test), whose rootless podman storage holds the test image (built once, as that account, by
+the podman suites' route).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _as_account(user: str, code: str) -> None:
 @pytest.fixture(scope="module")
 def account_image() -> None:
     """The debian-ssh image in the account's own podman storage (cached: a no-op once built)."""
-    _as_account("gpubook-test", "from gpubook.runtime import overlay_image; "
+    _as_account(slurm_kit.DEFAULT_USER, "from gpubook.runtime import overlay_image; "
                 "from gpubook.runtime.engines import engine_from; "
                 "from gpubook.runtime.templates import get_template; from tests.engine_suite import CACHE_DIR, PODMAN; "
                 "overlay_image.build_rootfs_image(engine_from(**PODMAN), get_template('debian-ssh'), "

@@ -57,11 +57,12 @@ def test_a_hostile_booking_id_reaches_neither_the_script_nor_sbatch_as_anything_
     (sbatch,) = [argv for argv in log if argv[0] == "sbatch"]
     assert sbatch[1:] == ["--parsable", "--no-requeue", f"--job-name={folder.name}", f"--reservation={folder.name}",
                           "--nodes=2", "--ntasks-per-node=1", "--time=62", f"--output={folder / 'slurm.out'}",
-                          f"--chdir={folder}", "--gres=gpu:8", str(folder / "job.sh")]
+                          "--chdir=/", "--gres=gpu:8", str(folder / "job.sh")]
     lines = (folder / "job.sh").read_text().splitlines()
     assert lines[0] == "#!/bin/sh" and all(line.startswith("#") for line in lines[1:-1])
-    assert shlex.split(lines[-1]) == ["exec", "srun", "--kill-on-bad-exit=1", "/opt/gpubook venv/bin/python", "-m",
-                                      "gpubook.runtime.slurm_step", str(folder / "request.json")]
+    assert shlex.split(lines[-1]) == ["exec", "srun", "--kill-on-bad-exit=1", "--chdir=/",
+                                      "/opt/gpubook venv/bin/python",
+                                      "-P", "-m", "gpubook.runtime.slurm_step", str(folder / "request.json")]
     assert json.loads((folder / "request.json").read_text())["booking_id"] == HOSTILE_ID  # data, never code
 
 
@@ -247,3 +248,50 @@ def test_orders_anybody_could_have_written_are_not_run(tmp_path: Path) -> None:
     serve_execs(folder, node="node1", engine=engine, name="gpubook-b")  # type: ignore[arg-type]
     assert engine.ran == []
     assert not list(folder.glob("done-*")) and not list(open_folder.glob("done-*"))
+
+
+def _result(folder: Path, name: str, **values: object) -> Path:
+    path = folder / f"result-{name}.json"
+    path.write_text(json.dumps({"node": name, "port": 22001, "gpus": [0], **values}))
+    return path
+
+
+def test_results_anybody_could_have_written_are_refused_and_a_host_key_is_one_parsed_key(tmp_path: Path) -> None:
+    """Hostile (issue 22, finding 3): a node's result is what the booker's known_hosts line and the
+    event's ssh line are made of. One that is not the account's (a link, another account's file),
+    one naming another node, or one whose host key is not one SSH public key (a second line, a
+    `@cert-authority` marker) is never handed on: its node reports a refused result instead."""
+    import os
+
+    import paramiko
+
+    from gpubook.runtime import ssh
+    from gpubook.scheduler.hosts.slurm.jobs import SlurmJobs
+
+    key = paramiko.ECDSAKey.generate()
+    line = f"{key.get_name()} {key.get_base64()}"
+    jobs = SlurmJobs(scontrol=Recorded([]), prefix="gpubook-", shared_dir=tmp_path / "shared", user="gpubook")
+    folder = jobs._make_folder("b1")
+    _result(folder, "node1", host_key=line)
+    injected = f"{line}\n@cert-authority * {line}"
+    _result(folder, "node2", host_key=injected)
+    _result(folder, "node3", node="node1", host_key=line)
+    _result(folder, "node4", error="no template\nrunning: ssh -p 1 alice@evil")
+    elsewhere = _result(tmp_path, "node5", host_key=line)
+    (folder / "result-node5.json").symlink_to(elsewhere)
+    foreign = _result(folder, "node6", host_key=line)
+    if os.geteuid() == 0:
+        os.chown(foreign, 65534, 65534)  # nobody's
+    else:
+        foreign.chmod(0o666)  # anybody's to write
+    found = jobs.results("b1")
+    assert found["node1"].host_key == line and found["node1"].error == ""
+    assert "host key is not one 'TYPE BASE64' SSH public key" in found["node2"].error
+    assert found["node2"].host_key == ""
+    assert "names node 'node1' in the file of node 'node3'" in found["node3"].error
+    assert found["node4"].error == "no template running: ssh -p 1 alice@evil"  # one line in the event
+    assert "node5" not in found and "node6" not in found
+    assert "\n" not in ssh.known_hosts_line(host="node1", port=22001, host_key=found["node1"].host_key)
+    # A folder others may write: none of its results is read.
+    folder.chmod(0o777)
+    assert jobs.results("b1") == {}

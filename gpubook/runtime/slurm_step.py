@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
+import secrets
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -55,6 +58,11 @@ if TYPE_CHECKING:
 
 EXEC_POLL = 1.0  # seconds between the step's looks for the daemon's commands (and for the end)
 HOSTFILE = "/etc/gpubook/hostfile"  # in a multi-node booking's containers: "ADDRESS slots=GPUS" per node
+MAX_FILE = 1 << 20  # bytes read at most from a file of the job folder (a request, a result, an order)
+# Engines a request may name: the built-in ones only. A `package.module:Class` from a request would
+# import whatever its writer wants, as the daemon's account, on every node.
+BUILTIN_ENGINES = ("docker", "podman")
+PROGRAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")  # a program looked up on PATH (runc, crun)
 REQUEST_KEYS = frozenset({"booking_id", "user", "uid", "gid", "ssh_keys", "template", "templates_dir", "port",
                           "end", "engine", "data_root", "multi_node", "placement"})
 
@@ -79,8 +87,18 @@ class StepRequest:
     placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
-    def read(cls, path: Path) -> StepRequest:
-        data = json.loads(path.read_text())
+    def read(cls, path: Path, *, owners: frozenset[int] | None = None) -> StepRequest:
+        """The request in a job folder, once the folder and the file are the account's own (or
+        `owners`': root and the account) and nobody else may change them (checked on the open file);
+        its engine only a built-in one, running programs nobody else may change."""
+        check_private_dir(path.parent.parent, what="shared_dir", owners=owners, ancestors=True)
+        check_private_dir(path.parent, what="job folder", owners=owners)
+        try:
+            data = json.loads(read_private(path, what="request.json", owners=owners))
+        except ValueError as error:
+            raise GpubookError(f"{path} is not JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise GpubookError(f"{path} is not a JSON object")
         unknown = set(data) - REQUEST_KEYS
         if unknown:
             raise GpubookError(f"{path}: unknown keys {', '.join(sorted(unknown))}")
@@ -88,12 +106,20 @@ class StepRequest:
         end = datetime.fromisoformat(data["end"])
         if end.tzinfo is None:
             raise GpubookError(f"{path}: end {data['end']!r} has no time zone")
-        return cls(booking_id=str(data["booking_id"]), user=data["user"], uid=int(data["uid"]), gid=int(data["gid"]),
+        uid, gid = int(data["uid"]), int(data["gid"])
+        if not (1 <= uid < 2**31 and 1 <= gid < 2**31):
+            raise GpubookError(f"{path}: uid {uid} and gid {gid} must be between 1 and 2147483647 (not root)")
+        engine = engine_settings_from(data.get("engine") or {}, source=path)
+        check_engine(engine, source=path, owners=owners)
+        templates_dir = Path(data["templates_dir"]) if data.get("templates_dir") else None
+        data_root = Path(data["data_root"]) if data.get("data_root") else None
+        for folder, what in ((templates_dir, "templates_dir"), (data_root, "data_root")):
+            if folder is not None:
+                check_trusted_path(folder, what=what, owners=owners)
+        return cls(booking_id=str(data["booking_id"]), user=data["user"], uid=uid, gid=gid,
                    ssh_keys=tuple(str(k) for k in data["ssh_keys"]), template=str(data["template"]),
-                   templates_dir=Path(data["templates_dir"]) if data.get("templates_dir") else None,
-                   port=int(data["port"]), end=end,
-                   engine=engine_settings_from(data.get("engine") or {}, source=path),
-                   data_root=Path(data["data_root"]) if data.get("data_root") else None,
+                   templates_dir=templates_dir, port=int(data["port"]), end=end, engine=engine,
+                   data_root=data_root,
                    multi_node=bool(data.get("multi_node")),
                    placement=tuple((str(node), tuple(int(g) for g in gpus))
                                    for node, gpus in data.get("placement", ())))
@@ -105,7 +131,7 @@ class StepRequest:
                 "end": self.end.isoformat(), "engine": engine_settings_data(self.engine),
                 "data_root": str(self.data_root) if self.data_root else "", "multi_node": self.multi_node,
                 "placement": [[node, list(gpus)] for node, gpus in self.placement]}
-        _write_atomic(path, json.dumps(data, indent=1))
+        write_atomic(path, json.dumps(data, indent=1))
 
 
 def granted_gpus(env: dict[str, str]) -> tuple[int, ...]:
@@ -134,10 +160,128 @@ def _scontrol(*args: str) -> str:
     return done.stdout
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.part")  # nodes may write the same file
-    partial.write_text(text)
-    partial.replace(path)
+def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """`text` as `path`, whole or not at all: written to a new file of its own (O_EXCL, O_NOFOLLOW:
+    never through a link someone put there) and renamed over `path`, which replaces a link at
+    `path` itself, never its target. Nodes may write the same file at once: each its own name."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "w") as file:
+            os.fchmod(file.fileno(), mode)  # whatever the umask
+            file.write(text)
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+class UnsafeFile(GpubookError):
+    """A file or folder of the job that someone other than the account (or root) could have written."""
+
+
+def trusted_owners() -> frozenset[int]:
+    """Who may own what the step and the daemon trust: root and the account they run as."""
+    return frozenset({0, os.geteuid()})
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _check_stat(info: os.stat_result, path: Path, *, what: str, owners: frozenset[int] | None,
+                kind: int) -> None:
+    owners = owners if owners is not None else trusted_owners()
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeFile(f"{what} {path} is a symbolic link; gpubook follows none there")
+    if stat.S_IFMT(info.st_mode) != kind:
+        raise UnsafeFile(f"{what} {path} is not a {'folder' if kind == stat.S_IFDIR else 'plain file'}")
+    if info.st_uid not in owners:
+        names = " or ".join(sorted({_owner(uid) for uid in owners}))
+        raise UnsafeFile(f"{what} {path} is owned by {_owner(info.st_uid)}, not {names}; it is not used")
+    if info.st_mode & 0o022:
+        raise UnsafeFile(f"{what} {path} is writable by {'others' if info.st_mode & 0o002 else 'its group'} "
+                         f"(mode {stat.S_IMODE(info.st_mode):04o}); only its owner may write it")
+
+
+def check_private_dir(path: Path, *, what: str, owners: frozenset[int] | None = None,
+                      ancestors: bool = False) -> None:
+    """`path` is a real folder of the account's (or root's) that nobody else may write; with
+    `ancestors`, no folder above it can be replaced by anybody else either."""
+    try:
+        info = os.lstat(path)
+    except OSError as error:
+        raise UnsafeFile(f"{what} {path}: {error.strerror}") from None
+    _check_stat(info, path, what=what, owners=owners, kind=stat.S_IFDIR)
+    if ancestors:
+        _check_ancestors(path, what=what, owners=owners)
+
+
+def _check_ancestors(path: Path, *, what: str, owners: frozenset[int] | None) -> None:
+    """Each folder above `path` owned by root or the account, and writable by nobody else unless
+    sticky (/tmp: others may not rename what is not theirs there)."""
+    for parent in Path(os.path.abspath(path)).parents:
+        info = os.stat(parent)
+        if info.st_uid not in (owners if owners is not None else trusted_owners()):
+            raise UnsafeFile(f"{what} {path} is inside {parent}, owned by {_owner(info.st_uid)}; "
+                             "anybody but root and gpubook's account could replace it")
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            raise UnsafeFile(f"{what} {path} is inside {parent}, which others may write "
+                             f"(mode {stat.S_IMODE(info.st_mode):04o}, not sticky)")
+
+
+def check_trusted_path(path: Path, *, what: str, kind: int = stat.S_IFDIR,
+                       owners: frozenset[int] | None = None) -> None:
+    """A folder or program named in a request: the account's or root's, nobody else's to change,
+    and so is every folder above it."""
+    try:
+        info = os.lstat(path)
+    except OSError as error:
+        raise UnsafeFile(f"{what} {path}: {error.strerror}") from None
+    _check_stat(info, path, what=what, owners=owners, kind=kind)
+    _check_ancestors(path, what=what, owners=owners)
+
+
+def read_private(path: Path, *, what: str, owners: frozenset[int] | None = None, tail: int = 0) -> str:
+    """A file of the job folder, opened without following a link and checked on the open file
+    (fstat: no swap between the check and the read): the account's or root's, nobody else's to write.
+    `tail`: only its last so many bytes (a log), whatever its size."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if os.path.islink(path):
+            raise UnsafeFile(f"{what} {path} is a symbolic link; gpubook follows none there") from None
+        raise UnsafeFile(f"{what} {path}: {error.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        _check_stat(info, path, what=what, owners=owners, kind=stat.S_IFREG)
+        if tail:
+            file.seek(max(0, info.st_size - tail))
+            return file.read(tail).decode("utf-8", errors="replace")
+        data = file.read(MAX_FILE + 1)
+    if len(data) > MAX_FILE:
+        raise UnsafeFile(f"{what} {path} is larger than {MAX_FILE} bytes")
+    return data.decode("utf-8", errors="replace")
+
+
+def check_engine(settings: EngineSettings, *, source: object, owners: frozenset[int] | None = None) -> None:
+    """The engine a request may name: a built-in one, its programs (binary, OCI runtime) names
+    looked up on PATH or files nobody but root or the account may change."""
+    if settings.name not in BUILTIN_ENGINES:
+        raise GpubookError(f"{source}: engine {settings.name!r} is not one of gpubook's engines "
+                           f"({', '.join(BUILTIN_ENGINES)}); a job runs no other")
+    for program, what in ((settings.binary, "engine binary"), (settings.runtime, "engine runtime")):
+        if not program or PROGRAM_NAME.fullmatch(program):
+            continue
+        if not program.startswith("/"):
+            raise GpubookError(f"{source}: {what} {program!r} is neither a program name nor an absolute path")
+        try:
+            check_trusted_path(Path(program), what=what, kind=stat.S_IFREG, owners=owners)
+        except UnsafeFile as error:
+            raise GpubookError(f"{source}: {error}") from None
 
 
 def engine_settings_data(settings: EngineSettings) -> dict[str, object]:
@@ -214,7 +358,7 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
                             folders=folders, cache_dir=cache_dir, host_key=host_key, gpus=gpus, gpu=gpu)
     if request.multi_node:  # MPI/NCCL programs find the other nodes in the hostfile
         hostfile = folder / "hostfile"
-        _write_atomic(hostfile, "".join(f"{address} slots={len(gpus) or 1}\n"
+        write_atomic(hostfile, "".join(f"{address} slots={len(gpus) or 1}\n"
                                         for address in job_addresses(env.get("SLURM_JOB_NODELIST", node))))
         spec = replace(spec, mounts=(*spec.mounts, Mount(hostfile, HOSTFILE)))
     return _Prepared(engine=engine, spec=spec, probe=probe, cache_dir=cache_dir)
@@ -257,12 +401,12 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
         problem = f"the step was sent {error} before SSH answered" if isinstance(error, _Stopped) else str(error)
         if made is not None and isinstance(error, _Stopped):  # start_booking removes its own on an error
             _remove(made.engine, made.spec.name, say=say)
-        _write_atomic(folder / f"result-{node}.json", json.dumps({"node": node, "error": problem}))
+        write_atomic(folder / f"result-{node}.json", json.dumps({"node": node, "error": problem}))
         say(f"its container did not start: {problem}")
         print(f"booking {request.booking_id}: its container did not start on {node}: {problem}", file=sys.stderr)
         return 1
     engine, name, cache_dir = made.engine, made.spec.name, made.cache_dir
-    _write_atomic(folder / f"result-{node}.json", json.dumps(
+    write_atomic(folder / f"result-{node}.json", json.dumps(
         {"node": node, "port": request.port, "host_key": ready.host_key, "container": name,
          "gpus": list(gpus), "seconds_to_ssh": round(ready.seconds, 3),
          "hostfile": HOSTFILE if request.multi_node else ""}))
@@ -291,8 +435,9 @@ class StepLog:
         self.path = path
 
     def __call__(self, line: str) -> None:
-        try:
-            with self.path.open("a") as file:
+        try:  # never through a link put in its place
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "a") as file:
                 file.write(f"{datetime.now(UTC).isoformat(timespec='milliseconds')} {line}\n")
         except OSError as error:  # the shared folder full or gone: the step goes on without its log
             print(f"{self.path}: {error}", file=sys.stderr)
@@ -331,25 +476,27 @@ def serve_execs(folder: Path, *, node: str, engine: Engine, name: str) -> None:
     slurmctld is away too. Only an order in a folder nobody else may write, in a file of the step's
     own account (the daemon's), is run; argv is data run without a shell in the booking's own
     container, as the local backend's exec."""
-    if folder.stat().st_mode & 0o022:
+    try:
+        check_private_dir(folder, what="job folder")
+    except UnsafeFile:
         return  # others may write there: an order could be anybody's (the README says who owns it)
     for asked in sorted(folder.glob(f"exec-{node}-*.json")):
-        if asked.stat().st_uid != os.geteuid() or asked.is_symlink():
-            continue
         token = asked.name.removeprefix(f"exec-{node}-").removesuffix(".json")
+        if not re.fullmatch(r"[0-9a-f]{1,64}", token):
+            continue
         try:
-            order = json.loads(asked.read_text())
+            order = json.loads(read_private(asked, what="order", owners=frozenset({os.geteuid()})))
             asked.unlink()
             argv = [str(word) for word in order["argv"]]
             timeout = min(float(order.get("timeout", 30)), 120.0)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # half-written or taken: the daemon's own time limit answers for it
+        except (OSError, ValueError, KeyError, TypeError, UnsafeFile):
+            continue  # half-written, taken, or not the daemon's: the daemon's own time limit answers for it
         try:
             done = engine.exec(name, argv, timeout=timeout)
             answer = {"returncode": done.returncode, "stdout": done.stdout[-4000:], "stderr": done.stderr[-4000:]}
         except GpubookError as error:
             answer = {"returncode": 125, "stdout": "", "stderr": str(error)}
-        _write_atomic(folder / f"done-{node}-{token}.json", json.dumps(answer))
+        write_atomic(folder / f"done-{node}-{token}.json", json.dumps(answer))
 
 
 def booking_probe_key(cache_dir: Path, name: str) -> paramiko.PKey:

@@ -138,7 +138,7 @@ def _failed(booking_id: str, results: dict[str, NodeResult]) -> EngineError | No
 def _request(jobs: SlurmJobs, job: Job) -> StepRequest | None:
     """The request a job's folder holds (None: none, or one that is not gpubook's to read)."""
     try:
-        return StepRequest.read(jobs.shared_dir / job.name / "request.json")
+        return StepRequest.read(jobs.shared_dir / job.name / "request.json", owners=jobs.owners)
     except (OSError, ValueError, KeyError, TypeError, GpubookError):
         return None
 

@@ -13,8 +13,11 @@ up to the booking's end (Slurm's backstop; the step itself stops the container a
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
+import pwd
 import re
 import secrets
 import shlex
@@ -25,9 +28,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import paramiko
+
 from gpubook.runtime.engines import ExecResult
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.slurm_step import EXEC_POLL, StepRequest
+from gpubook.runtime.slurm_step import (
+    EXEC_POLL,
+    StepRequest,
+    UnsafeFile,
+    check_private_dir,
+    read_private,
+    trusted_owners,
+    write_atomic,
+)
 from gpubook.scheduler.hosts.slurm.cluster import Scontrol, SlurmError
 from gpubook.scheduler.hosts.slurm.sync import reservation_name
 
@@ -113,14 +126,17 @@ class SlurmJobs:
             old.unlink()
         step.write(folder / "request.json")
         script = folder / "job.sh"
-        script.write_text("#!/bin/sh\n# gpubook: one step per node runs the booking's container (runtime.slurm_step)\n"
-                          f"exec srun --kill-on-bad-exit=1 {shlex.quote(self.python)} -m gpubook.runtime.slurm_step "
-                          f"{shlex.quote(str(folder / 'request.json'))}\n")
+        # -P and / (sbatch --chdir): the step's imports come from gpubook's install only, never from
+        # the job folder or whatever folder a node starts it in.
+        write_atomic(script, "#!/bin/sh\n# gpubook: one step per node runs the booking's container "
+                      "(runtime.slurm_step)\n"
+                      f"exec srun --kill-on-bad-exit=1 --chdir=/ {shlex.quote(self.python)} -P -m "
+                      f"gpubook.runtime.slurm_step {shlex.quote(str(folder / 'request.json'))}\n")
         minutes = max(1, math.ceil((step.end - now).total_seconds() / 60)) + GRACE_MINUTES
         # --no-requeue: a job whose node failed ends (gpubook sees the death and places the booking
         # again), rather than waiting in its reservation for a node that may not come back.
         argv = ["--parsable", "--no-requeue", f"--job-name={name}", f"--reservation={name}", f"--nodes={request.nodes}",
-                "--ntasks-per-node=1", f"--time={minutes}", f"--output={folder / 'slurm.out'}", f"--chdir={folder}"]
+                "--ntasks-per-node=1", f"--time={minutes}", f"--output={folder / 'slurm.out'}", "--chdir=/"]
         if request.gpus_per_node:
             argv.append(f"--gres=gpu:{request.gpus_per_node}")
         if request.partition:
@@ -128,41 +144,82 @@ class SlurmJobs:
         job_id = self.sbatch(*argv, str(script)).strip().split(";")[0]
         return Job(job_id=job_id, name=name, state="PENDING", nodes="")
 
+    @property
+    def owners(self) -> frozenset[int]:
+        """Who may own the shared folder and what is in it: root and the daemon's account (`user` is
+        the account's name; where the jobs are managed as root for it, as the tests do, its uid too)."""
+        try:
+            return trusted_owners() | {pwd.getpwnam(self.user).pw_uid}
+        except KeyError:
+            return trusted_owners()
+
     def _make_folder(self, booking_id: str) -> Path:
-        """The booking's job folder, made by the daemon's account (its job writes there)."""
+        """The booking's job folder, made by the daemon's account (its job writes there) in a shared
+        folder nobody else may write. One that is there already is used only if it is the account's
+        own (an earlier start's) and nobody else may write it: another's could hold anything."""
+        try:
+            self.shared_dir.mkdir(mode=0o755, exist_ok=True)  # its parent is the admin's to make
+            check_private_dir(self.shared_dir, what="[backend] shared_dir", owners=self.owners, ancestors=True)
+        except (UnsafeFile, OSError) as error:
+            raise SlurmError(str(error)) from None
         folder = self.folder(booking_id)
-        folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        try:
+            folder.mkdir(mode=0o700)  # the account's alone: its nodes' steps run as it
+        except FileExistsError:
+            pass
+        try:
+            check_private_dir(folder, what="job folder", owners=self.owners)
+        except UnsafeFile as error:
+            raise SlurmError(str(error)) from None
         return folder
 
     def _write_order(self, path: Path, text: str) -> None:
         """An order for a node's step, written by the daemon's account (the step runs no other's)."""
-        path.write_text(text)
+        write_atomic(path, text)
+
+    def _read(self, path: Path, *, what: str) -> str:
+        """A file of a job folder the daemon's account (or root) wrote, never through a link."""
+        return read_private(path, what=what, owners=self.owners)
 
     def results(self, booking_id: str) -> dict[str, NodeResult]:
         """Each node's result so far (a node not yet written is absent)."""
         found: dict[str, NodeResult] = {}
-        for path in sorted(self.folder(booking_id).glob("result-*.json")):
+        folder = self.folder(booking_id)
+        try:
+            check_private_dir(folder, what="job folder", owners=self.owners)
+        except UnsafeFile:
+            return found  # anybody could have written its results
+        for path in sorted(folder.glob("result-*.json")):
+            node = path.name.removeprefix("result-").removesuffix(".json")
             try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            found[str(data["node"])] = NodeResult(
-                node=str(data["node"]), port=int(data.get("port", 0)), host_key=str(data.get("host_key", "")),
-                container=str(data.get("container", "")), seconds_to_ssh=float(data.get("seconds_to_ssh", 0.0)),
-                gpus=tuple(int(g) for g in data.get("gpus", ())), hostfile=str(data.get("hostfile", "")),
-                error=str(data.get("error", "")))
+                data = json.loads(self._read(path, what="result"))
+            except (ValueError, UnsafeFile):
+                continue  # half-written (it is renamed into place whole), or not the account's
+            try:
+                found[node] = node_result(data, node=node)
+            except (ValueError, TypeError, KeyError) as error:
+                found[node] = NodeResult(node=node, error=f"its step's result {path.name} is refused: {error}")
         return found
 
     def log(self, booking_id: str) -> str:
-        path = self.folder(booking_id) / "slurm.out"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+        return self._tail(self.folder(booking_id) / "slurm.out", 2000)
+
+    def _tail(self, path: Path, size: int) -> str:
+        """The end of a job's log, if it is the account's own plain file (a link planted there could
+        show the daemon's private files in an event)."""
+        if not path.exists() and not path.is_symlink():
+            return ""
+        try:
+            return read_private(path, what="log", owners=self.owners, tail=size)
+        except UnsafeFile as error:
+            return f"({error})"
 
     def why_ended(self, booking_id: str, job_id: str) -> str:
         """Why a job ended, as far as can be told: Slurm's state, reason and exit code for it (while
         slurmctld keeps it, MinJobAge) and its nodes' state (a node that stopped answering ends its
         jobs: NODE_FAIL), what each node's step wrote it was doing, and the job's output."""
         folder = self.folder(booking_id)
-        steps = [f"{path.name}:\n{path.read_text(errors='replace')[-1500:].rstrip()}"
+        steps = [f"{path.name}:\n{self._tail(path, 1500).rstrip()}"
                  for path in sorted(folder.glob("step-*.log"))] or ["no node's step wrote a line (none began)"]
         output = self.log(booking_id).rstrip()
         if output:
@@ -200,7 +257,10 @@ class SlurmJobs:
         deadline = time.monotonic() + timeout + EXEC_POLL + 1
         while time.monotonic() < deadline:
             if answer.exists():
-                data = json.loads(answer.read_text())
+                try:
+                    data = json.loads(self._read(answer, what="answer"))
+                except (UnsafeFile, ValueError) as error:
+                    raise EngineError(f"booking {booking_id}: its step on {node} answered with {error}") from None
                 answer.unlink()
                 return ExecResult(int(data["returncode"]), str(data["stdout"]), str(data["stderr"]))
             time.sleep(0.1)
@@ -232,3 +292,51 @@ class SlurmJobs:
                 return False
             time.sleep(0.5)
         return True
+
+
+HOST_KEY_TYPES = frozenset({"ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                            "ssh-rsa"})
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+MAX_ERROR = 500  # characters of a node's error in the event
+
+
+def node_result(data: object, *, node: str) -> NodeResult:
+    """A node's `result-NODE.json`, every value checked: its host key must be an SSH public key (it
+    goes into the booker's known_hosts line) and is written back in its canonical form; its error
+    is one line of printable text."""
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    if not NODE_NAME.fullmatch(node) or str(data.get("node")) != node:
+        raise ValueError(f"it names node {str(data.get('node'))[:64]!r} in the file of node {node[:64]!r}")
+    gpus = data.get("gpus", ())
+    if not isinstance(gpus, list | tuple) or not all(type(g) is int and 0 <= g < 4096 for g in gpus):
+        raise ValueError("its GPUs are not a list of indices")
+    port = int(data.get("port", 0))
+    if not 0 <= port < 65536:
+        raise ValueError(f"port {port} is not a port")
+    return NodeResult(node=node, port=port, host_key=host_key_line(str(data.get("host_key", ""))),
+                      container=_one_line(str(data.get("container", "")), 128),
+                      seconds_to_ssh=float(data.get("seconds_to_ssh", 0.0)), gpus=tuple(gpus),
+                      hostfile="/etc/gpubook/hostfile" if data.get("hostfile") else "",
+                      error=_one_line(str(data.get("error", "")), MAX_ERROR))
+
+
+def host_key_line(text: str) -> str:
+    """`TYPE BASE64` of an SSH public key of an allowed type, parsed, as the booker's known_hosts
+    gets it ("" for none); anything else (a second line, a marker, options) is refused."""
+    if not text:
+        return ""
+    words = text.split(" ")
+    if len(words) != 2 or words[0] not in HOST_KEY_TYPES:
+        raise ValueError("its host key is not one 'TYPE BASE64' SSH public key of type "
+                         f"{', '.join(sorted(HOST_KEY_TYPES))}")
+    try:
+        key = paramiko.PKey.from_type_string(words[0], base64.b64decode(words[1], validate=True))
+    except (binascii.Error, paramiko.SSHException, ValueError) as error:
+        raise ValueError(f"its host key does not parse as an SSH public key ({error})") from None
+    return f"{key.get_name()} {key.get_base64()}"
+
+
+def _one_line(text: str, limit: int) -> str:
+    """Text for an event: control characters (newlines too) made spaces, at most `limit` characters."""
+    return "".join(c if c.isprintable() else " " for c in text)[:limit]
