@@ -3,7 +3,9 @@ service (rootless podman, OpenSSH's sshd with internal-sftp), with hostile users
 
 from __future__ import annotations
 
+import base64
 import os
+import socket
 import stat
 import subprocess
 import tempfile
@@ -277,3 +279,52 @@ def test_the_data_root_must_be_nosuid_nodev(engine: Engine, tmp_path: Path) -> N
     site.service.configure(replace(site.settings, data_root=unsafe))
     status = site.service.check()
     assert not status.running and status.problem is not None and "nosuid" in status.problem
+
+
+def _squat(address: str, port: int) -> socket.socket:
+    """Another process's listener on `address`:`port` (IPv6 with IPV6_V6ONLY, as a squatter binds it)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    squatter = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_INET6:
+        squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    squatter.bind((address, port))
+    squatter.listen()
+    return squatter
+
+
+@pytest.mark.parametrize("taken", ["::", "0.0.0.0"])  # noqa: S104
+def test_a_squatter_on_either_address_family_keeps_the_service_from_starting(
+        engine: Engine, tmp_path: Path, taken: str) -> None:  # noqa: F811
+    site = Site(tmp_path, engine)
+    site.service.configure(replace(site.settings, listen="0.0.0.0"))  # noqa: S104 - the default
+    squatter = _squat(taken, site.port)
+    try:
+        status = site.service.check()
+        assert not status.running, status
+        assert status.problem is not None and f"port {site.port} on {taken} is held by another process" \
+            in status.problem, status.problem
+        assert engine.inspect_service(site.name) is None
+    finally:
+        squatter.close()
+        site.close()
+
+
+def test_the_service_holds_both_address_families_with_one_host_key(engine: Engine, tmp_path: Path) -> None:  # noqa: F811
+    site = Site(tmp_path, engine)
+    site.service.configure(replace(site.settings, listen="0.0.0.0"))  # noqa: S104 - the default
+    try:
+        site.check()
+        site.wait_ready()
+        for address in ("::", "0.0.0.0"):  # noqa: S104
+            with pytest.raises(OSError):  # sshd holds it: no squatter can bind it now
+                _squat(address, site.port).close()
+        kind, blob = site.service.status.host_key.split()[:2]
+        client = paramiko.SSHClient()
+        client.get_host_keys().add(f"[::1]:{site.port}", kind, paramiko.PKey.from_type_string(kind, base64.b64decode(blob)))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect("::1", port=site.port, username="alice", pkey=site.keys["alice"], allow_agent=False,
+                       look_for_keys=False, timeout=5, banner_timeout=5, auth_timeout=5)
+        with client, client.open_sftp() as over_ipv6:
+            assert "input" in over_ipv6.listdir("/")
+    finally:
+        site.close()

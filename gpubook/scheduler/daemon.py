@@ -283,6 +283,8 @@ class Daemon:
                                               etc_dir=private_folder(self.state_dir / "sftp") / "etc", image=image)
         else:
             self.sftp.configure(settings, image=image)
+        service = self.sftp
+        self.passes.writeback.sftp_host_key = service.public_key if service is not None else lambda: ""
 
     def check_sftp(self) -> None:
         """The SFTP watch: folders, quotas, sshd's files, the container (started again if gone)."""

@@ -264,6 +264,11 @@ class PodmanEngine(CliEngine):
         if done.returncode != 0:
             raise EngineError(f"podman unshare chown {path}: {message_of(done)}")
 
+    def data_owner_argv(self) -> builtins.list[str] | None:
+        """Rootless: root of podman's user namespace owns every booker's id (and has
+        CAP_DAC_READ_SEARCH over them there); rootful: root itself."""
+        return [] if os.geteuid() == 0 else [*self.global_argv(), "unshare"]
+
     def _subordinate_ids(self, uid: int, gid: int) -> SubordinateIds:
         ids = self._read_subordinate_ids()
         if uid >= ids.uid_count or gid >= ids.gid_count:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = "sftp"
 PIDS_LIMIT = 4096  # sshd forks a process or two per session
+BIND_SECONDS = 10.0  # how long a start waits for sshd to say it listens on every address
 USAGE_SECONDS = 300.0  # without a quota, how often each user's space is measured (for `status`)
 
 
@@ -146,6 +147,14 @@ class SftpService:
             self.settings = settings
             self.image = image or self.image
 
+    def public_key(self) -> str:
+        """The service's public host key line ("" before its first check made it): what the
+        events' known_hosts line for the SFTP port carries."""
+        try:
+            return (self.etc_dir / "host_key.pub").read_text().strip()
+        except OSError:
+            return ""
+
     def stop(self, *, grace: float) -> None:
         with self._lock:
             self.engine.stop(self.name, grace)
@@ -220,10 +229,37 @@ class SftpService:
             self._restarts += 1
             why = "was not running" if not current.running else "had another spec"
             log.warning("SFTP service %s %s (%s): starting it again", self.name, why, current.state)
+        if current is None or not current.running:  # else its own sshd holds the port
+            self._refuse_squatter(settings, sftp.taken_address(settings.port, sftp.listen_addresses(settings.listen)))
         info = self.engine.start_service(spec)
         log.warning("SFTP service started on %s:%s", settings.listen, settings.port)
+        if settings.host_network:
+            self._check_bound(settings)
         self._remember(spec, info)
         return info.running, True
+
+    def _refuse_squatter(self, settings: SftpSettings, address: str | None) -> None:
+        if address is not None:
+            raise sftp.SftpError(
+                f"port {settings.port} on {address} is held by another process: the SFTP service does not "
+                f"start, since clients reaching that address would meet it instead of the service; find "
+                f"it with `ss -ltnp 'sport = :{settings.port}'`")
+
+    def _check_bound(self, settings: SftpSettings) -> None:
+        """sshd bound every address, or the service is stopped: a squatter that took one between
+        the probe and sshd's bind would otherwise answer that address family's clients."""
+        wanted = len(sftp.listen_addresses(settings.listen))
+        deadline = time.monotonic() + BIND_SECONDS
+        while time.monotonic() < deadline:
+            text = self.engine.logs(self.name, tail=200)
+            failed = sftp.bind_failures(text, settings.port)
+            if failed:
+                self.engine.stop(self.name, 1)
+                self._alive = None
+                self._refuse_squatter(settings, failed[0])
+            if text.count("Server listening on ") >= wanted:
+                return
+            time.sleep(0.2)
 
     def _remember(self, spec: ServiceSpec, info: ContainerInfo) -> None:
         started = _started_at(info.pid) if info.pid else None
