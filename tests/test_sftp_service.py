@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -32,7 +33,7 @@ class Site:
     """A running SFTP service with two users, alice and bob, and what a client needs."""
 
     def __init__(self, folder: Path, engine: Engine, *, quota: int | None = None,  # noqa: F811
-                 host_network: bool = True) -> None:
+                 host_network: bool = True, home: bool = False) -> None:
         self.folder = folder
         self.keys = {name: paramiko.ECDSAKey.generate(bits=256) for name in ("alice", "bob")}
         self.key_files = sftp_kit.key_files(folder, self.keys)
@@ -41,6 +42,7 @@ class Site:
         self.port = free_port()
         self.settings = SftpSettings(
             port=self.port, listen="127.0.0.1", data_root=self.data_root, quota_bytes=quota, host_network=host_network,
+            persistent_home=home,
             users=(sftp.SftpUser("alice", 2001, 2001, (key_line(self.keys["alice"]),)),
                    sftp.SftpUser("bob", 2002, 2002, (key_line(self.keys["bob"]),))))
         self.name = f"gpubook-sftp-test-{self.port}"
@@ -320,11 +322,83 @@ def test_the_service_holds_both_address_families_with_one_host_key(engine: Engin
                 _squat(address, site.port).close()
         kind, blob = site.service.status.host_key.split()[:2]
         client = paramiko.SSHClient()
-        client.get_host_keys().add(f"[::1]:{site.port}", kind, paramiko.PKey.from_type_string(kind, base64.b64decode(blob)))
+        key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
+        client.get_host_keys().add(f"[::1]:{site.port}", kind, key)
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
         client.connect("::1", port=site.port, username="alice", pkey=site.keys["alice"], allow_agent=False,
                        look_for_keys=False, timeout=5, banner_timeout=5, auth_timeout=5)
         with client, client.open_sftp() as over_ipv6:
             assert "input" in over_ipv6.listdir("/")
+    finally:
+        site.close()
+
+
+# -- the quota cannot be bypassed (issue 22, finding 5) ------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["output/h", "home"])
+def test_a_folder_closed_with_chmod_700_or_home_still_counts_against_the_quota(
+        engine: Engine, tmp_path: Path, where: str) -> None:  # noqa: F811
+    site = Site(tmp_path, engine, quota=2_000_000, home=True)
+    try:
+        site.check()
+        site.wait_ready()
+        client = site.connect("alice")
+        assert client is not None
+        with client:
+            if where == "output/h":
+                client.mkdir("output/h")
+                client.chmod("output/h", 0o700)  # the daemon's user may no longer read it
+            with client.open(f"{where}/big", "w") as upload:
+                upload.write(b"x" * 3_000_000)
+        site.check()
+        usage = site.service.status.usage["alice"]
+        assert usage.bytes >= 3_000_000 and usage.over, usage
+        refused = site.sftp_batch("alice", "put /etc/hostname input/more\n")
+        assert refused.returncode != 0 and "over your storage quota" in refused.stderr, refused.stderr
+    finally:
+        site.close()
+
+
+def _many_files(folder: Path, count: int) -> None:
+    """`count` empty files in `folder`, made as the bookers' files are (podman's namespace root)."""
+    code = (f"import os\nfor i in range({count}):\n"
+            f"    os.close(os.open(f'{folder}/f{{i}}', os.O_CREAT | os.O_WRONLY, 0o600))\n")
+    done = subprocess.run(["podman", "unshare", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_empty_files_count_against_a_quota_of_files(engine: Engine, tmp_path: Path) -> None:  # noqa: F811
+    site = Site(tmp_path, engine)
+    site.service.configure(replace(site.settings, quota_files=500))
+    try:
+        site.check()
+        site.wait_ready()
+        assert not site.service.status.usage["alice"].over
+        _many_files(site.data_root / "alice" / "output", 600)  # 0 bytes of blocks, 600 inodes
+        site.check()
+        usage = site.service.status.usage["alice"]
+        assert usage.over and usage.files > 500 and usage.bytes < 2_000_000, usage
+        assert site.sftp_batch("alice", "put /etc/hostname input/more\n").returncode != 0
+        note = (site.data_root / "alice" / sftp.OVER_QUOTA_FILE).read_text()
+        assert "files and folders, over a quota of 500" in note, note
+    finally:
+        site.close()
+
+
+def test_a_folder_too_big_to_measure_in_time_counts_as_over_quota(engine: Engine, tmp_path: Path) -> None:  # noqa: F811
+    site = Site(tmp_path, engine, quota=10**12)
+    site.service.configure(replace(site.settings, measure_seconds=0.001))
+    try:
+        site.check()
+        site.wait_ready()
+        _many_files(site.data_root / "alice" / "output", 5000)  # more than a walk of 1 ms gets through
+        site.check()
+        usage = site.service.status.usage["alice"]
+        assert usage.timed_out and usage.over and not usage.complete, usage
+        note = (site.data_root / "alice" / sftp.OVER_QUOTA_FILE).read_text()
+        assert "could not be measured within 0.001 s" in note, note
+        assert not site.service.status.usage["bob"].over  # bob's few files are measured in time
     finally:
         site.close()

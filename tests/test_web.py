@@ -277,7 +277,7 @@ def test_the_page_gives_the_sftp_services_known_hosts_line(tmp_path: Path) -> No
     from dataclasses import replace
 
     key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB2gcXY3Lrx9tHCfQyR0Ch5Y2dt7/hv3NlBT8j+3oQ9H"
-    report = replace(lab_status(), sftp={"port": 2222, "listen": "0.0.0.0", "running": True, "host_key": key})
+    report = replace(lab_status(), sftp={"port": 2222, "listen": "127.0.0.1", "running": True, "host_key": key})
     with served(web_config(tmp_path), report) as url:
         page = requests.get(url + "/", timeout=10).text
         data = requests.get(url + "/api/status", timeout=10).json()

@@ -60,7 +60,8 @@ def walk(folder: str, *, seconds: float, stop_bytes: int | None = None, stop_fil
                         linked.add((info.st_dev, info.st_ino))
                     total += info.st_blocks * 512
                     files += 1
-                    if (stop_bytes is not None and total > stop_bytes) or (stop_files is not None and files > stop_files):
+                    if (stop_bytes is not None and total > stop_bytes) or \
+                            (stop_files is not None and files > stop_files):
                         return Measure(total, files, complete=False, unreadable=unreadable)
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
