@@ -198,6 +198,32 @@ def test_chmod_can_never_make_a_setuid_or_setgid_file(site: Site) -> None:
     assert not (site.data_root / "alice" / "input" / "shared").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
 
 
+def _open_with_mode(client: paramiko.SFTPClient, path: str, mode: int) -> None:
+    """SFTP OPEN with a permissions attribute, as a raw client sends it (OpenSSH's `put -p` masks
+    the mode to 0777; internal-sftp hands whatever comes to open(2))."""
+    attrs = paramiko.SFTPAttributes()
+    attrs.st_mode = mode
+    flags = paramiko.sftp.SFTP_FLAG_WRITE | paramiko.sftp.SFTP_FLAG_CREATE | paramiko.sftp.SFTP_FLAG_TRUNC
+    kind, message = client._request(paramiko.sftp.CMD_OPEN, path, flags, attrs)  # noqa: SLF001 - no public call sends attrs
+    assert kind == paramiko.sftp.CMD_HANDLE
+    client._request(paramiko.sftp.CMD_CLOSE, message.get_binary())  # noqa: SLF001
+
+
+def test_a_file_created_over_sftp_never_carries_a_setuid_or_setgid_bit(site: Site) -> None:
+    """Issue 22, finding 8: the OPEN request's mode went to open(2) unfiltered."""
+    client = site.connect("alice")
+    assert client is not None
+    with client:
+        _open_with_mode(client, "input/plain", 0o755)  # an ordinary mode still works
+        for name, mode in (("suid", 0o4755), ("sgid", 0o2755), ("both", 0o6777)):
+            with pytest.raises(PermissionError):
+                _open_with_mode(client, f"input/{name}", mode)
+    folder = site.data_root / "alice" / "input"
+    assert (folder / "plain").stat().st_mode & 0o7777 == 0o755
+    for name in ("suid", "sgid", "both"):
+        assert not (folder / name).exists()
+
+
 def test_a_user_removed_on_reload_is_refused_while_another_users_transfer_goes_on(site: Site) -> None:
     alice = site.connect("alice")
     bob = site.connect("bob")

@@ -62,9 +62,14 @@ COMMAND = (
 # session (of a user removed or over quota). Everything else is dropped: no DAC_OVERRIDE, so root
 # too meets the files' modes.
 CAPABILITIES = ("SETUID", "SETGID", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
-# chmod, fchmod, fchmodat: the mode's argument index. fchmodat2 is not allowed at all (glibc falls
-# back to fchmodat).
-_CHMOD_CALLS = {"chmod": 1, "fchmod": 1, "fchmodat": 2}
+# The calls that set a file's mode, with the mode's argument index: chmod's three, and the three
+# that create a file (internal-sftp's OPEN hands the client's `a.perm`, set-id bits included, to
+# open(2); glibc passes 0 as the mode of an open without O_CREAT).
+_CHMOD_CALLS = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "open": 2, "openat": 3, "creat": 1}
+# Calls whose mode cannot be filtered (fchmodat2's flags aside, openat2's is in a struct): ENOSYS,
+# so that glibc and any caller fall back to fchmodat and openat above, whatever the host's profile allows.
+_UNFILTERED_CALLS = ("fchmodat2", "openat2")
+_ENOSYS = 38
 _SET_ID_BITS = 0o6000
 WALK_GRACE = 30.0  # seconds a measure may take beyond its walk's bound (podman unshare, Python's start)
 DEFAULT_SECCOMP = Path("/usr/share/containers/seccomp.json")
@@ -261,10 +266,11 @@ def host_key(etc: Path) -> str:
 def seccomp_profile(base: Path = DEFAULT_SECCOMP) -> dict[str, object]:
     """The engine's default seccomp profile where chmod can never set the setuid or setgid bit.
 
-    internal-sftp passes a client's SETSTAT mode to chmod(2) with those bits; the data folders'
-    nosuid mount already takes their power away, this also keeps them off the files. The three
-    chmod calls leave the unconditional allow list and come back allowed only when
-    `mode & 06000 == 0`; any other mode gets EPERM ("Permission denied" in the client).
+    internal-sftp passes a client's SETSTAT mode to chmod(2) and its OPEN mode to open(2), with
+    those bits; the data folders' nosuid mount already takes their power away, this also keeps them
+    off the files. The chmod and create calls leave the allow lists and come back allowed only when
+    `mode & 06000 == 0`; any other mode gets EPERM ("Permission denied" in the client);
+    fchmodat2 and openat2 get ENOSYS (their callers fall back to the filtered calls).
     Without the engine's file (Docker alone installs none), the profile allows everything else.
     """
     try:
@@ -277,8 +283,10 @@ def seccomp_profile(base: Path = DEFAULT_SECCOMP) -> dict[str, object]:
     if not isinstance(rules, list):
         raise SftpError(f"seccomp profile {base}: no syscalls list")
     for rule in rules:
-        if rule.get("action") == "SCMP_ACT_ALLOW" and not rule.get("args"):
-            rule["names"] = [name for name in rule.get("names", []) if name not in _CHMOD_CALLS]
+        if rule.get("action") == "SCMP_ACT_ALLOW":
+            rule["names"] = [name for name in rule.get("names", [])
+                             if name not in _UNFILTERED_CALLS and name not in _CHMOD_CALLS]
+    rules.append({"names": list(_UNFILTERED_CALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": _ENOSYS})
     for name, index in _CHMOD_CALLS.items():
         rules.append({"names": [name], "action": "SCMP_ACT_ALLOW",
                       "args": [{"index": index, "value": _SET_ID_BITS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]})
