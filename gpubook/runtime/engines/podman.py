@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +46,16 @@ _DRIVER_MISMATCH = re.compile(
     r'database (?:storage )?graph driver "(?P<store>[^"]*)" does not match our '
     r'(?:storage )?graph driver "(?P<ours>[^"]*)"'
 )
+
+
+def _has_ipv6() -> bool:
+    """This host can listen on IPv6 (else nobody can squat [::] either, and publishing there fails)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::", 0))
+    except OSError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -232,6 +243,16 @@ class PodmanEngine(CliEngine):
         count = CONTAINER_ID_COUNT - 1
         return ["--uidmap=0:0:1", f"--uidmap=1:{ROOTFUL_ID_BASE + 1}:{count}",
                 "--gidmap=0:0:1", f"--gidmap=1:{ROOTFUL_ID_BASE + 1}:{count}"]
+
+    def network_args(self, spec: ContainerSpec) -> builtins.list[str]:
+        """Rootful podman publishes `PORT:PORT` on IPv4 only (conmon holds 0.0.0.0:PORT), which
+        left [::]:PORT to any local account, for the booking's IPv6 clients to meet: publish on
+        both families, so that conmon holds both (issue 22, finding 19)."""
+        args = super().network_args(spec)
+        if os.geteuid() != 0 or self.network == "host" or not _has_ipv6():
+            return args
+        both = ("0.0.0.0", "[::]")  # noqa: S104 - the host's addresses the booking's port is published on
+        return [*args[:-2], *(arg for address in both for arg in ("--publish", f"{address}:{spec.port}:{spec.port}"))]
 
     def private_network_args(self) -> builtins.list[str]:
         """Rootless: slirp4netns, each container its own namespace, the host's loopback out of
