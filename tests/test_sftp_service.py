@@ -337,8 +337,10 @@ def test_a_squatter_on_either_address_family_keeps_the_service_from_starting(
         site.close()
 
 
-def test_the_service_holds_both_address_families_with_one_host_key(engine: Engine, tmp_path: Path) -> None:  # noqa: F811
-    site = Site(tmp_path, engine)
+@pytest.mark.parametrize("network", ["host", "private"])
+def test_the_service_holds_both_address_families_with_one_host_key(
+        engine: Engine, tmp_path: Path, network: str) -> None:  # noqa: F811
+    site = Site(tmp_path, engine, host_network=network == "host")
     site.service.configure(replace(site.settings, listen="0.0.0.0"))  # noqa: S104 - the default
     try:
         site.check()

@@ -244,15 +244,14 @@ class PodmanEngine(CliEngine):
         return ["--uidmap=0:0:1", f"--uidmap=1:{ROOTFUL_ID_BASE + 1}:{count}",
                 "--gidmap=0:0:1", f"--gidmap=1:{ROOTFUL_ID_BASE + 1}:{count}"]
 
-    def network_args(self, spec: ContainerSpec) -> builtins.list[str]:
+    def publish_args(self, port: int) -> builtins.list[str]:
         """Rootful podman publishes `PORT:PORT` on IPv4 only (conmon holds 0.0.0.0:PORT), which
-        left [::]:PORT to any local account, for the booking's IPv6 clients to meet: publish on
-        both families, so that conmon holds both (issue 22, finding 19)."""
-        args = super().network_args(spec)
-        if os.geteuid() != 0 or self.network == "host" or not _has_ipv6():
-            return args
-        both = ("0.0.0.0", "[::]")  # noqa: S104 - the host's addresses the booking's port is published on
-        return [*args[:-2], *(arg for address in both for arg in ("--publish", f"{address}:{spec.port}:{spec.port}"))]
+        left [::]:PORT to any local account, for IPv6 clients to meet: publish on both families,
+        so that conmon holds both (issue 22, finding 19)."""
+        if os.geteuid() != 0 or not _has_ipv6():
+            return super().publish_args(port)
+        both = ("0.0.0.0", "[::]")  # noqa: S104 - the host's addresses the port is published on
+        return [arg for address in both for arg in ("--publish", f"{address}:{port}:{port}")]
 
     def private_network_args(self) -> builtins.list[str]:
         """Rootless: slirp4netns, each container its own namespace, the host's loopback out of
