@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,34 @@ def test_the_state_folders_message_no_longer_suggests_another_state_folder(tmp_p
         assert "state_dir" not in str(refused.value) and f"pid {holder.pid}" in str(refused.value)
     finally:
         holder.communicate("", timeout=30)
+
+
+CONFIG = ('[host]\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/cal/"\n[gpus]\ncount = 1\n'
+          '[users.alice]\nuid = 2001\n[daemon]\nstate_dir = "{state}"\n')
+
+
+def test_a_second_gpubook_run_of_the_account_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """The real `gpubook run` twice, two state folders, one account."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_RUNTIME_DIR": str(runtime)}
+    configs = {}
+    for name in ("a", "b"):
+        configs[name] = tmp_path / f"{name}.toml"
+        configs[name].write_text(CONFIG.format(state=tmp_path / f"state-{name}"))
+    first = subprocess.Popen([sys.executable, "-m", "gpubook", "run", "--config", str(configs["a"])], cwd=ROOT,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        lock = runtime / "gpubook-daemon.lock"
+        deadline = time.monotonic() + 60
+        while not (lock.exists() and lock.read_text().startswith(f"{first.pid} ")):
+            assert first.poll() is None and time.monotonic() < deadline, "the first daemon did not take the lock"
+            time.sleep(0.1)
+        second = subprocess.run([sys.executable, "-m", "gpubook", "run", "--config", str(configs["b"])], cwd=ROOT,
+                                env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert second.returncode != 0
+        assert f"another gpubook daemon (pid {first.pid}, state folder {tmp_path / 'state-a'}) already runs as this " \
+               f"account on this host" in second.stderr, second.stderr
+    finally:
+        first.terminate()
+        first.wait(timeout=60)
