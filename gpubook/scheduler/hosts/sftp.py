@@ -295,7 +295,8 @@ class SftpService:
                 self.engine.stop(self.name, 1)
                 self._alive = None
                 self._refuse_squatter(settings, failed[0])
-            if text.count("Server listening on ") >= wanted:
+            # Each address ends in one of the two lines (an address family the host lacks fails otherwise).
+            if text.count("Server listening on ") + text.count(f"Bind to port {settings.port} on ") >= wanted:
                 return
             time.sleep(0.2)
 
