@@ -271,6 +271,9 @@ class IdleEngine:
 
     def chown(self, path: Path, uid: int, gid: int) -> None: ...
 
+    def data_owner_argv(self) -> list[str] | None:
+        return []
+
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None: ...
 
     def import_rootfs(self, tarball: Path, tag: str) -> None: ...

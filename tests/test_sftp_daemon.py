@@ -102,6 +102,11 @@ def test_upload_before_the_booking_use_it_inside_download_after(
         upload_line = f"input: sftp -P {port} alice@127.0.0.1"
         wait_for("the upload line in the accepted event", lambda: upload_line in description(calendar, "sftp@test"),
                  timeout=30, daemon=daemon)
+        # The service's host key comes with it: the booker's known_hosts from the event alone.
+        public = (tmp_path / "state" / "sftp" / "etc" / "host_key.pub").read_text().strip()
+        known = f"sftp known_hosts: [127.0.0.1]:{port} {public}"
+        assert known in description(calendar, "sftp@test")
+        client.known_hosts.write_text(known.removeprefix("sftp known_hosts: ") + "\n")
 
         info = wait_for("the booking's container", lambda: running_container(engine, "sftp@test"), timeout=40,
                         daemon=daemon)
@@ -123,6 +128,7 @@ def test_upload_before_the_booking_use_it_inside_download_after(
         download_line = f"outputs: sftp -P {port} alice@127.0.0.1"
         wait_for("the download line in the ended event", lambda: download_line in description(calendar, "sftp@test"),
                  timeout=20, daemon=daemon)
+        assert known in description(calendar, "sftp@test")
 
         status = cli(config, "status", "--json")
         assert status.returncode == 0, status.stderr

@@ -3,9 +3,12 @@ service (rootless podman, OpenSSH's sshd with internal-sftp), with hostile users
 
 from __future__ import annotations
 
+import base64
 import os
+import socket
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -30,7 +33,7 @@ class Site:
     """A running SFTP service with two users, alice and bob, and what a client needs."""
 
     def __init__(self, folder: Path, engine: Engine, *, quota: int | None = None,  # noqa: F811
-                 host_network: bool = True) -> None:
+                 host_network: bool = True, home: bool = False) -> None:
         self.folder = folder
         self.keys = {name: paramiko.ECDSAKey.generate(bits=256) for name in ("alice", "bob")}
         self.key_files = sftp_kit.key_files(folder, self.keys)
@@ -39,6 +42,7 @@ class Site:
         self.port = free_port()
         self.settings = SftpSettings(
             port=self.port, listen="127.0.0.1", data_root=self.data_root, quota_bytes=quota, host_network=host_network,
+            persistent_home=home,
             users=(sftp.SftpUser("alice", 2001, 2001, (key_line(self.keys["alice"]),)),
                    sftp.SftpUser("bob", 2002, 2002, (key_line(self.keys["bob"]),))))
         self.name = f"gpubook-sftp-test-{self.port}"
@@ -194,6 +198,32 @@ def test_chmod_can_never_make_a_setuid_or_setgid_file(site: Site) -> None:
     assert not (site.data_root / "alice" / "input" / "shared").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
 
 
+def _open_with_mode(client: paramiko.SFTPClient, path: str, mode: int) -> None:
+    """SFTP OPEN with a permissions attribute, as a raw client sends it (OpenSSH's `put -p` masks
+    the mode to 0777; internal-sftp hands whatever comes to open(2))."""
+    attrs = paramiko.SFTPAttributes()
+    attrs.st_mode = mode
+    flags = paramiko.sftp.SFTP_FLAG_WRITE | paramiko.sftp.SFTP_FLAG_CREATE | paramiko.sftp.SFTP_FLAG_TRUNC
+    kind, message = client._request(paramiko.sftp.CMD_OPEN, path, flags, attrs)  # noqa: SLF001 - no public call sends attrs
+    assert kind == paramiko.sftp.CMD_HANDLE
+    client._request(paramiko.sftp.CMD_CLOSE, message.get_binary())  # noqa: SLF001
+
+
+def test_a_file_created_over_sftp_never_carries_a_setuid_or_setgid_bit(site: Site) -> None:
+    """Issue 22, finding 8: the OPEN request's mode went to open(2) unfiltered."""
+    client = site.connect("alice")
+    assert client is not None
+    with client:
+        _open_with_mode(client, "input/plain", 0o755)  # an ordinary mode still works
+        for name, mode in (("suid", 0o4755), ("sgid", 0o2755), ("both", 0o6777)):
+            with pytest.raises(PermissionError):
+                _open_with_mode(client, f"input/{name}", mode)
+    folder = site.data_root / "alice" / "input"
+    assert (folder / "plain").stat().st_mode & 0o7777 == 0o755
+    for name in ("suid", "sgid", "both"):
+        assert not (folder / name).exists()
+
+
 def test_a_user_removed_on_reload_is_refused_while_another_users_transfer_goes_on(site: Site) -> None:
     alice = site.connect("alice")
     bob = site.connect("bob")
@@ -277,3 +307,126 @@ def test_the_data_root_must_be_nosuid_nodev(engine: Engine, tmp_path: Path) -> N
     site.service.configure(replace(site.settings, data_root=unsafe))
     status = site.service.check()
     assert not status.running and status.problem is not None and "nosuid" in status.problem
+
+
+def _squat(address: str, port: int) -> socket.socket:
+    """Another process's listener on `address`:`port` (IPv6 with IPV6_V6ONLY, as a squatter binds it)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    squatter = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_INET6:
+        squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    squatter.bind((address, port))
+    squatter.listen()
+    return squatter
+
+
+@pytest.mark.parametrize("taken", ["::", "0.0.0.0"])  # noqa: S104
+def test_a_squatter_on_either_address_family_keeps_the_service_from_starting(
+        engine: Engine, tmp_path: Path, taken: str) -> None:  # noqa: F811
+    site = Site(tmp_path, engine)
+    site.service.configure(replace(site.settings, listen="0.0.0.0"))  # noqa: S104 - the default
+    squatter = _squat(taken, site.port)
+    try:
+        status = site.service.check()
+        assert not status.running, status
+        assert status.problem is not None and f"port {site.port} on {taken} is held by another process" \
+            in status.problem, status.problem
+        assert engine.inspect_service(site.name) is None
+    finally:
+        squatter.close()
+        site.close()
+
+
+@pytest.mark.parametrize("network", ["host", "private"])
+def test_the_service_holds_both_address_families_with_one_host_key(
+        engine: Engine, tmp_path: Path, network: str) -> None:  # noqa: F811
+    site = Site(tmp_path, engine, host_network=network == "host")
+    site.service.configure(replace(site.settings, listen="0.0.0.0"))  # noqa: S104 - the default
+    try:
+        site.check()
+        site.wait_ready()
+        for address in ("::", "0.0.0.0"):  # noqa: S104
+            with pytest.raises(OSError):  # sshd holds it: no squatter can bind it now
+                _squat(address, site.port).close()
+        kind, blob = site.service.status.host_key.split()[:2]
+        client = paramiko.SSHClient()
+        key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
+        client.get_host_keys().add(f"[::1]:{site.port}", kind, key)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect("::1", port=site.port, username="alice", pkey=site.keys["alice"], allow_agent=False,
+                       look_for_keys=False, timeout=5, banner_timeout=5, auth_timeout=5)
+        with client, client.open_sftp() as over_ipv6:
+            assert "input" in over_ipv6.listdir("/")
+    finally:
+        site.close()
+
+
+# -- the quota cannot be bypassed (issue 22, finding 5) ------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["output/h", "home"])
+def test_a_folder_closed_with_chmod_700_or_home_still_counts_against_the_quota(
+        engine: Engine, tmp_path: Path, where: str) -> None:  # noqa: F811
+    site = Site(tmp_path, engine, quota=2_000_000, home=True)
+    try:
+        site.check()
+        site.wait_ready()
+        client = site.connect("alice")
+        assert client is not None
+        with client:
+            if where == "output/h":
+                client.mkdir("output/h")
+                client.chmod("output/h", 0o700)  # the daemon's user may no longer read it
+            with client.open(f"{where}/big", "w") as upload:
+                upload.write(b"x" * 3_000_000)
+        site.check()
+        usage = site.service.status.usage["alice"]
+        assert usage.bytes >= 3_000_000 and usage.over, usage
+        refused = site.sftp_batch("alice", "put /etc/hostname input/more\n")
+        assert refused.returncode != 0 and "over your storage quota" in refused.stderr, refused.stderr
+    finally:
+        site.close()
+
+
+def _many_files(folder: Path, count: int) -> None:
+    """`count` empty files in `folder`, made as the bookers' files are (podman's namespace root)."""
+    code = (f"import os\nfor i in range({count}):\n"
+            f"    os.close(os.open(f'{folder}/f{{i}}', os.O_CREAT | os.O_WRONLY, 0o600))\n")
+    done = subprocess.run(["podman", "unshare", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_empty_files_count_against_a_quota_of_files(engine: Engine, tmp_path: Path) -> None:  # noqa: F811
+    site = Site(tmp_path, engine)
+    site.service.configure(replace(site.settings, quota_files=500))
+    try:
+        site.check()
+        site.wait_ready()
+        assert not site.service.status.usage["alice"].over
+        _many_files(site.data_root / "alice" / "output", 600)  # 0 bytes of blocks, 600 inodes
+        site.check()
+        usage = site.service.status.usage["alice"]
+        assert usage.over and usage.files > 500 and usage.bytes < 2_000_000, usage
+        assert site.sftp_batch("alice", "put /etc/hostname input/more\n").returncode != 0
+        note = (site.data_root / "alice" / sftp.OVER_QUOTA_FILE).read_text()
+        assert "files and folders, over a quota of 500" in note, note
+    finally:
+        site.close()
+
+
+def test_a_folder_too_big_to_measure_in_time_counts_as_over_quota(engine: Engine, tmp_path: Path) -> None:  # noqa: F811
+    site = Site(tmp_path, engine, quota=10**12)
+    site.service.configure(replace(site.settings, measure_seconds=0.001))
+    try:
+        site.check()
+        site.wait_ready()
+        _many_files(site.data_root / "alice" / "output", 5000)  # more than a walk of 1 ms gets through
+        site.check()
+        usage = site.service.status.usage["alice"]
+        assert usage.timed_out and usage.over and not usage.complete, usage
+        note = (site.data_root / "alice" / sftp.OVER_QUOTA_FILE).read_text()
+        assert "could not be measured within 0.001 s" in note, note
+        assert not site.service.status.usage["bob"].over  # bob's few files are measured in time
+    finally:
+        site.close()

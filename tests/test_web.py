@@ -270,3 +270,16 @@ def test_sighup_serves_the_page_with_the_reloaded_web_settings(tmp_path: Path) -
         daemon.scheduler.shutdown(wait=False)
         daemon.passes.close()
         daemon.state.close()
+
+
+def test_the_page_gives_the_sftp_services_known_hosts_line(tmp_path: Path) -> None:
+    """The SFTP host key reaches bookers (issue 22, finding 2): before, it was only in `gpubook status`."""
+    from dataclasses import replace
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB2gcXY3Lrx9tHCfQyR0Ch5Y2dt7/hv3NlBT8j+3oQ9H"
+    report = replace(lab_status(), sftp={"port": 2222, "listen": "127.0.0.1", "running": True, "host_key": key})
+    with served(web_config(tmp_path), report) as url:
+        page = requests.get(url + "/", timeout=10).text
+        data = requests.get(url + "/api/status", timeout=10).json()
+    assert f"[devbox1]:2222 {key}" in page
+    assert data["sftp"]["known_hosts"] == f"[devbox1]:2222 {key}"

@@ -17,8 +17,14 @@ checked by the config; nothing reaches a shell.
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import json
 import os
+import re
+import socket
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +33,7 @@ from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.names import USER_NAME
 from gpubook.runtime.private import write_private
 from gpubook.runtime.ssh import host_key_pair
+from gpubook.runtime.usage_walk import Measure
 
 ETC_TARGET = "/etc/gpubook-sftp"
 DATA_TARGET = "/srv/gpubook-data"
@@ -55,10 +62,16 @@ COMMAND = (
 # session (of a user removed or over quota). Everything else is dropped: no DAC_OVERRIDE, so root
 # too meets the files' modes.
 CAPABILITIES = ("SETUID", "SETGID", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
-# chmod, fchmod, fchmodat: the mode's argument index. fchmodat2 is not allowed at all (glibc falls
-# back to fchmodat).
-_CHMOD_CALLS = {"chmod": 1, "fchmod": 1, "fchmodat": 2}
+# The calls that set a file's mode, with the mode's argument index: chmod's three, and the three
+# that create a file (internal-sftp's OPEN hands the client's `a.perm`, set-id bits included, to
+# open(2); glibc passes 0 as the mode of an open without O_CREAT).
+_CHMOD_CALLS = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "open": 2, "openat": 3, "creat": 1}
+# Calls whose mode cannot be filtered (fchmodat2's flags aside, openat2's is in a struct): ENOSYS,
+# so that glibc and any caller fall back to fchmodat and openat above, whatever the host's profile allows.
+_UNFILTERED_CALLS = ("fchmodat2", "openat2")
+_ENOSYS = 38
 _SET_ID_BITS = 0o6000
+WALK_GRACE = 30.0  # seconds a measure may take beyond its walk's bound (podman unshare, Python's start)
 DEFAULT_SECCOMP = Path("/usr/share/containers/seccomp.json")
 
 
@@ -104,7 +117,7 @@ def sshd_config(*, port: int, listen: str) -> str:
     lines = [
         "# Written by gpubook.",
         f"Port {port}",
-        f"ListenAddress {listen}",
+        *(f"ListenAddress {address}" for address in listen_addresses(listen)),
         f"HostKey {ETC_TARGET}/host_key",
         f"AuthorizedKeysFile {ETC_TARGET}/keys/%u",
         "AuthenticationMethods publickey",
@@ -139,6 +152,44 @@ def sshd_config(*, port: int, listen: str) -> str:
         f"    ForceCommand internal-sftp -u 0022 -P {','.join(OVER_QUOTA_DENIED)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def listen_addresses(listen: str) -> tuple[str, ...]:
+    """The addresses sshd binds for `listen`: a wildcard means both families. OpenSSH binds an IPv6
+    listener IPV6_V6ONLY, so "0.0.0.0" alone would leave [::]:PORT to any other local account, and
+    IPv6 clients would reach that squatter instead of the service."""
+    if listen in ("0.0.0.0", "::"):  # noqa: S104 - the configured wildcard
+        return ("0.0.0.0", "::")  # noqa: S104
+    return (listen,)
+
+
+def taken_address(port: int, addresses: Sequence[str]) -> str | None:
+    """The first of `addresses` where another process already listens on `port` (a bind of our own
+    fails with EADDRINUSE), None when every one is free. An address family the host lacks (no
+    IPv6) is free: nobody can squat it either."""
+    for address in addresses:
+        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT left over is no owner
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind((address, port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    return address
+    return None
+
+
+def bind_failures(log_text: str, port: int) -> list[str]:
+    """The addresses sshd's log says it could not bind `port` on because another process holds it
+    ("Bind to port 2222 on :: failed: Address already in use.")."""
+    found = re.findall(rf"Bind to port {port} on (\S+) failed: Address already in use", log_text)
+    return sorted(set(found))
 
 
 def passwd(users: Sequence[SftpUser]) -> str:
@@ -215,10 +266,11 @@ def host_key(etc: Path) -> str:
 def seccomp_profile(base: Path = DEFAULT_SECCOMP) -> dict[str, object]:
     """The engine's default seccomp profile where chmod can never set the setuid or setgid bit.
 
-    internal-sftp passes a client's SETSTAT mode to chmod(2) with those bits; the data folders'
-    nosuid mount already takes their power away, this also keeps them off the files. The three
-    chmod calls leave the unconditional allow list and come back allowed only when
-    `mode & 06000 == 0`; any other mode gets EPERM ("Permission denied" in the client).
+    internal-sftp passes a client's SETSTAT mode to chmod(2) and its OPEN mode to open(2), with
+    those bits; the data folders' nosuid mount already takes their power away, this also keeps them
+    off the files. The chmod and create calls leave the allow lists and come back allowed only when
+    `mode & 06000 == 0`; any other mode gets EPERM ("Permission denied" in the client);
+    fchmodat2 and openat2 get ENOSYS (their callers fall back to the filtered calls).
     Without the engine's file (Docker alone installs none), the profile allows everything else.
     """
     try:
@@ -231,8 +283,10 @@ def seccomp_profile(base: Path = DEFAULT_SECCOMP) -> dict[str, object]:
     if not isinstance(rules, list):
         raise SftpError(f"seccomp profile {base}: no syscalls list")
     for rule in rules:
-        if rule.get("action") == "SCMP_ACT_ALLOW" and not rule.get("args"):
-            rule["names"] = [name for name in rule.get("names", []) if name not in _CHMOD_CALLS]
+        if rule.get("action") == "SCMP_ACT_ALLOW":
+            rule["names"] = [name for name in rule.get("names", [])
+                             if name not in _UNFILTERED_CALLS and name not in _CHMOD_CALLS]
+    rules.append({"names": list(_UNFILTERED_CALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": _ENOSYS})
     for name, index in _CHMOD_CALLS.items():
         rules.append({"names": [name], "action": "SCMP_ACT_ALLOW",
                       "args": [{"index": index, "value": _SET_ID_BITS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]})
@@ -248,27 +302,26 @@ def write_seccomp(path: Path, base: Path = DEFAULT_SECCOMP) -> Path:
     return path
 
 
-def usage_bytes(folder: Path) -> int:
-    """Bytes a user's folder holds on disk (allocated blocks; each hard-linked inode once), without
-    following a symlink."""
-    total, seen = 0, set()
-    stack = [folder]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if info.st_nlink > 1:
-                if (info.st_dev, info.st_ino) in seen:
-                    continue
-                seen.add((info.st_dev, info.st_ino))
-            total += info.st_blocks * 512
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
-    return total
+def measure(folder: Path, *, owner_argv: Sequence[str] | None, seconds: float, stop_bytes: int | None = None,
+            stop_files: int | None = None) -> Measure:
+    """A user's folder measured (usage_walk) as the owner of every booker's file: `owner_argv` is
+    the engine's way to become it (rootless podman: `podman unshare`; [] when the daemon is that
+    owner already). None: nothing can; the walk runs as the daemon's user, and whatever it cannot
+    read makes the measure incomplete (a lower bound), never a silent 0."""
+    argv = [*(owner_argv or ()), sys.executable, "-P", "-m", "gpubook.runtime.usage_walk", "--seconds", f"{seconds:g}",
+            *(["--stop-bytes", str(stop_bytes)] if stop_bytes is not None else []),
+            *(["--stop-files", str(stop_files)] if stop_files is not None else []), "--", str(folder)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + WALK_GRACE, check=False,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise SftpError(f"measuring {folder} took more than {seconds + WALK_GRACE:g} s") from None
+    except OSError as error:
+        raise SftpError(f"measuring {folder}: {error}") from None
+    try:
+        data = json.loads(done.stdout)
+        return Measure(bytes=int(data["bytes"]), files=int(data["files"]), complete=bool(data["complete"]),
+                       timed_out=bool(data["timed_out"]), unreadable=int(data["unreadable"]))
+    except (ValueError, KeyError, TypeError):
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SftpError(f"measuring {folder} failed (exit status {done.returncode}): {why}") from None

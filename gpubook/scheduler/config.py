@@ -224,6 +224,9 @@ class StorageConfig:
     quota_gb: float | None = setting(None, "space per user under data_root, in GB (10^9 bytes); over it, "
                                      "SFTP uploads are refused until they delete; None: no quota",
                                      check=lambda v: _positive(v) if v is not None else None)
+    quota_files: int | None = setting(None, "files and folders (inodes) per user under data_root; over it, SFTP "
+                                      "uploads are refused as over quota_gb; None: no such quota",
+                                      check=lambda v: _positive(v) if v is not None else None)
 
 
 def _address_problem(value: str) -> str | None:
@@ -248,6 +251,9 @@ class SftpConfig:
                             "and pkill)", check=_template_name_problem)
     check_seconds: float = setting(5.0, "seconds between checks of the service and of the quotas",
                                    check=_positive)
+    measure_seconds: float = setting(20.0, "the longest one user's folder is walked to measure it; a walk that "
+                                     "cannot finish counts as over quota (uploads refused until they delete)",
+                                     check=_positive)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -90,9 +91,42 @@ def hold_lock(folder: Path) -> int:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         raise AlreadyRunning(f"another gpubook daemon (pid {holder}) already runs on the state folder {folder} "
-                             f"(it holds {path}); stop it first, or give this one another [daemon] state_dir") from None
+                             f"(it holds {path}); stop it first") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def account_lock_path() -> Path:
+    """The lock of this account on this host: two daemons of one account, whatever their state
+    folders, would fight over the gpubook-sftp container and the booking ports. In the account's
+    runtime folder (per host, per uid, a tmpfs), else in its home with the host's name (a home on
+    NFS is shared by hosts)."""
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}")
+    try:
+        info = runtime.stat()
+        if info.st_uid == os.getuid() and not info.st_mode & 0o022:
+            return runtime / "gpubook-daemon.lock"
+    except OSError:
+        pass
+    return private_folder(Path.home() / ".local" / "state") / f"gpubook-daemon-{socket.gethostname()}.lock"
+
+
+def hold_account_lock(folder: Path, path: Path | None = None) -> int:
+    """Take the account's daemon lock besides the state folder's; it names the holder's pid and
+    state folder. Raises AlreadyRunning naming both when another daemon of this account has it."""
+    path = path or account_lock_path()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid, _, other = os.read(fd, 4096).decode(errors="replace").strip().partition(" ")
+        os.close(fd)
+        raise AlreadyRunning(f"another gpubook daemon (pid {pid or 'unknown'}, state folder {other or 'unknown'}) "
+                             f"already runs as this account on this host (it holds {path}): two would fight over "
+                             f"the SFTP service and the booking ports; stop it first") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} {folder}\n".encode())
     return fd
 
 
@@ -153,6 +187,7 @@ class Daemon:
         the state folder's lock first, before the state database is opened."""
         self.state_dir = private_folder(state_dir(config))  # 0700: history, probe key, status
         self.lock_fd = hold_lock(self.state_dir) if exclusive else None
+        self.account_lock_fd = hold_account_lock(self.state_dir) if exclusive else None
         self.config = config
         self.notifier = notifier or Notifier.from_environment()
         self.engine = engine or make_engine(config)
@@ -248,6 +283,8 @@ class Daemon:
                                               etc_dir=private_folder(self.state_dir / "sftp") / "etc", image=image)
         else:
             self.sftp.configure(settings, image=image)
+        service = self.sftp
+        self.passes.writeback.sftp_host_key = service.public_key if service is not None else lambda: ""
 
     def check_sftp(self) -> None:
         """The SFTP watch: folders, quotas, sshd's files, the container (started again if gone)."""

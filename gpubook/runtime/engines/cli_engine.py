@@ -200,7 +200,10 @@ class CliEngine:
         if spec.host_network:
             argv += ["--network", "host"]
         else:
-            argv += [*self.private_network_args(), "--publish", f"{spec.listen}:{spec.port}:{spec.port}"]
+            wildcard = spec.listen in ("0.0.0.0", "::")  # noqa: S104 - both families, as sshd binds them itself
+            publish = self.publish_args(spec.port) if wildcard else \
+                ["--publish", f"{spec.listen}:{spec.port}:{spec.port}"]
+            argv += [*self.private_network_args(), *publish]
         argv += self.service_userns_args()
         argv += ["--cap-drop", "ALL"]
         for capability in spec.capabilities:
@@ -311,6 +314,10 @@ class CliEngine:
         if os.geteuid() == 0:
             os.chown(path, uid, gid, follow_symlinks=False)
 
+    def data_owner_argv(self) -> builtins.list[str] | None:
+        """Bookers' files belong to their host ids: only root reads them all."""
+        return [] if os.geteuid() == 0 else None
+
     def default_ulimits(self) -> builtins.list[str]:
         """nproc: a fork bomb inside stops at its own limit (RLIMIT_NPROC counts per uid in the
         container's namespace, with or without cgroups)."""
@@ -399,7 +406,12 @@ class CliEngine:
         and every booker's services share the host's ports (an admin's explicit choice)."""
         if self.network == "host":
             return ["--network", "host"]
-        return [*self.private_network_args(), "--publish", f"{spec.port}:{spec.port}"]
+        return [*self.private_network_args(), *self.publish_args(spec.port)]
+
+    def publish_args(self, port: int) -> builtins.list[str]:
+        """`port` published on every address of both families (Docker's proxy and rootless
+        podman's rootlesskit bind one socket for both), so no local account can squat [::]:PORT."""
+        return ["--publish", f"{port}:{port}"]
 
     def private_network_args(self) -> builtins.list[str]:
         """The engine's per-container network: a bridge unless the engine spells its own."""

@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +46,16 @@ _DRIVER_MISMATCH = re.compile(
     r'database (?:storage )?graph driver "(?P<store>[^"]*)" does not match our '
     r'(?:storage )?graph driver "(?P<ours>[^"]*)"'
 )
+
+
+def _has_ipv6() -> bool:
+    """This host can listen on IPv6 (else nobody can squat [::] either, and publishing there fails)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::", 0))
+    except OSError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -233,6 +244,15 @@ class PodmanEngine(CliEngine):
         return ["--uidmap=0:0:1", f"--uidmap=1:{ROOTFUL_ID_BASE + 1}:{count}",
                 "--gidmap=0:0:1", f"--gidmap=1:{ROOTFUL_ID_BASE + 1}:{count}"]
 
+    def publish_args(self, port: int) -> builtins.list[str]:
+        """Rootful podman publishes `PORT:PORT` on IPv4 only (conmon holds 0.0.0.0:PORT), which
+        left [::]:PORT to any local account, for IPv6 clients to meet: publish on both families,
+        so that conmon holds both (issue 22, finding 19)."""
+        if os.geteuid() != 0 or not _has_ipv6():
+            return super().publish_args(port)
+        both = ("0.0.0.0", "[::]")  # noqa: S104 - the host's addresses the port is published on
+        return [arg for address in both for arg in ("--publish", f"{address}:{port}:{port}")]
+
     def private_network_args(self) -> builtins.list[str]:
         """Rootless: slirp4netns, each container its own namespace, the host's loopback out of
         reach (`allow_host_loopback=false`: no host-local service such as the calendar server);
@@ -263,6 +283,11 @@ class PodmanEngine(CliEngine):
         )
         if done.returncode != 0:
             raise EngineError(f"podman unshare chown {path}: {message_of(done)}")
+
+    def data_owner_argv(self) -> builtins.list[str] | None:
+        """Rootless: root of podman's user namespace owns every booker's id (and has
+        CAP_DAC_READ_SEARCH over them there); rootful: root itself."""
+        return [] if os.geteuid() == 0 else [*self.global_argv(), "unshare"]
 
     def _subordinate_ids(self, uid: int, gid: int) -> SubordinateIds:
         ids = self._read_subordinate_ids()

@@ -25,7 +25,7 @@ from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.daemon import LOCK_FILE, STATUS_FILE, Daemon, make_engine, state_dir
 from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status, setup_findings
 from gpubook.scheduler.sources.errors import printable
-from gpubook.scheduler.state import LogEntry, State
+from gpubook.scheduler.state import LogEntry, State, port_range_problem
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,10 @@ def status(config_path: str, *, as_json: bool = False) -> int:
         if config.backend.kind == "local":  # a cluster's nodes: as the daemon's last pass listed them
             report = report.with_containers(containers, ports=state.ports())
         problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
+        held = set(state.ports().values()) | ({config.sftp.port} if config.sftp.enabled else set())
+    if config.backend.kind == "local" and (taken := port_range_problem(config.ssh.port_min, config.ssh.port_max,
+                                                                       held=held)):
+        report = replace(report, problems=(*report.problems, taken))
     report = replace(report, findings=setup_findings(config.engine), recent_warnings=tuple(
         printable(f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}") for e in problems))
     limits = getattr(engine, "limits_problem", lambda: None)()  # an engine may enforce everything

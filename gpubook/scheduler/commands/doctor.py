@@ -26,6 +26,7 @@ from gpubook.scheduler import config as config_module
 from gpubook.scheduler.hosts import sftp as sftp_host
 from gpubook.scheduler.sources import open_source
 from gpubook.scheduler.sources.errors import redact_url
+from gpubook.scheduler.state import port_range_problem
 
 
 def _config_check(given: str | None) -> tuple[Check, config_module.Config | None]:
@@ -246,6 +247,23 @@ def driver_section(driver: list[Check], *, gpu_count: int | None) -> list[Check]
     return driver
 
 
+def ports_taken_check(loaded: config_module.Config) -> Check:
+    """No other process holds the bookings' ports (a port found busy is skipped at a start: a host
+    login that binds the whole range stops every start)."""
+    held = {loaded.sftp.port} if loaded.sftp.enabled else set()
+    try:  # the ports of gpubook's own running bookings are no squatter's
+        held |= {info.port for info in engines.make_engine(loaded.engine).list() if info.port is not None}
+    except GpubookError:
+        pass
+    low, high = loaded.ssh.port_min, loaded.ssh.port_max
+    problem = port_range_problem(low, high, held=held)
+    if problem is None:
+        return Check("ssh ports free", True, f"no other process listens on {low}-{high}")
+    if "bookings cannot start" in problem:
+        return Check("ssh ports free", False, problem, "stop what listens there, or choose another [ssh] port range")
+    return Check("ssh ports free", True, problem)
+
+
 def checks(config_path: str | None) -> list[Check]:
     config_check, loaded = _config_check(config_path)
     result = [config_check]
@@ -260,6 +278,7 @@ def checks(config_path: str | None) -> list[Check]:
         result.extend(_calendar_checks(loaded))
         result.append(_storage_check(loaded))
         result.append(ports_check(loaded))
+        result.append(ports_taken_check(loaded))
         result.extend(_sftp_checks(loaded))
     return result
 

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = "sftp"
 PIDS_LIMIT = 4096  # sshd forks a process or two per session
+BIND_SECONDS = 10.0  # how long a start waits for sshd to say it listens on every address
 USAGE_SECONDS = 300.0  # without a quota, how often each user's space is measured (for `status`)
 
 
@@ -46,18 +47,33 @@ class SftpSettings:
     data_root: Path
     users: tuple[sftp.SftpUser, ...]  # quota notes not set yet
     quota_bytes: int | None = None
+    quota_files: int | None = None
+    measure_seconds: float = 20.0
     persistent_home: bool = False
     host_network: bool = True  # [sftp] network = "host": sshd itself binds `listen`; else the engine publishes it
 
 
 @dataclass(frozen=True)
 class Usage:
+    """A user's space as last measured; `complete` False: a lower bound (the walk stopped at its
+    time bound, at a quota, or met something unreadable)."""
+
     bytes: int
     quota: int | None
+    files: int = 0
+    quota_files: int | None = None
+    complete: bool = True
+    timed_out: bool = False
 
     @property
     def over(self) -> bool:
-        return self.quota is not None and self.bytes > self.quota
+        """Past a quota, or not measurable within its bound while a quota holds: a walk made slow on
+        purpose (a million empty files) must not buy unmeasured space, so it fails closed."""
+        if self.quota is None and self.quota_files is None:
+            return False
+        return ((self.quota is not None and self.bytes > self.quota)
+                or (self.quota_files is not None and self.files > self.quota_files) or self.timed_out
+                or not self.complete)
 
 
 @dataclass(frozen=True)
@@ -79,7 +95,8 @@ class SftpStatus:
                 "container": self.container, "restarts": self.restarts, "problem": self.problem,
                 "host_key": self.host_key,
                 "left_out": list(self.left_out),
-                "usage": {name: {"bytes": u.bytes, "quota": u.quota, "over": u.over}
+                "usage": {name: {"bytes": u.bytes, "quota": u.quota, "files": u.files, "quota_files": u.quota_files,
+                                 "complete": u.complete, "over": u.over}
                           for name, u in sorted(self.usage.items())}}
 
 
@@ -96,6 +113,7 @@ def settings_of(config: Config) -> SftpSettings | None:
     quota = config.storage.quota_gb
     return SftpSettings(port=config.sftp.port, listen=config.sftp.listen, data_root=config.storage.data_root,
                         users=users_of(config), quota_bytes=round(quota * 1e9) if quota is not None else None,
+                        quota_files=config.storage.quota_files, measure_seconds=config.sftp.measure_seconds,
                         persistent_home=config.storage.persistent_home,
                         host_network=config.sftp.network == "host")
 
@@ -115,10 +133,17 @@ def image_of(config: Config, templates: TemplateSet, overlay: Callable[[Template
     return image
 
 
-def quota_note(user: str, usage: Usage) -> str:
-    quota = usage.quota or 0
-    return (f"gpubook: {user} uses {usage.bytes / 1e9:.3g} GB of a {quota / 1e9:g} GB quota: uploads "
-            f"are refused until you delete files (rm in input/ or output/).")
+def quota_note(user: str, usage: Usage, *, seconds: float = 0.0) -> str:
+    end = "uploads are refused until you delete files (rm in input/, output/ or home/)."
+    if usage.quota_files is not None and usage.files > usage.quota_files:
+        return f"gpubook: {user} has {usage.files} files and folders, over a quota of {usage.quota_files}: {end}"
+    if usage.quota is not None and usage.bytes > usage.quota:
+        return f"gpubook: {user} uses {usage.bytes / 1e9:.3g} GB of a {usage.quota / 1e9:g} GB quota: {end}"
+    if usage.timed_out:
+        return (f"gpubook: {user}'s folder could not be measured within {seconds:g} s (at least {usage.files} "
+                f"files, {usage.bytes / 1e9:.3g} GB): {end}")
+    return (f"gpubook: part of {user}'s folder could not be read to measure it (at least {usage.files} files, "
+            f"{usage.bytes / 1e9:.3g} GB): {end}")
 
 
 class SftpService:
@@ -133,7 +158,7 @@ class SftpService:
         self.name = name
         self._lock = threading.Lock()
         self._served: tuple[sftp.SftpUser, ...] = ()
-        self._bytes: dict[str, int] = {}  # each user's space at the last measure
+        self._usage: dict[str, Usage] = {}  # each user's space at the last measure
         self._measured_at = -USAGE_SECONDS
         self._restarts = 0
         self._seccomp: Path | None = None  # written at the first start: it depends on nothing that changes
@@ -145,6 +170,14 @@ class SftpService:
         with self._lock:
             self.settings = settings
             self.image = image or self.image
+
+    def public_key(self) -> str:
+        """The service's public host key line ("" before its first check made it): what the
+        events' known_hosts line for the SFTP port carries."""
+        try:
+            return (self.etc_dir / "host_key.pub").read_text().strip()
+        except OSError:
+            return ""
 
     def stop(self, *, grace: float) -> None:
         with self._lock:
@@ -171,16 +204,17 @@ class SftpService:
         usage: dict[str, Usage] = {}
         served = []
         # With a quota, every check measures (it enforces); without, `status` gets a figure this often.
-        measure = settings.quota_bytes is not None or time.monotonic() - self._measured_at >= USAGE_SECONDS
+        quota = settings.quota_bytes is not None or settings.quota_files is not None
+        measure = quota or time.monotonic() - self._measured_at >= USAGE_SECONDS
         if measure:
             self._measured_at = time.monotonic()
         for user in users:
             folders = self._folders(user)
-            used = None if measure else self._bytes.get(user.name)
+            used = None if measure else self._usage.get(user.name)
             if used is None:
-                used = self._bytes[user.name] = sftp.usage_bytes(folders.input.parent)
-            usage[user.name] = Usage(bytes=used, quota=settings.quota_bytes)
-            note = quota_note(user.name, usage[user.name]) if usage[user.name].over else None
+                used = self._usage[user.name] = self._measure(settings, folders.input.parent)
+            usage[user.name] = used
+            note = quota_note(user.name, used, seconds=settings.measure_seconds) if used.over else None
             _note_file(folders.input.parent, note)
             served.append(sftp.SftpUser(name=user.name, uid=user.uid, gid=user.gid, keys=user.keys,
                                         quota_note=note))
@@ -198,6 +232,19 @@ class SftpService:
         self._served = tuple(served)
         return SftpStatus(port=settings.port, listen=settings.listen, running=running, container=self.name,
                           restarts=self._restarts, usage=usage, left_out=tuple(left_out), host_key=written.host_key)
+
+    def _measure(self, settings: SftpSettings, folder: Path) -> Usage:
+        """The user's whole folder (home/ and folders they closed with chmod 700 included),
+        measured as the owner of their files, in `measure_seconds` at most; it stops early once
+        past a quota (walking on would only cost time)."""
+        found = sftp.measure(folder, owner_argv=self.engine.data_owner_argv(), seconds=settings.measure_seconds,
+                             stop_bytes=settings.quota_bytes, stop_files=settings.quota_files)
+        if found.timed_out or found.unreadable:
+            why = f"not measured within {settings.measure_seconds:g} s" if found.timed_out else \
+                f"{found.unreadable} entries could not be read"
+            log.warning("SFTP: %s: %s; at least %s bytes in %s files", folder, why, found.bytes, found.files)
+        return Usage(bytes=found.bytes, quota=settings.quota_bytes, files=found.files, quota_files=settings.quota_files,
+                     complete=found.complete or not (found.timed_out or found.unreadable), timed_out=found.timed_out)
 
     def _folders(self, user: sftp.SftpUser) -> storage.DataFolders:
         uid, gid = self.engine.host_owner(user.uid, user.gid)
@@ -220,10 +267,38 @@ class SftpService:
             self._restarts += 1
             why = "was not running" if not current.running else "had another spec"
             log.warning("SFTP service %s %s (%s): starting it again", self.name, why, current.state)
+        if current is None or not current.running:  # else its own sshd holds the port
+            self._refuse_squatter(settings, sftp.taken_address(settings.port, sftp.listen_addresses(settings.listen)))
         info = self.engine.start_service(spec)
         log.warning("SFTP service started on %s:%s", settings.listen, settings.port)
+        if settings.host_network:
+            self._check_bound(settings)
         self._remember(spec, info)
         return info.running, True
+
+    def _refuse_squatter(self, settings: SftpSettings, address: str | None) -> None:
+        if address is not None:
+            raise sftp.SftpError(
+                f"port {settings.port} on {address} is held by another process: the SFTP service does not "
+                f"start, since clients reaching that address would meet it instead of the service; find "
+                f"it with `ss -ltnp 'sport = :{settings.port}'`")
+
+    def _check_bound(self, settings: SftpSettings) -> None:
+        """sshd bound every address, or the service is stopped: a squatter that took one between
+        the probe and sshd's bind would otherwise answer that address family's clients."""
+        wanted = len(sftp.listen_addresses(settings.listen))
+        deadline = time.monotonic() + BIND_SECONDS
+        while time.monotonic() < deadline:
+            text = self.engine.logs(self.name, tail=200)
+            failed = sftp.bind_failures(text, settings.port)
+            if failed:
+                self.engine.stop(self.name, 1)
+                self._alive = None
+                self._refuse_squatter(settings, failed[0])
+            # Each address ends in one of the two lines (an address family the host lacks fails otherwise).
+            if text.count("Server listening on ") + text.count(f"Bind to port {settings.port} on ") >= wanted:
+                return
+            time.sleep(0.2)
 
     def _remember(self, spec: ServiceSpec, info: ContainerInfo) -> None:
         started = _started_at(info.pid) if info.pid else None

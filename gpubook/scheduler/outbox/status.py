@@ -183,6 +183,11 @@ def sftp_lines(sftp: Mapping[str, Any] | None) -> list[str]:
     for name, usage in (sftp.get("usage") or {}).items():
         quota = usage.get("quota")
         used = f"{usage.get('bytes', 0) / 1e9:.2f} GB" + (f" of {quota / 1e9:g} GB" if quota else "")
+        if "files" in usage:
+            files = usage.get("quota_files")
+            used += f", {usage['files']} files" + (f" of {files}" if files else "")
+        if usage.get("complete") is False:
+            used = f"at least {used} (not measured to the end)"
         lines.append(f"  {name:<16} {used}" + ("  OVER QUOTA: uploads refused" if usage.get("over") else ""))
     lines.extend(f"  left out: {line}" for line in sftp.get("left_out") or ())
     return lines

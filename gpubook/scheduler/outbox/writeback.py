@@ -21,7 +21,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
@@ -107,6 +107,8 @@ class WriteBack:
         self.queued: dict[str, _Job] = {}  # booking id → the newest outcome not yet written
         self.sending: dict[str, str] = {}  # booking id → the outcome's key being written now
         self._lock = threading.Lock()
+        # The SFTP service's public host key line ("" while there is none yet): the daemon sets it.
+        self.sftp_host_key: Callable[[], str] = lambda: ""
 
     def write(self, plan: Plan, *, running: Mapping[str, ContainerInfo],
               records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
@@ -160,13 +162,15 @@ class WriteBack:
             hours = sum(r.gpu_hours(now) for r in records)
             root = self.config.storage.data_root
             outputs = f"{self.config.host.name}:{root / booking.user / 'output'}" if root else None
-            outcome = block.ended(gpu_hours=hours, outputs=outputs, at=records[-1].stopped_at or now, timezone=zone,
-                                  download=self._sftp(booking.user))
+            outcome = self._sftp_known_hosts(block.ended(
+                gpu_hours=hours, outputs=outputs, at=records[-1].stopped_at or now, timezone=zone,
+                download=self._sftp(booking.user)))
             if records[-1].exit_reason == decide.ADMIN_STOP:
                 outcome = outcome.with_note("stopped early by an admin")
         elif now < booking.end:
-            outcome = block.accepted(gpus=accepted.gpus, template=booking.template, start=booking.start,
-                                     end=booking.end, timezone=zone, upload=self._sftp(booking.user))
+            outcome = self._sftp_known_hosts(block.accepted(
+                gpus=accepted.gpus, template=booking.template, start=booking.start, end=booking.end, timezone=zone,
+                upload=self._sftp(booking.user)))
             failed = remarks.failures.get(booking.id)
             if failed is not None and now >= booking.start:
                 outcome = outcome.with_note(f"could not start yet: {failed}")
@@ -258,6 +262,15 @@ class WriteBack:
         if not self.config.sftp.enabled or self.config.storage.data_root is None:
             return None
         return block.sftp_line(port=self.config.sftp.port, user=user, host=self.config.host.name)
+
+    def _sftp_known_hosts(self, outcome: block.Outcome) -> block.Outcome:
+        """The SFTP line's known_hosts line after it: the booker's first transfer checks the service's
+        host key instead of trusting whatever answers on the port first."""
+        key = self.sftp_host_key() if self.config.sftp.enabled and self.config.storage.data_root else ""
+        if not key:
+            return outcome
+        line = ssh.known_hosts_line(host=self.config.host.name, port=self.config.sftp.port, host_key=key)
+        return outcome.with_note(f"sftp known_hosts: {line}")
 
     def _write(self, item: Booking | Rejection, outcome: block.Outcome, *, etag: str | None, now: datetime) -> None:
         calendar = next((c for c in self.config.calendars if c.url == item.calendar_url), None)

@@ -22,9 +22,9 @@ from gpubook.scheduler.state.foreign import ForeignRow
 from gpubook.scheduler.state.records import LEVELS, ContainerRecord, LogEntry, Notice, WriteBack
 from gpubook.scheduler.state.releases import GpuSamples, ReleaseRow
 from gpubook.scheduler.state.schema import MIGRATIONS
-from gpubook.scheduler.state.store import State, port_is_free
+from gpubook.scheduler.state.store import State, port_is_free, port_range_problem
 from gpubook.scheduler.state.usage import BookedRow, RejectedRow, Sample, SampleSum
 
 __all__ = ["LEVELS", "MIGRATIONS", "BookedRow", "ContainerRecord", "ForeignRow", "GpuSamples", "LogEntry", "Notice",
            "RejectedRow", "ReleaseRow", "Sample", "SampleSum", "State", "StateError", "StateUnavailable", "WriteBack",
-           "port_is_free"]
+           "port_is_free", "port_range_problem"]

@@ -10,7 +10,7 @@ import logging
 import socket
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -37,19 +37,55 @@ log = logging.getLogger(__name__)
 
 
 def port_is_free(port: int) -> bool:
-    """True when nothing on this host listens on `port` (TCP, all addresses).
+    """True when nothing on this host listens on `port` (TCP, all addresses of both families: a
+    listener on [::]:PORT alone, IPV6_V6ONLY, would meet the booking's IPv6 clients).
 
     SO_REUSEADDR is left off on purpose: a port in TIME_WAIT would also stop the container's
     sshd from binding it.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # noqa: S104 - a probe
         try:
-            probe.bind(("0.0.0.0", port))  # noqa: S104 - a probe: sshd in the container binds all addresses
-        except OSError as error:
-            if error.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this host: nobody can listen there either
+            continue
+        with probe:
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind((address, port))
+            except OSError as error:
+                if error.errno in (errno.EADDRINUSE, errno.EACCES):
+                    return False
+                if error.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                    continue
+                raise
     return True
+
+
+def port_range_problem(port_min: int, port_max: int, *, held: Collection[int],
+                       probe: Callable[[int], bool] = port_is_free) -> str | None:
+    """One sentence when processes other than gpubook's bookings (`held`: their ports and the SFTP
+    service's) listen on ports of the bookings' range, naming them; None when none does. A port
+    found busy is skipped at a start, so a host login that binds the whole range stops every start."""
+    others = [port for port in range(port_min, port_max + 1) if port not in held and not probe(port)]
+    if not others:
+        return None
+    total = port_max - port_min + 1
+    left = total - len(others) - sum(1 for port in held if port_min <= port <= port_max)
+    tail = "bookings cannot start" if left <= 0 else f"{left} left for bookings"
+    return (f"ports {port_min}–{port_max}: {len(others)} of {total} in use by other processes "
+            f"({_spans(others)}); {tail} (see who: ss -ltnp)")
+
+
+def _spans(ports: Sequence[int]) -> str:
+    """2200, 2201, 2202, 2210 → "2200–2202, 2210"."""
+    spans: list[list[int]] = []
+    for port in ports:
+        if spans and port == spans[-1][1] + 1:
+            spans[-1][1] = port
+        else:
+            spans.append([port, port])
+    return ", ".join(f"{a}–{b}" if a != b else f"{a}" for a, b in spans)
 
 
 class State(UsageRecords, ReleaseRecords, ForeignRecords):

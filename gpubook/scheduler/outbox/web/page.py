@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from gpubook.runtime import ssh
 from gpubook.scheduler.outbox.status import HostStatus, RunningBooking, Status
 from gpubook.scheduler.outbox.web.live import LiveGpus
 
@@ -105,7 +106,7 @@ def page_data(status: Status | None, *, viewer: str | None, host_name: str, now:
         return {"now": now.isoformat(), "viewer": viewer, "hosts": [], "rejected": [], "problems": [],
                 "stale": "the daemon has written no status yet (it writes one after each pass)",
                 "updated": None, "last_poll": None, "last_poll_ok": None, "outage": None, "counts": {},
-                "summary": "no status yet"}
+                "summary": "no status yet", "sftp": None}
     stale = None
     if status.updated and now - datetime.fromisoformat(status.updated) > stale_after:
         stale = (f"the status is from {status.updated} (UTC): the daemon has not finished a pass since; "
@@ -118,4 +119,14 @@ def page_data(status: Status | None, *, viewer: str | None, host_name: str, now:
         "problems": [redacted(p) for p in (*status.problems, *status.findings)],
         "hosts": [_host(h, viewer=viewer, host_name=host_name, live=live.get(h.name)) for h in status.hosts],
         "rejected": [asdict(r) | {"reason": redacted(r.reason)} for r in status.rejected],
+        "sftp": _sftp(status.sftp, host_name=host_name),
     }
+
+
+def _sftp(sftp: Mapping[str, Any] | None, *, host_name: str) -> dict[str, Any] | None:
+    """The SFTP service's port and its known_hosts line (a public key: the same for every viewer),
+    so that a booker's first transfer checks the host key; None while it is off or has no key."""
+    if not sftp or not sftp.get("host_key") or not isinstance(sftp.get("port"), int):
+        return None
+    return {"port": sftp["port"], "running": bool(sftp.get("running")),
+            "known_hosts": ssh.known_hosts_line(host=host_name, port=sftp["port"], host_key=str(sftp["host_key"]))}
