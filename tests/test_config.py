@@ -210,3 +210,11 @@ def test_the_gpu_monitor_may_name_a_function(tmp_path: Path) -> None:
     assert any("gpus.monitor" in line and "cannot be loaded" in line for line in found), found
     found = problems(tmp_path, base + 'monitor = "dcgm"\n')
     assert any("must be \"package.module:name\"" in line for line in found), found
+
+
+def test_mps_with_docker_is_refused(tmp_path: Path) -> None:
+    """issue 22, finding 4: root in a Docker container is host root, and the MPS pipe folder a host
+    folder every booking writes into; podman (its root a subordinate id) may have it."""
+    lines = problems(tmp_path, MINIMAL + '[gpus]\nmps = true\n[engine]\nname = "docker"\n')
+    assert len(lines) == 1 and "gpus.mps" in lines[0] and 'name = "docker"' in lines[0], lines
+    assert config.load(write(tmp_path, MINIMAL + "[gpus]\nmps = true\n")).gpu_mps

@@ -17,7 +17,9 @@ from nvidia_fake_driver import OLD_VERSION, VERSION, device_nodes, driver_librar
 
 from gpubook.runtime import nvidia
 from gpubook.runtime.engines import ContainerSpec, EngineSettings, engine_from, make_engine, register
-from gpubook.runtime.errors import EngineError
+from gpubook.runtime.errors import DriverError, EngineError
+from gpubook.runtime.mounts import missing_mount_flags
+from tests import safe_data
 
 LIBS = "usr/lib/x86_64-linux-gnu"
 
@@ -146,9 +148,25 @@ def test_gpus_and_ipc_are_read_afresh_at_each_start(two_gpu_root: Path, tmp_path
                                 ld_cache="", cache_dir=tmp_path / "cache", mps=True)  # a site with [gpus] mps
 
     assert "/tmp/nvidia-mps" not in {m.target for m in start().binds}
+    with safe_data.data_root() as pipes:  # a nosuid,nodev mount, as the MPS pipe folder must be on
+        (two_gpu_root / "tmp").mkdir()
+        (two_gpu_root / "tmp/nvidia-mps").symlink_to(pipes)
+        (pipes / "control").touch()  # MPS started while the driver stayed
+        assert "/tmp/nvidia-mps" in {m.target for m in start().binds}
+
+
+def test_an_mps_pipe_folder_without_nosuid_is_never_bound(two_gpu_root: Path, tmp_path: Path) -> None:
+    """issue 22, finding 4: root inside owns what it writes in the (writable) MPS pipe folder, on the
+    host; where that folder's mount lacks nosuid, a setuid file made there works for host logins."""
+    assert missing_mount_flags(tmp_path), "the test's tmp folder is nosuid: nothing to check"
     (two_gpu_root / "tmp/nvidia-mps").mkdir(parents=True)
-    (two_gpu_root / "tmp/nvidia-mps/control").touch()  # MPS started while the driver stayed
-    assert "/tmp/nvidia-mps" in {m.target for m in start().binds}
+    (two_gpu_root / "tmp/nvidia-mps/control").touch()
+    with pytest.raises(DriverError, match="MPS pipe folder .* without nosuid"):
+        nvidia.injection([0], root=two_gpu_root, environ={}, use_nvml=False, machine="x86_64", ld_cache="",
+                         cache_dir=tmp_path / "cache", mps=True)
+    without = nvidia.injection([0], root=two_gpu_root, environ={}, use_nvml=False, machine="x86_64", ld_cache="",
+                               cache_dir=tmp_path / "cache")  # a site without [gpus] mps is not concerned
+    assert "/tmp/nvidia-mps" not in {m.target for m in without.binds}
 
 
 def plain_booking() -> ContainerSpec:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpubook.runtime.errors import StorageError
-from gpubook.runtime.mounts import Mount
+from gpubook.runtime.mounts import Mount, missing_mount_flags
 from gpubook.runtime.names import USER_NAME, USER_NAME_RULE
 
 # The same rule as the config's user names (runtime does not import scheduler).
@@ -70,10 +70,9 @@ def mount_problem(data_root: Path) -> str | None:
     as that owner for anyone with a host login, and without nodev a device node opens the device.
     """
     try:
-        flags = os.statvfs(data_root).f_flag
+        missing = missing_mount_flags(data_root)
     except OSError as error:
         return f"data_root {data_root}: {error.strerror}"
-    missing = [name for name, bit in (("nosuid", os.ST_NOSUID), ("nodev", os.ST_NODEV)) if not flags & bit]
     if not missing:
         return None
     return (

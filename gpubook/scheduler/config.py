@@ -209,7 +209,8 @@ class GpusSection:
     monitor: str = setting("nvml", 'what reads utilisation and GPU processes: "nvml", or "package.module:function" '
                            "returning runtime.nvidia.nvml.NvmlView (e.g. a DCGM reader)", check=_monitor_problem)
     mps: bool = setting(False, "bind the MPS pipe folder (writable: MPS clients need it) into GPU containers "
-                        "while an MPS control daemon runs; any booker can then stop or reconfigure MPS for all")
+                        "while an MPS control daemon runs; any booker can then stop or reconfigure MPS for all. "
+                        "Not with Docker; the folder must be on a nosuid,nodev mount")
 
 
 @dataclass(frozen=True)
@@ -834,6 +835,11 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         _sftp_problems(reader, read)
         if read["web"].enabled and (problem := web_problem(read["web"])):
             reader.error("web", problem)
+        if read["gpus"].mps and read["engine"].name == "docker":
+            reader.error("gpus.mps", 'cannot be used with [engine] name = "docker": the MPS pipe folder is a '
+                         "host folder every booking writes into, and root in a Docker container is root on the "
+                         "host (a setuid file left there runs as root for any host login); use podman, or "
+                         "set mps = false")
     if reader.errors:
         raise ConfigError("\n".join(reader.errors))
     return Config(
