@@ -16,7 +16,8 @@ import pytest
 from nvidia_fake_driver import OLD_VERSION, VERSION, device_nodes, driver_libraries, proc_driver
 
 from gpubook.runtime import nvidia
-from gpubook.runtime.engines import ContainerSpec, EngineSettings, engine_from, make_engine, register
+from gpubook.runtime.engines import ContainerSpec, EngineSettings, ServiceSpec, engine_from, make_engine, register
+from gpubook.runtime.engines.cli_engine import LOG_MAX_SIZE
 from gpubook.runtime.errors import DriverError, EngineError
 from gpubook.runtime.mounts import missing_mount_flags
 from tests import safe_data
@@ -192,3 +193,18 @@ def test_host_network_is_an_explicit_choice_with_nothing_published() -> None:
     for name in ("podman", "docker"):
         argv = engine_from(name, network="host").run_args(plain_booking())  # type: ignore[attr-defined]
         assert network_of(argv) == ("host", [])
+
+
+@pytest.mark.parametrize(("name", "driver"), [("podman", "k8s-file"), ("docker", "json-file")])
+def test_every_container_log_is_capped_and_the_sftp_service_has_memory_and_pids_limits(name: str, driver: str) -> None:
+    """issue 22, finding 6: a booking's log (and the SFTP service's) is the engine's file to cap, with
+    a driver that honours max-size whatever the site's default is; the service gets memory and pids."""
+    engine = engine_from(name, host_memory=32 << 30, host_gpus=2, cgroup_manager="cgroupfs")
+    service = ServiceSpec(name="gpubook-sftp", service="sftp", image="debian-ssh", port=2222, listen="127.0.0.1",
+                          command=("/usr/sbin/sshd", "-D"), pids_limit=4096, memory="1g")
+    for argv in (engine.run_args(plain_booking()), engine.service_args(service)):  # type: ignore[attr-defined]
+        assert argv[argv.index("--log-driver") + 1] == driver
+        assert f"max-size={LOG_MAX_SIZE}" in argv
+    argv = engine.service_args(service)  # type: ignore[attr-defined]
+    assert argv[argv.index("--memory") + 1] == "1g" and argv[argv.index("--memory-swap") + 1] == "1g"
+    assert argv[argv.index("--pids-limit") + 1] == "4096"

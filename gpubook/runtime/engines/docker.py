@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, message_of
+from gpubook.runtime.engines.cli_engine import LOG_MAX_SIZE, QUICK_TIMEOUT, CliEngine, message_of
 from gpubook.runtime.engines.spec import permanent
 from gpubook.runtime.errors import EngineError
 
@@ -79,6 +79,11 @@ class DockerEngine(CliEngine):
                          f"{line}: NOT enforced: dockerd reports no {' or '.join(missing)} limit support "
                          f"(cgroups v{version})", "enable the memory and pids cgroup controllers for dockerd")
         return Check("engine limits", True, f"{line}: enforced by dockerd (cgroups v{version})")
+
+    def log_args(self) -> builtins.list[str]:
+        """json-file, whatever dockerd's default driver is (journald, syslog and others take no
+        max-size, or keep the log elsewhere), one file of at most LOG_MAX_SIZE."""
+        return ["--log-driver", "json-file", "--log-opt", f"max-size={LOG_MAX_SIZE}", "--log-opt", "max-file=1"]
 
     def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
         """Docker reads credentials from DIR/config.json (`--config DIR`, before the command): a

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 
 from gpubook.runtime import cgroups
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, checked_proc_path, message_of
+from gpubook.runtime.engines.cli_engine import (
+    LOG_MAX_SIZE,
+    QUICK_TIMEOUT,
+    CliEngine,
+    checked_proc_path,
+    message_of,
+)
 from gpubook.runtime.engines.spec import ContainerSpec, permanent
 from gpubook.runtime.errors import EngineError
 
@@ -193,6 +199,11 @@ class PodmanEngine(CliEngine):
                 raise permanent(f"the delegated cgroup {parent}: {error}") from None
             self._prepared = True
         return ["--cgroup-parent", parent]
+
+    def log_args(self) -> builtins.list[str]:
+        """k8s-file, podman's driver that honours max-size (conmon truncates the file there);
+        journald's would not, and its size is the journal's."""
+        return ["--log-driver", "k8s-file", "--log-opt", f"max-size={LOG_MAX_SIZE}"]
 
     def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
         return [], ([] if auth_file is None else ["--authfile", str(auth_file)])
