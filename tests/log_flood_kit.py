@@ -4,7 +4,8 @@ The sampler runs in a process of its own (this file run as a script, with gpuboo
 tree PYTHONPATH names), so that its peak RSS is the sampler's and not pytest's: the daemon's
 `usage.Sampler` with the engine's `logs`, forced to look at the booking's log every round (its
 backoff skipped), until the flood is over and twice more. It prints one JSON line: its peak RSS
-(VmHWM), its RSS before the first round, the rounds, the longest log text it was given.
+(VmHWM), its RSS before the first round, the rounds, its RSS after each, the longest log text it
+was given, the reads that failed.
 Used by tests/test_log_flood.py and bench/log_flood.py.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -37,11 +39,25 @@ def peak_rss_kib(pid: int | str = "self") -> int:
     raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
 
 
-def run_sampler(name: str, marker: Path, *, code: Path, timeout: float) -> dict:
-    """The sampler process against container `name` until `marker` exists; its JSON line."""
+def rss_kib(pid: int | str = "self") -> int:
+    """VmRSS of a process, in KiB: its resident memory now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def run_sampler(name: str, marker: Path, *, code: Path, timeout: float, memory: int | None = None) -> dict:
+    """The sampler process against container `name` until `marker` exists; its JSON line. `memory`:
+    its address space at most, in bytes (a read past it fails with MemoryError)."""
     env = dict(os.environ, PYTHONPATH=str(code))
+
+    def limit() -> None:
+        if memory is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
     done = subprocess.run([sys.executable, str(KIT), name, str(marker), str(timeout)], env=env,
-                          capture_output=True, text=True, timeout=timeout + 120, check=False)
+                          capture_output=True, text=True, timeout=timeout + 120, check=False, preexec_fn=limit)
     if done.returncode != 0:
         raise RuntimeError(f"the sampler process failed ({done.returncode}): {done.stderr[-2000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -57,10 +73,15 @@ def _sampler_main(name: str, marker: Path, timeout: float) -> None:
     if info is None:
         raise SystemExit(f"no container {name}")
     longest = 0
+    errors: list[str] = []
 
     def logs(container: str) -> str:
         nonlocal longest
-        text = engine.logs(container)
+        try:
+            text = engine.logs(container)
+        except Exception as error:  # what the sampler would log and skip; counted here
+            errors.append(str(error)[:200])
+            raise
         longest = max(longest, len(text))
         return text
 
@@ -68,7 +89,7 @@ def _sampler_main(name: str, marker: Path, timeout: float) -> None:
         state = State(Path(folder) / "state.sqlite")
         sampler = Sampler(state=state, host="flood", interval=1.0, running=lambda: [info], logs=logs,
                           probe_fingerprint="SHA256:none", read=lambda: None)  # type: ignore[arg-type,return-value]
-        now, rounds, after = datetime.now(UTC), 0, 0
+        now, rounds, after, series = datetime.now(UTC), 0, 0, []
         baseline = peak_rss_kib()  # gpubook imported, the engine and the state made
         deadline = time.monotonic() + timeout
         while after < 2 and time.monotonic() < deadline:
@@ -76,10 +97,12 @@ def _sampler_main(name: str, marker: Path, timeout: float) -> None:
             now += LOGIN_CHECK_MAX + timedelta(seconds=1)  # every round looks (no backoff)
             sampler.watch_logins([info], now=now)
             rounds += 1
+            series.append(rss_kib())
             after += done
             time.sleep(0.5)
     print(json.dumps({"peak_rss_kib": peak_rss_kib(), "baseline_rss_kib": baseline, "rounds": rounds,
-                      "longest_log_chars": longest, "flood_done": marker.exists()}))
+                      "longest_log_chars": longest, "flood_done": marker.exists(),
+                      "rss_series_kib": series, "errors": errors}))
 
 
 if __name__ == "__main__":

@@ -105,3 +105,16 @@ def test_a_booking_is_refused_on_a_data_root_without_nosuid_nodev(tmp_path: Path
         host.start(request)
     assert not refused.value.temporary
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_data_root_others_may_write_in_is_refused(tmp_path: Path) -> None:
+    """issue 22, finding 12: another host user who may write in data_root could make `<root>/alice`
+    (or a symlink by that name) before gpubook does, and alice's folders would be theirs."""
+    root = tmp_path / "data"
+    root.mkdir()
+    root.chmod(0o1777)  # as /tmp is: the sticky bit keeps nobody from making a new name
+    with pytest.raises(StorageError, match=f"data_root {root} is writable by its group or others"):
+        storage.prepare(root, "alice", uid=os.getuid(), gid=os.getgid())
+    assert not (root / "alice").exists()
+    root.chmod(0o755)
+    assert storage.prepare(root, "alice", uid=os.getuid(), gid=os.getgid()).output.is_dir()

@@ -126,7 +126,20 @@ def _checked_root(data_root: Path) -> Path:
         raise StorageError(
             f"data_root {data_root} is not writable by this user (uid {os.geteuid()})"
         )
+    if problem := root_mode_problem(data_root):
+        raise StorageError(problem)
     return Path(os.path.realpath(data_root))
+
+
+def root_mode_problem(data_root: Path) -> str | None:
+    """None when only its owner may write in `data_root`; else what is wrong, with the fix. Another
+    host user who may write there could make `<root>/<user>` (or a symlink by that name) before
+    gpubook does, and the booker's folders would be theirs (issue 22, finding 12)."""
+    mode = stat.S_IMODE(os.stat(data_root).st_mode)
+    if not mode & 0o022:
+        return None
+    return (f"data_root {data_root} is writable by its group or others (mode {mode:04o}), so another host "
+            f"user could plant a booker's folder there before gpubook makes it; chmod go-w {data_root}")
 
 
 def _own_folder(root: Path, path: Path, *, gid: int, give: Chown) -> Path:

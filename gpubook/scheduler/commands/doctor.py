@@ -131,10 +131,10 @@ def _storage_check(loaded: config_module.Config) -> Check:
     if not os.access(root, os.W_OK | os.X_OK):
         return Check("data_root", False, f"{root} is not writable by this user",
                      f"chown it to the daemon's user (chown {os.getuid()} {root})")
-    problem = storage.mount_problem(root)
-    if problem is not None:
-        detail, _, fix = problem.partition("; ")
-        return Check("data_root", False, detail, fix + " (bookings are refused until then)")
+    for problem in (storage.root_mode_problem(root), storage.mount_problem(root)):
+        if problem is not None:
+            detail, _, fix = problem.partition("; ")
+            return Check("data_root", False, detail, fix + " (bookings are refused until then)")
     return Check("data_root", True, f"{root} (nosuid,nodev)")
 
 
