@@ -102,6 +102,7 @@ class CliEngine:
         self._check_port_free(spec)
         self.ensure_image(spec.image)
         self._check_mounts(spec)
+        self.prepare_network(spec)
         with tempfile.TemporaryDirectory(prefix="gpubook-run-") as folder:
             cidfile = Path(folder) / "cid"
             argv = self.run_args(spec)
@@ -140,6 +141,8 @@ class CliEngine:
             missing_ok=True,
         )
         self._remove(name)
+        if labels.get(LABEL_BOOKING):
+            self.release_network(name)
 
     def list(self) -> builtins.list[ContainerInfo]:
         for _attempt in range(3):  # a container may vanish between `ps` and `inspect`
@@ -418,6 +421,12 @@ class CliEngine:
     def private_network_args(self) -> builtins.list[str]:
         """The engine's per-container network: a bridge unless the engine spells its own."""
         return ["--network", "bridge"]
+
+    def prepare_network(self, spec: ContainerSpec) -> None:
+        """Make what the booking's own network needs before its `run`, where the engine must."""
+
+    def release_network(self, name: str) -> None:
+        """Remove what `prepare_network` made for the container `name`, after it is removed."""
 
     def gpu_args(self, injection: GpuInjection, *, booking_id: str = "") -> builtins.list[str]:
         """The `run` flags that apply the injection: device nodes, binds and environment, which
