@@ -185,7 +185,7 @@ def test_private_network_is_the_default_with_only_the_ssh_port_published() -> No
     assert EngineSettings().network == "private"
     podman = network_of(engine_from("podman").run_args(plain_booking()))  # type: ignore[attr-defined]
     rootless = "slirp4netns:port_handler=rootlesskit,allow_host_loopback=false"
-    assert podman == (plain_booking().name if os.geteuid() == 0 else rootless, ["2222:2222"])  # rootful: its own network
+    assert podman == (plain_booking().name if os.geteuid() == 0 else rootless, ["2222:2222"])  # rootful: its own
     assert network_of(engine_from("docker").run_args(plain_booking())) == ("bridge", ["2222:2222"])  # type: ignore[attr-defined]
 
 
