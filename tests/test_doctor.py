@@ -116,3 +116,18 @@ def test_doctor_names_ssh_ports_inside_the_ephemeral_range_with_the_host_network
     assert inside.fix is not None and "below 32768" in inside.fix
     assert doctor_module.ports_check(config("2200-2299", "host"), ephemeral=ephemeral).ok
     assert doctor_module.ports_check(config("32000-32768", "private"), ephemeral=ephemeral).ok  # held at start
+
+
+def test_doctor_names_an_mps_pipe_folder_without_nosuid(tmp_path: Path) -> None:
+    """issue 22, finding 4: with [gpus] mps, GPU bookings are refused while MPS runs from a folder
+    without nosuid,nodev; doctor says so before the first booking does."""
+    pipes = tmp_path / "nvidia-mps"
+    pipes.mkdir()
+    environ = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
+    assert doctor_module.mps_check(environ).ok  # no control daemon: nothing is bound
+    (pipes / "control").touch()
+    unsafe = doctor_module.mps_check(environ)
+    assert not unsafe.ok and "without nosuid" in unsafe.detail and "CUDA_MPS_PIPE_DIRECTORY" in unsafe.fix
+    with safe_data.data_root() as safe:
+        (safe / "control").touch()
+        assert doctor_module.mps_check({"CUDA_MPS_PIPE_DIRECTORY": str(safe)}).ok

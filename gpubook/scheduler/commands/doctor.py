@@ -13,13 +13,15 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
 
 from gpubook.runtime import engines, gpus, images, network, overlay_image, sftp, ssh, storage
 from gpubook.runtime.checks import Check, exit_status, format_checks
 from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.mounts import missing_mount_flags
+from gpubook.runtime.nvidia import MPS_PIPE_DIRECTORY
 from gpubook.runtime.templates import Template, load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.hosts import sftp as sftp_host
@@ -138,6 +140,23 @@ def _storage_check(loaded: config_module.Config) -> Check:
     return Check("data_root", True, f"{root} (nosuid,nodev)")
 
 
+def mps_check(environ: Mapping[str, str] | None = None) -> Check:
+    """With [gpus] mps: the MPS pipe folder (bound writable into every GPU booking) is on a
+    nosuid,nodev mount, else each booking's start fails while MPS runs (issue 22, finding 4)."""
+    folder = Path((os.environ if environ is None else environ).get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DIRECTORY))
+    if not (folder / "control").exists():
+        return Check("mps", True, f"no MPS control daemon runs ({folder}/control is absent): nothing is bound")
+    try:
+        missing = missing_mount_flags(folder)
+    except OSError as error:
+        return Check("mps", False, f"the MPS pipe folder {folder}: {error.strerror}", "check CUDA_MPS_PIPE_DIRECTORY")
+    if missing:
+        return Check("mps", False, f"the MPS pipe folder {folder} is on a mount without {','.join(missing)}: GPU "
+                     "bookings are refused while MPS runs", "run nvidia-cuda-mps-control with CUDA_MPS_PIPE_DIRECTORY "
+                     "on a nosuid,nodev mount (such as /run/nvidia-mps), the daemon with the same variable")
+    return Check("mps", True, f"the MPS pipe folder {folder} (nosuid,nodev) is bound into GPU bookings")
+
+
 def port_check(listen: str, port: int) -> Check:
     """The SFTP port is free on its address (when the service does not hold it already)."""
     family = socket.AF_INET6 if ":" in listen else socket.AF_INET
@@ -226,6 +245,8 @@ def checks(config_path: str | None) -> list[Check]:
         result.extend(image_checks(loaded))
         result.extend(_calendar_checks(loaded))
         result.append(_storage_check(loaded))
+        if loaded.gpu_mps:
+            result.append(mps_check())
         result.append(ports_check(loaded))
         result.extend(_sftp_checks(loaded))
     return result
