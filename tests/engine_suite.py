@@ -338,7 +338,7 @@ class EngineBehaviour:
             assert info.st_mode & stat.S_ISUID, f"{name} lost its setuid bit: the attack was not staged"
             if bookings.engine.name == "podman":  # Docker maps nothing: root inside is host root
                 assert info.st_uid not in (os.getuid(), 0), f"{name} belongs to uid {info.st_uid}"
-            assert "euid=" not in _run_as_someone_else(path), f"{name} ran as its owner"
+            assert "euid=" not in run_as_someone_else(path), f"{name} ran as its owner"
 
     def test_missing_image_is_a_clear_error_and_leaves_nothing(self, bookings: Bookings) -> None:
         spec, _ = bookings.spec(key=new_key())
@@ -401,7 +401,7 @@ def _put(path: Path, text: str) -> None:
                    check=True)
 
 
-def _run_as_someone_else(path: Path) -> str:
+def run_as_someone_else(path: Path) -> str:
     """`path` (a copy of id) run by a user other than its owner: as the daemon's user when that is
     not root, else as nobody, through an open descriptor (nobody cannot walk data_root)."""
     handle = os.open(path, os.O_PATH)

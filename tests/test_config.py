@@ -210,3 +210,28 @@ def test_the_gpu_monitor_may_name_a_function(tmp_path: Path) -> None:
     assert any("gpus.monitor" in line and "cannot be loaded" in line for line in found), found
     found = problems(tmp_path, base + 'monitor = "dcgm"\n')
     assert any("must be \"package.module:name\"" in line for line in found), found
+
+
+def test_mps_with_docker_is_refused(tmp_path: Path) -> None:
+    """issue 22, finding 4: root in a Docker container is host root, and the MPS pipe folder a host
+    folder every booking writes into; podman (its root a subordinate id) may have it."""
+    lines = problems(tmp_path, MINIMAL + '[gpus]\nmps = true\n[engine]\nname = "docker"\n')
+    assert len(lines) == 1 and "gpus.mps" in lines[0] and 'name = "docker"' in lines[0], lines
+    assert config.load(write(tmp_path, MINIMAL + "[gpus]\nmps = true\n")).gpu_mps
+
+
+@pytest.mark.parametrize(("section", "key", "extra"), [("images", "auth_file", ""),
+                                                       ("web", "htpasswd_file", 'auth = "basic"\n')])
+def test_credential_files_others_may_read_are_refused(tmp_path: Path, section: str, key: str, extra: str) -> None:
+    """issue 22, finding 12: registry credentials and password hashes are checked as password_file is."""
+    secret = tmp_path / "credentials"
+    secret.write_text('{"auths": {}}\n')
+    text = MINIMAL + f'[{section}]\n{extra}{key} = "credentials"\n'
+    secret.chmod(0o644)
+    lines = problems(tmp_path, text)
+    assert lines == [f"{tmp_path / 'gpubook.toml'}: {section}.{key}: {secret} must be readable by its owner only "
+                     f"(chmod 600 {secret})"]
+    secret.chmod(0o600)
+    assert getattr(getattr(config.load(write(tmp_path, text)), section), key) == secret
+    secret.unlink()
+    assert "cannot read" in problems(tmp_path, text)[0]

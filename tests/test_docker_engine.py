@@ -7,15 +7,22 @@ iptables rules to spare) and its data under a temporary folder, and is stopped a
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from gpubook.runtime import storage
 from gpubook.runtime.engines import Engine
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.mounts import Mount, missing_mount_flags
+from gpubook.runtime.nvidia.model import GpuInjection
 from tests import engine_suite, safe_data
-from tests.engine_suite import DOCKER, DOCKERD, EngineBehaviour
+from tests.engine_suite import DOCKER, DOCKERD, Bookings, EngineBehaviour, new_key, run_as_someone_else
 
 pytestmark = [
     pytest.mark.docker,
@@ -68,3 +75,31 @@ def test_a_booker_cannot_swap_output_for_another_bookers_folder(engine: Engine) 
         assert not (root / "alice" / "output").is_symlink() and alice.output.is_dir()
         assert (root / "alice").stat().st_uid == 0
         assert alice.output.stat().st_uid == 2001  # only what is inside is hers
+
+
+def test_the_mps_pipe_folder_gives_a_docker_booking_no_host_root(bookings: Bookings) -> None:
+    """issue 22, finding 4: MPS's pipe folder is a host folder (/tmp/nvidia-mps by default, on a
+    mount without nosuid) bound writable. Under Docker root inside is host root: a setuid copy of
+    `id` left there runs as root for any host login. A Docker booking with it must not start."""
+    folder = Path(tempfile.mkdtemp(prefix="gpubook-mps-", dir="/tmp"))  # noqa: S108 - where MPS puts it
+    try:
+        assert missing_mount_flags(folder), "this host's /tmp is nosuid: the attack cannot be staged"
+        os.mkfifo(folder / "control")  # what a running nvidia-cuda-mps-control leaves there
+        mps = Mount(folder, "/tmp/nvidia-mps", read_only=False)  # noqa: S108
+        injection = GpuInjection(driver_version="0", gpus=(0,), devices=(), binds=(mps,), soname_links=(),
+                                 library_dir="/usr/lib/x86_64-linux-gnu", environment=(), hidden_proc_paths=())
+        spec, _ = bookings.spec(key=new_key())
+        spec = replace(spec, gpu=injection)
+        try:
+            bookings.engine.start(spec)
+        except EngineError as error:
+            assert "root on the host" in str(error)
+            assert bookings.engine.inspect(spec.name) is None
+            return
+        made = bookings.engine.exec(spec.name, ["sh", "-c", "cp /usr/bin/id /tmp/nvidia-mps/id && "
+                                                            "chmod 4755 /tmp/nvidia-mps/id"])
+        assert made.returncode == 0, made.stderr
+        pytest.fail(f"a Docker booking started with the MPS pipe folder writable; a setuid `id` it left "
+                    f"there, run by nobody on the host, says: {run_as_someone_else(folder / 'id').strip()}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -129,3 +129,18 @@ def test_a_host_with_a_driver_and_only_the_optional_cdi_warning_is_not_called_dr
     assert [c.detail for c in doctor_module.driver_section(missing, gpu_count=2)] == [
         "no NVIDIA driver; the config's [gpus] count = 2 is used and containers get no GPU"]
     assert doctor_module.driver_section(missing, gpu_count=None) == missing
+
+
+def test_doctor_names_an_mps_pipe_folder_without_nosuid(tmp_path: Path) -> None:
+    """issue 22, finding 4: with [gpus] mps, GPU bookings are refused while MPS runs from a folder
+    without nosuid,nodev; doctor says so before the first booking does."""
+    pipes = tmp_path / "nvidia-mps"
+    pipes.mkdir()
+    environ = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
+    assert doctor_module.mps_check(environ).ok  # no control daemon: nothing is bound
+    (pipes / "control").touch()
+    unsafe = doctor_module.mps_check(environ)
+    assert not unsafe.ok and "without nosuid" in unsafe.detail and "CUDA_MPS_PIPE_DIRECTORY" in unsafe.fix
+    with safe_data.data_root() as safe:
+        (safe / "control").touch()
+        assert doctor_module.mps_check({"CUDA_MPS_PIPE_DIRECTORY": str(safe)}).ok

@@ -17,8 +17,11 @@ import pytest
 from nvidia_fake_driver import OLD_VERSION, VERSION, device_nodes, driver_libraries, proc_driver
 
 from gpubook.runtime import nvidia
-from gpubook.runtime.engines import ContainerSpec, EngineSettings, engine_from, make_engine, register
-from gpubook.runtime.errors import EngineError
+from gpubook.runtime.engines import ContainerSpec, EngineSettings, ServiceSpec, engine_from, make_engine, register
+from gpubook.runtime.engines.cli_engine import LOG_MAX_SIZE
+from gpubook.runtime.errors import DriverError, EngineError
+from gpubook.runtime.mounts import missing_mount_flags
+from tests import safe_data
 
 LIBS = "usr/lib/x86_64-linux-gnu"
 
@@ -147,9 +150,25 @@ def test_gpus_and_ipc_are_read_afresh_at_each_start(two_gpu_root: Path, tmp_path
                                 ld_cache="", cache_dir=tmp_path / "cache", mps=True)  # a site with [gpus] mps
 
     assert "/tmp/nvidia-mps" not in {m.target for m in start().binds}
+    with safe_data.data_root() as pipes:  # a nosuid,nodev mount, as the MPS pipe folder must be on
+        (two_gpu_root / "tmp").mkdir()
+        (two_gpu_root / "tmp/nvidia-mps").symlink_to(pipes)
+        (pipes / "control").touch()  # MPS started while the driver stayed
+        assert "/tmp/nvidia-mps" in {m.target for m in start().binds}
+
+
+def test_an_mps_pipe_folder_without_nosuid_is_never_bound(two_gpu_root: Path, tmp_path: Path) -> None:
+    """issue 22, finding 4: root inside owns what it writes in the (writable) MPS pipe folder, on the
+    host; where that folder's mount lacks nosuid, a setuid file made there works for host logins."""
+    assert missing_mount_flags(tmp_path), "the test's tmp folder is nosuid: nothing to check"
     (two_gpu_root / "tmp/nvidia-mps").mkdir(parents=True)
-    (two_gpu_root / "tmp/nvidia-mps/control").touch()  # MPS started while the driver stayed
-    assert "/tmp/nvidia-mps" in {m.target for m in start().binds}
+    (two_gpu_root / "tmp/nvidia-mps/control").touch()
+    with pytest.raises(DriverError, match="MPS pipe folder .* without nosuid"):
+        nvidia.injection([0], root=two_gpu_root, environ={}, use_nvml=False, machine="x86_64", ld_cache="",
+                         cache_dir=tmp_path / "cache", mps=True)
+    without = nvidia.injection([0], root=two_gpu_root, environ={}, use_nvml=False, machine="x86_64", ld_cache="",
+                               cache_dir=tmp_path / "cache")  # a site without [gpus] mps is not concerned
+    assert "/tmp/nvidia-mps" not in {m.target for m in without.binds}
 
 
 def plain_booking() -> ContainerSpec:
@@ -167,9 +186,10 @@ def test_private_network_is_the_default_with_only_the_ssh_port_published() -> No
     assert EngineSettings().network == "private"
     podman = network_of(engine_from("podman").run_args(plain_booking()))  # type: ignore[attr-defined]
     rootless = "slirp4netns:port_handler=rootlesskit,allow_host_loopback=false"
-    # Rootful podman's conmon holds 0.0.0.0 alone for `2222:2222`: both families by name (issue 22, finding 19).
+    # Rootful podman: a network of the booking's own (finding 13), and conmon holds 0.0.0.0 alone for
+    # `2222:2222`: both families by name (finding 19).
     rootful = ["0.0.0.0:2222:2222", "[::]:2222:2222"] if socket.has_ipv6 else ["2222:2222"]  # noqa: S104
-    assert podman == (("bridge", rootful) if os.geteuid() == 0 else (rootless, ["2222:2222"]))
+    assert podman == ((plain_booking().name, rootful) if os.geteuid() == 0 else (rootless, ["2222:2222"]))
     assert network_of(engine_from("docker").run_args(plain_booking())) == ("bridge", ["2222:2222"])  # type: ignore[attr-defined]
 
 
@@ -177,3 +197,18 @@ def test_host_network_is_an_explicit_choice_with_nothing_published() -> None:
     for name in ("podman", "docker"):
         argv = engine_from(name, network="host").run_args(plain_booking())  # type: ignore[attr-defined]
         assert network_of(argv) == ("host", [])
+
+
+@pytest.mark.parametrize(("name", "driver"), [("podman", "k8s-file"), ("docker", "json-file")])
+def test_every_container_log_is_capped_and_the_sftp_service_has_memory_and_pids_limits(name: str, driver: str) -> None:
+    """issue 22, finding 6: a booking's log (and the SFTP service's) is the engine's file to cap, with
+    a driver that honours max-size whatever the site's default is; the service gets memory and pids."""
+    engine = engine_from(name, host_memory=32 << 30, host_gpus=2, cgroup_manager="cgroupfs")
+    service = ServiceSpec(name="gpubook-sftp", service="sftp", image="debian-ssh", port=2222, listen="127.0.0.1",
+                          command=("/usr/sbin/sshd", "-D"), pids_limit=4096, memory="1g")
+    for argv in (engine.run_args(plain_booking()), engine.service_args(service)):  # type: ignore[attr-defined]
+        assert argv[argv.index("--log-driver") + 1] == driver
+        assert f"max-size={LOG_MAX_SIZE}" in argv
+    argv = engine.service_args(service)  # type: ignore[attr-defined]
+    assert argv[argv.index("--memory") + 1] == "1g" and argv[argv.index("--memory-swap") + 1] == "1g"
+    assert argv[argv.index("--pids-limit") + 1] == "4096"

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -44,7 +45,10 @@ PODMAN = engine_suite.PODMAN
 
 @pytest.fixture(scope="session")
 def engine_args() -> dict:
-    return dict(PODMAN)  # gpubook's default network
+    args = dict(PODMAN)  # gpubook's default network
+    if os.geteuid() == 0:  # rootful (finding 13 of issue 22): root's store keeps the driver it was made with
+        args.pop("storage_driver")
+    return args
 
 
 # --- a squatter ------------------------------------------------------------------------------------
@@ -181,7 +185,8 @@ def test_a_service_in_one_booking_is_out_of_reach_of_another(bookings: Bookings)
     service_port = free_port()
     x = bookings.start(command=("python3", "-m", "http.server", str(service_port)))
     y = bookings.start()
-    addresses = ["127.0.0.1", "10.0.2.2", *_host_addresses()]
+    # Rootful podman: X's own address on its network too (issue 22, finding 13: one shared bridge).
+    addresses = ["127.0.0.1", "10.0.2.2", *_host_addresses(), *_container_addresses(bookings.engine, x.spec.name)]
     with connect(x.spec.port, BOOKER, x.key) as client:
         _wait_listening(client, service_port)
     with connect(y.spec.port, BOOKER, y.key) as client:
@@ -191,6 +196,12 @@ def test_a_service_in_one_booking_is_out_of_reach_of_another(bookings: Bookings)
         on_host.bind(("0.0.0.0", service_port))  # noqa: S104 - the host port is still free
     # The booking's SSH port is published, and on the host only that one.
     connect(x.spec.port, BOOKER, x.key).close()
+
+
+def _container_addresses(engine: Engine, name: str) -> list[str]:
+    raw = engine._inspect_raw([name])[0]  # type: ignore[attr-defined]  # noqa: SLF001
+    networks = (raw.get("NetworkSettings") or {}).get("Networks") or {}
+    return [value["IPAddress"] for value in networks.values() if value.get("IPAddress")]
 
 
 # --- known_hosts in the event ------------------------------------------------------------------------

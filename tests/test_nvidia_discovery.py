@@ -29,6 +29,7 @@ from gpubook.runtime import nvidia
 from gpubook.runtime.elf import read_elf
 from gpubook.runtime.engines import engine_from
 from gpubook.runtime.errors import DriverError, EngineError
+from tests import safe_data
 
 DEBIAN_LIBS = "usr/lib/x86_64-linux-gnu"
 NO_ENV: dict[str, str] = {}
@@ -408,17 +409,19 @@ def test_mig_instance_gets_parent_and_only_its_caps(debian: Path, tmp_path: Path
 def test_ipc_persistenced_and_mps(debian: Path, tmp_path: Path) -> None:
     (debian / "var/run/nvidia-persistenced").mkdir(parents=True)
     (debian / "var/run/nvidia-persistenced/socket").touch()
-    (debian / "tmp/nvidia-mps").mkdir(parents=True)
-    without_mps = inject(debian, [0], tmp_path)
-    binds = {b.target: b for b in without_mps.binds}
-    assert (
-        binds["/run/nvidia-persistenced/socket"].source
-        == debian / "var/run/nvidia-persistenced/socket"
-    )
-    assert "/tmp/nvidia-mps" not in binds  # folder there, but no MPS control daemon
-    (debian / "tmp/nvidia-mps/control").touch()
-    with_mps = {b.target: b for b in inject(debian, [0], tmp_path, mps=True).binds}
-    assert with_mps["/tmp/nvidia-mps"].read_only is False
+    with safe_data.data_root() as pipes:  # the MPS pipe folder must be on a nosuid,nodev mount
+        (debian / "tmp").mkdir(exist_ok=True)
+        (debian / "tmp/nvidia-mps").symlink_to(pipes)
+        without_mps = inject(debian, [0], tmp_path)
+        binds = {b.target: b for b in without_mps.binds}
+        assert (
+            binds["/run/nvidia-persistenced/socket"].source
+            == debian / "var/run/nvidia-persistenced/socket"
+        )
+        assert "/tmp/nvidia-mps" not in binds  # folder there, but no MPS control daemon
+        (pipes / "control").touch()
+        with_mps = {b.target: b for b in inject(debian, [0], tmp_path, mps=True).binds}
+        assert with_mps["/tmp/nvidia-mps"].read_only is False
 
 
 def test_mps_pipe_is_not_bound_unless_the_site_asks(debian: Path, tmp_path: Path) -> None:

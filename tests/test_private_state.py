@@ -113,3 +113,23 @@ def test_a_probe_key_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     (tmp_path / "state" / "probe-key").symlink_to(real)
     with pytest.raises(UnsafePath, match="symbolic link"):
         ssh.load_probe_key(tmp_path / "state" / "probe-key")
+
+
+def test_the_cache_folder_is_made_private_and_one_others_can_write_to_or_own_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 22, finding 12: ~/.cache/gpubook holds the entrypoint every container runs as root, the
+    NVIDIA link folders and the host keys; whoever may write there could have swapped any of them."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "gpubook"
+    cache.mkdir(parents=True)
+    cache.chmod(0o777)
+    with pytest.raises(UnsafePath, match=f"{cache} is writable by its group or others"):
+        in_process_daemon(tmp_path)
+    cache.chmod(0o755)
+    daemon = in_process_daemon(tmp_path)
+    daemon.state.close()
+    assert mode(cache) == 0o700
+    if os.geteuid() == 0:  # only root can give the folder away
+        os.chown(cache, 65534, 65534)
+        with pytest.raises(UnsafePath, match=f"{cache} belongs to uid 65534"):
+            in_process_daemon(tmp_path)

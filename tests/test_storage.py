@@ -150,3 +150,16 @@ def test_doctor_looks_for_the_data_root_in_rootless_podmans_namespace(tmp_path: 
         assert doctor.podman_namespace_check(config(safe)) is None
     found = doctor.podman_namespace_check(config(tmp_path))
     assert found is not None and not found.ok and "not in rootless podman's mount namespace" in found.detail
+
+
+def test_a_data_root_others_may_write_in_is_refused(tmp_path: Path) -> None:
+    """issue 22, finding 12: another host user who may write in data_root could make `<root>/alice`
+    (or a symlink by that name) before gpubook does, and alice's folders would be theirs."""
+    root = tmp_path / "data"
+    root.mkdir()
+    root.chmod(0o1777)  # as /tmp is: the sticky bit keeps nobody from making a new name
+    with pytest.raises(StorageError, match=f"data_root {root} is writable by its group or others"):
+        storage.prepare(root, "alice", uid=os.getuid(), gid=os.getgid())
+    assert not (root / "alice").exists()
+    root.chmod(0o755)
+    assert storage.prepare(root, "alice", uid=os.getuid(), gid=os.getgid()).output.is_dir()

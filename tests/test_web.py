@@ -101,6 +101,7 @@ def htpasswd(folder: Path, users: dict[str, str]) -> Path:
     for number, (user, password) in enumerate(users.items()):
         subprocess.run(["htpasswd", "-B", "-b", "-C", "5", *(["-c"] if number == 0 else []), str(path), user,
                         password], check=True, capture_output=True)
+    path.chmod(0o600)  # the config refuses one others may read
     return path
 
 

@@ -24,12 +24,15 @@ class UnsafePath(GpubookError):
     """A private folder or file that others may write to, or a key that others may read."""
 
 
-def private_folder(path: Path) -> Path:
+def private_folder(path: Path, *, own: bool = False) -> Path:
     """Make `path` (mode 0700) or check it: ours and readable by others → set to 0700; writable by
-    others → UnsafePath with the fix in one sentence."""
+    others → UnsafePath with the fix in one sentence; someone else's → UnsafePath with `own`."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.stat()
     mode = stat.S_IMODE(info.st_mode)
+    if own and info.st_uid != os.geteuid():
+        raise UnsafePath(f"the folder {path} belongs to uid {info.st_uid}, not to this daemon's uid {os.geteuid()}: "
+                         f"what is in it is not the daemon's to trust; remove it (it is made again) or chown it")
     if mode & 0o022:
         owner = "" if info.st_uid == os.geteuid() else f"owned by uid {info.st_uid}, "
         raise UnsafePath(f"the folder {path} is {owner}writable by its group or others (mode {mode:04o}): anyone "

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpubook.runtime.errors import StorageError
-from gpubook.runtime.mounts import Mount
+from gpubook.runtime.mounts import Mount, missing_mount_flags
 from gpubook.runtime.names import USER_NAME, USER_NAME_RULE
 
 # The same rule as the config's user names (runtime does not import scheduler).
@@ -70,10 +70,9 @@ def mount_problem(data_root: Path) -> str | None:
     as that owner for anyone with a host login, and without nodev a device node opens the device.
     """
     try:
-        flags = os.statvfs(data_root).f_flag
+        missing = missing_mount_flags(data_root)
     except OSError as error:
         return f"data_root {data_root}: {error.strerror}"
-    missing = [name for name, bit in (("nosuid", os.ST_NOSUID), ("nodev", os.ST_NODEV)) if not flags & bit]
     if not missing:
         return None
     return (
@@ -148,7 +147,20 @@ def _checked_root(data_root: Path) -> Path:
         raise StorageError(
             f"data_root {data_root} is not writable by this user (uid {os.geteuid()})"
         )
+    if problem := root_mode_problem(data_root):
+        raise StorageError(problem)
     return Path(os.path.realpath(data_root))
+
+
+def root_mode_problem(data_root: Path) -> str | None:
+    """None when only its owner may write in `data_root`; else what is wrong, with the fix. Another
+    host user who may write there could make `<root>/<user>` (or a symlink by that name) before
+    gpubook does, and the booker's folders would be theirs (issue 22, finding 12)."""
+    mode = stat.S_IMODE(os.stat(data_root).st_mode)
+    if not mode & 0o022:
+        return None
+    return (f"data_root {data_root} is writable by its group or others (mode {mode:04o}), so another host "
+            f"user could plant a booker's folder there before gpubook makes it; chmod go-w {data_root}")
 
 
 def _own_folder(root: Path, path: Path, *, gid: int, give: Chown) -> Path:

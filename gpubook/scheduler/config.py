@@ -120,15 +120,17 @@ def _system_timezone() -> str:
 
 def setting(default: Any = MISSING, help: str = "", *, check: Check | None = None,
             factory: Callable[[], Any] | None = None, key: str | None = None,
-            secret: bool = False, env: str | None = None, default_from: str | None = None) -> Any:
+            secret: bool = False, env: str | None = None, default_from: str | None = None,
+            private: bool = False) -> Any:
     """A config field: its default (or `factory`), help with its unit, and its check.
 
     `check` gets the TOML value (each item, for a list); `key` is the TOML key when it is not the
     field's name; `secret`: the key names a file (mode 0600) whose content is the value, else the
     variable `env`; `default_from`: the default is the value read for that other field. A `Path`
-    is relative to the config file's folder; a tuple of them is taken as written."""
+    is relative to the config file's folder; a tuple of them is taken as written; `private`: the
+    Path names a file of credentials read later, which must be its owner's only (mode 0600)."""
     metadata = {"help": help, "check": check, "key": key, "secret": secret, "env": env,
-                "default_from": default_from}
+                "default_from": default_from, "private": private}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata, repr=not secret)
@@ -209,7 +211,8 @@ class GpusSection:
     monitor: str = setting("nvml", 'what reads utilisation and GPU processes: "nvml", or "package.module:function" '
                            "returning runtime.nvidia.nvml.NvmlView (e.g. a DCGM reader)", check=_monitor_problem)
     mps: bool = setting(False, "bind the MPS pipe folder (writable: MPS clients need it) into GPU containers "
-                        "while an MPS control daemon runs; any booker can then stop or reconfigure MPS for all")
+                        "while an MPS control daemon runs; any booker can then stop or reconfigure MPS for all. "
+                        "Not with Docker; the folder must be on a nosuid,nodev mount")
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,7 @@ class ImagesConfig:
     prepare_hours: float = setting(24.0, "hours before a booking's start that its image is pulled and its sshd "
                                    "overlay built", check=_not_negative)
     auth_file: Path | None = setting(None, "registry credentials in auth.json format (podman --authfile; Docker "
-                                     "gets it as config.json); None: anonymous pulls")
+                                     "gets it as config.json), mode 0600; None: anonymous pulls", private=True)
     min_free_gb: float = setting(0.0, "free space of the engine's storage, in GB (10^9 bytes), under which "
                                  "gpubook's unused images are removed oldest first; 0: never", check=_not_negative)
     workers: int = setting(2, "pulls and overlay builds at once", check=_positive)
@@ -297,7 +300,8 @@ class WebConfig:
     auth: str = setting("none", '"none" (loopback only), "basic" (HTTP basic auth against htpasswd_file, '
                         'bcrypt entries) or "header" (a reverse proxy\'s trusted_header, from trusted_proxies only)',
                         check=_one_of(WEB_AUTH))
-    htpasswd_file: Path | None = setting(None, "user:bcrypt-hash lines (htpasswd -B) for auth basic")
+    htpasswd_file: Path | None = setting(None, "user:bcrypt-hash lines (htpasswd -B) for auth basic, mode 0600",
+                                         private=True)
     trusted_header: str = setting("X-Forwarded-User", "the header naming the logged-in user, set by the proxy",
                                   check=lambda v: None if re.fullmatch(r"[A-Za-z0-9-]{1,64}", v)
                                   else "must be a header name (letters, digits, -)")
@@ -567,15 +571,25 @@ class _Reader:
     def secret(self, where: str, secret_file: str) -> str | None:
         """A secret file's content; it must be readable by its owner only."""
         path = (self.base / secret_file).expanduser()
+        if not self.owner_only(where, path):
+            return None
         try:
-            info = path.stat()
-            if stat.S_IMODE(info.st_mode) & 0o077:
-                self.error(where, f"{path} must be readable by its owner only (chmod 600 {path})")
-                return None
             return path.read_text().strip()
         except OSError as error:
             self.error(where, f"cannot read {path}: {error.strerror}")
             return None
+
+    def owner_only(self, where: str, path: Path) -> bool:
+        """Whether `path` exists and is readable and writable by its owner only (else an error)."""
+        try:
+            info = path.stat()
+        except OSError as error:
+            self.error(where, f"cannot read {path}: {error.strerror}")
+            return False
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            self.error(where, f"{path} must be readable by its owner only (chmod 600 {path})")
+            return False
+        return True
 
     # -- the generic part: a TOML table into a settings dataclass ------------------------------
 
@@ -629,7 +643,10 @@ class _Reader:
             return self.get(table, where, key, str, default, check or _one_of(get_args(kind)))
         if kind is Path:
             text = self.get(table, where, key, str, default=default, check=check)
-            return (self.base / text).expanduser() if text else None
+            path = (self.base / text).expanduser() if text else None
+            if path is not None and meta.get("private") and not self.owner_only(_join(where, key), path):
+                return None
+            return path
         if kind is float:
             number = self.get(table, where, key, (int, float), default=default, check=check)
             return float(number) if number is not None else None
@@ -840,6 +857,11 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         _sftp_problems(reader, read)
         if read["web"].enabled and (problem := web_problem(read["web"])):
             reader.error("web", problem)
+        if read["gpus"].mps and read["engine"].name == "docker":
+            reader.error("gpus.mps", 'cannot be used with [engine] name = "docker": the MPS pipe folder is a '
+                         "host folder every booking writes into, and root in a Docker container is root on the "
+                         "host (a setuid file left there runs as root for any host login); use podman, or "
+                         "set mps = false")
     if reader.errors:
         raise ConfigError("\n".join(reader.errors))
     return Config(

@@ -186,6 +186,9 @@ class Daemon:
         """`exclusive`: this is the daemon (`gpubook run`), not a command borrowing its parts: take
         the state folder's lock first, before the state database is opened."""
         self.state_dir = private_folder(state_dir(config))  # 0700: history, probe key, status
+        # 0700 and the daemon's own: the entrypoint every container runs as root, the NVIDIA link
+        # folders and the bookings' host keys are made there (issue 22, finding 12).
+        private_folder(ssh.default_cache_dir(), own=True)
         self.lock_fd = hold_lock(self.state_dir) if exclusive else None
         self.account_lock_fd = hold_account_lock(self.state_dir) if exclusive else None
         self.config = config

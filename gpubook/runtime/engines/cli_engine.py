@@ -53,6 +53,10 @@ BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
 EXEC_TIMEOUT = 60.0  # seconds for `exec` when the caller names none (a booker's container may hang it)
 EXEC_OUTPUT_LIMIT = 64 * 1024  # bytes of an exec's stdout and of its stderr kept; the rest is read and dropped
 MEMORY_OFF = "none"  # [engine] memory that turns the default limit off
+# A container's log is the booker's to fill (issue 22, finding 6): the engine keeps at most
+# LOG_MAX_SIZE of it on disk, and `logs` keeps the last LOG_READ_LIMIT bytes of what it reads.
+LOG_MAX_SIZE = "10m"  # the engines' unit: 10 MB
+LOG_READ_LIMIT = 1024 * 1024  # bytes
 
 
 class CliEngine:
@@ -98,6 +102,7 @@ class CliEngine:
         self._check_port_free(spec)
         self.ensure_image(spec.image)
         self._check_mounts(spec)
+        self.prepare_network(spec)
         with tempfile.TemporaryDirectory(prefix="gpubook-run-") as folder:
             cidfile = Path(folder) / "cid"
             argv = self.run_args(spec)
@@ -136,6 +141,8 @@ class CliEngine:
             missing_ok=True,
         )
         self._remove(name)
+        if labels.get(LABEL_BOOKING):
+            self.release_network(name)
 
     def list(self) -> builtins.list[ContainerInfo]:
         for _attempt in range(3):  # a container may vanish between `ps` and `inspect`
@@ -213,7 +220,9 @@ class CliEngine:
             argv += ["--security-opt", f"seccomp={_checked(spec.seccomp, 'path')}"]
         if spec.pids_limit:
             argv += ["--pids-limit", str(spec.pids_limit)]
-        argv += self.cgroup_args()
+        if spec.memory:
+            argv += ["--memory", spec.memory, "--memory-swap", spec.memory]
+        argv += self.cgroup_args() + self.log_args()
         for mount in spec.mounts:
             if problem := _mount_path_problem(mount):
                 raise permanent(f"service {spec.service}: {problem}")
@@ -222,9 +231,12 @@ class CliEngine:
         return argv
 
     def logs(self, name: str, *, tail: int | None = None) -> str:
+        """The container's log (its last `tail` lines), at most its last LOG_READ_LIMIT bytes of
+        stdout and of stderr: what a booker writes there never fills the daemon's memory."""
         tail_args = ["--tail", str(tail)] if tail is not None else []
-        done = self._process(["logs", *tail_args, name], timeout=QUICK_TIMEOUT)
-        return done.stdout + done.stderr
+        _, stdout, stderr = self._bounded(["logs", *tail_args, name], timeout=QUICK_TIMEOUT,
+                                          limit=LOG_READ_LIMIT, keep_end=True)
+        return stdout + stderr
 
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
         # Host network: these machines have no slirp4netns for the unprivileged user.
@@ -348,7 +360,7 @@ class CliEngine:
             argv += ["--ulimit", ulimit]
         if spec.shm_size:
             argv += ["--shm-size", spec.shm_size]
-        argv += self.limit_args(spec)
+        argv += self.limit_args(spec) + self.log_args()
         for name, value in spec.env:
             argv += ["--env", f"{name}={value}"]
         for mount in spec.mounts:
@@ -399,6 +411,11 @@ class CliEngine:
         """Where the engine puts a container's cgroup, where it must be told (rootless podman)."""
         return []
 
+    def log_args(self) -> builtins.list[str]:
+        """A log driver that honours a size cap, and the cap: LOG_MAX_SIZE on disk per container
+        (podman and Docker spell it their own way; an engine plugin's log is its own business)."""
+        return []
+
     def network_args(self, spec: ContainerSpec) -> builtins.list[str]:
         """Private (the default): the container's own network namespace with only the booking's
         port published on the host, where sshd listens inside on that same port; a booker's other
@@ -416,6 +433,12 @@ class CliEngine:
     def private_network_args(self) -> builtins.list[str]:
         """The engine's per-container network: a bridge unless the engine spells its own."""
         return ["--network", "bridge"]
+
+    def prepare_network(self, spec: ContainerSpec) -> None:
+        """Make what the booking's own network needs before its `run`, where the engine must."""
+
+    def release_network(self, name: str) -> None:
+        """Remove what `prepare_network` made for the container `name`, after it is removed."""
 
     def gpu_args(self, injection: GpuInjection, *, booking_id: str = "") -> builtins.list[str]:
         """The `run` flags that apply the injection: device nodes, binds and environment, which
@@ -539,9 +562,10 @@ class CliEngine:
         except subprocess.TimeoutExpired:
             raise EngineError(f"{self.name} {args[0]}: no answer within {timeout:.0f} s") from None
 
-    def _bounded(self, args: Sequence[str], *, timeout: float,
-                 limit: int = EXEC_OUTPUT_LIMIT) -> tuple[int, str, str]:
-        """Run the engine with a deadline, keeping at most `limit` bytes of stdout and of stderr."""
+    def _bounded(self, args: Sequence[str], *, timeout: float, limit: int = EXEC_OUTPUT_LIMIT,
+                 keep_end: bool = False) -> tuple[int, str, str]:
+        """Run the engine with a deadline, keeping at most `limit` bytes of stdout and of stderr
+        (the first ones, or the last with `keep_end`)."""
         argv = [*self.global_argv(), *args]
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -549,7 +573,7 @@ class CliEngine:
         except FileNotFoundError:
             raise permanent(f"{self.name}: {self.binary} is not installed or not on PATH") from None
         deadline = time.monotonic() + timeout
-        kept = _read_bounded(process, deadline=deadline, limit=limit)
+        kept = _read_bounded(process, deadline=deadline, limit=limit, keep_end=keep_end)
         if kept is not None:
             try:
                 return process.wait(timeout=max(0.0, deadline - time.monotonic())), kept[0], kept[1]
@@ -569,8 +593,9 @@ class CliEngine:
 
 
 def _read_bounded(process: subprocess.Popen[bytes], *, deadline: float,
-                  limit: int) -> tuple[str, str] | None:
-    """Read both pipes to their end, keeping `limit` bytes of each; None past the deadline."""
+                  limit: int, keep_end: bool = False) -> tuple[str, str] | None:
+    """Read both pipes to their end, keeping `limit` bytes of each (the last ones with
+    `keep_end`); None past the deadline."""
     assert process.stdout is not None and process.stderr is not None  # noqa: S101 - made with PIPE
     kept = {process.stdout.fileno(): bytearray(), process.stderr.fileno(): bytearray()}
     with selectors.DefaultSelector() as selector, process.stdout, process.stderr:
@@ -586,7 +611,11 @@ def _read_bounded(process: subprocess.Popen[bytes], *, deadline: float,
                     selector.unregister(key.fileobj)
                     continue
                 buffer = kept[key.fd]
-                buffer += chunk[: max(0, limit - len(buffer))]
+                if keep_end:
+                    buffer += chunk
+                    del buffer[: max(0, len(buffer) - limit)]
+                else:
+                    buffer += chunk[: max(0, limit - len(buffer))]
     out, err = (bytes(kept[fd]).decode(errors="replace") for fd in kept)
     return out, err
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, message_of
+from gpubook.runtime.engines.cli_engine import LOG_MAX_SIZE, QUICK_TIMEOUT, CliEngine, message_of
+from gpubook.runtime.engines.spec import permanent
 from gpubook.runtime.errors import EngineError
 
 if TYPE_CHECKING:
@@ -79,6 +80,11 @@ class DockerEngine(CliEngine):
                          f"(cgroups v{version})", "enable the memory and pids cgroup controllers for dockerd")
         return Check("engine limits", True, f"{line}: enforced by dockerd (cgroups v{version})")
 
+    def log_args(self) -> builtins.list[str]:
+        """json-file, whatever dockerd's default driver is (journald, syslog and others take no
+        max-size, or keep the log elsewhere), one file of at most LOG_MAX_SIZE."""
+        return ["--log-driver", "json-file", "--log-opt", f"max-size={LOG_MAX_SIZE}", "--log-opt", "max-file=1"]
+
     def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
         """Docker reads credentials from DIR/config.json (`--config DIR`, before the command): a
         private copy of the auth.json, in a folder that lives as long as the pull."""
@@ -94,6 +100,18 @@ class DockerEngine(CliEngine):
 
     def image_exists(self, image: str) -> bool:
         return self._process(["image", "inspect", image], timeout=QUICK_TIMEOUT).returncode == 0
+
+    def gpu_args(self, injection: GpuInjection, *, booking_id: str = "") -> builtins.list[str]:
+        """As every engine's, but no writable host folder of the injection (the MPS pipe folder):
+        root inside is host root here, and a setuid copy of a shell it leaves there runs as root for
+        any host login (issue 22, finding 4). The config refuses [gpus] mps with Docker already."""
+        for bind in injection.binds:
+            if not bind.read_only:
+                raise permanent(
+                    f"booking {booking_id or '?'}: the GPU injection would bind {bind.source} writable, and "
+                    f"root in a Docker container is root on the host (a setuid file left there would run "
+                    f"as root); Docker bookings get no MPS pipe folder: use podman or [gpus] mps = false")
+        return super().gpu_args(injection, booking_id=booking_id)
 
     def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:
         if injection.hidden_proc_paths:

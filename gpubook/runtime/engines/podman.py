@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import os
 import re
 import resource
@@ -21,13 +22,21 @@ from typing import TYPE_CHECKING
 
 from gpubook.runtime import cgroups
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines.cli_engine import QUICK_TIMEOUT, CliEngine, checked_proc_path, message_of
-from gpubook.runtime.engines.spec import ContainerSpec, permanent
+from gpubook.runtime.engines.cli_engine import (
+    LOG_MAX_SIZE,
+    QUICK_TIMEOUT,
+    CliEngine,
+    checked_proc_path,
+    message_of,
+)
+from gpubook.runtime.engines.spec import LABEL_BOOKING, ContainerSpec, permanent
 from gpubook.runtime.errors import EngineError
 
 if TYPE_CHECKING:
     from gpubook.runtime.engines import EngineOptions, EngineSettings
     from gpubook.runtime.nvidia.model import GpuInjection
+
+log = logging.getLogger(__name__)
 
 # Rootful podman (euid 0) maps container ids 0..N onto host ids starting here: far above any real
 # account and any /etc/subuid range that useradd hands out.
@@ -91,6 +100,10 @@ def _subordinate_range(text: str, name: str) -> tuple[int, int]:
         f"rootless podman maps no subordinate ids ({name}: {text.strip()!r}); give the daemon's "
         f"user a range in /etc/subuid and /etc/subgid (usermod --add-subuids/--add-subgids)"
     )
+
+
+def _is_missing_network(stderr: str) -> bool:
+    return "unable to find network" in stderr or "network not found" in stderr
 
 
 cgroup_version = cgroups.cgroup_version  # where it was before runtime.cgroups
@@ -205,6 +218,11 @@ class PodmanEngine(CliEngine):
             self._prepared = True
         return ["--cgroup-parent", parent]
 
+    def log_args(self) -> builtins.list[str]:
+        """k8s-file, podman's driver that honours max-size (conmon truncates the file there);
+        journald's would not, and its size is the journal's."""
+        return ["--log-driver", "k8s-file", "--log-opt", f"max-size={LOG_MAX_SIZE}"]
+
     def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
         return [], ([] if auth_file is None else ["--authfile", str(auth_file)])
 
@@ -257,10 +275,36 @@ class PodmanEngine(CliEngine):
         """Rootless: slirp4netns, each container its own namespace, the host's loopback out of
         reach (`allow_host_loopback=false`: no host-local service such as the calendar server);
         Debian 12's podman 4.3 has no pasta. The port handler is chosen by the benchmarks'
-        figures (see PORT_HANDLER). Rootful: podman's own bridge (netavark/CNI)."""
+        figures (see PORT_HANDLER). Rootful: podman's own bridge (netavark/CNI), for services; a
+        booking gets a network of its own (network_args)."""
         if os.geteuid() == 0:
             return ["--network", "bridge"]
         return ["--network", f"slirp4netns:port_handler={PORT_HANDLER},allow_host_loopback=false"]
+
+    def network_args(self, spec: ContainerSpec) -> builtins.list[str]:
+        """Rootful and private: the booking's own bridge network (prepare_network), so that no other
+        booking reaches its services; rootless: slirp4netns, a namespace of its own already."""
+        if self.network == "host" or os.geteuid() != 0:
+            return super().network_args(spec)
+        return ["--network", spec.name, *self.publish_args(spec.port)]
+
+    def prepare_network(self, spec: ContainerSpec) -> None:
+        """Rootful podman's "bridge" is one network for every container on it: bookings would reach
+        each other's services (issue 22, finding 13). Each booking gets a network of its own, named as
+        its container, that netavark isolates from every other network (`isolate=true`)."""
+        if self.network == "host" or os.geteuid() != 0:
+            return
+        if self._process(["network", "exists", spec.name], timeout=QUICK_TIMEOUT).returncode == 0:
+            return  # an earlier start's, or one a stop could not remove
+        self._call(["network", "create", "--disable-dns", "--opt", "isolate=true",
+                    "--label", f"{LABEL_BOOKING}={spec.booking_id}", spec.name])
+
+    def release_network(self, name: str) -> None:
+        if self.network == "host" or os.geteuid() != 0:
+            return
+        done = self._process(["network", "rm", name], timeout=QUICK_TIMEOUT)
+        if done.returncode != 0 and not _is_missing_network(done.stderr):
+            log.warning("booking network %s: not removed: %s", name, message_of(done))
 
     def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
         """The host ids that files of booker `uid`/`gid` in bound folders get (and folders need)."""

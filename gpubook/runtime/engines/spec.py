@@ -155,6 +155,7 @@ class ServiceSpec:
     capabilities: tuple[str, ...] = ()
     seccomp: Path | None = None
     pids_limit: int | None = None
+    memory: str | None = None  # the engines' size ("1g"): memory and memory+swap, at most
     host_network: bool = False  # the host's network (the process binds `listen` itself); else published
 
     def __post_init__(self) -> None:

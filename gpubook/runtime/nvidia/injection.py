@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpubook.runtime.errors import DriverError
-from gpubook.runtime.mounts import Mount
+from gpubook.runtime.mounts import Mount, missing_mount_flags
 from gpubook.runtime.nvidia.catalog import (
     CONTAINER_BINARY_DIR,
     CONTAINER_LIBRARY_DIR,
@@ -103,9 +103,27 @@ def driver_binds(
     binds += [Mount(b.host_path, f"{CONTAINER_BINARY_DIR}/{b.name}") for b in driver.binaries]
     binds += list(driver.ipc)
     if mps and driver.mps is not None:
-        binds.append(driver.mps)
+        binds.append(mps_mount(driver.mps))
     links = tuple((f"{library_dir}/{link}", target) for link, target in soname_links(driver))
     return tuple(binds), links
+
+
+def mps_mount(mount: Mount) -> Mount:
+    """The MPS pipe folder, bound writable (MPS clients need it), only where it is on a nosuid,nodev
+    mount: root inside a container owns what it writes there, on the host, where a setuid copy of a
+    shell would run as that owner for any host login (issue 22, finding 4). MPS's default, /tmp,
+    is rarely such a mount."""
+    try:
+        missing = missing_mount_flags(mount.source)
+    except OSError as error:
+        raise DriverError(f"the MPS pipe folder {mount.source}: {error.strerror}") from None
+    if missing:
+        raise DriverError(
+            f"the MPS pipe folder {mount.source} is on a mount without {','.join(missing)}, so a setuid or "
+            f"device file a container writes there would work on the host; run nvidia-cuda-mps-control with "
+            f"CUDA_MPS_PIPE_DIRECTORY on a nosuid,nodev mount (such as /run/nvidia-mps) and give the daemon "
+            f"the same variable, or set [gpus] mps = false")
+    return mount
 
 
 def inject(

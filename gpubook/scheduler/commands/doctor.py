@@ -14,13 +14,15 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
 
 from gpubook.runtime import engines, gpus, images, network, overlay_image, sftp, ssh, storage
 from gpubook.runtime.checks import Check, exit_status, format_checks
 from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.mounts import missing_mount_flags
+from gpubook.runtime.nvidia import MPS_PIPE_DIRECTORY
 from gpubook.runtime.templates import Template, load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.hosts import sftp as sftp_host
@@ -133,10 +135,10 @@ def _storage_check(loaded: config_module.Config) -> Check:
     if not os.access(root, os.W_OK | os.X_OK):
         return Check("data_root", False, f"{root} is not writable by this user",
                      f"chown it to the daemon's user (chown {os.getuid()} {root})")
-    problem = storage.mount_problem(root)
-    if problem is not None:
-        detail, _, fix = problem.partition("; ")
-        return Check("data_root", False, detail, fix + " (bookings are refused until then)")
+    for problem in (storage.root_mode_problem(root), storage.mount_problem(root)):
+        if problem is not None:
+            detail, _, fix = problem.partition("; ")
+            return Check("data_root", False, detail, fix + " (bookings are refused until then)")
     inside = podman_namespace_check(loaded)
     if inside is not None:
         return inside
@@ -165,6 +167,23 @@ def podman_namespace_check(loaded: config_module.Config) -> Check | None:
                  "not a shared mount (hosts without systemd)",
                  "as this user, `podman system migrate` between bookings (it ends the pause process); as root, "
                  "keep / shared before mounting data roots (`mount --make-rshared /`, as systemd does at boot)")
+
+
+def mps_check(environ: Mapping[str, str] | None = None) -> Check:
+    """With [gpus] mps: the MPS pipe folder (bound writable into every GPU booking) is on a
+    nosuid,nodev mount, else each booking's start fails while MPS runs (issue 22, finding 4)."""
+    folder = Path((os.environ if environ is None else environ).get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DIRECTORY))
+    if not (folder / "control").exists():
+        return Check("mps", True, f"no MPS control daemon runs ({folder}/control is absent): nothing is bound")
+    try:
+        missing = missing_mount_flags(folder)
+    except OSError as error:
+        return Check("mps", False, f"the MPS pipe folder {folder}: {error.strerror}", "check CUDA_MPS_PIPE_DIRECTORY")
+    if missing:
+        return Check("mps", False, f"the MPS pipe folder {folder} is on a mount without {','.join(missing)}: GPU "
+                     "bookings are refused while MPS runs", "run nvidia-cuda-mps-control with CUDA_MPS_PIPE_DIRECTORY "
+                     "on a nosuid,nodev mount (such as /run/nvidia-mps), the daemon with the same variable")
+    return Check("mps", True, f"the MPS pipe folder {folder} (nosuid,nodev) is bound into GPU bookings")
 
 
 def port_check(listen: str, port: int) -> Check:
@@ -277,6 +296,8 @@ def checks(config_path: str | None) -> list[Check]:
         result.extend(image_checks(loaded))
         result.extend(_calendar_checks(loaded))
         result.append(_storage_check(loaded))
+        if loaded.gpu_mps:
+            result.append(mps_check())
         result.append(ports_check(loaded))
         result.append(ports_taken_check(loaded))
         result.extend(_sftp_checks(loaded))

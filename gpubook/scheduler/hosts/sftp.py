@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 SERVICE = "sftp"
 PIDS_LIMIT = 4096  # sshd forks a process or two per session
 BIND_SECONDS = 10.0  # how long a start waits for sshd to say it listens on every address
+MEMORY_LIMIT = "1g"  # sshd and an sftp-server per session take a few MB each (issue 22, finding 6)
 USAGE_SECONDS = 300.0  # without a quota, how often each user's space is measured (for `status`)
 
 
@@ -311,6 +312,7 @@ class SftpService:
         return ServiceSpec(
             name=self.name, service=SERVICE, image=self.image(), port=settings.port, listen=settings.listen,
             command=sftp.COMMAND, capabilities=sftp.CAPABILITIES, seccomp=profile, pids_limit=PIDS_LIMIT,
+            memory=MEMORY_LIMIT,
             host_network=settings.host_network,
             mounts=(Mount(self.etc_dir, sftp.ETC_TARGET, read_only=True),
                     Mount(settings.data_root.resolve(), sftp.DATA_TARGET, read_only=False)),
