@@ -268,3 +268,28 @@ def test_first_seen_is_recorded_once_kept_and_forgotten_long_after(tmp_path: Pat
         assert db.first_seen([two], now=much_later) == {two: much_later}
     with State(tmp_path / "state.sqlite") as db:  # persisted
         assert db.first_seen([one], now=datetime(2027, 1, 1, tzinfo=UTC)) == {one: t0}
+
+
+def test_a_restart_after_a_death_gets_the_port_the_booking_had(tmp_path: Path) -> None:
+    """A CI run saw a container killed from outside come back on the next port: the pass had freed its
+    port, and at the restart the died container's port forwarder still held it for a moment."""
+    busy: dict[int, int] = {}  # port -> how many more probes find it busy
+
+    def probe(port: int) -> bool:
+        if busy.get(port):
+            busy[port] -= 1
+            return False
+        return port_is_free(port)
+
+    low = _free_block(3)
+    with State(tmp_path / "probe.sqlite", port_probe=probe) as db:
+        db.port_for("other", port_min=low, port_max=low + 2)
+        assert db.port_for("dies", port_min=low, port_max=low + 2) == low + 1
+        db.release_port("other")
+        assert db.release_ports_except(set()) == ["dies"]  # its container died: the pass frees the port
+        busy[low + 1] = 3  # the dead container's forwarder lets go of it a moment later
+        assert db.port_for("dies", port_min=low, port_max=low + 2) == low + 1  # not the lower, free one
+        assert busy[low + 1] == 0
+        db.release_ports_except(set())
+        busy[low + 1] = 10**6  # a port someone else keeps: after the short wait, the lowest free one
+        assert db.port_for("dies", port_min=low, port_max=low + 2) == low

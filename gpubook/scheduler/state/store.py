@@ -10,6 +10,7 @@ import logging
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -105,6 +106,9 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords):
         self.path = Path(path)
         self.busy_timeout = busy_timeout
         self._port_probe = port_probe
+        # The port each booking last held, kept when a pass frees it (its container died): the restart
+        # asks for it again, so the booker's ssh line stays right (this process's memory only).
+        self._last_ports: dict[str, int] = {}
         self._lock = threading.Lock()  # guards the list of connections only
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
@@ -206,6 +210,11 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords):
                     return int(row[0])
                 db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
             taken = {port for (port,) in db.execute("SELECT port FROM ports")} | reserved
+            last = self._last_ports.pop(booking_id, None)
+            if last is not None and port_min <= last <= port_max and last not in taken and self._freed_soon(last):
+                db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?)",
+                           (booking_id, last, stamp_of(now)))
+                return last
             for port in range(port_min, port_max + 1):
                 if port not in taken and self._port_probe(port):
                     db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?)",
@@ -219,10 +228,21 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords):
         in progress): a start that failed, or died, or a container gone, holds none. Gives the
         bookings whose port was freed."""
         with self._transaction() as db:
-            held = [booking for (booking,) in db.execute("SELECT booking_id FROM ports")]
+            held = dict(db.execute("SELECT booking_id, port FROM ports").fetchall())
             freed = [booking for booking in held if booking not in keep]
             db.executemany("DELETE FROM ports WHERE booking_id = ?", [(booking,) for booking in freed])
+        self._last_ports.update({booking: int(held[booking]) for booking in freed})
         return freed
+
+    def _freed_soon(self, port: int, *, seconds: float = 3.0) -> bool:
+        """The port a died container held is free, or becomes free within `seconds` (its port
+        forwarder exits a moment after the container)."""
+        deadline = time.monotonic() + seconds
+        while not self._port_probe(port):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
     def adopt_port(self, booking_id: str, port: int, *, now: datetime | None = None) -> None:
         """Record the port a running container already uses (read from its labels after a lost
