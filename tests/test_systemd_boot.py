@@ -8,13 +8,22 @@ starts `user@UID.service` for the lingering account; the unit file from this tre
 What booting needed on this VM (cgroup v1 hybrid, kernel 6.18, podman 4.3, runc):
 - `--systemd=always` itself gives systemd what it checks for: tmpfs on /run, /run/lock, /tmp and
   /var/log/journal, `container=podman`, and the name=systemd hierarchy writable at the container's
-  cgroup. No cgroup namespace and no extra mounts were needed; systemd 252 runs in its cgroup-v1
-  mode ("Tainted: cgroupsv1") and delegates user@UID.service's subtree as usual.
+  cgroup. systemd 252 runs in its cgroup-v1 mode ("Tainted: cgroupsv1") and delegates
+  user@UID.service's subtree as usual; booting alone needed no cgroup namespace.
 - `--ulimit` at or below the host's hard limits: this VM withholds CAP_SYS_RESOURCE from root, so
   runc cannot set podman's defaults and the container never starts ("error setting rlimit type 7:
   operation not permitted").
 - podman's own system units masked in the image: podman.service fails there on socket activation,
   and a failed unit would make the boot "degraded" instead of "running".
+
+What the bookings' rootless podman inside needed (systemd_kit.NESTED says why each): CAP_SYS_ADMIN
+(newuidmap is setuid root), `--security-opt unmask=ALL` (mounting a new /proc), `--cgroupns=private`
+(runc finds the container's cgroup by its path), /dev/net/tun (slirp4netns), and /home on the host's
+file system (the overlay store's upper layer cannot be on the container's overlay root). With them,
+a booking's container starts and answers SSH there. That container's conmon runs in a transient
+podman-N.scope of the user manager, not in gpubook.service's cgroup (rootless podman moves itself
+there when it finds the user's bus), so on such a host it outlives a stop by that alone; the unit's
+KillMode=process keeps it alive where podman stays in the service's cgroup.
 
 The unit file is used as shipped except for one drop-in: WatchdogSec=120 would make the watchdog
 test wait minutes, so the drop-in sets WatchdogSec=10 (the daemon pings every WatchdogSec/2) and
@@ -148,6 +157,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 def test_start_is_done_only_after_ready_and_shows_the_daemons_status(service: Service) -> None:
     machine = service.machine
     assert machine.unit("DropInPaths")["DropInPaths"].endswith("/gpubook.service.d/test-watchdog.conf")
+    # The user manager loaded the unit without a complaint ("gpubook.service:12: Unknown key ...").
+    complaints = machine.sh(f"journalctl --no-pager -o cat _UID=$(id -u {kit.ACCOUNT}) _COMM=systemd",
+                            check=False).stdout
+    assert re.findall(r"^.*gpubook\.service:\d+: .*$", complaints, flags=re.M) == []
     # The feed server stopped: the daemon's first poll waits on it, so its first pass, and READY=1, wait too.
     machine.sh("systemctl kill --signal=SIGSTOP feed.service")
     started = time.monotonic()
