@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path.home() / ".cache" / "gpubook" / "systemd"
 SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "dbus-user-session", "libpam-systemd", "python3", "python3-venv",
-            "podman", "uidmap", "slirp4netns", "runc", "fuse-overlayfs", "procps", "iproute2")
+            "podman", "uidmap", "slirp4netns", "runc", "fuse-overlayfs", "procps", "iproute2",
+            "mmdebstrap")  # gpubook setup wants it for its image step (it then finds the tarball cached)
 # podman's own system units: its API service fails on socket activation in a container (accept4 on
 # a datagram socket), which would leave the boot "degraded"; nothing here uses them.
 MASKED = ("podman.service", "podman.socket", "podman-restart.service", "podman-auto-update.service",
@@ -38,7 +39,8 @@ MASKED = ("podman.service", "podman.socket", "podman-restart.service", "podman-a
 ACCOUNT = "gpubook"
 DATA_ROOT = "/srv/gpubook"
 WHEELS = "/wheels"
-VENV = ".local/share/gpubook/venv"  # the unit's ExecStart: %h/.local/share/gpubook/venv/bin/gpubook
+VENV = "/opt/gpubook/venv"  # where docs/INSTALL.md puts it; setup points the unit's ExecStart at it
+GPUBOOK = f"{VENV}/bin/gpubook"
 ROOTFS = "/rootfs"  # the booking image's tarball, bound read-only
 FEED_DIR = "/srv/feed"
 FEED_PORT = 8765
@@ -196,8 +198,6 @@ def booted(*, wheels: Path, extra: Sequence[str] = ()) -> Iterator[tuple[Booted,
             "--label", LABEL, *ulimits(), *NESTED,
             "--volume", f"{wheels}:{WHEELS}:ro", "--volume", f"{rootfs}:{ROOTFS}/{rootfs.name}:ro",
             "--volume", f"{homes}:/home",
-            # gpubook refuses a data_root that is not nosuid,nodev; podman's tmpfs options give one.
-            "--tmpfs", f"{DATA_ROOT}:rw,nosuid,nodev,mode=0755",
             *extra, image(), "/sbin/init"]
     started = time.monotonic()
     _run(argv, timeout=120)
@@ -216,46 +216,36 @@ def booted(*, wheels: Path, extra: Sequence[str] = ()) -> Iterator[tuple[Booted,
         shutil.rmtree(homes, ignore_errors=True)
 
 
-# -- the install steps (by hand until `gpubook setup` does them) --------------------------------------
+# -- the install: the admin's steps, then `gpubook setup` ---------------------------------------------
 
 def create_account(machine: Booted) -> None:
-    machine.sh(f"useradd --create-home --shell /bin/bash {ACCOUNT} && chown {ACCOUNT}: {DATA_ROOT}")
-
-
-def enable_linger(machine: Booted) -> None:
-    """Linger: logind starts the account's user manager at boot, with no one logged in."""
-    machine.sh(f"loginctl enable-linger {ACCOUNT}")
-    wait_for("the account's user manager", lambda: machine.sh(
-        f"systemctl is-active user@$(id -u {ACCOUNT}).service", check=False).stdout.strip() == "active", timeout=60)
+    """The account before setup (setup finds it and says "already"): its cache must get the booking
+    image's tarball before setup's image step, which then imports it instead of running mmdebstrap
+    (the container has no network)."""
+    machine.sh(f"useradd --create-home --shell /bin/bash {ACCOUNT}")
+    tarball = booking_rootfs().name
+    machine.sh(f"mkdir -p ~/.cache/gpubook/rootfs && cp {ROOTFS}/{tarball} ~/.cache/gpubook/rootfs/", user=ACCOUNT)
 
 
 def install_venv(machine: Booted) -> None:
-    """The wheel into the venv the unit runs, as the account, from the bound wheels only."""
-    machine.sh(f"python3 -m venv ~/{VENV} && ~/{VENV}/bin/pip install --quiet --no-index "
-               f"--find-links {WHEELS} gpubook", user=ACCOUNT)
+    """The wheel into /opt/gpubook/venv as root, from the bound wheels only (no index)."""
+    machine.sh(f"python3 -m venv {VENV} && {VENV}/bin/pip install --quiet --no-index --find-links {WHEELS} gpubook")
 
 
-def install_unit(machine: Booted, unit_text: str) -> None:
-    _write(machine, ".config/systemd/user/gpubook.service", unit_text)
-    machine.user_systemctl("daemon-reload")
+def setup(machine: Booted, config: str) -> str:
+    """`gpubook setup` as root, with `config` as the account's new config; its output."""
+    subprocess.run(["podman", "exec", "--interactive", machine.name, "tee", "/root/gpubook.toml"],
+                   input=config, capture_output=True, text=True, check=True, timeout=60)
+    done = machine.sh(f"{GPUBOOK} setup --user {ACCOUNT} --data-root {DATA_ROOT} --config-from /root/gpubook.toml",
+                      check=False, timeout=900)
+    if done.returncode != 0:
+        raise AssertionError(f"gpubook setup exited {done.returncode}:\n{done.stdout}{done.stderr}")
+    return done.stdout
 
 
 def install_dropin(machine: Booted, name: str, text: str) -> None:
     _write(machine, f".config/systemd/user/gpubook.service.d/{name}", text)
     machine.user_systemctl("daemon-reload")
-
-
-def write_storage_conf(machine: Booted) -> None:
-    """The overlay store for the account's podman (Debian's rootless default, vfs, copies a whole
-    image per container); before its first podman command, which fixes the store's driver."""
-    _write(machine, ".config/containers/storage.conf", '[storage]\ndriver = "overlay"\n')
-
-
-def build_image(machine: Booted) -> None:
-    """`gpubook templates build debian-ssh` as the account; its cache has the tarball, so it imports it."""
-    tarball = booking_rootfs().name
-    machine.sh(f"mkdir -p ~/.cache/gpubook/rootfs && cp {ROOTFS}/{tarball} ~/.cache/gpubook/rootfs/ && "
-               f"~/{VENV}/bin/gpubook templates build debian-ssh", user=ACCOUNT)
 
 
 def write_config(machine: Booted, text: str) -> None:
@@ -270,11 +260,16 @@ def _write(machine: Booted, relative: str, text: str) -> None:
                    input=text, capture_output=True, text=True, check=True, timeout=60)
 
 
-def serve_feed(machine: Booted, ics: str) -> str:
-    """An ICS feed file served by Python's http.server (a transient system unit); its URL."""
+def publish(machine: Booted, ics: str) -> None:
+    """The feed's content, replaced."""
     _run(["podman", "exec", machine.name, "mkdir", "-p", FEED_DIR])
     subprocess.run(["podman", "exec", "--interactive", machine.name, "tee", f"{FEED_DIR}/lab.ics"],
                    input=ics, capture_output=True, text=True, check=True, timeout=60)
+
+
+def serve_feed(machine: Booted, ics: str) -> str:
+    """An ICS feed file served by Python's http.server (a transient system unit); its URL."""
+    publish(machine, ics)
     machine.sh(f"systemd-run --unit=feed --property=WorkingDirectory={FEED_DIR} "
                f"python3 -m http.server {FEED_PORT} --bind 127.0.0.1")
     url = f"http://127.0.0.1:{FEED_PORT}/lab.ics"

@@ -127,7 +127,7 @@ class Service:
 
     def event_log(self) -> str:
         """`gpubook log`, run by the account with the installed gpubook."""
-        return self.machine.sh(f"~/{kit.VENV}/bin/gpubook log --config ~/.config/gpubook/gpubook.toml --lines 0",
+        return self.machine.sh(f"{kit.GPUBOOK} log --config ~/.config/gpubook/gpubook.toml --lines 0",
                                user=kit.ACCOUNT).stdout
 
     def reload(self, config: str) -> None:
@@ -142,14 +142,22 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         print(f"\nsystemd-booted container: 'running' {timing.boot_seconds:.1f} s after podman run")
         assert machine.sh("cat /proc/1/comm").stdout.strip() == "systemd"
         kit.create_account(machine)
-        kit.enable_linger(machine)
         kit.install_venv(machine)
-        kit.write_storage_conf(machine)
-        kit.build_image(machine)
-        kit.install_unit(machine, UNIT.read_text())
+        # No booking while setup's own start of the unit runs: the tests' bookings come after.
+        feed = kit.serve_feed(machine, icalendar.Calendar().to_ical().decode())
+        started = time.monotonic()
+        said = kit.setup(machine, config_text(feed))
+        print(f"gpubook setup: {time.monotonic() - started:.1f} s\n{said}")
+        # setup enabled and started the unit, on the venv's gpubook; the tests start it themselves.
+        assert machine.user_systemctl("is-enabled", "gpubook.service").stdout.strip() == "enabled"
+        assert machine.unit("ExecStart")["ExecStart"].startswith(f"{{ path={kit.GPUBOOK} ;")
+        assert machine.unit("ActiveState")["ActiveState"] == "active"
+        installed = machine.sh(f"cat ~{kit.ACCOUNT}/.config/systemd/user/gpubook.service").stdout
+        assert installed == UNIT.read_text().replace(
+            "ExecStart=%h/.local/share/gpubook/venv/bin/gpubook", f"ExecStart={kit.GPUBOOK}")
+        machine.user_systemctl("stop", "gpubook.service")
+        kit.publish(machine, feed_text())
         kit.install_dropin(machine, "test-watchdog.conf", DROPIN)
-        feed = kit.serve_feed(machine, feed_text())
-        kit.write_config(machine, config_text(feed))
         yield Service(machine, feed)
     assert kit.leftovers() == []
 
