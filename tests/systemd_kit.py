@@ -4,7 +4,7 @@ No systemd runs as PID 1 on the test machine, so a user manager (`systemd --user
 logind for a lingering account) can only run inside such a container. The image is made here with
 mmdebstrap, its tarball cached under ~/.cache/gpubook/systemd keyed by the package list, and imported
 by rootful podman (runc: crun fails on this machine). gpubook goes in from wheels built on the host
-from this tree (no network inside). Each install step is a function of its own.
+from this tree (no network inside); `gpubook setup` installs it for the account.
 """
 
 from __future__ import annotations
@@ -89,7 +89,19 @@ def image() -> str:
               f"--customize-hook=chroot \"$1\" systemctl mask {mask}", SUITE, str(partial)])
         partial.replace(tarball)
     _run(["podman", "import", "--change", 'CMD ["/sbin/init"]', str(tarball), tag])
+    _forget_other_images(tag)
     return tag
+
+
+def _forget_other_images(tag: str) -> None:
+    """Images and tarballs of an earlier package list: one of each is kept, never more."""
+    repository = tag.rsplit(":", 1)[0]
+    listed = _run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"reference={repository}"])
+    for other in set(listed.stdout.split()) - {tag}:
+        _run(["podman", "rmi", other], check=False)
+    for old in CACHE.glob("*.tar"):
+        if old.name != f"{image_key()}.tar":
+            old.unlink()
 
 
 def booking_rootfs() -> Path:
@@ -128,7 +140,8 @@ def wheelhouse(folder: Path) -> Path:
 def ulimits() -> list[str]:
     """Limits this machine lets runc set. It withholds CAP_SYS_RESOURCE, so podman's defaults
     (nofile 1048576, nproc 4194304) are refused ("error setting rlimit type 7: operation not
-    permitted"); nproc above 32768 (this kernel's pid_max) was refused as well."""
+    permitted"); nproc above 32768 was refused as well (32768 is this kernel's pid_max; whether that
+    is why was not found out)."""
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
     nofile = 65536 if nofile == resource.RLIM_INFINITY else min(nofile, 65536)

@@ -1,9 +1,12 @@
 """gpubook's systemd user unit, run by a real user manager in a container booted with systemd.
 
 How this is proven where no systemd runs as PID 1: rootful podman boots a Debian 12 image (made by
-tests/systemd_kit.py with mmdebstrap) with `--systemd=always` and /sbin/init as PID 1. logind in it
-starts `user@UID.service` for the lingering account; the unit file from this tree runs there under
-`systemctl --user --machine=gpubook@.host`, exactly as on a server.
+tests/systemd_kit.py with mmdebstrap) with `--systemd=always` and /sbin/init as PID 1. gpubook's
+wheel, built from this tree, goes into /opt/gpubook/venv there, and `gpubook setup --user gpubook
+--data-root /srv/gpubook` does the rest as on a server: linger (logind starts user@UID.service),
+the nosuid,nodev bind mount, storage.conf, the delegation drop-in, the config, the image, and the
+unit, enabled and started in the account's user manager; doctor all ok. The tests then drive that
+unit with `systemctl --user --machine=gpubook@.host`.
 
 What booting needed on this VM (cgroup v1 hybrid, kernel 6.18, podman 4.3, runc):
 - `--systemd=always` itself gives systemd what it checks for: tmpfs on /run, /run/lock, /tmp and
@@ -25,9 +28,12 @@ podman-N.scope of the user manager, not in gpubook.service's cgroup (rootless po
 there when it finds the user's bus), so on such a host it outlives a stop by that alone; the unit's
 KillMode=process keeps it alive where podman stays in the service's cgroup.
 
-The unit file is used as shipped except for one drop-in: WatchdogSec=120 would make the watchdog
-test wait minutes, so the drop-in sets WatchdogSec=10 (the daemon pings every WatchdogSec/2) and
-TimeoutAbortSec=5 (how long systemd waits after the watchdog's SIGABRT before SIGKILL).
+CAP_SYS_ADMIN is also what lets setup bind-mount the data_root there, as root does on a server.
+
+The unit is setup's (the tree's, with ExecStart on the venv's gpubook) plus one drop-in:
+WatchdogSec=120 would make the watchdog test wait minutes, so the drop-in sets WatchdogSec=10 (the
+daemon pings every WatchdogSec/2) and TimeoutAbortSec=5 (how long systemd waits after the
+watchdog's SIGABRT before SIGKILL).
 """
 
 from __future__ import annotations
@@ -269,7 +275,10 @@ def test_stop_ends_the_daemon_and_leaves_the_booking_running(service: Service) -
     assert "daemon stopped; containers keep running" in service.event_log()
     assert service.containers() == containers  # the same container, still running
     # The next start adopts it instead of starting another.
-    service.active()
+    started = time.monotonic()
+    service.active()  # `systemctl --user start`, which returns once READY=1 came
+    print(f"unit start with a booking to adopt: active {time.monotonic() - started:.1f} s after "
+          "`systemctl --user start`")
     kit.wait_for("the restarted daemon's status line",
                  lambda: service.status_is("1 booking(s) now"), timeout=POLL_SECONDS + 60)
     assert service.containers() == containers
