@@ -123,4 +123,6 @@ def test_a_long_first_pass_extends_systemds_start_timeout_before_ready(tmp_path:
             signal.signal(number, handler)
     assert received, "nothing was sent while the first pass ran"
     assert int(received[0]["EXTEND_TIMEOUT_USEC"]) >= 10_000_000, received[0]
-    assert received[-1] == {"READY": "1", "STATUS": "first pass done"}
+    # READY=1 alone: the STATUS= line a pass sends (its status line) stays systemd's; tests/test_systemd_boot.py
+    # sees it under a real systemd.
+    assert received[-1] == {"READY": "1"}

@@ -196,7 +196,7 @@ def test_start_is_done_only_after_ready_and_shows_the_daemons_status(service: Se
     kit.wait_for("alice's booking to answer on SSH", lambda: "booking alice-now: started on GPU 0"
                  in machine.journal(), timeout=POLL_SECONDS + 90)
     assert len(service.containers()) == 1
-    # READY=1 said "first pass done"; the next poll's pass replaces it with the status line.
+    # READY=1 keeps the STATUS= line the first pass sent: the daemon's status line.
     settled = kit.wait_for("STATUS= to be the daemon's status line",
                            lambda: service.status_is("1 booking(s) now, 0 upcoming, 1 rejected"),
                            timeout=POLL_SECONDS + 60)

@@ -548,7 +548,9 @@ class Daemon:
         self._schedule_sampling()
         self._schedule_polls(first=datetime.now(UTC))
         first = self._wait_first_pass()
-        self.notifier.ready(status="first pass done" if first else "started; first pass still running")
+        # After a first pass, STATUS= is already its status line (written with daemon-status.json): READY
+        # alone keeps it, where "first pass done" hid it until the next poll (seen under real systemd).
+        self.notifier.ready(status=None if first else "started; first pass still running")
         interval = self.notifier.watchdog_interval or 5.0
         try:
             while not self._stop.wait(min(interval, 5.0)):
