@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo
 
 import paramiko
 
-from gpubook.runtime.engines import ContainerInfo, container_name
+from gpubook.runtime.engines import ContainerInfo, booker_digest, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply import reclaim as reclaim_apply
@@ -254,7 +254,7 @@ class Pass:
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
                                 stale_calendars=stale_calendars or {}, complete=complete, verdicts=verdicts,
-                                held=held)
+                                held=held, bookers=self._bookers(plan))
         for action in actions:  # the cluster's reasons go into the held bookings' events
             if isinstance(action, decide.Hold) and (action.booking_id in held or silent):
                 self.recall.notes[action.booking_id] = action.reason
@@ -386,6 +386,12 @@ class Pass:
         except StateError as error:
             log.warning("first-seen times are not recorded this pass; the last pass's stand: %s", error)
         return self.seen
+
+    def _bookers(self, plan: plan_module.Plan) -> dict[str, str]:
+        """Who each accepted booking's container would let in now: an armed one must match."""
+        users = self.config.users
+        return {a.booking.id: booker_digest(user.name, user.uid, user.gid, user.ssh_keys)
+                for a in plan.accepted if (user := users.get(a.booking.user)) is not None}
 
     def _slots(self, occurrences: Sequence[Booking | Rejection], *, now: datetime
                ) -> Mapping[plan_module.SeenKey, plan_module.Slot]:
