@@ -204,6 +204,11 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX slots_seen ON slots (seen_at);
     """,
+    # 9: a foreign-process row stands for every process its user starts on its GPU while they keep
+    # coming within a window (gpubook/scheduler/state/foreign.py): how many more it stood for.
+    """
+    ALTER TABLE foreign_processes ADD COLUMN repeats INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 
