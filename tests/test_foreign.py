@@ -263,6 +263,9 @@ def test_short_lived_processes_of_one_user_on_a_gpu_are_one_row_and_one_notice_p
         assert len(rows) == 2 and sorted(r.repeats for r in rows) == [1, 5]  # the group's row and the one beside
         kept = next(r for r in rows if r.repeats == 5)
         assert (kept.pid, kept.first_seen, kept.gone_at) == (pids[-1], NOW, NOW + timedelta(seconds=180))
+        assert foreign.event_line(kept, timezone="UTC") == (
+            f"foreign: GPU 0 was also used by pid {pids[-1]} (sleep, root) and 5 earlier processes of root from "
+            "14:05 to 14:08; not this booking's")
         assert [n.kind for n in state.pending_notices()] == ["foreign"]  # one e-mail, not six
         warnings = [e.message for e in state.events(booking_id="own@test") if "uses the GPU" in e.message]
         assert len(warnings) == 1 and changes == [1], warnings
