@@ -11,12 +11,12 @@ was accepted in the meantime), and a booking moved to another time or other GPUs
 that competes after every booking already accepted. Among the new requests of one pass (where
 gpubook observed no order) CREATED, DTSTAMP and then UID break the tie (all three client-written,
 but a forged one can only reorder requests that nobody holds yet), then the occurrence's start.
-A booking that asks for a number of GPUs gets the lowest-numbered GPUs
-of its calendar that are free for its whole time, so the choice is the same on every poll while
-nothing earlier in that order changes; a booking accepted before keeps the GPUs it was given
-while they stay free for it. A UID held by several calendar objects belongs to the one
-gpubook saw first; the copies are refused (a copy never displaces a running booking). Each user's
-quotas (`[policy]`, gpubook/scheduler/core/policy.py) are checked in the same order, before GPUs are chosen.
+A booking that asks for a number of GPUs gets the lowest-numbered GPUs of its calendar that are
+free for its whole time, so the choice is the same on every poll while nothing earlier in that
+order changes; a booking accepted before keeps the GPUs it was given while they stay free for it.
+A UID held by several calendar objects belongs to the one gpubook saw first; the copies are
+refused (a copy never displaces a running booking). Each user's quotas (`[policy]`,
+gpubook/scheduler/core/policy.py) are checked in the same order, before GPUs are chosen.
 
 The plan is near-linear in the number of occurrences: each GPU keeps its accepted bookings as
 disjoint intervals sorted by start, so a conflict is found by bisection, not by comparing a
