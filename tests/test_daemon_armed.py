@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from caldav.lib import error as dav_error
 
 from gpubook.scheduler.state import State
 from tests import daemon_kit
@@ -18,6 +19,7 @@ from tests.daemon_kit import (
     DaemonProcess,
     book,
     description,
+    event_text,
     running_container,
     soon,
     try_login,
@@ -113,3 +115,46 @@ def test_a_booking_deleted_while_armed_loses_its_container_and_port(tmp_path: Pa
         assert state.containers(booking_id="gone@test") == []  # never started: no run, no notice
         assert state.notes("armed") == {}
     assert any("removed its container run ahead of its start" in m for m in events(tmp_path, "gone@test"))
+
+
+def test_an_armed_booking_given_to_another_user_never_opens_for_the_old_one(tmp_path: Path, radicale, engine, keys,
+                                                                            cleanup, daemons) -> None:
+    """Hostile (issue 22, finding 17): alice's booking is armed, then its event names bob. The armed
+    container (alice's account and keys) is removed before the start, and bob's starts at the start.
+    Before, alice's armed container stayed and opened at the start, for alice, until its start
+    replaced it a few seconds later."""
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8)
+    start = soon(30)
+    end = start + timedelta(seconds=600)
+    book(calendar, "rebook@test", user="alice", start=start, end=end, gpus="5,")
+    cleanup.append("rebook@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    armed = wait_for("alice's container run ahead of its start", lambda: running_container(engine, "rebook@test"),
+                     timeout=25, interval=0.05, daemon=daemon)
+    assert armed.user == "alice" and armed.start == start
+
+    def edited() -> bool:
+        event = calendar.event_by_uid("rebook@test")
+        event.data = event_text("rebook@test", user="bob", start=start, end=end, gpus="5,")
+        try:
+            event.save()
+        except dav_error.ETagMismatchError:
+            return False  # gpubook wrote back in between: read it again
+        return True
+
+    wait_for("the event given to bob", edited, timeout=10, daemon=daemon)
+    before_start = (start - datetime.now(UTC)).total_seconds() - 1
+    assert before_start > 2, "the edit came too late to test the disarm before the start"
+    wait_for("alice's armed container removed before the start",
+             lambda: (now := engine.inspect(armed.name)) is None or now.id != armed.id,
+             timeout=before_start, interval=0.05, daemon=daemon)
+    assert datetime.now(UTC) < start
+    assert any("user or SSH keys changed" in m for m in events(tmp_path, "rebook@test")), \
+        events(tmp_path, "rebook@test")
+    bobs = wait_for("bob's container after the start", lambda: (c := running_container(engine, "rebook@test"))
+                    and c.user == "bob" and c.port and c, timeout=60, interval=0.1, daemon=daemon)
+    client = wait_for("bob's login", lambda: try_login(bobs.port, "bob", keys["bob"]), timeout=30, daemon=daemon)
+    client.close()
+    assert try_login(bobs.port, "alice", keys["alice"]) is None

@@ -10,7 +10,7 @@ from pathlib import Path
 from booking_kit import TEMPLATES, make_config, utc
 from test_plan import booking
 
-from gpubook.runtime.engines import ContainerInfo, container_name
+from gpubook.runtime.engines import ContainerInfo, booker_digest, container_name
 from gpubook.runtime.templates import load_all
 from gpubook.scheduler.apply.ahead import Preparation
 from gpubook.scheduler.core.bookings import Booking
@@ -151,3 +151,30 @@ def test_status_shows_an_armed_container_as_armed_not_running() -> None:
     later = datetime.now(UTC) + timedelta(minutes=1)
     assert running_booking(armed(a, start=later), ports={}).state.startswith("armed: SSH opens at")
     assert running_booking(armed(a, start=datetime.now(UTC) - timedelta(seconds=1)), ports={}).state == "running"
+
+
+def test_an_armed_container_whose_user_or_keys_changed_is_removed_before_its_start() -> None:
+    """Hostile (issue 22, finding 17): the booking's user, or that user's SSH keys, change while its
+    container is armed. It is removed before the start (before, it opened at the start for the old
+    booker, whose keys let them in until the start replaced it)."""
+    a = booking("a", indices=(0,))
+    now = START - timedelta(seconds=20)
+    alice = booker_digest("alice", 1000, 1000, ("ssh-ed25519 AAAAold alice",))
+    container = replace(armed(a), booker=alice)
+    memory = Memory(armed=frozenset({"a"}))
+    assert decide(planned(a, now=now), [container], now=now, memory=memory,
+                  bookers={"a": alice}) == [Recheck(START, "start of a")]
+    changed = "its booking's user or SSH keys changed before its start"
+    new_keys = booker_digest("alice", 1000, 1000, ("ssh-ed25519 AAAAnew alice",))
+    assert decide(planned(a, now=now), [container], now=now, memory=memory, bookers={"a": new_keys}) == \
+        [Disarm(container_name("a"), "a", changed)]
+    bob = replace(a, user="bob")
+    assert decide(planned(bob, now=now), [container], now=now, memory=memory) == \
+        [Disarm(container_name("a"), "a", changed)]
+    unlabelled = replace(container, booker="")  # armed by a gpubook before this label: not trusted
+    assert [type(x) for x in decide(planned(a, now=now), [unlabelled], now=now, memory=memory,
+                                    bookers={"a": alice})] == [Disarm]
+    # At the start too: never a Start on the old booker's container.
+    result = planned(a, now=START)
+    assert decide(result, [container], now=START, memory=memory, bookers={"a": new_keys}) == \
+        [Disarm(container_name("a"), "a", changed), Start(result.accepted[0])]

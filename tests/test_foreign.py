@@ -232,3 +232,76 @@ def test_a_process_still_there_when_its_gpus_booking_changes_is_news_for_the_new
         assert [r.booking_id for r in watch(now=NOW + timedelta(minutes=1)).changed] == ["own@test"]
         assert state.foreign()[0].action == "due 2026-11-23T14:07:00+00:00"
         assert [n.booking_id for n in state.pending_notices()] == ["own@test"]
+
+
+@needs_root
+def test_short_lived_processes_of_one_user_on_a_gpu_are_one_row_and_one_notice_per_window(tmp_path: Path,
+                                                                                          namespace) -> None:
+    """Hostile (issue 22, finding 14): a host user's short-lived GPU processes, a new one at every
+    sample (a cron job, a retry loop). Before, each made a new row, an event line and an e-mail.
+    Now the user's processes on that GPU are one row and one notice while they keep coming within
+    the window; a process beside a live one gets its own row (it may have to be stopped), quietly."""
+    info, inner = namespace
+    changes: list[int] = []
+    current: list[int] = []
+    with State(tmp_path / "state.sqlite") as state:
+        watch = ForeignWatch(state=state, host="local", running=lambda: [info], read=lambda: view([info.pid, *current]),
+                             on_change=lambda: changes.append(1), window=timedelta(minutes=10))
+        pids = []
+        for sample in range(6):  # every 30 s another process of root's, gone by the next sample
+            process = subprocess.Popen(["sleep", "300"])
+            pids.append(process.pid)
+            current[:] = [process.pid] + ([os.getpid()] if sample == 3 else [])  # once, two at a time
+            try:
+                watch(now=NOW + timedelta(seconds=30 * sample))
+            finally:
+                process.kill()
+                process.wait()
+            current.clear()
+        watch(now=NOW + timedelta(seconds=180))  # none now
+        rows = state.foreign(current=False, booking_ids=["own@test"])
+        assert len(rows) == 2 and sorted(r.repeats for r in rows) == [1, 5]  # the group's row and the one beside
+        kept = next(r for r in rows if r.repeats == 5)
+        assert (kept.pid, kept.first_seen, kept.gone_at) == (pids[-1], NOW, NOW + timedelta(seconds=180))
+        assert foreign.event_line(kept, timezone="UTC") == (
+            f"foreign: GPU 0 was also used by pid {pids[-1]} (sleep, root) and 5 earlier processes of root from "
+            "14:05 to 14:08; not this booking's")
+        assert [n.kind for n in state.pending_notices()] == ["foreign"]  # one e-mail, not six
+        warnings = [e.message for e in state.events(booking_id="own@test") if "uses the GPU" in e.message]
+        assert len(warnings) == 1 and changes == [1], warnings
+        # Quiet for longer than the window: the next process is news again.
+        later = subprocess.Popen(["sleep", "300"])
+        try:
+            current[:] = [later.pid]
+            assert [r.pid for r in watch(now=NOW + timedelta(minutes=20)).changed] == [later.pid]
+        finally:
+            later.kill()
+            later.wait()
+        assert len(state.pending_notices()) == 2
+
+
+@needs_root
+def test_a_repeat_of_a_stopped_process_is_stopped_after_its_own_grace(tmp_path: Path, namespace) -> None:
+    """Stop mode with repeats: the row a new process takes over keeps its group's stop time unless
+    that stop was done (then the new process gets its own grace); either way it is stopped."""
+    info, _ = namespace
+    current: list[int] = []
+    with State(tmp_path / "state.sqlite") as state:
+        watch = ForeignWatch(state=state, host="local", running=lambda: [info], mode="stop", grace=timedelta(minutes=1),
+                             read=lambda: view([info.pid, *current]), window=timedelta(minutes=10))
+        first = subprocess.Popen(["sleep", "300"])
+        current[:] = [first.pid]
+        watch(now=NOW)
+        watch(now=NOW + timedelta(minutes=1))
+        assert first.wait(timeout=10) == -signal.SIGTERM
+        second = subprocess.Popen(["sleep", "300"])
+        try:
+            current[:] = [second.pid]
+            watch(now=NOW + timedelta(minutes=2))
+            (row,) = state.foreign()
+            assert (row.pid, row.repeats, row.action) == (second.pid, 1, "due 2026-11-23T14:08:00+00:00")
+            watch(now=NOW + timedelta(minutes=3))
+            assert second.wait(timeout=10) == -signal.SIGTERM
+        finally:
+            second.kill()
+            second.wait()

@@ -18,7 +18,7 @@ from booking_kit import (
 )
 
 from gpubook.scheduler.core.bookings import Booking, Rejection
-from gpubook.scheduler.core.plan import Plan, plan, seen_key, to_json
+from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key, to_json
 
 NOW = utc(2026, 11, 23, 8)
 CONFIG = make_config()
@@ -41,10 +41,12 @@ def booking(id: str, *, user: str = "alice", template: str = "debian-ssh", gpus:
 def run(*items: Booking | Rejection, running: dict[str, tuple[int, ...]] | None = None,
         inventory: tuple[int, ...] = INVENTORY, now: datetime = NOW,
         seen: dict[str, datetime] | None = None) -> Plan:
-    """`seen`: booking id → when gpubook first saw it (keyed by `seen_key` for the plan)."""
+    """`seen`: booking id → when gpubook first saw it and accepted it at the slot it asks for now
+    (keyed by `seen_key` for the plan)."""
     first_seen = {seen_key(item): (seen or {})[item.id] for item in items if item.id in (seen or {})}
+    slots = {key: Slot(seen_at=at, accepted_at=at) for key, at in first_seen.items()}
     return plan(items, inventory=inventory, config=CONFIG, templates=TEMPLATES, now=now,
-                running=running or {}, first_seen=first_seen)
+                running=running or {}, first_seen=first_seen, slots=slots)
 
 
 def gpus(result: Plan) -> dict[str, tuple[int, ...]]:
@@ -186,6 +188,50 @@ def test_calendar_gpus_missing_from_the_inventory() -> None:
     result = run(booking("a", calendar_url=GPU1_CALENDAR), inventory=(0,))
     assert reasons(result) == {"a": "this calendar books 0 GPUs of devbox1 (it has no GPU); "
                                     "this booking asks for 1"}
+
+
+def test_a_refused_occurrence_seen_first_does_not_evict_an_accepted_booking() -> None:
+    """Hostile (issue 22, finding 1): bob's event was seen long before alice's booking but refused
+    (an unknown template), with CREATED forged to 1970; moved onto alice's accepted slot with a
+    valid template, it comes after her (before, the earlier first-seen time won and evicted her)."""
+    parked = booking("parked", user="bob", indices=(0, 1), created=utc(1970, 1, 1), dtstamp=utc(1970, 1, 1))
+    alice = booking("alice", indices=(0, 1), created=utc(2026, 11, 22))
+    first_seen = {seen_key(parked): utc(2026, 10, 1), seen_key(alice): utc(2026, 11, 22)}
+    slots = {seen_key(parked): Slot(seen_at=NOW), seen_key(alice): Slot(seen_at=utc(2026, 11, 22),
+                                                                    accepted_at=utc(2026, 11, 22))}
+    for order in ((parked, alice), (alice, parked)):
+        result = plan(order, inventory=INVENTORY, config=CONFIG, templates=TEMPLATES, now=NOW,
+                      first_seen=first_seen, slots=slots)
+        assert gpus(result) == {"alice": (0, 1)}
+        assert reasons(result)["parked"].startswith("the GPUs asked for are taken: GPU 0 is booked by alice")
+
+
+def test_bookings_accepted_together_keep_their_rank_whatever_their_created() -> None:
+    """Hostile: two bookings accepted in one pass; bob forges his CREATED afterwards (same slot).
+    The rank gpubook gave them decides, so he cannot take alice's GPU."""
+    alice = booking("alice", indices=(0,), created=utc(2026, 11, 22))
+    bob = booking("bob", user="bob", gpus=1, created=utc(1970, 1, 1))  # accepted second, on GPU 1
+    at = utc(2026, 11, 22)
+    slots = {seen_key(alice): Slot(seen_at=at, accepted_at=at, rank=0),
+             seen_key(bob): Slot(seen_at=at, accepted_at=at, rank=1)}
+    result = plan((bob, alice), inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW, slots=slots)
+    assert gpus(result) == {"alice": (0,), "bob": (1,)}
+    assert {a.booking.id: a.rank for a in result.accepted} == {"alice": 0, "bob": 1}
+
+
+def test_an_accepted_booking_keeps_its_gpus_when_one_ahead_of_it_goes() -> None:
+    """A count booking keeps the GPUs it was given: when the booking ahead of it is deleted it does
+    not slide onto the lower GPU and push out a booking that was accepted there after it."""
+    at = utc(2026, 11, 22)
+    b = booking("b", user="bob", gpus=1, start=11)  # 11-13; accepted on GPU 1 while a held GPU 0
+    c = booking("c", user="carol", indices=(0,), start=12)  # 12-14 on GPU 0, accepted after b
+    slots = {seen_key(b): Slot(seen_at=at, accepted_at=at, placement=(("local", (1,)),)),
+             seen_key(c): Slot(seen_at=at, accepted_at=at + timedelta(minutes=1))}
+    result = plan((b, c), inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW, slots=slots)
+    assert gpus(result) == {"b": (1,), "c": (0,)}
+    # Without its record b is a new request placed on the lowest free GPU (and c, new too, loses).
+    fresh = plan((b, c), inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=NOW)
+    assert gpus(fresh) == {"b": (0,)}
 
 
 def test_gpu1_calendar_books_gpu1() -> None:

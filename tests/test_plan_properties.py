@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpubook.scheduler.core.bookings import Booking, Rejection
-from gpubook.scheduler.core.plan import Plan, plan
+from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key
 
 CONFIG = make_config()
 INVENTORY = (0, 1, 2, 3)
@@ -115,3 +115,33 @@ def test_running_bookings_keep_their_gpus(bookings: list[Booking | Rejection],
     kept = {a.booking.id: a.gpus for a in second.accepted if a.booking.id in running}
     assert kept == running
     assert_no_double_booking(second)
+
+
+@SETTINGS
+@given(items(), items(prefix="n"), st.sets(st.integers(0, 24), max_size=5), st.integers(1, 4 * 24))
+def test_no_new_request_or_move_evicts_an_accepted_booking(
+        bookings: list[Booking | Rejection], newcomers: list[Booking | Rejection], moved: set[int],
+        shift: int) -> None:
+    """Issue 22, finding 1: once accepted (its slot recorded as State records it), a booking keeps
+    its GPUs whatever comes next: new requests with any CREATED, copies of its UID, and bookings
+    that were refused or accepted before and are now moved anywhere (a move is a new request)."""
+    first_pass, second_pass = utc(2026, 11, 20), utc(2026, 11, 21)
+    before = plan(bookings, inventory=INVENTORY, config=CONFIG, templates=TEMPLATES, now=NOW,
+                  first_seen={seen_key(b): first_pass for b in bookings})
+    slots = {seen_key(b): Slot(seen_at=first_pass) for b in bookings}
+    slots |= {seen_key(a.booking): Slot(seen_at=first_pass, accepted_at=first_pass, rank=a.rank,
+                                        placement=a.placement) for a in before.accepted}
+    later = [replace(b, start=b.start + timedelta(minutes=15 * shift), end=b.end + timedelta(minutes=15 * shift))
+             if number in moved and isinstance(b, Booking) else b for number, b in enumerate(bookings)]
+    for number in moved:  # State starts a moved occurrence's row afresh
+        if number < len(later) and isinstance(later[number], Booking):
+            slots[seen_key(later[number])] = Slot(seen_at=second_pass)
+    everything = later + newcomers
+    after = plan(everything, inventory=INVENTORY, config=CONFIG, templates=TEMPLATES, now=NOW,
+                 first_seen={seen_key(b): first_pass for b in bookings} | {seen_key(b): second_pass for b in newcomers},
+                 slots=slots)
+    kept = {a.booking.id: a.gpus for a in after.accepted}
+    unchanged = {b.id for number, b in enumerate(bookings) if number not in moved}
+    for accepted in before.accepted:
+        if accepted.booking.id in unchanged:
+            assert kept.get(accepted.booking.id) == accepted.gpus, (accepted, after.rejected)

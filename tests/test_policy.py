@@ -15,7 +15,7 @@ from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler.config import Config, parse
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking
-from gpubook.scheduler.core.plan import Plan, plan, seen_key
+from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key
 
 NOW = utc(2026, 11, 23, 8)  # a Monday
 
@@ -47,8 +47,9 @@ def run(*items: Booking, cfg: Config, now: datetime = NOW, seen: dict[str, datet
     """`seen`: booking id → when gpubook first saw it; unlisted ones were seen in this order, last."""
     order = {item.id: NOW - timedelta(days=30) + timedelta(minutes=n) for n, item in enumerate(items)}
     first_seen = {seen_key(item): {**order, **(seen or {})}[item.id] for item in items}
+    slots = {key: Slot(seen_at=at, accepted_at=at) for key, at in first_seen.items()}
     return plan(items, inventory=(0, 1, 2, 3), config=cfg, templates=TEMPLATES, now=now,
-                running=running or {}, first_seen=first_seen)
+                running=running or {}, first_seen=first_seen, slots=slots)
 
 
 def accepted(result: Plan) -> list[str]:
@@ -203,7 +204,7 @@ def test_a_booking_made_too_far_ahead_is_rejected() -> None:
     result = run(far, near, cfg=cfg, seen={"far": NOW, "near": NOW})
     assert accepted(result) == ["near"]
     assert reasons(result)["far"] == ("alice may book at most 3 days ahead; this booking starts 5.08 days "
-                                      "after gpubook first saw it")
+                                      "after gpubook first saw it at this time")
     # Seen within 3 days of its start it passes (the time gpubook saw it, not the calendar's CREATED).
     later = utc(2026, 11, 26)
     assert accepted(run(far, cfg=cfg, now=later, seen={"far": later})) == ["far"]

@@ -17,7 +17,7 @@ from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.scheduler.core import reclaim
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.decide import Memory, Policy, Runs, Stop, Warn, decide
-from gpubook.scheduler.core.plan import Plan, plan, seen_key
+from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key
 from gpubook.scheduler.core.reclaim import Evidence, GpuUse, Idle, IdleNotice, NoShow, Release, Rules, judge
 from gpubook.scheduler.state import Sample, State
 
@@ -181,12 +181,13 @@ def test_a_released_booking_frees_the_rest_of_its_slot_and_never_starts_again() 
     at = START + 30 * MIN
     released = {"a": reclaim.Released("a", a.start, a.end, at, "nobody logged in")}
     now = START + 60 * MIN
-    seen = {seen_key(a): START - timedelta(days=1), seen_key(b): now}  # bob's booking made after alice's
+    seen = {seen_key(a): Slot(START - timedelta(days=1), START - timedelta(days=1)),
+            seen_key(b): Slot(now)}  # bob's booking made after alice's was accepted
     one_gpu = {"one": (0,)}
-    before = plan([a, b], inventory=one_gpu, config=config(), templates=TEMPLATES, now=now, first_seen=seen)
+    before = plan([a, b], inventory=one_gpu, config=config(), templates=TEMPLATES, now=now, slots=seen)
     assert [x.booking.id for x in before.accepted] == ["a"]  # without the release, alice's slot is hers
     after = plan(reclaim.apply_releases([a, b], released), inventory=one_gpu, config=config(),
-                 templates=TEMPLATES, now=now, first_seen=seen)
+                 templates=TEMPLATES, now=now, slots=seen)
     assert {x.booking.id: x.booking.end for x in after.accepted} == {"a": at, "b": b.end}
     memory = Memory(known=frozenset({"a"}), runs={"a": Runs(running=False, last_stopped=at, last_reason="released")},
                     released=frozenset({"a"}))

@@ -255,7 +255,7 @@ def test_record_stop_keeps_a_run_already_closed_and_records_a_lost_one(db: State
 
 
 def test_first_seen_is_recorded_once_kept_and_forgotten_long_after(tmp_path: Path) -> None:
-    """The plan's priority: the time gpubook first saw each occurrence in each calendar object."""
+    """Who keeps a UID several objects hold: the time gpubook first saw each occurrence in each object."""
     one, two = ("cal", "a.ics", "a"), ("cal", "b.ics", "b")
     t0 = datetime(2026, 11, 1, tzinfo=UTC)
     with State(tmp_path / "state.sqlite") as db:
@@ -293,3 +293,30 @@ def test_a_restart_after_a_death_gets_the_port_the_booking_had(tmp_path: Path) -
         db.release_ports_except(set())
         busy[low + 1] = 10**6  # a port someone else keeps: after the short wait, the lowest free one
         assert db.port_for("dies", port_min=low, port_max=low + 2) == low
+
+
+def test_priority_is_earned_by_acceptance_at_a_slot_and_lost_by_a_move_or_a_refusal(tmp_path: Path) -> None:
+    """Issue 22, finding 1: a refused occurrence holds no acceptance, a move starts its row afresh,
+    an accepted one keeps its first acceptance (and rank) while it asks for the same slot."""
+    mine, other = ("cal", "a.ics", "a"), ("cal", "b.ics", "b")
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    t1, t2, t3 = (t0 + timedelta(minutes=n) for n in (1, 2, 3))
+    with State(tmp_path / "state.sqlite") as db:
+        rows = db.slots_asked({mine: "10-12 gpus 0,1", other: "20-21 gpus 0,1"}, now=t0)
+        assert rows[other].seen_at == t0 and rows[other].accepted_at is None
+        db.slots_decided([(mine, 0, (("local", (0, 1)),))], [other], now=t0)  # b refused (parked)
+        rows = db.slots_asked({mine: "10-12 gpus 0,1", other: "20-21 gpus 0,1"}, now=t1)
+        assert (rows[mine].accepted_at, rows[mine].rank, rows[mine].placement) == (t0, 0, (("local", (0, 1)),))
+        assert rows[other].accepted_at is None and rows[other].seen_at == t0  # refused: no priority
+        # b moves onto a's slot: a new request, seen now, never accepted.
+        rows = db.slots_asked({mine: "10-12 gpus 0,1", other: "10-12 gpus 0,1"}, now=t2)
+        assert (rows[other].seen_at, rows[other].accepted_at) == (t2, None)
+        db.slots_decided([(mine, 3, (("local", (0, 1)),)), (other, 4, ())], [], now=t2)
+        rows = db.slots_asked({mine: "10-12 gpus 0,1", other: "10-12 gpus 0,1"}, now=t3)
+        assert (rows[mine].accepted_at, rows[mine].rank) == (t0, 0)  # its first acceptance and rank kept
+        assert (rows[other].accepted_at, rows[other].rank) == (t2, 4)
+        db.slots_decided([], [mine], now=t3)  # refused once: the acceptance is gone
+        assert db.slots_asked({mine: "10-12 gpus 0,1"}, now=t3)[mine].accepted_at is None
+        much_later = t0 + timedelta(days=40)
+        assert db.slots_asked({}, now=much_later, forget_before=much_later - timedelta(days=30)) == {}
+        assert db.slots_asked({other: "10-12 gpus 0,1"}, now=much_later)[other].seen_at == much_later  # forgotten

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gpubook.runtime import jupyter
-from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine
+from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, booker_digest
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.mounts import Mount
 from gpubook.runtime.overlay_image import run_image
@@ -237,6 +237,7 @@ def booking_spec(
         gpu=gpu,  # type: ignore[arg-type]
         host_key=host_key.public,
         start=start,
+        booker=booker_digest(user, uid, gid, ssh_keys),
     )
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +34,7 @@ LABEL_PORT = "gpubook.port"
 LABEL_TEMPLATE = "gpubook.template"
 LABEL_START = "gpubook.start"  # the booking's start: an armed container opens SSH only then
 LABEL_HOST_KEY = "gpubook.host-key"  # the public half of the booking's SSH host key
+LABEL_BOOKER = "gpubook.booker"  # who the container lets in: `booker_digest` of its account and keys
 LABEL_SERVICE = "gpubook.service"  # a service container of gpubook's own (the SFTP service): no booking
 
 # What sshd and sudo need (and what a booker's `sudo apt-get install` needs); everything else,
@@ -84,6 +85,7 @@ class ContainerSpec:
     gpu: GpuInjection | None = None
     host_key: str = ""  # "ssh-ed25519 AAAA...": the public host key gpubook made for this booking
     start: datetime | None = None  # the booking's start: nothing opens inside before it (armed containers)
+    booker: str = ""  # `booker_digest` of the account made inside and its keys ("": not a booking's)
 
     def __post_init__(self) -> None:
         problem = booking_id_problem(self.booking_id)
@@ -133,6 +135,7 @@ class ContainerSpec:
             LABEL_PORT: str(self.port),
             LABEL_TEMPLATE: self.template,
             LABEL_HOST_KEY: self.host_key,
+            **({LABEL_BOOKER: self.booker} if self.booker else {}),
         }
 
 
@@ -192,6 +195,7 @@ class ContainerInfo:
     host_key: str = ""  # "ssh-ed25519 AAAA...", from its label: what the booker's known_hosts gets
     pid: int = 0  # its first process on the host, where the engine says (0: not running or not told)
     start: datetime | None = None  # its booking's start, from its label: SSH opens inside only then
+    booker: str = ""  # `booker_digest` of who it lets in, from its label ("": not labelled)
     # A multi-node booking (a Slurm cluster) is listed once, by its first node: the other nodes and
     # the GPUs it holds there.
     others: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -251,7 +255,16 @@ def info_from_labels(
         host_key=labels.get(LABEL_HOST_KEY, ""),
         pid=pid,
         start=start,
+        booker=labels.get(LABEL_BOOKER, ""),
     )
+
+
+def booker_digest(user: str, uid: int, gid: int, ssh_keys: Sequence[str]) -> str:
+    """Who a booking's container lets in (its account, ids and SSH keys), as a short digest: a
+    container run ahead of its start whose digest is not its booking's now must not open."""
+    keys = sorted(key.strip() for key in ssh_keys if key.strip())
+    data = json.dumps([user, uid, gid, keys])
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
 def _time_label(labels: Mapping[str, str], key: str) -> datetime | None:

@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo
 
 import paramiko
 
-from gpubook.runtime.engines import ContainerInfo, container_name
+from gpubook.runtime.engines import ContainerInfo, booker_digest, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply import reclaim as reclaim_apply
@@ -177,6 +177,7 @@ class Pass:
         self.notices = notices
         self.recall = Recall()
         self.seen: Mapping[plan_module.SeenKey, datetime] = {}  # first-seen times, as the last pass read them
+        self.slots: Mapping[plan_module.SeenKey, plan_module.Slot] = {}  # the priority, as the last pass read it
         self.journal = Journal(state, self.recall)
         self.writeback = WriteBack(config, state)
         hosts_, journal = self.hosts, self.journal
@@ -253,7 +254,7 @@ class Pass:
         actions = decide.decide(plan, world.actual(), now=now, memory=memory, policy=self.policy(),
                                 may_start=may_start, stale_reason=stale_reason,
                                 stale_calendars=stale_calendars or {}, complete=complete, verdicts=verdicts,
-                                held=held)
+                                held=held, bookers=self._bookers(plan))
         for action in actions:  # the cluster's reasons go into the held bookings' events
             if isinstance(action, decide.Hold) and (action.booking_id in held or silent):
                 self.recall.notes[action.booking_id] = action.reason
@@ -349,6 +350,7 @@ class Pass:
         ends = {i.booking_id: datetime.fromisoformat(agreed[i.booking_id]) if i.booking_id in agreed else i.end
                 for i in actual if i.booking_id in running and i.end is not None}
         first_seen = self._first_seen(occurrences, now=now)
+        slots = self._slots(occurrences, now=now)
         templates = frozenset(self.templates.templates) | frozenset(self.templates.errors)
         zone = ZoneInfo(self.config.host.timezone)
         inventory = self.inventory
@@ -358,8 +360,9 @@ class Pass:
             pinned.occurrences, agreed_ends=ends,  # type: ignore[arg-type]
             plan=lambda items: plan_module.plan(items, inventory=inventory, config=self.config,
                                                 templates=templates, now=now, running=running,
-                                                first_seen=first_seen, placed=placed),
+                                                first_seen=first_seen, placed=placed, slots=slots),
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
+        self._slots_decided(result, now=now)
         for booking_id, end in granted.items():
             try:
                 self.state.set_note(booking_id, AGREED_END, end.isoformat(), at=now)
@@ -383,6 +386,36 @@ class Pass:
         except StateError as error:
             log.warning("first-seen times are not recorded this pass; the last pass's stand: %s", error)
         return self.seen
+
+    def _bookers(self, plan: plan_module.Plan) -> dict[str, str]:
+        """Who each accepted booking's container would let in now: an armed one must match."""
+        users = self.config.users
+        return {a.booking.id: booker_digest(user.name, user.uid, user.gid, user.ssh_keys)
+                for a in plan.accepted if (user := users.get(a.booking.user)) is not None}
+
+    def _slots(self, occurrences: Sequence[Booking | Rejection], *, now: datetime
+               ) -> Mapping[plan_module.SeenKey, plan_module.Slot]:
+        """Record the slot each booking asks for and read its priority there (a move starts it
+        afresh). When State cannot be written, the last pass's records stand (what is new, or
+        moved, has none: it comes after every booking accepted before)."""
+        asked = {plan_module.seen_key(item): plan_module.slot_of(item)
+                 for item in occurrences if isinstance(item, Booking)}
+        try:
+            rows = self.state.slots_asked(asked, now=now, forget_before=now - plan_module.FIRST_SEEN_KEPT)
+        except StateError as error:
+            log.warning("the bookings' slots are not recorded this pass; the last pass's stand: %s", error)
+            return self.slots
+        self.slots = {key: plan_module.Slot(seen_at=row.seen_at, accepted_at=row.accepted_at, rank=row.rank,
+                                            placement=row.placement) for key, row in rows.items()}
+        return self.slots
+
+    def _slots_decided(self, plan: plan_module.Plan, *, now: datetime) -> None:
+        """Priority is earned by acceptance: the accepted keep it (or get it now), the refused lose it."""
+        try:
+            self.state.slots_decided([(plan_module.seen_key(a.booking), a.rank, a.placement) for a in plan.accepted],
+                                     [plan_module.seen_key(r) for r in plan.rejected], now=now)
+        except StateError as error:  # recorded by a later pass; until then the new ones hold no priority
+            log.warning("the plan's acceptances are not recorded this pass: %s", error)
 
     def _adopt(self, plan: plan_module.Plan, world: World, *, now: datetime, at_work: set[str],
                armed: frozenset[str]) -> None:

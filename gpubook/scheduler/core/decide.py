@@ -27,9 +27,10 @@ Rules, in the words a booker would use:
 - A container run ahead of its booking's start ("armed", gpubook/scheduler/apply/ahead.py) lets nobody
   in before that start (its entrypoint waits for it). Before the start it is left alone; at the
   start it gets a `Start` (the same spec: the engine keeps it; the SSH probe, the record and the
-  write-back follow). One whose booking is gone, moved, or changed (GPUs, template, end), or whose
-  calendar data is too old to start from, is removed at once (`Disarm`), before its start: nobody
-  can be logged in, so no warning is due.
+  write-back follow). One whose booking is gone, moved, or changed (GPUs, template, end, user or
+  the booker's SSH keys: the old booker is never let in), or whose calendar data is too old to
+  start from, is removed at once (`Disarm`), before its start: nobody can be logged in, so no
+  warning is due.
 - While some calendar has never been read (`complete=False`), a running booking found in no
   calendar is not taken for deleted: it may be in the unread one; it runs to its labels' end.
 """
@@ -173,13 +174,16 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
            policy: Policy = Policy(), may_start: bool = True, stale_reason: str = "",
            stale_calendars: Mapping[str, str] = MappingProxyType({}), complete: bool = True,
            verdicts: Mapping[str, reclaim.Verdict] = MappingProxyType({}),
-           held: Mapping[str, str] = MappingProxyType({})) -> list[Action]:
+           held: Mapping[str, str] = MappingProxyType({}),
+           bookers: Mapping[str, str] = MappingProxyType({})) -> list[Action]:
     """The actions that bring `actual` to what `plan` wants at `now`, in the order to apply them.
 
     `stale_calendars`: calendar url → why its bookings do not start now (its data is too old);
     `held`: booking id → why it does not start now (a cluster refused its reservation);
     `complete`: every calendar was read at least once (see the module docstring); `verdicts`:
-    the no-show and idle judge's, by booking id (gpubook/scheduler/core/reclaim.py)."""
+    the no-show and idle judge's, by booking id (gpubook/scheduler/core/reclaim.py); `bookers`:
+    booking id → who its container would let in now (`booker_digest` of the booker's account and
+    keys), which an armed container must match (missing: only its user is compared)."""
     wanted = {a.booking.id: a for a in plan.accepted}
     actions: list[Action] = []
     present: dict[str, ContainerInfo] = {}
@@ -189,8 +193,8 @@ def decide(plan: Plan, actual: Sequence[ContainerInfo], *, now: datetime, memory
         accepted = wanted.get(info.booking_id)
         if _armed(info, now=now, memory=memory):
             stale = stale_calendars.get(accepted.booking.calendar_url) if accepted else None
-            found = _armed_actions(info, accepted, now=now,
-                                   may_start=may_start and stale is None)
+            found = _armed_actions(info, accepted, now=now, may_start=may_start and stale is None,
+                                   booker=bookers.get(info.booking_id))
         else:
             found = _container_actions(info, accepted, now=now, memory=memory, policy=policy, complete=complete)
         if not any(isinstance(a, Disarm) for a in found):  # a disarmed booking may start the normal way
@@ -236,9 +240,11 @@ def _armed(info: ContainerInfo, *, now: datetime, memory: Memory) -> bool:
 
 
 def _armed_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datetime,
-                   may_start: bool) -> list[Action]:
+                   may_start: bool, booker: str | None = None) -> list[Action]:
     """An armed container: left alone until its start, then started (recorded, probed); removed at
-    once when it no longer fits its booking. Its SSH is closed until the start, so no warning."""
+    once when it no longer fits its booking. Its SSH is closed until the start, so no warning.
+    Another booker (user, ids or keys) is removed before the start too: the armed container would
+    open at the start for the old one (its entrypoint opens by itself) until its start replaced it."""
     def disarm(reason: str) -> list[Action]:
         return [Disarm(info.name, info.booking_id, reason)]
 
@@ -251,6 +257,8 @@ def _armed_actions(info: ContainerInfo, accepted: Accepted | None, *, now: datet
         return disarm("its booking was moved to another start")
     if info.gpus != accepted.gpus or info.template != booking.template or info.end != booking.end:
         return disarm("its booking's GPUs, template or end changed before its start")
+    if info.user != booking.user or (booker is not None and info.booker != booker):
+        return disarm("its booking's user or SSH keys changed before its start")
     if not may_start:  # before its start too: it would open by itself at the start
         return disarm("the calendar data is too old to start anything from")
     if now < booking.start:

@@ -3,15 +3,20 @@
 Conflicts are decided by a fixed order made of what gpubook itself observed, never of what a
 calendar client wrote (CREATED and DTSTAMP are the client's to forge: a booking stamped 1970 would
 win every conflict): bookings whose containers already run come first (they never move GPUs), then
-the occurrence gpubook saw first (`first_seen`, recorded by the apply stage in State); only among
-occurrences gpubook first saw in the same poll (where it observed no order) do CREATED, DTSTAMP
-and then UID break the tie (all three client-written, but a forged one can only reorder bookings
-that appeared together; and an upgrade, which sees every existing booking at once, keeps the
-order they had), then the occurrence's start. A booking that asks for a number of GPUs gets the lowest-numbered GPUs
-of its calendar that are free for its whole time, so the choice is the same on every poll while
-nothing earlier in that order changes. A UID held by several calendar objects belongs to the one
-gpubook saw first; the copies are refused (a copy never displaces a running booking). Each user's
-quotas (`[policy]`, gpubook/scheduler/core/policy.py) are checked in the same order, before GPUs are chosen.
+the bookings gpubook has accepted at the time and GPUs they ask for now, in the order it first
+accepted them there (`slots`, recorded by the apply stage in State), then every other occurrence.
+Priority is earned by acceptance, never by being seen: an occurrence that was refused, or never
+accepted, holds none (an event saved early and refused cannot be moved later onto a booking that
+was accepted in the meantime), and a booking moved to another time or other GPUs is a new request
+that competes after every booking already accepted. Among the new requests of one pass (where
+gpubook observed no order) CREATED, DTSTAMP and then UID break the tie (all three client-written,
+but a forged one can only reorder requests that nobody holds yet), then the occurrence's start.
+A booking that asks for a number of GPUs gets the lowest-numbered GPUs of its calendar that are
+free for its whole time, so the choice is the same on every poll while nothing earlier in that
+order changes; a booking accepted before keeps the GPUs it was given while they stay free for it.
+A UID held by several calendar objects belongs to the one gpubook saw first; the copies are
+refused (a copy never displaces a running booking). Each user's quotas (`[policy]`,
+gpubook/scheduler/core/policy.py) are checked in the same order, before GPUs are chosen.
 
 The plan is near-linear in the number of occurrences: each GPU keeps its accepted bookings as
 disjoint intervals sorted by start, so a conflict is found by bisection, not by comparing a
@@ -48,13 +53,30 @@ LOCAL = "local"  # the host the daemon runs on
 Inventory = Mapping[str, Sequence[int]]  # host → the GPU indices present on it
 Placement = tuple[tuple[str, tuple[int, ...]], ...]  # (host, its GPU indices) for each node a booking holds
 SeenKey = tuple[str, str, str]  # (calendar url, object href, occurrence id): see `seen_key`
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What gpubook recorded of an occurrence at the slot (time and GPUs asked for) it asks for now.
+
+    State keeps one per occurrence and starts it afresh when the occurrence asks for another slot
+    (`slot_of`): a move is a new request."""
+
+    seen_at: datetime  # when gpubook first saw it ask for this slot: when the request was made
+    accepted_at: datetime | None = None  # when first accepted at this slot; None: never, or refused since
+    rank: int = 0  # its place in the priority order of the pass that accepted it
+    placement: Placement = ()  # the hosts and GPUs the last pass gave it
+
+
 _NOTHING_RUNNING: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 _NOTHING_SEEN: Mapping[SeenKey, datetime] = MappingProxyType({})
+_NOTHING_HELD: Mapping[SeenKey, Slot] = MappingProxyType({})
 _NOTHING_PLACED: Mapping[str, Placement] = MappingProxyType({})
 # First-seen times are kept this long after they leave the calendars' reading: far beyond the
 # daemon's window (a week ahead, the longest booking back), so a visible occurrence keeps its time.
 FIRST_SEEN_KEPT = timedelta(days=30)
-_LATEST = datetime.max.replace(tzinfo=ZoneInfo("UTC"))
+_UTC = ZoneInfo("UTC")
+_LATEST = datetime.max.replace(tzinfo=_UTC)
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,7 @@ class Accepted:
     warn_at: datetime  # when the booker is warned that the end is near (never before the start)
     host: str = LOCAL  # the host whose GPUs these are
     others: Placement = ()  # a multi-node booking's other nodes and their GPUs (the first is `host`)
+    rank: int = 0  # its place in this plan's priority order (recorded when it is first accepted)
 
     @property
     def placement(self) -> Placement:
@@ -88,12 +111,16 @@ def plan(
     running: Mapping[str, tuple[int, ...]] = _NOTHING_RUNNING,
     first_seen: Mapping[SeenKey, datetime] = _NOTHING_SEEN,
     placed: Mapping[str, Placement] = _NOTHING_PLACED,
+    slots: Mapping[SeenKey, Slot] = _NOTHING_HELD,
 ) -> Plan:
     """Decide every occurrence: accepted on concrete GPUs, or rejected with a reason.
 
     `inventory` maps each host to the GPU indices present on it (a plain list: the local host's);
     `running` maps the id of each booking whose container runs now to the GPUs it runs on;
-    `first_seen` maps `seen_key(occurrence)` to when gpubook first saw it (missing: seen last);
+    `first_seen` maps `seen_key(occurrence)` to when gpubook first saw it (missing: seen last),
+    which decides only who keeps a UID that several calendar objects hold;
+    `slots` maps `seen_key(occurrence)` to its record at the slot it asks for now (missing: a new
+    request, made now): the priority of the bookings accepted there, and when each was asked for;
     `placed` maps a running booking's id to the hosts and GPUs it runs on (missing: `running`'s
     GPUs on the first host).
     """
@@ -129,14 +156,15 @@ def plan(
     warn = timedelta(minutes=config.defaults.warn_minutes)
     ledger = policy.Ledger(config, now=now, host_tz=host_tz)
     first = next(iter(hosts))
-    for booking, shape in sorted(valid, key=lambda item: _priority(item[0], running, first_seen)):
+    for booking, shape in sorted(valid, key=lambda item: _priority(item[0], running, slots)):
         calendar = calendars[booking.calendar_url]
         owned = {name: _owned(calendar, present) for name, present in hosts.items()}
+        record = slots.get(seen_key(booking))
         kept = placed.get(booking.id) or (((first, running[booking.id]),) if running.get(booking.id) else ())
-        placement = _kept(booking, kept, busy)
+        placement = _kept(booking, kept, busy) if kept else _held_placement(booking, record, owned, busy)
         # A running booking is never judged by a quota (see gpubook/scheduler/core/policy.py); it counts.
         if booking.id not in running and \
-                (over := ledger.problem(booking, first_seen=first_seen.get(seen_key(booking)))):
+                (over := ledger.problem(booking, first_seen=record.seen_at if record else None)):
             rejected.append(_rejection(booking, over))
             continue
         if placement is None:
@@ -151,7 +179,8 @@ def plan(
                 timelines[gpu].add(booking)
         ledger.add(booking, gpus=[gpu for _, gpus in placement for gpu in gpus])
         (host, gpus), *others = placement
-        accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn), host, tuple(others)))
+        accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn), host, tuple(others),
+                                 rank=len(accepted)))
 
     accepted.sort(key=lambda a: _order(a.booking))
     rejected.sort(key=_order)
@@ -189,6 +218,14 @@ def _host_name(host: str, config: Config) -> str:
 def seen_key(item: Booking | Rejection) -> SeenKey:
     """The key of `first_seen`: an occurrence in one calendar object (a copied UID is another key)."""
     return (item.calendar_url, item.href, item.id)
+
+
+def slot_of(booking: Booking) -> str:
+    """The slot a booking asks for (its time, and its GPUs as asked), as State records it: another
+    slot makes the occurrence a new request (see `Slot`)."""
+    gpus = ",".join(map(str, booking.gpu_indices)) if booking.gpu_indices is not None else f"{booking.gpu_count}x"
+    start, end = (moment.astimezone(_UTC).isoformat() for moment in (booking.start, booking.end))
+    return f"{start}/{end} gpus {gpus} nodes {booking.nodes or ''}"
 
 
 def _duplicated_uids(items: Sequence[Booking | Rejection],
@@ -299,12 +336,14 @@ def _owned(calendar: CalendarConfig, present: frozenset[int]) -> tuple[int, ...]
 
 
 def _priority(booking: Booking, running: Mapping[str, tuple[int, ...]],
-              first_seen: Mapping[SeenKey, datetime]) -> tuple[Any, ...]:
+              slots: Mapping[SeenKey, Slot]) -> tuple[Any, ...]:
     # Every field takes part so that equal keys only come from equal bookings: input order can
-    # never decide. CREATED and DTSTAMP only order bookings first seen together (see the docstring).
-    return (booking.id not in running, first_seen.get(seen_key(booking), _LATEST),
-            booking.created or _LATEST, booking.dtstamp or _LATEST, booking.uid, booking.start,
-            *_order(booking))
+    # never decide. Accepted bookings keep the order gpubook gave them (time, then rank in that
+    # pass); CREATED and DTSTAMP only order the new requests (see the docstring).
+    record = slots.get(seen_key(booking))
+    held = (record.accepted_at, record.rank) if record is not None and record.accepted_at is not None else (_LATEST, 0)
+    return (booking.id not in running, *held, booking.created or _LATEST, booking.dtstamp or _LATEST,
+            booking.uid, booking.start, *_order(booking))
 
 
 def _order(item: Booking | Rejection) -> tuple[Any, ...]:
@@ -366,6 +405,16 @@ def _kept(booking: Booking, placement: Placement, busy: Mapping[str, Mapping[int
         if any(gpu in timelines and timelines[gpu].taken(booking) for gpu in gpus):
             return None
     return placement
+
+
+def _held_placement(booking: Booking, record: Slot | None, owned: Mapping[str, tuple[int, ...]],
+                    busy: Mapping[str, Mapping[int, _Timeline]]) -> Placement | None:
+    """An accepted booking keeps the GPUs it was given while they are still its calendar's and
+    free: a booking ahead of it that went away moves nobody behind it."""
+    if record is None or record.accepted_at is None or \
+            not all(set(gpus) <= set(owned.get(name, ())) for name, gpus in record.placement):
+        return None
+    return _kept(booking, record.placement, busy)
 
 
 def _place(booking: Booking, shape: tuple[int, int], owned: Mapping[str, tuple[int, ...]],

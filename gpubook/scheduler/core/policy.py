@@ -108,14 +108,15 @@ class Ledger:
     def problem(self, booking: Booking, *, first_seen: datetime | None) -> str | None:
         """Why `booking` is over one of its user's quotas (None: it is within them).
 
-        `first_seen`: when gpubook first saw it (None: now)."""
+        `first_seen`: when gpubook first saw it ask for its time and GPUs (None: now; a move is a
+        new request)."""
         quota = self._limits(booking.user)
         if quota.max_days_ahead is not None:
             made = min(first_seen or self.now, self.now)
             ahead = (booking.start - made) / timedelta(days=1)
             if ahead > quota.max_days_ahead:
                 return (f"{booking.user} may book at most {_number(quota.max_days_ahead)} days ahead; this "
-                        f"booking starts {_number(ahead)} days after gpubook first saw it")
+                        f"booking starts {_number(ahead)} days after gpubook first saw it at this time")
         if quota.max_future_bookings is not None and booking.start > self.now:
             future = sum(1 for held in self.held[booking.user] if held.start > self.now)
             if future >= quota.max_future_bookings:

@@ -5,7 +5,8 @@ host, another container); a process on a GPU nobody booked is reported too. Whos
 comes from gpubook/runtime/nvidia/processes.py (PID namespaces, then cgroups). Each sighting is recorded in
 State once and then only its last-seen time moves; a new sighting or one that ended costs a log
 line, an event-log line and, through `on_change`, a pass soon after (the booking's event and the
-status file follow within the sample interval, not at the next poll).
+status file follow within the sample interval, not at the next poll). A user's processes on a GPU
+that keep coming within REPEAT_WINDOW of each other are one row and one piece of news.
 
 `[policy] foreign_processes = "stop"`: the booker is told at once (their event, a "foreign"
 notice) that the process is stopped after `foreign_grace_minutes`; then SIGTERM, and SIGKILL
@@ -36,6 +37,10 @@ from gpubook.scheduler.state.foreign import CANNOT, DUE, SPARED, STOPPED
 
 log = logging.getLogger(__name__)
 KILL_AFTER = 5.0  # seconds between SIGTERM and SIGKILL
+# A user's processes on a GPU that keep coming within this long of each other are one row and one
+# piece of news (gpubook/scheduler/state/foreign.py): a cron job or a retry loop of short-lived
+# processes would otherwise make a row, an event line and an e-mail at every sample.
+REPEAT_WINDOW = timedelta(minutes=10)
 NOTICE = "foreign"  # the notice kind ([notify.*] events)
 
 
@@ -58,12 +63,14 @@ class ForeignWatch:
     def __init__(self, *, state: State, host: str, running: Callable[[], Sequence[ContainerInfo]],
                  read: Callable[[], NvmlView], mode: str = "report", grace: timedelta = timedelta(minutes=5),
                  on_change: Callable[[], None] = lambda: None,
-                 inspect: Callable[[str], ContainerInfo | None] | None = None) -> None:
+                 inspect: Callable[[str], ContainerInfo | None] | None = None,
+                 window: timedelta = REPEAT_WINDOW) -> None:
         """`running`: the containers as the last pass saw them; `read`: the GPUs' live view;
         `mode`: [policy] foreign_processes; `on_change`: asks the daemon for a pass soon; `inspect`:
-        the engine's look at one container (for one whose pid the pass did not have)."""
+        the engine's look at one container (for one whose pid the pass did not have); `window`: a
+        user's processes on a GPU that keep coming within it are one piece of news (REPEAT_WINDOW)."""
         self.state, self.host, self.running, self.read = state, host, running, read
-        self.mode, self.grace, self.on_change = mode, grace, on_change
+        self.mode, self.grace, self.on_change, self.window = mode, grace, on_change, window
         self.inspect = inspect
         self._inspected: dict[str, ContainerInfo] = {}  # container name → the engine's view, where the pass had no pid
         self.kills: list[threading.Thread] = []  # SIGKILLs waiting for their moment (tests join them)
@@ -75,7 +82,7 @@ class ForeignWatch:
             return Round(seen=0, changed=())
         seen = self.sightings(view, now=now)
         try:
-            changed = self.state.record_foreign(seen, host=self.host, now=now)
+            changed = self.state.record_foreign(seen, host=self.host, now=now, window=self.window)
             for row in changed:
                 self._tell(row, now=now)
             stopped = self._stop_due(now) if self.mode == "stop" else 0

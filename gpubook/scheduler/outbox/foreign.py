@@ -15,7 +15,10 @@ EVENT_LINES = 5  # sightings told in one event, the newest; more are in `gpubook
 
 
 def who(row: ForeignRow) -> str:
-    return f"pid {row.pid} ({row.command}, {row.user})"
+    """The process; a row that stood for several processes of its user on its GPU names the last
+    and counts the others."""
+    more = f" and {row.repeats} earlier process{'' if row.repeats == 1 else 'es'} of {row.user}" if row.repeats else ""
+    return f"pid {row.pid} ({row.command}, {row.user}){more}"
 
 
 def action_text(action: str, *, timezone: str) -> str:

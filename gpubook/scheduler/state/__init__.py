@@ -14,7 +14,8 @@ kill -9 of the daemon (a power cut may lose the last few, which the labels make 
 The package: `store.py` (State, one transaction per method), `schema.py` (the migrations and how a
 file is opened, checked and set aside), `records.py` (what State hands out), `usage.py` (accounting:
 bookings seen, GPU samples, logins; mixed into State), `releases.py` (no-shows released, each
-booking's GPU samples as the judge reads them; mixed in too), `errors.py`.
+booking's GPU samples as the judge reads them; mixed in too), `slots.py` (the plan's priority: the
+slot each occurrence asks for and when it was first accepted there; mixed in too), `errors.py`.
 """
 
 from gpubook.scheduler.state.errors import StateError, StateUnavailable

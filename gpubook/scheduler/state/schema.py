@@ -187,6 +187,28 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX foreign_processes_current ON foreign_processes (host) WHERE gone_at IS NULL;
     CREATE INDEX foreign_processes_booking ON foreign_processes (booking_id);
     """,
+    # 8: the plan's priority (gpubook/scheduler/state/slots.py): per occurrence, the slot it asks for
+    # (time and GPUs), when gpubook first saw it ask for it and when it was first accepted there.
+    # Starts empty: the first pass after the upgrade orders the bookings not running as new requests.
+    """
+    CREATE TABLE slots (
+        calendar_url TEXT NOT NULL,
+        href         TEXT NOT NULL,
+        booking_id   TEXT NOT NULL,
+        slot         TEXT NOT NULL,
+        seen_at      REAL NOT NULL,
+        accepted_at  REAL,              -- NULL: never accepted at this slot, or refused since
+        rank         INTEGER NOT NULL DEFAULT 0,
+        placement    TEXT NOT NULL DEFAULT '[]',  -- JSON [[host, [gpu, ...]], ...]
+        PRIMARY KEY (calendar_url, href, booking_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX slots_seen ON slots (seen_at);
+    """,
+    # 9: a foreign-process row stands for every process its user starts on its GPU while they keep
+    # coming within a window (gpubook/scheduler/state/foreign.py): how many more it stood for.
+    """
+    ALTER TABLE foreign_processes ADD COLUMN repeats INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 

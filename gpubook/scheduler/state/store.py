@@ -32,6 +32,7 @@ from gpubook.scheduler.state.records import (
 )
 from gpubook.scheduler.state.releases import ReleaseRecords
 from gpubook.scheduler.state.schema import Corrupt, open_checked, set_aside, set_up
+from gpubook.scheduler.state.slots import SlotRecords
 from gpubook.scheduler.state.usage import UsageRecords
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def _spans(ports: Sequence[int]) -> str:
     return ", ".join(f"{a}–{b}" if a != b else f"{a}" for a, b in spans)
 
 
-class State(UsageRecords, ReleaseRecords, ForeignRecords):
+class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     """`State(path)`: open (or create, or recreate) the database; every method is one transaction.
 
     Safe to share between the daemon's threads: each thread gets its own connection (bookings
@@ -351,7 +352,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords):
         """booking id → value of every note called `key`."""
         return dict(self._query("SELECT booking_id, value FROM booking_notes WHERE key = ?", (key,)))
 
-    # -- first seen (the plan's priority) ---------------------------------------------------------
+    # -- first seen (who keeps a UID that several calendar objects hold) ------------------------------
 
     def first_seen(self, keys: Iterable[tuple[str, str, str]], *, now: datetime,
                    forget_before: datetime | None = None) -> dict[tuple[str, str, str], datetime]:
