@@ -18,7 +18,7 @@ from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler.config import load
 from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.outbox import status, timeline
-from gpubook.scheduler.outbox.web.access import read_htpasswd
+from gpubook.scheduler.outbox.web.access import Access, bcrypt_cost, read_htpasswd
 from gpubook.scheduler.state.records import ContainerRecord
 from tests.web_kit import (
     accepted,
@@ -208,6 +208,22 @@ def test_an_htpasswd_entry_other_than_bcrypt_is_refused_by_its_line(tmp_path: Pa
     with pytest.raises(ConfigError, match="line 2"), \
             served(web_config(tmp_path, auth="basic", htpasswd_file=str(path)), None):
         pass
+
+
+@pytest.mark.parametrize("costs", [(None, None), (7, 7, 4)])
+def test_an_unknown_user_is_checked_at_the_cost_of_the_files_entries(tmp_path: Path,
+                                                                      costs: tuple[int | None, ...]) -> None:
+    """Finding 16 of issue 22: the dummy hash checked for an unknown name had cost 10 while
+    `htpasswd -B` writes cost 5, so a fast 401 meant "this name exists". The dummy now costs what
+    the file's entries cost (the most common one when they differ); None: htpasswd's own default."""
+    path = tmp_path / "htpasswd"
+    for number, cost in enumerate(costs):
+        subprocess.run(["htpasswd", "-B", "-b", *(["-C", str(cost)] if cost else []),
+                        *(["-c"] if number == 0 else []), str(path), f"user{number}", "pw"],
+                       check=True, capture_output=True)
+    entries = read_htpasswd(path)
+    access = Access(metrics_app, web=web_config(tmp_path, auth="basic", htpasswd_file=str(path)).web)
+    assert bcrypt_cost(access.dummy) == bcrypt_cost(entries["user0"]) == (costs[0] or 5)
 
 
 def test_no_gpu_is_said_so(tmp_path: Path) -> None:
