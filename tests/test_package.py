@@ -121,7 +121,7 @@ def test_a_daemon_serving_the_page_without_the_web_extra_says_so_and_runs_on(tmp
             "from pathlib import Path\nfrom tests.daemon_kit import in_process_daemon\n"
             f"daemon = in_process_daemon(Path({str(tmp_path)!r}))\n"
             "daemon.config.path.write_text(daemon.config.path.read_text()\n"
-            "                              + '[web]\\nenabled = true\\nlisten = \"127.0.0.1:0\"\\n')\n"
+            "                              + '[web]\\nenabled = true\\nlisten = \"127.0.0.1:0\"\\nauth = \"none\"\\n')\n"
             "from datetime import UTC, datetime, timedelta\n"
             "daemon.scheduler.start()\n"
             "daemon._schedule_polls(first=datetime.now(UTC) + timedelta(hours=1))  # reload() reschedules it\n"

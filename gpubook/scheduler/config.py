@@ -288,15 +288,19 @@ class WebConfig:
     enabled: bool = setting(False, "the daemon serves the page (`gpubook web` serves it on its own either way)")
     listen: str = setting("127.0.0.1:8380", "ADDRESS:PORT the page is served on (port 0: any free "
                           "one, logged); with auth none only a loopback address", check=_listen_problem)
-    auth: str = setting("none", '"none" (loopback only), "basic" (HTTP basic auth against htpasswd_file, '
-                        'bcrypt entries) or "header" (a reverse proxy\'s trusted_header, from trusted_proxies only)',
+    # Not "none" by default: every local account can reach a loopback port (issue 22, finding 10).
+    auth: str = setting("basic", '"basic" (HTTP basic auth against htpasswd_file, bcrypt entries), "header" '
+                        '(a reverse proxy\'s trusted_header, from trusted_proxies only) or "none" (every local '
+                        'account sees every booking; loopback only, and only when written here)',
                         check=_one_of(WEB_AUTH))
     htpasswd_file: Path | None = setting(None, "user:bcrypt-hash lines (htpasswd -B) for auth basic")
     trusted_header: str = setting("X-Forwarded-User", "the header naming the logged-in user, set by the proxy",
                                   check=lambda v: None if re.fullmatch(r"[A-Za-z0-9-]{1,64}", v)
                                   else "must be a header name (letters, digits, -)")
-    trusted_proxies: tuple[str, ...] = setting(("127.0.0.1", "::1"), "addresses or networks of the reverse "
-                                               "proxies whose trusted_header is believed", check=_network_problem)
+    trusted_proxies: tuple[str, ...] = setting((), "addresses or networks of the reverse proxies whose "
+                                               "trusted_header is believed; none by default: auth header needs "
+                                               "them written (a loopback one lets every local account name "
+                                               "itself anyone)", check=_network_problem)
     metrics: bool = setting(True, "serve /metrics (Prometheus) beside the page, under the same access rules")
 
 
@@ -328,7 +332,11 @@ def web_problem(web: WebConfig) -> str | None:
         return (f'[web] listen = "{web.listen}" is not a loopback address, and [web] auth = "none" would show '
                 f'every booking to anyone who reaches it: set auth = "basic" or "header", or listen on 127.0.0.1')
     if web.auth == "basic" and web.htpasswd_file is None:
-        return '[web] auth = "basic" needs htpasswd_file (user:bcrypt lines, made with htpasswd -B)'
+        return ('[web] auth = "basic" (the default) needs htpasswd_file (user:bcrypt lines, made with htpasswd -B); '
+                'auth = "none" shows every booking to every local account and must be written out')
+    if web.auth == "header" and not web.trusted_proxies:
+        return ('[web] auth = "header" needs trusted_proxies: the address of the reverse proxy that sets '
+                f'{web.trusted_header} (nobody else may set it)')
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import ipaddress
 import json
 import os
 import socket
@@ -188,6 +189,26 @@ def _sftp_checks(loaded: config_module.Config) -> list[Check]:
     return result
 
 
+def web_check(loaded: config_module.Config) -> Check:
+    """Who can see the page, and as whom (issue 22, finding 10): any local account reaches a loopback port."""
+    web = loaded.web
+    if not web.enabled:
+        return Check("web page", True, "off ([web] enabled = false)")
+    if web.auth == "none":
+        return Check("web page", False, f'[web] auth = "none": every account on this host that opens {web.listen} '
+                     "sees every booking of every user", 'set auth = "basic" with an htpasswd_file (htpasswd -B)',
+                     optional=True)
+    if web.auth == "header":
+        loopback = [p for p in web.trusted_proxies if ipaddress.ip_network(p, strict=False).overlaps(
+            ipaddress.ip_network("127.0.0.0/8" if ":" not in p else "::1/128"))]
+        if loopback:
+            return Check("web page", False, f"[web] trusted_proxies has {', '.join(loopback)}: every account on "
+                         f"this host can connect from there, send {web.trusted_header} itself and be anyone",
+                         "run the proxy on an address of its own (or in a container) and trust only that, "
+                         'or use auth = "basic"', optional=True)
+    return Check("web page", True, f"auth {web.auth} on {web.listen}")
+
+
 EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -227,6 +248,7 @@ def checks(config_path: str | None) -> list[Check]:
         result.extend(_calendar_checks(loaded))
         result.append(_storage_check(loaded))
         result.append(ports_check(loaded))
+        result.append(web_check(loaded))
         result.extend(_sftp_checks(loaded))
     return result
 
