@@ -155,6 +155,13 @@ class CalendarConfig:
     password: str | None = setting(None, "read from password_file (mode 0600) or $" + PASSWORD_ENV,
                                    key="password_file", secret=True, env=PASSWORD_ENV)
     kind: str = "caldav"  # a name in scheduler.sources.SOURCE_KINDS or package.module:Class
+    # An identity the calendar server vouches for (issue 22, finding 7): the server's login and
+    # rights decide who may write this collection, so its every event is this user's booking.
+    user: str | None = setting(None, "the only user this calendar books for (a [users] name): its every event "
+                               "is theirs whatever it says, and a `user:` line naming anyone else is refused; "
+                               "give each user a calendar only they can write (the server's rights). None: a "
+                               "shared calendar, whose events say who they are for ([policy] identity)",
+                               check=_user_name_problem)
 
 
 @dataclass(frozen=True)
@@ -713,7 +720,7 @@ def _source_keys(table: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _calendar(reader: _Reader, where: str, table: Mapping[str, Any]) -> CalendarConfig | None:
     source_keys = _source_keys(table)
-    reader.unknown(table, where, ["url", *source_keys, "gpus", "kind"])
+    reader.unknown(table, where, ["url", *source_keys, "gpus", "kind", "user"])
     url = reader.get(table, where, "url", str)
     kind = None
     if isinstance(url, str):
@@ -722,7 +729,7 @@ def _calendar(reader: _Reader, where: str, table: Mapping[str, Any]) -> Calendar
             reader.error(_join(where, "url"), f"must be an http:// or https:// URL, not {redact_url(url)!r}")
         kind = implied_kind(url)
     kind = reader.get(table, where, "kind", str, default=kind, check=_source_kind_problem)
-    settings = reader.settings(table, where, CalendarConfig, only=source_keys)
+    settings = reader.settings(table, where, CalendarConfig, only=[*source_keys, "user"])
     gpus = _gpu_indices(reader, _join(where, "gpus"), table.get("gpus", "all"))
     if url is None or kind is None:
         return None
@@ -840,6 +847,9 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     read = {name: read_section(reader, data, name) for name, read_section in SECTIONS.items()}
     if not reader.errors:
         _sftp_problems(reader, read)
+        for position, calendar in enumerate(read["calendar"]):
+            if calendar.user is not None and calendar.user not in read["users"]:
+                reader.error(f"calendar[{position}].user", f"{calendar.user!r} is not a user of [users]")
         if read["web"].enabled and (problem := web_problem(read["web"])):
             reader.error("web", problem)
     if reader.errors:

@@ -189,6 +189,20 @@ def _sftp_checks(loaded: config_module.Config) -> list[Check]:
     return result
 
 
+def identity_check(loaded: config_module.Config) -> Check:
+    """A shared calendar whose events name their booker lets any writer book as anyone (issue 22, finding 7)."""
+    shared = [redact_url(c.url) for c in loaded.calendars if c.user is None]
+    if not shared or loaded.policy.identity != "description":
+        how = "per-user calendars" if not shared else "the ORGANIZER ([policy] identity = \"organizer\")"
+        return Check("identity", True, f"who books is vouched for by the calendar server: {how}")
+    return Check("identity", False, f"{', '.join(shared)}: a shared calendar whose events say who they are for "
+                 "(a `user:` line): anyone who can write it can book as any user (their quota, their reminder "
+                 "mail, their no-show)",
+                 'give each user a calendar only they can write, with [[calendar]] user = "NAME" (Radicale: '
+                 'rights owner_only or from_file), or set [policy] identity = "organizer" if the server sets '
+                 "ORGANIZER from its login", optional=True)
+
+
 def web_check(loaded: config_module.Config) -> Check:
     """Who can see the page, and as whom (issue 22, finding 10): any local account reaches a loopback port."""
     web = loaded.web
@@ -246,6 +260,7 @@ def checks(config_path: str | None) -> list[Check]:
     if loaded is not None:
         result.extend(image_checks(loaded))
         result.extend(_calendar_checks(loaded))
+        result.append(identity_check(loaded))
         result.append(_storage_check(loaded))
         result.append(ports_check(loaded))
         result.append(web_check(loaded))

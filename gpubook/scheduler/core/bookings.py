@@ -210,7 +210,7 @@ def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: st
     if end <= start:
         return reject("the booking starts and ends at the same time; give it an end time")
     try:
-        asked = request(component, config=config, templates=templates)
+        asked = request(component, config=config, templates=templates, owner=calendar.user)
     except Refused as refused:
         return reject(refused.reason, refused.user)
     return Booking(
