@@ -311,7 +311,7 @@ def test_the_daemon_observes_polls_and_calendar_errors_and_reads_no_gpu(tmp_path
         daemon.passes.close()
         daemon.state.close()
     assert value(families["gpubook_calendar_errors"], "gpubook_calendar_errors_total",
-                 calendar="http://127.0.0.1:9/cal/", cause="unreachable") == 2
+                 calendar="http://127.0.0.1:9/…", cause="unreachable") == 2
     assert value(families["gpubook_poll_duration_seconds"], "gpubook_poll_duration_seconds_count") == 2
     assert value(families["gpubook_pass_duration_seconds"], "gpubook_pass_duration_seconds_count") == 2
     assert value(families["gpubook_calendar_outage"], "gpubook_calendar_outage") == 1
