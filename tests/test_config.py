@@ -173,7 +173,7 @@ def test_calendar_keys_come_from_the_source_kind(tmp_path: Path) -> None:
 
     assert source_class("caldav").calendar_keys == ("username", "password_file")
     [line] = problems(tmp_path, MINIMAL + "zzzzzz = 1\n")
-    assert line.endswith("calendar[0].zzzzzz: unknown key; known keys: url, username, password_file, gpus, kind")
+    assert line.endswith("calendar[0].zzzzzz: unknown key; known keys: url, username, password_file, gpus, kind, user")
 
 
 def test_each_default_is_declared_once_with_help() -> None:

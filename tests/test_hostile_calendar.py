@@ -124,6 +124,29 @@ def test_a_series_over_the_time_budget_is_rejected_until_it_is_edited() -> None:
     assert len(edited.occurrences) == 7
 
 
+def test_the_time_budget_is_not_spent_again_on_a_write_back_a_copy_or_a_touched_description() -> None:
+    """Finding 15 of issue 22: the series was remembered by its ETag, so gpubook's own write-back of
+    the rejection (a new ETag), a copy under another name or a touched description bought it another
+    second at the next poll. Now it is remembered by what its expansion depends on; an edit of its
+    times or rule gets one new try."""
+    ticks = iter(float(n * 5) for n in range(100))  # every expansion "takes" 5 s
+    reader = BookingReader(clock=lambda: next(ticks))
+    rule = ("DTSTART:20261101T090000Z", "DTEND:20261101T093000Z", "RRULE:FREQ=DAILY")
+    first = read(raw(vcalendar(vevent("slow", *rule, "SUMMARY:alice")), etag="v1"), reader=reader)
+    assert isinstance(first.occurrences[0], Rejection)
+    written_back = vcalendar(vevent("slow", *rule, "SUMMARY:alice", "SEQUENCE:1", "LAST-MODIFIED:20261102T100000Z",
+                                    f"DESCRIPTION:{BEGIN}\\nrejected: too slow\\n{END}", "X-GPUBOOK-STATUS:rejected"))
+    for again in (raw(written_back, etag="v2"), raw(written_back, name="copy", etag="c1"),
+                  raw(vcalendar(vevent("slow", *rule, "SUMMARY:alice again", "DESCRIPTION:gpus: 2")), etag="v3")):
+        (rejection,) = read(again, reader=reader).occurrences
+        assert isinstance(rejection, Rejection) and "not read again until it is edited" in rejection.reason
+    assert next(ticks) == 10.0  # none of them was expanded again (no clock reads)
+    moved = read(raw(vcalendar(vevent("slow", "DTSTART:20261101T100000Z", "DTEND:20261101T103000Z",
+                                      "RRULE:FREQ=DAILY", "SUMMARY:alice")), etag="v4"), reader=reader)
+    assert isinstance(moved.occurrences[0], Rejection)
+    assert next(ticks) == 25.0  # the edit of its times got one new try (two clock reads)
+
+
 # --- descriptions as calendar programs write them ---------------------------------------------------
 
 

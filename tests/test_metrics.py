@@ -118,7 +118,24 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
             assert family.name.endswith("_seconds")
     assert "secret" not in text  # a calendar label is its redacted URL
     assert value(families["gpubook_calendar_errors"].samples, "gpubook_calendar_errors_total",
-                 calendar="https://bob:***@cal.lab/dav/gpus/", cause="unreachable") == 1
+                 calendar="https://cal.lab/…", cause="unreachable") == 1
+
+
+def test_calendar_labels_carry_no_path_or_query_token(usage: UsageState) -> None:
+    """Finding 9 of issue 22: a private feed's secret is its path (Google) or its `?token=`; the
+    scrape (often open to a whole network) shows scheme and host only, as the page does."""
+    made = metrics.Metrics(status=status, usage=usage, users=lambda: USERS, gpus=two_gpus)
+    google = ("https://calendar.google.com/calendar/ical/lab%40group.calendar.google.com/"
+              "private-0123456789abcdef0123456789abcdef/basic.ics")
+    made.calendar_failed(url=google, cause="HTTP 404")
+    made.calendar_failed(url="https://cal.lab:8443/feed.ics?token=s3cr3tT0ken", cause="timed out")
+    text = generate_latest(made.registry).decode()
+    assert "private-0123" not in text
+    assert "s3cr3tT0ken" not in text
+    assert "lab%40group" not in text
+    samples = text_string_to_metric_families(text)
+    labels = {s.labels["calendar"] for f in samples if f.name == "gpubook_calendar_errors" for s in f.samples}
+    assert labels == {"https://calendar.google.com/…", "https://cal.lab:8443/…"}
 
 
 def test_values_read_at_scrape_time(usage: UsageState) -> None:
@@ -294,7 +311,7 @@ def test_the_daemon_observes_polls_and_calendar_errors_and_reads_no_gpu(tmp_path
         daemon.passes.close()
         daemon.state.close()
     assert value(families["gpubook_calendar_errors"], "gpubook_calendar_errors_total",
-                 calendar="http://127.0.0.1:9/cal/", cause="unreachable") == 2
+                 calendar="http://127.0.0.1:9/…", cause="unreachable") == 2
     assert value(families["gpubook_poll_duration_seconds"], "gpubook_poll_duration_seconds_count") == 2
     assert value(families["gpubook_pass_duration_seconds"], "gpubook_pass_duration_seconds_count") == 2
     assert value(families["gpubook_calendar_outage"], "gpubook_calendar_outage") == 1

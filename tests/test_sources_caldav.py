@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import uuid
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import caldav
 import pytest
+import requests
 from icalendar import Calendar, Event
 
 from gpubook.scheduler.config import CalendarConfig
@@ -301,3 +303,53 @@ def test_many_changes_are_fetched_in_bulk(caldav_server, new_calendar):
     assert third.stats.method == "sync-resync" and third.stats.requests == 3
     assert summaries(third) == ({f"booking {n} v2 v3" for n in range(3)}
                                 | {f"booking {n} v2" for n in range(3, 6)})
+
+
+def put_big(server: servers.CalendarServer, calendar: caldav.Calendar, summary: str) -> None:
+    """A 5 MiB event, PUT with a patient timeout (Radicale takes seconds to store it on a busy host)."""
+    text = ical_event("big-1", summary).replace(f"SUMMARY:{summary}",
+                                                f"SUMMARY:{summary}\r\nDESCRIPTION:" + "x" * (5 * 1024 * 1024))
+    answer = requests.put(f"{calendar.url}big-1.ics", data=text.encode(), auth=(server.username, server.password),
+                          headers={"Content-Type": "text/calendar; charset=utf-8"}, timeout=300)
+    assert answer.status_code in (201, 204), answer.status_code
+
+
+def test_an_object_past_the_cap_is_refused_with_a_sentence_and_not_downloaded_again(radicale_server):
+    """Finding 15 of issue 22: CalDAV objects had no size cap (the ICS feed has 20 MiB): a 5 MiB
+    event was downloaded, parsed and held at every change. Now an object past 1 MiB is refused with a
+    sentence, the others are read, and a changed big object is not downloaded past the cap."""
+    from gpubook.scheduler.core.parsing import parse
+
+    calendar = radicale_server.new_calendar()
+    add_events(calendar, 2)
+    put_big(radicale_server, calendar, "big v1")
+    source = source_for(radicale_server, calendar)
+    first = source.poll()
+    [refused] = [raw for raw in first.objects.values() if raw.refused]
+    assert refused.ical == "" and refused.href == f"{calendar.url}big-1.ics"
+    assert re.search(r"big-1\.ics is 5\.\d MiB; gpubook reads objects of at most 1 MiB, so it was ignored: "
+                     "remove its attachment or long text", refused.refused), refused.refused
+    assert summaries(type(first)(first.calendar_url, {h: r for h, r in first.objects.items() if not r.refused},
+                                 True)) == {"booking 0", "booking 1"}
+    assert [p.reason for p in parse(refused).problems] == [refused.refused]
+
+    assert source.poll().changed is False  # unchanged: nothing fetched again
+    put_big(radicale_server, calendar, "big v2")
+    second = source.poll()  # one changed object: one GET, stopped at the cap
+    [again] = [raw for raw in second.objects.values() if raw.refused]
+    assert again.etag != refused.etag and "gpubook reads objects of at most 1 MiB" in again.refused
+    assert second.stats.bytes_received < 1024 * 1024
+
+
+def test_a_multiget_past_the_answer_cap_falls_back_to_one_capped_get_each(radicale_server):
+    """A batch that would answer past its cap (sizes not listed) is fetched one capped GET each."""
+    calendar = radicale_server.new_calendar()
+    events = add_events(calendar, 6)
+    source = source_for(radicale_server, calendar)
+    source.poll()
+    source.max_answer_bytes = 4096  # what 64 MiB is to a batch of large events
+    for event in events:
+        event.icalendar_component["SUMMARY"] = event.icalendar_component["SUMMARY"] + " v2"
+        event.save(increase_seqno=False)
+    changed = source.poll()
+    assert summaries(changed) == {f"booking {n} v2" for n in range(6)}

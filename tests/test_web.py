@@ -15,10 +15,11 @@ import requests
 
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.runtime.errors import ConfigError
+from gpubook.scheduler.commands import doctor
 from gpubook.scheduler.config import load
 from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.outbox import status, timeline
-from gpubook.scheduler.outbox.web.access import read_htpasswd
+from gpubook.scheduler.outbox.web.access import Access, bcrypt_cost, read_htpasswd
 from gpubook.scheduler.state.records import ContainerRecord
 from tests.web_kit import (
     accepted,
@@ -193,12 +194,48 @@ def test_the_page_changes_nothing_and_shows_no_calendar_secret(tmp_path: Path) -
 def test_auth_none_on_a_network_address_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "gpubook.toml"
     path.write_text('[[calendar]]\nurl = "http://127.0.0.1:5232/c/"\n[users.alice]\nuid = 2001\n'
-                    '[web]\nenabled = true\nlisten = "0.0.0.0:8380"\n')
+                    '[web]\nenabled = true\nlisten = "0.0.0.0:8380"\nauth = "none"\n')
     with pytest.raises(ConfigError, match='not a loopback address.*auth = "basic" or "header"'):
         load(path)
     with pytest.raises(ConfigError, match="not a loopback address"), \
             served(web_config(tmp_path, listen="0.0.0.0:0"), None):  # noqa: S104 - refused is the point
         pass
+
+
+def test_the_page_is_not_open_to_every_local_account_by_default(tmp_path: Path) -> None:
+    """Finding 10 of issue 22: auth "none" was the default (every local account saw every booking)
+    and "header" trusted loopback by default (every local account could send the header and be
+    anyone). Now "basic" is the default, "none" must be written out, "header" needs its proxies
+    written out; doctor warns about "none" and a loopback proxy, with the fix."""
+    path = tmp_path / "gpubook.toml"
+    base = '[[calendar]]\nurl = "http://127.0.0.1:5232/c/"\n[users.alice]\nuid = 2001\n[web]\nenabled = true\n'
+    base += 'listen = "127.0.0.1:0"\n'
+    path.write_text(base)
+    with pytest.raises(ConfigError, match='auth = "basic" \\(the default\\) needs htpasswd_file'):
+        load(path)
+    path.write_text(base + 'auth = "header"\n')
+    with pytest.raises(ConfigError, match='auth = "header" needs trusted_proxies'):
+        load(path)
+    header = load_checked(path, 'auth = "header"\ntrusted_proxies = ["127.0.0.1"]\n', base)
+    assert header.web.auth == "header"
+    warned = doctor.web_check(header)
+    assert not warned.ok and warned.optional and "send X-Forwarded-User itself and be anyone" in warned.detail
+    with served(header, lab_status()) as url:  # what the warning is about: a local account names itself alice
+        assert "ssh -p 2201 alice@" in requests.get(url + "/", headers={"X-Forwarded-User": "alice"},
+                                                           timeout=10).text
+    none = load_checked(path, 'auth = "none"\n', base)
+    warned = doctor.web_check(none)
+    assert not warned.ok and warned.optional and "sees every booking" in warned.detail
+    passwords = htpasswd(tmp_path, PASSWORDS)
+    basic = load_checked(path, f'htpasswd_file = "{passwords}"\n', base)
+    assert basic.web.auth == "basic" and doctor.web_check(basic).ok
+    with served(basic, lab_status()) as url:
+        assert requests.get(url + "/", timeout=10).status_code == 401
+
+
+def load_checked(path: Path, web: str, base: str):  # type: ignore[no-untyped-def]
+    path.write_text(base + web)
+    return load(path)
 
 
 def test_an_htpasswd_entry_other_than_bcrypt_is_refused_by_its_line(tmp_path: Path) -> None:
@@ -209,6 +246,22 @@ def test_an_htpasswd_entry_other_than_bcrypt_is_refused_by_its_line(tmp_path: Pa
     with pytest.raises(ConfigError, match="line 2"), \
             served(web_config(tmp_path, auth="basic", htpasswd_file=str(path)), None):
         pass
+
+
+@pytest.mark.parametrize("costs", [(None, None), (7, 7, 4)])
+def test_an_unknown_user_is_checked_at_the_cost_of_the_files_entries(tmp_path: Path,
+                                                                      costs: tuple[int | None, ...]) -> None:
+    """Finding 16 of issue 22: the dummy hash checked for an unknown name had cost 10 while
+    `htpasswd -B` writes cost 5, so a fast 401 meant "this name exists". The dummy now costs what
+    the file's entries cost (the most common one when they differ); None: htpasswd's own default."""
+    path = tmp_path / "htpasswd"
+    for number, cost in enumerate(costs):
+        subprocess.run(["htpasswd", "-B", "-b", *(["-C", str(cost)] if cost else []),
+                        *(["-c"] if number == 0 else []), str(path), f"user{number}", "pw"],
+                       check=True, capture_output=True)
+    entries = read_htpasswd(path)
+    access = Access(metrics_app, web=web_config(tmp_path, auth="basic", htpasswd_file=str(path)).web)
+    assert bcrypt_cost(access.dummy) == bcrypt_cost(entries["user0"]) == (costs[0] or 5)
 
 
 def test_no_gpu_is_said_so(tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def test_the_page_follows_a_booking_from_booked_to_running_to_ended(tmp_path: Pa
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60)
     port = free_port()
-    config.write_text(config.read_text() + f'\n[web]\nenabled = true\nlisten = "127.0.0.1:{port}"\n')
+    config.write_text(config.read_text() + f'\n[web]\nenabled = true\nlisten = "127.0.0.1:{port}"\nauth = "none"\n')
     start = soon(12)
     end = start + timedelta(seconds=10)
     book(calendar, "life@test", user="alice", start=start, end=end)
@@ -130,7 +130,7 @@ def test_the_page_holds_a_week_of_a_thousand_bookings(tmp_path: Path) -> None:
     write_status(state, report)
     config = tmp_path / "gpubook.toml"
     config.write_text(f'[host]\nname = "devbox1"\n[[calendar]]\nurl = "http://127.0.0.1:9/c/"\n[users.alice]\n'
-                      f'uid = 2001\n[daemon]\nstate_dir = "{state}"\n[web]\nlisten = "127.0.0.1:0"\n')
+                      f'uid = 2001\n[daemon]\nstate_dir = "{state}"\n[web]\nlisten = "127.0.0.1:0"\nauth = "none"\n')
     web = subprocess.Popen([sys.executable, "-m", "gpubook.scheduler.commands.cli", "web", "--config", str(config)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=child_env())
     try:

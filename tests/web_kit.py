@@ -78,11 +78,11 @@ def write_status(folder: Path, report: status.Status) -> Path:
 
 
 def web_config(folder: Path, **web: object) -> Config:
-    """A config whose [web] is `web` (listen on a free loopback port unless given)."""
+    """A config whose [web] is `web` (listen on a free loopback port and auth none unless given)."""
     return parse({"host": {"name": "devbox1", "timezone": "UTC"}, "calendar": [{"url": CALENDAR}],
                   "users": {"alice": {"uid": 2001}, "bob": {"uid": 2002}},
                   "daemon": {"state_dir": str(folder / "state")},
-                  "web": {"listen": "127.0.0.1:0", **web}}, folder / "gpubook.toml")
+                  "web": {"listen": "127.0.0.1:0", "auth": "none", **web}}, folder / "gpubook.toml")
 
 
 @contextmanager

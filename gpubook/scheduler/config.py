@@ -157,6 +157,13 @@ class CalendarConfig:
     password: str | None = setting(None, "read from password_file (mode 0600) or $" + PASSWORD_ENV,
                                    key="password_file", secret=True, env=PASSWORD_ENV)
     kind: str = "caldav"  # a name in scheduler.sources.SOURCE_KINDS or package.module:Class
+    # An identity the calendar server vouches for (issue 22, finding 7): the server's login and
+    # rights decide who may write this collection, so its every event is this user's booking.
+    user: str | None = setting(None, "the only user this calendar books for (a [users] name): its every event "
+                               "is theirs whatever it says, and a `user:` line naming anyone else is refused; "
+                               "give each user a calendar only they can write (the server's rights). None: a "
+                               "shared calendar, whose events say who they are for ([policy] identity)",
+                               check=_user_name_problem)
 
 
 @dataclass(frozen=True)
@@ -297,16 +304,20 @@ class WebConfig:
     enabled: bool = setting(False, "the daemon serves the page (`gpubook web` serves it on its own either way)")
     listen: str = setting("127.0.0.1:8380", "ADDRESS:PORT the page is served on (port 0: any free "
                           "one, logged); with auth none only a loopback address", check=_listen_problem)
-    auth: str = setting("none", '"none" (loopback only), "basic" (HTTP basic auth against htpasswd_file, '
-                        'bcrypt entries) or "header" (a reverse proxy\'s trusted_header, from trusted_proxies only)',
+    # Not "none" by default: every local account can reach a loopback port (issue 22, finding 10).
+    auth: str = setting("basic", '"basic" (HTTP basic auth against htpasswd_file, bcrypt entries), "header" '
+                        '(a reverse proxy\'s trusted_header, from trusted_proxies only) or "none" (every local '
+                        'account sees every booking; loopback only, and only when written here)',
                         check=_one_of(WEB_AUTH))
     htpasswd_file: Path | None = setting(None, "user:bcrypt-hash lines (htpasswd -B) for auth basic, mode 0600",
                                          private=True)
     trusted_header: str = setting("X-Forwarded-User", "the header naming the logged-in user, set by the proxy",
                                   check=lambda v: None if re.fullmatch(r"[A-Za-z0-9-]{1,64}", v)
                                   else "must be a header name (letters, digits, -)")
-    trusted_proxies: tuple[str, ...] = setting(("127.0.0.1", "::1"), "addresses or networks of the reverse "
-                                               "proxies whose trusted_header is believed", check=_network_problem)
+    trusted_proxies: tuple[str, ...] = setting((), "addresses or networks of the reverse proxies whose "
+                                               "trusted_header is believed; none by default: auth header needs "
+                                               "them written (a loopback one lets every local account name "
+                                               "itself anyone)", check=_network_problem)
     metrics: bool = setting(True, "serve /metrics (Prometheus) beside the page, under the same access rules")
 
 
@@ -338,7 +349,11 @@ def web_problem(web: WebConfig) -> str | None:
         return (f'[web] listen = "{web.listen}" is not a loopback address, and [web] auth = "none" would show '
                 f'every booking to anyone who reaches it: set auth = "basic" or "header", or listen on 127.0.0.1')
     if web.auth == "basic" and web.htpasswd_file is None:
-        return '[web] auth = "basic" needs htpasswd_file (user:bcrypt lines, made with htpasswd -B)'
+        return ('[web] auth = "basic" (the default) needs htpasswd_file (user:bcrypt lines, made with htpasswd -B); '
+                'auth = "none" shows every booking to every local account and must be written out')
+    if web.auth == "header" and not web.trusted_proxies:
+        return ('[web] auth = "header" needs trusted_proxies: the address of the reverse proxy that sets '
+                f'{web.trusted_header} (nobody else may set it)')
     return None
 
 
@@ -728,7 +743,7 @@ def _source_keys(table: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _calendar(reader: _Reader, where: str, table: Mapping[str, Any]) -> CalendarConfig | None:
     source_keys = _source_keys(table)
-    reader.unknown(table, where, ["url", *source_keys, "gpus", "kind"])
+    reader.unknown(table, where, ["url", *source_keys, "gpus", "kind", "user"])
     url = reader.get(table, where, "url", str)
     kind = None
     if isinstance(url, str):
@@ -737,7 +752,7 @@ def _calendar(reader: _Reader, where: str, table: Mapping[str, Any]) -> Calendar
             reader.error(_join(where, "url"), f"must be an http:// or https:// URL, not {redact_url(url)!r}")
         kind = implied_kind(url)
     kind = reader.get(table, where, "kind", str, default=kind, check=_source_kind_problem)
-    settings = reader.settings(table, where, CalendarConfig, only=source_keys)
+    settings = reader.settings(table, where, CalendarConfig, only=[*source_keys, "user"])
     gpus = _gpu_indices(reader, _join(where, "gpus"), table.get("gpus", "all"))
     if url is None or kind is None:
         return None
@@ -855,6 +870,9 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     read = {name: read_section(reader, data, name) for name, read_section in SECTIONS.items()}
     if not reader.errors:
         _sftp_problems(reader, read)
+        for position, calendar in enumerate(read["calendar"]):
+            if calendar.user is not None and calendar.user not in read["users"]:
+                reader.error(f"calendar[{position}].user", f"{calendar.user!r} is not a user of [users]")
         if read["web"].enabled and (problem := web_problem(read["web"])):
             reader.error("web", problem)
         if read["gpus"].mps and read["engine"].name == "docker":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import ipaddress
 import json
 import os
 import socket
@@ -236,6 +237,40 @@ def _sftp_checks(loaded: config_module.Config) -> list[Check]:
     return result
 
 
+def identity_check(loaded: config_module.Config) -> Check:
+    """A shared calendar whose events name their booker lets any writer book as anyone (issue 22, finding 7)."""
+    shared = [redact_url(c.url) for c in loaded.calendars if c.user is None]
+    if not shared or loaded.policy.identity != "description":
+        how = "per-user calendars" if not shared else "the ORGANIZER ([policy] identity = \"organizer\")"
+        return Check("identity", True, f"who books is vouched for by the calendar server: {how}")
+    return Check("identity", False, f"{', '.join(shared)}: a shared calendar whose events say who they are for "
+                 "(a `user:` line): anyone who can write it can book as any user (their quota, their reminder "
+                 "mail, their no-show)",
+                 'give each user a calendar only they can write, with [[calendar]] user = "NAME" (Radicale: '
+                 'rights owner_only or from_file), or set [policy] identity = "organizer" if the server sets '
+                 "ORGANIZER from its login", optional=True)
+
+
+def web_check(loaded: config_module.Config) -> Check:
+    """Who can see the page, and as whom (issue 22, finding 10): any local account reaches a loopback port."""
+    web = loaded.web
+    if not web.enabled:
+        return Check("web page", True, "off ([web] enabled = false)")
+    if web.auth == "none":
+        return Check("web page", False, f'[web] auth = "none": every account on this host that opens {web.listen} '
+                     "sees every booking of every user", 'set auth = "basic" with an htpasswd_file (htpasswd -B)',
+                     optional=True)
+    if web.auth == "header":
+        loopback = [p for p in web.trusted_proxies if ipaddress.ip_network(p, strict=False).overlaps(
+            ipaddress.ip_network("127.0.0.0/8" if ":" not in p else "::1/128"))]
+        if loopback:
+            return Check("web page", False, f"[web] trusted_proxies has {', '.join(loopback)}: every account on "
+                         f"this host can connect from there, send {web.trusted_header} itself and be anyone",
+                         "run the proxy on an address of its own (or in a container) and trust only that, "
+                         'or use auth = "basic"', optional=True)
+    return Check("web page", True, f"auth {web.auth} on {web.listen}")
+
+
 EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -295,11 +330,13 @@ def checks(config_path: str | None) -> list[Check]:
     if loaded is not None:
         result.extend(image_checks(loaded))
         result.extend(_calendar_checks(loaded))
+        result.append(identity_check(loaded))
         result.append(_storage_check(loaded))
         if loaded.gpu_mps:
             result.append(mps_check())
         result.append(ports_check(loaded))
         result.append(ports_taken_check(loaded))
+        result.append(web_check(loaded))
         result.extend(_sftp_checks(loaded))
     return result
 

@@ -17,6 +17,7 @@ that moving its start or end keeps its identity (and its container and write-bac
 from __future__ import annotations
 
 import logging
+import re
 import time as clock
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable
@@ -46,6 +47,7 @@ from gpubook.scheduler.core.recurrence import (
 from gpubook.scheduler.sources import RawObject
 
 log = logging.getLogger(__name__)
+MAX_SLOW = 4096  # series remembered as over the time budget
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,10 @@ class BookingReader:
         is what its own expansion burns: a busy machine (other processes on the cores) never turns an
         ordinary repeating booking into a rejected one, and a hostile rule still burns its budget."""
         self._cache: dict[tuple[str, str, str], Parsed] = {}
-        # Series whose expansion took longer than the budget: (calendar, href, etag, uid) → reason.
-        self._slow: dict[tuple[str, str, str, str], str] = {}
+        # Series whose expansion took longer than the budget, by the digest of what drives the
+        # expansion (not the ETag: gpubook's own write-back, a copy under another name or a touched
+        # description would buy the series another second; an edit of its times gets one new try).
+        self._slow: dict[str, str] = {}
         self._clock = clock
         self._time_budget = time_budget
 
@@ -129,18 +133,14 @@ class BookingReader:
             problems.extend(parsed.problems)
         for stale in [k for k in self._cache if k[0] == calendar.url and k not in seen]:
             del self._cache[stale]
-        for stale_slow in [k for k in self._slow if k[0] == calendar.url and k[:3] not in seen]:
-            del self._slow[stale_slow]
-        keys = {(calendar.url, key[1]): key for key in seen}
 
         holders: dict[str, int] = defaultdict(int)
         for one in series:
             holders[one.uid] += 1
         occurrences: list[Booking | Rejection] = []
         for one in series:
-            slow_key = (*keys[(calendar.url, one.href)], one.uid)
             try:
-                found = self._bounded_expand(one, slow_key, host_tz, window_start, window_end)
+                found = self._bounded_expand(one, host_tz, window_start, window_end)
             except OverBound as over:
                 occurrences.append(Rejection(
                     id=one.uid, uid=one.uid, start=window_start, end=window_end, reason=str(over),
@@ -166,10 +166,10 @@ class BookingReader:
         return Expansion(tuple(occurrences), tuple(problems))
 
 
-    def _bounded_expand(self, series: Series, slow_key: tuple[str, str, str, str], host_tz: tzinfo,
-                        window_start: datetime, window_end: datetime,
+    def _bounded_expand(self, series: Series, host_tz: tzinfo, window_start: datetime, window_end: datetime,
                         ) -> list[tuple[icalendar.Event, str, datetime, datetime]]:
         """Expand one series within the bounds; raise OverBound with the booker's sentence."""
+        slow_key = expansion_digest(series)
         if (known := self._slow.get(slow_key)) is not None:
             raise OverBound(known)
         check_bounds(series, host_tz, window_start, window_end)
@@ -181,11 +181,28 @@ class BookingReader:
                       f"{self._time_budget:g} s on one event, so it is not read again until it is edited")
             log.warning("event %s took %.1f s to expand and is rejected until it is edited",
                         show(series.uid), took)
+            if len(self._slow) >= MAX_SLOW:
+                del self._slow[next(iter(self._slow))]  # the oldest: a bound on what is remembered
             self._slow[slow_key] = reason
             raise OverBound(reason)
         if len(found) > MAX_OCCURRENCES:
             raise OverBound(too_many(window_end - window_start))
         return found
+
+
+# Properties that never change an expansion: the booker's text, gpubook's write-back, stamps.
+_NOT_EXPANDED = re.compile(
+    rb"^(DESCRIPTION|X-ALT-DESC|X-GPUBOOK-[A-Z-]*|SUMMARY|LOCATION|ORGANIZER|ATTENDEE|DTSTAMP|LAST-MODIFIED|"
+    rb"SEQUENCE|CREATED|COMMENT|CATEGORIES)[;:].*(\r?\n[ \t].*)*\r?\n", re.IGNORECASE | re.MULTILINE)
+
+
+def expansion_digest(series: Series) -> str:
+    """What the series' expansion depends on, hashed: its UID, times, rules and time zones."""
+    if series.query_source:
+        text = series.query_source
+    else:
+        text = b"".join(c.to_ical() for c in (*([series.master] if series.master else []), *series.overrides))
+    return sha256(series.uid.encode() + b"\0" + _NOT_EXPANDED.sub(b"", text)).hexdigest()
 
 
 # --- one occurrence ----------------------------------------------------------------------------
@@ -210,7 +227,7 @@ def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: st
     if end <= start:
         return reject("the booking starts and ends at the same time; give it an end time")
     try:
-        asked = request(component, config=config, templates=templates)
+        asked = request(component, config=config, templates=templates, owner=calendar.user)
     except Refused as refused:
         return reject(refused.reason, refused.user)
     return Booking(

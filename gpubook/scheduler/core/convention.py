@@ -52,8 +52,10 @@ class Refused(Exception):
         self.user = user
 
 
-def request(component: icalendar.Event, *, config: Config, templates: Collection[str]) -> Request:
-    """Read who books, which template and which GPUs; raise Refused with the reason."""
+def request(component: icalendar.Event, *, config: Config, templates: Collection[str],
+            owner: str | None = None) -> Request:
+    """Read who books, which template and which GPUs; raise Refused with the reason. `owner`: the
+    user of a per-user calendar (`[[calendar]] user`), the only one its events may book for."""
     # The lines the booker sees (plain or HTML); gpubook's own write-back block is never read as
     # the booker's `key: value` lines.
     # (the block is taken out first, so that its text never decides whether the rest is HTML).
@@ -62,7 +64,8 @@ def request(component: icalendar.Event, *, config: Config, templates: Collection
     titled = _summary_values(text(component.get("SUMMARY")), users=config.users,
                              templates=templates)
 
-    user = _booker(component, described, titled, config=config)
+    user = _owned(component, described, titled, owner=owner, config=config) if owner is not None \
+        else _booker(component, described, titled, config=config)
     try:
         template = _checked_name(described["template"], TEMPLATE_NAME, "template") \
             if "template" in described else titled.get("template") or config.defaults.template
@@ -120,6 +123,25 @@ def _booker(component: icalendar.Event, described: Mapping[str, str], titled: Ma
                        "(or start its title with your user name)")
     raise Refused(f"{show(email, quote=False)} is not a known user; add `user: NAME` to the "
                    "description or ask the admin to add this e-mail address to your user")
+
+
+def _owned(component: icalendar.Event, described: Mapping[str, str], titled: Mapping[str, str], *,
+           owner: str, config: Config) -> str:
+    """The booker in a per-user calendar: its owner, always. The calendar server's login and rights
+    decided who wrote the event, so a `user:` line, a title or an ORGANIZER naming someone else is
+    a booking for another user made from the owner's calendar, and is refused (issue 22, finding 7)."""
+    claimed = _checked_name(described["user"], USER_NAME, "user") if "user" in described \
+        else titled.get("user")
+    if claimed is not None and claimed != owner:
+        raise Refused(f"this calendar books for {owner} only, but the booking names user {show(claimed)}; "
+                      f"remove that name, or let {show(claimed, quote=False)} book in their own calendar", owner)
+    email = _organizer_email(component)
+    organizer = config.user_by_email(email) if email else None
+    if organizer is not None and organizer.name != owner:
+        raise Refused(f"this calendar books for {owner} only, but the booking's organizer "
+                      f"{show(email, quote=False)} is {organizer.name}; let {organizer.name} book in "
+                      "their own calendar", owner)
+    return owner
 
 
 def _organizer_email(component: icalendar.Event) -> str:

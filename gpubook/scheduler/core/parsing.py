@@ -49,6 +49,9 @@ def parse(raw: RawObject) -> Parsed:
     def problem(uid: str | None, reason: str) -> None:
         parsed.problems.append(Problem(raw.calendar_url, raw.href, uid, reason))
 
+    if raw.refused:  # too large to download: the source says why, once per version of it
+        problem(None, raw.refused)
+        return parsed
     try:
         calendar = _read_calendar(raw.ical, problem)
         calendar = x_wr_timezone.to_standard(calendar)

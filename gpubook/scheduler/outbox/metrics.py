@@ -14,7 +14,8 @@ Instrumentation never breaks or slows a pass: each method is a few in-memory add
 their own errors and log them; a scrape that cannot read one source leaves out its families and
 logs why, the others are still served. Label values are bounded: `user` by the lab's configured
 users (anything else, say a stale record's empty user, is counted as `OTHER_USER`), `calendar` by
-the configured calendars (redacted URLs), `reason`, `cause` and `outcome` by the fixed sets below.
+the configured calendars (scheme://host/… only: a private
+address carries its secret in the path or query), `reason`, `cause` and `outcome` by the fixed sets below.
 Units are Prometheus's base units: seconds, bytes, ratios (GPU-hours are exposed as GPU-seconds).
 """
 
@@ -38,7 +39,7 @@ from gpubook.runtime.nvidia.nvml import MIB, NvmlView
 from gpubook.runtime.ssh import ForeignHostKey
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import Status
-from gpubook.scheduler.sources.errors import redact_url
+from gpubook.scheduler.sources.errors import redact_urls
 from gpubook.scheduler.state import StateError
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class Metrics:
         self.pass_duration = Histogram(f"{PREFIX}_pass_duration_seconds", "Seconds of one pass (polls and "
                                        "boundary wake-ups).", buckets=POLL_BUCKETS, registry=self.registry)
         self.calendar_errors = Counter(f"{PREFIX}_calendar_errors", "Calendar reads that failed, by calendar "
-                                       "(redacted URL) and cause class.", ["calendar", "cause"],
+                                       "(scheme://host/… only) and cause class.", ["calendar", "cause"],
                                        registry=self.registry)
         self.failed_starts = Counter(f"{PREFIX}_failed_starts", "Booking starts that failed or were refused, by "
                                      "the kind of error.", ["reason"], registry=self.registry)
@@ -167,7 +168,7 @@ class Metrics:
 
     @_guarded
     def calendar_failed(self, *, url: str, cause: str) -> None:
-        self.calendar_errors.labels(calendar=redact_url(url), cause=calendar_cause(cause)).inc()
+        self.calendar_errors.labels(calendar=redact_urls(url), cause=calendar_cause(cause)).inc()
 
     @_guarded
     def image_pulled(self, outcome: str) -> None:

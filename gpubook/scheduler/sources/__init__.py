@@ -53,6 +53,7 @@ class RawObject:
     etag: str | None
     ical: str  # a whole VCALENDAR (with its VTIMEZONEs), as the server sent it
     calendar_url: str
+    refused: str = ""  # why it was not downloaded (too large: `ical` is empty); "": read it
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -52,23 +53,33 @@ log = logging.getLogger(__name__)
 MULTISTATUS, RESPONSE, HREF, STATUS = "{DAV:}multistatus", "{DAV:}response", "{DAV:}href", \
     "{DAV:}status"
 PROPSTAT, PROP, GETETAG = "{DAV:}propstat", "{DAV:}prop", "{DAV:}getetag"
+GETCONTENTLENGTH = "{DAV:}getcontentlength"
 SYNC_TOKEN = "{DAV:}sync-token"  # noqa: S105  # an XML tag, not a secret
 CALENDAR_DATA = "{urn:ietf:params:xml:ns:caldav}calendar-data"
 
 VALID_SYNC_TOKEN = "{DAV:}valid-sync-token"  # noqa: S105  # an XML tag, not a secret
 SUPPORTED_REPORT = "{DAV:}supported-report"
+MIB = 1024 * 1024
+# One calendar object (an event with its time zones) is read up to this size; a larger one is
+# refused with a sentence and never downloaded past it (issue 22, finding 15: a 5 MiB event cost
+# every poll its download, parse and memory). The ICS feed's whole-feed cap is 20 MiB.
+MAX_OBJECT_BYTES = 1 * MIB
+# One PROPFIND or REPORT answer (many objects): an answer past it is dropped, and the objects are
+# fetched in smaller parts, then one GET each.
+MAX_ANSWER_BYTES = 64 * MIB
+CHUNK_BYTES = 64 * 1024
 FEW_CHANGES = 4  # up to this many changed objects are fetched with one GET each
 MULTIGET_BATCH = 500  # hrefs per calendar-multiget: bounds each request's size and time
 METHODS = ("auto", "sync-token", "etag", "time-range")
 T = TypeVar("T")
-_PROPS = "<D:prop><D:getetag/>{data}</D:prop>"
+_PROPS = "<D:prop><D:getetag/><D:getcontentlength/>{data}</D:prop>"
 _SYNC = ('<?xml version="1.0" encoding="utf-8"?>'
          '<D:sync-collection xmlns:D="DAV:" xmlns:C="urn:ietf:params:xml:ns:caldav">'
          '<D:sync-token/><D:sync-level>1</D:sync-level>{props}</D:sync-collection>')
 SYNC_ALL = _SYNC.format(props=_PROPS.format(data=""))
 SYNC_ALL_WITH_DATA = _SYNC.format(props=_PROPS.format(data="<C:calendar-data/>"))
 PROPFIND_ETAGS = ('<?xml version="1.0" encoding="utf-8"?>'
-                  '<D:propfind xmlns:D="DAV:"><D:prop><D:getetag/></D:prop></D:propfind>')
+                  '<D:propfind xmlns:D="DAV:"><D:prop><D:getetag/><D:getcontentlength/></D:prop></D:propfind>')
 QUERY_ALL = ('<?xml version="1.0" encoding="utf-8"?>'
              '<C:calendar-query xmlns:D="DAV:" xmlns:C="urn:ietf:params:xml:ns:caldav">'
              + _PROPS.format(data="<C:calendar-data/>")
@@ -88,6 +99,14 @@ class _NoSync(Exception):
     """The server cannot do sync-collection: use the next method."""
 
 
+class _TooLarge(Exception):
+    """An answer past its cap; the download was stopped there."""
+
+    def __init__(self, method: str, size: int, *, declared: bool, etag: str | None) -> None:
+        super().__init__(f"{method} answered more than {size} bytes")
+        self.method, self.size, self.declared, self.etag = method, size, declared, etag
+
+
 class CaldavSource(BaseSource):
     """One CalDAV calendar collection, polled incrementally.
 
@@ -99,6 +118,8 @@ class CaldavSource(BaseSource):
     """
 
     multiget_batch = MULTIGET_BATCH
+    max_object_bytes = MAX_OBJECT_BYTES
+    max_answer_bytes = MAX_ANSWER_BYTES
 
     def __init__(
         self,
@@ -127,6 +148,8 @@ class CaldavSource(BaseSource):
             raise CalendarError(f"{self.url}: caldav made no client for this URL")
         self._client: DAVClient = client
         self._client.session.hooks["response"].append(self._wire.hook)
+        self._cap_answers()
+        self._sizes: dict[str, int] = {}  # href -> size the server listed (getcontentlength)
         self._calendar = self._client.calendar(url=self.url)
         self._sync_token: str | None = None
         self._ctag: str | None = None
@@ -155,6 +178,7 @@ class CaldavSource(BaseSource):
         """The calendar's complete current objects; `changed` is False when nothing changed."""
         self._wire.reset()
         method, changed = self._guarded(self._poll_once)
+        self._sizes = {href: size for href, size in self._sizes.items() if href in self._objects}
         changed = changed or not self._loaded  # the first snapshot is news, even when empty
         self._loaded = True
         stats = PollStats(requests=self._wire.requests, bytes_received=self._wire.bytes_received,
@@ -228,8 +252,15 @@ class CaldavSource(BaseSource):
         10,000 of them.
         """
         body = SYNC_ALL_WITH_DATA if with_data else SYNC_ALL
-        response = self._report(body, depth=1)
-        members, deleted, token = _read_multistatus(response.tree, self._calendar.url)
+        try:
+            response = self._report(body, depth=1)
+        except _TooLarge:
+            if not with_data:
+                raise
+            log.warning("calendar %s: the whole calendar is larger than %d MiB in one answer; listing it "
+                        "and fetching its objects in parts", self.url, self.max_answer_bytes // MIB)
+            return self._full_sync(with_data=False)
+        members, deleted, token = self._members(response)
         if not token:
             raise _NoSync("the sync-collection answer carried no sync-token")
         fresh = {href: RawObject(href=href, etag=etag or _hash(data), ical=data,
@@ -244,7 +275,7 @@ class CaldavSource(BaseSource):
             # against 6 s); whatever it lacks is then fetched by href.
             fresh.update(self._query_all(wanted))
             wanted = {href: etag for href, etag in wanted.items() if href not in fresh}
-        fetched = self._fetch(list(wanted)) if wanted else {}
+        fetched = self._fetch(wanted) if wanted else {}
         objects = {href: known for href, known in self._objects.items() if href in listing}
         objects.update(fresh)
         objects.update(fetched)
@@ -260,8 +291,11 @@ class CaldavSource(BaseSource):
         return True
 
     def _query_all(self, wanted: Mapping[str, str | None]) -> dict[str, RawObject]:
-        response = self._report(QUERY_ALL, depth=1)
-        members, _deleted, _token = _read_multistatus(response.tree, self._calendar.url)
+        try:
+            response = self._report(QUERY_ALL, depth=1)
+        except _TooLarge:
+            return {}  # fetched in parts instead
+        members, _deleted, _token = self._members(response)
         return {href: RawObject(href=href, etag=etag or _hash(data), ical=data,
                                 calendar_url=self.url)
                 for href, (etag, data) in members.items() if data is not None and href in wanted}
@@ -308,7 +342,7 @@ class CaldavSource(BaseSource):
                 raise http_status_error(self.url, response.status)
             raise CalendarDataError(f"{self.url}: not a CalDAV calendar: PROPFIND answered "
                                     f"{response.status} without a WebDAV multistatus")
-        members, _deleted, _token = _read_multistatus(response.tree, self._calendar.url)
+        members, _deleted, _token = self._members(response)
         listing = {href: etag for href, (etag, _data) in members.items()}
         changed = self._apply_listing(listing)
         self._ctag = ctag
@@ -336,6 +370,9 @@ class CaldavSource(BaseSource):
         for obj in found:
             href = str(obj.url.canonical())
             text = _text(obj.data)
+            if len(text.encode()) > self.max_object_bytes:  # within the answer's cap
+                objects[href] = self._too_large(href, _etag(obj.props), len(text.encode()), declared=True)
+                continue
             objects[href] = RawObject(href=href, etag=_etag(obj.props) or _hash(text), ical=text,
                                       calendar_url=self.url)
         changed = objects != dict(self._objects)
@@ -359,7 +396,7 @@ class CaldavSource(BaseSource):
         deleted = set(deleted) & set(self._objects)
         if not updated and not deleted:
             return False
-        fetched = self._fetch(list(updated))
+        fetched = self._fetch(updated)
         objects = dict(self._objects)
         for href in deleted:
             objects.pop(href, None)
@@ -373,24 +410,50 @@ class CaldavSource(BaseSource):
         self._objects = MappingProxyType(objects)
         return True
 
-    def _fetch(self, hrefs: list[str]) -> dict[str, RawObject]:
+    def _fetch(self, wanted: Mapping[str, str | None]) -> dict[str, RawObject]:
+        """The objects at `wanted` (href -> listed ETag); one listed past the cap is not downloaded."""
+        fetched = {href: self._too_large(href, etag, self._sizes[href], declared=True)
+                   for href, etag in wanted.items() if self._sizes.get(href, 0) > self.max_object_bytes}
+        hrefs = [href for href in wanted if href not in fetched]
         if len(hrefs) <= FEW_CHANGES:
-            return {href: obj for href in hrefs if (obj := self._get(href)) is not None}
-        fetched: dict[str, RawObject] = {}
-        for start in range(0, len(hrefs), self.multiget_batch):
-            batch = hrefs[start:start + self.multiget_batch]
+            fetched.update({href: obj for href in hrefs if (obj := self._get(href)) is not None})
+            return fetched
+        for batch in self._batches(hrefs):
             hrefs_xml = "".join(f"<D:href>{escape(urlsplit(h).path)}</D:href>" for h in batch)
-            # RFC 4791 section 7.9: no Depth header on calendar-multiget
-            response = self._report(MULTIGET.format(hrefs=hrefs_xml), depth=None)
-            members, _deleted, _token = _read_multistatus(response.tree, self._calendar.url)
+            try:
+                # RFC 4791 section 7.9: no Depth header on calendar-multiget
+                response = self._report(MULTIGET.format(hrefs=hrefs_xml), depth=None)
+            except _TooLarge:  # large objects the listing did not size: one GET each, each capped
+                fetched.update({href: obj for href in batch if (obj := self._get(href)) is not None})
+                continue
+            members, _deleted, _token = self._members(response)
             for href, (etag, data) in members.items():
                 if data is not None:
                     fetched[href] = RawObject(href=href, etag=etag or _hash(data), ical=data,
                                               calendar_url=self.url)
+                elif self._sizes.get(href, 0) > self.max_object_bytes:
+                    fetched[href] = self._too_large(href, etag, self._sizes[href], declared=True)
         return fetched
 
+    def _batches(self, hrefs: list[str]) -> Iterable[list[str]]:
+        """Up to multiget_batch hrefs each, and (where the listing sized them) half an answer's cap."""
+        batch: list[str] = []
+        size = 0
+        for href in hrefs:
+            listed = self._sizes.get(href, 0)
+            if batch and (len(batch) >= self.multiget_batch or size + listed > self.max_answer_bytes // 2):
+                yield batch
+                batch, size = [], 0
+            batch.append(href)
+            size += listed
+        if batch:
+            yield batch
+
     def _get(self, href: str) -> RawObject | None:
-        response = self._client.request(href, "GET")
+        try:
+            response = self._client.request(href, "GET")
+        except _TooLarge as large:
+            return self._too_large(href, large.etag, large.size, declared=large.declared)
         if response.status == 404:
             return None
         if response.status != 200:
@@ -402,12 +465,75 @@ class CaldavSource(BaseSource):
         etag = response.headers.get("ETag")
         return RawObject(href=href, etag=etag or _hash(text), ical=text, calendar_url=self.url)
 
+    def _members(self, response: Any) -> tuple[dict[str, tuple[str | None, str | None]], set[str], str | None]:
+        """A multistatus' members, their listed sizes remembered; data past the cap dropped."""
+        members, deleted, token = _read_multistatus(response.tree, self._calendar.url, sizes=self._sizes)
+        for href, (etag, data) in members.items():
+            if data is not None and len(data) > self.max_object_bytes \
+                    and len(data.encode()) > self.max_object_bytes:
+                self._sizes[href] = len(data.encode())
+                members[href] = (etag, None)
+        return members, deleted, token
+
+    def _too_large(self, href: str, etag: str | None, size: int, *, declared: bool) -> RawObject:
+        limit = self.max_object_bytes
+        amount = f"{size / MIB:.1f} MiB" if declared else f"larger than {limit / MIB:g} MiB"
+        reason = (f"the calendar object {href} is {amount}; gpubook reads objects of at most {limit / MIB:g} MiB, "
+                  "so it was ignored: remove its attachment or long text")
+        log.warning("calendar %s: %s", self.url, reason)
+        return RawObject(href=href, etag=etag or f'"gpubook-too-large-{size}"', ical="", calendar_url=self.url,
+                         refused=reason)
+
+    def _cap_answers(self) -> None:
+        """Every answer is streamed and read up to its cap (a GET: one object's; else an answer's),
+        so that no server, and no writer of a calendar, makes gpubook download more than that."""
+        session = self._client.session
+        send = session.request
+
+        def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            kwargs["stream"] = True
+            response = send(method, url, *args, **kwargs)
+            limit = self.max_object_bytes if str(method).upper() == "GET" else self.max_answer_bytes
+            response._content = self._read_capped(response, method=str(method), limit=limit)  # noqa: SLF001
+            response._content_consumed = True  # noqa: SLF001 - what reading .content sets
+            return response
+
+        session.request = request  # type: ignore[method-assign]
+
+    def _read_capped(self, response: Any, *, method: str, limit: int) -> bytes:
+        etag = response.headers.get("ETag")
+        declared = response.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit:
+            response.close()
+            self._wire.bytes_received -= int(declared)  # the hook counted a body never read
+            raise _TooLarge(method, int(declared), declared=True, etag=etag)
+        deadline = time.monotonic() + self.timeout * 10
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            for chunk in response.iter_content(CHUNK_BYTES):
+                size += len(chunk)
+                if size > limit:
+                    response.close()
+                    raise _TooLarge(method, limit, declared=False, etag=etag)
+                if time.monotonic() > deadline:
+                    response.close()
+                    raise CalendarError(f"{self.url}: {method} took longer than {self.timeout * 10:g} s (timeout)")
+                chunks.append(chunk)
+        finally:
+            if not declared.isdigit():
+                self._wire.add_streamed(size)  # the hook counted Content-Length where there was one
+        return b"".join(chunks)
+
     def _guarded(self, action: Callable[[], T]) -> T:
         """Run one poll step; turn every library failure into a one-line CalendarError."""
         try:
             return action()
         except CalendarError:
             raise
+        except _TooLarge as large:
+            raise CalendarDataError(f"{self.url}: {large.method} answered more than "
+                                    f"{large.size / MIB:.0f} MiB (download stopped)") from None
         except dav_error.AuthorizationError as failure:
             raise http_status_error(self.url, failure.status or 401) from None
         except dav_error.NotFoundError:
@@ -428,9 +554,10 @@ class CaldavSource(BaseSource):
                 f"{self.url}: {type(failure).__name__}: {short(failure)}") from None
 
 
-def _read_multistatus(tree: Any, base: Any) -> tuple[
+def _read_multistatus(tree: Any, base: Any, *, sizes: dict[str, int] | None = None) -> tuple[
         dict[str, tuple[str | None, str | None]], set[str], str | None]:
-    """Members (href -> (etag, calendar data)), deleted hrefs and the sync token of a 207."""
+    """Members (href -> (etag, calendar data)), deleted hrefs and the sync token of a 207; each
+    member's getcontentlength, where listed, into `sizes`."""
     members: dict[str, tuple[str | None, str | None]] = {}
     deleted: set[str] = set()
     token = None
@@ -457,6 +584,9 @@ def _read_multistatus(tree: Any, base: Any) -> tuple[
                 continue
             etag = propstat.findtext(f"{PROP}/{GETETAG}") or etag
             data = propstat.findtext(f"{PROP}/{CALENDAR_DATA}") or data
+            length = (propstat.findtext(f"{PROP}/{GETCONTENTLENGTH}") or "").strip()
+            if sizes is not None and length.isdigit():
+                sizes[href] = int(length)
         members[href] = (etag, data)
     return members, deleted, token
 

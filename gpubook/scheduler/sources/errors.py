@@ -61,6 +61,26 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+
+
+def redact_urls(text: str) -> str:
+    """`text` with each URL cut to scheme://host/… (no user part, path or query): what the web
+    page and /metrics show of a calendar, since a private address carries its secret in the path
+    (Google's private ICS address) or the query (`?token=`)."""
+
+    def cut(match: re.Match[str]) -> str:
+        try:
+            parts = urlsplit(match[0])
+            host = parts.hostname or "?"
+            port = f":{parts.port}" if parts.port else ""
+        except ValueError:
+            return "(a URL)"
+        return f"{parts.scheme}://{host}{port}/…"
+
+    return _URL.sub(cut, text)
+
+
 def printable(text: object) -> str:
     """Text from a calendar made safe for a terminal: control characters (ESC, CR, …) escaped
     as \\xNN, so a UID or title cannot move the cursor, recolour or rewrite an admin's output."""

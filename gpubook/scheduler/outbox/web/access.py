@@ -20,8 +20,10 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import re
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +43,8 @@ log = logging.getLogger(__name__)
 USER_KEY = "gpubook.user"  # the authenticated user's name in the WSGI environ (absent: nobody)
 BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 _REMEMBERED = 256  # credentials checked once and remembered (bcrypt costs ~0.1-0.3 s a check)
-_DUMMY_HASH = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))  # an unknown user costs the same
+_BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+_DEFAULT_COST = 5  # `htpasswd -B`'s own default cost
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,24 @@ def read_htpasswd(path: Path) -> dict[str, bytes]:
                 else "crypt or plain text"
             raise ConfigError(f"{where} (user {user}): a {kind} entry, not bcrypt; gpubook takes bcrypt only: "
                               f"make it again with htpasswd -B")
+        if _BCRYPT.fullmatch(hashed) is None:
+            raise ConfigError(f"{where} (user {user}): a damaged bcrypt entry; make it again with htpasswd -B")
         users[user] = hashed.encode()
     return users
+
+
+def bcrypt_cost(hashed: bytes) -> int:
+    """The cost (log2 rounds) written in a bcrypt hash: `$2y$05$...` is 5."""
+    return int(hashed.split(b"$")[2])
+
+
+def dummy_hash(users: Mapping[str, bytes]) -> bytes:
+    """A hash checked for an unknown user name, at the cost most of the file's entries have, so that
+    a wrong name takes as long as a wrong password: with a fixed cost 10 against `htpasswd -B`'s 5,
+    the answer's time told which names exist (issue 22, finding 16)."""
+    costs = Counter(bcrypt_cost(hashed) for hashed in users.values())
+    cost = costs.most_common(1)[0][0] if costs else _DEFAULT_COST
+    return bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=cost))
 
 
 def _networks(texts: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
@@ -89,6 +108,7 @@ class Access:
                 raise ConfigError('[web] auth = "basic" needs htpasswd_file (user:bcrypt lines, htpasswd -B)')
             users = read_htpasswd(web.htpasswd_file)
         self.users = dict(users or {})
+        self.dummy = dummy_hash(self.users) if web.auth == "basic" else b""
         self.header_key = "HTTP_" + web.trusted_header.upper().replace("-", "_")
         self.proxies = _networks(web.trusted_proxies)
         self._key = secrets.token_bytes(32)
@@ -147,7 +167,7 @@ class Access:
                 return user
         hashed = self.users.get(user)
         # The dummy check makes an unknown user cost what a known one does (no user-name oracle).
-        if not bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) or hashed is None:
+        if not bcrypt.checkpw(password.encode(), hashed or self.dummy) or hashed is None:
             log.warning("web: a wrong user name or password for %r", user[:64])
             return denied
         with self._lock:

@@ -11,33 +11,18 @@ Two rules are kept here, in one place, for every view:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from gpubook.runtime import ssh
 from gpubook.scheduler.outbox.status import HostStatus, RunningBooking, Status
 from gpubook.scheduler.outbox.web.live import LiveGpus
+from gpubook.scheduler.sources.errors import redact_urls
 
-_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
-
-
-def redacted(text: str) -> str:
-    """`text` with each URL cut to scheme://host/… (no user part, path or query)."""
-
-    def cut(match: re.Match[str]) -> str:
-        try:
-            parts = urlsplit(match[0])
-            host = parts.hostname or "?"
-            port = f":{parts.port}" if parts.port else ""
-        except ValueError:
-            return "(a URL)"
-        return f"{parts.scheme}://{host}{port}/…"
-
-    return _URL.sub(cut, text)
+# Each URL cut to scheme://host/… (shared with /metrics' calendar labels).
+redacted = redact_urls
 
 
 def ssh_line(running: RunningBooking, *, viewer: str | None, host_name: str) -> str | None:
