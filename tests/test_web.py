@@ -259,6 +259,7 @@ def test_an_unknown_user_is_checked_at_the_cost_of_the_files_entries(tmp_path: P
         subprocess.run(["htpasswd", "-B", "-b", *(["-C", str(cost)] if cost else []),
                         *(["-c"] if number == 0 else []), str(path), f"user{number}", "pw"],
                        check=True, capture_output=True)
+    path.chmod(0o600)  # htpasswd makes it 0644; gpubook reads only a file of its owner (finding 12)
     entries = read_htpasswd(path)
     access = Access(metrics_app, web=web_config(tmp_path, auth="basic", htpasswd_file=str(path)).web)
     assert bcrypt_cost(access.dummy) == bcrypt_cost(entries["user0"]) == (costs[0] or 5)
