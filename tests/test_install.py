@@ -46,6 +46,9 @@ STEPS = ("account", "subids", "linger", "data_root", "data_root mount", "storage
 
 
 def _quiet(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Without the checkout on PYTHONPATH (quickstart exports it for the tests): a venv's pip would
+    take the checkout's gpubook for installed and skip the wheel ("Requirement already satisfied")."""
+    kwargs.setdefault("env", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, **kwargs)  # type: ignore[call-overload]
 
 
@@ -126,6 +129,7 @@ def install_wheel(folder: Path) -> None:
     pinned = ["-c", str(constraints)] if constraints.is_file() else []
     installed = _quiet([str(VENV / "bin" / "python"), "-m", "pip", "install", *pinned, str(wheel)], cwd="/")
     assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    assert BINARY.is_file(), f"pip installed no {BINARY}: {installed.stdout[-2000:]}"
 
 
 def timed_setup(*extra: str) -> tuple[int, list[tuple[float, str]]]:

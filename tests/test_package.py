@@ -157,8 +157,11 @@ def _clean_copy(target: Path) -> Path:
 
 
 def _pip(venv: Path, *args: str) -> None:
+    # Without the checkout on PYTHONPATH (quickstart exports it): pip would take the checkout's gpubook
+    # for installed and skip the wheel.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q", *args],
-                          capture_output=True, text=True, timeout=900, check=False)
+                          capture_output=True, text=True, timeout=900, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -192,6 +195,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path
     assert not folder.is_relative_to(ROOT)
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(folder)], check=True, timeout=300)
     _pip(folder, "install", "-c", str(ROOT / "constraints.txt"), str(wheel))
+    assert (folder / "bin" / "gpubook").is_file(), "pip installed no gpubook command"
     yield folder
 
 
