@@ -23,6 +23,7 @@ from gpubook.scheduler.config import load as load_config
 from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.outbox.metrics import wsgi_app
 from gpubook.scheduler.sdnotify import Notifier
+from gpubook.scheduler.sources.errors import redact_urls
 from tests import daemon_kit
 from tests.daemon_kit import book, running_container, soon, try_login, wait_for, write_config
 
@@ -104,7 +105,7 @@ def test_scrape_through_a_start_and_a_calendar_outage(tmp_path: Path, radicale, 
         daemon.poll()
         families = scrape(url)
         assert sample(families, "gpubook_calendar_errors", "gpubook_calendar_errors_total",
-                      calendar=str(calendar.url), cause="unreachable") == 1
+                      calendar=redact_urls(str(calendar.url)), cause="unreachable") == 1
         assert sample(families, "gpubook_calendar_outage", "gpubook_calendar_outage") == 1
         assert sample(families, "gpubook_poll_duration_seconds", "gpubook_poll_duration_seconds_count") == 2
         assert sample(families, "gpubook_bookings", "gpubook_bookings", state="running") == 1  # kept running
