@@ -146,6 +146,15 @@ def push(engine: Engine, registry: Registry, image: str, target: str) -> str:
         return digest_file.read_text().strip()
 
 
+def untag(engine: Engine, image: str) -> None:
+    """Take the name away and keep the layers: the image is no longer present under that name (a pull
+    by another name must fetch its manifest), and no layer is deleted. Deleting the layers of an
+    image built a moment ago (`rmi --force`) once left an incomplete, still-mounted layer in a CI
+    run's store, and every later podman command of that account failed on it."""
+    subprocess.run([*engine.global_argv(), "untag", image],  # type: ignore[attr-defined]
+                   capture_output=True, check=False)
+
+
 def remove(engine: Engine, *images: str) -> None:
     for image in images:
         subprocess.run([*engine.global_argv(), "rmi", "--force", image],  # type: ignore[attr-defined]

@@ -43,11 +43,11 @@ def registry_only_image(engine, registry: Registry) -> Iterator[str]:  # type: i
                                     base="localhost/gpubook/debian-ssh:12")
     name = f"lab/ssh:{secrets.token_hex(4)}"
     registry_kit.push(engine, registry, local, name)
-    registry_kit.remove(engine, local)
+    registry_kit.untag(engine, local)
     remote = f"{registry.address}/{name}"
-    assert not engine.image_exists(remote)
+    assert not engine.image_exists(remote) and not engine.image_exists(local)
     yield remote
-    registry_kit.remove(engine, remote)
+    registry_kit.untag(engine, remote)
 
 
 def test_an_image_only_in_a_registry_is_pulled_before_a_booking_accepted_minutes_ahead(
