@@ -21,9 +21,9 @@ from gpubook.runtime.templates import load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import sources
 from gpubook.scheduler.apply.passes import Pass
+from gpubook.scheduler.calendars import Calendars
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.hosts.local import LocalHost
-from gpubook.scheduler.service import Calendars
 from gpubook.scheduler.sources import BaseSource, EventRef, PollStats, RawObject, Snapshot, WriteResult
 from gpubook.scheduler.sources.block import Outcome
 from gpubook.scheduler.state import State

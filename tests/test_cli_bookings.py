@@ -152,7 +152,7 @@ def test_a_booking_over_the_week_quota_shows_the_sentence(tmp_path: Path, calend
 def test_the_daemon_reads_two_weeks_back_only_where_a_week_quota_is_set(
         tmp_path: Path, calendar: caldav.Calendar) -> None:
     from gpubook.scheduler import config as config_module
-    from gpubook.scheduler.service import Calendars
+    from gpubook.scheduler.calendars import Calendars
 
     calendar.save_event(event("ten-days-ago", START - timedelta(days=10), 4, "SUMMARY:alice"))
     path = write_config(tmp_path, str(calendar.url))
@@ -258,7 +258,7 @@ def test_the_daemon_reads_past_the_longest_max_days_ahead(tmp_path: Path, calend
     10.5 days ahead is read and refused (unread, it would pass once it came within the week: first
     seen 7 days before its start). One made further ahead is refused when it comes within 11 days."""
     from gpubook.scheduler import config as config_module
-    from gpubook.scheduler.service import Calendars
+    from gpubook.scheduler.calendars import Calendars
 
     calendar.save_event(event("in-ten-days", START + timedelta(days=10.5), 4, "SUMMARY:alice"))
     path = write_config(tmp_path, str(calendar.url))

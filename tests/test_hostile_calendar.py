@@ -16,7 +16,7 @@ import icalendar
 import pytest
 from booking_kit import CALENDAR, make_config, raw, read, single, utc, vcalendar, vevent
 
-from gpubook.scheduler import service
+from gpubook.scheduler import calendars as calendars_module
 from gpubook.scheduler.commands import admin
 from gpubook.scheduler.config import parse
 from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
@@ -312,9 +312,9 @@ def test_an_expansion_problem_does_not_log_the_password(caplog: pytest.LogCaptur
     config = parse({"host": {"name": "devbox1", "timezone": "UTC"}, "calendar": [{"url": url}],
                     "gpus": {"count": 1}, "users": {"bob": {"uid": 1001}}}, Path("/etc/gpubook/gpubook.toml"))
     bad = raw("BEGIN:VCALENDAR\r\nBEGIN:VEVENT\r\nUID:x\r\n", "bad", calendar_url=url)
-    calendars = service.Calendars(config, sources={url: _CannedSource(url, {bad.href: bad})})
+    calendars = calendars_module.Calendars(config, sources={url: _CannedSource(url, {bad.href: bad})})
     with caplog.at_level(logging.WARNING):
-        result = service.plan_window(config, window_start=utc(2026, 11, 23), window_end=utc(2026, 11, 30),
+        result = calendars_module.plan_window(config, window_start=utc(2026, 11, 23), window_end=utc(2026, 11, 30),
                                      now=utc(2026, 11, 23), calendars=calendars)
     assert result.problems and caplog.records
     assert "s3cret" not in caplog.text and "alice:***@127.0.0.1" in caplog.text
@@ -330,7 +330,8 @@ def test_bookings_output_escapes_control_characters() -> None:
     inventory = gpu_inventory.inventory(static_count=2)
     planned = plan_module.plan(list(expansion.occurrences), inventory=(0, 1), config=config,
                                templates={"debian-ssh"}, now=utc(2026, 11, 23), running={})
-    shown = service.describe_plan(service.PlanResult(planned, expansion.problems, inventory), timezone="UTC")
+    shown = calendars_module.describe_plan(calendars_module.PlanResult(planned, expansion.problems, inventory),
+                                           timezone="UTC")
     assert "\x1b" not in shown and "\x07" not in shown
     assert "alice \\x1b[2Jwiped" in shown
 

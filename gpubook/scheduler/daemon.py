@@ -51,6 +51,7 @@ from gpubook.runtime.private import private_folder, write_private
 from gpubook.runtime.templates import TemplateSet, load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import Pass, PassResult, World
+from gpubook.scheduler.calendars import Calendars, inventory_indices
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.hosts import Host, usage
@@ -61,7 +62,6 @@ from gpubook.scheduler.hosts.local import LocalHost
 from gpubook.scheduler.hosts.slurm.backend import SlurmBackend
 from gpubook.scheduler.outbox import foreign, metrics, notices, status, timeline
 from gpubook.scheduler.sdnotify import Notifier
-from gpubook.scheduler.service import Calendars, inventory_indices
 from gpubook.scheduler.sources.errors import CalendarError, redact_url
 from gpubook.scheduler.state import State, StateError
 from gpubook.scheduler.state.records import ContainerRecord

@@ -56,7 +56,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bookings(args: argparse.Namespace) -> int:
-    from gpubook.scheduler import config, service
+    from gpubook.scheduler import calendars, config
     from gpubook.scheduler.core import plan
     from gpubook.scheduler.sources.errors import printable, redact_url
 
@@ -66,7 +66,7 @@ def cmd_bookings(args: argparse.Namespace) -> int:
     end = args.end or start + timedelta(days=7)
     if end <= start:
         raise GpubookError(f"--to ({end.isoformat()}) must be after --from ({start.isoformat()})")
-    result = service.plan_window(loaded, window_start=start, window_end=end, now=now)
+    result = calendars.plan_window(loaded, window_start=start, window_end=end, now=now)
     if args.json:
         json.dump(plan.to_json(result.plan), sys.stdout, indent=2)
         print()
@@ -74,7 +74,7 @@ def cmd_bookings(args: argparse.Namespace) -> int:
             where = printable(problem.uid or redact_url(problem.href))
             print(f"gpubook: not a booking: {where}: {printable(problem.reason)}", file=sys.stderr)
     else:
-        print(service.describe_plan(result, timezone=loaded.host.timezone))
+        print(calendars.describe_plan(result, timezone=loaded.host.timezone))
     return EXIT_OK
 
 

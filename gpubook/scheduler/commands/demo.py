@@ -39,9 +39,9 @@ from gpubook.runtime.engines import ContainerInfo, Engine, container_name
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.names import USER_NAME
 from gpubook.runtime.templates import get_template
+from gpubook.scheduler import calendars as calendars_module
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import daemon as daemon_module
-from gpubook.scheduler import service
 from gpubook.scheduler.commands.embedded import RadicaleServer, end_process, free_port
 from gpubook.scheduler.core import plan as plan_module
 
@@ -335,9 +335,9 @@ def run(*, plan_only: bool = False, until_ready: bool = False) -> int:
         loaded = config_module.load(config_path)
         print(f"gpubook demo: a Radicale calendar at {calendar_url} with {len(events)} bookings")
         print(f"gpubook demo: config {config_path} (users {', '.join(sorted(loaded.users))})\n")
-        result = service.plan_window(loaded, window_start=now, window_end=now + timedelta(days=7),
+        result = calendars_module.plan_window(loaded, window_start=now, window_end=now + timedelta(days=7),
                                      now=now)
-        print(service.describe_plan(result, timezone=loaded.host.timezone))
+        print(calendars_module.describe_plan(result, timezone=loaded.host.timezone))
         summary = plan_module.to_json(result.plan)
         print(f"\n{len(summary['accepted'])} accepted, {len(summary['rejected'])} rejected.\n", flush=True)
         if plan_only:
