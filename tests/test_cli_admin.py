@@ -16,7 +16,7 @@ from gpubook.runtime.checks import Check, format_checks
 from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import admin, cli
-from gpubook.scheduler.daemon import LOCK_FILE
+from gpubook.scheduler.locks import LOCK_FILE
 from gpubook.scheduler.state import State
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_log_json_is_one_object_a_line(tmp_path: Path) -> None:
 # -- the daemon's lock, as status reads it ------------------------------------------------------
 
 
-HOLD = ("import sys, pathlib\nfrom gpubook.scheduler.daemon import hold_lock\n"
+HOLD = ("import sys, pathlib\nfrom gpubook.scheduler.locks import hold_lock\n"
         "hold_lock(pathlib.Path(sys.argv[1]))\nprint('held', flush=True)\nsys.stdin.read()\n")
 
 

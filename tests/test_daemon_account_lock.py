@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.scheduler.daemon import AlreadyRunning, hold_account_lock, hold_lock
+from gpubook.scheduler.locks import AlreadyRunning, hold_account_lock, hold_lock
 
 ROOT = Path(__file__).resolve().parent.parent
-HOLD = ("import sys, pathlib\nfrom gpubook.scheduler.daemon import hold_account_lock, hold_lock\n"
+HOLD = ("import sys, pathlib\nfrom gpubook.scheduler.locks import hold_account_lock, hold_lock\n"
         "folder = pathlib.Path(sys.argv[1])\nhold_lock(folder)\nhold_account_lock(folder)\n"
         "print('held', flush=True)\nsys.stdin.read()\n")
 

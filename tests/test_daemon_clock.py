@@ -9,7 +9,7 @@ from pathlib import Path
 
 from daemon_kit import in_process_daemon, wait_for
 
-from gpubook.scheduler.daemon import ClockWatch
+from gpubook.scheduler.clock import ClockWatch
 
 T0 = datetime(2026, 11, 23, 12, tzinfo=UTC)
 

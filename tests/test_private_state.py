@@ -15,7 +15,7 @@ from daemon_kit import in_process_daemon
 
 from gpubook.runtime import ssh
 from gpubook.runtime.private import UnsafePath
-from gpubook.scheduler.daemon import STATUS_FILE
+from gpubook.scheduler.outbox.status_file import STATUS_FILE
 from gpubook.scheduler.state import State
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.errors import ConfigError
-from gpubook.scheduler import daemon
+from gpubook.scheduler import wiring
 from gpubook.scheduler.config import parse as parse_config
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import Accepted
@@ -139,10 +139,10 @@ def test_the_daemon_refuses_a_slurm_backend_without_shared_storage_in_one_senten
     config = parse_config({**BASE, "backend": {"kind": "slurm"}}, tmp_path / "gpubook.toml")
     with pytest.raises(ConfigError, match="backend.shared_dir: not set; the Slurm backend needs a folder that "
                                           "every node and the daemon see at the same path"):
-        daemon._runnable(config)
-    daemon._runnable(parse_config({**BASE, "backend": {"kind": "slurm", "shared_dir": str(tmp_path)}},
+        wiring.runnable(config)
+    wiring.runnable(parse_config({**BASE, "backend": {"kind": "slurm", "shared_dir": str(tmp_path)}},
                                   tmp_path / "gpubook.toml"))
-    daemon._runnable(parse_config(BASE, tmp_path / "gpubook.toml"))
+    wiring.runnable(parse_config(BASE, tmp_path / "gpubook.toml"))
 
 
 def test_a_silent_node_is_told_from_a_down_one() -> None:

@@ -4,19 +4,24 @@ Each calendar is read on its own: one that fails (unreachable, or answering with
 is not calendar data) keeps its last good snapshot, and only its bookings are affected; the other
 calendars' bookings start, stop and change as they read. Only when every calendar fails does a
 read raise (the daemon then keeps the last known bookings of all of them).
+
+`Freshness` is what the daemon knows of the calendars between polls: the last good reading, the
+outage of all of them and the failure of each one (each said once when it starts and once when it
+ends), and whether the data is fresh enough to start anything from.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.templates import template_names
-from gpubook.scheduler.config import Config
+from gpubook.scheduler.config import CalendarConfig, Config
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
@@ -109,6 +114,109 @@ class Calendars:
             occurrences.extend(expansion.occurrences)
             problems.extend(expansion.problems)
         return occurrences, problems
+
+
+@dataclass
+class Freshness:
+    """What the daemon knows of the calendars between polls. `say` logs a sentence and puts it in
+    the event log (the daemon's); the caller holds the daemon's lock."""
+
+    say: Callable[[str, datetime], None]
+    occurrences: Sequence[Booking | Rejection] = ()
+    etags: dict[str, str | None] = field(default_factory=dict)
+    last_poll: datetime | None = None
+    last_ok: datetime | None = None
+    outage: str | None = None
+    outage_since: datetime | None = None
+    problems: list[str] = field(default_factory=list)
+    read_at: dict[str, datetime] = field(default_factory=dict)  # calendar url → its last good read
+    failing: dict[str, tuple[str, datetime]] = field(default_factory=dict)  # url → (cause, since)
+
+    def poll(self, calendars: Calendars, *, now: datetime, lock: AbstractContextManager[object],
+             failed: Callable[..., None]) -> None:
+        """Read the calendars: what was read is known from now on; a CalendarError (every calendar
+        failed) keeps the last known bookings. `failed(url=, cause=)` is told of each failed calendar;
+        `lock`: the daemon's, held while what is known changes."""
+        try:
+            reading = calendars.read(now=now)
+        except CalendarError as error:
+            for calendar in calendars.config.calendars:  # read() raises only when every calendar failed
+                failed(url=calendar.url, cause=str(error))
+            with lock:
+                self.unreachable(str(error), now=now, stale_after_minutes=calendars.config.daemon.stale_after_minutes)
+        else:
+            for url, cause in reading.failures.items():
+                failed(url=url, cause=cause)
+            with lock:
+                self.read(reading, now=now)
+        self.last_poll = now
+
+    def read(self, reading: Reading, *, now: datetime) -> None:
+        """A poll that read at least one calendar: its bookings are the known ones from now on."""
+        self.occurrences = reading.occurrences
+        self.etags = reading.etags
+        self.problems = [f"{p.uid or p.href}: {p.reason}" for p in reading.problems]
+        self.last_ok = now
+        self.read_at = reading.read_at
+        self._failures(reading.failures, now)
+        if self.outage is not None:
+            since = self.outage_since or now
+            self.say(f"calendar reachable again after {duration(now - since)} (was: {self.outage})", now)
+            self.outage = self.outage_since = None
+
+    def unreachable(self, cause: str, *, now: datetime, stale_after_minutes: float) -> None:
+        """Every calendar failed: the last known bookings are kept; said once, when it starts."""
+        if self.outage is None:
+            self.outage, self.outage_since = cause, now
+            self.say(f"calendar unreachable: {cause}; keeping the last known bookings, "
+                     f"nothing starts from data older than {stale_after_minutes:g} min", now)
+
+    def _failures(self, failures: dict[str, str], now: datetime) -> None:
+        """One calendar failing while others read: said once when it starts and once when it ends."""
+        for url, cause in failures.items():
+            if url not in self.failing:
+                self.failing[url] = (cause, now)
+                self.say(f"calendar {redact_url(url)} cannot be read: {cause}; its last good reading is kept, "
+                         "the other calendars go on", now)
+        for url in [u for u in self.failing if u not in failures]:
+            cause, since = self.failing.pop(url)
+            self.say(f"calendar {redact_url(url)} readable again after {duration(now - since)} (was: {cause})", now)
+
+    def fresh(self, now: datetime, *, stale_after_minutes: float) -> tuple[bool, str]:
+        """May anything start from the known bookings, and if not, why."""
+        if self.last_ok is None:
+            return False, "no calendar data read yet"
+        age = now - self.last_ok
+        if age > timedelta(minutes=stale_after_minutes):
+            return False, (f"the calendar data is {duration(age)} old (calendar unreachable: "
+                           f"{self.outage or 'unknown'})")
+        return True, ""
+
+    def stale(self, now: datetime, *, calendars: Sequence[CalendarConfig],
+              stale_after_minutes: float) -> dict[str, str]:
+        """Calendars whose own data is too old to start anything from (the others start as usual)."""
+        bound = timedelta(minutes=stale_after_minutes)
+        stale = {}
+        for calendar in calendars:
+            read = self.read_at.get(calendar.url)
+            cause = self.failing.get(calendar.url, ("unknown", now))[0]
+            if read is None or now - read > bound:
+                age = "never read" if read is None else f"{duration(now - read)} old"
+                stale[calendar.url] = f"its calendar's data is {age} (calendar {redact_url(calendar.url)}: {cause})"
+        return stale
+
+    def complete(self, calendars: Sequence[CalendarConfig]) -> bool:
+        """Has every calendar been read at least once."""
+        return all(c.url in self.read_at for c in calendars)
+
+
+def duration(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @dataclass(frozen=True)

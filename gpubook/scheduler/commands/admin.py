@@ -20,12 +20,16 @@ from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import container_name
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler import config as config_module
+from gpubook.scheduler import wiring
 from gpubook.scheduler.apply.passes import World
 from gpubook.scheduler.core.plan import LOCAL
-from gpubook.scheduler.daemon import LOCK_FILE, STATUS_FILE, Daemon, make_engine, state_dir
+from gpubook.scheduler.daemon import Daemon
+from gpubook.scheduler.locks import LOCK_FILE
 from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status, setup_findings
+from gpubook.scheduler.outbox.status_file import STATUS_FILE
 from gpubook.scheduler.sources.errors import printable
 from gpubook.scheduler.state import LogEntry, State, port_range_problem
+from gpubook.scheduler.wiring import make_engine, state_dir
 
 log = logging.getLogger(__name__)
 
@@ -129,35 +133,38 @@ def status(config_path: str, *, as_json: bool = False) -> int:
 
 
 def stop(config_path: str, booking: str) -> int:
-    """Stop a booking's container now; it is not started again; the event says "ended"."""
-    config = config_module.load(config_path)
-    daemon = Daemon(config)
-    now = datetime.now(UTC)
-    if daemon.cluster is not None:  # a cluster's bookings: its nodes' jobs, read as a pass reads them
-        if problem := daemon.passes.refresh_cluster():
+    """Stop a booking's container now; it is not started again; the event says "ended". Built
+    through the wiring's `for_stop`: beside a running daemon, nothing of a daemon is made."""
+    parts = wiring.for_stop(config_module.load(config_path))
+    try:
+        return _stop(parts, booking, now=datetime.now(UTC))
+    finally:
+        parts.close()
+
+
+def _stop(parts: wiring.Stopping, booking: str, *, now: datetime) -> int:
+    if parts.cluster is not None:  # a cluster's bookings: its nodes' jobs, read as a pass reads them
+        if problem := parts.passes.refresh_cluster():
             raise GpubookError(problem)
-        listed = [c for host in daemon.passes.hosts.values() for c in host.list()]
+        listed = [c for host in parts.hosts.values() for c in host.list()]
     else:
-        listed = daemon.engine.list()
+        listed = parts.engine.list()
     matches = [c for c in listed if booking in (c.booking_id, c.name)]
     if not matches:
         raise GpubookError(f"no running container for booking {booking!r} (see gpubook status)")
     info = matches[0]
-    daemon.passes.stop_now(info.booking_id, now=now)
+    parts.passes.stop_now(info.booking_id, now=now)
     print(f"stopped {container_name(info.booking_id)} (booking {info.booking_id})")
     try:
-        reading = daemon.calendars.read(now=now)
-        if daemon.cluster is not None:  # the job cancelled: its nodes read again
-            daemon.passes.refresh_cluster()
-        plan = daemon.passes.plan([o for o in reading.occurrences if o.id == info.booking_id], [], now=now)
-        world = World.read(list(daemon.passes.hosts.values()), daemon.state)
-        daemon.passes.write_back(plan, world, now=now, etags=reading.etags)
+        reading = parts.calendars.read(now=now)
+        if parts.cluster is not None:  # the job cancelled: its nodes read again
+            parts.passes.refresh_cluster()
+        plan = parts.passes.plan([o for o in reading.occurrences if o.id == info.booking_id], [], now=now)
+        world = World.read(list(parts.hosts.values()), parts.state)
+        parts.passes.write_back(plan, world, now=now, etags=reading.etags)
     except GpubookError as error:
         print(f"gpubook: the calendar was not updated ({error}); the daemon writes it on its next pass",
               file=sys.stderr)
-    finally:
-        daemon.passes.close()
-        daemon.state.close()
     return 0
 
 

@@ -41,7 +41,7 @@ from gpubook.runtime.names import USER_NAME
 from gpubook.runtime.templates import get_template
 from gpubook.scheduler import calendars as calendars_module
 from gpubook.scheduler import config as config_module
-from gpubook.scheduler import daemon as daemon_module
+from gpubook.scheduler import wiring
 from gpubook.scheduler.commands.embedded import RadicaleServer, end_process, free_port
 from gpubook.scheduler.core import plan as plan_module
 
@@ -212,7 +212,7 @@ def _sftp_known_hosts(engine: Engine, known_hosts: Path, config: config_module.C
     """Add the SFTP service's host key to the demo's known_hosts once it serves (bounded wait)."""
     if not config.sftp.enabled:
         return False
-    public = daemon_module.state_dir(config) / "sftp" / "etc" / "host_key.pub"
+    public = wiring.state_dir(config) / "sftp" / "etc" / "host_key.pub"
     deadline = time.monotonic() + SFTP_TIMEOUT
     while time.monotonic() < deadline:
         service = engine.inspect_service(sftp.SERVICE_NAME)
@@ -254,7 +254,7 @@ def _ensure_image(config: config_module.Config, engine: Engine) -> None:
 
 def _run_daemon(config: config_module.Config, config_path: Path, booker: str, key: paramiko.PKey,
                 key_path: Path, *, start: datetime, booking_ids: set[str], until_ready: bool) -> int:
-    engine = daemon_module.make_engine(config)
+    engine = wiring.make_engine(config)
     _ensure_image(config, engine)
     log_path = config_path.with_name("daemon.log")
     daemon = None

@@ -26,6 +26,7 @@ from gpubook.runtime.mounts import missing_mount_flags
 from gpubook.runtime.nvidia import MPS_PIPE_DIRECTORY
 from gpubook.runtime.templates import Template, load_all
 from gpubook.scheduler import config as config_module
+from gpubook.scheduler import wiring
 from gpubook.scheduler.hosts import sftp as sftp_host
 from gpubook.scheduler.sources import open_source
 from gpubook.scheduler.sources.errors import redact_url
@@ -74,7 +75,7 @@ def image_checks(loaded: config_module.Config) -> list[Check]:
     bookings by the image preparer."""
     templates = load_all(loaded.templates_dir).templates
     try:
-        engine = engines.make_engine(loaded.engine)
+        engine = wiring.make_engine(loaded)
     except GpubookError as error:
         return [Check("template images", False, f"cannot ask the engine: {error}", "see the engine checks above")]
     exists = getattr(engine, "image_exists", None)
@@ -151,7 +152,7 @@ def podman_namespace_check(loaded: config_module.Config) -> Check | None:
     root = loaded.storage.data_root
     if root is None or loaded.engine.name != "podman" or os.geteuid() == 0:
         return None
-    engine = engines.make_engine(loaded.engine)
+    engine = wiring.make_engine(loaded)
     argv = [*engine.global_argv(), "unshare", "cat", "/proc/self/mountinfo"]  # type: ignore[attr-defined]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -222,7 +223,7 @@ def _sftp_checks(loaded: config_module.Config) -> list[Check]:
         return [Check("sftp", True, "off ([sftp] enabled = false): no data access outside bookings")]
     result = [sftp_key_check(loaded)]
     try:
-        engine = engines.make_engine(loaded.engine)
+        engine = wiring.make_engine(loaded)
         running = engine.inspect_service(sftp.SERVICE_NAME)
     except GpubookError as error:
         return [*result, Check("sftp", False, f"cannot ask the engine: {error}", "see the engine checks above")]
@@ -306,7 +307,7 @@ def ports_taken_check(loaded: config_module.Config) -> Check:
     login that binds the whole range stops every start)."""
     held = {loaded.sftp.port} if loaded.sftp.enabled else set()
     try:  # the ports of gpubook's own running bookings are no squatter's
-        held |= {info.port for info in engines.make_engine(loaded.engine).list() if info.port is not None}
+        held |= {info.port for info in wiring.make_engine(loaded).list() if info.port is not None}
     except GpubookError:
         pass
     low, high = loaded.ssh.port_min, loaded.ssh.port_max

@@ -10,8 +10,9 @@ from typing import Any
 
 from gpubook.runtime import images
 from gpubook.scheduler import config as config_module
-from gpubook.scheduler.daemon import STATUS_FILE, make_engine, state_dir
 from gpubook.scheduler.outbox.status import image_lines
+from gpubook.scheduler.outbox.status_file import STATUS_FILE
+from gpubook.scheduler.wiring import make_engine, state_dir
 
 
 def show(config_path: str, *, as_json: bool = False) -> int:

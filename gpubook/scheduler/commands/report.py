@@ -24,9 +24,9 @@ from zoneinfo import ZoneInfo
 from gpubook import extras
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler import config as config_module
-from gpubook.scheduler.daemon import state_dir
 from gpubook.scheduler.outbox import report as report_module
 from gpubook.scheduler.state import State
+from gpubook.scheduler.wiring import state_dir
 
 
 class ReportError(GpubookError):

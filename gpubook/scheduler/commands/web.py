@@ -9,8 +9,9 @@ import threading
 from types import FrameType
 
 from gpubook.scheduler import config as config_module
-from gpubook.scheduler.daemon import STATUS_FILE, state_dir
+from gpubook.scheduler.outbox.status_file import STATUS_FILE
 from gpubook.scheduler.outbox.web import serve
+from gpubook.scheduler.wiring import state_dir
 
 
 def run(config_path: str) -> int:

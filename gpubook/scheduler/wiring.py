@@ -1,0 +1,278 @@
+"""The composition root: the parts the daemon and the commands run on, built from a config here and
+nowhere else.
+
+- `base`: what one process makes once and a reload keeps (the state folder and its database, the
+  engine, the probe key, the daemon's locks).
+- `build`: the parts a config makes (GPU inventory and monitor, templates, the image preparer, the
+  backend and its hosts, the pass with its notices, the calendars, the sampler, the foreign watch,
+  the SFTP service); `gpubook run` builds them at start and again at each reload (SIGHUP).
+- `for_stop`: what `gpubook stop` needs to stop one booking and write its event, and nothing more
+  (no GPU probe, no scheduler, no image preparation, no SFTP service).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import paramiko
+
+from gpubook.runtime import engines, ssh
+from gpubook.runtime import gpus as gpu_inventory
+from gpubook.runtime.engines import ContainerInfo, Engine
+from gpubook.runtime.errors import ConfigError
+from gpubook.runtime.images import Ledger
+from gpubook.runtime.nvidia import nvml
+from gpubook.runtime.private import private_folder
+from gpubook.runtime.templates import TemplateSet, load_all
+from gpubook.scheduler.apply.passes import Pass, PassResult
+from gpubook.scheduler.calendars import Calendars, Freshness, inventory_indices
+from gpubook.scheduler.config import Config
+from gpubook.scheduler.core.plan import LOCAL
+from gpubook.scheduler.hosts import Host, usage
+from gpubook.scheduler.hosts import sftp as sftp_host
+from gpubook.scheduler.hosts.foreign import ForeignWatch
+from gpubook.scheduler.hosts.images import ImagePreparer
+from gpubook.scheduler.hosts.local import LocalHost
+from gpubook.scheduler.hosts.slurm.backend import SlurmBackend
+from gpubook.scheduler.locks import hold_account_lock, hold_lock
+from gpubook.scheduler.outbox import notices, status, status_file
+from gpubook.scheduler.outbox.metrics import Metrics
+from gpubook.scheduler.state import State
+
+log = logging.getLogger(__name__)
+
+
+def state_dir(config: Config) -> Path:
+    if config.daemon.state_dir is not None:
+        return config.daemon.state_dir
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpubook"
+
+
+def make_engine(config: Config) -> Engine:
+    return engines.make_engine(config.engine)
+
+
+def runnable(config: Config) -> None:
+    """What the daemon refuses to start with, in one sentence (the config's own checks came first)."""
+    if config.backend.kind == "slurm" and config.backend.shared_dir is None:
+        raise ConfigError(f"{config.path}: backend.shared_dir: not set; the Slurm backend needs a folder that "
+                          "every node and the daemon see at the same path (the bookings' job folders)")
+
+
+@dataclass(frozen=True)
+class Base:
+    """What one process makes once and a reload keeps."""
+
+    state_dir: Path  # 0700: history, probe key, status
+    engine: Engine
+    state: State
+    probe_key: paramiko.PKey
+    locks: tuple[int, ...] = ()  # the daemon's flocks (`exclusive`), held until the process ends
+
+
+def base(config: Config, *, engine: Engine | None = None, exclusive: bool = False) -> Base:
+    """`exclusive`: this is the daemon (`gpubook run`), not a command borrowing its parts: take the
+    state folder's lock and the account's first, before the state database is opened."""
+    folder = private_folder(state_dir(config))
+    # 0700 and the daemon's own: the entrypoint every container runs as root, the NVIDIA link
+    # folders and the bookings' host keys are made there (issue 22, finding 12).
+    private_folder(ssh.default_cache_dir(), own=True)
+    locks = (hold_lock(folder), hold_account_lock(folder)) if exclusive else ()
+    return Base(state_dir=folder, engine=engine or make_engine(config), state=State(folder / "state.sqlite"),
+                probe_key=ssh.load_probe_key(folder / "probe-key"), locks=locks)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the parts are told by, and tell, the daemon."""
+
+    metrics: Metrics
+    gpu_view: nvml.CachedView  # one live view for the sampler, the page and the metrics
+    wake: Callable[[], None]  # a pass soon: a preparation or a booking's work ended, a foreign process changed
+    running: Callable[[], list[ContainerInfo]]  # the containers as the last pass saw them
+    event: Callable[[str], None]  # a warning for the event log
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What the daemon runs on, built again from each reloaded config."""
+
+    config: Config
+    inventory: gpu_inventory.Inventory
+    monitor: Callable[[], nvml.NvmlView]
+    templates: TemplateSet
+    images: ImagePreparer
+    local: LocalHost
+    cluster: SlurmBackend | None
+    passes: Pass
+    calendars: Calendars
+    sampler: usage.Sampler
+    foreign: ForeignWatch
+    sftp: sftp_host.SftpService | None
+
+    def gpu_summaries(self) -> dict[str, status.GpuSummary]:
+        """Each host's GPUs for the status: this machine's, or each cluster node's as Slurm counts them."""
+        if self.cluster is None:
+            return {LOCAL: status.GpuSummary.of(self.inventory)}
+        return {name: status.GpuSummary(source="slurm", count=len(host.gpus), indices=host.gpus,
+                                        note=None if host.gpus else "down, drained or without GPUs in Slurm")
+                for name, host in sorted(self.cluster.hosts.items())}
+
+    def sample(self) -> None:
+        """The sampling job: the GPUs' samples and first logins, then the processes outside bookings."""
+        try:
+            self.sampler()
+        finally:  # one half failing never silences the other
+            self.foreign()
+
+    def status_of(self, result: PassResult, *, state: State, calendar: Freshness, previous: status.Status | None,
+                  now: datetime) -> status.Status:
+        """The daemon's status after the pass `result`, as daemon-status.json holds it."""
+        return status_file.assemble(
+            plan=result.plan, actions=result.actions, failures=result.failures, gpus=self.gpu_summaries(),
+            containers=result.world.actual() if result.world is not None else [], state=state, calendar=calendar,
+            engine=self.config.engine, now=now, previous=previous, images=self.images.snapshot(),
+            sftp=self.sftp.status.to_json() if self.sftp is not None else None)
+
+    def close(self) -> None:
+        """Wait for the pass's bookings at work and its write-back; drop the queued preparations."""
+        self.passes.close()
+        self.images.close()
+
+
+def build(config: Config, made: Base, hooks: Hooks, *, previous: Parts | None = None) -> Parts:
+    """The parts of `config`; `previous`: the parts it replaces (a reload), closed here, whose SFTP
+    service is given the new config rather than made again."""
+    inventory = gpu_inventory.inventory(static_count=config.gpu_count)
+    if inventory.source != "nvml":
+        line = (f"no NVIDIA driver here ({inventory.problem or 'NVML lists no GPU'}): bookings run on "
+                f"the [gpus] count of {inventory.count} without driver injection")
+        log.warning("%s", line)
+        hooks.event(line)
+    templates = load_all(config.templates_dir)
+    for name, problem in templates.errors.items():
+        log.warning("template %s is broken and skipped: %s", name, problem.splitlines()[0])
+    if previous is not None:
+        previous.close()
+    monitor = nvml.monitor(config.gpu_monitor)  # loaded once; the config checked that it loads
+    images = ImagePreparer(engine=made.engine, ledger=Ledger(made.state_dir / "images.json"),
+                           auth_file=config.images.auth_file, min_free_gb=config.images.min_free_gb,
+                           workers=config.images.workers, on_done=hooks.wake)
+    images.on_pull = hooks.metrics.image_pulled
+    local = LocalHost(
+        engine=made.engine, gpus=inventory_indices(inventory),
+        driver_version=inventory.driver_version if inventory.source == "nvml" else None,
+        probe_key=made.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
+        persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
+        mps=config.gpu_mps, images=images, parallel_starts=config.daemon.parallel_starts)
+    hosts, cluster = _backend(config, local)
+    passes = Pass(config, hosts=hosts, state=made.state, templates=templates,
+                  notices=notices.Notices.from_config(config), metrics=hooks.metrics,
+                  logged_in=_logged_in(made), cluster=cluster)
+    # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
+    passes.on_settled = hooks.wake
+    # This machine's GPUs and engine: a cluster's bookings run on its nodes, sampled by nothing here yet.
+    here = hooks.running if cluster is None else lambda: []
+    sampler = usage.Sampler(state=made.state, host=local.name, interval=config.daemon.sample_seconds,
+                            running=here, logs=made.engine.logs, probe_fingerprint=made.probe_key.fingerprint,
+                            read=hooks.gpu_view.view)
+    foreign = ForeignWatch(state=made.state, host=local.name, read=hooks.gpu_view.view, running=here,
+                           mode=config.policy.foreign_processes, on_change=hooks.wake, inspect=made.engine.inspect,
+                           grace=timedelta(minutes=config.policy.foreign_grace_minutes))
+    sftp = _sftp(config, made, templates, local, previous.sftp if previous is not None else None)
+    passes.writeback.sftp_host_key = sftp.public_key if sftp is not None else lambda: ""
+    return Parts(config=config, inventory=inventory, monitor=monitor, templates=templates, images=images,
+                 local=local, cluster=cluster, passes=passes, calendars=Calendars(config), sampler=sampler,
+                 foreign=foreign, sftp=sftp)
+
+
+def _backend(config: Config, local: LocalHost) -> tuple[dict[str, Host], SlurmBackend | None]:
+    """The hosts bookings run on: this machine, or a Slurm cluster's nodes (read by each pass)."""
+    if config.backend.kind == "slurm":
+        return {}, SlurmBackend(config, engine=config.engine, templates_dir=config.templates_dir)
+    return {local.name: local}, None
+
+
+def _logged_in(made: Base) -> Callable[[ContainerInfo], bool]:
+    def logged_in(info: ContainerInfo) -> bool:
+        """A release's last look for the booker's login in the container's log (as the sampler looks)."""
+        return usage.booker_logged_in(made.engine.logs(info.name), user=info.user,
+                                      probe_fingerprint=made.probe_key.fingerprint)
+
+    return logged_in
+
+
+def _sftp_etc(folder: Path) -> Path:
+    return folder / "sftp" / "etc"
+
+
+def _sftp(config: Config, made: Base, templates: TemplateSet, local: LocalHost,
+          current: sftp_host.SftpService | None) -> sftp_host.SftpService | None:
+    """The SFTP data service: made once, given each reloaded config (its users and keys)."""
+    settings = sftp_host.settings_of(config)
+    image = sftp_host.image_of(config, templates, local.images.ready)
+    if settings is None:
+        if current is not None:
+            log.warning("SFTP service switched off by the config: stopping it")
+            current.stop(grace=config.engine.stop_grace_seconds)
+        return None
+    if current is None:
+        private_folder(_sftp_etc(made.state_dir).parent)
+        return sftp_host.SftpService(engine=made.engine, settings=settings, etc_dir=_sftp_etc(made.state_dir),
+                                     image=image)
+    current.configure(settings, image=image)
+    return current
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """What `gpubook stop` runs on."""
+
+    config: Config
+    engine: Engine
+    state: State
+    cluster: SlurmBackend | None
+    passes: Pass
+    calendars: Calendars
+
+    @property
+    def hosts(self) -> Mapping[str, Host]:
+        return self.passes.hosts
+
+    def close(self) -> None:
+        self.passes.close()
+        self.state.close()
+
+
+def for_stop(config: Config) -> Stopping:
+    """The parts that stop one booking's container and write its event, beside a running daemon:
+    the engine, State, the backend's hosts and the pass's stop and write-back; no GPU is probed and
+    nothing is scheduled, prepared or served."""
+    runnable(config)
+    folder = private_folder(state_dir(config))
+    engine = make_engine(config)
+    state = State(folder / "state.sqlite")
+    local = LocalHost(engine=engine, gpus=(), driver_version=None, probe_key=ssh.load_probe_key(folder / "probe-key"),
+                      cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
+                      persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
+                      images=ImagePreparer(engine=engine, ledger=Ledger(folder / "images.json")))
+    hosts, cluster = _backend(config, local)
+    passes = Pass(config, hosts=hosts, state=state, templates=load_all(config.templates_dir),
+                  notices=notices.Notices.from_config(config), cluster=cluster)
+    passes.writeback.sftp_host_key = lambda: _public_key(_sftp_etc(folder))  # the running service's, if any
+    return Stopping(config=config, engine=engine, state=state, cluster=cluster, passes=passes,
+                    calendars=Calendars(config))
+
+
+def _public_key(etc_dir: Path) -> str:
+    """The SFTP service's public host key line, as the daemon's service gives it (SftpService.public_key)."""
+    try:
+        return (etc_dir / "host_key.pub").read_text().strip()
+    except OSError:
+        return ""
