@@ -7,17 +7,22 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from gpubook.runtime import gpus
+from gpubook.runtime import engines, gpus
 from gpubook.runtime.checks import Check, format_checks
+from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import admin, cli
 from gpubook.scheduler.locks import LOCK_FILE
 from gpubook.scheduler.state import State
+from tests.daemon_kit import IdleEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -223,3 +228,63 @@ def test_options_are_never_abbreviated(argv: list[str], capsys: pytest.CaptureFi
         cli.build_parser().parse_args(argv)
     assert ended.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+# -- gpubook stop, beside a running daemon ------------------------------------------------------
+
+
+class OneContainerEngine(IdleEngine):
+    """An engine running one booking's container (kept in a class attribute: the command makes its own)."""
+
+    name = "one-container"
+    running: ClassVar[dict[str, ContainerInfo]] = {}
+
+    def list(self) -> list[ContainerInfo]:
+        return list(self.running.values())
+
+    def inspect(self, name: str) -> ContainerInfo | None:
+        return self.running.get(name)
+
+    def stop(self, name: str, grace: float) -> None:
+        self.running.pop(name, None)
+
+
+@pytest.fixture
+def one_container() -> Iterator[dict[str, ContainerInfo]]:
+    engines.register(OneContainerEngine.name, OneContainerEngine)
+    name = container_name("b1@test")
+    OneContainerEngine.running[name] = ContainerInfo(name=name, id="c1", state="running", image="i",
+                                                     booking_id="b1@test", user="alice", gpus=(0,), port=2200,
+                                                     end=None, spec_hash="h", template="debian-ssh")
+    yield OneContainerEngine.running
+    engines.ENGINES.pop(OneContainerEngine.name)
+    OneContainerEngine.running.clear()
+
+
+def test_stop_stops_one_container_beside_a_running_daemon_and_builds_nothing_of_a_daemon(
+        tmp_path: Path, one_container: dict[str, ContainerInfo], capsys: pytest.CaptureFixture[str]) -> None:
+    """While a daemon holds the state folder, `gpubook stop` stops the booking and records it, and
+    makes none of a daemon's parts: no GPU probe (a daemon's build logs "no NVIDIA driver here" on
+    a host without one), no SFTP service (a daemon's build makes its folder), no thread left."""
+    folder = tmp_path / "state"
+    data = tmp_path / "data"
+    data.mkdir()
+    config = write_config(tmp_path / "gpubook.toml", state_dir=folder,
+                          extra=f'[engine]\nname = "{OneContainerEngine.name}"\n[storage]\ndata_root = "{data}"\n'
+                                '[sftp]\nenabled = true\n')
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
+    before = set(threading.enumerate())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert cli.main(["stop", "b1@test", "--config", str(config)]) == 0
+    finally:
+        holder.communicate("", timeout=30)
+    assert one_container == {}
+    assert capsys.readouterr().out == f"stopped {container_name('b1@test')} (booking b1@test)\n"
+    with State(folder / "state.sqlite") as state:
+        events = [(e.booking_id, e.message) for e in state.events()]
+    assert ("b1@test", "stopped (stopped by an admin)") in events, events
+    assert not [message for _, message in events if "no NVIDIA driver" in message], events
+    assert not (folder / "sftp").exists()
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
