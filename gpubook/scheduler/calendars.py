@@ -118,10 +118,11 @@ class Calendars:
 
 @dataclass
 class Freshness:
-    """What the daemon knows of the calendars between polls. `say` logs a sentence and puts it in
-    the event log (the daemon's); the caller holds the daemon's lock."""
+    """What the daemon knows of the calendars between polls. Each outage and each calendar's
+    failure is logged once when it starts and once when it ends, and told to `event` (the daemon's
+    event log)."""
 
-    say: Callable[[str, datetime], None]
+    event: Callable[[str, datetime], None]
     occurrences: Sequence[Booking | Rejection] = ()
     etags: dict[str, str | None] = field(default_factory=dict)
     last_poll: datetime | None = None
@@ -163,6 +164,10 @@ class Freshness:
             since = self.outage_since or now
             self.say(f"calendar reachable again after {duration(now - since)} (was: {self.outage})", now)
             self.outage = self.outage_since = None
+
+    def say(self, message: str, now: datetime) -> None:
+        log.warning("%s", message)
+        self.event(message, now)
 
     def unreachable(self, cause: str, *, now: datetime, stale_after_minutes: float) -> None:
         """Every calendar failed: the last known bookings are kept; said once, when it starts."""

@@ -11,10 +11,10 @@
   SIGHUP: the config and templates are read again; an invalid config is refused and the old one kept.
 - Under systemd: READY=1 after the first pass (at most 120 s; until then EXTEND_TIMEOUT_USEC every
   5 s, so a long first pass never meets systemd's 90 s start timeout), WATCHDOG=1, a STATUS line.
+  READY=1 waits for the first pass, so that `gpubook status` and systemd agree on what runs.
 - The wall clock stepping back: a poll at once (clock.py). One daemon per state folder and per
   account (locks.py). The parts it runs on are built by wiring.py, at start and at each reload.
 """
-
 
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpubook.runtime.engines import ContainerInfo
+from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import ConfigError, GpubookError
 from gpubook.runtime.nvidia import nvml
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import wiring
-from gpubook.scheduler.apply.passes import PassResult, World
+from gpubook.scheduler.apply.passes import World
 from gpubook.scheduler.calendars import Freshness, duration
 from gpubook.scheduler.clock import ClockWatch
 from gpubook.scheduler.outbox import metrics, status, status_file, web
@@ -53,14 +53,14 @@ log = logging.getLogger(__name__)
 
 class Daemon:
     def __init__(self, config: config_module.Config, *, notifier: Notifier | None = None,
-                 engine: wiring.Engine | None = None, exclusive: bool = False) -> None:
+                 engine: Engine | None = None, exclusive: bool = False) -> None:
         """`exclusive`: this is the daemon (`gpubook run`), not a command borrowing its parts: take
         the state folder's lock first, before the state database is opened."""
         self.base = wiring.base(config, engine=engine, exclusive=exclusive)
         self.state = self.base.state
         self.config = config
         self.notifier = notifier or Notifier.from_environment()
-        self.calendar = Freshness(say=self._say)  # what is known of the calendars between polls
+        self.calendar = Freshness(event=self._event)  # what is known of the calendars between polls
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -73,8 +73,10 @@ class Daemon:
         self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=self.state,
                                        users=lambda: self.config.users.keys(), gpus=self.gpu_view.view)
         self._world: World | None = None  # the containers as the last pass saw them (the sampler reads them)
+        self.hooks = wiring.Hooks(metrics=self.metrics, gpu_view=self.gpu_view, wake=self._soon, event=self._event,
+                                  running=lambda: self._world.actual() if self._world is not None else [])
         wiring.runnable(config)
-        self.parts = wiring.build(config, self.base, self._hooks())
+        self.parts = wiring.build(config, self.base, self.hooks)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
             job_defaults={"coalesce": True, "misfire_grace_time": None, "max_instances": 1})
@@ -86,13 +88,6 @@ class Daemon:
     @property
     def images(self) -> ImagePreparer:
         return self.parts.images
-
-    def _hooks(self) -> wiring.Hooks:
-        return wiring.Hooks(metrics=self.metrics, gpu_view=self.gpu_view, wake=self._soon, running=self._running,
-                            event=self._event)
-
-    def _running(self) -> list[ContainerInfo]:
-        return self._world.actual() if self._world is not None else []
 
     def _gpu_view(self) -> nvml.NvmlView:
         """The GPUs' live view ([gpus] monitor) for the sampler, the metrics and the page; with NVML,
@@ -107,18 +102,11 @@ class Daemon:
         """Read the calendars, then run a pass. A CalendarError keeps the last known bookings."""
         began = time.monotonic()
         try:
-            self._poll()
+            self.calendar.poll(self.parts.calendars, now=datetime.now(UTC), lock=self._lock,
+                               failed=self.metrics.calendar_failed)
+            self.reconcile()
         finally:
             self.metrics.polled(seconds=time.monotonic() - began)
-
-    def _poll(self) -> None:
-        self.calendar.poll(self.parts.calendars, now=datetime.now(UTC), lock=self._lock,
-                           failed=self.metrics.calendar_failed)
-        self.reconcile()
-
-    def _say(self, message: str, now: datetime | None = None) -> None:
-        log.warning("%s", message)
-        self._event(message, now)
 
     def _event(self, message: str, now: datetime | None = None, *, level: str = "warning") -> None:
         """A line for the event log; a database that cannot be written costs the line, never the daemon."""
@@ -150,13 +138,10 @@ class Daemon:
             self._woken.set()
             if result.wake_at is not None:
                 self._wake_at(result.wake_at)
-            self._report(result, now)
-
-    def _report(self, result: PassResult, now: datetime) -> None:
-        self.last_status = report = self.parts.status_of(result, state=self.state, calendar=self.calendar,
-                                                         previous=self.last_status, now=now)
-        self.notifier.status(report.line())
-        status_file.write(report, self.base.state_dir)
+            self.last_status = report = self.parts.status_of(result, state=self.state, calendar=self.calendar,
+                                                             previous=self.last_status, now=now)
+            self.notifier.status(report.line())
+            status_file.write(report, self.base.state_dir)
 
     def _soon(self) -> None:
         """A pass now, as a job of its own: the pass running meanwhile replaces only "boundary"."""
@@ -183,22 +168,23 @@ class Daemon:
             self.notifier.ready()
             return False
         with self._lock:
-            self.parts = wiring.build(new, self.base, self._hooks(), previous=self.parts)
+            self.parts = wiring.build(new, self.base, self.hooks, previous=self.parts)
             self.config = new
             self.scheduler.reschedule_job("poll", trigger="interval", seconds=new.daemon.poll_seconds)
             self._schedule_watches()
-        if self.web is not None:  # the page served again with the reloaded [web] (its htpasswd file read again)
-            self.web.stop()
-        self.web = self._serve_web()
+        self._serve_web()
         log.warning("config %s and templates reloaded", new.path)
         self._event(f"config {new.path} and templates reloaded", level="info")
         self.notifier.ready()
         self.poll()
         return True
 
-    def _serve_web(self) -> WebServer | None:
-        return web.serve_daemon_page(self.config, status=lambda: self.last_status, metrics=self.metrics,
-                                     gpus=self.gpu_view, event=lambda line: self._event(line, level="error"))
+    def _serve_web(self) -> None:
+        """The page with the current [web], served again after a reload (its htpasswd file read again)."""
+        if self.web is not None:
+            self.web.stop()
+        self.web = web.serve_daemon_page(self.config, status=lambda: self.last_status, metrics=self.metrics,
+                                         gpus=self.gpu_view, event=lambda line: self._event(line, level="error"))
 
     def _signal(self, number: int, frame: FrameType | None) -> None:
         if number == signal.SIGHUP:
@@ -212,10 +198,11 @@ class Daemon:
             signal.signal(number, self._signal)
         self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
-        self.web = self._serve_web()
+        self._serve_web()
         self._schedule_watches()
         self._schedule_polls(first=datetime.now(UTC))
-        first = self._wait_first_pass()
+        first = self.notifier.extend_until(lambda: self._last_pass is not None or self._stop.is_set(),
+                                           woken=self._woken) and self._last_pass is not None
         # After a first pass, STATUS= is already its status line (written with daemon-status.json): READY
         # alone keeps it, where "first pass done" hid it until the next poll (seen under real systemd).
         self.notifier.ready(status=None if first else "started; first pass still running")
@@ -274,17 +261,3 @@ class Daemon:
         log.warning("%s", message)
         self._event(message, level="info")
         self._schedule_polls(first=wall)
-
-    def _wait_first_pass(self, *, timeout: float = 120.0, extend_every: float = 5.0) -> bool:
-        """Wait for the first pass, at most `timeout` s: READY=1 waits for it, so `gpubook status`
-        and systemd agree on what runs. Meanwhile EXTEND_TIMEOUT_USEC, as sd_notify(3) provides for
-        a start that takes long: systemd's start timeout (90 s by default) never ends a first pass
-        that is still working, and a daemon that hangs before this loop still meets it."""
-        deadline = time.monotonic() + timeout
-        while self._last_pass is None and not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self.notifier.extend_timeout(3 * extend_every)
-            self._woken.wait(min(extend_every, left))
-        return self._last_pass is not None

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,21 @@ class Notifier:
         """EXTEND_TIMEOUT_USEC: the start (or stop) may take `seconds` more from now; sent again
         before they pass, it keeps a long start from meeting TimeoutStartSec."""
         return self.notify(EXTEND_TIMEOUT_USEC=int(seconds * 1_000_000))
+
+    def extend_until(self, done: Callable[[], bool], *, woken: threading.Event, timeout: float = 120.0,
+                     every: float = 5.0) -> bool:
+        """Wait until `done()` (looked at when `woken` is set, else every `every` s), at most `timeout`
+        s; whether it came. Meanwhile EXTEND_TIMEOUT_USEC, as sd_notify(3) provides for a start that
+        takes long: systemd's start timeout (90 s by default) never ends a start that is still
+        working, and one that hangs before this wait still meets it."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.extend_timeout(3 * every)
+            woken.wait(min(every, left))
+        return True
 
     def reloading(self) -> bool:
         return self.notify(RELOADING=1)
