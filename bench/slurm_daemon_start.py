@@ -2,10 +2,10 @@
 
     sudo PYTHONPATH=. python bench/slurm_daemon_start.py [ROUNDS]
 
-Needs root (tests/slurm_kit.py makes the tests' real Slurm 22.05 cluster: slurmctld, two slurmd of
+Needs root (tests/kits/slurm_kit.py makes the tests' real Slurm 22.05 cluster: slurmctld, two slurmd of
 4 GPUs in their own network namespaces), the account gpubook-test with rootless podman and the
 debian-ssh test image (built once, as in tests/test_slurm_jobs.py), and the nosuid,nodev test
-data mount (tests/safe_data.py). Prints figures; asserts nothing beyond sanity.
+data mount (tests/kits/safe_data.py). Prints figures; asserts nothing beyond sanity.
 
 Two real daemons (`gpubook run` as gpubook-test, tests/daemon_kit.DaemonProcess) run at the same
 time for the whole run, each on its own Radicale calendar: one with the Slurm backend (the config of
@@ -45,8 +45,8 @@ import caldav
 import paramiko
 
 from gpubook.runtime.engines import container_name
-from tests import daemon_kit, safe_data, servers, slurm_kit
-from tests.engine_suite import new_key
+from tests.kits import daemon_kit, safe_data, servers, slurm_kit
+from tests.kits.engine_suite import new_key
 from tests.test_daemon_slurm import jobs, login, reservations, run
 from tests.test_daemon_slurm import write_config as slurm_config
 from tests.test_slurm_jobs import REPO, _podman

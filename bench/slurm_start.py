@@ -2,7 +2,7 @@
 
     sudo PYTHONPATH=. python bench/slurm_start.py [ROUNDS]
 
-Needs root (tests/slurm_kit.py makes a real Slurm 22.05 cluster: slurmctld, two slurmd in their
+Needs root (tests/kits/slurm_kit.py makes a real Slurm 22.05 cluster: slurmctld, two slurmd in their
 own network namespaces) and the account gpubook-test with rootless podman and the debian-ssh test
 image (built once, as in tests/test_slurm_jobs.py). Each round, one booking:
 
@@ -36,8 +36,8 @@ from gpubook.runtime.templates import get_template
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.slurm import SlurmCluster
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
-from tests import slurm_kit
-from tests.engine_suite import key_line, new_key
+from tests.kits import slurm_kit
+from tests.kits.engine_suite import key_line, new_key
 from tests.test_slurm_jobs import ENGINE, PREFIX, REPO, AsAccount, JobsOfAccount, _podman
 from tests.test_slurm_sync import accepted, booking
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import caldav
 import pytest
 
-from tests import servers
+from tests.kits import servers
 
 RADICALE_USER = servers.RADICALE_USER
 

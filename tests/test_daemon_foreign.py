@@ -1,5 +1,5 @@
 """Processes on a booked GPU outside its booking's container, with the real daemon, Radicale and
-rootless podman; NVML's process list comes from tests/fake_gpus.py, the PIDs are real: a `sleep` the
+rootless podman; NVML's process list comes from tests/kits/fake_gpus.py, the PIDs are real: a `sleep` the
 booker starts in their container over SSH (a subordinate uid's process), a `sleep` this test starts
 on the host, and the host's pid 1 (root's: the daemon may not signal it).
 
@@ -16,11 +16,10 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 
-import fake_gpus
 import pytest
 
-from tests import daemon_kit
-from tests.daemon_kit import (
+from tests.kits import daemon_kit, fake_gpus
+from tests.kits.daemon_kit import (
     DaemonProcess,
     book,
     description,

@@ -21,8 +21,8 @@ import caldav
 import pytest
 from caldav.lib import error as dav_error
 
-from tests import daemon_kit, servers
-from tests.daemon_kit import DaemonProcess, book, description, event_text, soon, wait_for, write_config
+from tests.kits import daemon_kit, servers
+from tests.kits.daemon_kit import DaemonProcess, book, description, event_text, soon, wait_for, write_config
 
 keys, daemons = daemon_kit.keys, daemon_kit.daemons  # shared fixtures
 

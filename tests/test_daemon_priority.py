@@ -15,8 +15,8 @@ import caldav
 import pytest
 from caldav.lib import error as dav_error
 
-from tests import daemon_kit
-from tests.daemon_kit import DaemonProcess, book, description, event_text, wait_for, write_config
+from tests.kits import daemon_kit
+from tests.kits.daemon_kit import DaemonProcess, book, description, event_text, wait_for, write_config
 
 # shared fixtures
 engine, keys = daemon_kit.engine, daemon_kit.keys

@@ -1,5 +1,5 @@
 """No-shows and idle GPUs with the real daemon, Radicale and rootless podman; the GPUs' utilisation
-from tests/fake_gpus.py (no GPU here), rewritten by the test while the daemon runs.
+from tests/kits/fake_gpus.py (no GPU here), rewritten by the test while the daemon runs.
 
 Three bookings start together on GPUs nobody uses (utilisation 0 %): alice's "gone" nobody logs
 into; alice's "came" she logs into over SSH (paramiko); bob's "busy" nobody logs into, but its GPU
@@ -18,12 +18,11 @@ from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import fake_gpus
 import pytest
 
 from gpubook.scheduler.state import State
-from tests import daemon_kit
-from tests.daemon_kit import (
+from tests.kits import daemon_kit, fake_gpus
+from tests.kits.daemon_kit import (
     DaemonProcess,
     book,
     description,

@@ -1,4 +1,4 @@
-"""The daemon with `[backend] kind = "slurm"` on a real Slurm 22.05 cluster (tests/slurm_kit.py: two
+"""The daemon with `[backend] kind = "slurm"` on a real Slurm 22.05 cluster (tests/kits/slurm_kit.py: two
 slurmd nodes of 4 GPUs in their own network namespaces, slurmctld as the unprivileged account the
 daemon runs as), real Radicale and rootless podman on the nodes: bookings become reservations on
 the nodes the plan chose, their jobs start at their start, bookers log in on their nodes, a
@@ -23,9 +23,9 @@ import pytest
 
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler.hosts.slurm import parse
-from tests import safe_data, slurm_kit
-from tests.daemon_kit import DaemonProcess, book, cli, description, key_line, port_range, wait_for
-from tests.engine_suite import new_key
+from tests.kits import safe_data, slurm_kit
+from tests.kits.daemon_kit import DaemonProcess, book, cli, description, key_line, port_range, wait_for
+from tests.kits.engine_suite import new_key
 from tests.test_slurm_jobs import REPO, _podman, account_image  # noqa: F401 - account_image is a fixture
 
 pytestmark = [pytest.mark.slurm, pytest.mark.podman,

@@ -19,8 +19,8 @@ from caldav.lib import error as dav_error
 
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler.state import State
-from tests import daemon_kit, servers
-from tests.daemon_kit import (
+from tests.kits import daemon_kit, servers
+from tests.kits.daemon_kit import (
     DaemonProcess,
     book,
     description,

@@ -14,8 +14,8 @@ import pytest
 
 from gpubook.scheduler.outbox import report
 from gpubook.scheduler.state import State
-from tests import daemon_kit
-from tests.daemon_kit import DaemonProcess, book, run, running_container, soon, try_login, wait_for, write_config
+from tests.kits import daemon_kit
+from tests.kits.daemon_kit import DaemonProcess, book, run, running_container, soon, try_login, wait_for, write_config
 
 engine, keys = daemon_kit.engine, daemon_kit.keys
 cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import engine_suite
-from tests.engine_suite import DOCKER, DOCKERD, EngineBehaviour
+from tests.kits import engine_suite
+from tests.kits.engine_suite import DOCKER, DOCKERD, EngineBehaviour
 
 pytestmark = [
     pytest.mark.docker,

@@ -18,8 +18,8 @@ from gpubook.runtime import network
 from gpubook.runtime.engines import EngineSettings, engine_from
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import doctor as doctor_module
-from tests import daemon_kit
-from tests.daemon_kit import DaemonProcess, cli, wait_for, write_config
+from tests.kits import daemon_kit
+from tests.kits.daemon_kit import DaemonProcess, cli, wait_for, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 engine, keys, daemons = daemon_kit.engine, daemon_kit.keys, daemon_kit.daemons

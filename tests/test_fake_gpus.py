@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import fake_gpus
 import pytest
 
 from gpubook.runtime.nvidia import nvml
+from tests.kits import fake_gpus
 
 
 def test_the_stand_in_reads_what_the_test_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,7 +25,7 @@ from gpubook.runtime.templates import Template, load_template
 from gpubook.scheduler.hosts.images import FAILED, ImagePreparer
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
 from gpubook.scheduler.state import State
-from tests.booking_kit import vevent
+from tests.kits.booking_kit import vevent
 from tests.test_pass_bounded import HOLD, NOW, Machine, bookings, event, make_config, make_pass
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines.cli_engine import LOG_READ_LIMIT
-from tests import engine_suite, log_flood_kit
-from tests.engine_suite import Bookings
+from tests.kits import engine_suite, log_flood_kit
+from tests.kits.engine_suite import Bookings
 
 pytestmark = [
     pytest.mark.podman,

@@ -34,8 +34,8 @@ from gpubook.scheduler.sources import block as notify
 from gpubook.scheduler.sources.block import BEGIN, END, MAX_OCCURRENCES, apply, replace_block, strip_block
 from gpubook.scheduler.sources.caldav_writer import CalendarWriter
 from gpubook.scheduler.sources.errors import CalendarError
-from tests import servers
-from tests.servers import free_port
+from tests.kits import servers
+from tests.kits.servers import free_port
 
 TZ = "Europe/Paris"
 START = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)  # 09:00 in Paris
@@ -178,7 +178,7 @@ def test_read_only_feed_offers_no_writer_without_a_request() -> None:
 # -- real CalDAV servers -----------------------------------------------------------------------
 
 
-# The servers of tests/servers.py; Radicale's "none" auth takes this name (owner of the calendars),
+# The servers of tests/kits/servers.py; Radicale's "none" auth takes this name (owner of the calendars),
 # Xandikos ignores credentials.
 USER, PASSWORD = "test", "any"
 

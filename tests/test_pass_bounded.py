@@ -37,8 +37,8 @@ from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.hosts import Ahead, Booker, Started, StartRequest
 from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.state import State
-from tests import servers
-from tests.booking_kit import raw, read, vcalendar, vevent
+from tests.kits import servers
+from tests.kits.booking_kit import raw, read, vcalendar, vevent
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
 DEAD_URL = "http://127.0.0.1:9/lab/devbox1/"  # never written to: these passes run without write-back
@@ -559,7 +559,7 @@ def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path:
 
     from gpubook.runtime import ssh
     from gpubook.runtime.engines import ContainerSpec
-    from tests.daemon_kit import IdleEngine
+    from tests.kits.daemon_kit import IdleEngine
 
     began = {"a": threading.Event(), "b": threading.Event()}
 
@@ -640,7 +640,7 @@ def test_local_host_makes_the_host_key_ahead_and_removes_it_when_the_booking_goe
 
     from gpubook.runtime import ssh
     from gpubook.scheduler.hosts.local import LocalHost
-    from tests.daemon_kit import IdleEngine
+    from tests.kits.daemon_kit import IdleEngine
 
     host = LocalHost(engine=IdleEngine(), gpus=(0,), driver_version=None,
                      probe_key=paramiko.ECDSAKey.generate(bits=256), cache_dir=tmp_path)

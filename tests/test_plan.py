@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 
-from booking_kit import (
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key, to_json
+from tests.kits.booking_kit import (
     CALENDAR,
     GPU1_CALENDAR,
     TEMPLATES,
@@ -16,9 +18,6 @@ from booking_kit import (
     vcalendar,
     vevent,
 )
-
-from gpubook.scheduler.core.bookings import Booking, Rejection
-from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key, to_json
 
 NOW = utc(2026, 11, 23, 8)
 CONFIG = make_config()

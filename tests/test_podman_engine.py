@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines import engine_from
-from tests import engine_suite
-from tests.engine_suite import Bookings, EngineBehaviour, owner_for_podman
+from tests.kits import engine_suite
+from tests.kits.engine_suite import Bookings, EngineBehaviour, owner_for_podman
 
 pytestmark = [
     pytest.mark.podman,

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from booking_kit import CALENDAR, TEMPLATES, make_config, raw, read, utc, vcalendar, vevent
 
 from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler.config import Config, parse
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key
+from tests.kits.booking_kit import CALENDAR, TEMPLATES, make_config, raw, read, utc, vcalendar, vevent
 
 NOW = utc(2026, 11, 23, 8)  # a Monday
 

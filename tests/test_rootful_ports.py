@@ -10,8 +10,8 @@ import socket
 
 import pytest
 
-from tests import engine_suite
-from tests.engine_suite import BOOKER, Bookings, connect, run
+from tests.kits import engine_suite
+from tests.kits.engine_suite import BOOKER, Bookings, connect, run
 
 pytestmark = [
     pytest.mark.rootful,

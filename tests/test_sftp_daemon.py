@@ -21,8 +21,8 @@ import pytest
 from gpubook.runtime import sftp
 from gpubook.runtime.engines import Engine, container_name
 from gpubook.scheduler.commands.embedded import free_port
-from tests import daemon_kit, sftp_kit
-from tests.daemon_kit import (
+from tests.kits import daemon_kit, sftp_kit
+from tests.kits.daemon_kit import (
     DaemonProcess,
     book,
     cli,

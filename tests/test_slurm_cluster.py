@@ -1,4 +1,4 @@
-"""The Slurm backend against a real Slurm 22.05 cluster (tests/slurm_kit.py): two slurmd nodes in
+"""The Slurm backend against a real Slurm 22.05 cluster (tests/kits/slurm_kit.py): two slurmd nodes in
 their own network namespaces, slurmctld run as the unprivileged account the daemon uses."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError, SlurmUnreachable, parse
-from tests import slurm_kit
+from tests.kits import slurm_kit
 from tests.test_slurm_sync import accepted, booking
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(slurm_kit.available() is not None,

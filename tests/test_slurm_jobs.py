@@ -1,4 +1,4 @@
-"""A booking's job on a real Slurm 22.05 cluster (tests/slurm_kit.py): submitted into its
+"""A booking's job on a real Slurm 22.05 cluster (tests/kits/slurm_kit.py): submitted into its
 reservation, its step runs the booking's container with rootless podman on the chosen node (inside
 that node's network namespace), and the booker logs in over SSH at the node's address.
 
@@ -36,8 +36,8 @@ from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmUnreachable
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
-from tests import slurm_kit
-from tests.engine_suite import PODMAN, key_line, new_key
+from tests.kits import slurm_kit
+from tests.kits.engine_suite import PODMAN, key_line, new_key
 from tests.test_slurm_sync import accepted, booking
 
 pytestmark = [pytest.mark.slurm, pytest.mark.podman,

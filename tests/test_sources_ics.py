@@ -13,7 +13,7 @@ from gpubook.scheduler.config import CalendarConfig
 from gpubook.scheduler.sources import open_source
 from gpubook.scheduler.sources.errors import CalendarDataError, CalendarError
 from gpubook.scheduler.sources.ics_feed import IcsFeedSource
-from tests import servers
+from tests.kits import servers
 
 FEED = """BEGIN:VCALENDAR
 VERSION:2.0

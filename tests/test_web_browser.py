@@ -17,9 +17,9 @@ import pytest
 import requests
 
 from gpubook.scheduler.commands.embedded import free_port
-from tests import daemon_kit
-from tests.daemon_kit import DaemonProcess, book, child_env, soon, wait_for, write_config
-from tests.web_kit import (
+from tests.kits import daemon_kit
+from tests.kits.daemon_kit import DaemonProcess, book, child_env, soon, wait_for, write_config
+from tests.kits.web_kit import (
     CHROMEDRIVER,
     CHROMIUM,
     answers,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hostroot
 import pytest
 
 from gpubook.runtime import nvidia
+from tests.kits import hostroot
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

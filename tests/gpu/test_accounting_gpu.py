@@ -43,9 +43,9 @@ from gpubook.runtime.engines import Engine, container_name
 from gpubook.runtime.nvidia.model import Gpu
 from gpubook.scheduler.commands.embedded import free_port
 from gpubook.scheduler.state import State
-from tests import servers
-from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
-from tests.web_kit import answers
+from tests.kits import servers
+from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.kits.web_kit import answers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 

@@ -38,8 +38,6 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import booker
-import hostroot
 import paramiko
 import pytest
 
@@ -48,8 +46,8 @@ from gpubook.runtime.engines import Engine, container_name, engine_from
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.nvidia.model import Gpu
 from gpubook.scheduler.state import State
-from tests import safe_data, servers
-from tests.daemon_kit import (
+from tests.kits import booker, hostroot, safe_data, servers
+from tests.kits.daemon_kit import (
     DaemonProcess,
     book,
     description,

@@ -46,8 +46,8 @@ from gpubook.runtime.engines import Engine, container_name
 from gpubook.runtime.nvidia import nvml
 from gpubook.runtime.nvidia.model import Gpu
 from gpubook.scheduler.state import ForeignRow, State
-from tests import servers
-from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.kits import servers
+from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 

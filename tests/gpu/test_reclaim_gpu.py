@@ -38,8 +38,8 @@ from test_daemon_gpu import (  # noqa: F401 - fixtures, used by name
 
 from gpubook.runtime.engines import Engine, container_name
 from gpubook.runtime.nvidia.model import Gpu
-from tests import servers
-from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.kits import servers
+from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 

@@ -25,9 +25,9 @@ from gpubook.scheduler.commands.embedded import end_process
 from gpubook.scheduler.config import load as load_config
 from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.sdnotify import Notifier
-from tests import safe_data
+from tests.kits import safe_data
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
@@ -140,7 +140,7 @@ class DaemonProcess:
 
     def __init__(self, config: Path, *, env: dict[str, str] | None = None, user: str | None = None,
                  tree: Path = ROOT) -> None:
-        """`env`: added to the daemon's environment (e.g. tests/fake_gpus.py's file); `user`: the
+        """`env`: added to the daemon's environment (e.g. tests/kits/fake_gpus.py's file); `user`: the
         account it runs as (a test run as root: the Slurm tests), from the source `tree` it can read."""
         self.config = config
         self.env = env or {}
@@ -307,7 +307,7 @@ def engine() -> Engine:
     from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
     from gpubook.runtime.templates import get_template
-    from tests.engine_suite import CACHE_DIR
+    from tests.kits.engine_suite import CACHE_DIR
 
     made = engine_from("podman", runtime="runc", storage_driver="overlay")
     overlay_image.build_rootfs_image(made, get_template("debian-ssh"), cache_dir=CACHE_DIR)

@@ -12,7 +12,7 @@ from gpubook.scheduler.sources import RawObject
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"
 GPU1_CALENDAR = "http://127.0.0.1:5232/lab/devbox1-gpu1/"
 TEMPLATES = frozenset({"debian-ssh", "tensorflow-cuda9", "digits-cuda8"})
-DATA = Path(__file__).parent / "data" / "calendars"
+DATA = Path(__file__).resolve().parents[1] / "data" / "calendars"
 
 
 def make_config(**defaults: object) -> Config:

@@ -30,7 +30,7 @@ from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from gpubook.runtime.errors import EngineError, StorageError
 from gpubook.runtime.templates import Template, get_template
 from gpubook.scheduler.commands.embedded import end_process, free_port
-from tests import safe_data
+from tests.kits import safe_data
 
 BOOKER = "alice"
 BOOKER_UID = 2001
