@@ -38,8 +38,7 @@ from gpubook.scheduler.hosts.slurm import SlurmCluster
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
 from tests.kits import slurm_kit
 from tests.kits.engine_suite import key_line, new_key
-from tests.test_slurm_jobs import ENGINE, PREFIX, REPO, AsAccount, JobsOfAccount, _podman
-from tests.test_slurm_sync import accepted, booking
+from tests.kits.slurm_jobs_kit import ENGINE, PREFIX, REPO, AsAccount, JobsOfAccount, accepted, booking, podman_as
 
 
 def through_slurm(cluster: slurm_kit.Cluster, jobs: JobsOfAccount, scontrol: AsAccount, booking_id: str,
@@ -108,7 +107,7 @@ def main() -> None:
         finally:
             for index in range(rounds):
                 for name in (f"bench-s{index}", f"bench-l{index}", f"bench-s{index}@node2", f"bench-l{index}@node2"):
-                    _podman(cluster.user, "rm", "--force", "--time=0", container_name(name))
+                    podman_as(cluster.user, "rm", "--force", "--time=0", container_name(name))
     print(f"median start-to-SSH: through Slurm {statistics.median(s for s, _ in slurm):.2f} s, "
           f"without Slurm {statistics.median(s for s, _ in local):.2f} s ({rounds} rounds)")
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, rootless podman as {cluster.user}, "

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from tests.kits import daemon_kit, fake_gpus
 from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
     DaemonProcess,
     book,
     description,
@@ -30,12 +30,8 @@ from tests.kits.daemon_kit import (
     write_config,
 )
 
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
-
 pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+    *DAEMON_MODULE,
     pytest.mark.skipif(os.geteuid() == 0, reason="the daemon runs as an unprivileged user (pid 1 is not its own)"),
 ]
 GPU = 6  # a GPU no other daemon test books

@@ -12,17 +12,15 @@ the event's line goes.
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
-
 from gpubook.scheduler.state import State
-from tests.kits import daemon_kit, fake_gpus
+from tests.kits import fake_gpus
 from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
     DaemonProcess,
     book,
     description,
@@ -34,13 +32,7 @@ from tests.kits.daemon_kit import (
     write_config,
 )
 
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
-
-pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-]
+pytestmark = DAEMON_MODULE
 
 GONE, CAME, BUSY = 6, 5, 4  # GPUs no other daemon test books
 

@@ -32,7 +32,6 @@ pytestmark = [
     ),
     pytest.mark.skipif(os.geteuid() != 0, reason="starts dockerd, which needs root"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from gpubook.scheduler.outbox.notices import Message, NotifyError, WebhookSettin
 from gpubook.scheduler.sources.errors import CalendarError
 from gpubook.scheduler.sources.ics_feed import IcsFeedSource
 from tests.kits import servers
-from tests.test_sources_ics import FEED
+from tests.kits.booking_kit import FEED
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,6 @@ def _skip_reason() -> str | None:
 
 
 pytestmark = [pytest.mark.podman, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ pytestmark = [
     pytest.mark.podman,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 PODMAN = engine_suite.PODMAN
 
 

@@ -15,7 +15,7 @@ import pytest
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import doctor
 from gpubook.scheduler.state import State, StateError, port_is_free
-from tests.test_cli_admin import gpubook, write_config
+from tests.kits.cli_kit import gpubook, write_config
 
 COUNT = 4
 

@@ -10,7 +10,6 @@ import socket
 
 import pytest
 
-from tests.kits import engine_suite
 from tests.kits.engine_suite import BOOKER, Bookings, connect, run
 
 pytestmark = [
@@ -18,7 +17,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
     pytest.mark.skipif(os.geteuid() != 0, reason="rootful podman: run as root"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,7 @@ from gpubook.runtime.slurm_step import StepRequest
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 from tests.kits import slurm_kit
-from tests.test_slurm_jobs import AsAccount, JobsOfAccount
-from tests.test_slurm_sync import accepted, booking
+from tests.kits.slurm_jobs_kit import AsAccount, JobsOfAccount, accepted, booking
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]

@@ -17,7 +17,6 @@ import pytest
 import requests
 
 from gpubook.scheduler.commands.embedded import free_port
-from tests.kits import daemon_kit
 from tests.kits.daemon_kit import DaemonProcess, book, child_env, soon, wait_for, write_config
 from tests.kits.web_kit import (
     CHROMEDRIVER,
@@ -31,9 +30,6 @@ from tests.kits.web_kit import (
     status_of,
     write_status,
 )
-
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
 
 pytestmark = [
     pytest.mark.browser, pytest.mark.slow,

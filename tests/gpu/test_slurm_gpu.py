@@ -39,7 +39,6 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from test_daemon_gpu import radicale  # noqa: F401 - a fixture: Radicale from the bundle's wheels
 
 from gpubook.runtime.engines import Engine, EngineSettings, container_name, engine_from
 from gpubook.runtime.errors import EngineError
