@@ -1,8 +1,8 @@
 """The behaviour every engine must show, run against real engines (podman and Docker modules).
 
-A test module provides the fixtures `engine` (a started engine), `image` (the debian-ssh image, in
-that engine) and `expected_owner(uid)` (the host uid that files written by booker `uid` get), then
-subclasses `EngineBehaviour`. Containers are removed even when a test fails.
+A test module gives `engine_args` (how tests/plugins/engines.py makes `engine`, with the debian-ssh
+image in it, and `bookings`) and `expected_owner(uid)` (the host uid that files written by booker
+`uid` get), then subclasses `EngineBehaviour`. Containers are removed even when a test fails.
 """
 
 from __future__ import annotations
