@@ -56,7 +56,7 @@ def test_a_process_outside_the_booking_is_reported_and_stopped_and_its_own_never
     gpus = tmp_path / "gpus.json"
     fake_gpus.write(gpus, [{"utilisation": 0} for _ in range(8)])
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, gpus=8,
-                          gpu_lines=['monitor = "tests.fake_gpus:read"'])
+                          gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
     config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
                       + '\n[policy]\nforeign_processes = "stop"\nforeign_grace_minutes = 0.1\n')
     start = soon(6)

@@ -47,7 +47,7 @@ def test_a_no_show_is_released_and_its_slot_booked_again_while_a_booker_who_came
     monitor = tmp_path / "gpus.json"
     fake_gpus.write(monitor, gpus({BUSY: 80}))
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8,
-                          gpu_lines=['monitor = "tests.fake_gpus:read"'])
+                          gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
     config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
                       + "\n[policy]\nno_show_minutes = 0.25\nidle_minutes = 0.15\nidle_percent = 5\n")
     start = soon(8)
