@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 # The marks of a module whose tests run the daemon on rootless podman against a real calendar server
-# (`pytestmark = daemon_kit.DAEMON_MODULE`): out of the fast lane, skipped where podman is absent.
+# (`pytestmark = DAEMON_MODULE`): out of the fast lane, skipped where podman is absent.
 DAEMON_MODULE = [
     pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
