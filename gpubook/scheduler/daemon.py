@@ -90,11 +90,8 @@ class Daemon:
         return self.parts.images
 
     def _gpu_view(self) -> nvml.NvmlView:
-        """The GPUs' live view ([gpus] monitor) for the sampler, the metrics and the page; with NVML,
-        nothing to read (and no NVML call) without a driver."""
-        if self.config.gpu_monitor == "nvml" and self.parts.inventory.source != "nvml":
-            return nvml.NvmlView(None, problem="no NVIDIA driver")
-        return self.parts.monitor()
+        """The GPUs' live view for the sampler, the metrics and the page (read by `gpu_view`, cached)."""
+        return self.parts.gpu_view()
 
     # -- passes --------------------------------------------------------------------------------
 

@@ -124,6 +124,12 @@ class Parts:
                                         note=None if host.gpus else "down, drained or without GPUs in Slurm")
                 for name, host in sorted(self.cluster.hosts.items())}
 
+    def gpu_view(self) -> nvml.NvmlView:
+        """The GPUs' live view ([gpus] monitor); with NVML, nothing to read (and no NVML call) without a driver."""
+        if self.config.gpu_monitor == "nvml" and self.inventory.source != "nvml":
+            return nvml.NvmlView(None, problem="no NVIDIA driver")
+        return self.monitor()
+
     def sample(self) -> None:
         """The sampling job: the GPUs' samples and first logins, then the processes outside bookings."""
         try:
