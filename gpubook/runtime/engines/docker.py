@@ -38,6 +38,11 @@ PROC_ISOLATION = (
     "their device nodes are still isolated"
 )
 
+DOCKER_ICC = (
+    "Docker publishes only each booking's SSH port, but bookings on its bridge reach each other's "
+    'services unless dockerd runs with "icc": false (and its iptables rules) in /etc/docker/daemon.json'
+)
+
 
 class DockerEngine(CliEngine):
     name = "docker"
@@ -47,14 +52,23 @@ class DockerEngine(CliEngine):
         # OCI runtime, storage driver and cgroups are dockerd's own settings, not the client's.
         super().__init__(settings, options)
 
-    def preflight(self) -> builtins.list[Check]:
-        checks = super().preflight()
+    def engine_checks(self) -> builtins.list[Check]:
+        checks = super().engine_checks()
         if checks[0].ok:
             checks.append(self.limits_check())
             # A limit to know of, not a fault to fix: doctor warns without failing.
             checks.append(Check("engine GPU isolation", False, PROC_ISOLATION,
                                 '[engine] name = "podman" hides them', optional=True))
         return checks
+
+    def network_checks(self) -> builtins.list[Check]:
+        """A limit to know of (gpubook works, bookings are less apart): Docker's default bridge lets
+        containers talk."""
+        checks = super().network_checks()
+        if self.network == "host":
+            return checks
+        return [*checks, Check("engine network isolation", False, DOCKER_ICC,
+                               'put "icc": false in /etc/docker/daemon.json and restart dockerd', optional=True)]
 
     def limits_check(self) -> Check:
         """dockerd (root) sets every container's cgroup limits where its cgroups have the

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpubook.runtime import cgroups
+from gpubook.runtime import cgroups, network
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines.cli_engine import (
     LOG_MAX_SIZE,
@@ -122,7 +122,7 @@ class PodmanEngine(CliEngine):
         self._placement: cgroups.Placement | None = None
         self._prepared = False
 
-    def preflight(self) -> builtins.list[Check]:
+    def engine_checks(self) -> builtins.list[Check]:
         binary = self.binary_check()
         if not binary.ok:
             return [binary]
@@ -136,6 +136,18 @@ class PodmanEngine(CliEngine):
                 )
             ]
         return [binary, self.storage_check(), self.limits_check()]
+
+    def network_checks(self) -> builtins.list[Check]:
+        """Rootless: slirp4netns and the tun device it opens; rootful: the network backend and the
+        firewall that make each booking's bridge (podman_network.py)."""
+        checks = super().network_checks()
+        if self.network == "host":
+            return checks
+        if os.geteuid() != 0:
+            return [*checks, network.slirp4netns_check(), network.tun_check()]
+        from gpubook.runtime.engines import podman_network  # rootful hosts only
+
+        return [*checks, podman_network.backend_check(self)]
 
     def storage_check(self) -> Check:
         """`podman info` with gpubook's own flags: the cheapest command that opens the store."""

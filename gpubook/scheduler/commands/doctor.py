@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
 
-from gpubook.runtime import engines, gpus, images, network, overlay_image, sftp, ssh, storage
+from gpubook.runtime import engines, gpus, images, overlay_image, sftp, ssh, storage
 from gpubook.runtime.checks import Check, exit_status, format_checks
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.mounts import missing_mount_flags
@@ -222,8 +222,8 @@ def _sftp_checks(loaded: config_module.Config) -> list[Check]:
         return [Check("sftp", True, "off ([sftp] enabled = false): no data access outside bookings")]
     result = [sftp_key_check(loaded)]
     try:
-        engine = engines.make_engine(loaded.engine)
-        running = engine.inspect_service(sftp.SERVICE_NAME)
+        services = engines.service_runner(engines.make_engine(loaded.engine), why="[sftp] enabled")
+        running = services.inspect_service(sftp.SERVICE_NAME)
     except GpubookError as error:
         return [*result, Check("sftp", False, f"cannot ask the engine: {error}", "see the engine checks above")]
     if running is not None and running.running:
@@ -324,8 +324,7 @@ def checks(config_path: str | None) -> list[Check]:
     driver = gpus.driver_checks(gpus.DoctorOptions(extra_roots=loaded.nvidia.driver_roots if loaded else ()))
     result.extend(driver_section(driver, gpu_count=loaded.gpu_count if loaded else None))
     engine = loaded.engine if loaded else engines.EngineSettings()
-    result.extend(engines.preflight(engine))
-    result.extend(network.checks(engine))
+    result.extend(engines.preflight(engine))  # the engine's own network checks included
     result.append(_templates_check(loaded))
     if loaded is not None:
         result.extend(image_checks(loaded))
