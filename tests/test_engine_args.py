@@ -92,7 +92,7 @@ def test_engines_by_name_and_by_dotted_path() -> None:
 
 
 def test_a_new_engine_is_one_registration_line() -> None:
-    from gpubook.runtime.engines import ENGINES
+    from gpubook.runtime.engines import REGISTRY
     from gpubook.runtime.engines.podman import PodmanEngine
 
     class Udocker(PodmanEngine):  # a stand-in: any class taking (settings, options)
@@ -102,7 +102,7 @@ def test_a_new_engine_is_one_registration_line() -> None:
     try:
         assert make_engine(EngineSettings(name="udocker")).name == "udocker"
     finally:
-        del ENGINES["udocker"]
+        REGISTRY.unregister("udocker")
 
 
 def test_podman_follows_the_users_storage_driver_unless_told() -> None:

@@ -557,7 +557,7 @@ def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path:
     never answers does not keep the next booking's container from starting."""
     import paramiko
 
-    from gpubook.runtime import ssh
+    from gpubook.runtime import booking as runtime_booking
     from gpubook.runtime.engines import ContainerSpec
     from tests.daemon_kit import IdleEngine
 
@@ -587,7 +587,7 @@ def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path:
 
     def start(booking_id: str) -> None:
         try:
-            ssh.start_booking(engine, spec(booking_id), probe_key=key, timeout=HOLD, gate=gate)
+            runtime_booking.start_booking(engine, spec(booking_id), probe_key=key, timeout=HOLD, gate=gate)
         except EngineError as error:
             errors[booking_id] = str(error)
 

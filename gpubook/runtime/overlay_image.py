@@ -18,8 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from gpubook.runtime import images
-from gpubook.runtime import engines
+from gpubook.runtime import engines, images
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import EngineError, TemplateError
 from gpubook.runtime.templates import Template

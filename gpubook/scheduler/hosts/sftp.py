@@ -23,8 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpubook.runtime import sftp, storage
-from gpubook.runtime import engines
+from gpubook.runtime import engines, sftp, storage
 from gpubook.runtime.engines import ContainerInfo, Engine, ServiceSpec
 from gpubook.runtime.errors import GpubookError, TemplateError
 from gpubook.runtime.mounts import Mount
