@@ -179,8 +179,10 @@ class CliEngine(CliArgv, CliImages):
 
 
     def preflight(self) -> builtins.list[Check]:
-        """The engine's own checks, then its networks' (doctor's order: engine, then network)."""
-        return [*self.engine_checks(), *self.network_checks()]
+        """The engine's own checks, then its networks' (doctor's order: engine, then network); only
+        the first where the engine does not run at all (nothing more can be asked of it)."""
+        checks = self.engine_checks()
+        return checks if not checks[0].ok else [*checks, *self.network_checks()]
 
     def engine_checks(self) -> builtins.list[Check]:
         """The binary is installed and runs; engines add their own checks after this one."""
