@@ -853,11 +853,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
                 reader.error(f"calendar[{position}].user", f"{calendar.user!r} is not a user of [users]")
         if read["web"].enabled and (problem := web_problem(read["web"])):
             reader.error("web", problem)
-        if read["gpus"].mps and read["engine"].name == "docker":
-            reader.error("gpus.mps", 'cannot be used with [engine] name = "docker": the MPS pipe folder is a '
-                         "host folder every booking writes into, and root in a Docker container is root on the "
-                         "host (a setuid file left there runs as root for any host login); use podman, or "
-                         "set mps = false")
+        if read["gpus"].mps and (problem := engines.mps_problem(read["engine"])):
+            reader.error("gpus.mps", problem)  # the engine's own reason (Docker: root inside is host root)
     if reader.errors:
         raise ConfigError("\n".join(reader.errors))
     return Config(

@@ -81,6 +81,7 @@ __all__ = [
     "data_owner_argv",
     "host_owner",
     "network_checks",
+    "mps_problem",
     "network_problem",
     "service_runner",
     "booking_id_problem",
@@ -273,6 +274,16 @@ def make_engine(settings: EngineSettings, options: EngineOptions | None = None) 
 def network_problem(network: str) -> str | None:
     """None for a network setting every engine understands, else what is wrong."""
     return None if network in NETWORKS else 'must be "host" or "private"'
+
+
+def mps_problem(settings: EngineSettings) -> str | None:
+    """Why `[gpus] mps` (a host folder every booking writes into) cannot be used with this engine;
+    None where it can, or where the engine cannot be loaded (`[engine] name` says so itself)."""
+    try:
+        engine_class = REGISTRY.load(settings.name)
+    except EngineError:
+        return None
+    return getattr(engine_class, "mps_refused", None)
 
 
 def _not_negative(value: float) -> str | None:

@@ -47,6 +47,10 @@ DOCKER_ICC = (
 class DockerEngine(CliEngine):
     name = "docker"
     package = "docker.io"
+    # [gpus] mps, refused by the config: no writable host folder is bound into a Docker container (gpu_args).
+    mps_refused = ('cannot be used with [engine] name = "docker": the MPS pipe folder is a host folder every '
+                   "booking writes into, and root in a Docker container is root on the host (a setuid file left "
+                   "there runs as root for any host login); use podman, or set mps = false")
 
     def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
         # OCI runtime, storage driver and cgroups are dockerd's own settings, not the client's.
