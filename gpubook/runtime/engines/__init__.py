@@ -1,10 +1,15 @@
 """Container engines behind one small protocol, registered by name: what runs is read back from
 the engine's labels, and engines take argv lists only (nothing reaches a shell).
 
+`Engine` is what every engine must do to run a booking; what only some can do is a capability
+(`Builder`, `ServiceRunner`, `IdMapper`, and runtime.images' `ImageEngine`) that callers test with
+`isinstance`, saying in one sentence what is missing where one is needed.
+
 Adding an engine (udocker, Apptainer) is one module here and one `register` line below; a site may
 also name its own class in `[engine] name` as a dotted path "package.module:Class", the way
-Radicale loads its storage and auth plugins. Engines never import each other: podman and Docker
-share the CLI plumbing through `cli_engine.CliEngine`, and each spells its own flags.
+Radicale loads its storage and auth plugins (runtime.plugins.Registry, the loader sources and
+backends use too). Engines never import each other: podman and Docker share the CLI plumbing
+through `cli_engine.CliEngine`, and each spells its own flags and checks its own networks.
 """
 
 from __future__ import annotations
@@ -344,7 +349,7 @@ def preflight(settings: EngineSettings) -> list[Check]:
     try:
         engine = make_engine(settings)
     except EngineError as error:
-            return [Check("engine", False, str(error), 'set [engine] name to "podman" or "docker"'),
+        return [Check("engine", False, str(error), 'set [engine] name to "podman" or "docker"'),
                 *network_checks(settings)]
     return engine.preflight()
 
