@@ -348,7 +348,10 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
     build_may_end = threading.Event()
 
     class SlowBuildEngine:
-        """Only what the image preparer uses here: no overlay yet, and a build the test holds up."""
+        """Only what the image preparer uses here: no overlay yet, and a build the test holds up (the
+        overlay needs an engine that is a Builder: `build` and `import_rootfs`)."""
+
+        name = "slow-build"
 
         def ensure_image(self, image: str, *, pull: bool = False) -> None:
             if "overlay" in image and not build_may_end.is_set():
@@ -358,6 +361,9 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
             machine.step("building", tag)
             build_may_end.wait(HOLD)
             machine.step("built", tag)
+
+        def import_rootfs(self, tarball: Path, tag: str) -> None:
+            raise NotImplementedError("no template here is built from a root file system")
 
     class BuildingMachine(Machine):
         def start(self, request: StartRequest) -> Started:
