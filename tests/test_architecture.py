@@ -233,7 +233,8 @@ def test_a_registered_engine_and_source_run_a_pass(tmp_path: Path, registered: o
             assert [type(a).__name__ for a in started.actions] == ["Start"], started
             assert FakeEngine.started == [name] and not started.failures, started.failures
             passes.writeback.settle(30)
-            assert [(uid, outcome.status) for uid, outcome in FakeWriter.written] == [("b1", "running")]
+            # "running" (the lane's write and the outbox's may both deliver it: the same outcome again)
+            assert {(uid, outcome.status) for uid, outcome in FakeWriter.written} == {("b1", "running")}
             spec_port = FakeEngine.containers[name].port
             assert spec_port is not None and FakeEngine.running[name].listener.getsockname()[1] == spec_port
 
