@@ -241,7 +241,7 @@ def one_container() -> Iterator[dict[str, ContainerInfo]]:
                                                      booking_id="b1@test", user="alice", gpus=(0,), port=2200,
                                                      end=None, spec_hash="h", template="debian-ssh")
     yield OneContainerEngine.running
-    engines.ENGINES.pop(OneContainerEngine.name)
+    engines.REGISTRY.unregister(OneContainerEngine.name)
     OneContainerEngine.running.clear()
 
 
