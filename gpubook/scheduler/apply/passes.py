@@ -229,9 +229,7 @@ class Pass:
         self.books.release_idle_ports(set(world.running()) | at_work)
         plan, extended = self._plan(occurrences, world.actual(), now=now, releases=world.releases, known=world.notes)
         self.books.accounting.record(plan, now=now, complete=complete)
-        reminded, remind_at = upkeep.reminders(plan, reminded=world.notes.reminded,
-                                               minutes=reminders.minutes_of(self.config), now=now)
-        self.hands.keep([*extended, *self._adoptions(plan, world, now=now, at_work=at_work), *reminded], world, now=now)
+        remind_at = self._keep(plan, world, extended, now=now, at_work=at_work)
         self._prepare_images(plan, world, now=now)
         held = self._reserve(plan, now=now) if self.cluster is not None and told.may_start else {}
         actions = self._decide(plan, world, occurrences, now=now, told=told, held=held, silent=silent)
@@ -361,11 +359,17 @@ class Pass:
         return {a.booking.id: booker_digest(user.name, user.uid, user.gid, user.ssh_keys)
                 for a in plan.accepted if (user := users.get(a.booking.user)) is not None}
 
-    def _adoptions(self, plan: plan_module.Plan, world: World, *, now: datetime,
-                   at_work: set[str]) -> list[upkeep.Adopt]:
-        """Running containers of accepted bookings that State has no record of (core/upkeep.py says which)."""
-        return upkeep.adoptions(plan, world.actual(), recorded={r.name for r in world.records.values()},
-                                busy=at_work | world.armed(), now=now)
+    def _keep(self, plan: plan_module.Plan, world: World, extended: Sequence[upkeep.Extend], *, now: datetime,
+              at_work: set[str]) -> datetime | None:
+        """The upkeep before decide(), decided (core/upkeep.py) and recorded by its handlers: the later
+        ends granted, the running containers State has no record of, the reminders due. Returns
+        when the next reminder is due."""
+        adopted = upkeep.adoptions(plan, world.actual(), recorded={r.name for r in world.records.values()},
+                                   busy=at_work | world.armed(), now=now)
+        reminded, remind_at = upkeep.reminders(plan, reminded=world.notes.reminded,
+                                               minutes=reminders.minutes_of(self.config), now=now)
+        self.hands.keep([*extended, *adopted, *reminded], world, now=now)
+        return remind_at
 
     # -- the outbox ----------------------------------------------------------------------------
 
