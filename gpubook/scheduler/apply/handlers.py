@@ -229,14 +229,18 @@ class StopHandler:
     def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
         self.hosts, self.state, self.journal = hosts, state, journal
 
-    def __call__(self, action: decide.Stop, *, now: datetime, recorded: ContainerRecord | None = None) -> Change:
-        """`recorded`: the record closed before the container went (an admin's `gpubook stop`)."""
+    def __call__(self, action: decide.Stop, *, now: datetime) -> Change:
+        """An admin's stop (`gpubook stop`) is recorded before the container goes: a pass of the
+        running daemon in between then sees an admin's stop (not started again), never a death
+        (which it would restart). Any other stop is recorded once its container is gone."""
+        admin = action.reason == decide.ADMIN_STOP
+        if admin:
+            recorded = record_stop(self.state, name=action.name, booking_id=action.booking_id, reason=action.reason,
+                                   now=now)
         self.hosts[action.host].stop(action.name, action.grace)
-        records: tuple[ContainerRecord, ...] = ()
-        if recorded is None:
+        if not admin:
             recorded = record_stop(self.state, name=action.name, booking_id=action.booking_id,
                                    reason=action.reason, now=now)
-            records = (recorded,)
         self.state.release_port(action.booking_id)
         self.state.clear_notes(action.booking_id)  # stopped for good: its warning and extension are history
         self.journal.say(action.booking_id, f"stopped ({action.reason})", now=now)
@@ -245,7 +249,7 @@ class StopHandler:
             subject="gpubook: your booking ended",
             text=f"gpubook: booking {action.booking_id} ended ({action.reason}); files in /data/output are kept.",
             fields={"reason": action.reason}, at=now)
-        return Change(gone=action.name, records=records)
+        return Change(gone=action.name, records=(recorded,))
 
 
 class ClearHandler:

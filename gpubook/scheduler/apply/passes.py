@@ -38,7 +38,7 @@ from gpubook.scheduler.apply import reclaim as reclaim_apply
 from gpubook.scheduler.apply.accounting import Bookkeeping
 from gpubook.scheduler.apply.ahead import Preparation
 from gpubook.scheduler.apply.delivery import Delivery
-from gpubook.scheduler.apply.handlers import Change, record_stop
+from gpubook.scheduler.apply.handlers import Change
 from gpubook.scheduler.apply.hands import Hands
 from gpubook.scheduler.apply.memory import Recall, decide_memory
 from gpubook.scheduler.config import Config
@@ -224,9 +224,7 @@ class Pass:
         told = Told(may_start=may_start and not silent, stale_reason=silent or stale_reason,
                     stale=stale_calendars or {}, complete=complete, etags=etags or {})
         at_work = self.hands.lanes.at_work() | self.ahead.at_work()  # before the hosts are read: it keeps its port
-        world = World.read(list(self.hosts.values()), self.state,
-                           releases_after=now - policy_module.reach_back(self.config))
-        self.books.release_idle_ports(set(world.running()) | at_work)
+        world = self._read(now=now, at_work=at_work)
         plan, extended = self._plan(occurrences, world.actual(), now=now, releases=world.releases, known=world.notes)
         self.books.accounting.record(plan, now=now, complete=complete)
         remind_at = self._keep(plan, world, extended, now=now, at_work=at_work)
@@ -235,8 +233,7 @@ class Pass:
         actions = self._decide(plan, world, occurrences, now=now, told=told, held=held, silent=silent)
         result = PassResult(plan=plan, actions=actions, world=world)
         written = partial(self._wake_writeback, world=world, now=now, etags=told.etags) if write_back else None
-        pending = self.hands.dispatch(result.actions, world, now=now, failures=result.failures, done=written)
-        self.hands.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
+        self._apply(result, world, now=now, written=written)
         result.wake_at = self._wake_at(result, world, now=now, told=told, also=remind_at)
         if write_back:
             self.write_back(plan, world, now=now, etags=told.etags)
@@ -261,6 +258,21 @@ class Pass:
         if reserved.problem:
             return {a.booking.id: reserved.problem for a in plan.accepted}
         return dict(reserved.refused)
+
+    def _read(self, *, now: datetime, at_work: set[str]) -> World:
+        """The hosts and State read once (the releases still in reach too); the ports no running
+        container and no start at work holds are given back."""
+        world = World.read(list(self.hosts.values()), self.state,
+                           releases_after=now - policy_module.reach_back(self.config))
+        self.books.release_idle_ports(set(world.running()) | at_work)
+        return world
+
+    def _apply(self, result: PassResult, world: World, *, now: datetime,
+               written: Callable[[decide.Start], None] | None) -> None:
+        """The actions in their bookings' lanes; the pass waits `patience` seconds for them, a slower
+        one tells `on_settled` when it is done."""
+        pending = self.hands.dispatch(result.actions, world, now=now, failures=result.failures, done=written)
+        self.hands.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
 
     def _settled_late(self, future: Future[None] | None = None) -> None:
         if self.on_settled is not None:
@@ -426,11 +438,8 @@ class Pass:
         host = next((h for h in self.hosts.values() if h.inspect(name) is not None), None)
         if host is None:
             return False
-        # Recorded before the container goes: a pass of the running daemon in between then sees an
-        # admin's stop (not started again), never a death (which it would restart).
-        closed = record_stop(self.state, name=name, booking_id=booking_id, reason=decide.ADMIN_STOP, now=now)
         self.hands.stop(decide.Stop(name, booking_id, decide.ADMIN_STOP, self.config.engine.stop_grace_seconds,
-                                    host.name), now=now, recorded=closed)
+                                    host.name), now=now)  # recorded before the container goes
         self.delivery.notices_now(now)
         return True
 
