@@ -1,11 +1,12 @@
 """Reminder notices: an e-mail or webhook `remind_minutes` before an accepted booking's start.
 
 The alarm in the booker's event (gpubook/scheduler/sources/alarm.py) reminds them in their own calendar
-program; this is the same reminder for those who read mail, or for a chat webhook. A pass queues
-each due reminder in State's outbox (delivered after the pass like every notice) and tells the
-daemon when the next one is due, so that a boundary wake-up comes exactly then. Each occurrence
-is reminded once: a State note keeps the start it was reminded of (a booking moved to another
-start is reminded again of the new one). A reminder whose start already came is not sent.
+program; this is the same reminder for those who read mail, or for a chat webhook. A pass decides
+the reminders due (gpubook/scheduler/core/upkeep.py, `Remind`) and tells the daemon when the next
+one is due, so that a boundary wake-up comes exactly then; its handler queues each here (`queue`:
+the notice in State's outbox, delivered after the pass like every notice, and the REMINDED note).
+Each occurrence is reminded once: the note keeps the start it was reminded of (a booking moved to
+another start is reminded again of the new one). A reminder whose start already came is not sent.
 """
 
 from __future__ import annotations
