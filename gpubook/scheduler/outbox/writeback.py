@@ -336,7 +336,11 @@ class WriteBack:
     def _ready(self, job: _Job) -> _Job | None:
         """A woken start's job with its outcome read now (None: nothing to write, or written already)."""
         assert job.read is not None  # noqa: S101 - only woken jobs are read
-        outcome = job.read()
+        try:
+            outcome = job.read()
+        except GpubookError as error:  # the pass's own write-back tries again
+            log.warning("booking %s: its write-back waits for the pass: %s", job.item.id, error)
+            return None
         if outcome is None:
             return None
         key = self._key(outcome)
