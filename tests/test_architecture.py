@@ -22,7 +22,7 @@ from gpubook.scheduler import config as config_module
 from gpubook.scheduler import sources
 from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.core import decide
-from gpubook.scheduler.hosts.local import LocalHost
+from gpubook.scheduler.hosts.local import LocalHost, OneMachine
 from gpubook.scheduler.service import Calendars
 from gpubook.scheduler.sources import BaseSource, EventRef, PollStats, RawObject, Snapshot, WriteResult
 from gpubook.scheduler.sources.block import Outcome
@@ -138,7 +138,8 @@ def test_a_registered_engine_and_source_run_a_pass(tmp_path: Path, registered: o
                      probe_key=ssh.load_probe_key(tmp_path / "probe-key"), cache_dir=tmp_path / "cache")
     with State(tmp_path / "state.sqlite") as state:
         state.container_started("b1", container_name("b1"), user="alice", gpu_count=1, at=start)
-        passes = Pass(config, hosts={host.name: host}, state=state, templates=load_all(None))
+        passes = Pass(config, backend=OneMachine(host, server=config.host.name), state=state,
+                      templates=load_all(None))
         result = passes.run(reading.occurrences, now=NOW, etags=reading.etags)
         passes.close()
         assert [type(a).__name__ for a in result.actions] == ["Stop"]

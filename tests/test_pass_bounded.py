@@ -36,6 +36,7 @@ from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.hosts import Ahead, Booker, Started, StartRequest
 from gpubook.scheduler.hosts.images import ImagePreparer
+from gpubook.scheduler.hosts.local import OneMachine
 from gpubook.scheduler.state import State
 from tests import servers
 from tests.booking_kit import raw, read, vcalendar, vevent
@@ -127,7 +128,8 @@ def state(tmp_path: Path) -> Iterator[State]:
 
 
 def make_pass(config: config_module.Config, machine: Machine, state: State) -> Pass:
-    passes = Pass(config, hosts={machine.name: machine}, state=state, templates=load_all(None))
+    passes = Pass(config, backend=OneMachine(machine, server=config.host.name), state=state,
+                  templates=load_all(None))
     passes.patience = HOLD
     return passes
 

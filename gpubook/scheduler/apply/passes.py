@@ -30,7 +30,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Protocol
 from zoneinfo import ZoneInfo
 
 import paramiko
@@ -69,6 +68,7 @@ from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy as policy_module
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.hosts import Host
+from gpubook.scheduler.hosts.backend import Backend
 from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.outbox import notices as notices_module
 from gpubook.scheduler.outbox import reminders
@@ -138,40 +138,19 @@ class PassResult:
     world: World | None = None
 
 
-class Cluster(Protocol):
-    """A cluster backend (gpubook/scheduler/hosts/slurm/backend.py), as a pass uses it."""
-
-    @property
-    def hosts(self) -> Mapping[str, Host]: ...
-
-    def refresh(self) -> str: ...
-
-    def sync(self, accepted: Sequence[plan_module.Accepted], *, now: datetime) -> Reserved: ...
-
-
-class Reserved(Protocol):
-    @property
-    def refused(self) -> Mapping[str, str]: ...
-
-    @property
-    def problem(self) -> str: ...
-
-
 class Pass:
     """The daemon's hands: one `run` per pass, with the handlers built once."""
 
-    def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
+    def __init__(self, config: Config, *, backend: Backend, state: State, templates: TemplateSet,
                  notices: Callable[[notices_module.Message], None] | None = None,
-                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None,
-                 cluster: Cluster | None = None) -> None:
-        """`metrics`: the daemon's, told of each start's SSH latency and each failed start;
-        `logged_in`: a last look for the booker's login in a container's log before a release;
-        `cluster`: a cluster backend whose nodes are the hosts (read again each pass) and whose
-        reservations follow the plan."""
-        self.cluster = cluster
+                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None) -> None:
+        """`backend`: where bookings run, its hosts read again each pass and the plan's placements
+        reserved there; `metrics`: the daemon's, told of each start's SSH latency and each failed
+        start; `logged_in`: a last look for the booker's login in a container's log before a release."""
+        self.backend = backend
         self.config = config
         self.metrics = metrics
-        self.hosts = dict(hosts)  # the handlers share this dict: a cluster's refresh updates it in place
+        self.hosts = dict(backend.hosts)  # the handlers share this dict: `refresh_hosts` updates it in place
         self.state = state
         self.templates = templates
         self.notices = notices
@@ -179,12 +158,12 @@ class Pass:
         self.seen: Mapping[plan_module.SeenKey, datetime] = {}  # first-seen times, as the last pass read them
         self.slots: Mapping[plan_module.SeenKey, plan_module.Slot] = {}  # the priority, as the last pass read it
         self.journal = Journal(state, self.recall)
-        self.writeback = WriteBack(config, state)
+        self.writeback = WriteBack(config, state, address=backend.address)
         hosts_, journal = self.hosts, self.journal
         self.stop = StopHandler(hosts=hosts_, state=state, journal=journal)
         self.handlers: dict[type, Callable[..., Change]] = {
             decide.Start: StartHandler(config, hosts=hosts_, state=state, templates=templates, recall=self.recall,
-                                       journal=journal, metrics=metrics),
+                                       journal=journal, metrics=metrics, address=backend.address),
             decide.Stop: self.stop,
             decide.Clear: ClearHandler(hosts=hosts_, state=state, journal=journal),
             decide.Disarm: DisarmHandler(hosts=hosts_, state=state, journal=journal),
@@ -228,7 +207,7 @@ class Pass:
             write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
             complete: bool = True) -> PassResult:
         self.ahead.settle(now)  # an arm still at work for a booking whose start came: its container first
-        silent = self.refresh_cluster() if self.cluster is not None else ""
+        silent = self.refresh_hosts()
         if silent:
             may_start, stale_reason = False, silent
         # Before the hosts are read: a start (or arm) ending in between keeps its port.
@@ -244,7 +223,7 @@ class Pass:
         armed = frozenset(self.state.notes(ARMED))
         self._adopt(plan, world, now=now, at_work=at_work, armed=armed)
         self._prepare_images(plan, world, now=now, armed=armed)
-        held = self._reserve(plan, now=now) if self.cluster is not None and may_start else {}
+        held = self._reserve(plan, now=now) if may_start else {}
         memory = replace(decide_memory(world.records.values(), self.state.notes(WARNED), armed), released=released,
                          idle_told=reclaim_apply.told_stretches(self.state.notes(reclaim_apply.IDLE_TOLD)))
         verdicts = reclaim_apply.judge_running(self.config, self.state, plan=plan, running=world.running(),
@@ -281,19 +260,17 @@ class Pass:
 
     # -- around the bookings' work -------------------------------------------------------------
 
-    def refresh_cluster(self) -> str:
-        """The cluster's nodes and jobs read again, its hosts this pass's ("" or why they could not
-        be read: nothing starts). Also for `gpubook stop`, which reads the hosts as a pass does."""
-        assert self.cluster is not None
-        problem = self.cluster.refresh()
-        for name, host in self.cluster.hosts.items():
+    def refresh_hosts(self) -> str:
+        """The backend's hosts read again, this pass's ("" or why they could not be read: nothing
+        starts). Also for `gpubook stop`, which reads the hosts as a pass does."""
+        problem = self.backend.refresh()
+        for name, host in self.backend.hosts.items():
             self.hosts[name] = host
         return problem
 
     def _reserve(self, plan: plan_module.Plan, *, now: datetime) -> dict[str, str]:
-        """The plan's reservations made on the cluster; the bookings that must not start, and why."""
-        assert self.cluster is not None
-        reserved = self.cluster.sync(plan.accepted, now=now)
+        """The plan's placements reserved by the backend; the bookings that must not start, and why."""
+        reserved = self.backend.reserve(plan.accepted, now=now)
         if reserved.problem:
             return {a.booking.id: reserved.problem for a in plan.accepted}
         return dict(reserved.refused)
@@ -360,7 +337,8 @@ class Pass:
             pinned.occurrences, agreed_ends=ends,  # type: ignore[arg-type]
             plan=lambda items: plan_module.plan(items, inventory=inventory, config=self.config,
                                                 templates=templates, now=now, running=running,
-                                                first_seen=first_seen, placed=placed, slots=slots),
+                                                first_seen=first_seen, placed=placed, slots=slots,
+                                                topology=self.backend.topology),
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
         self._slots_decided(result, now=now)
         for booking_id, end in granted.items():

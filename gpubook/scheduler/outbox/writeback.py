@@ -99,8 +99,11 @@ def event_ref(item: Booking | Rejection) -> EventRef:
 class WriteBack:
     """Writes outcomes into the configured calendars; one writer per writable calendar, reused."""
 
-    def __init__(self, config: Config, state: State) -> None:
+    def __init__(self, config: Config, state: State, *, address: Callable[[str], str] | None = None) -> None:
+        """`address`: where a booker logs in to a container on a host (the backend's; None: this
+        server, `[host] name`)."""
         self.config = config
+        self.address = address or (lambda host: config.host.name)
         self.state = state
         self.writers: dict[str, Writer] = {}  # by calendar URL; each used only in its lane
         self.lanes: dict[str, ThreadPoolExecutor] = {}  # by calendar URL
@@ -215,7 +218,7 @@ class WriteBack:
 
     def _where(self, info: ContainerInfo) -> str:
         """Where the booker logs in: this server, or the cluster node the booking runs on."""
-        return info.host if self.config.backend.kind != "local" and info.host else self.config.host.name
+        return self.address(info.host)
 
     @staticmethod
     def _other_nodes(info: ContainerInfo, user: str) -> list[str]:
