@@ -138,6 +138,7 @@ def backend_error(message: str) -> ConfigError:
 backends: Registry[Callable[[Config, Parts], Backend]] = Registry("backend", error=backend_error)
 backends.register("local", "gpubook.scheduler.hosts.local:LocalBackend")
 backends.register("slurm", "gpubook.scheduler.hosts.slurm.backend:SlurmBackend")
+register = backends.register  # `register("name", "package.module:Class")`: a backend of one's own
 
 
 def make(config: Config, parts: Parts) -> Backend:
