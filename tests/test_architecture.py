@@ -251,7 +251,8 @@ def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, reg
         assert backend.hosts["node-b"].requests == []
         written = dict(FakeWriter.written)
         assert written["wide"].status == "running"
-        assert f"ssh -p {port} alice@node-a.fake.example" in "\n".join(written["wide"].lines)
+        assert f"ssh -p {port} alice@node-a.fake.example" in written["wide"].lines
+        assert f"also on node-b: ssh -p {port} alice@node-b.fake.example" in written["wide"].lines
         assert written["picky"].status == "rejected"
         assert "asks for a number of GPUs (gpus: 2), not GPU indices" in written["picky"].lines[0]
     finally:

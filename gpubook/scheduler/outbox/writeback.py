@@ -220,12 +220,12 @@ class WriteBack:
         """Where the booker logs in: this server, or the cluster node the booking runs on."""
         return self.address(info.host)
 
-    @staticmethod
-    def _other_nodes(info: ContainerInfo, user: str) -> list[str]:
+    def _other_nodes(self, info: ContainerInfo, user: str) -> list[str]:
         """A multi-node booking: an ssh line for each of its other nodes and where the hostfile is."""
         if not info.others or info.port is None:
             return []
-        return [*(f"also on {node}: {block.ssh_line(port=info.port, user=user, host=node)}" for node, _ in info.others),
+        return [*(f"also on {node}: {block.ssh_line(port=info.port, user=user, host=self.address(node))}"
+                  for node, _ in info.others),
                 f"hostfile: {HOSTFILE} (one line per node, for mpirun or torchrun)"]
 
     def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
