@@ -212,7 +212,8 @@ class FakeBackend:
     def address(self, host: str) -> str:
         return f"{host}.fake.example"
 
-    def preflight(self) -> list[str]:
+    @classmethod
+    def preflight(cls, config: object) -> list[Check]:
         return []
 
     def gpus(self) -> dict[str, HostGpus]:

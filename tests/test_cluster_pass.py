@@ -12,6 +12,7 @@ from pathlib import Path
 
 from test_pass_bounded import DEAD_URL, HOLD, NOW, Machine, bookings, event
 
+from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import Pass
@@ -61,7 +62,8 @@ class Cluster:
     def address(self, host: str) -> str:
         return host or "login"
 
-    def preflight(self) -> list[str]:
+    @classmethod
+    def preflight(cls, config: object) -> list[Check]:
         return []
 
     def gpus(self) -> dict[str, HostGpus]:

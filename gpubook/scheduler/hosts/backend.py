@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 import paramiko
 
 from gpubook.runtime import gpus as gpu_inventory
+from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, Engine
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.plugins import Registry
@@ -102,8 +103,10 @@ class Backend(Protocol):
         """Where a booker logs in to a booking on `host` (a host name, or "" when unknown)."""
         ...
 
-    def preflight(self) -> list[str]:
-        """What stops this backend from running bookings, one sentence each (`gpubook doctor`)."""
+    @classmethod
+    def preflight(cls, config: Config) -> list[Check]:
+        """`gpubook doctor`'s rows for this backend, each problem with its fix (read from the config
+        alone: doctor builds no backend)."""
         ...
 
     def gpus(self) -> dict[str, HostGpus]:
@@ -154,6 +157,11 @@ def topology_of(config: Config) -> Topology:
 def listed_here(config: Config, engine: Engine) -> list[ContainerInfo] | None:
     """See `Backend.listed_here`."""
     return _chosen(config).listed_here(engine)
+
+
+def preflight(config: Config) -> list[Check]:
+    """See `Backend.preflight`."""
+    return _chosen(config).preflight(config)
 
 
 def config_problem(config: Config) -> str | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import paramiko
 
 from gpubook.runtime import jupyter, ssh, storage
+from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from gpubook.runtime.errors import EngineError, Preparing, StorageError
 from gpubook.runtime.images import Ledger
@@ -196,8 +197,9 @@ class OneMachine:
         """This server's name, whatever the container's host label says."""
         return self.server
 
-    def preflight(self) -> list[str]:
-        return []  # the engine's and the GPUs' own checks are doctor's other rows
+    @classmethod
+    def preflight(cls, config: Config) -> list[Check]:
+        return []  # this machine's engine, GPUs and ports are doctor's other rows
 
     def gpus(self) -> dict[str, HostGpus]:
         return {self.host.name: self._gpus}

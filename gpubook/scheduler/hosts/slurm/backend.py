@@ -18,6 +18,7 @@ import pwd
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
+from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, Engine
 from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.plan import Accepted
@@ -94,17 +95,27 @@ class SlurmBackend:
         """The node the booking runs on (the daemon's server while it is not known)."""
         return host or self.server
 
-    def preflight(self) -> list[str]:
-        """The controller answers, and the shared folder is there."""
-        problems = []
+    @classmethod
+    def preflight(cls, config: Config) -> list[Check]:
+        """The shared folder is set and can be made here, and the controller answers with GPU nodes."""
+        backend = config.backend
+        if problem := cls.config_problem(config):
+            return [Check("slurm shared_dir", False, problem, "set [backend] shared_dir to a folder every node sees")]
+        shared = backend.shared_dir
+        assert shared is not None  # config_problem said so
+        result = [Check("slurm shared_dir", True, f"{shared} (made by the daemon if absent)")
+                  if shared.is_dir() or shared.parent.is_dir() else  # gpubook makes the folder, not its parent
+                  Check("slurm shared_dir", False, f"{shared}: its parent folder {shared.parent} is not here",
+                        "mount the shared storage here at the path every node uses")]
         try:
-            self.cluster.gpu_nodes()
+            nodes = SlurmCluster.from_config(backend).gpu_nodes()
         except SlurmError as error:
-            problems.append(f"the Slurm controller cannot be read: {error}")
-        shared = self.jobs.shared_dir
-        if not shared.is_dir() and not shared.parent.is_dir():  # gpubook makes the folder, not its parent
-            problems.append(f"backend.shared_dir {shared}: its parent folder {shared.parent} is not here")
-        return problems
+            return [*result, Check("slurm controller", False, str(error),
+                                   "check [backend] slurm_conf and that slurmctld runs")]
+        usable = sum(1 for node in nodes if node.usable)
+        where = f" in partition {backend.partition}" if backend.partition else ""
+        return [*result, Check("slurm controller", bool(usable), f"{usable} of {len(nodes)} GPU node(s){where} "
+                               "usable", None if usable else "resume or undrain a GPU node (scontrol update)")]
 
     def gpus(self) -> dict[str, HostGpus]:
         """Each node's GPUs as Slurm counts them."""
