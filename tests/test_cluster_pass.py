@@ -10,8 +10,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from test_pass_bounded import DEAD_URL, HOLD, NOW, Machine, bookings, event
-
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler import config as config_module
@@ -21,6 +19,7 @@ from gpubook.scheduler.core.topology import CLUSTER
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.hosts.backend import NOTHING_SAMPLED, HostGpus, Sampling
 from gpubook.scheduler.state import State
+from tests.kits.pass_kit import DEAD_URL, HOLD, NOW, Machine, bookings, event
 
 
 class Node(Machine):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubook.runtime import booking as runtime_booking
 from gpubook.runtime import cuda, jupyter, ssh
 from gpubook.runtime.engines import ContainerInfo, ExecResult, container_name
 from gpubook.runtime.templates import load_all, load_template
@@ -25,7 +26,7 @@ from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.outbox.writeback import RUNNING_LINES, Remarks, WriteBack, start_lines
 from gpubook.scheduler.state import State
-from tests.test_pass_bounded import make_config
+from tests.kits.pass_kit import make_config
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
 TODAY = ("pytorch-cuda12", "cuda12-base")
@@ -84,9 +85,11 @@ def test_booking_spec_asks_the_entrypoint_for_jupyter_only_when_the_template_doe
     probe = ssh.load_probe_key(tmp_path / "probe")
     key = ssh.HostKey(folder=tmp_path, public="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJZ")
     folders = DataFolders(user="alice", input=tmp_path, output=tmp_path, home=None)
-    specs = [ssh.booking_spec(template, booking_id="b1", user="alice", uid=2001, gid=2001, ssh_keys=[],
-                              probe_key=probe, port=2201, end=NOW, folders=folders, cache_dir=tmp_path,
-                              host_key=key) for template in (torch, replace(torch, jupyter=False))]
+    booked = runtime_booking.Booking(booking_id="b1", user="alice", uid=2001, gid=2001, ssh_keys=(), port=2201,
+                                     end=NOW)
+    files = runtime_booking.HostFiles(probe_key=probe, cache_dir=tmp_path, host_key=key, folders=folders)
+    specs = [runtime_booking.booking_spec(template, booked, files)
+             for template in (torch, replace(torch, jupyter=False))]
     assert (jupyter.ENV, "1") in specs[0].env
     assert jupyter.ENV not in dict(specs[1].env)
     assert all("--ip" not in " ".join(spec.command) for spec in specs)
@@ -186,12 +189,12 @@ def test_start_lines_never_hold_a_token() -> None:
 
 
 class _Captured(WriteBack):
-    """The real WriteBack, keeping what it would queue for the calendar instead of sending it."""
+    """The real WriteBack, keeping what its calendar lane would send instead of sending it."""
 
     written: list[tuple[str, ...]]
 
-    def _write(self, item, outcome, *, etag, now):  # type: ignore[no-untyped-def, override]
-        self.written.append(outcome.lines)
+    def _send(self, calendar, job):  # type: ignore[no-untyped-def, override]
+        self.written.append(job.outcome.lines)
 
 
 def test_a_starts_own_write_back_carries_its_jupyter_line(tmp_path: Path) -> None:
@@ -209,7 +212,9 @@ def test_a_starts_own_write_back_carries_its_jupyter_line(tmp_path: Path) -> Non
     change = handler(decide.Start(accepted), now=NOW)
     writeback = _Captured(config, state)
     writeback.written = []
-    writeback.write_one(accepted, info=change.running, records=None,
-                        remarks=Remarks(refused={}, failures={}, notes={}), now=NOW, etag=None)
+    remarks = Remarks(refused={}, failures={}, notes={}, lines={booking.id: change.lines})
+    writeback.wake(booking, read=lambda: writeback.outcome_of(accepted, info=change.running, records=None,
+                                                              remarks=remarks, now=NOW), etag=None, now=NOW)
+    assert writeback.settle(10)
     ((lines),) = writeback.written
     assert any(line.startswith("jupyter: ssh -N -L 8888:/run/gpubook/jupyter/socket") for line in lines)

@@ -1,11 +1,11 @@
-"""The Slurm backend against a real Slurm 22.05 cluster (tests/slurm_kit.py): two slurmd nodes in
+"""The Slurm backend against a real Slurm 22.05 cluster (tests/kits/slurm_kit.py): two slurmd nodes in
 their own network namespaces, slurmctld run as the unprivileged account the daemon uses."""
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,12 +14,13 @@ import pytest
 from gpubook.scheduler.config import parse as parse_config
 from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError, SlurmUnreachable, parse
-from tests import slurm_kit
-from tests.test_slurm_sync import BASE, accepted, booking
+from tests.kits import slurm_kit
+from tests.kits.slurm_jobs_kit import accepted, booking
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(slurm_kit.available() is not None,
                                                     reason=str(slurm_kit.available()))]
 PREFIX = "gpubook-"
+BASE = {"calendar": [{"url": "http://127.0.0.1:5232/lab/", "gpus": "all"}]}  # a config's calendar, never read
 
 
 class ScontrolAs(Scontrol):
@@ -31,12 +32,6 @@ class ScontrolAs(Scontrol):
 
     def argv(self, args: Sequence[str]) -> list[str]:
         return ["runuser", "-u", self.user, "--", *super().argv(args)]
-
-
-@pytest.fixture
-def cluster() -> Iterator[slurm_kit.Cluster]:
-    with slurm_kit.running() as made:
-        yield made
 
 
 def backend(cluster: slurm_kit.Cluster, user: str | None = None) -> SlurmCluster:
