@@ -4,8 +4,8 @@ nowhere else.
 - `base`: what one process makes once and a reload keeps (the state folder and its database, the
   engine, the probe key, the daemon's locks).
 - `build`: the parts a config makes (GPU inventory and monitor, templates, the image preparer, the
-  backend and its hosts, the pass with its notices, the calendars, the sampler, the foreign watch,
-  the SFTP service); `gpubook run` builds them at start and again at each reload (SIGHUP).
+  backend (`[backend] kind`) and its hosts, the pass with its notices, the calendars, the sampler,
+  the foreign watch, the SFTP service); `gpubook run` builds them at start and at each SIGHUP.
 - `for_stop`: what `gpubook stop` needs to stop one booking and write its event, and nothing more
   (no GPU probe, no scheduler, no image preparation, no SFTP service).
 """
@@ -30,15 +30,14 @@ from gpubook.runtime.nvidia import nvml
 from gpubook.runtime.private import private_folder
 from gpubook.runtime.templates import TemplateSet, load_all
 from gpubook.scheduler.apply.passes import Pass, PassResult
-from gpubook.scheduler.calendars import Calendars, Freshness, inventory_indices
+from gpubook.scheduler.calendars import Calendars, Freshness
 from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.hosts import Host, usage
+from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.hosts import sftp as sftp_host
 from gpubook.scheduler.hosts.foreign import ForeignWatch
 from gpubook.scheduler.hosts.images import ImagePreparer
-from gpubook.scheduler.hosts.local import LocalHost
-from gpubook.scheduler.hosts.slurm.backend import SlurmBackend
 from gpubook.scheduler.locks import hold_account_lock, hold_lock
 from gpubook.scheduler.outbox import notices, status, status_file
 from gpubook.scheduler.outbox.metrics import Metrics
@@ -60,9 +59,8 @@ def make_engine(config: Config) -> Engine:
 
 def runnable(config: Config) -> None:
     """What the daemon refuses to start with, in one sentence (the config's own checks came first)."""
-    if config.backend.kind == "slurm" and config.backend.shared_dir is None:
-        raise ConfigError(f"{config.path}: backend.shared_dir: not set; the Slurm backend needs a folder that "
-                          "every node and the daemon see at the same path (the bookings' job folders)")
+    if problem := backends.config_problem(config):
+        raise ConfigError(problem)
 
 
 @dataclass(frozen=True)
@@ -108,8 +106,7 @@ class Parts:
     monitor: Callable[[], nvml.NvmlView]
     templates: TemplateSet
     images: ImagePreparer
-    local: LocalHost
-    cluster: SlurmBackend | None
+    backend: backends.Backend
     passes: Pass
     calendars: Calendars
     sampler: usage.Sampler
@@ -117,12 +114,9 @@ class Parts:
     sftp: sftp_host.SftpService | None
 
     def gpu_summaries(self) -> dict[str, status.GpuSummary]:
-        """Each host's GPUs for the status: this machine's, or each cluster node's as Slurm counts them."""
-        if self.cluster is None:
-            return {LOCAL: status.GpuSummary.of(self.inventory)}
-        return {name: status.GpuSummary(source="slurm", count=len(host.gpus), indices=host.gpus,
-                                        note=None if host.gpus else "down, drained or without GPUs in Slurm")
-                for name, host in sorted(self.cluster.hosts.items())}
+        """Each host's GPUs for the status, as the backend gives them (this machine's, or each cluster node's)."""
+        return {name: status.GpuSummary(source=gpus.source, count=gpus.count, driver=gpus.driver, note=gpus.note,
+                                        indices=gpus.indices) for name, gpus in self.backend.gpus().items()}
 
     def gpu_view(self) -> nvml.NvmlView:
         """The GPUs' live view ([gpus] monitor); with NVML, nothing to read (and no NVML call) without a driver."""
@@ -171,38 +165,25 @@ def build(config: Config, made: Base, hooks: Hooks, *, previous: Parts | None = 
                            auth_file=config.images.auth_file, min_free_gb=config.images.min_free_gb,
                            workers=config.images.workers, on_done=hooks.wake)
     images.on_pull = hooks.metrics.image_pulled
-    local = LocalHost(
-        engine=made.engine, gpus=inventory_indices(inventory),
-        driver_version=inventory.driver_version if inventory.source == "nvml" else None,
-        probe_key=made.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
-        persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
-        mps=config.gpu_mps, images=images, parallel_starts=config.daemon.parallel_starts)
-    hosts, cluster = _backend(config, local)
-    passes = Pass(config, hosts=hosts, state=made.state, templates=templates,
-                  notices=notices.Notices.from_config(config), metrics=hooks.metrics,
-                  logged_in=_logged_in(made), cluster=cluster)
+    backend = backends.make(config, backends.Parts(engine=made.engine, probe_key=made.probe_key, images=images,
+                                                   inventory=inventory))
+    passes = Pass(config, backend=backend, state=made.state, templates=templates,
+                  notices=notices.Notices.from_config(config), metrics=hooks.metrics, logged_in=_logged_in(made))
     # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
     passes.on_settled = hooks.wake
-    # This machine's GPUs and engine: a cluster's bookings run on its nodes, sampled by nothing here yet.
-    here = hooks.running if cluster is None else lambda: []
-    sampler = usage.Sampler(state=made.state, host=local.name, interval=config.daemon.sample_seconds,
-                            running=here, logs=made.engine.logs, probe_fingerprint=made.probe_key.fingerprint,
+    # What runs on this machine, as the backend says (a cluster's bookings run on its nodes: nothing here).
+    sampling = backend.sampling(hooks.running)
+    sampler = usage.Sampler(state=made.state, host=LOCAL, interval=config.daemon.sample_seconds,
+                            running=sampling.running, logs=sampling.logs, probe_fingerprint=made.probe_key.fingerprint,
                             read=hooks.gpu_view.view)
-    foreign = ForeignWatch(state=made.state, host=local.name, read=hooks.gpu_view.view, running=here,
+    foreign = ForeignWatch(state=made.state, host=LOCAL, read=hooks.gpu_view.view, running=sampling.running,
                            mode=config.policy.foreign_processes, on_change=hooks.wake, inspect=made.engine.inspect,
                            grace=timedelta(minutes=config.policy.foreign_grace_minutes))
-    sftp = _sftp(config, made, templates, local, previous.sftp if previous is not None else None)
+    sftp = _sftp(config, made, templates, images, previous.sftp if previous is not None else None)
     passes.writeback.sftp_host_key = sftp.public_key if sftp is not None else lambda: ""
     return Parts(config=config, inventory=inventory, monitor=monitor, templates=templates, images=images,
-                 local=local, cluster=cluster, passes=passes, calendars=Calendars(config), sampler=sampler,
-                 foreign=foreign, sftp=sftp)
-
-
-def _backend(config: Config, local: LocalHost) -> tuple[dict[str, Host], SlurmBackend | None]:
-    """The hosts bookings run on: this machine, or a Slurm cluster's nodes (read by each pass)."""
-    if config.backend.kind == "slurm":
-        return {}, SlurmBackend(config, engine=config.engine, templates_dir=config.templates_dir)
-    return {local.name: local}, None
+                 backend=backend, passes=passes, calendars=Calendars(config, topology=backend.topology),
+                 sampler=sampler, foreign=foreign, sftp=sftp)
 
 
 def _logged_in(made: Base) -> Callable[[ContainerInfo], bool]:
@@ -218,11 +199,11 @@ def _sftp_etc(folder: Path) -> Path:
     return folder / "sftp" / "etc"
 
 
-def _sftp(config: Config, made: Base, templates: TemplateSet, local: LocalHost,
+def _sftp(config: Config, made: Base, templates: TemplateSet, images: ImagePreparer,
           current: sftp_host.SftpService | None) -> sftp_host.SftpService | None:
     """The SFTP data service: made once, given each reloaded config (its users and keys)."""
     settings = sftp_host.settings_of(config)
-    image = sftp_host.image_of(config, templates, local.images.ready)
+    image = sftp_host.image_of(config, templates, images.ready)
     if settings is None:
         if current is not None:
             log.warning("SFTP service switched off by the config: stopping it")
@@ -241,9 +222,7 @@ class Stopping:
     """What `gpubook stop` runs on."""
 
     config: Config
-    engine: Engine
     state: State
-    cluster: SlurmBackend | None
     passes: Pass
     calendars: Calendars
 
@@ -264,16 +243,14 @@ def for_stop(config: Config) -> Stopping:
     folder = private_folder(state_dir(config))
     engine = make_engine(config)
     state = State(folder / "state.sqlite")
-    local = LocalHost(engine=engine, gpus=(), driver_version=None, probe_key=ssh.load_probe_key(folder / "probe-key"),
-                      cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
-                      persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
-                      images=ImagePreparer(engine=engine, ledger=Ledger(folder / "images.json")))
-    hosts, cluster = _backend(config, local)
-    passes = Pass(config, hosts=hosts, state=state, templates=load_all(config.templates_dir),
-                  notices=notices.Notices.from_config(config), cluster=cluster)
+    backend = backends.make(config, backends.Parts(
+        engine=engine, probe_key=ssh.load_probe_key(folder / "probe-key"),
+        images=ImagePreparer(engine=engine, ledger=Ledger(folder / "images.json")),
+        inventory=gpu_inventory.Inventory("none", None, problem="not read: a stop places nothing")))
+    passes = Pass(config, backend=backend, state=state, templates=load_all(config.templates_dir),
+                  notices=notices.Notices.from_config(config))
     passes.writeback.sftp_host_key = lambda: _public_key(_sftp_etc(folder))  # the running service's, if any
-    return Stopping(config=config, engine=engine, state=state, cluster=cluster, passes=passes,
-                    calendars=Calendars(config))
+    return Stopping(config=config, state=state, passes=passes, calendars=Calendars(config, topology=backend.topology))
 
 
 def _public_key(etc_dir: Path) -> str:
