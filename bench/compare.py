@@ -21,8 +21,11 @@ Benches (lower is better for every figure):
   idle      bench/daemon.py idle --seconds S: `gpubook run` polling every 30 s: RSS max, CPU
 
 The table: per figure OLD's median and range over the rounds, NEW's, NEW - OLD, and the noise: the
-spread (max - min) of OLD's own rounds; NEW's own spread beside it. A NEW median above OLD's by more
-than that noise is flagged.
+spread (max - min) of OLD's own rounds (--noise both: the larger of OLD's and NEW's spreads); NEW's
+own spread beside it. A NEW median above OLD's by more than that noise is flagged. With 3 rounds on a
+loaded 2-core VM, OLD's spread alone flagged 1 of 15 figures when both trees were the same code
+(bench/results/compare-noise-2026-11-26/); `--noise both` flagged none. `--table DIR` prints the
+table again from a kept --out folder, without running anything.
 Every run's whole output is kept in --out.
 """
 
@@ -208,7 +211,7 @@ def cell(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.3f}–{max(values):.3f}]"
 
 
-def table(runs: list[Run], benches: Sequence[str]) -> int:
+def table(runs: list[Run], benches: Sequence[str], *, both: bool) -> int:
     """Prints the comparison; returns how many figures NEW is worse in by more than the noise."""
     worse = 0
     header = f"{'figure':50s} {'unit':4s} {'OLD median [min–max]':>24s} {'NEW median [min–max]':>24s}" \
@@ -224,13 +227,27 @@ def table(runs: list[Run], benches: Sequence[str]) -> int:
                 print(f"{figure:50s} {unit:4s} {cell(old):>24s} {cell(new):>24s}")
                 continue
             difference = statistics.median(new) - statistics.median(old)
-            noise = spread(old)
+            noise = max(spread(old), spread(new)) if both else spread(old)
             flag = ""
             if difference > noise:
                 flag, worse = "  ← NEW worse by more than the noise", worse + 1
             print(f"{figure:50s} {unit:4s} {cell(old):>24s} {cell(new):>24s} {difference:+9.3f} {noise:8.3f}"
                   f" {spread(new):8.3f}{flag}")
     return worse
+
+
+def kept(folder: Path) -> list[Run]:
+    """The runs a --out folder kept (r{round}-{bench}-{side}.txt), read back for the table."""
+    runs = []
+    for path in sorted(folder.glob("r*-*-*.txt")):
+        round_, bench, side = path.stem.split("-")
+        header, _, output = path.read_text().partition("\n# cwd ")
+        status = output.split("\n", 1)[0]
+        code = re.search(r"exit (-?[0-9]+|None)", status)
+        runs.append(Run(bench=bench, side=side, round=int(round_[1:]), seconds=0.0,
+                        code=int(code.group(1)) if code and code.group(1) != "None" else None,
+                        output=output.split("\n", 1)[1] if "\n" in output else "", load=""))
+    return runs
 
 
 def describe(tree: Path) -> str:
@@ -241,16 +258,19 @@ def describe(tree: Path) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--old", type=Path, required=True, help="the tree measured as OLD (a checkout)")
-    parser.add_argument("--new", type=Path, required=True, help="the tree measured as NEW (a checkout)")
+    parser.add_argument("--old", type=Path, help="the tree measured as OLD (a checkout)")
+    parser.add_argument("--new", type=Path, help="the tree measured as NEW (a checkout)")
+    parser.add_argument("--table", type=Path, metavar="DIR", help="only print the table of a kept --out folder")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of OLD and NEW (3)")
     parser.add_argument("--benches", default=",".join(DEFAULT_BENCHES),
                         help=f"comma-separated, of {', '.join(BENCHES)} (default: all)")
     parser.add_argument("--account", help="run the benches as this account (when run as root)")
     parser.add_argument("--python", default="/opt/gpubook-dev/venv/bin/python",
                         help="the interpreter the benches run with (/opt/gpubook-dev/venv/bin/python)")
-    parser.add_argument("--data-root", required=True,
+    parser.add_argument("--data-root",
                         help="a nosuid,nodev folder the account owns (GPUBOOK_TEST_DATA_ROOT)")
+    parser.add_argument("--noise", choices=["old", "both"], default="old",
+                        help="the noise: OLD's spread over its rounds (old), or the larger of both sides' (both)")
     parser.add_argument("--out", type=Path, help="folder for every run's output (default: a new one in /tmp)")
     parser.add_argument("--start-runs", type=int, default=10, help="start: measured starts per run (10)")
     parser.add_argument("--singles", type=int, default=2, help="parallel: single bookings per run (2)")
@@ -261,6 +281,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = [b for b in args.benches if b not in BENCHES]
     if unknown:
         parser.error(f"unknown bench {', '.join(unknown)}: choose among {', '.join(BENCHES)}")
+    if args.table:
+        return args
+    if not (args.old and args.new and args.data_root):
+        parser.error("--old, --new and --data-root are needed to run the benches (or --table DIR to reread them)")
     for side in ("old", "new"):
         tree = getattr(args, side)
         if not (tree / "bench" / "daemon.py").is_file():
@@ -272,6 +296,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.table:
+        runs = kept(args.table)
+        benches = [b for b in args.benches if any(r.bench == b for r in runs)]
+        return 1 if table(runs, benches, both=args.noise == "both") else 0
     out = args.out or Path(tempfile.mkdtemp(prefix="gpubook-compare-"))
     out.mkdir(parents=True, exist_ok=True)
     options = Options(account=args.account, python=args.python, data_root=args.data_root, out=out,
@@ -283,10 +311,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"OLD {trees['old']} ({describe(trees['old'])}); NEW {trees['new']} ({describe(trees['new'])})")
     print(f"as {args.account or pwd.getpwuid(os.getuid()).pw_name}, {args.python}; output kept in {out}", flush=True)
     runs = rounds(args.benches, trees, args.rounds, options)
-    worse = table(runs, args.benches)
+    worse = table(runs, args.benches, both=args.noise == "both")
     failed = sum(run.code != 0 for run in runs)
     print(f"\n{len(runs)} runs in {(time.monotonic() - began) / 60:.1f} min, {failed} failed; load at the end "
-          f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}; noise = OLD's max − min over its rounds")
+          f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}; noise = "
+          + ("the larger of OLD's and NEW's max − min" if args.noise == "both" else "OLD's max − min over its rounds"))
     print(f"{worse} figure(s) where NEW is worse than OLD by more than the noise" if worse
           else "no figure where NEW is worse than OLD by more than the noise")
     return 1 if worse or failed else 0
