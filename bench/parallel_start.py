@@ -88,7 +88,7 @@ def start_daemon(tree: Path, config: Path) -> subprocess.Popen[bytes]:
 
 def login(port: int, user: str, key: paramiko.PKey) -> bool:
     """One login as the booker; a port whose SSH server does not answer yet costs no paramiko."""
-    from tests.daemon_kit import try_login
+    from tests.kits.daemon_kit import try_login
 
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as probe:
@@ -182,8 +182,8 @@ def scenario(tree: Path, *, name: str, starts: list[int], lead: float, tag: str,
              parallel_starts: int | None = None, logs: Path | None = None) -> Scenario:
     """Bookings at `lead` + each of `starts` seconds (the same number: at one second); measured."""
     from gpubook.runtime.engines import container_name, engine_from
-    from tests import servers
-    from tests.daemon_kit import book, soon, write_config
+    from tests.kits import servers
+    from tests.kits.daemon_kit import book, soon, write_config
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     count = len(starts)
@@ -244,10 +244,10 @@ def create_ahead(runs: int) -> None:
     """One booking at a time: `run` against `create` ahead and `start` at the start, each from its
     call to the probe's login (the booking's real spec and argv; podman 4.3's `create` has no
     `--passwd`, so it is left out there: the container runs as root 0:0, whose entry exists)."""
-    from gpubook.runtime import ssh, storage
+    from gpubook.runtime import booking, ssh, storage
     from gpubook.runtime.engines import container_name, engine_from
     from gpubook.runtime.templates import get_template
-    from tests.engine_suite import free_port
+    from tests.kits.engine_suite import free_port
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     cache = ssh.default_cache_dir()
@@ -261,10 +261,11 @@ def create_ahead(runs: int) -> None:
                 booking_id = f"ahead-{mode}-{number}"
                 name = container_name(booking_id)
                 key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
-                spec = ssh.booking_spec(get_template("debian-ssh"), booking_id=booking_id, user="alice", uid=2001,
-                                        gid=2001, ssh_keys=[], probe_key=probe, port=free_port(),
-                                        end=datetime.now(UTC) + timedelta(hours=1), folders=folders,
-                                        cache_dir=cache, host_key=key)
+                spec = booking.booking_spec(
+                    get_template("debian-ssh"),
+                    booking.Booking(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(),
+                                    port=free_port(), end=datetime.now(UTC) + timedelta(hours=1)),
+                    booking.HostFiles(probe_key=probe, cache_dir=cache, host_key=key, folders=folders))
                 argv = engine.run_args(spec)  # type: ignore[attr-defined]
                 try:
                     if mode == "ahead":
@@ -323,7 +324,7 @@ def main() -> None:
     from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
     from gpubook.runtime.templates import get_template
-    from tests.engine_suite import CACHE_DIR
+    from tests.kits.engine_suite import CACHE_DIR
 
     overlay_image.build_rootfs_image(engine_from("podman", runtime="runc", storage_driver="overlay"),
                                      get_template("debian-ssh"), cache_dir=CACHE_DIR)

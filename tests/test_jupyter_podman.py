@@ -3,7 +3,7 @@
 Rootless podman on the host network (the worst case: the container's loopback is the host's), a
 Debian image with sshd and a real JupyterLab (made here: mmdebstrap, then JupyterLab's wheels
 installed offline from a wheelhouse that `pip download` fills once; both cached), started through
-the host start path (ssh.booking_spec + ssh.start_booking). The booker forwards the socket with
+the host start path (booking.booking_spec + booking.start_booking). The booker forwards the socket with
 OpenSSH's own `ssh -L` and asks JupyterLab's API with and without the token. Hostile: root in another
 booking's container, on the same network, looks for a Jupyter server on every listening port and at
 the socket's path; a host user's `ps` must not show the token; no TCP port listens as the booker.
@@ -32,11 +32,9 @@ from gpubook.runtime.errors import EngineError
 from gpubook.runtime.overlay_image import build_rootfs_image
 from gpubook.runtime.templates import Template, get_template, load_template
 from gpubook.scheduler.commands.embedded import free_port
-from tests import daemon_kit, safe_data
-from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
-from tests.engine_suite import BOOKER, BOOKER_UID, CACHE_DIR, PODMAN, Booking, Bookings, connect, run
-
-keys = daemon_kit.keys  # the bookers' SSH keys (shared fixture)
+from tests.kits import safe_data
+from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.kits.engine_suite import BOOKER, BOOKER_UID, CACHE_DIR, PODMAN, Booking, Bookings, connect, run
 
 pytestmark = [
     pytest.mark.podman,

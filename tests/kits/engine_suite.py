@@ -1,8 +1,8 @@
 """The behaviour every engine must show, run against real engines (podman and Docker modules).
 
-A test module provides the fixtures `engine` (a started engine), `image` (the debian-ssh image, in
-that engine) and `expected_owner(uid)` (the host uid that files written by booker `uid` get), then
-subclasses `EngineBehaviour`. Containers are removed even when a test fails.
+A test module gives `engine_args` (how tests/plugins/engines.py makes `engine`, with the debian-ssh
+image in it, and `bookings`) and `expected_owner(uid)` (the host uid that files written by booker
+`uid` get), then subclasses `EngineBehaviour`. Containers are removed even when a test fails.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import overlay_image, ssh, storage
+from gpubook.runtime import booking, ssh, storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
 from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from gpubook.runtime.errors import EngineError, StorageError
-from gpubook.runtime.templates import Template, get_template
+from gpubook.runtime.templates import Template
 from gpubook.scheduler.commands.embedded import end_process, free_port
-from tests import safe_data
 
 BOOKER = "alice"
 BOOKER_UID = 2001
@@ -98,7 +97,6 @@ def _wait_for_dockerd(address: str, daemon: subprocess.Popen[bytes], log_path: P
     raise RuntimeError(f"dockerd did not answer within 60 s: {log_path.read_text()[-2000:]}")
 
 
-
 def new_key() -> paramiko.PKey:
     return paramiko.ECDSAKey.generate(bits=256)
 
@@ -133,7 +131,7 @@ class Booking:
     spec: ContainerSpec
     folders: storage.DataFolders
     key: paramiko.PKey
-    ready: ssh.Ready
+    ready: booking.Ready
 
 
 class Bookings:
@@ -161,20 +159,11 @@ class Bookings:
         booking_id = f"test-{secrets.token_hex(4)}@gpubook"
         host_key = ssh.booking_host_key(CACHE_DIR, container_name(booking_id),
                                         owner=self.engine.host_owner(0, 0), chown=self.engine.chown)
-        spec = ssh.booking_spec(
+        spec = booking.booking_spec(
             template,
-            booking_id=booking_id,
-            user=user,
-            uid=uid,
-            gid=uid,
-            ssh_keys=[key_line(key)],
-            probe_key=self.probe_key,
-            port=port or free_port(),
-            end=datetime.now(UTC) + timedelta(hours=1),
-            folders=folders,
-            cache_dir=CACHE_DIR,
-            host_key=host_key,
-            gpus=(0, 1),
+            booking.Booking(booking_id=booking_id, user=user, uid=uid, gid=uid, ssh_keys=(key_line(key),),
+                            port=port or free_port(), end=datetime.now(UTC) + timedelta(hours=1), gpus=(0, 1)),
+            booking.HostFiles(probe_key=self.probe_key, cache_dir=CACHE_DIR, host_key=host_key, folders=folders),
         )
         self.names.append(spec.name)
         return spec, folders
@@ -182,7 +171,7 @@ class Bookings:
     def start(self, *, command: tuple[str, ...] = ()) -> Booking:
         key = new_key()
         spec, folders = self.spec(key=key, command=command)
-        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, timeout=60)
+        ready = booking.start_booking(self.engine, spec, probe_key=self.probe_key, timeout=60)
         return Booking(spec=spec, folders=folders, key=key, ready=ready)
 
     def cleanup(self) -> None:
@@ -192,28 +181,6 @@ class Bookings:
             except EngineError:
                 pass
             ssh.forget_host_key(CACHE_DIR, name)
-
-
-@pytest.fixture(scope="session")
-def engine(engine_args: dict) -> Engine:
-    """The engine under test; each test module gives `engine_args`."""
-    return engine_from(**engine_args)
-
-
-@pytest.fixture(scope="session")
-def image(engine: Engine) -> str:
-    """The debian-ssh image, built once with mmdebstrap (tarball cached in ~/.cache/gpubook)."""
-    return overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
-
-
-@pytest.fixture
-def bookings(engine: Engine, image: str) -> Iterator[Bookings]:
-    with safe_data.data_root() as data_root:
-        made = Bookings(engine, data_root, get_template("debian-ssh"))
-        try:
-            yield made
-        finally:
-            made.cleanup()
 
 
 class EngineBehaviour:
