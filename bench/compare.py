@@ -305,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = Options(account=args.account, python=args.python, data_root=args.data_root, out=out,
                       start_runs=args.start_runs, singles=args.singles, idle_seconds=args.idle_seconds)
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
+    if args.rounds < 3:
+        print(f"with {args.rounds} round(s) the noise is hardly measured (0 with one): take the flags as a smoke test")
     began = time.monotonic()
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {platform.platform()}, {os.cpu_count()} cores; "
           f"load {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
