@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.templates import template_names
-from gpubook.scheduler.config import Config
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection

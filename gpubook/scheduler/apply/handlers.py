@@ -19,7 +19,7 @@ from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply.memory import ARMED, WARNED, Journal, Recall, warned_note
-from gpubook.scheduler.config import Config, UserConfig
+from gpubook.scheduler.settings import Config, UserConfig
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.hosts import Booker, Host, StartRequest

@@ -63,7 +63,7 @@ from gpubook.scheduler.apply.memory import (
     decide_memory,
     failure,
 )
-from gpubook.scheduler.config import Config
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core import decide, reclaim
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy as policy_module

@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
-from gpubook.scheduler.config import CalendarConfig, Config
+from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.core.convention import Refused, request, show, text
 from gpubook.scheduler.core.parsing import Parsed, Problem, error_summary, parse
 from gpubook.scheduler.core.recurrence import (

@@ -14,7 +14,7 @@ import logging
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from gpubook.scheduler.config import Config, remind_minutes
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.sources.block import one_line
 from gpubook.scheduler.state import State, StateError
@@ -42,7 +42,7 @@ def queue_due(plan: Plan, *, config: Config, state: State, now: datetime) -> dat
     ahead: list[datetime] = []
     for accepted in plan.accepted:
         booking = accepted.booking
-        minutes = remind_minutes(config, booking.user)
+        minutes = config.policy_for(booking.user).remind_minutes
         if minutes <= 0 or now >= booking.start or sent.get(booking.id) == booking.start.isoformat():
             continue
         due = booking.start - timedelta(minutes=minutes)

@@ -32,7 +32,7 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from gpubook.scheduler.config import CalendarConfig
+    from gpubook.scheduler.settings import CalendarConfig
     from gpubook.scheduler.sources.block import Outcome
 
 DEFAULT_TIMEOUT = 30.0  # seconds any one network wait may take

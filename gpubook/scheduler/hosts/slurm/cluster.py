@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpubook.runtime.errors import GpubookError
-from gpubook.scheduler.config import BackendConfig
+from gpubook.scheduler.hosts.slurm.settings import BackendConfig
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.hosts.slurm import parse, sync
 
