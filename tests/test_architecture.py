@@ -147,3 +147,33 @@ def test_a_registered_engine_and_source_run_a_pass(tmp_path: Path, registered: o
         assert state.containers(booking_id="b1")[-1].exit_reason == "ended"
         stop = result.actions[0]
         assert isinstance(stop, decide.Stop) and stop.host == host.name
+
+
+def test_the_pure_core_imports_only_what_its_allow_list_names() -> None:
+    """The pure-core contract of .importlinter (an allow-list) holds for the code as it is, and
+    breaks when the core imports something outside the list: a standard-library module no deny-list
+    names (os), or the config reader, which reads files."""
+    import configparser
+
+    import grimp
+
+    from tools.import_contracts import AllowListContract
+
+    repo = Path(__file__).resolve().parents[1]
+    settings = configparser.ConfigParser()
+    settings.read(repo / ".importlinter")
+    section = settings["importlinter:contract:pure-core"]
+    assert section["type"] == "allowlist"
+    options = {key: [line.strip() for line in section[key].splitlines() if line.strip()]
+               for key in ("source_modules", "allowed_modules")}
+    contract = AllowListContract(name="pure core", session_options={}, contract_options=options)
+    graph = grimp.build_graph("gpubook", include_external_packages=True, exclude_type_checking_imports=True)
+    assert contract.check(graph, verbose=False).kept
+    for forbidden in ("os", "gpubook.scheduler.config", "gpubook.scheduler.sources.caldav_source"):
+        graph.add_import(importer="gpubook.scheduler.core.plan", imported=forbidden, line_number=1,
+                         line_contents=f"import {forbidden}")
+        check = contract.check(graph, verbose=False)
+        graph.remove_import(importer="gpubook.scheduler.core.plan", imported=forbidden)
+        assert not check.kept
+        assert check.metadata["offences"] == [{"importer": "gpubook.scheduler.core.plan", "imported": forbidden,
+                                               "lines": [1]}]

@@ -44,9 +44,9 @@ from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import TemplateSet
 from gpubook.scheduler.apply.handlers import port_for, start_request, usable_template
 from gpubook.scheduler.apply.memory import ARMED
-from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.hosts import Ahead, Booker, Host, StartRequest
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State, StateError
 
 log = logging.getLogger(__name__)

@@ -19,12 +19,12 @@ from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply.memory import ARMED, WARNED, Journal, Recall, warned_note
-from gpubook.scheduler.settings import Config, UserConfig
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.hosts import Booker, Host, StartRequest
 from gpubook.scheduler.outbox.metrics import Metrics
 from gpubook.scheduler.outbox.writeback import RUNNING_LINES, start_lines
+from gpubook.scheduler.settings import Config, UserConfig
 from gpubook.scheduler.state import ContainerRecord, State, StateError
 
 # A constant script; the message is its $1, never part of the script (nothing from a calendar

@@ -63,7 +63,6 @@ from gpubook.scheduler.apply.memory import (
     decide_memory,
     failure,
 )
-from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core import decide, reclaim
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy as policy_module
@@ -74,6 +73,7 @@ from gpubook.scheduler.outbox import notices as notices_module
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics, start_failure_reason
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import ContainerRecord, State, StateError
 
 log = logging.getLogger(__name__)

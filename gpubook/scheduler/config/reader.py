@@ -13,9 +13,10 @@ from dataclasses import MISSING
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from gpubook.scheduler.settings import Check, Section, checks, key_of
+from gpubook.scheduler.settings import Section, checks, key_of
 
 REQUIRED = object()
+Check = Callable[[Any], "str | None"]  # a settings.Check, or any function saying what is wrong
 
 
 class Reader:

@@ -29,7 +29,6 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
-from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.core.convention import Refused, request, show, text
 from gpubook.scheduler.core.parsing import Parsed, Problem, error_summary, parse
 from gpubook.scheduler.core.recurrence import (
@@ -44,6 +43,7 @@ from gpubook.scheduler.core.recurrence import (
     too_many,
     utc,
 )
+from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources import RawObject
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 
-from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.settings import Config
 
 WEEK = timedelta(days=7)
 # How far back the daemon reads when a week quota is set: a booking's week reaches a week back, and

@@ -25,8 +25,8 @@ from datetime import datetime, timedelta, tzinfo
 from types import MappingProxyType
 
 from gpubook.runtime.engines.spec import ContainerInfo
-from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.settings import Config
 
 RELEASED = "released"  # the first word of a release's sentence, and of the event's line
 

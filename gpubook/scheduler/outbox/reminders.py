@@ -14,8 +14,8 @@ import logging
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core.plan import Plan
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.sources.block import one_line
 from gpubook.scheduler.state import State, StateError
 

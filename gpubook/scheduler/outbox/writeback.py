@@ -32,11 +32,11 @@ from gpubook.runtime.engines import ContainerInfo
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.slurm_step import HOSTFILE
 from gpubook.runtime.templates import Template
-from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import Accepted, Plan
 from gpubook.scheduler.outbox import foreign
+from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources import EventRef, Writer, block, open_writer
 from gpubook.scheduler.sources.alarm import Reminder
 from gpubook.scheduler.state import ContainerRecord, State, StateError

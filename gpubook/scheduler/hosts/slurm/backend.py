@@ -21,11 +21,11 @@ from datetime import datetime
 from pathlib import Path
 
 from gpubook.runtime.engines import EngineSettings
-from gpubook.scheduler.settings import Config
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.hosts.slurm.cluster import SlurmCluster, SlurmError, SlurmUnreachable
 from gpubook.scheduler.hosts.slurm.host import SlurmHost, read_listing
 from gpubook.scheduler.hosts.slurm.jobs import SlurmJobs
+from gpubook.scheduler.settings import Config
 
 log = logging.getLogger(__name__)
 
