@@ -36,7 +36,7 @@ class Key:
 
     @property
     def help(self) -> str:
-        return self.section.help_of(self.item) or str(self.item.metadata.get("help", ""))
+        return self.section.help_of(self.item)
 
     @property
     def meta(self) -> Any:
@@ -63,11 +63,8 @@ def keys() -> Iterator[Key]:
 def _keys(section: Section, table: str, cls: type, *, switched: bool = False) -> Iterator[Key]:
     hints = get_type_hints(cls)
     for item in dataclasses.fields(cls):
-        if not item.init or (item.metadata.get("help") is None and not section.helps.get(item.name)
-                             and cls is not section.cls):
-            continue
-        if cls is section.cls and section.shape == "named" and item.name == "name":
-            continue  # the table's NAME
+        if not item.init or (cls is section.cls and section.shape == "named" and item.name == "name"):
+            continue  # derived, or the table's NAME
         kind = optional_of(hints[item.name])
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             sub = f"{table}.{key_of(item)}"
@@ -155,7 +152,8 @@ def reference() -> str:
         allowed = checks.words(key.section.check_of(key.item)) or _secret_words(key)
         if key.meta.get("private"):
             allowed = "a file readable by its owner only (mode 0600)"
-        lines.append(f"| `{key.key}` | {type_words(key.hint)} | {_cell(default_words(key))} | {_cell(allowed)} | "
+        kind = "path" if key.meta.get("secret") else type_words(key.hint)
+        lines.append(f"| `{key.key}` | {kind} | {_cell(default_words(key))} | {_cell(allowed)} | "
                      f"{_cell(key.help)} |")
     return "\n".join(lines) + "\n"
 
