@@ -79,9 +79,13 @@ def test_a_user_overrides_the_policy_and_zero_means_no_limit() -> None:
 
 
 def test_each_users_policy_is_resolved_once_when_the_config_is_made() -> None:
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
-    from gpubook.scheduler.settings import UserPolicy
+    from gpubook.scheduler.settings import PolicyConfig, UserConfig, UserPolicy
+
+    # Every setting a user may hold over the policy is resolved: none is left to resolve elsewhere.
+    shared = {f.name for f in fields(UserConfig)} & {f.name for f in fields(PolicyConfig)}
+    assert {f.name for f in fields(UserPolicy)} == shared
 
     cfg = config({"remind_minutes": 10, "idle_minutes": 60, "week_gpu_hours": 40},
                  bob={"remind_minutes": 0, "idle_minutes": 15}, carol={"week_gpu_hours": 0})
