@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, overload
 
+from gpubook.runtime import engines
 from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler.config.reader import Reader
 from gpubook.scheduler.config.sections import FACTS, SECTIONS, read_section, system_timezone
@@ -64,11 +65,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         for section in SECTIONS:
             if section.refusal is not None and (problem := section.refusal(read[section.name])):
                 reader.error(section.name, problem)
-        if read["gpus"].mps and read["engine"].name == "docker":
-            reader.error("gpus.mps", 'cannot be used with [engine] name = "docker": the MPS pipe folder is a '
-                         "host folder every booking writes into, and root in a Docker container is root on the "
-                         "host (a setuid file left there runs as root for any host login); use podman, or "
-                         "set mps = false")
+        if read["gpus"].mps and (problem := engines.mps_problem(read["engine"])):
+            reader.error("gpus.mps", problem)  # the engine's own reason (Docker: root inside is host root)
     if reader.errors:
         raise ConfigError("\n".join(reader.errors))
     return Config(

@@ -13,6 +13,7 @@ from typing import Any
 from gpubook.runtime import engines
 from gpubook.runtime.engines import EngineSettings
 from gpubook.runtime.plugins import load_callable
+from gpubook.scheduler import sources
 from gpubook.scheduler.config.reader import Reader, join, kind_of
 from gpubook.scheduler.hosts.sftp_settings import SECTION as SFTP
 from gpubook.scheduler.hosts.slurm.settings import SECTION as BACKEND
@@ -37,7 +38,7 @@ from gpubook.scheduler.settings import (
 )
 from gpubook.scheduler.settings.checks import timezone_problem
 from gpubook.scheduler.settings.sections import ssh_problems
-from gpubook.scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind, source_class
+from gpubook.scheduler.sources import BaseSource, https_url, implied_kind, source_class
 from gpubook.scheduler.sources.errors import redact_url
 
 
@@ -51,23 +52,20 @@ def _monitor_problem(name: str) -> str | None:
     return None
 
 
-def _memory_problem(value: str | None) -> str | None:
-    if value is None or value == "none" or re.fullmatch(r"[1-9][0-9]*[bkmg]?", value):
-        return None
-    return "must be like '512m' or '32g', or \"none\""
+# The rules of the engines' own checks (runtime.engines.SETTING_CHECKS), in words.
+ENGINE_RULES = {
+    "name": '"podman", "docker" or a loadable "package.module:Class"',
+    "network": 'one of "host", "private"',
+    "stop_grace_seconds": "0 or more",
+    "pids_limit": "0 or more",
+    "memory": "like '512m' or '32g', or \"none\"",
+}
 
-
-# [engine] is runtime.engines.EngineSettings, declared where the scheduler cannot be imported: its
-# checks and help are given here.
+# [engine] is runtime.engines.EngineSettings, declared where the scheduler cannot be imported: the
+# engines give its checks, and its help is given here.
 ENGINE = Section(
     "engine", EngineSettings, "the container engine every booking runs in, and the limits it sets",
-    checks={
-        "name": Check('"podman", "docker" or a loadable "package.module:Class"', engines.name_problem),
-        "network": checks.one_of(engines.NETWORKS),
-        "stop_grace_seconds": checks.not_negative,
-        "pids_limit": checks.not_negative,
-        "memory": Check("like '512m' or '32g', or \"none\"", _memory_problem),
-    },
+    checks={name: Check(ENGINE_RULES.get(name, ""), test) for name, test in engines.SETTING_CHECKS.items()},
     helps={
         "name": '"podman", "docker", or a dotted path "package.module:Class"',
         "binary": "the engine's command; default: the engine's name, looked up on PATH",
@@ -154,25 +152,14 @@ def _gpu_indices(reader: Reader, where: str, value: Any) -> tuple[int, ...] | No
     return None
 
 
-def _source_kind_problem(kind: str) -> str | None:
-    try:
-        source_class(kind)
-    except LookupError:
-        return checks.one_of(SOURCE_KINDS)(None)
-    except (ImportError, AttributeError, TypeError) as error:
-        return f"cannot load the calendar source {kind}: {error}"
-    return None
-
-
 def _source_keys(table: Mapping[str, Any]) -> tuple[str, ...]:
     """The keys the calendar's source kind declares (the built-in default for a broken kind)."""
     kind, url = table.get("kind"), table.get("url")
     if not isinstance(kind, str):
         kind = implied_kind(https_url(url)) if isinstance(url, str) else "caldav"
-    try:
-        return source_class(kind).calendar_keys
-    except (LookupError, ImportError, AttributeError, TypeError):
+    if sources.REGISTRY.problem(kind) is not None:
         return BaseSource.calendar_keys
+    return source_class(kind).calendar_keys
 
 
 def _calendar(reader: Reader, where: str, table: Mapping[str, Any]) -> CalendarConfig | None:
@@ -185,7 +172,7 @@ def _calendar(reader: Reader, where: str, table: Mapping[str, Any]) -> CalendarC
         if not re.match(r"^https?://[^\s/]+", url):
             reader.error(join(where, "url"), f"must be an http:// or https:// URL, not {redact_url(url)!r}")
         kind = implied_kind(url)
-    kind = reader.get(table, where, "kind", str, default=kind, check=_source_kind_problem)
+    kind = reader.get(table, where, "kind", str, default=kind, check=sources.REGISTRY.problem)
     settings = reader.settings(table, where, CalendarConfig, only=[*source_keys, "user"])
     gpus = _gpu_indices(reader, join(where, "gpus"), table.get("gpus", "all"))
     if url is None or kind is None:
