@@ -47,7 +47,7 @@ from icalendar import Calendar, Event
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpubook.scheduler.sources.caldav_source import CaldavSource  # noqa: E402
-from tests import servers  # noqa: E402
+from tests.kits import servers  # noqa: E402
 
 SYNC_BODY = ('<?xml version="1.0" encoding="utf-8"?><sync-collection xmlns="DAV:">'
              '<sync-token>{token}</sync-token><sync-level>1</sync-level>'

@@ -30,7 +30,7 @@ from gpubook.runtime import overlay_image, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import Engine, EngineOptions, EngineSettings, container_name, engine_from  # noqa: E402
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
 from gpubook.runtime.templates import Template, get_template  # noqa: E402
-from tests.engine_suite import DOCKER, free_port, private_dockerd  # noqa: E402
+from tests.kits.engine_suite import DOCKER, free_port, private_dockerd  # noqa: E402
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -60,9 +60,9 @@ def latency(count: int) -> None:
     from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
     from gpubook.runtime.templates import get_template
-    from tests import servers
-    from tests.daemon_kit import DaemonProcess, book, soon, try_login, write_config
-    from tests.engine_suite import CACHE_DIR
+    from tests.kits import servers
+    from tests.kits.daemon_kit import DaemonProcess, book, soon, try_login, write_config
+    from tests.kits.engine_suite import CACHE_DIR
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
@@ -114,8 +114,8 @@ def latency(count: int) -> None:
 
 
 def idle(seconds: float, *, web: bool = False) -> None:
-    from tests import servers
-    from tests.daemon_kit import DaemonProcess, book, write_config
+    from tests.kits import servers
+    from tests.kits.daemon_kit import DaemonProcess, book, write_config
 
     key = paramiko.ECDSAKey.generate(bits=256)
     ticks = os.sysconf("SC_CLK_TCK")

@@ -174,7 +174,7 @@ class Runner:
     """Starts one measurement, bare or in a container, and returns its JSON result."""
 
     def __init__(self, options: argparse.Namespace) -> None:
-        sys.path.insert(0, str(REPO / "tests" / "gpu"))
+        sys.path.insert(0, str(REPO / "tests" / "kits"))
         sys.path.insert(0, str(REPO))
         import hostroot  # noqa: PLC0415 - the GPU-host helpers; absent from the container
 
@@ -417,7 +417,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def selftest(options: argparse.Namespace) -> int:
-    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    sys.path.insert(0, str(REPO / "tests" / "kits"))
     import hostroot  # noqa: PLC0415
 
     from gpubook.runtime import nvidia  # noqa: PLC0415
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if options.selftest:
         return selftest(options)
-    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    sys.path.insert(0, str(REPO / "tests" / "kits"))
     import hostroot  # noqa: PLC0415
 
     reason = hostroot.unavailable()

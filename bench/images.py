@@ -37,8 +37,8 @@ from gpubook.runtime.templates import Template, get_template, load_template  # n
 from gpubook.scheduler.hosts import Booker, StartRequest  # noqa: E402
 from gpubook.scheduler.hosts.images import ImagePreparer  # noqa: E402
 from gpubook.scheduler.hosts.local import LocalHost  # noqa: E402
-from tests import registry_kit  # noqa: E402
-from tests.engine_suite import CACHE_DIR, free_port  # noqa: E402
+from tests.kits import registry_kit  # noqa: E402
+from tests.kits.engine_suite import CACHE_DIR, free_port  # noqa: E402
 
 
 def pushed_only(engine: Engine, registry: registry_kit.Registry, *, base: str, big: bool = False) -> str:

@@ -4,11 +4,11 @@
         [--out FILE]
 
 Run as the account whose rootless podman runs bookings, with GPUBOOK_TEST_DATA_ROOT naming a nosuid,nodev
-folder (tests/safe_data.py). TREE is the gpubook checkout under test: the booking is started and its log read
+folder (tests/kits/safe_data.py). TREE is the gpubook checkout under test: the booking is started and its log read
 with that tree's code (main: no log cap, `logs` read whole; after: 10 MB cap, the last 1 MiB read).
 
 A booking (debian-ssh) writes --bytes of `yes` lines to its stdout, then touches a marker. Meanwhile the
-daemon's `usage.Sampler`, in a process of its own (tests/log_flood_kit.py), looks at the log every round
+daemon's `usage.Sampler`, in a process of its own (tests/kits/log_flood_kit.py), looks at the log every round
 (about every 0.5 s plus the read), until the marker is there and twice more. Printed: the flood's time, the
 log file's size on disk at the end, the sampler's RSS before its first read, its peak (VmHWM), the RSS after
 each round, the longest log text a read gave, and the reads that failed (podman's `logs` past 60 s). The
@@ -28,14 +28,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the kit, whichever tree is tested
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kits"))  # the kit, whichever tree is tested
 import log_flood_kit  # noqa: E402
 
 from gpubook.runtime import overlay_image  # noqa: E402 - the tree's own (PYTHONPATH), as are the tests' kits
 from gpubook.runtime.engines import engine_from  # noqa: E402
 from gpubook.runtime.templates import get_template  # noqa: E402
-from tests import engine_suite, safe_data  # noqa: E402
-from tests.engine_suite import Bookings  # noqa: E402
+from tests.kits import engine_suite, safe_data  # noqa: E402
+from tests.kits.engine_suite import Bookings  # noqa: E402
 
 
 def log_size(engine: object, name: str) -> int:

@@ -31,7 +31,7 @@ from bench.container_start import podman_engine  # noqa: E402
 from gpubook.runtime import overlay_image, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import Engine, container_name  # noqa: E402
 from gpubook.runtime.templates import get_template  # noqa: E402
-from tests.engine_suite import free_port  # noqa: E402
+from tests.kits.engine_suite import free_port  # noqa: E402
 
 MIB = 1 << 20
 

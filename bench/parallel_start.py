@@ -88,7 +88,7 @@ def start_daemon(tree: Path, config: Path) -> subprocess.Popen[bytes]:
 
 def login(port: int, user: str, key: paramiko.PKey) -> bool:
     """One login as the booker; a port whose SSH server does not answer yet costs no paramiko."""
-    from tests.daemon_kit import try_login
+    from tests.kits.daemon_kit import try_login
 
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as probe:
@@ -182,8 +182,8 @@ def scenario(tree: Path, *, name: str, starts: list[int], lead: float, tag: str,
              parallel_starts: int | None = None, logs: Path | None = None) -> Scenario:
     """Bookings at `lead` + each of `starts` seconds (the same number: at one second); measured."""
     from gpubook.runtime.engines import container_name, engine_from
-    from tests import servers
-    from tests.daemon_kit import book, soon, write_config
+    from tests.kits import servers
+    from tests.kits.daemon_kit import book, soon, write_config
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     count = len(starts)
@@ -247,7 +247,7 @@ def create_ahead(runs: int) -> None:
     from gpubook.runtime import ssh, storage
     from gpubook.runtime.engines import container_name, engine_from
     from gpubook.runtime.templates import get_template
-    from tests.engine_suite import free_port
+    from tests.kits.engine_suite import free_port
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     cache = ssh.default_cache_dir()
@@ -323,7 +323,7 @@ def main() -> None:
     from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
     from gpubook.runtime.templates import get_template
-    from tests.engine_suite import CACHE_DIR
+    from tests.kits.engine_suite import CACHE_DIR
 
     overlay_image.build_rootfs_image(engine_from("podman", runtime="runc", storage_driver="overlay"),
                                      get_template("debian-ssh"), cache_dir=CACHE_DIR)

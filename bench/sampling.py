@@ -145,7 +145,7 @@ def podman_logs(args: argparse.Namespace) -> None:
     from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
     from gpubook.runtime.templates import get_template
-    from tests.engine_suite import CACHE_DIR
+    from tests.kits.engine_suite import CACHE_DIR
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     image = overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)

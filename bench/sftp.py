@@ -50,7 +50,7 @@ from gpubook.runtime import sftp, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import Engine  # noqa: E402
 from gpubook.runtime.templates import get_template  # noqa: E402
 from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings  # noqa: E402
-from tests import safe_data  # noqa: E402
+from tests.kits import safe_data  # noqa: E402
 
 MIB = 1 << 20
 SSHD = Path("/usr/sbin/sshd")

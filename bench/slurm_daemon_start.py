@@ -2,10 +2,10 @@
 
     sudo PYTHONPATH=. python bench/slurm_daemon_start.py [ROUNDS]
 
-Needs root (tests/slurm_kit.py makes the tests' real Slurm 22.05 cluster: slurmctld, two slurmd of
+Needs root (tests/kits/slurm_kit.py makes the tests' real Slurm 22.05 cluster: slurmctld, two slurmd of
 4 GPUs in their own network namespaces), the account gpubook-test with rootless podman and the
 debian-ssh test image (built once, as in tests/test_slurm_jobs.py), and the nosuid,nodev test
-data mount (tests/safe_data.py). Prints figures; asserts nothing beyond sanity.
+data mount (tests/kits/safe_data.py). Prints figures; asserts nothing beyond sanity.
 
 Two real daemons (`gpubook run` as gpubook-test, tests/daemon_kit.DaemonProcess) run at the same
 time for the whole run, each on its own Radicale calendar: one with the Slurm backend (the config of
@@ -45,11 +45,10 @@ import caldav
 import paramiko
 
 from gpubook.runtime.engines import container_name
-from tests import daemon_kit, safe_data, servers, slurm_kit
-from tests.engine_suite import new_key
-from tests.test_daemon_slurm import jobs, login, reservations, run
-from tests.test_daemon_slurm import write_config as slurm_config
-from tests.test_slurm_jobs import REPO, _podman
+from tests.kits import daemon_kit, safe_data, servers, slurm_kit
+from tests.kits.engine_suite import new_key
+from tests.kits.slurm_jobs_kit import REPO, jobs, login, podman_as, reservations, run
+from tests.kits.slurm_jobs_kit import write_config as slurm_config
 
 MACHINE = "Debian 12 VM, 2 cores, 24 GiB, rootless podman runc/overlay, Slurm 22.05 in network namespaces"
 POLL = 0.05
@@ -142,7 +141,7 @@ def measure(side: Side, booking_id: str, key: paramiko.PKey, user: str) -> tuple
         raise SystemExit(f"{side.name} {booking_id}: no ssh line or login within 180 s\n{side.daemon.tail()}")
     side.calendar.event_by_uid(booking_id).delete()
     names = [container_name(booking_id), *(container_name(f"{booking_id}@{n}") for n in ("node1", "node2"))]
-    daemon_kit.wait_for(f"{booking_id}'s container gone", lambda: all(_podman(
+    daemon_kit.wait_for(f"{booking_id}'s container gone", lambda: all(podman_as(
         user, "container", "exists", name) == 1 for name in names), timeout=90, interval=0.5, daemon=side.daemon)
     daemon_kit.wait_for(f"{booking_id}'s job and reservation gone", side.idle, timeout=60, interval=0.5,
                         daemon=side.daemon)
@@ -209,7 +208,7 @@ def main() -> None:
                 side.daemon.stop()
             for booking_id in ids:  # a Slurm step's container is named with its node
                 for name in (booking_id, f"{booking_id}@node1", f"{booking_id}@node2"):
-                    _podman(cluster.user, "rm", "--force", "--time=0", container_name(name))
+                    podman_as(cluster.user, "rm", "--force", "--time=0", container_name(name))
             if data_link.is_symlink():
                 safe_data.remove(data_link.resolve())
     for name, pairs in figures.items():

@@ -2,7 +2,7 @@
 
     sudo PYTHONPATH=. python bench/slurm_start.py [ROUNDS]
 
-Needs root (tests/slurm_kit.py makes a real Slurm 22.05 cluster: slurmctld, two slurmd in their
+Needs root (tests/kits/slurm_kit.py makes a real Slurm 22.05 cluster: slurmctld, two slurmd in their
 own network namespaces) and the account gpubook-test with rootless podman and the debian-ssh test
 image (built once, as in tests/test_slurm_jobs.py). Each round, one booking:
 
@@ -36,10 +36,9 @@ from gpubook.runtime.templates import get_template
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.slurm import SlurmCluster
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
-from tests import slurm_kit
-from tests.engine_suite import key_line, new_key
-from tests.test_slurm_jobs import ENGINE, PREFIX, REPO, AsAccount, JobsOfAccount, _podman
-from tests.test_slurm_sync import accepted, booking
+from tests.kits import slurm_kit
+from tests.kits.engine_suite import key_line, new_key
+from tests.kits.slurm_jobs_kit import ENGINE, PREFIX, REPO, AsAccount, JobsOfAccount, accepted, booking, podman_as
 
 
 def through_slurm(cluster: slurm_kit.Cluster, jobs: JobsOfAccount, scontrol: AsAccount, booking_id: str,
@@ -108,7 +107,7 @@ def main() -> None:
         finally:
             for index in range(rounds):
                 for name in (f"bench-s{index}", f"bench-l{index}", f"bench-s{index}@node2", f"bench-l{index}@node2"):
-                    _podman(cluster.user, "rm", "--force", "--time=0", container_name(name))
+                    podman_as(cluster.user, "rm", "--force", "--time=0", container_name(name))
     print(f"median start-to-SSH: through Slurm {statistics.median(s for s, _ in slurm):.2f} s, "
           f"without Slurm {statistics.median(s for s, _ in local):.2f} s ({rounds} rounds)")
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, rootless podman as {cluster.user}, "

@@ -32,7 +32,7 @@ from gpubook.runtime.engines import ContainerInfo, container_name  # noqa: E402
 from gpubook.scheduler.core.plan import Plan  # noqa: E402
 from gpubook.scheduler.outbox import status  # noqa: E402
 from gpubook.scheduler.state.records import ContainerRecord  # noqa: E402
-from tests.web_kit import (  # noqa: E402
+from tests.kits.web_kit import (  # noqa: E402
     accepted,
     booking,
     browser,

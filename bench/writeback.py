@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpubook.scheduler.sources import EventRef, block  # noqa: E402
 from gpubook.scheduler.sources.caldav_writer import CalendarWriter  # noqa: E402
 from gpubook.scheduler.state import State  # noqa: E402
-from tests.test_notify import PASSWORD, USER, _event, _put, calendar_on  # noqa: E402
+from tests.kits.writeback_kit import PASSWORD, USER, booker_event, calendar_on, put_event  # noqa: E402
 
 ROUNDS = 20
 START = datetime(2026, 11, 23, 8, tzinfo=UTC)
@@ -32,7 +32,7 @@ def _ms(samples: list[float]) -> str:
 
 
 def bench_calendar(name: str, url: str) -> None:
-    href = _put(url, _event("bench@gpubook"))
+    href = put_event(url, booker_event("bench@gpubook"))
     writer = CalendarWriter(url, username=USER, password=PASSWORD, timezone="Europe/Paris")
     ref = EventRef(url, href, "bench@gpubook")
     changing, unchanged = [], []

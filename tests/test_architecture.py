@@ -27,7 +27,7 @@ from gpubook.scheduler.service import Calendars
 from gpubook.scheduler.sources import BaseSource, EventRef, PollStats, RawObject, Snapshot, WriteResult
 from gpubook.scheduler.sources.block import Outcome
 from gpubook.scheduler.state import State
-from tests.daemon_kit import IdleEngine
+from tests.kits.daemon_kit import IdleEngine
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
 URL = "http://127.0.0.1:9/lab/devbox1/"  # never connected to: the fake source holds the events

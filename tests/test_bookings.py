@@ -6,7 +6,9 @@ from datetime import timedelta
 
 import icalendar
 import pytest
-from booking_kit import (
+
+from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
+from tests.kits.booking_kit import (
     CALENDAR,
     GPU1_CALENDAR,
     make_config,
@@ -17,8 +19,6 @@ from booking_kit import (
     vcalendar,
     vevent,
 )
-
-from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
 
 START = "DTSTART:20261124T090000Z"
 END = "DTEND:20261124T110000Z"

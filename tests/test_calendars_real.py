@@ -11,9 +11,9 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from booking_kit import DATA, raw, read, utc
 
 from gpubook.scheduler.core.bookings import Expansion, Rejection
+from tests.kits.booking_kit import DATA, raw, read, utc
 
 
 def expand_file(name: str, start: datetime, end: datetime) -> Expansion:

@@ -15,7 +15,7 @@ from pathlib import Path
 import caldav
 import pytest
 
-from tests import safe_data, servers
+from tests.kits import safe_data, servers
 
 pytestmark = pytest.mark.caldav
 

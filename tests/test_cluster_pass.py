@@ -10,14 +10,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from test_pass_bounded import DEAD_URL, HOLD, NOW, Machine, bookings, event
-
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.state import State
+from tests.kits.pass_kit import DEAD_URL, HOLD, NOW, Machine, bookings, event
 
 
 class Node(Machine):

@@ -203,10 +203,10 @@ def test_engine_section_is_read_from_the_engines_own_settings(tmp_path: Path) ->
 
 def test_the_gpu_monitor_may_name_a_function(tmp_path: Path) -> None:
     base = '[[calendar]]\nurl = "https://cal.example/c/"\n[gpus]\n'
-    assert config.load(write(tmp_path, base + 'monitor = "tests.fake_gpus:read"\n')).gpu_monitor == \
-        "tests.fake_gpus:read"
+    assert config.load(write(tmp_path, base + 'monitor = "tests.kits.fake_gpus:read"\n')).gpu_monitor == \
+        "tests.kits.fake_gpus:read"
     assert config.load(write(tmp_path, base)).gpu_monitor == "nvml"
-    found = problems(tmp_path, base + 'monitor = "tests.fake_gpus:nothing"\n')
+    found = problems(tmp_path, base + 'monitor = "tests.kits.fake_gpus:nothing"\n')
     assert any("gpus.monitor" in line and "cannot be loaded" in line for line in found), found
     found = problems(tmp_path, base + 'monitor = "dcgm"\n')
     assert any("must be \"package.module:name\"" in line for line in found), found

@@ -4,24 +4,23 @@ the booker logging in with paramiko. Bookings last seconds; warn_minutes is 0.1 
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 from caldav.lib import error as dav_error
 
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler.state import State
-from tests import daemon_kit
-from tests.daemon_kit import (
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
     DaemonProcess,
     book,
     cli,
     description,
+    events,
     run,
     running_container,
     soon,
@@ -30,21 +29,7 @@ from tests.daemon_kit import (
     write_config,
 )
 
-# shared fixtures
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
-
-pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-]
-
-
-
-
-def events(config_dir: Path, booking_id: str | None = None) -> list[str]:
-    with State(config_dir / "state" / "state.sqlite") as state:
-        return [e.message for e in state.events(booking_id=booking_id)]
+pytestmark = DAEMON_MODULE
 
 
 def test_booking_runs_from_start_to_end(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
@@ -272,8 +257,6 @@ def test_user_edit_during_write_back_survives(tmp_path: Path, radicale, engine, 
     assert str(component["LOCATION"]) == f"room {edits - 1}"
     assert str(component["X-GPUBOOK-STATUS"]) == "running"
     assert "user: alice" in str(component["DESCRIPTION"])
-
-
 
 
 def test_status_stop_and_log_commands(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:

@@ -5,21 +5,20 @@ a booking deleted while armed loses its container and port at once."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 from caldav.lib import error as dav_error
 
 from gpubook.scheduler.state import State
-from tests import daemon_kit
-from tests.daemon_kit import (
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
     DaemonProcess,
     book,
     description,
     event_text,
+    events,
     running_container,
     soon,
     try_login,
@@ -27,18 +26,7 @@ from tests.daemon_kit import (
     write_config,
 )
 
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
-
-pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-]
-
-
-def events(config_dir: Path, booking_id: str) -> list[str]:
-    with State(config_dir / "state" / "state.sqlite") as state:
-        return [e.message for e in state.events(booking_id=booking_id)]
+pytestmark = DAEMON_MODULE
 
 
 def test_an_armed_booking_lets_nobody_in_before_its_start(tmp_path: Path, radicale, engine, keys, cleanup,

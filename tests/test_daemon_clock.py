@@ -7,9 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from daemon_kit import in_process_daemon, wait_for
-
 from gpubook.scheduler.daemon import ClockWatch
+from tests.kits.daemon_kit import in_process_daemon, wait_for
 
 T0 = datetime(2026, 11, 23, 12, tzinfo=UTC)
 

@@ -1,5 +1,5 @@
 """Processes on a booked GPU outside its booking's container, with the real daemon, Radicale and
-rootless podman; NVML's process list comes from tests/fake_gpus.py, the PIDs are real: a `sleep` the
+rootless podman; NVML's process list comes from tests/kits/fake_gpus.py, the PIDs are real: a `sleep` the
 booker starts in their container over SSH (a subordinate uid's process), a `sleep` this test starts
 on the host, and the host's pid 1 (root's: the daemon may not signal it).
 
@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from datetime import timedelta
 from pathlib import Path
 
-import fake_gpus
 import pytest
 
-from tests import daemon_kit
-from tests.daemon_kit import (
+from tests.kits import daemon_kit, fake_gpus
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
     DaemonProcess,
     book,
     description,
@@ -31,12 +30,8 @@ from tests.daemon_kit import (
     write_config,
 )
 
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
-
 pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+    *DAEMON_MODULE,
     pytest.mark.skipif(os.geteuid() == 0, reason="the daemon runs as an unprivileged user (pid 1 is not its own)"),
 ]
 GPU = 6  # a GPU no other daemon test books
@@ -61,7 +56,7 @@ def test_a_process_outside_the_booking_is_reported_and_stopped_and_its_own_never
     gpus = tmp_path / "gpus.json"
     fake_gpus.write(gpus, [{"utilisation": 0} for _ in range(8)])
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, gpus=8,
-                          gpu_lines=['monitor = "tests.fake_gpus:read"'])
+                          gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
     config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
                       + '\n[policy]\nforeign_processes = "stop"\nforeign_grace_minutes = 0.1\n')
     start = soon(6)

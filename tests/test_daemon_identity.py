@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,15 +20,19 @@ import caldav
 import pytest
 from caldav.lib import error as dav_error
 
-from tests import daemon_kit, servers
-from tests.daemon_kit import DaemonProcess, book, description, event_text, soon, wait_for, write_config
+from tests.kits import servers
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
+    DaemonProcess,
+    book,
+    description,
+    event_text,
+    soon,
+    wait_for,
+    write_config,
+)
 
-keys, daemons = daemon_kit.keys, daemon_kit.daemons  # shared fixtures
-
-pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-]
+pytestmark = DAEMON_MODULE
 
 PASSWORDS = {"gpubook": "daemon-pw", "alice": "alice-pw", "mallory": "mallory-pw"}
 # First match wins: the daemon's account reads and writes every user's calendars; each user reads

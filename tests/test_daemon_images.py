@@ -16,16 +16,22 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.templates import default_templates_dir
-from tests import daemon_kit, registry_kit
-from tests.daemon_kit import DaemonProcess, book, description, run, running_container, soon, try_login, wait_for
-from tests.registry_kit import Registry
-
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
+from tests.kits import daemon_kit, registry_kit
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
+    DaemonProcess,
+    book,
+    description,
+    run,
+    running_container,
+    soon,
+    try_login,
+    wait_for,
+)
+from tests.kits.registry_kit import Registry
 
 pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+    *DAEMON_MODULE,
     pytest.mark.skipif(shutil.which("docker-registry") is None, reason="docker-registry is not installed"),
 ]
 

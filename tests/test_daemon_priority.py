@@ -6,37 +6,24 @@ no container starts). Bob plays the hostile writer of the lab's shared calendar.
 
 from __future__ import annotations
 
-import shutil
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import caldav
-import pytest
-from caldav.lib import error as dav_error
 
-from tests import daemon_kit
-from tests.daemon_kit import DaemonProcess, book, description, event_text, wait_for, write_config
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
+    DaemonProcess,
+    book,
+    description,
+    edit,
+    event_text,
+    wait_for,
+    write_config,
+)
 
-# shared fixtures
-engine, keys = daemon_kit.engine, daemon_kit.keys
-daemons = daemon_kit.daemons
-
-pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-]
-
-
-def edit(calendar: caldav.Calendar, uid: str, text: str) -> bool:
-    """Replace an event's content, as a calendar program does (If-Match its current ETag)."""
-    event = calendar.event_by_uid(uid)
-    event.data = text
-    try:
-        event.save()
-    except dav_error.ETagMismatchError:
-        return False  # gpubook wrote back in between: read it again
-    return True
+pytestmark = DAEMON_MODULE
 
 
 def status(calendar: caldav.Calendar, uid: str) -> str:

@@ -1,5 +1,5 @@
 """No-shows and idle GPUs with the real daemon, Radicale and rootless podman; the GPUs' utilisation
-from tests/fake_gpus.py (no GPU here), rewritten by the test while the daemon runs.
+from tests/kits/fake_gpus.py (no GPU here), rewritten by the test while the daemon runs.
 
 Three bookings start together on GPUs nobody uses (utilisation 0 %): alice's "gone" nobody logs
 into; alice's "came" she logs into over SSH (paramiko); bob's "busy" nobody logs into, but its GPU
@@ -12,18 +12,15 @@ the event's line goes.
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import fake_gpus
-import pytest
-
 from gpubook.scheduler.state import State
-from tests import daemon_kit
-from tests.daemon_kit import (
+from tests.kits import fake_gpus
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
     DaemonProcess,
     book,
     description,
@@ -35,13 +32,7 @@ from tests.daemon_kit import (
     write_config,
 )
 
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
-
-pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-]
+pytestmark = DAEMON_MODULE
 
 GONE, CAME, BUSY = 6, 5, 4  # GPUs no other daemon test books
 
@@ -56,7 +47,7 @@ def test_a_no_show_is_released_and_its_slot_booked_again_while_a_booker_who_came
     monitor = tmp_path / "gpus.json"
     fake_gpus.write(monitor, gpus({BUSY: 80}))
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8,
-                          gpu_lines=['monitor = "tests.fake_gpus:read"'])
+                          gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
     config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
                       + "\n[policy]\nno_show_minutes = 0.25\nidle_minutes = 0.15\nidle_percent = 5\n")
     start = soon(8)

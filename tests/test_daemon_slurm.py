@@ -1,4 +1,4 @@
-"""The daemon with `[backend] kind = "slurm"` on a real Slurm 22.05 cluster (tests/slurm_kit.py: two
+"""The daemon with `[backend] kind = "slurm"` on a real Slurm 22.05 cluster (tests/kits/slurm_kit.py: two
 slurmd nodes of 4 GPUs in their own network namespaces, slurmctld as the unprivileged account the
 daemon runs as), real Radicale and rootless podman on the nodes: bookings become reservations on
 the nodes the plan chose, their jobs start at their start, bookers log in on their nodes, a
@@ -12,31 +12,23 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import caldav
-import paramiko
 import pytest
 
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler.hosts.slurm import parse
-from tests import safe_data, slurm_kit
-from tests.daemon_kit import DaemonProcess, book, cli, description, key_line, port_range, wait_for
-from tests.engine_suite import new_key
-from tests.test_slurm_jobs import REPO, _podman, account_image  # noqa: F401 - account_image is a fixture
+from tests.kits import safe_data, slurm_kit
+from tests.kits.daemon_kit import DaemonProcess, book, cli, description, wait_for
+from tests.kits.engine_suite import new_key
+from tests.kits.slurm_jobs_kit import REPO, jobs, login, podman_as, reservations, run, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.podman,
               pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]
 SSH_LINE = re.compile(r"ssh -p (\d+) alice@(node\d)")
-
-
-@pytest.fixture
-def cluster() -> Iterator[slurm_kit.Cluster]:
-    with slurm_kit.running() as made:
-        yield made
 
 
 @pytest.fixture
@@ -60,59 +52,12 @@ def data_root(cluster: slurm_kit.Cluster) -> Iterator[Path]:
         yield folder
 
 
-def write_config(folder: Path, cluster: slurm_kit.Cluster, calendar_url: str, key: paramiko.PKey,
-                 data: Path) -> Path:
-    low, high = port_range()
-    path = folder / "gpubook.toml"
-    path.write_text("\n".join([
-        '[host]', 'name = "login"', 'timezone = "UTC"', '',
-        '[backend]', 'kind = "slurm"', f'slurm_conf = "{cluster.conf}"', f'shared_dir = "{folder / "shared"}"',
-        'command_seconds = 5', '',
-        '[[calendar]]', f'url = "{calendar_url}"', 'username = "test"', '',
-        '[defaults]', 'template = "debian-ssh"', 'gpus = 1', 'warn_minutes = 0.1', '',
-        '[engine]', 'name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"', 'stop_grace_seconds = 1', '',
-        '[ssh]', f'port_min = {low}', f'port_max = {high}', '', '[storage]', f'data_root = "{data}"', '',
-        '[daemon]', 'poll_seconds = 2', f'state_dir = "{folder / "state"}"', 'notice_seconds = 3',
-        'restart_backoff_seconds = 1', '',
-        '[users.alice]', 'uid = 2001', 'email = ["alice@lab.example"]', f'ssh_keys = ["{key_line(key)}"]', '',
-    ]))
-    path.chmod(0o644)
-    return path
-
-
-def reservations(cluster: slurm_kit.Cluster) -> dict[str, parse.Reservation]:
-    text = subprocess.run(["scontrol", "show", "reservation", "--oneliner"], env={**cluster.env, "TZ": "UTC"},
-                          capture_output=True, text=True, check=True).stdout
-    return {r.name: r for r in parse.reservations(text) if r.name.startswith("gpubook-")}
-
-
-def jobs(cluster: slurm_kit.Cluster) -> dict[str, str]:
-    """gpubook's active jobs: name → job id."""
-    text = subprocess.run(["squeue", "--noheader", "--format=%j %i %T"], env=cluster.env, capture_output=True,
-                          text=True, check=True).stdout
-    return {name: job for name, job, state in (line.split() for line in text.splitlines())
-            if name.startswith("gpubook-") and state in ("PENDING", "RUNNING", "CONFIGURING")}
-
-
 def nodes_of(held: parse.Reservation | None) -> tuple[str, ...]:
     return held.nodes if held is not None else ()
 
 
-def login(address: str, port: int, key: paramiko.PKey) -> paramiko.SSHClient:
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - a fresh container's host key
-    client.connect(address, port=port, username="alice", pkey=key, timeout=10, look_for_keys=False,
-                   allow_agent=False)
-    return client
-
-
-def run(client: paramiko.SSHClient, command: str) -> str:
-    _, out, _ = client.exec_command(command, timeout=20)
-    return out.read().decode()
-
-
 def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, daemon_dir: Path, radicale,
-                                                   data_root: Path, account_image: None) -> None:  # noqa: F811
+                                                   data_root: Path, account_image: None) -> None:
     calendar: caldav.Calendar = radicale.new_calendar()
     key = new_key()
     config = write_config(daemon_dir, cluster, str(calendar.url), key, data_root)
@@ -187,7 +132,7 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
         calendar.event_by_uid("one@test").delete()
         wait_for("one's job and both reservations gone", lambda: len(jobs(cluster)) == 1
                  and len(reservations(cluster)) == 1, timeout=60, daemon=daemon)
-        wait_for("one's container removed", lambda: _podman(cluster.user, "container", "exists",
+        wait_for("one's container removed", lambda: podman_as(cluster.user, "container", "exists",
                                                              container_name("one@test@node1")) == 1, timeout=30)
         # An admin's `gpubook stop` (as the daemon's account) ends the two-node booking's job on both nodes.
         stopped = cli(config, "stop", "pair@test", user=cluster.user, tree=REPO)
@@ -202,12 +147,12 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
     finally:
         daemon.stop()
         for name in leftover:
-            _podman(cluster.user, "rm", "--force", "--time=0", name)
+            podman_as(cluster.user, "rm", "--force", "--time=0", name)
 
 
 def test_a_failed_node_ends_its_job_the_booking_starts_again_on_another_and_ends_at_its_end(
         cluster: slurm_kit.Cluster, daemon_dir: Path, radicale, data_root: Path,
-        account_image: None) -> None:  # noqa: F811
+        account_image: None) -> None:
     calendar: caldav.Calendar = radicale.new_calendar()
     key = new_key()
     config = write_config(daemon_dir, cluster, str(calendar.url), key, data_root)
@@ -239,10 +184,10 @@ def test_a_failed_node_ends_its_job_the_booking_starts_again_on_another_and_ends
                  timeout=(end - datetime.now(UTC)).total_seconds() + 60, daemon=daemon)
         assert datetime.now(UTC) >= end
         wait_for("the job gone", lambda: jobs(cluster) == {}, timeout=30, daemon=daemon)
-        wait_for("its container removed (the step stops it as the job completes)", lambda: _podman(
+        wait_for("its container removed (the step stops it as the job completes)", lambda: podman_as(
             cluster.user, "container", "exists", container_name("moved@test@node2")) == 1, timeout=30, daemon=daemon)
         assert "warned: gpubook: this booking ends at" in daemon.log.read_text()
     finally:
         daemon.stop()
         for node in ("node1", "node2"):  # node1's: its step was ended with its node, not always its container
-            _podman(cluster.user, "rm", "--force", "--time=0", container_name(f"moved@test@{node}"))
+            podman_as(cluster.user, "rm", "--force", "--time=0", container_name(f"moved@test@{node}"))

@@ -8,60 +8,32 @@ server that turns into a login page), real rootless podman containers, `gpubook 
 
 from __future__ import annotations
 
-import shutil
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import caldav
-import pytest
-from caldav.lib import error as dav_error
-
 from gpubook.runtime.engines import container_name
-from gpubook.scheduler.state import State
-from tests import daemon_kit, servers
-from tests.daemon_kit import (
+from tests.kits import servers
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
     DaemonProcess,
     book,
     description,
+    edit,
     event_text,
+    events,
     running_container,
     soon,
     wait_for,
     write_config,
 )
 
-# shared fixtures
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
-
-pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-]
-
-
+pytestmark = DAEMON_MODULE
 
 
 def second_calendar(config: Path, url: str) -> None:
     """A second `[[calendar]]` (TOML adds it to the same array wherever it is written)."""
     config.write_text(config.read_text() + f'\n[[calendar]]\nurl = "{url}"\n')
-
-
-def edit(calendar: caldav.Calendar, uid: str, text: str) -> bool:
-    """Replace an event's content, as a calendar program does (If-Match its current ETag)."""
-    event = calendar.event_by_uid(uid)
-    event.data = text
-    try:
-        event.save()
-    except dav_error.ETagMismatchError:
-        return False  # gpubook wrote back in between: read it again
-    return True
-
-
-def log(folder: Path, booking_id: str | None = None) -> list[str]:
-    with State(folder / "state" / "state.sqlite") as state:
-        return [e.message for e in state.events(booking_id=booking_id)]
 
 
 def test_a_copied_uid_leaves_the_running_booking_alone(tmp_path: Path, radicale_server, engine, keys, cleanup,
@@ -86,7 +58,7 @@ def test_a_copied_uid_leaves_the_running_booking_alone(tmp_path: Path, radicale_
     assert still is not None and still.id == running.id, daemon.tail()
     assert "already belongs to the event" in description(other, "run@test")
     assert "running:" in description(mine, "run@test")
-    assert not any("warned" in m or "stopped" in m for m in log(tmp_path, "run@test")), log(tmp_path, "run@test")
+    assert not any("warned" in m or "stopped" in m for m in events(tmp_path, "run@test")), events(tmp_path, "run@test")
 
 
 def test_a_running_booking_moved_days_later_stops_and_frees_its_gpu(tmp_path: Path, radicale_server, engine, keys,
@@ -113,12 +85,12 @@ def test_a_running_booking_moved_days_later_stops_and_frees_its_gpu(tmp_path: Pa
     wait_for("alice's old occurrence stopped", lambda: engine.inspect(container_name("moved@test")) is None,
              timeout=20, daemon=daemon)
     assert datetime.now(UTC) < end  # it ended after the notice, not at (or long after) its old end
-    assert any("moved to a later time" in m for m in log(tmp_path, "moved@test")), log(tmp_path, "moved@test")
+    assert any("moved to a later time" in m for m in events(tmp_path, "moved@test")), events(tmp_path, "moved@test")
     bob = wait_for("bob's container on GPU 0", lambda: running_container(engine, "next@test"), timeout=60,
                    daemon=daemon)
     assert bob.gpus == (0,)
     assert running_container(engine, "moved@test") is None
-    assert not any("still used by" in m for m in log(tmp_path, "next@test")), log(tmp_path, "next@test")
+    assert not any("still used by" in m for m in events(tmp_path, "next@test")), events(tmp_path, "next@test")
 
 
 def test_one_broken_calendar_stops_and_holds_nothing_in_the_others(tmp_path: Path, radicale_server, engine, keys,
@@ -155,7 +127,7 @@ def test_one_broken_calendar_stops_and_holds_nothing_in_the_others(tmp_path: Pat
         time.sleep(2)
         assert running_container(engine, "now@test").id == alice.id
         assert running_container(engine, "feed@test").id == fed.id  # a read error stops nothing
-        messages = log(tmp_path)
+        messages = events(tmp_path)
         broken = [m for m in messages if m.startswith(f"calendar {feed.base_url}/lab.ics cannot be read")]
         assert len(broken) == 1 and "HTML" in broken[0], messages
         assert not any(m.startswith("calendar unreachable") for m in messages), messages

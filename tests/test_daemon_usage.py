@@ -6,7 +6,6 @@ Without a GPU here the sampler records no GPU rows, and says so once."""
 
 from __future__ import annotations
 
-import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,16 +13,19 @@ import pytest
 
 from gpubook.scheduler.outbox import report
 from gpubook.scheduler.state import State
-from tests import daemon_kit
-from tests.daemon_kit import DaemonProcess, book, run, running_container, soon, try_login, wait_for, write_config
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
+    DaemonProcess,
+    book,
+    run,
+    running_container,
+    soon,
+    try_login,
+    wait_for,
+    write_config,
+)
 
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
-
-pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
-]
+pytestmark = DAEMON_MODULE
 
 
 def test_a_booking_logged_into_is_no_no_show_and_one_never_logged_into_is(tmp_path: Path, radicale, engine, keys,

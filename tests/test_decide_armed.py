@@ -7,15 +7,13 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from booking_kit import TEMPLATES, make_config, utc
-from test_plan import booking
-
 from gpubook.runtime.engines import ContainerInfo, booker_digest, container_name
 from gpubook.runtime.templates import load_all
 from gpubook.scheduler.apply.ahead import Preparation
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.decide import Disarm, Memory, Recheck, Runs, Start, Stop, Warn, decide
 from gpubook.scheduler.core.plan import LOCAL, Plan, plan
+from tests.kits.booking_kit import TEMPLATES, booking, make_config, utc
 
 CONFIG = make_config()
 START = utc(2026, 11, 24, 10)  # booking("a") runs 10:00-12:00

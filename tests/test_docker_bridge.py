@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import engine_suite
-from tests.engine_suite import DOCKER, DOCKERD, EngineBehaviour
+from tests.kits import engine_suite
+from tests.kits.engine_suite import DOCKER, DOCKERD, EngineBehaviour
 
 pytestmark = [
     pytest.mark.docker,
@@ -20,7 +20,6 @@ pytestmark = [
     ),
     pytest.mark.skipif(os.geteuid() != 0, reason="starts dockerd, which needs root"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,8 @@ from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.mounts import Mount, missing_mount_flags
 from gpubook.runtime.nvidia.model import GpuInjection
-from tests import engine_suite, safe_data
-from tests.engine_suite import DOCKER, DOCKERD, Bookings, EngineBehaviour, new_key, run_as_someone_else
+from tests.kits import engine_suite, safe_data
+from tests.kits.engine_suite import DOCKER, DOCKERD, Bookings, EngineBehaviour, new_key, run_as_someone_else
 
 pytestmark = [
     pytest.mark.docker,
@@ -32,7 +32,6 @@ pytestmark = [
     ),
     pytest.mark.skipif(os.geteuid() != 0, reason="starts dockerd, which needs root"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 from gpubook.runtime.checks import Check
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import doctor as doctor_module
-from tests import safe_data, servers
+from tests.kits import safe_data, servers
 
 REPO = Path(__file__).resolve().parents[1]
 

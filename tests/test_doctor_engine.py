@@ -18,12 +18,9 @@ from gpubook.runtime import network
 from gpubook.runtime.engines import EngineSettings, engine_from
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import doctor as doctor_module
-from tests import daemon_kit
-from tests.daemon_kit import DaemonProcess, cli, wait_for, write_config
+from tests.kits.daemon_kit import DaemonProcess, cli, wait_for, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
-engine, keys, daemons = daemon_kit.engine, daemon_kit.keys, daemon_kit.daemons
-
 needs_podman = pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="rootful podman: run as root")
 CNI_LOCK = Path("/etc/cni/net.d/cni.lock")

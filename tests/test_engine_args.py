@@ -1,7 +1,7 @@
 """Each engine's own `run` argv for a GPU booking, its registry, and the per-version driver search.
 
 No engine runs here: the argv is what the engine would pass, built from a fake driver tree
-(tests/nvidia_fake_driver.py); the real engines run these flags in test_nvidia_podman.py and
+(tests/kits/nvidia_fake_driver.py); the real engines run these flags in test_nvidia_podman.py and
 test_docker_engine.py.
 """
 
@@ -14,14 +14,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from nvidia_fake_driver import OLD_VERSION, VERSION, device_nodes, driver_libraries, proc_driver
 
 from gpubook.runtime import nvidia
 from gpubook.runtime.engines import ContainerSpec, EngineSettings, ServiceSpec, engine_from, make_engine, register
 from gpubook.runtime.engines.cli_engine import LOG_MAX_SIZE
 from gpubook.runtime.errors import DriverError, EngineError
 from gpubook.runtime.mounts import missing_mount_flags
-from tests import safe_data
+from tests.kits import safe_data
+from tests.kits.nvidia_fake_driver import OLD_VERSION, VERSION, device_nodes, driver_libraries, proc_driver
 
 LIBS = "usr/lib/x86_64-linux-gnu"
 

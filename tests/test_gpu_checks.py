@@ -1,4 +1,4 @@
-"""The GPU end-to-end test's own checks (tests/gpu/booker.py) fail where a booking sees more or
+"""The GPU end-to-end test's own checks (tests/kits/booker.py) fail where a booking sees more or
 other GPUs than it booked. Runs everywhere (no GPU needed): the outputs below are of the form seen
 inside a booking on the GPU host (cudacheck, `nvidia-smi -L`, the open loop, /proc)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpubook.runtime.nvidia.model import Gpu
-from tests.gpu import booker
+from tests.kits import booker
 
 A = Gpu(index=0, minor=0, bus_id="0000:00:06.0", uuid="GPU-295df82b-1be4-49cd-f42f-9a20fcc9ca7b")
 B = Gpu(index=1, minor=1, bus_id="0000:00:07.0", uuid="GPU-6da34fe0-309f-f4f9-48d4-b50df7b6a8d7")

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import icalendar
 import pytest
-from booking_kit import CALENDAR, make_config, raw, read, single, utc, vcalendar, vevent
 
 from gpubook.scheduler import service
 from gpubook.scheduler.commands import admin
@@ -26,7 +25,8 @@ from gpubook.scheduler.sources.block import BEGIN, END, apply, strip_block
 from gpubook.scheduler.sources.errors import printable, redact_url
 from gpubook.scheduler.sources.richtext import description_source, lines
 from gpubook.scheduler.state import State
-from tests import servers
+from tests.kits import servers
+from tests.kits.booking_kit import CALENDAR, make_config, raw, read, single, utc, vcalendar, vevent
 
 START = "DTSTART:20261124T090000Z"
 END_LINE = "DTEND:20261124T110000Z"

@@ -28,8 +28,8 @@ from cryptography.x509.oid import NameOID
 from gpubook.scheduler.outbox.notices import Message, NotifyError, WebhookSettings, post_webhook
 from gpubook.scheduler.sources.errors import CalendarError
 from gpubook.scheduler.sources.ics_feed import IcsFeedSource
-from tests import servers
-from tests.test_sources_ics import FEED
+from tests.kits import servers
+from tests.kits.booking_kit import FEED
 
 ROOT = Path(__file__).resolve().parent.parent
 

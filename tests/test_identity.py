@@ -7,10 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from booking_kit import make_config, raw, read, vcalendar, vevent
 
 from gpubook.scheduler.config import ConfigError, PolicyConfig, parse
 from gpubook.scheduler.core.bookings import Booking, Rejection
+from tests.kits.booking_kit import make_config, raw, read, vcalendar, vevent
 
 START, END = "DTSTART:20261124T090000Z", "DTEND:20261124T110000Z"
 ORGANIZER_ONLY = replace(make_config(), policy=PolicyConfig(identity="organizer"))

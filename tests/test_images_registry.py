@@ -17,8 +17,8 @@ from gpubook.runtime import images
 from gpubook.runtime.engines import Engine, engine_from
 from gpubook.runtime.templates import Template, load_template
 from gpubook.scheduler.hosts.images import FAILED, READY, ImagePreparer
-from tests import registry_kit
-from tests.registry_kit import Registry
+from tests.kits import registry_kit
+from tests.kits.registry_kit import Registry
 
 pytestmark = [
     pytest.mark.podman,

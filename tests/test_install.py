@@ -28,7 +28,7 @@ import pytest
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler.commands.embedded import end_process
 from gpubook.scheduler.commands.setup_steps import fstab_line
-from tests.daemon_kit import book, description, key_line, port_range, soon, wait_for
+from tests.kits.daemon_kit import book, description, key_line, port_range, soon, wait_for
 
 pytestmark = [pytest.mark.install,
               pytest.mark.skipif(os.geteuid() != 0, reason="gpubook setup makes an account and a mount: root only")]

@@ -32,11 +32,9 @@ from gpubook.runtime.errors import EngineError
 from gpubook.runtime.overlay_image import build_rootfs_image
 from gpubook.runtime.templates import Template, get_template, load_template
 from gpubook.scheduler.commands.embedded import free_port
-from tests import daemon_kit, safe_data
-from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
-from tests.engine_suite import BOOKER, BOOKER_UID, CACHE_DIR, PODMAN, Booking, Bookings, connect, run
-
-keys = daemon_kit.keys  # the bookers' SSH keys (shared fixture)
+from tests.kits import safe_data
+from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.kits.engine_suite import BOOKER, BOOKER_UID, CACHE_DIR, PODMAN, Booking, Bookings, connect, run
 
 pytestmark = [
     pytest.mark.podman,

@@ -25,7 +25,7 @@ from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.outbox.writeback import RUNNING_LINES, Remarks, WriteBack, start_lines
 from gpubook.scheduler.state import State
-from tests.test_pass_bounded import make_config
+from tests.kits.pass_kit import make_config
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
 TODAY = ("pytorch-cuda12", "cuda12-base")

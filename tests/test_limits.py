@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from nvidia_fake_driver import proc_driver
 
 from gpubook.runtime import cgroups
 from gpubook.runtime.engines import ContainerSpec, engine_from
 from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler import config
+from tests.kits.nvidia_fake_driver import proc_driver
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -4,7 +4,7 @@ daemon's unprivileged account, in a leaf of the subtree that `cgroups.make_deleg
 
 A booking's container reads the limits asked for (memory.max, pids.max) inside; its cgroup is in
 the delegated subtree; a memory hog in one booking is OOM-killed while the other booking, both
-containers and podman go on (tests/limits_kit.py)."""
+containers and podman go on (tests/kits/limits_kit.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 
 from gpubook.runtime import cgroups
 from gpubook.runtime.engines import Engine
-from tests import engine_suite, limits_kit
-from tests.engine_suite import Bookings
+from tests.kits import engine_suite, limits_kit
+from tests.kits.engine_suite import Bookings
 
 
 def _skip_reason() -> str | None:
@@ -30,7 +30,6 @@ def _skip_reason() -> str | None:
 
 
 pytestmark = [pytest.mark.podman, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 
 
 @pytest.fixture(scope="session")

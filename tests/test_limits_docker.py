@@ -1,6 +1,6 @@
 """Limits proven with Docker here: dockerd is root, so cgroups v1 enforces them. A booking's container
 gets the default memory share and the pids limit, and a memory hog in one booking is OOM-killed while
-another booking runs on (tests/limits_kit.py)."""
+another booking runs on (tests/kits/limits_kit.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import engine_suite, limits_kit
-from tests.engine_suite import DOCKER, DOCKERD, Bookings
+from tests.kits import engine_suite, limits_kit
+from tests.kits.engine_suite import DOCKER, DOCKERD, Bookings
 
 pytestmark = [
     pytest.mark.docker,
@@ -18,7 +18,6 @@ pytestmark = [
                        reason="Debian's docker.io is not installed"),
     pytest.mark.skipif(os.geteuid() != 0, reason="starts dockerd, which needs root"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 
 
 @pytest.fixture(scope="session")

@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines.cli_engine import LOG_READ_LIMIT
-from tests import engine_suite, log_flood_kit
-from tests.engine_suite import Bookings
+from tests.kits import engine_suite, log_flood_kit
+from tests.kits.engine_suite import Bookings
 
 pytestmark = [
     pytest.mark.podman,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 REPO = Path(__file__).resolve().parents[1]
 FLOOD_BYTES = 300_000_000  # 30 times the log cap, 300 times what `logs` keeps
 LOG_CAP = 10_000_000  # cli_engine.LOG_MAX_SIZE

@@ -32,8 +32,8 @@ from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.outbox import metrics
 from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, RunningBooking, Status
 from gpubook.scheduler.state import State, StateError
-from tests.daemon_kit import IdleEngine, in_process_daemon
-from tests.test_images_prepare import lab_preparer, recording
+from tests.kits.daemon_kit import IdleEngine, in_process_daemon
+from tests.kits.images_kit import lab_preparer, recording
 
 USERS = frozenset({"alice", "bob"})
 ROOT = Path(__file__).resolve().parents[1]

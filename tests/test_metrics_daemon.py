@@ -24,10 +24,7 @@ from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.outbox.metrics import wsgi_app
 from gpubook.scheduler.sdnotify import Notifier
 from gpubook.scheduler.sources.errors import redact_urls
-from tests import daemon_kit
-from tests.daemon_kit import book, running_container, soon, try_login, wait_for, write_config
-
-engine, keys, cleanup = daemon_kit.engine, daemon_kit.keys, daemon_kit.cleanup  # shared fixtures
+from tests.kits.daemon_kit import book, running_container, soon, try_login, wait_for, write_config
 
 pytestmark = [
     pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,

@@ -31,15 +31,14 @@ from gpubook.runtime.templates import get_template
 from gpubook.scheduler.commands.embedded import free_port
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.local import LocalHost
-from tests import engine_suite, servers
-from tests.daemon_kit import DaemonProcess, book, description, running_container, soon, wait_for, write_config
-from tests.engine_suite import BOOKER, CACHE_DIR, Bookings, connect, new_key, run
+from tests.kits import engine_suite, servers
+from tests.kits.daemon_kit import DaemonProcess, book, description, running_container, soon, wait_for, write_config
+from tests.kits.engine_suite import BOOKER, CACHE_DIR, Bookings, connect, new_key, run
 
 pytestmark = [
     pytest.mark.podman,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 PODMAN = engine_suite.PODMAN
 
 

@@ -14,7 +14,6 @@ from email import message_from_bytes
 from email.policy import default as default_policy
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-import caldav
 import icalendar
 import pytest
 import requests
@@ -34,26 +33,12 @@ from gpubook.scheduler.sources import block as notify
 from gpubook.scheduler.sources.block import BEGIN, END, MAX_OCCURRENCES, apply, replace_block, strip_block
 from gpubook.scheduler.sources.caldav_writer import CalendarWriter
 from gpubook.scheduler.sources.errors import CalendarError
-from tests import servers
-from tests.servers import free_port
+from tests.kits.servers import free_port
+from tests.kits.writeback_kit import PASSWORD, USER, USER_TEXT, booker_calendar, booker_event, calendar_on, put_event
 
 TZ = "Europe/Paris"
 START = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)  # 09:00 in Paris
 END_TIME = START + timedelta(hours=8)
-USER_TEXT = "template: debian-ssh\ngpus: 1\n\nTraining the ünïcode model; notes for myself:\n  - step 1"
-
-
-def _event(uid: str = "b1@lab", description: str | None = USER_TEXT, rrule: str | None = None,
-           extra: str = "") -> str:
-    lines = ["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//gpubook tests//EN", "BEGIN:VEVENT", f"UID:{uid}",
-             "DTSTAMP:20261120T100000Z", "DTSTART:20261123T080000Z", "DTEND:20261123T160000Z",
-             "SUMMARY:alice training", "SEQUENCE:3"]
-    if description is not None:
-        lines.append("DESCRIPTION:" + icalendar.vText(description).to_ical().decode())
-    if rrule:
-        lines.append(f"RRULE:{rrule}")
-    lines += ["END:VEVENT", *([extra] if extra else []), "END:VCALENDAR"]
-    return "\r\n".join(lines) + "\r\n"
 
 
 def _running(end: datetime = END_TIME, port: int = 2201) -> notify.Outcome:
@@ -91,7 +76,7 @@ def test_block_with_crlf_lines_is_found() -> None:
 
 
 def test_single_event_gets_block_and_status_and_a_repeat_changes_nothing() -> None:
-    calendar = icalendar.Calendar.from_ical(_event())
+    calendar = icalendar.Calendar.from_ical(booker_event())
     assert apply(calendar, uid="b1@lab", occurrence=None, outcome=_running(), timezone=TZ) is True
     (event,) = _vevents(calendar)
     assert str(event["DESCRIPTION"]) == (USER_TEXT + f"\n\n{BEGIN}\nrunning: ssh -p 2201 alice@devbox1\n"
@@ -117,7 +102,7 @@ def test_outcome_texts() -> None:
 
 
 def test_series_occurrences_are_entries_on_the_master() -> None:
-    calendar = icalendar.Calendar.from_ical(_event(rrule="FREQ=WEEKLY;COUNT=10"))
+    calendar = icalendar.Calendar.from_ical(booker_event(rrule="FREQ=WEEKLY;COUNT=10"))
     week = timedelta(days=7)
     apply(calendar, uid="b1@lab", occurrence=START, outcome=notify.ended(
         gpu_hours=8, outputs=None, at=END_TIME, timezone=TZ), timezone=TZ)
@@ -145,7 +130,7 @@ def test_an_overridden_occurrence_carries_its_own_block() -> None:
     override = "\r\n".join(["BEGIN:VEVENT", "UID:b1@lab", "DTSTAMP:20261120T100000Z",
                             "RECURRENCE-ID:20261130T080000Z", "DTSTART:20261130T100000Z",
                             "DTEND:20261130T180000Z", "SUMMARY:moved", "DESCRIPTION:moved one", "END:VEVENT"])
-    calendar = icalendar.Calendar.from_ical(_event(rrule="FREQ=WEEKLY;COUNT=10", extra=override))
+    calendar = icalendar.Calendar.from_ical(booker_event(rrule="FREQ=WEEKLY;COUNT=10", extra=override))
     occurrence = START + timedelta(days=7)
     assert apply(calendar, uid="b1@lab", occurrence=occurrence, outcome=_running(), timezone=TZ) is True
     master, moved = _vevents(calendar)
@@ -155,7 +140,7 @@ def test_an_overridden_occurrence_carries_its_own_block() -> None:
 
 
 def test_all_day_series_occurrence() -> None:
-    text = _event(rrule="FREQ=DAILY;COUNT=3").replace("DTSTART:20261123T080000Z", "DTSTART;VALUE=DATE:20261123") \
+    text = booker_event(rrule="FREQ=DAILY;COUNT=3").replace("DTSTART:20261123T080000Z", "DTSTART;VALUE=DATE:20261123") \
         .replace("DTEND:20261123T160000Z", "DTEND;VALUE=DATE:20261124")
     calendar = icalendar.Calendar.from_ical(text)
     assert apply(calendar, uid="b1@lab", occurrence=date(2026, 11, 24), outcome=_running(), timezone=TZ)
@@ -178,16 +163,6 @@ def test_read_only_feed_offers_no_writer_without_a_request() -> None:
 # -- real CalDAV servers -----------------------------------------------------------------------
 
 
-# The servers of tests/servers.py; Radicale's "none" auth takes this name (owner of the calendars),
-# Xandikos ignores credentials.
-USER, PASSWORD = "test", "any"
-
-
-def calendar_on(kind: str) -> Iterator[str]:
-    with servers.running(getattr(servers, kind)) as server:
-        yield str(server.new_calendar().url)
-
-
 @pytest.fixture(scope="module", params=["radicale", "xandikos"])
 def calendar_url(request) -> Iterator[str]:
     yield from calendar_on(request.param)
@@ -199,15 +174,6 @@ def _config(url: str) -> CalendarConfig:
 
 def _writer(url: str, **settings) -> CalendarWriter:  # type: ignore[no-untyped-def]
     return CalendarWriter(url, username=USER, password=PASSWORD, **settings)
-
-
-def _user_client(url: str) -> caldav.Calendar:
-    """The booker's own calendar client: a separate connection, as Thunderbird would be."""
-    return caldav.DAVClient(url=url, username=USER, password=PASSWORD).calendar(url=url)
-
-
-def _put(url: str, text: str) -> str:
-    return str(_user_client(url).save_event(text).url)
 
 
 def _server_copy(href: str) -> tuple[str, icalendar.Calendar]:
@@ -223,7 +189,7 @@ def _uid() -> str:
 @pytest.mark.caldav
 def test_write_back_keeps_user_text_sets_status_and_is_idempotent(calendar_url: str) -> None:
     uid = _uid()
-    href = _put(calendar_url, _event(uid))
+    href = put_event(calendar_url, booker_event(uid))
     writer = open_writer(_config(calendar_url), timezone=TZ)  # the source's capability
     assert isinstance(writer, CalendarWriter)
     ref = EventRef(calendar_url, href, uid, occurrence=START)
@@ -245,7 +211,7 @@ def test_write_back_keeps_user_text_sets_status_and_is_idempotent(calendar_url: 
     assert _server_copy(href)[0] == etag
 
     # A new status replaces the block in place; text the user put below it stays.
-    user = _user_client(calendar_url).event_by_url(href)
+    user = booker_calendar(calendar_url).event_by_url(href)
     with user.edit_icalendar_instance() as ical:
         target = _vevents(ical)[0]
         target["DESCRIPTION"] = str(target["DESCRIPTION"]) + "\n\nPS from alice"
@@ -267,7 +233,7 @@ class _RacingWriter(CalendarWriter):
         changed = super()._modify(event, ref, outcome)
         if self.races > 0:
             self.races -= 1
-            user = _user_client(self.url).event_by_url(ref.href)
+            user = booker_calendar(self.url).event_by_url(ref.href)
             with user.edit_icalendar_instance() as ical:
                 target = _vevents(ical)[0]
                 target["SUMMARY"] = "alice training (moved to the big GPU)"
@@ -279,7 +245,7 @@ class _RacingWriter(CalendarWriter):
 @pytest.mark.caldav
 def test_a_concurrent_user_edit_survives(calendar_url: str) -> None:
     uid = _uid()
-    href = _put(calendar_url, _event(uid))
+    href = put_event(calendar_url, booker_event(uid))
     writer = _RacingWriter(calendar_url, username=USER, password=PASSWORD, timezone=TZ, retry_delay=0)
     result = writer.write(EventRef(calendar_url, href, uid), _running())
     assert (result.written, result.attempts) == (True, 2)  # the first PUT was refused (412), then re-read
@@ -294,7 +260,7 @@ def test_a_concurrent_user_edit_survives(calendar_url: str) -> None:
 @pytest.mark.caldav
 def test_an_event_edited_on_every_try_is_an_error_not_a_lost_edit(calendar_url: str) -> None:
     uid = _uid()
-    href = _put(calendar_url, _event(uid))
+    href = put_event(calendar_url, booker_event(uid))
     writer = _RacingWriter(calendar_url, username=USER, password=PASSWORD, timezone=TZ, attempts=3, retry_delay=0)
     writer.races = 3
     with pytest.raises(CalendarError, match="changed on the server 3 times"):
@@ -307,7 +273,7 @@ def test_an_event_edited_on_every_try_is_an_error_not_a_lost_edit(calendar_url: 
 @pytest.mark.caldav
 def test_series_occurrence_on_the_server(calendar_url: str) -> None:
     uid = _uid()
-    href = _put(calendar_url, _event(uid, rrule="FREQ=WEEKLY;COUNT=4"))
+    href = put_event(calendar_url, booker_event(uid, rrule="FREQ=WEEKLY;COUNT=4"))
     writer = _writer(calendar_url, timezone=TZ)
     second = START + timedelta(days=7)
     assert writer.write(EventRef(calendar_url, href, uid, occurrence=second), _running()).written
@@ -320,8 +286,8 @@ def test_series_occurrence_on_the_server(calendar_url: str) -> None:
 @pytest.mark.caldav
 def test_deleted_event_is_reported_as_gone(calendar_url: str) -> None:
     uid = _uid()
-    href = _put(calendar_url, _event(uid))
-    _user_client(calendar_url).event_by_url(href).delete()
+    href = put_event(calendar_url, booker_event(uid))
+    booker_calendar(calendar_url).event_by_url(href).delete()
     result = _writer(calendar_url).write(EventRef(calendar_url, href, uid), _running())
     assert (result.written, result.reason) == (False, "event gone")
 

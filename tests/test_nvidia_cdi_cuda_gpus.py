@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-from nvidia_fake_driver import VERSION, device_nodes, driver_libraries, executable, proc_driver
 
 from gpubook.runtime import cuda, gpus, nvidia
 from gpubook.runtime.checks import format_checks
 from gpubook.runtime.errors import DriverError
 from gpubook.runtime.nvidia import cdi
+from tests.kits.nvidia_fake_driver import VERSION, device_nodes, driver_libraries, executable, proc_driver
 
 
 def fake_driver(tmp_path: Path, **kwargs) -> nvidia.Driver:

@@ -12,7 +12,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from nvidia_fake_driver import (
+
+from gpubook.runtime import nvidia
+from gpubook.runtime.elf import read_elf
+from gpubook.runtime.engines import engine_from
+from gpubook.runtime.errors import DriverError, EngineError
+from tests.kits import safe_data
+from tests.kits.nvidia_fake_driver import (
     EM_386,
     EM_AARCH64,
     OLD_VERSION,
@@ -24,12 +30,6 @@ from nvidia_fake_driver import (
     proc_driver,
     shared_object,
 )
-
-from gpubook.runtime import nvidia
-from gpubook.runtime.elf import read_elf
-from gpubook.runtime.engines import engine_from
-from gpubook.runtime.errors import DriverError, EngineError
-from tests import safe_data
 
 DEBIAN_LIBS = "usr/lib/x86_64-linux-gnu"
 NO_ENV: dict[str, str] = {}

@@ -19,10 +19,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from nvidia_fake_driver import VERSION, device_nodes, driver_libraries, proc_driver
 
 from gpubook.runtime import nvidia
 from gpubook.runtime.engines import engine_from
+from tests.kits.nvidia_fake_driver import VERSION, device_nodes, driver_libraries, proc_driver
 
 pytestmark = pytest.mark.podman
 

@@ -15,7 +15,7 @@ import pytest
 from gpubook.runtime import overlay_image
 from gpubook.runtime.engines import Engine, engine_from
 from gpubook.runtime.templates import load_template
-from tests.engine_suite import CACHE_DIR, Bookings, connect, run
+from tests.kits.engine_suite import CACHE_DIR, Bookings, connect, run
 
 pytestmark = [
     pytest.mark.podman,

@@ -118,7 +118,7 @@ def test_a_command_without_its_extra_says_which_to_install(tmp_path: Path, argv:
 def test_a_daemon_serving_the_page_without_the_web_extra_says_so_and_runs_on(tmp_path: Path) -> None:
     """[web] enabled but Flask absent: one logged sentence, no page, and the daemon is still up."""
     code = ("import logging, sys; sys.modules['flask'] = None; logging.basicConfig(format='%(message)s')\n"
-            "from pathlib import Path\nfrom tests.daemon_kit import in_process_daemon\n"
+            "from pathlib import Path\nfrom tests.kits.daemon_kit import in_process_daemon\n"
             f"daemon = in_process_daemon(Path({str(tmp_path)!r}))\n"
             "daemon.config.path.write_text(daemon.config.path.read_text()\n"
             "                              + '[web]\\nenabled = true\\nlisten = \"127.0.0.1:0\"\\n'\n"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 
-from booking_kit import (
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key, to_json
+from tests.kits.booking_kit import (
     CALENDAR,
     GPU1_CALENDAR,
     TEMPLATES,
+    booking,
     make_config,
     raw,
     read,
@@ -17,25 +20,9 @@ from booking_kit import (
     vevent,
 )
 
-from gpubook.scheduler.core.bookings import Booking, Rejection
-from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key, to_json
-
 NOW = utc(2026, 11, 23, 8)
 CONFIG = make_config()
 INVENTORY = (0, 1, 2, 3)
-
-
-def booking(id: str, *, user: str = "alice", template: str = "debian-ssh", gpus: int = 1,
-            indices: tuple[int, ...] | None = None, start: int = 10, hours: float = 2,
-            created: datetime | None = None, dtstamp: datetime | None = None,
-            calendar_url: str = CALENDAR, uid: str | None = None) -> Booking:
-    """A booking starting `start` hours after midnight UTC on 24 November 2026."""
-    begin = utc(2026, 11, 24) + timedelta(hours=start)
-    return Booking(id=id, uid=uid or id, user=user, template=template,
-                   gpu_count=len(indices) if indices is not None else gpus, gpu_indices=indices,
-                   start=begin, end=begin + timedelta(hours=hours), created=created,
-                   dtstamp=dtstamp, calendar_url=calendar_url,
-                   href=f"{calendar_url}{uid or id}.ics", summary="")
 
 
 def run(*items: Booking | Rejection, running: dict[str, tuple[int, ...]] | None = None,

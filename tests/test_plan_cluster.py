@@ -8,13 +8,13 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from booking_kit import CALENDAR, TEMPLATES, make_config, raw, read, single, utc, vcalendar, vevent
 
 from gpubook.runtime.engines import ContainerInfo
 from gpubook.scheduler.config import Config
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import Plan, plan
+from tests.kits.booking_kit import CALENDAR, TEMPLATES, make_config, raw, read, single, utc, vcalendar, vevent
 
 NOW = utc(2026, 11, 23, 8)
 NODES = {"node1": (0, 1, 2, 3), "node2": (0, 1, 2, 3), "node3": (0, 1)}

@@ -6,12 +6,12 @@ from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
 
-from booking_kit import CALENDAR, GPU1_CALENDAR, TEMPLATES, make_config, utc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key
+from tests.kits.booking_kit import CALENDAR, GPU1_CALENDAR, TEMPLATES, make_config, utc
 
 CONFIG = make_config()
 INVENTORY = (0, 1, 2, 3)

@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines import engine_from
-from tests import engine_suite
-from tests.engine_suite import Bookings, EngineBehaviour, owner_for_podman
+from tests.kits import engine_suite
+from tests.kits.engine_suite import Bookings, EngineBehaviour, owner_for_podman
 
 pytestmark = [
     pytest.mark.podman,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 PODMAN = engine_suite.PODMAN
 
 

@@ -5,41 +5,18 @@ Every expected figure is computed by hand in the comment beside it."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 import pytest
-from booking_kit import CALENDAR, TEMPLATES, make_config, raw, read, utc, vcalendar, vevent
 
 from gpubook.runtime.errors import ConfigError
-from gpubook.scheduler.config import Config, parse
+from gpubook.scheduler.config import Config
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key
+from tests.kits.booking_kit import TEMPLATES, make_config, raw, read, utc, vcalendar, vevent
+from tests.kits.policy_kit import booking, config
 
 NOW = utc(2026, 11, 23, 8)  # a Monday
-
-
-def config(policy_table: dict[str, Any] | None = None, **users: dict[str, Any]) -> Config:
-    people: dict[str, dict[str, Any]] = {"alice": {"uid": 1000}, "bob": {"uid": 1001}}
-    for name, extra in users.items():
-        people[name] = {**people.get(name, {"uid": 1002}), **extra}
-    return parse({
-        "host": {"name": "devbox1", "timezone": "Europe/Berlin"},
-        "calendar": [{"url": CALENDAR, "gpus": "all"}],
-        "defaults": {"max_hours": 72},
-        "users": people,
-        "policy": policy_table or {},
-    }, Path("/etc/gpubook/gpubook.toml"))
-
-
-def booking(id: str, *, user: str = "alice", day: int = 24, start: int = 10, hours: float = 2,
-            gpus: int = 1) -> Booking:
-    """A booking starting at `start` o'clock UTC on `day` November 2026."""
-    begin = utc(2026, 11, day, start)
-    return Booking(id=id, uid=id, user=user, template="debian-ssh", gpu_count=gpus, gpu_indices=None,
-                   start=begin, end=begin + timedelta(hours=hours), created=None, dtstamp=None,
-                   calendar_url=CALENDAR, href=f"{CALENDAR}{id}.ics")
 
 
 def run(*items: Booking, cfg: Config, now: datetime = NOW, seen: dict[str, datetime] | None = None,

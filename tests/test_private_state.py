@@ -11,12 +11,12 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from daemon_kit import in_process_daemon
 
 from gpubook.runtime import ssh
 from gpubook.runtime.private import UnsafePath
 from gpubook.scheduler.daemon import STATUS_FILE
 from gpubook.scheduler.state import State
+from tests.kits.daemon_kit import in_process_daemon
 
 
 def mode(path: Path) -> int:

@@ -10,8 +10,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from booking_kit import TEMPLATES, utc
-from test_policy import booking, config
 
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.scheduler.core import reclaim
@@ -20,6 +18,8 @@ from gpubook.scheduler.core.decide import Memory, Policy, Runs, Stop, Warn, deci
 from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key
 from gpubook.scheduler.core.reclaim import Evidence, GpuUse, Idle, IdleNotice, NoShow, Release, Rules, judge
 from gpubook.scheduler.state import Sample, State
+from tests.kits.booking_kit import TEMPLATES, utc
+from tests.kits.policy_kit import booking, config
 
 START = utc(2026, 11, 24, 10)
 MIN = timedelta(minutes=1)

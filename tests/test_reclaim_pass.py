@@ -8,12 +8,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from test_pass_bounded import NOW, Machine, bookings, event, make_pass
-
 from gpubook.runtime.engines import ContainerInfo
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.state import State
+from tests.kits.pass_kit import NOW, Machine, bookings, event, make_pass
 
 CONFIG = ('[host]\nname = "devbox1"\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/lab/devbox1/"\n'
           '[engine]\nname = "podman"\n[gpus]\ncount = 1\n[defaults]\ntemplate = "debian-ssh"\ngpus = 1\n'

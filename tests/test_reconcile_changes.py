@@ -6,13 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from booking_kit import TEMPLATES, make_config, utc
-from test_plan import booking
-
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.decide import Memory, Runs, Start, Stop, Warned, decide, pin_running, plan_with_extensions
 from gpubook.scheduler.core.plan import plan
+from tests.kits.booking_kit import TEMPLATES, booking, make_config, utc
 
 CONFIG = make_config()
 NOW = utc(2026, 11, 24, 11)  # "a" runs 10:00-12:00 on GPU 0

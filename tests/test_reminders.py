@@ -25,7 +25,7 @@ from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
 from gpubook.scheduler.sources import block
 from gpubook.scheduler.sources.alarm import MARK_PROPERTY, Reminder
 from gpubook.scheduler.state import State
-from tests import servers
+from tests.kits import servers
 
 USER, PASSWORD = "test", "any"
 START = datetime(2030, 11, 25, 8, 0, tzinfo=UTC)

@@ -10,15 +10,13 @@ import socket
 
 import pytest
 
-from tests import engine_suite
-from tests.engine_suite import BOOKER, Bookings, connect, run
+from tests.kits.engine_suite import BOOKER, Bookings, connect, run
 
 pytestmark = [
     pytest.mark.rootful,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
     pytest.mark.skipif(os.geteuid() != 0, reason="rootful podman: run as root"),
 ]
-bookings, engine, image = engine_suite.bookings, engine_suite.engine, engine_suite.image  # shared fixtures
 
 
 @pytest.fixture(scope="session")

@@ -86,9 +86,8 @@ def test_a_long_first_pass_extends_systemds_start_timeout_before_ready(tmp_path:
     import signal
     import threading
 
-    from daemon_kit import in_process_daemon
-
     from gpubook.scheduler.daemon import Daemon
+    from tests.kits.daemon_kit import in_process_daemon
 
     address, sock = path_socket
     held = threading.Event()

@@ -21,8 +21,8 @@ import pytest
 from gpubook.runtime import sftp
 from gpubook.runtime.engines import Engine, container_name
 from gpubook.scheduler.commands.embedded import free_port
-from tests import daemon_kit, sftp_kit
-from tests.daemon_kit import (
+from tests.kits import sftp_kit
+from tests.kits.daemon_kit import (
     DaemonProcess,
     book,
     cli,
@@ -34,8 +34,6 @@ from tests.daemon_kit import (
     wait_for,
     write_config,
 )
-
-engine, keys = daemon_kit.engine, daemon_kit.keys  # shared fixtures
 
 pytestmark = [
     pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,

@@ -21,8 +21,8 @@ from gpubook.runtime import sftp
 from gpubook.runtime.engines import Engine
 from gpubook.scheduler.commands.embedded import free_port
 from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings
-from tests import safe_data, sftp_kit
-from tests.daemon_kit import engine, key_line, wait_for  # noqa: F401 - fixtures by name
+from tests.kits import safe_data, sftp_kit
+from tests.kits.daemon_kit import key_line, wait_for
 
 pytestmark = pytest.mark.podman
 

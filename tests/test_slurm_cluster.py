@@ -1,18 +1,18 @@
-"""The Slurm backend against a real Slurm 22.05 cluster (tests/slurm_kit.py): two slurmd nodes in
+"""The Slurm backend against a real Slurm 22.05 cluster (tests/kits/slurm_kit.py): two slurmd nodes in
 their own network namespaces, slurmctld run as the unprivileged account the daemon uses."""
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError, SlurmUnreachable, parse
-from tests import slurm_kit
-from tests.test_slurm_sync import accepted, booking
+from tests.kits import slurm_kit
+from tests.kits.slurm_jobs_kit import accepted, booking
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(slurm_kit.available() is not None,
                                                     reason=str(slurm_kit.available()))]
@@ -28,12 +28,6 @@ class ScontrolAs(Scontrol):
 
     def argv(self, args: Sequence[str]) -> list[str]:
         return ["runuser", "-u", self.user, "--", *super().argv(args)]
-
-
-@pytest.fixture
-def cluster() -> Iterator[slurm_kit.Cluster]:
-    with slurm_kit.running() as made:
-        yield made
 
 
 def backend(cluster: slurm_kit.Cluster, user: str | None = None) -> SlurmCluster:

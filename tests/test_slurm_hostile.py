@@ -1,5 +1,5 @@
 """Issue 22, finding 3: the Slurm job folder gives no code execution as the daemon's account, on a
-real Slurm 22.05 cluster (tests/slurm_kit.py). The hostile one is another account of the cluster
+real Slurm 22.05 cluster (tests/kits/slurm_kit.py). The hostile one is another account of the cluster
 (`nobody` here): what it could plant or swap in the shared folder is refused by the daemon or by
 the job's step, and no planted code runs. Each job asks for a template the nodes do not have, so
 its step ends at once with "no template" once it has read and trusted its request: no container
@@ -25,9 +25,8 @@ from gpubook.runtime.engines import EngineSettings
 from gpubook.runtime.slurm_step import StepRequest
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
-from tests import slurm_kit
-from tests.test_slurm_jobs import AsAccount, JobsOfAccount
-from tests.test_slurm_sync import accepted, booking
+from tests.kits import slurm_kit
+from tests.kits.slurm_jobs_kit import AsAccount, JobsOfAccount, accepted, booking
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]

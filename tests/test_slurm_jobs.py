@@ -1,4 +1,4 @@
-"""A booking's job on a real Slurm 22.05 cluster (tests/slurm_kit.py): submitted into its
+"""A booking's job on a real Slurm 22.05 cluster (tests/kits/slurm_kit.py): submitted into its
 reservation, its step runs the booking's container with rootless podman on the chosen node (inside
 that node's network namespace), and the booker logs in over SSH at the node's address.
 
@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -28,91 +28,25 @@ import paramiko
 import pytest
 
 from gpubook.runtime import ssh
-from gpubook.runtime.engines import EngineSettings, container_name
+from gpubook.runtime.engines import container_name
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.slurm_step import StepRequest
 from gpubook.runtime.templates import get_template
 from gpubook.scheduler.hosts import Booker, StartRequest
-from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmUnreachable
+from gpubook.scheduler.hosts.slurm import SlurmCluster, SlurmUnreachable
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
-from tests import slurm_kit
-from tests.engine_suite import PODMAN, key_line, new_key
-from tests.test_slurm_sync import accepted, booking
+from tests.kits import slurm_kit
+from tests.kits.engine_suite import key_line, new_key
+from tests.kits.slurm_jobs_kit import ENGINE, PREFIX, AsAccount, JobsOfAccount, accepted, booking, podman_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.podman,
               pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]
-PREFIX = "gpubook-"
-# The source tree the account reads (quickstart copies a clone it cannot read to one it can).
-REPO = Path(os.environ.get("GPUBOOK_TEST_TREE") or Path(__file__).resolve().parents[1])
-ENGINE = EngineSettings(**PODMAN)  # type: ignore[arg-type]
-
-
-class AsAccount(Scontrol):
-    """A Slurm client run as the daemon's account with its own environment (the job inherits it, and
-    its steps run rootless podman as that account)."""
-
-    def __init__(self, user: str, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        account = pwd.getpwnam(user)
-        self.user = user
-        self.env = [f"HOME={account.pw_dir}", f"USER={user}", f"LOGNAME={user}",
-                    f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", f"PYTHONPATH={REPO}", "PYTHONDONTWRITEBYTECODE=1",
-                    "PATH=/usr/local/bin:/usr/bin:/bin"]
-
-    def argv(self, args: Sequence[str]) -> list[str]:
-        return ["runuser", "-u", self.user, "--", "env", *self.env, f"SLURM_CONF={self.conf}", "TZ=UTC",
-                *super().argv(args)]
-
-
-def _as_account(user: str, code: str) -> None:
-    account = pwd.getpwnam(user)
-    subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
-                    f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", f"PYTHONPATH={REPO}", "PYTHONDONTWRITEBYTECODE=1",
-                    sys.executable, "-c", code], cwd="/tmp", check=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def account_image() -> None:
-    """The debian-ssh image in the account's own podman storage (cached: a no-op once built)."""
-    _as_account(slurm_kit.DEFAULT_USER, "from gpubook.runtime import overlay_image; "
-                "from gpubook.runtime.engines import engine_from; "
-                "from gpubook.runtime.templates import get_template; from tests.engine_suite import CACHE_DIR, PODMAN; "
-                "overlay_image.build_rootfs_image(engine_from(**PODMAN), get_template('debian-ssh'), "
-                "cache_dir=CACHE_DIR)")
-
-
-@pytest.fixture
-def cluster() -> Iterator[slurm_kit.Cluster]:
-    with slurm_kit.running() as made:
-        yield made
-
-
-class JobsOfAccount(SlurmJobs):
-    """The test runs as root where the daemon runs as the account: the job folder is given to it."""
-
-    def _make_folder(self, booking_id: str) -> Path:
-        folder = super()._make_folder(booking_id)
-        account = pwd.getpwnam(self.user)
-        os.chown(folder, account.pw_uid, account.pw_gid)
-        return folder
-
-    def _write_order(self, path: Path, text: str) -> None:
-        super()._write_order(path, text)
-        account = pwd.getpwnam(self.user)
-        os.chown(path, account.pw_uid, account.pw_gid)
 
 
 def _ssh_banner(address: str, port: int) -> str:
     with socket.create_connection((address, port), timeout=5) as sock:
         return sock.recv(7).decode()
-
-
-def _podman(user: str, *args: str) -> int:
-    account = pwd.getpwnam(user)
-    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
-                           f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", "podman", *args],
-                          cwd="/tmp", capture_output=True, timeout=60).returncode
 
 
 @pytest.fixture
@@ -122,7 +56,7 @@ def leftover(cluster: slurm_kit.Cluster) -> Iterator[list[str]]:
     names: list[str] = []
     yield names
     for name in names:
-        _podman(cluster.user, "rm", "--force", "--time=0", name)
+        podman_as(cluster.user, "rm", "--force", "--time=0", name)
 
 
 def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_its_node(
@@ -193,7 +127,7 @@ def test_a_booking_starts_as_a_job_in_its_reservation_and_the_booker_logs_in_on_
     while jobs.name("alice-run") in jobs.jobs() and time.monotonic() < deadline:
         time.sleep(0.3)
     assert jobs.name("alice-run") not in jobs.jobs() and node2.list() == []
-    assert _podman(cluster.user, "container", "exists", result.container) == 1  # stopped and removed
+    assert podman_as(cluster.user, "container", "exists", result.container) == 1  # stopped and removed
     assert json.loads((jobs.folder("alice-run") / "request.json").read_text())["user"] == "alice"
 
 
@@ -240,7 +174,7 @@ def test_a_two_node_booking_runs_one_container_per_node_and_they_reach_each_othe
     deadline = time.monotonic() + 30
     while jobs.name("pair") in jobs.jobs() and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert all(_podman(cluster.user, "container", "exists", r.container) == 1 for r in results.values())
+    assert all(podman_as(cluster.user, "container", "exists", r.container) == 1 for r in results.values())
 
 
 def test_a_start_that_fails_on_the_node_says_why_and_leaves_no_job(cluster: slurm_kit.Cluster,
@@ -363,4 +297,4 @@ def test_a_start_again_after_its_step_was_killed_adopts_or_replaces_the_containe
     assert "left running by an earlier start" in (jobs.folder("again") / "step-node1.log").read_text()
     node1.stop(moved.info.name, 5)
     assert jobs.wait_ended("again", seconds=60)
-    assert _podman(cluster.user, "container", "exists", name) == 1  # stopped and removed
+    assert podman_as(cluster.user, "container", "exists", name) == 1  # stopped and removed

@@ -11,11 +11,9 @@ import pytest
 from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler import daemon
 from gpubook.scheduler.config import parse as parse_config
-from gpubook.scheduler.core.bookings import Booking
-from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.hosts.slurm import SlurmCluster, parse, sync
+from tests.kits.slurm_jobs_kit import NOW, accepted, booking
 
-NOW = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)
 PREFIX = "gpubook-"
 
 NODE_LINES = (
@@ -34,17 +32,6 @@ RESERVATION_LINES = (
     "Flags=OVERLAP,SPEC_NODES TRES=cpu=2 Users=gpubook Groups=(null) Accounts=(null) Licenses=(null) "
     "State=INACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n"
 )
-
-
-def booking(booking_id: str = "b1", *, start: datetime = NOW + timedelta(hours=1), hours: float = 1,
-            gpus: int = 2) -> Booking:
-    return Booking(id=booking_id, uid=booking_id, user="alice", template="base", gpu_count=gpus, gpu_indices=None,
-                   start=start, end=start + timedelta(hours=hours), created=None, dtstamp=None,
-                   calendar_url="http://calendar/", href="/e.ics")
-
-
-def accepted(item: Booking, host: str = "node1") -> Accepted:
-    return Accepted(item, tuple(range(item.gpu_count)), item.end, host)
 
 
 def test_nodes_are_read_with_their_gpus_partitions_and_whether_they_take_work() -> None:

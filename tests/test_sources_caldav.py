@@ -18,7 +18,7 @@ from gpubook.scheduler.config import CalendarConfig
 from gpubook.scheduler.sources import open_source
 from gpubook.scheduler.sources.caldav_source import CaldavSource
 from gpubook.scheduler.sources.errors import CalendarDataError, CalendarError
-from tests import servers
+from tests.kits import servers
 
 pytestmark = pytest.mark.caldav
 

@@ -13,59 +13,8 @@ from gpubook.scheduler.config import CalendarConfig
 from gpubook.scheduler.sources import open_source
 from gpubook.scheduler.sources.errors import CalendarDataError, CalendarError
 from gpubook.scheduler.sources.ics_feed import IcsFeedSource
-from tests import servers
-
-FEED = """BEGIN:VCALENDAR
-VERSION:2.0
-PRODID:-//Google Inc//Google Calendar 70.9054//EN
-X-WR-CALNAME:GPU devbox1
-X-WR-TIMEZONE:Europe/Berlin
-BEGIN:VTIMEZONE
-TZID:Europe/Berlin
-BEGIN:STANDARD
-DTSTART:19701025T030000
-RRULE:FREQ=YEARLY;BYMONTH=10;BYDAY=-1SU
-TZOFFSETFROM:+0200
-TZOFFSETTO:+0100
-END:STANDARD
-BEGIN:DAYLIGHT
-DTSTART:19700329T020000
-RRULE:FREQ=YEARLY;BYMONTH=3;BYDAY=-1SU
-TZOFFSETFROM:+0100
-TZOFFSETTO:+0200
-END:DAYLIGHT
-END:VTIMEZONE
-BEGIN:VTIMEZONE
-TZID:America/New_York
-BEGIN:STANDARD
-DTSTART:19701101T020000
-RRULE:FREQ=YEARLY;BYMONTH=11;BYDAY=1SU
-TZOFFSETFROM:-0400
-TZOFFSETTO:-0500
-END:STANDARD
-END:VTIMEZONE
-BEGIN:VEVENT
-UID:weekly@lab
-DTSTART;TZID=Europe/Berlin:20261123T090000
-DTEND;TZID=Europe/Berlin:20261123T170000
-RRULE:FREQ=WEEKLY;COUNT=4
-SUMMARY:alice tensorflow-cuda9 gpus=2
-END:VEVENT
-BEGIN:VEVENT
-UID:weekly@lab
-RECURRENCE-ID;TZID=Europe/Berlin:20261130T090000
-DTSTART;TZID=Europe/Berlin:20261130T120000
-DTEND;TZID=Europe/Berlin:20261130T180000
-SUMMARY:alice tensorflow-cuda9 gpus=2 (moved)
-END:VEVENT
-BEGIN:VEVENT
-UID:floating@lab
-DTSTART:20261124T100000
-DTEND:20261124T120000
-SUMMARY:bob debian-ssh
-END:VEVENT
-END:VCALENDAR
-""".replace("\n", "\r\n")
+from tests.kits import servers
+from tests.kits.booking_kit import FEED
 
 
 def feed_source(server: servers.FeedServer, path: str = "/lab.ics", **kwargs) -> IcsFeedSource:

@@ -15,7 +15,7 @@ from gpubook.runtime.errors import StorageError
 from gpubook.runtime.templates import get_template
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.local import LocalHost
-from tests import safe_data
+from tests.kits import safe_data
 
 
 def test_folders_are_made_once_and_bound_as_asked(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """gpubook's systemd user unit, run by a real user manager in a container booted with systemd.
 
 How this is proven where no systemd runs as PID 1: rootful podman boots a Debian 12 image (made by
-tests/systemd_kit.py with mmdebstrap) with `--systemd=always` and /sbin/init as PID 1. gpubook's
+tests/kits/systemd_kit.py with mmdebstrap) with `--systemd=always` and /sbin/init as PID 1. gpubook's
 wheel, built from this tree, goes into /opt/gpubook/venv there, and `gpubook setup --user gpubook
 --data-root /srv/gpubook` does the rest as on a server: linger (logind starts user@UID.service),
 the nosuid,nodev bind mount, storage.conf, the delegation drop-in, the config, the image, and the
@@ -49,8 +49,8 @@ from pathlib import Path
 import icalendar
 import pytest
 
-from tests import systemd_kit as kit
-from tests.daemon_kit import event_text
+from tests.kits import systemd_kit as kit
+from tests.kits.daemon_kit import event_text
 
 pytestmark = [
     pytest.mark.systemd,

@@ -21,7 +21,7 @@ from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.outbox import status, timeline
 from gpubook.scheduler.outbox.web.access import Access, bcrypt_cost, read_htpasswd
 from gpubook.scheduler.state.records import ContainerRecord
-from tests.web_kit import (
+from tests.kits.web_kit import (
     accepted,
     booking,
     generated_plan,
@@ -301,7 +301,7 @@ def test_calendar_text_is_shown_as_text_never_as_markup(tmp_path: Path) -> None:
 def test_sighup_serves_the_page_with_the_reloaded_web_settings(tmp_path: Path) -> None:
     """An admin changes a password (or the whole [web] section) and sends SIGHUP: the page must
     follow, as the rest of the config does, without a restart that would stop the bookings' daemon."""
-    from tests.daemon_kit import in_process_daemon
+    from tests.kits.daemon_kit import in_process_daemon
 
     daemon = in_process_daemon(tmp_path)
     passwords = htpasswd(tmp_path, {"alice": "old-password"})

@@ -17,9 +17,8 @@ import pytest
 import requests
 
 from gpubook.scheduler.commands.embedded import free_port
-from tests import daemon_kit
-from tests.daemon_kit import DaemonProcess, book, child_env, soon, wait_for, write_config
-from tests.web_kit import (
+from tests.kits.daemon_kit import DaemonProcess, book, child_env, soon, wait_for, write_config
+from tests.kits.web_kit import (
     CHROMEDRIVER,
     CHROMIUM,
     answers,
@@ -31,9 +30,6 @@ from tests.web_kit import (
     status_of,
     write_status,
 )
-
-engine, keys = daemon_kit.engine, daemon_kit.keys
-cleanup, daemons = daemon_kit.cleanup, daemon_kit.daemons
 
 pytestmark = [
     pytest.mark.browser, pytest.mark.slow,

@@ -10,7 +10,7 @@ from pathlib import Path
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
 from gpubook.scheduler.state import ContainerRecord, State
-from tests.test_pass_bounded import NOW, Machine, bookings, event, make_config, make_pass, running
+from tests.kits.pass_kit import NOW, Machine, bookings, event, make_config, make_pass, running
 
 
 def test_a_run_after_a_death_says_so_next_to_its_ssh_line(tmp_path: Path) -> None:

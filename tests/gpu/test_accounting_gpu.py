@@ -28,24 +28,15 @@ import paramiko
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from test_daemon_gpu import (  # noqa: F401 - fixtures, used by name
-    ENGINE_LINES,
-    RUNNING_LINE,
-    TEMPLATE,
-    TEMPLATE_TOML,
-    bundle,
-    data_mount,
-    engine,
-    radicale,
-)
 
 from gpubook.runtime.engines import Engine, container_name
 from gpubook.runtime.nvidia.model import Gpu
 from gpubook.scheduler.commands.embedded import free_port
 from gpubook.scheduler.state import State
-from tests import servers
-from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
-from tests.web_kit import answers
+from tests.kits import servers
+from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.kits.gpu_daemon_kit import ENGINE_LINES, RUNNING_LINE, TEMPLATE, TEMPLATE_TOML
+from tests.kits.web_kit import answers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 

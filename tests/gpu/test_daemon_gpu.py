@@ -24,32 +24,26 @@ figures and the daemon's log (BENCHMARKS.md, "GPU host: the whole daemon").
 from __future__ import annotations
 
 import json
-import lzma
 import os
 import platform
 import re
 import shutil
 import signal
-import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import booker
-import hostroot
 import paramiko
 import pytest
 
-from gpubook.runtime import storage
-from gpubook.runtime.engines import Engine, container_name, engine_from
-from gpubook.runtime.errors import EngineError
+from gpubook.runtime.engines import Engine, container_name
 from gpubook.runtime.nvidia.model import Gpu
 from gpubook.scheduler.state import State
-from tests import safe_data, servers
-from tests.daemon_kit import (
+from tests.kits import booker, servers
+from tests.kits.daemon_kit import (
     DaemonProcess,
     book,
     description,
@@ -59,16 +53,11 @@ from tests.daemon_kit import (
     wait_for,
     write_config,
 )
+from tests.kits.gpu_daemon_kit import ENGINE_LINES, RUNNING_LINE, TEMPLATE, TEMPLATE_TOML
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 
-BUNDLE, TEMPLATE, IMAGE, TEMPLATE_TOML, ULIMITS = (hostroot.BUNDLE, hostroot.SSHD_TEMPLATE, hostroot.SSHD_IMAGE,
-                                                  hostroot.SSHD_TEMPLATE_TOML, hostroot.ULIMITS)
-# The host's network: podman runs as root there, and the bundle brings no netavark or CNI plugins
-# for a bridge (rootless podman's slirp4netns is tested on the build machine).
-ENGINE_LINES = (f"ulimits = {json.dumps(list(ULIMITS))}", 'network = "host"')
 FIRST_SECONDS, SECOND_SECONDS, GAP_SECONDS = 45, 30, 3
-RUNNING_LINE = re.compile(r"running: ssh -p (\d+) (\S+)@")
 SSH_ANSWERED = re.compile(r"SSH answered after ([0-9.]+) s")
 
 
@@ -89,65 +78,6 @@ class Booker:
     key: paramiko.PKey
     start: datetime
     gpus: int
-
-
-@pytest.fixture(scope="module")
-def bundle() -> Path:
-    missing = [name for name in ("gpu-sshd.tar.xz", "cudacheck") if not (BUNDLE / name).is_file()]
-    if missing:
-        pytest.skip(f"no GPU-host bundle at {BUNDLE} ({', '.join(missing)} missing): run "
-                    "tests/gpu/prepare_daemon_bundle.sh .bundle on the build machine and carry .bundle")
-    return BUNDLE
-
-
-@pytest.fixture(scope="module")
-def engine(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    """The daemon's engine (podman, runc, storage driver overlay) with the bundle's image imported."""
-    made = engine_from("podman", runtime="runc", storage_driver="overlay", ulimits=ULIMITS)
-    try:
-        made.ensure_image(IMAGE)
-    except EngineError:
-        tarball = tmp_path_factory.mktemp("image") / "gpu-sshd.tar"
-        with lzma.open(bundle / "gpu-sshd.tar.xz") as packed, tarball.open("wb") as plain:
-            shutil.copyfileobj(packed, plain, 1 << 20)
-        made.import_rootfs(tarball, IMAGE)
-        tarball.unlink()
-    return made
-
-
-@pytest.fixture(scope="module")
-def data_mount() -> Iterator[Path]:
-    """gpubook refuses a data_root without nosuid,nodev: the test mount, made here as root (a tmpfs),
-    else /dev/shm where that is mounted nosuid,nodev."""
-    mount = safe_data.MOUNT
-    problem = storage.mount_problem(mount)
-    if problem is None:
-        yield mount
-        return
-    if os.geteuid() != 0:
-        pytest.skip(f"{problem}; as root this test mounts a tmpfs there")
-    mount.mkdir(parents=True, exist_ok=True)
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "nosuid,nodev,mode=0755,size=2g", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if made.returncode == 0:
-        yield mount
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-        return
-    if storage.mount_problem(Path("/dev/shm")) is not None:
-        pytest.skip(f"{problem}; mounting a tmpfs there failed: {made.stderr.strip()}")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(safe_data, "MOUNT", Path("/dev/shm"))
-        yield Path("/dev/shm")
-
-
-@pytest.fixture(scope="module")
-def radicale() -> Iterator[servers.CalendarServer]:
-    try:
-        import radicale as _  # noqa: F401
-    except ImportError:
-        pytest.skip("Radicale is not installed (the bundle's wheels: source .bundle/install-daemon-deps.sh)")
-    with servers.running(servers.radicale) as server:
-        yield server
 
 
 def test_daemon_runs_gpu_bookings_end_to_end(tmp_path: Path, two_gpus: tuple[Gpu, Gpu],

@@ -31,23 +31,14 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from test_daemon_gpu import (  # noqa: F401 - fixtures, used by name
-    ENGINE_LINES,
-    RUNNING_LINE,
-    TEMPLATE,
-    TEMPLATE_TOML,
-    bundle,
-    data_mount,
-    engine,
-    radicale,
-)
 
 from gpubook.runtime.engines import Engine, container_name
 from gpubook.runtime.nvidia import nvml
 from gpubook.runtime.nvidia.model import Gpu
 from gpubook.scheduler.state import ForeignRow, State
-from tests import servers
-from tests.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.kits import servers
+from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
+from tests.kits.gpu_daemon_kit import ENGINE_LINES, RUNNING_LINE, TEMPLATE, TEMPLATE_TOML
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 

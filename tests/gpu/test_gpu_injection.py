@@ -14,10 +14,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import hostroot
 import pytest
 
 from gpubook.runtime import nvidia
+from tests.kits import hostroot
 
 pytestmark = pytest.mark.gpu
 

@@ -43,8 +43,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import booker
-import hostroot
 import paramiko
 import pytest
 
@@ -52,8 +50,8 @@ import gpubook
 from gpubook.runtime import storage
 from gpubook.runtime.engines import Engine, container_name, engine_from
 from gpubook.runtime.nvidia.model import Gpu
-from tests import servers
-from tests.daemon_kit import book, description, wait_for, write_config
+from tests.kits import booker, hostroot, servers
+from tests.kits.daemon_kit import book, description, wait_for, write_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.caldav, pytest.mark.slow]
 

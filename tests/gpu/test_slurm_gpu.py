@@ -1,5 +1,5 @@
 """A GPU booking through a real Slurm on the GPU host: single-node Slurm 22.05 whose GRES gpu are the
-host's REAL GPUs (gres.conf `File=/dev/nvidia[0-N]`, AutoDetect off; tests/slurm_kit.py's real-GPU
+host's REAL GPUs (gres.conf `File=/dev/nvidia[0-N]`, AutoDetect off; tests/kits/slurm_kit.py's real-GPU
 mode), end to end with gpubook's own Slurm backend.
 
 SlurmCluster.sync makes the booking's advance reservation; SlurmHost.start submits its job into it
@@ -37,11 +37,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import booker
-import hostroot
 import paramiko
 import pytest
-from test_daemon_gpu import radicale  # noqa: F401 - a fixture: Radicale from the bundle's wheels
 
 from gpubook.runtime.engines import Engine, EngineSettings, container_name, engine_from
 from gpubook.runtime.errors import EngineError
@@ -53,8 +50,8 @@ from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
 from gpubook.scheduler.hosts.slurm.jobs import SlurmJobs
-from tests import servers, slurm_kit
-from tests.daemon_kit import DaemonProcess, book, description, port_range, wait_for
+from tests.kits import booker, hostroot, servers, slurm_kit
+from tests.kits.daemon_kit import DaemonProcess, book, description, port_range, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slurm,
               pytest.mark.skipif(slurm_kit.available(real_gpus=True) is not None,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from gpubook.runtime import cgroups
 from gpubook.runtime.engines import Engine
-from tests import engine_suite
-from tests.engine_suite import Booking, Bookings
+from tests.kits import engine_suite
+from tests.kits.engine_suite import Booking, Bookings
 
 GIB = 1 << 30
 HOST_FACTS = {"host_memory": 4 * GIB, "host_gpus": 16}

@@ -31,7 +31,7 @@ from cryptography.x509.oid import NameOID
 
 from gpubook.runtime.engines import Engine
 from gpubook.scheduler.commands.embedded import free_port
-from tests.engine_suite import CACHE_DIR
+from tests.kits.engine_suite import CACHE_DIR
 
 USER, PASSWORD = "lab", "registry-" + secrets.token_hex(6)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gpubook.runtime.templates import get_template
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path.home() / ".cache" / "gpubook" / "systemd"
 SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "dbus-user-session", "libpam-systemd", "python3", "python3-venv",

@@ -1,4 +1,4 @@
-"""A stand-in GPU monitor for machines without a GPU: `[gpus] monitor = "tests.fake_gpus:read"`.
+"""A stand-in GPU monitor for machines without a GPU: `[gpus] monitor = "tests.kits.fake_gpus:read"`.
 
 It answers what NVML's live view would (utilisation, memory, the processes on each GPU) from a JSON
 file the test writes and rewrites while the daemon runs, named by $GPUBOOK_FAKE_GPUS:

@@ -1,8 +1,8 @@
 """The behaviour every engine must show, run against real engines (podman and Docker modules).
 
-A test module provides the fixtures `engine` (a started engine), `image` (the debian-ssh image, in
-that engine) and `expected_owner(uid)` (the host uid that files written by booker `uid` get), then
-subclasses `EngineBehaviour`. Containers are removed even when a test fails.
+A test module gives `engine_args` (how tests/plugins/engines.py makes `engine`, with the debian-ssh
+image in it, and `bookings`) and `expected_owner(uid)` (the host uid that files written by booker
+`uid` get), then subclasses `EngineBehaviour`. Containers are removed even when a test fails.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import overlay_image, ssh, storage
+from gpubook.runtime import ssh, storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
 from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from gpubook.runtime.errors import EngineError, StorageError
-from gpubook.runtime.templates import Template, get_template
+from gpubook.runtime.templates import Template
 from gpubook.scheduler.commands.embedded import end_process, free_port
-from tests import safe_data
 
 BOOKER = "alice"
 BOOKER_UID = 2001
@@ -96,7 +95,6 @@ def _wait_for_dockerd(address: str, daemon: subprocess.Popen[bytes], log_path: P
             return
         time.sleep(0.1)
     raise RuntimeError(f"dockerd did not answer within 60 s: {log_path.read_text()[-2000:]}")
-
 
 
 def new_key() -> paramiko.PKey:
@@ -192,28 +190,6 @@ class Bookings:
             except EngineError:
                 pass
             ssh.forget_host_key(CACHE_DIR, name)
-
-
-@pytest.fixture(scope="session")
-def engine(engine_args: dict) -> Engine:
-    """The engine under test; each test module gives `engine_args`."""
-    return engine_from(**engine_args)
-
-
-@pytest.fixture(scope="session")
-def image(engine: Engine) -> str:
-    """The debian-ssh image, built once with mmdebstrap (tarball cached in ~/.cache/gpubook)."""
-    return overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
-
-
-@pytest.fixture
-def bookings(engine: Engine, image: str) -> Iterator[Bookings]:
-    with safe_data.data_root() as data_root:
-        made = Bookings(engine, data_root, get_template("debian-ssh"))
-        try:
-            yield made
-        finally:
-            made.cleanup()
 
 
 class EngineBehaviour:

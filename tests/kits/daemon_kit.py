@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -19,16 +20,25 @@ import caldav
 import icalendar
 import paramiko
 import pytest
+from caldav.lib import error as dav_error
 
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, ServiceSpec, container_name
 from gpubook.scheduler.commands.embedded import end_process
 from gpubook.scheduler.config import load as load_config
 from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.sdnotify import Notifier
-from tests import safe_data
+from gpubook.scheduler.state import State
+from tests.kits import safe_data
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
+
+# The marks of a module whose tests run the daemon on rootless podman against a real calendar server
+# (`pytestmark = DAEMON_MODULE`): out of the fast lane, skipped where podman is absent.
+DAEMON_MODULE = [
+    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
+]
 
 
 def port_range(size: int = 20) -> tuple[int, int]:
@@ -140,7 +150,7 @@ class DaemonProcess:
 
     def __init__(self, config: Path, *, env: dict[str, str] | None = None, user: str | None = None,
                  tree: Path = ROOT) -> None:
-        """`env`: added to the daemon's environment (e.g. tests/fake_gpus.py's file); `user`: the
+        """`env`: added to the daemon's environment (e.g. tests/kits/fake_gpus.py's file); `user`: the
         account it runs as (a test run as root: the Slurm tests), from the source `tree` it can read."""
         self.config = config
         self.env = env or {}
@@ -298,40 +308,6 @@ def in_process_daemon(folder: Path, *, notifier: Notifier | None = None, poll_se
     return kind(load_config(path), engine=IdleEngine(), notifier=notifier or Notifier(None))
 
 
-# --- fixtures shared by the daemon test modules (each imports them by name) ---------------------
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    """Rootless podman with the test image built once."""
-    from gpubook.runtime import overlay_image
-    from gpubook.runtime.engines import engine_from
-    from gpubook.runtime.templates import get_template
-    from tests.engine_suite import CACHE_DIR
-
-    made = engine_from("podman", runtime="runc", storage_driver="overlay")
-    overlay_image.build_rootfs_image(made, get_template("debian-ssh"), cache_dir=CACHE_DIR)
-    return made
-
-
-@pytest.fixture
-def cleanup(engine: Engine) -> Iterator[list[str]]:
-    """Booking ids whose containers are removed after the test, pass or fail."""
-    booking_ids: list[str] = []
-    yield booking_ids
-    for booking_id in booking_ids:
-        engine.stop(container_name(booking_id), 0)
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[DaemonProcess]]:
-    """Daemons stopped after the test, pass or fail."""
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        daemon.stop()
-
-
 def cli(config: Path, *args: str, user: str | None = None, tree: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """A `gpubook` command (status, stop, log, ...) on the test's config, as an admin runs it
     (`user`: as the daemon's account, from a source `tree` it can read; see DaemonProcess)."""
@@ -344,6 +320,18 @@ def cli(config: Path, *args: str, user: str | None = None, tree: Path = ROOT) ->
                           **account)  # type: ignore[call-overload]
 
 
-@pytest.fixture
-def keys() -> dict[str, paramiko.PKey]:
-    return {"alice": paramiko.ECDSAKey.generate(bits=256), "bob": paramiko.ECDSAKey.generate(bits=256)}
+def events(folder: Path, booking_id: str | None = None) -> list[str]:
+    """The daemon's event log in folder/state (one booking's, or all)."""
+    with State(folder / "state" / "state.sqlite") as state:
+        return [e.message for e in state.events(booking_id=booking_id)]
+
+
+def edit(calendar: caldav.Calendar, uid: str, text: str) -> bool:
+    """Replace an event's content, as a calendar program does (If-Match its current ETag)."""
+    event = calendar.event_by_uid(uid)
+    event.data = text
+    try:
+        event.save()
+    except dav_error.ETagMismatchError:
+        return False  # gpubook wrote back in between: read it again
+    return True

@@ -1,0 +1,34 @@
+"""What the daemon tests share: bookers' SSH keys, daemons and containers removed after each test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import paramiko
+import pytest
+
+from gpubook.runtime.engines import Engine, container_name
+from tests.kits.daemon_kit import DaemonProcess
+
+
+@pytest.fixture
+def keys() -> dict[str, paramiko.PKey]:
+    return {"alice": paramiko.ECDSAKey.generate(bits=256), "bob": paramiko.ECDSAKey.generate(bits=256)}
+
+
+@pytest.fixture
+def cleanup(engine: Engine) -> Iterator[list[str]]:
+    """Booking ids whose containers are removed after the test, pass or fail."""
+    booking_ids: list[str] = []
+    yield booking_ids
+    for booking_id in booking_ids:
+        engine.stop(container_name(booking_id), 0)
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[DaemonProcess]]:
+    """Daemons stopped after the test, pass or fail."""
+    started: list[DaemonProcess] = []
+    yield started
+    for daemon in started:
+        daemon.stop()
