@@ -26,7 +26,7 @@ import paramiko
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpubook.runtime import overlay_image, ssh, storage  # noqa: E402
+from gpubook.runtime import booking, overlay_image, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import Engine, EngineOptions, EngineSettings, container_name, engine_from  # noqa: E402
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
 from gpubook.runtime.templates import Template, get_template  # noqa: E402
@@ -78,11 +78,13 @@ def one_start(engine: Engine, template: Template, folders: storage.DataFolders, 
     cache = ssh.default_cache_dir()
     name = container_name(booking_id)
     host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
-    spec = ssh.booking_spec(template, booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=[],
-                            probe_key=probe_key, port=free_port(), end=datetime.now(UTC) + timedelta(hours=1),
-                            folders=folders, cache_dir=cache, host_key=host_key)
+    spec = booking.booking_spec(
+        template,
+        booking.Booking(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(), port=free_port(),
+                        end=datetime.now(UTC) + timedelta(hours=1)),
+        booking.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
     try:
-        ready = ssh.start_booking(engine, spec, probe_key=probe_key, timeout=60)
+        ready = booking.start_booking(engine, spec, probe_key=probe_key, timeout=60)
         began = time.monotonic()
         engine.stop(spec.name, 10)
         stopped = time.monotonic() - began

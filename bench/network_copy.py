@@ -28,7 +28,7 @@ import paramiko
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.container_start import podman_engine  # noqa: E402
-from gpubook.runtime import overlay_image, ssh, storage  # noqa: E402
+from gpubook.runtime import booking, overlay_image, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import Engine, container_name  # noqa: E402
 from gpubook.runtime.templates import get_template  # noqa: E402
 from tests.kits.engine_suite import free_port  # noqa: E402
@@ -44,11 +44,13 @@ def start(engine: Engine, network: str, *, folders: storage.DataFolders, booker_
     name = container_name(booking_id)
     engine.stop(name, 0)
     host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
-    spec = ssh.booking_spec(get_template("debian-ssh"), booking_id=booking_id, user="alice", uid=2001, gid=2001,
-                            ssh_keys=[f"{booker_key.get_name()} {booker_key.get_base64()} bench"],
-                            probe_key=probe_key, port=free_port(), end=datetime.now(UTC) + timedelta(hours=1),
-                            folders=folders, cache_dir=cache, host_key=host_key)
-    ssh.start_booking(engine, spec, probe_key=probe_key, timeout=60)
+    spec = booking.booking_spec(
+        get_template("debian-ssh"),
+        booking.Booking(booking_id=booking_id, user="alice", uid=2001, gid=2001,
+                        ssh_keys=(f"{booker_key.get_name()} {booker_key.get_base64()} bench",), port=free_port(),
+                        end=datetime.now(UTC) + timedelta(hours=1)),
+        booking.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
+    booking.start_booking(engine, spec, probe_key=probe_key, timeout=60)
     return name, spec.port, ssh.known_hosts_line(host="127.0.0.1", port=spec.port, host_key=host_key.public)
 
 

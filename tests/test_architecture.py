@@ -1,22 +1,39 @@
 """The house's registration paths (docs/ARCHITECTURE.md): a fake container engine and a fake
 calendar source, each added with one registration line and nothing else, then used through the
-real config, `gpubook doctor`'s preflight and a real pass (plan, decide, the Stop handler, the
-write-back through the source's own writer).
+real config, `gpubook doctor`'s preflight and real passes (plan, decide, the Start and Stop
+handlers, LocalHost's start with its spec, host key and SSH probe, the write-back through the
+source's own writer).
 
-The fakes are tiny classes meeting the real protocols; nothing of gpubook is patched.
+The fakes are tiny classes meeting the real protocols; nothing of gpubook is patched. The engine
+has only the core `Engine` members (no Builder, ServiceRunner or IdMapper): its "container" is an
+SSH server in this process (paramiko) showing the booking's own host key and letting in the keys
+the spec hands the container, so the probe LocalHost waits on is the real one.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar
 
+import paramiko
 import pytest
 
-from gpubook.runtime import engines, ssh
+from gpubook.runtime import booking, engines, ssh
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines import ContainerInfo, EngineOptions, EngineSettings, container_name
+from gpubook.runtime.engines import (
+    ContainerInfo,
+    ContainerSpec,
+    EngineOptions,
+    EngineSettings,
+    ExecResult,
+    container_name,
+    info_from_labels,
+)
 from gpubook.runtime.templates import load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import sources
@@ -27,24 +44,86 @@ from gpubook.scheduler.service import Calendars
 from gpubook.scheduler.sources import BaseSource, EventRef, PollStats, RawObject, Snapshot, WriteResult
 from gpubook.scheduler.sources.block import Outcome
 from gpubook.scheduler.state import State
-from tests.kits.daemon_kit import IdleEngine
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
 URL = "http://127.0.0.1:9/lab/devbox1/"  # never connected to: the fake source holds the events
 
 
-class FakeEngine(IdleEngine):
-    """An engine that keeps its containers in a dict."""
+class _Sshd(paramiko.ServerInterface):
+    """What the booking's sshd would check: its user, and the keys the spec gave the container."""
+
+    def __init__(self, spec: ContainerSpec) -> None:
+        env = dict(spec.env)
+        self.user, self.keys = env["GPUBOOK_USER"], env["GPUBOOK_KEYS"]
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        wanted = f"{key.get_name()} {key.get_base64()}"
+        if username == self.user and any(wanted in line for line in self.keys.splitlines()):
+            return paramiko.AUTH_SUCCESSFUL
+        return paramiko.AUTH_FAILED
+
+
+class _Container:
+    """A booking's "container": an SSH server on the booking's port, with the host key the spec binds."""
+
+    def __init__(self, spec: ContainerSpec) -> None:
+        [folder] = [m.source for m in spec.mounts if m.target == booking.HOST_KEY_TARGET]
+        self.host_key = paramiko.Ed25519Key.from_private_key_file(str(folder / ssh.HOST_KEY_FILE))
+        self.spec = spec
+        self.listener = socket.create_server(("127.0.0.1", spec.port))
+        self.thread = threading.Thread(target=self._serve, name=f"fake-sshd-{spec.port}", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return  # closed: the container stopped
+            with paramiko.Transport(connection) as transport:
+                transport.add_server_key(self.host_key)
+                try:
+                    transport.start_server(server=_Sshd(self.spec))
+                except (paramiko.SSHException, EOFError):
+                    continue
+                while transport.is_active():  # the probe logs in and hangs up
+                    time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.listener.close()
+        self.thread.join(timeout=10)
+
+
+class FakeEngine:
+    """An engine with the core members only: its containers are in-process SSH servers."""
 
     name = "fake"
     containers: ClassVar[dict[str, ContainerInfo]] = {}
+    running: ClassVar[dict[str, _Container]] = {}
+    started: ClassVar[list[str]] = []
     stopped: ClassVar[list[str]] = []
 
     def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
         self.settings = settings
 
-    def preflight(self) -> list[Check]:  # type: ignore[override]
-        return [Check("engine", True, "fake engine, nothing to check")]
+    def ensure_image(self, image: str, *, pull: bool = False) -> None: ...
+
+    def start(self, spec: ContainerSpec) -> ContainerInfo:
+        self.running[spec.name] = _Container(spec)
+        info = info_from_labels(name=spec.name, id=f"fake-{spec.name}", state="running", image=spec.image,
+                                labels=spec.labels())
+        self.containers[spec.name] = info
+        self.started.append(spec.name)
+        return info
+
+    def stop(self, name: str, grace: float) -> None:
+        if (container := self.running.pop(name, None)) is not None:
+            container.stop()
+        if self.containers.pop(name, None) is not None:
+            self.stopped.append(name)
 
     def list(self) -> list[ContainerInfo]:
         return list(self.containers.values())
@@ -52,9 +131,15 @@ class FakeEngine(IdleEngine):
     def inspect(self, name: str) -> ContainerInfo | None:
         return self.containers.get(name)
 
-    def stop(self, name: str, grace: float) -> None:
-        if self.containers.pop(name, None) is not None:
-            self.stopped.append(name)
+    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None,
+             timeout: float | None = None) -> ExecResult:
+        return ExecResult(0, "", "")
+
+    def logs(self, name: str, *, tail: int | None = None) -> str:
+        return ""
+
+    def preflight(self) -> list[Check]:
+        return [Check("engine", True, "fake engine, nothing to check")]
 
 
 class FakeWriter:
@@ -96,9 +181,12 @@ def registered() -> object:
     engines.register("fake", FakeEngine)  # the one registration line for an engine
     sources.register("fake", f"{__name__}:FakeSource")  # ... and one for a calendar source
     yield
-    engines.ENGINES.pop("fake")
-    sources.SOURCE_KINDS.pop("fake")
+    engines.REGISTRY.unregister("fake")
+    sources.REGISTRY.unregister("fake")
+    for name in list(FakeEngine.running):
+        FakeEngine.running.pop(name).stop()
     FakeEngine.containers.clear()
+    FakeEngine.started.clear()
     FakeEngine.stopped.clear()
     FakeWriter.written.clear()
     FakeSource.events.clear()
@@ -123,27 +211,45 @@ def test_a_registered_engine_and_source_run_a_pass(tmp_path: Path, registered: o
     engine = engines.make_engine(config.engine)
     assert isinstance(engine, FakeEngine)
     assert engines.preflight(config.engine) == [Check("engine", True, "fake engine, nothing to check")]
+    # The core protocol is all a new engine needs (issue 25's udocker: no build, no chown).
+    assert isinstance(engine, engines.Engine)
+    assert not isinstance(engine, engines.Builder | engines.ServiceRunner | engines.IdMapper)
 
-    # alice's booking ended a minute ago; its container still runs: the pass stops it and the
-    # source's own writer gets "ended".
-    start, end = NOW - timedelta(hours=2), NOW - timedelta(minutes=1)
+    # alice's booking started a minute ago: the first pass starts its container through LocalHost
+    # (spec, host key, engine start, the SSH probe's login) and the source's writer gets "running";
+    # a pass after its end stops the container and the writer gets "ended".
+    start, end = NOW - timedelta(minutes=1), NOW + timedelta(hours=2)
     FakeSource.events["b1"] = _event("b1", start, end)
-    FakeEngine.containers[container_name("b1")] = ContainerInfo(
-        name=container_name("b1"), id="c1", state="running", image="i", booking_id="b1", user="alice",
-        gpus=(0,), end=end, spec_hash="h", port=2200, template="debian-ssh")
     reading = Calendars(config).read(now=NOW)
     assert [o.id for o in reading.occurrences] == ["b1"], reading.problems
 
     host = LocalHost(engine=engine, gpus=(0, 1), driver_version=None,
                      probe_key=ssh.load_probe_key(tmp_path / "probe-key"), cache_dir=tmp_path / "cache")
+    name = container_name("b1")
     with State(tmp_path / "state.sqlite") as state:
-        state.container_started("b1", container_name("b1"), user="alice", gpu_count=1, at=start)
         passes = Pass(config, hosts={host.name: host}, state=state, templates=load_all(None))
-        result = passes.run(reading.occurrences, now=NOW, etags=reading.etags)
-        passes.close()
+        try:
+            started = passes.run(reading.occurrences, now=NOW, etags=reading.etags)
+            assert [type(a).__name__ for a in started.actions] == ["Start"], started
+            assert FakeEngine.started == [name] and not started.failures, started.failures
+            passes.writeback.settle(30)
+            # "running" (the lane's write and the outbox's may both deliver it: the same outcome again)
+            assert {(uid, outcome.status) for uid, outcome in FakeWriter.written} == {("b1", "running")}
+            spec_port = FakeEngine.containers[name].port
+            assert spec_port is not None and FakeEngine.running[name].listener.getsockname()[1] == spec_port
+
+            written_before_stop = len(FakeWriter.written)
+            after = end + timedelta(minutes=1)
+            result = passes.run(reading.occurrences, now=after, etags=reading.etags)
+            passes.writeback.settle(30)
+        finally:
+            passes.close()
         assert [type(a).__name__ for a in result.actions] == ["Stop"]
-        assert FakeEngine.stopped == [container_name("b1")]
-        assert [(uid, outcome.status) for uid, outcome in FakeWriter.written] == [("b1", "ended")]
+        assert FakeEngine.stopped == [name] and name not in FakeEngine.running
+        # The stop pass's write-back says "ended" (the fake calendar never changes its events, so the
+        # pass may also deliver "running" again from the reading it was given).
+        stop_writes = [(uid, outcome.status) for uid, outcome in FakeWriter.written[written_before_stop:]]
+        assert ("b1", "ended") in stop_writes, FakeWriter.written
         assert state.containers(booking_id="b1")[-1].exit_reason == "ended"
         stop = result.actions[0]
         assert isinstance(stop, decide.Stop) and stop.host == host.name

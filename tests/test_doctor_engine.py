@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime import network
-from gpubook.runtime.engines import EngineSettings, engine_from
+from gpubook.runtime.engines import EngineSettings, engine_from, podman_network
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import doctor as doctor_module
 from tests.kits.daemon_kit import DaemonProcess, cli, wait_for, write_config
@@ -49,25 +49,25 @@ def test_doctor_as_root_names_a_missing_network_backend(tmp_path: Path, containe
     """The GPU host (2026-11-25) had neither netavark nor iptables, and doctor said `ok engine
     network: private`; every booking's start then failed inside podman."""
     settings = EngineSettings(runtime="runc")
-    here = network.backend_check(settings)
+    here = podman_network.backend_check(settings)
     assert here.ok, here
     assert here.detail.split(",")[0] in ("netavark", "cni")
     assert [c.name for c in network.checks(settings)] == ["engine network", "engine network backend"]
 
-    no_firewall = network.backend_check(settings, firewall_path=str(tmp_path))
+    no_firewall = podman_network.backend_check(settings, firewall_path=str(tmp_path))
     assert not no_firewall.ok and "needs iptables (or nft)" in no_firewall.detail
     assert no_firewall.fix == "install iptables (Debian/Ubuntu: apt install iptables)"
 
     empty = tmp_path / "empty"
     empty.mkdir()
     containers_conf(f'[engine]\nhelper_binaries_dir = ["{empty}"]\n[network]\nnetwork_backend = "netavark"\n')
-    missing = network.backend_check(settings)
+    missing = podman_network.backend_check(settings)
     assert missing.level == "fail"
     assert missing.detail.startswith("podman's network backend is netavark, but podman cannot find it")
     assert missing.fix is not None and "apt install netavark iptables" in missing.fix
 
     containers_conf(f'[network]\nnetwork_backend = "cni"\ncni_plugin_dirs = ["{empty}"]\n')
-    no_plugins = network.backend_check(settings)
+    no_plugins = podman_network.backend_check(settings)
     assert no_plugins.level == "fail" and "CNI and its plugins are missing (bridge" in no_plugins.detail
 
     config = tmp_path / "gpubook.toml"

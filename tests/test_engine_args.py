@@ -92,7 +92,7 @@ def test_engines_by_name_and_by_dotted_path() -> None:
 
 
 def test_a_new_engine_is_one_registration_line() -> None:
-    from gpubook.runtime.engines import ENGINES
+    from gpubook.runtime.engines import REGISTRY
     from gpubook.runtime.engines.podman import PodmanEngine
 
     class Udocker(PodmanEngine):  # a stand-in: any class taking (settings, options)
@@ -102,7 +102,7 @@ def test_a_new_engine_is_one_registration_line() -> None:
     try:
         assert make_engine(EngineSettings(name="udocker")).name == "udocker"
     finally:
-        del ENGINES["udocker"]
+        REGISTRY.unregister("udocker")
 
 
 def test_podman_follows_the_users_storage_driver_unless_told() -> None:
@@ -212,3 +212,59 @@ def test_every_container_log_is_capped_and_the_sftp_service_has_memory_and_pids_
     argv = engine.service_args(service)  # type: ignore[attr-defined]
     assert argv[argv.index("--memory") + 1] == "1g" and argv[argv.index("--memory-swap") + 1] == "1g"
     assert argv[argv.index("--pids-limit") + 1] == "4096"
+
+
+# --- capabilities: what an engine with the core protocol alone is told -----------------------------
+
+
+class CoreOnly:
+    """An engine with the core `Engine` members only (issue 25's udocker: no build, no chown)."""
+
+    name = "core"
+
+    def ensure_image(self, image: str, *, pull: bool = False) -> None:
+        raise EngineError(f"image {image} is not present")
+
+    def start(self, spec: ContainerSpec) -> object:
+        raise NotImplementedError
+
+    def stop(self, name: str, grace: float) -> None: ...
+
+    def list(self) -> list[object]:
+        return []
+
+    def inspect(self, name: str) -> None:
+        return None
+
+    def exec(self, name: str, argv: object, *, user: str | None = None, timeout: float | None = None) -> object:
+        raise NotImplementedError
+
+    def logs(self, name: str, *, tail: int | None = None) -> str:
+        return ""
+
+    def preflight(self) -> list[object]:
+        return []
+
+
+def test_an_engine_without_a_capability_is_told_in_one_sentence_what_is_missing(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from gpubook.runtime import engines, overlay_image
+    from gpubook.runtime.templates import get_template
+    from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings
+
+    engine = CoreOnly()
+    assert isinstance(engine, engines.Engine)
+    assert not isinstance(engine, engines.Builder | engines.ServiceRunner | engines.IdMapper)
+    without_sshd = replace(get_template("debian-ssh"), has_sshd=False)
+    with pytest.raises(EngineError) as refused:
+        overlay_image.build_overlay(engine, without_sshd)  # type: ignore[arg-type]
+    assert str(refused.value) == ("template debian-ssh's sshd overlay (its image has no sshd) needs an engine "
+                                  "that builds images, and engine 'core' cannot")
+    settings = SftpSettings(port=2022, listen="127.0.0.1", data_root=tmp_path, users=())
+    with pytest.raises(EngineError, match=r"^the SFTP service \(\[sftp\] enabled\) needs an engine that runs "
+                                          r"service containers, and engine 'core' cannot$"):
+        SftpService(engine=engine, settings=settings, etc_dir=tmp_path, image=lambda: "i")  # type: ignore[arg-type]
+    # No IdMapper: containers run on the host's ids, and folders are given away as root gives them.
+    assert engines.host_owner(engine, 2001, 2002) == (2001, 2002)  # type: ignore[arg-type]
+    assert engines.chown_for(engine) is None  # type: ignore[arg-type]

@@ -3,7 +3,7 @@
 Rootless podman on the host network (the worst case: the container's loopback is the host's), a
 Debian image with sshd and a real JupyterLab (made here: mmdebstrap, then JupyterLab's wheels
 installed offline from a wheelhouse that `pip download` fills once; both cached), started through
-the host start path (ssh.booking_spec + ssh.start_booking). The booker forwards the socket with
+the host start path (booking.booking_spec + booking.start_booking). The booker forwards the socket with
 OpenSSH's own `ssh -L` and asks JupyterLab's API with and without the token. Hostile: root in another
 booking's container, on the same network, looks for a Jupyter server on every listening port and at
 the socket's path; a host user's `ps` must not show the token; no TCP port listens as the booker.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubook.runtime import booking as runtime_booking
 from gpubook.runtime import cuda, jupyter, ssh
 from gpubook.runtime.engines import ContainerInfo, ExecResult, container_name
 from gpubook.runtime.templates import load_all, load_template
@@ -84,9 +85,11 @@ def test_booking_spec_asks_the_entrypoint_for_jupyter_only_when_the_template_doe
     probe = ssh.load_probe_key(tmp_path / "probe")
     key = ssh.HostKey(folder=tmp_path, public="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJZ")
     folders = DataFolders(user="alice", input=tmp_path, output=tmp_path, home=None)
-    specs = [ssh.booking_spec(template, booking_id="b1", user="alice", uid=2001, gid=2001, ssh_keys=[],
-                              probe_key=probe, port=2201, end=NOW, folders=folders, cache_dir=tmp_path,
-                              host_key=key) for template in (torch, replace(torch, jupyter=False))]
+    booked = runtime_booking.Booking(booking_id="b1", user="alice", uid=2001, gid=2001, ssh_keys=(), port=2201,
+                                     end=NOW)
+    files = runtime_booking.HostFiles(probe_key=probe, cache_dir=tmp_path, host_key=key, folders=folders)
+    specs = [runtime_booking.booking_spec(template, booked, files)
+             for template in (torch, replace(torch, jupyter=False))]
     assert (jupyter.ENV, "1") in specs[0].env
     assert jupyter.ENV not in dict(specs[1].env)
     assert all("--ip" not in " ".join(spec.command) for spec in specs)

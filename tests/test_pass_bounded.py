@@ -260,7 +260,10 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
     build_may_end = threading.Event()
 
     class SlowBuildEngine:
-        """Only what the image preparer uses here: no overlay yet, and a build the test holds up."""
+        """Only what the image preparer uses here: no overlay yet, and a build the test holds up (the
+        overlay needs an engine that is a Builder: `build` and `import_rootfs`)."""
+
+        name = "slow-build"
 
         def ensure_image(self, image: str, *, pull: bool = False) -> None:
             if "overlay" in image and not build_may_end.is_set():
@@ -270,6 +273,9 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
             machine.step("building", tag)
             build_may_end.wait(HOLD)
             machine.step("built", tag)
+
+        def import_rootfs(self, tarball: Path, tag: str) -> None:
+            raise NotImplementedError("no template here is built from a root file system")
 
     class BuildingMachine(Machine):
         def start(self, request: StartRequest) -> Started:
@@ -469,7 +475,7 @@ def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path:
     never answers does not keep the next booking's container from starting."""
     import paramiko
 
-    from gpubook.runtime import ssh
+    from gpubook.runtime import booking as runtime_booking
     from gpubook.runtime.engines import ContainerSpec
     from tests.kits.daemon_kit import IdleEngine
 
@@ -499,7 +505,7 @@ def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path:
 
     def start(booking_id: str) -> None:
         try:
-            ssh.start_booking(engine, spec(booking_id), probe_key=key, timeout=HOLD, gate=gate)
+            runtime_booking.start_booking(engine, spec(booking_id), probe_key=key, timeout=HOLD, gate=gate)
         except EngineError as error:
             errors[booking_id] = str(error)
 

@@ -147,8 +147,8 @@ def test_doctor_looks_for_the_data_root_in_rootless_podmans_namespace(tmp_path: 
         return config_module.load(path)
 
     with safe_data.data_root() as safe:
-        assert doctor.podman_namespace_check(config(safe)) is None
-    found = doctor.podman_namespace_check(config(tmp_path))
+        assert doctor.namespace_check(config(safe)) is None
+    found = doctor.namespace_check(config(tmp_path))
     assert found is not None and not found.ok and "not in rootless podman's mount namespace" in found.detail
 
 

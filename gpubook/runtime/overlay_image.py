@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from gpubook.runtime import images
+from gpubook.runtime import engines, images
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import EngineError, TemplateError
 from gpubook.runtime.templates import Template
@@ -62,12 +62,13 @@ def build_overlay(engine: Engine, template: Template) -> str:
     tag = overlay_tag(template)
     if _image_exists(engine, tag):
         return tag
+    builder = engines.builder(engine, why=f"template {template.name}'s sshd overlay (its image has no sshd)")
     engine.ensure_image(base_image(template))
     with tempfile.TemporaryDirectory(prefix="gpubook-overlay-") as context:
         (Path(context) / "Containerfile").write_text(
             OVERLAY_CONTAINERFILE.format(image=base_image(template))
         )
-        engine.build(tag, Path(context))
+        builder.build(tag, Path(context))
     return tag
 
 
@@ -78,6 +79,7 @@ def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -
         raise TemplateError(f"{template.path}: build: this template has no [build] recipe")
     if _image_exists(engine, template.image):
         return template.image
+    builder = engines.builder(engine, why=f"template {template.name}'s image from its [build] recipe")
     key = f"{recipe.suite} {recipe.variant} {','.join(sorted(recipe.include))}"
     tarball = cache_dir / "rootfs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.tar"
     if not tarball.is_file():
@@ -99,7 +101,7 @@ def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -
                 f"{(done.stderr or done.stdout).strip()[-2000:]}"
             )
         partial.replace(tarball)
-    engine.import_rootfs(tarball, template.image)
+    builder.import_rootfs(tarball, template.image)
     return template.image
 
 

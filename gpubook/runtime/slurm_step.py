@@ -5,13 +5,13 @@ The daemon (gpubook/scheduler/hosts/slurm/jobs.py) writes the request from valid
 submits a job into the booking's reservation; Slurm runs this on each allocated node (one task
 per node), as the daemon's account, with the GPUs it granted in SLURM_STEP_GPUS / SLURM_JOB_GPUS
 (the node's own indices) or CUDA_VISIBLE_DEVICES. The container is made by the same code as on
-the local backend (runtime.ssh.booking_spec, runtime.engines, the NVIDIA injection where the node
+the local backend (runtime.booking.booking_spec, runtime.engines, the NVIDIA injection where the node
 has a driver), for exactly those GPUs; its SSH host key is made in the node's own cache, never on
 the shared storage. The step proves SSH answers with a probe key of its own,
 then writes `result-<node>.json` (node, port, host key) next to the request: the daemon reads it
 from the shared folder, and asks its commands for the container there too (`serve_execs`).
 SIGTERM (scancel, or Slurm's time limit) or the booking's end stops and removes the container;
-nothing is left behind by a failed start (start_booking removes it; a SIGTERM during the start
+nothing is left behind by a failed start (booking.start_booking removes it; a SIGTERM during the start
 ends the start and removes it too).
 
 A start again after one whose step was killed (Slurm's SIGKILL after KillWait, a node that stopped
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
-from gpubook.runtime import ssh, storage
+from gpubook.runtime import booking, engines, ssh, storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineSettings, container_name, make_engine
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.mounts import Mount
@@ -351,11 +351,14 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     cache_dir.mkdir(parents=True, exist_ok=True)
     folders = _folders(request, engine)
     gpu = _injection(gpus, cache_dir)
-    host_key = ssh.booking_host_key(cache_dir, name, owner=engine.host_owner(0, 0), chown=engine.chown)
+    host_key = ssh.booking_host_key(cache_dir, name, owner=engines.host_owner(engine, 0, 0),
+                                    chown=engines.chown_for(engine))
     probe = booking_probe_key(cache_dir, name)
-    spec = ssh.booking_spec(template, booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
-                            ssh_keys=request.ssh_keys, probe_key=probe, port=request.port, end=request.end,
-                            folders=folders, cache_dir=cache_dir, host_key=host_key, gpus=gpus, gpu=gpu)
+    spec = booking.booking_spec(
+        template,
+        booking.Booking(booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
+                        ssh_keys=tuple(request.ssh_keys), port=request.port, end=request.end, gpus=gpus, gpu=gpu),
+        booking.HostFiles(probe_key=probe, cache_dir=cache_dir, host_key=host_key, folders=folders))
     if request.multi_node:  # MPI/NCCL programs find the other nodes in the hostfile
         hostfile = folder / "hostfile"
         write_atomic(hostfile, "".join(f"{address} slots={len(gpus) or 1}\n"
@@ -394,7 +397,7 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
         made = _prepare(request, folder=folder, node=node, gpus=gpus, env=env)
         clear_leftover(made.engine, made.spec, say=say)
         say(f"starting {made.spec.name} (spec {made.spec.spec_hash}) on port {request.port}")
-        ready = ssh.start_booking(made.engine, made.spec, probe_key=made.probe, timeout=90)
+        ready = booking.start_booking(made.engine, made.spec, probe_key=made.probe, timeout=90)
         starting.clear()
     except (GpubookError, _Stopped) as error:
         starting.clear()
@@ -531,8 +534,9 @@ def _folders(request: StepRequest, engine: Engine) -> storage.DataFolders:
     problem = storage.mount_problem(request.data_root)
     if problem is not None:
         raise GpubookError(problem)
-    owner_uid, owner_gid = engine.host_owner(request.uid, request.gid)
-    return storage.prepare(request.data_root, request.user, uid=owner_uid, gid=owner_gid, chown=engine.chown)
+    owner_uid, owner_gid = engines.host_owner(engine, request.uid, request.gid)
+    return storage.prepare(request.data_root, request.user, uid=owner_uid, gid=owner_gid,
+                           chown=engines.chown_for(engine))
 
 
 def _injection(gpus: tuple[int, ...], cache_dir: Path) -> object | None:

@@ -1,9 +1,7 @@
-"""The "local overlay" on a template: the booker's account, SSH with keys only, sudo; and readiness.
+"""A booking's SSH: its host key, the daemon's probe key, and the readiness probe.
 
-- Images without sshd/sudo run as a derived image with them (gpubook/runtime/overlay_image.py builds it).
-- At start a read-only bind-mounted entrypoint (overlay/entrypoint.sh) makes the account, keys,
-  sudo and sshd on the booking's port; then the template's command (and JupyterLab, for a template
-  with jupyter = true: gpubook/runtime/jupyter.py) runs as the booker.
+(The container itself, with the overlay entrypoint that makes the account and runs sshd, is
+gpubook/runtime/booking.py's.)
 - gpubook makes each booking's SSH host key itself (ed25519, kept mode 600 under the cache folder,
   bound read-only into the container), so it knows the key before sshd runs: the probe trusts only
   that key, and the booker gets it as a known_hosts line, with no trust on first use.
@@ -21,41 +19,21 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gpubook.runtime import jupyter
-from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, booker_digest
+from gpubook.runtime.engines import ContainerSpec, Engine
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.mounts import Mount
-from gpubook.runtime.overlay_image import run_image
 from gpubook.runtime.private import check_private_key, write_private
-from gpubook.runtime.storage import DataFolders, check_user_name
-from gpubook.runtime.templates import Template
 
 log = logging.getLogger(__name__)
 
-ENTRYPOINT_SOURCE = Path(__file__).with_name("overlay") / "entrypoint.sh"
-OVERLAY_TARGET = "/.gpubook"
-HOST_KEY_TARGET = "/.gpubook-hostkey"  # the booking's host key folder, bound read-only
 HOST_KEY_FILE = "ssh_host_ed25519_key"
-NOT_BEFORE = "GPUBOOK_NOT_BEFORE"  # the booking's start, epoch seconds: the entrypoint opens nothing before it
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A booking whose SSH answered: how long it took from start, and its host key."""
-
-    info: ContainerInfo
-    seconds: float
-    host_key: str  # "ssh-ed25519 AAAA...", for the booker's known_hosts
 
 
 @dataclass(frozen=True)
@@ -135,21 +113,6 @@ def fingerprint(key_line: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def entrypoint_dir(cache_dir: Path) -> Path:
-    """A folder holding the entrypoint, named by its hash, readable by the container's root."""
-    text = ENTRYPOINT_SOURCE.read_bytes()
-    folder = cache_dir / "overlay" / hashlib.sha256(text).hexdigest()[:16]
-    script = folder / "entrypoint.sh"
-    if not script.is_file() or script.read_bytes() != text:
-        folder.mkdir(parents=True, exist_ok=True)
-        folder.chmod(0o755)
-        partial = folder / f".entrypoint.{os.getpid()}"
-        partial.write_bytes(text)
-        partial.chmod(0o755)
-        partial.replace(script)
-    return folder
-
-
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "gpubook"
@@ -174,104 +137,6 @@ def probe_key_line(key: paramiko.PKey) -> str:
     # `restrict` (OpenSSH >= 7.2): no pty, no forwarding; and the probe can only run `true`.
     return f'restrict,command="true" {key.get_name()} {key.get_base64()} gpubook-probe'
 
-
-
-def booking_spec(
-    template: Template,
-    *,
-    booking_id: str,
-    user: str,
-    uid: int,
-    gid: int,
-    ssh_keys: Sequence[str],
-    probe_key: paramiko.PKey,
-    port: int,
-    end: datetime,
-    folders: DataFolders,
-    cache_dir: Path,
-    host_key: HostKey,
-    gpus: tuple[int, ...] = (),
-    gpu: object | None = None,
-    start: datetime | None = None,
-) -> ContainerSpec:
-    """The container for one booking of `template`: overlay entrypoint, data folders, keys.
-
-    `start`, the booking's start, goes in as GPUBOOK_NOT_BEFORE (epoch seconds): the entrypoint
-    makes everything, then waits for that moment before sshd, JupyterLab or the template's command
-    run. A container run before the start (armed) thus lets nobody in and runs nothing of the
-    booker's until then; one run at or after it waits for nothing. The same spec either way."""
-    check_user_name(user)
-    keys = "\n".join([*(k.strip() for k in ssh_keys if k.strip()), probe_key_line(probe_key)])
-    env = dict(template.env)
-    env.update(
-        {
-            "GPUBOOK_USER": user,
-            "GPUBOOK_UID": str(uid),
-            "GPUBOOK_GID": str(gid),
-            "GPUBOOK_PORT": str(port),
-            "GPUBOOK_KEYS": keys,
-        }
-    )
-    if template.jupyter:
-        env[jupyter.ENV] = "1"
-    if start is not None:
-        env[NOT_BEFORE] = f"{start.timestamp():.3f}"
-    overlay = Mount(entrypoint_dir(cache_dir), OVERLAY_TARGET, read_only=True)
-    key_folder = Mount(host_key.folder, HOST_KEY_TARGET, read_only=True)
-    return ContainerSpec(
-        booking_id=booking_id,
-        user=user,
-        uid=uid,
-        gid=gid,
-        image=run_image(template),
-        port=port,
-        end=end,
-        gpus=gpus,
-        template=template.name,
-        entrypoint=(f"{OVERLAY_TARGET}/entrypoint.sh",),
-        command=template.command,
-        env=tuple(sorted(env.items())),
-        mounts=(overlay, key_folder, *folders.mounts(), *template.mounts),
-        shm_size=template.shm_size,
-        memory=template.memory,
-        gpu=gpu,  # type: ignore[arg-type]
-        host_key=host_key.public,
-        start=start,
-        booker=booker_digest(user, uid, gid, ssh_keys),
-    )
-
-
-def start_booking(
-    engine: Engine,
-    spec: ContainerSpec,
-    *,
-    probe_key: paramiko.PKey,
-    timeout: float = 60.0,
-    host: str = "127.0.0.1",
-    gate: AbstractContextManager[object] | None = None,
-    running: ContainerInfo | None = None,
-) -> Ready:
-    """Start (or adopt) the booking's container and wait until SSH logs the probe in.
-
-    On failure nothing is left behind: the container is stopped and removed, and the error carries
-    the end of its log. A server on the port with another host key fails the start at once.
-    `gate` bounds the engine's start only (bookings starting together); the wait for SSH is
-    outside it, so a booking whose sshd is slow holds no other booking up. `running`: the container
-    already runs with this spec (run ahead of the booking's start): only the probe is left.
-    """
-    began = time.monotonic()
-    if running is not None:
-        info = running
-    else:
-        with gate or nullcontext():
-            info = engine.start(spec)
-    try:
-        host_key = wait_ready(engine, spec, probe_key=probe_key, timeout=timeout, host=host)
-    except EngineError as error:
-        log_tail = _safe_logs(engine, spec.name)
-        engine.stop(spec.name, 0)
-        raise EngineError(f"{error}\ncontainer log:\n{log_tail}") from None
-    return Ready(info=info, seconds=time.monotonic() - began, host_key=host_key)
 
 
 def wait_ready(
@@ -343,10 +208,3 @@ def probe_login(
             return shown
         finally:
             transport.close()
-
-
-def _safe_logs(engine: Engine, name: str) -> str:
-    try:
-        return engine.logs(name, tail=30).strip() or "(empty)"
-    except EngineError as error:
-        return f"(no log: {error})"

@@ -31,7 +31,8 @@ from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.names import template_name_problem as _template_name_problem
 from gpubook.runtime.names import user_name_problem as _user_name_problem
 from gpubook.runtime.plugins import load_callable
-from gpubook.scheduler.sources import SOURCE_KINDS, BaseSource, https_url, implied_kind, source_class
+from gpubook.scheduler import sources
+from gpubook.scheduler.sources import BaseSource, https_url, implied_kind, source_class
 from gpubook.scheduler.sources.errors import redact_url
 
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
@@ -156,7 +157,7 @@ class CalendarConfig:
     username: str | None = setting(None, "user name for the calendar server")
     password: str | None = setting(None, "read from password_file (mode 0600) or $" + PASSWORD_ENV,
                                    key="password_file", secret=True, env=PASSWORD_ENV)
-    kind: str = "caldav"  # a name in scheduler.sources.SOURCE_KINDS or package.module:Class
+    kind: str = "caldav"  # a name in scheduler.sources.REGISTRY or package.module:Class
     # An identity the calendar server vouches for (issue 22, finding 7): the server's login and
     # rights decide who may write this collection, so its every event is this user's booking.
     user: str | None = setting(None, "the only user this calendar books for (a [users] name): its every event "
@@ -464,18 +465,6 @@ class PolicyConfig:
                                            check=_not_negative)
 
 
-# Checks of [engine] fields that runtime.engines declares without a "check" in their metadata.
-ENGINE_CHECKS: dict[str, Check] = {
-    "name": engines.name_problem,  # a registered engine, or "package.module:Class"
-    "network": _one_of(engines.NETWORKS),
-    "stop_grace_seconds": _not_negative,
-    "pids_limit": _not_negative,
-    # None: the host's memory less a reserve, shared by GPUs (runtime.cgroups.memory_share); "none": no limit
-    "memory": lambda v: (None if v is None or v == "none" or re.fullmatch(r"[1-9][0-9]*[bkmg]?", v)
-                         else "must be like '512m' or '32g', or \"none\""),
-}
-
-
 @dataclass(frozen=True)
 class Config:
     path: Path
@@ -720,25 +709,14 @@ def _gpu_indices(reader: _Reader, where: str, value: Any) -> tuple[int, ...] | N
     return None
 
 
-def _source_kind_problem(kind: str) -> str | None:
-    try:
-        source_class(kind)
-    except LookupError:
-        return _one_of(SOURCE_KINDS)(None)
-    except (ImportError, AttributeError, TypeError) as error:
-        return f"cannot load the calendar source {kind}: {error}"
-    return None
-
-
 def _source_keys(table: Mapping[str, Any]) -> tuple[str, ...]:
     """The keys the calendar's source kind declares (the built-in default for a broken kind)."""
     kind, url = table.get("kind"), table.get("url")
     if not isinstance(kind, str):
         kind = implied_kind(https_url(url)) if isinstance(url, str) else "caldav"
-    try:
-        return source_class(kind).calendar_keys
-    except (LookupError, ImportError, AttributeError, TypeError):
+    if sources.REGISTRY.problem(kind) is not None:
         return BaseSource.calendar_keys
+    return source_class(kind).calendar_keys
 
 
 def _calendar(reader: _Reader, where: str, table: Mapping[str, Any]) -> CalendarConfig | None:
@@ -751,7 +729,7 @@ def _calendar(reader: _Reader, where: str, table: Mapping[str, Any]) -> Calendar
         if not re.match(r"^https?://[^\s/]+", url):
             reader.error(_join(where, "url"), f"must be an http:// or https:// URL, not {redact_url(url)!r}")
         kind = implied_kind(url)
-    kind = reader.get(table, where, "kind", str, default=kind, check=_source_kind_problem)
+    kind = reader.get(table, where, "kind", str, default=kind, check=sources.REGISTRY.problem)
     settings = reader.settings(table, where, CalendarConfig, only=[*source_keys, "user"])
     gpus = _gpu_indices(reader, _join(where, "gpus"), table.get("gpus", "all"))
     if url is None or kind is None:
@@ -834,7 +812,7 @@ SECTIONS: dict[str, Callable[[_Reader, Mapping[str, Any], str], Any]] = {
     "users": _users,
     "gpus": _plain(GpusSection),
     "templates": _plain(TemplatesSection),
-    "engine": _plain(EngineConfig, ENGINE_CHECKS),
+    "engine": _plain(EngineConfig, engines.SETTING_CHECKS),  # the engines declare their checks
     "storage": _plain(StorageConfig),
     "ssh": _ssh,
     "nvidia": _plain(NvidiaConfig),
@@ -875,11 +853,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
                 reader.error(f"calendar[{position}].user", f"{calendar.user!r} is not a user of [users]")
         if read["web"].enabled and (problem := web_problem(read["web"])):
             reader.error("web", problem)
-        if read["gpus"].mps and read["engine"].name == "docker":
-            reader.error("gpus.mps", 'cannot be used with [engine] name = "docker": the MPS pipe folder is a '
-                         "host folder every booking writes into, and root in a Docker container is root on the "
-                         "host (a setuid file left there runs as root for any host login); use podman, or "
-                         "set mps = false")
+        if read["gpus"].mps and (problem := engines.mps_problem(read["engine"])):
+            reader.error("gpus.mps", problem)  # the engine's own reason (Docker: root inside is host root)
     if reader.errors:
         raise ConfigError("\n".join(reader.errors))
     return Config(

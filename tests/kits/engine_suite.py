@@ -24,7 +24,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import ssh, storage
+from gpubook.runtime import booking, ssh, storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
 from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from gpubook.runtime.errors import EngineError, StorageError
@@ -131,7 +131,7 @@ class Booking:
     spec: ContainerSpec
     folders: storage.DataFolders
     key: paramiko.PKey
-    ready: ssh.Ready
+    ready: booking.Ready
 
 
 class Bookings:
@@ -159,20 +159,11 @@ class Bookings:
         booking_id = f"test-{secrets.token_hex(4)}@gpubook"
         host_key = ssh.booking_host_key(CACHE_DIR, container_name(booking_id),
                                         owner=self.engine.host_owner(0, 0), chown=self.engine.chown)
-        spec = ssh.booking_spec(
+        spec = booking.booking_spec(
             template,
-            booking_id=booking_id,
-            user=user,
-            uid=uid,
-            gid=uid,
-            ssh_keys=[key_line(key)],
-            probe_key=self.probe_key,
-            port=port or free_port(),
-            end=datetime.now(UTC) + timedelta(hours=1),
-            folders=folders,
-            cache_dir=CACHE_DIR,
-            host_key=host_key,
-            gpus=(0, 1),
+            booking.Booking(booking_id=booking_id, user=user, uid=uid, gid=uid, ssh_keys=(key_line(key),),
+                            port=port or free_port(), end=datetime.now(UTC) + timedelta(hours=1), gpus=(0, 1)),
+            booking.HostFiles(probe_key=self.probe_key, cache_dir=CACHE_DIR, host_key=host_key, folders=folders),
         )
         self.names.append(spec.name)
         return spec, folders
@@ -180,7 +171,7 @@ class Bookings:
     def start(self, *, command: tuple[str, ...] = ()) -> Booking:
         key = new_key()
         spec, folders = self.spec(key=key, command=command)
-        ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, timeout=60)
+        ready = booking.start_booking(self.engine, spec, probe_key=self.probe_key, timeout=60)
         return Booking(spec=spec, folders=folders, key=key, ready=ready)
 
     def cleanup(self) -> None:

@@ -1,20 +1,26 @@
 """Container engines behind one small protocol, registered by name: what runs is read back from
 the engine's labels, and engines take argv lists only (nothing reaches a shell).
 
+`Engine` is what every engine must do to run a booking; what only some can do is a capability
+(`Builder`, `ServiceRunner`, `IdMapper`, and runtime.images' `ImageEngine`) that callers test with
+`isinstance`, saying in one sentence what is missing where one is needed.
+
 Adding an engine (udocker, Apptainer) is one module here and one `register` line below; a site may
 also name its own class in `[engine] name` as a dotted path "package.module:Class", the way
-Radicale loads its storage and auth plugins. Engines never import each other: podman and Docker
-share the CLI plumbing through `cli_engine.CliEngine`, and each spells its own flags.
+Radicale loads its storage and auth plugins (runtime.plugins.Registry, the loader sources and
+backends use too). Engines never import each other: podman and Docker share the CLI plumbing
+through `cli_engine.CliEngine`, and each spells its own flags and checks its own networks.
 """
 
 from __future__ import annotations
 
 import builtins
-import importlib
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines.spec import (
@@ -43,10 +49,12 @@ from gpubook.runtime.engines.spec import (
 )
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.mounts import Mount
+from gpubook.runtime.plugins import Registry
 
 __all__ = [
     "DROP_CAPABILITIES",
-    "ENGINES",
+    "REGISTRY",
+    "SETTING_CHECKS",
     "HOST_NETWORK_RISK",
     "NETWORKS",
     "KEEP_CAPABILITIES",
@@ -64,30 +72,51 @@ __all__ = [
     "ContainerInfo",
     "ContainerSpec",
     "ServiceSpec",
+    "Builder",
     "Engine",
+    "IdMapper",
+    "ServiceRunner",
     "EngineOptions",
     "EngineSettings",
     "ExecResult",
     "Mount",
     "booker_digest",
+    "builder",
+    "chown_for",
+    "data_owner_argv",
+    "host_owner",
+    "network_checks",
+    "mps_problem",
+    "network_problem",
+    "service_runner",
     "booking_id_problem",
     "container_name",
     "engine_from",
     "info_from_labels",
     "make_engine",
     "permanent",
-    "name_problem",
     "preflight",
     "register",
 ]
 
 
+@runtime_checkable
 class Engine(Protocol):
-    """What the reconciler needs from a container engine."""
+    """What every container engine must do for gpubook to run a booking on it.
+
+    The seven verbs of a booking's life (start, stop, list, inspect, exec, logs) and doctor's
+    `preflight` (its own network checks included), plus `name` (the word logs and doctor use) and
+    `ensure_image`: a start needs its image present, and only the engine can say whether it is
+    (pulling and cleaning go further, behind `runtime.images.ImageEngine`). What only some engines
+    can do is a capability below, which callers test with `isinstance`.
+    """
 
     name: str
 
-    def ensure_image(self, image: str, *, pull: bool = False) -> None: ...
+    def ensure_image(self, image: str, *, pull: bool = False) -> None:
+        """Nothing when `image` is in the engine's store (pulled first with `pull`); else a
+        permanent EngineError saying how to get it."""
+        ...
 
     def start(self, spec: ContainerSpec) -> ContainerInfo: ...
 
@@ -105,6 +134,26 @@ class Engine(Protocol):
 
     def logs(self, name: str, *, tail: int | None = None) -> str: ...
 
+    def preflight(self) -> builtins.list[Check]:
+        """What `gpubook doctor` reports about this engine: installed, usable, configured, and
+        whether bookings' networks can be made here (engines.network_checks covers the setting)."""
+        ...
+
+
+@runtime_checkable
+class Builder(Protocol):
+    """An engine that makes images itself: the sshd overlay of a template without sshd, and the
+    images built from a root filesystem (`gpubook templates build`)."""
+
+    def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None: ...
+
+    def import_rootfs(self, tarball: Path, tag: str) -> None: ...
+
+
+@runtime_checkable
+class ServiceRunner(Protocol):
+    """An engine that runs long-lived service containers beside bookings (the SFTP service)."""
+
     def start_service(self, spec: ServiceSpec) -> ContainerInfo:
         """Start a service container (runs already with this spec: nothing; else replaced)."""
         ...
@@ -116,6 +165,13 @@ class Engine(Protocol):
     def signal(self, name: str, signal_name: str) -> None:
         """Send a signal ("HUP") to the container's first process."""
         ...
+
+
+@runtime_checkable
+class IdMapper(Protocol):
+    """An engine whose containers' ids are not the host's (rootless podman's subordinate ids): it
+    says which host ids a booker's files get and gives folders to them. An engine without it runs
+    containers on the host's own ids (`host_owner`, `chown_for`, `data_owner_argv` below)."""
 
     def host_owner(self, uid: int, gid: int) -> tuple[int, int]: ...
 
@@ -129,13 +185,36 @@ class Engine(Protocol):
         (root); None when nothing can."""
         ...
 
-    def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None: ...
 
-    def import_rootfs(self, tarball: Path, tag: str) -> None: ...
+def host_owner(engine: Engine, uid: int, gid: int) -> tuple[int, int]:
+    """The host ids of a booker's files: the engine's mapping, or the same ids where it maps none."""
+    return engine.host_owner(uid, gid) if isinstance(engine, IdMapper) else (uid, gid)
 
-    def preflight(self) -> builtins.list[Check]:
-        """What `gpubook doctor` reports about this engine: installed, usable, configured."""
-        ...
+
+def chown_for(engine: Engine) -> Callable[[Path, int, int], None] | None:
+    """How folders are given to host ids: the engine's way, or None (storage's own: root only)."""
+    return engine.chown if isinstance(engine, IdMapper) else None
+
+
+def data_owner_argv(engine: Engine) -> builtins.list[str] | None:
+    """The argv prefix with power over every booker's file: the engine's, else root's own ([])."""
+    if isinstance(engine, IdMapper):
+        return engine.data_owner_argv()
+    return [] if os.geteuid() == 0 else None
+
+
+def builder(engine: Engine, *, why: str) -> Builder:
+    """The engine as a Builder, or a permanent EngineError saying that `why` needs one."""
+    if not isinstance(engine, Builder):
+        raise permanent(f"{why} needs an engine that builds images, and engine {engine.name!r} cannot")
+    return engine
+
+
+def service_runner(engine: Engine, *, why: str) -> ServiceRunner:
+    """The engine as a ServiceRunner, or a permanent EngineError saying that `why` needs one."""
+    if not isinstance(engine, ServiceRunner):
+        raise permanent(f"{why} needs an engine that runs service containers, and engine {engine.name!r} cannot")
+    return engine
 
 
 @dataclass(frozen=True)
@@ -183,51 +262,54 @@ HOST_NETWORK_RISK = "bookers can reach each other's services and squat ports"
 EngineFactory = Callable[[EngineSettings, EngineOptions], Engine]
 
 # name -> "module:Class", imported only when that engine is used (Docker sites never load podman's).
-ENGINES: dict[str, str | EngineFactory] = {}
-
-
-def register(name: str, factory: str | EngineFactory) -> None:
-    """Make `[engine] name = "<name>"` mean this engine: a class (or "module:Class")."""
-    ENGINES[name] = factory
-
+REGISTRY: Registry[EngineFactory] = Registry("engine", error=EngineError)
+register = REGISTRY.register  # `[engine] name = "<name>"` means this engine: a class (or "module:Class")
 
 register("podman", "gpubook.runtime.engines.podman:PodmanEngine")
 register("docker", "gpubook.runtime.engines.docker:DockerEngine")
 
 
-def name_problem(name: str) -> str | None:
-    """None when `[engine] name` names a registered engine or a loadable class, else what is wrong."""
-    if ":" not in name:
-        return None if name in ENGINES else "must be " + " or ".join(f'"{known}"' for known in ENGINES)
-    try:
-        _factory(name)
-    except EngineError as error:
-        return str(error)
-    return None
-
-
-def _factory(name: str) -> EngineFactory:
-    target = ENGINES.get(name, name if ":" in name else None)
-    if target is None:
-        known = ", ".join(f'"{known}"' for known in ENGINES)
-        raise EngineError(f'unknown engine {name!r} (known: {known}, or "package.module:Class")')
-    if not isinstance(target, str):
-        return target
-    module_name, _, class_name = target.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as error:
-        raise EngineError(f"engine {name!r}: cannot load {target}: {error}") from None
-    if not callable(factory):
-        raise EngineError(f"engine {name!r}: {target} is not a class")
-    return factory  # type: ignore[no-any-return]
-
-
 def make_engine(settings: EngineSettings, options: EngineOptions | None = None) -> Engine:
     """The engine that `[engine]` names."""
-    if settings.network not in NETWORKS:
+    if network_problem(settings.network):
         raise EngineError(f'engine network must be "host" or "private", not {settings.network!r}')
-    return _factory(settings.name)(settings, options or EngineOptions())
+    return REGISTRY.load(settings.name)(settings, options or EngineOptions())
+
+
+def network_problem(network: str) -> str | None:
+    """None for a network setting every engine understands, else what is wrong."""
+    return None if network in NETWORKS else 'must be "host" or "private"'
+
+
+def mps_problem(settings: EngineSettings) -> str | None:
+    """Why `[gpus] mps` (a host folder every booking writes into) cannot be used with this engine;
+    None where it can, or where the engine cannot be loaded (`[engine] name` says so itself)."""
+    try:
+        engine_class = REGISTRY.load(settings.name)
+    except EngineError:
+        return None
+    return getattr(engine_class, "mps_refused", None)
+
+
+def _not_negative(value: float) -> str | None:
+    return None if value >= 0 else "must be 0 or more"
+
+
+def _memory_problem(value: str | None) -> str | None:
+    """None: the host's memory less a reserve, shared by GPUs (runtime.cgroups.memory_share); "none": no limit."""
+    if value is None or value == "none" or re.fullmatch(r"[1-9][0-9]*[bkmg]?", value):
+        return None
+    return "must be like '512m' or '32g', or \"none\""
+
+
+# The checks of `[engine]` keys, by field of EngineSettings: what the config reports for a bad value.
+SETTING_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "name": REGISTRY.problem,  # a registered engine, or "package.module:Class"
+    "network": network_problem,
+    "stop_grace_seconds": _not_negative,
+    "pids_limit": _not_negative,
+    "memory": _memory_problem,
+}
 
 
 def engine_from(
@@ -262,9 +344,22 @@ def engine_from(
 
 
 def preflight(settings: EngineSettings) -> list[Check]:
-    """The engine's own preflight; one failed check when the engine cannot even be made."""
+    """The engine's own preflight (its networks' checks included); one failed check, and the network
+    setting's line, when the engine cannot even be made."""
     try:
         engine = make_engine(settings)
     except EngineError as error:
-        return [Check("engine", False, str(error), 'set [engine] name to "podman" or "docker"')]
+        return [Check("engine", False, str(error), 'set [engine] name to "podman" or "docker"'),
+                *network_checks(settings)]
     return engine.preflight()
+
+
+def network_checks(settings: EngineSettings) -> list[Check]:
+    """What every engine's preflight says first about `[engine] network`: the host network's risk,
+    or the private network's promise (each engine then checks that it can make it here)."""
+    if settings.network == "host":
+        return [Check("engine network", False, f'[engine] network = "host": {HOST_NETWORK_RISK}',
+                      'set [engine] network = "private" (each booking its own network, only its SSH port '
+                      "published)")]
+    return [Check("engine network", True, "private: each booking its own network namespace, only its SSH "
+                  "port published on the host")]

@@ -38,23 +38,41 @@ PROC_ISOLATION = (
     "their device nodes are still isolated"
 )
 
+DOCKER_ICC = (
+    "Docker publishes only each booking's SSH port, but bookings on its bridge reach each other's "
+    'services unless dockerd runs with "icc": false (and its iptables rules) in /etc/docker/daemon.json'
+)
+
 
 class DockerEngine(CliEngine):
     name = "docker"
     package = "docker.io"
+    # [gpus] mps, refused by the config: no writable host folder is bound into a Docker container (gpu_args).
+    mps_refused = ('cannot be used with [engine] name = "docker": the MPS pipe folder is a host folder every '
+                   "booking writes into, and root in a Docker container is root on the host (a setuid file left "
+                   "there runs as root for any host login); use podman, or set mps = false")
 
     def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
         # OCI runtime, storage driver and cgroups are dockerd's own settings, not the client's.
         super().__init__(settings, options)
 
-    def preflight(self) -> builtins.list[Check]:
-        checks = super().preflight()
+    def engine_checks(self) -> builtins.list[Check]:
+        checks = super().engine_checks()
         if checks[0].ok:
             checks.append(self.limits_check())
             # A limit to know of, not a fault to fix: doctor warns without failing.
             checks.append(Check("engine GPU isolation", False, PROC_ISOLATION,
                                 '[engine] name = "podman" hides them', optional=True))
         return checks
+
+    def network_checks(self) -> builtins.list[Check]:
+        """A limit to know of (gpubook works, bookings are less apart): Docker's default bridge lets
+        containers talk."""
+        checks = super().network_checks()
+        if self.network == "host":
+            return checks
+        return [*checks, Check("engine network isolation", False, DOCKER_ICC,
+                               'put "icc": false in /etc/docker/daemon.json and restart dockerd', optional=True)]
 
     def limits_check(self) -> Check:
         """dockerd (root) sets every container's cgroup limits where its cgroups have the

@@ -16,11 +16,12 @@ import re
 import resource
 import shutil
 import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpubook.runtime import cgroups
+from gpubook.runtime import cgroups, network, storage
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines.cli_engine import (
     LOG_MAX_SIZE,
@@ -122,7 +123,7 @@ class PodmanEngine(CliEngine):
         self._placement: cgroups.Placement | None = None
         self._prepared = False
 
-    def preflight(self) -> builtins.list[Check]:
+    def engine_checks(self) -> builtins.list[Check]:
         binary = self.binary_check()
         if not binary.ok:
             return [binary]
@@ -136,6 +137,18 @@ class PodmanEngine(CliEngine):
                 )
             ]
         return [binary, self.storage_check(), self.limits_check()]
+
+    def network_checks(self) -> builtins.list[Check]:
+        """Rootless: slirp4netns and the tun device it opens; rootful: the network backend and the
+        firewall that make each booking's bridge (podman_network.py)."""
+        checks = super().network_checks()
+        if self.network == "host":
+            return checks
+        if os.geteuid() != 0:
+            return [*checks, network.slirp4netns_check(), network.tun_check()]
+        from gpubook.runtime.engines import podman_network  # rootful hosts only
+
+        return [*checks, podman_network.backend_check(self)]
 
     def storage_check(self) -> Check:
         """`podman info` with gpubook's own flags: the cheapest command that opens the store."""
@@ -161,6 +174,29 @@ class PodmanEngine(CliEngine):
                 "(it removes its images and containers) and then the same",
             )
         return Check("engine storage", True, f"driver {driver}, store {root}")
+
+    def data_root_check(self, root: Path) -> Check | None:
+        """Rootless podman sees data_root as the host does: a nosuid,nodev mount (else None: it
+        does, or podman runs as root in the host's namespace, or does not run: its own checks say why)."""
+        if os.geteuid() == 0:
+            return None
+        argv = [*self.global_argv(), "unshare", "cat", "/proc/self/mountinfo"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return Check("data_root", False, f"could not look into rootless podman's mount namespace: {error}",
+                         "check `podman unshare true` as this user")
+        if done.returncode != 0:
+            return None  # the engine's own checks say why podman does not run
+        problem = storage.mountinfo_problem(done.stdout, root)
+        if problem is None:
+            return None
+        return Check("data_root", False, f"{root} is a nosuid,nodev mount on the host but not in rootless podman's "
+                     f"mount namespace ({problem}): it was mounted after podman's pause process started, and / is "
+                     "not a shared mount (hosts without systemd)",
+                     "as this user, `podman system migrate` between bookings (it ends the pause process); as "
+                     "root, keep / shared before mounting data roots (`mount --make-rshared /`, as systemd does at "
+                     "boot)")
 
     def _storage_failure(self, message: str) -> Check:
         mismatch = _DRIVER_MISMATCH.search(message)

@@ -34,7 +34,7 @@ import caldav
 import paramiko
 from icalendar import Calendar, Event, vCalAddress
 
-from gpubook.runtime import overlay_image, sftp, ssh, storage
+from gpubook.runtime import engines, overlay_image, sftp, ssh, storage
 from gpubook.runtime.engines import ContainerInfo, Engine, container_name
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.names import USER_NAME
@@ -213,9 +213,10 @@ def _sftp_known_hosts(engine: Engine, known_hosts: Path, config: config_module.C
     if not config.sftp.enabled:
         return False
     public = daemon_module.state_dir(config) / "sftp" / "etc" / "host_key.pub"
+    services = engines.service_runner(engine, why="the demo's SFTP service")
     deadline = time.monotonic() + SFTP_TIMEOUT
     while time.monotonic() < deadline:
-        service = engine.inspect_service(sftp.SERVICE_NAME)
+        service = services.inspect_service(sftp.SERVICE_NAME)
         if service is not None and service.running and public.is_file():
             line = ssh.known_hosts_line(host="localhost", port=config.sftp.port, host_key=public.read_text().strip())
             with known_hosts.open("a") as out:
@@ -235,7 +236,7 @@ def _clean_up(engine: Engine, daemon: subprocess.Popen[bytes] | None, booking_id
     for info in engine.list():
         if info.booking_id in booking_ids or info.booking_id.split("@20", 1)[0] in booking_ids:
             engine.stop(info.name, 0)
-    service = engine.inspect_service(sftp.SERVICE_NAME)
+    service = engine.inspect_service(sftp.SERVICE_NAME) if isinstance(engine, engines.ServiceRunner) else None
     if service is not None and sftp_port is not None and service.port == sftp_port:  # the demo's, not a site's
         engine.stop(service.name, 0)
 

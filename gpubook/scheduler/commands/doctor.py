@@ -13,13 +13,12 @@ import ipaddress
 import json
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
 
-from gpubook.runtime import engines, gpus, images, network, overlay_image, sftp, ssh, storage
+from gpubook.runtime import engines, gpus, images, overlay_image, sftp, ssh, storage
 from gpubook.runtime.checks import Check, exit_status, format_checks
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.mounts import missing_mount_flags
@@ -140,34 +139,24 @@ def _storage_check(loaded: config_module.Config) -> Check:
         if problem is not None:
             detail, _, fix = problem.partition("; ")
             return Check("data_root", False, detail, fix + " (bookings are refused until then)")
-    inside = podman_namespace_check(loaded)
+    inside = namespace_check(loaded)
     if inside is not None:
         return inside
     return Check("data_root", True, f"{root} (nosuid,nodev)")
 
 
-def podman_namespace_check(loaded: config_module.Config) -> Check | None:
-    """Rootless podman sees data_root as the host does: a nosuid,nodev mount (else None: it does)."""
+def namespace_check(loaded: config_module.Config) -> Check | None:
+    """The engine sees data_root as the host does (a nosuid,nodev mount), where the engine runs its
+    containers in a mount namespace of its own and says so (`data_root_check`: rootless podman)."""
     root = loaded.storage.data_root
-    if root is None or loaded.engine.name != "podman" or os.geteuid() == 0:
+    if root is None:
         return None
-    engine = engines.make_engine(loaded.engine)
-    argv = [*engine.global_argv(), "unshare", "cat", "/proc/self/mountinfo"]  # type: ignore[attr-defined]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return Check("data_root", False, f"could not look into rootless podman's mount namespace: {error}",
-                     "check `podman unshare true` as this user")
-    if done.returncode != 0:
-        return None  # the engine's own checks say why podman does not run
-    problem = storage.mountinfo_problem(done.stdout, root)
-    if problem is None:
-        return None
-    return Check("data_root", False, f"{root} is a nosuid,nodev mount on the host but not in rootless podman's "
-                 f"mount namespace ({problem}): it was mounted after podman's pause process started, and / is "
-                 "not a shared mount (hosts without systemd)",
-                 "as this user, `podman system migrate` between bookings (it ends the pause process); as root, "
-                 "keep / shared before mounting data roots (`mount --make-rshared /`, as systemd does at boot)")
+        engine = engines.make_engine(loaded.engine)
+    except GpubookError:
+        return None  # the engine's own checks say why
+    check = getattr(engine, "data_root_check", None)
+    return None if check is None else check(root)  # type: ignore[no-any-return]
 
 
 def mps_check(environ: Mapping[str, str] | None = None) -> Check:
@@ -222,8 +211,8 @@ def _sftp_checks(loaded: config_module.Config) -> list[Check]:
         return [Check("sftp", True, "off ([sftp] enabled = false): no data access outside bookings")]
     result = [sftp_key_check(loaded)]
     try:
-        engine = engines.make_engine(loaded.engine)
-        running = engine.inspect_service(sftp.SERVICE_NAME)
+        services = engines.service_runner(engines.make_engine(loaded.engine), why="[sftp] enabled")
+        running = services.inspect_service(sftp.SERVICE_NAME)
     except GpubookError as error:
         return [*result, Check("sftp", False, f"cannot ask the engine: {error}", "see the engine checks above")]
     if running is not None and running.running:
@@ -324,8 +313,7 @@ def checks(config_path: str | None) -> list[Check]:
     driver = gpus.driver_checks(gpus.DoctorOptions(extra_roots=loaded.nvidia.driver_roots if loaded else ()))
     result.extend(driver_section(driver, gpu_count=loaded.gpu_count if loaded else None))
     engine = loaded.engine if loaded else engines.EngineSettings()
-    result.extend(engines.preflight(engine))
-    result.extend(network.checks(engine))
+    result.extend(engines.preflight(engine))  # the engine's own network checks included
     result.append(_templates_check(loaded))
     if loaded is not None:
         result.extend(image_checks(loaded))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import paramiko
 
-from gpubook.runtime import jupyter, ssh, storage
+from gpubook.runtime import booking, engines, jupyter, ssh, storage
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from gpubook.runtime.errors import EngineError, Preparing, StorageError
 from gpubook.runtime.images import Ledger
@@ -77,8 +77,8 @@ class LocalHost:
         if running is None and request.armed:
             self.images.ready(request.template)
         try:
-            ready = ssh.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
-                                      gate=self._gate(spec.name), running=running)
+            ready = booking.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
+                                          gate=self._gate(spec.name), running=running)
         except EngineError:
             if not self.images.recheck(request.template):
                 raise Preparing(f"preparing the image of template {request.template.name} again: it was "
@@ -115,12 +115,19 @@ class LocalHost:
             gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir,
                                    mps=self.mps)
         name = container_name(request.booking_id)
-        host_key = ssh.booking_host_key(self.cache_dir, name, owner=self.engine.host_owner(0, 0),
-                                        chown=self.engine.chown)
-        return ssh.booking_spec(template, booking_id=request.booking_id, user=booker.name, uid=booker.uid,
-                                gid=booker.gid, ssh_keys=booker.ssh_keys, probe_key=self.probe_key,
-                                port=request.port, end=request.end, folders=folders, cache_dir=self.cache_dir,
-                                host_key=host_key, gpus=request.gpus, gpu=gpu, start=request.start)
+        host_key = self._host_key(name)
+        return booking.booking_spec(
+            template,
+            booking.Booking(booking_id=request.booking_id, user=booker.name, uid=booker.uid, gid=booker.gid,
+                            ssh_keys=tuple(booker.ssh_keys), port=request.port, end=request.end,
+                            start=request.start, gpus=request.gpus, gpu=gpu),
+            booking.HostFiles(probe_key=self.probe_key, cache_dir=self.cache_dir, host_key=host_key,
+                              folders=folders))
+
+    def _host_key(self, name: str) -> ssh.HostKey:
+        """The booking's host key, handed to the host ids of its container's root."""
+        return ssh.booking_host_key(self.cache_dir, name, owner=engines.host_owner(self.engine, 0, 0),
+                                    chown=engines.chown_for(self.engine))
 
     @contextmanager
     def _gate(self, name: str) -> Iterator[None]:
@@ -136,8 +143,7 @@ class LocalHost:
         unshare chown` the first time, rootless), so that at the start only the container is made."""
         booker = ahead.booker
         self._folders(booker.name, booker.uid, booker.gid)
-        ssh.booking_host_key(self.cache_dir, container_name(ahead.booking_id), owner=self.engine.host_owner(0, 0),
-                             chown=self.engine.chown)
+        self._host_key(container_name(ahead.booking_id))
 
     def unprepare(self, booking_id: str) -> None:
         """A booking gone or moved away before its start: its host key goes, unless a container of
@@ -161,6 +167,6 @@ class LocalHost:
         problem = storage.mount_problem(self.data_root)
         if problem is not None:  # checked at every start: a remount may drop the flags
             raise StorageError(problem)
-        owner_uid, owner_gid = self.engine.host_owner(uid, gid)
+        owner_uid, owner_gid = engines.host_owner(self.engine, uid, gid)
         return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home,
-                               chown=self.engine.chown)
+                               chown=engines.chown_for(self.engine))

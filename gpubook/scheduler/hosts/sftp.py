@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpubook.runtime import sftp, storage
+from gpubook.runtime import engines, sftp, storage
 from gpubook.runtime.engines import ContainerInfo, Engine, ServiceSpec
 from gpubook.runtime.errors import GpubookError, TemplateError
 from gpubook.runtime.mounts import Mount
@@ -153,6 +153,7 @@ class SftpService:
         """`etc_dir`: a folder of the daemon's for sshd's files; `image`: the image to run (it may
         raise Preparing while it is being built); `name`: the container's."""
         self.engine = engine
+        self.services = engines.service_runner(engine, why="the SFTP service ([sftp] enabled)")
         self.settings = settings
         self.etc_dir = etc_dir
         self.image = image
@@ -224,7 +225,7 @@ class SftpService:
                                    previous=self._served)
         running, started = self._ensure(settings)
         if written.config_changed and not started:
-            self.engine.signal(self.name, "HUP")  # sshd re-executes its listener; sessions go on
+            self.services.signal(self.name, "HUP")  # sshd re-executes its listener; sessions go on
         newly_over = _over_quota(served) - _over_quota(self._served)
         for user in (*written.removed, *(u for u in served if u.name in newly_over)):
             self._end_sessions(user, why="removed" if user in written.removed else "over quota")
@@ -238,7 +239,7 @@ class SftpService:
         """The user's whole folder (home/ and folders they closed with chmod 700 included),
         measured as the owner of their files, in `measure_seconds` at most; it stops early once
         past a quota (walking on would only cost time)."""
-        found = sftp.measure(folder, owner_argv=self.engine.data_owner_argv(), seconds=settings.measure_seconds,
+        found = sftp.measure(folder, owner_argv=engines.data_owner_argv(self.engine), seconds=settings.measure_seconds,
                              stop_bytes=settings.quota_bytes, stop_files=settings.quota_files)
         if found.timed_out or found.unreadable:
             why = f"not measured within {settings.measure_seconds:g} s" if found.timed_out else \
@@ -248,9 +249,9 @@ class SftpService:
                      complete=found.complete or not (found.timed_out or found.unreadable), timed_out=found.timed_out)
 
     def _folders(self, user: sftp.SftpUser) -> storage.DataFolders:
-        uid, gid = self.engine.host_owner(user.uid, user.gid)
+        uid, gid = engines.host_owner(self.engine, user.uid, user.gid)
         return storage.prepare(self.settings.data_root, user.name, uid=uid, gid=gid,
-                               home=self.settings.persistent_home, chown=self.engine.chown)
+                               home=self.settings.persistent_home, chown=engines.chown_for(self.engine))
 
     def _ensure(self, settings: SftpSettings) -> tuple[bool, bool]:
         """Whether the container runs, and whether this call started it. While the process seen
@@ -260,7 +261,7 @@ class SftpService:
         alive = self._alive
         if alive is not None and alive[0] == spec.spec_hash and _started_at(alive[1]) == alive[2]:
             return True, False
-        current = self.engine.inspect_service(self.name)
+        current = self.services.inspect_service(self.name)
         if current is not None and current.running and current.spec_hash == spec.spec_hash:
             self._remember(spec, current)
             return True, False
@@ -270,7 +271,7 @@ class SftpService:
             log.warning("SFTP service %s %s (%s): starting it again", self.name, why, current.state)
         if current is None or not current.running:  # else its own sshd holds the port
             self._refuse_squatter(settings, sftp.taken_address(settings.port, sftp.listen_addresses(settings.listen)))
-        info = self.engine.start_service(spec)
+        info = self.services.start_service(spec)
         log.warning("SFTP service started on %s:%s", settings.listen, settings.port)
         if settings.host_network:
             self._check_bound(settings)

@@ -7,7 +7,7 @@ small request and no parsing downstream.
 The API the rest of gpubook uses (nothing else of this package is needed outside it):
 
 - `open_source(calendar, *, timeout=30.0) -> Source` for one configured `[[calendar]]`; the
-  calendar's `kind` picks the class from `SOURCE_KINDS` (or names one as `package.module:Class`).
+  calendar's `kind` picks the class from `REGISTRY` (or names one as `package.module:Class`).
 - `Source.poll() -> Snapshot`: every object the calendar holds now, and whether that changed;
   raises `CalendarError` (temporary) or `CalendarDataError` (permanent), from `.errors`.
 - `Source.preflight() -> str`: the check `gpubook doctor` makes (one poll); says what it found.
@@ -23,13 +23,14 @@ module is imported only when a calendar uses it, so loading the config stays lig
 
 from __future__ import annotations
 
-import importlib
-import re
 from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from gpubook.runtime.plugins import Registry
+from gpubook.scheduler.sources.errors import CalendarDataError
 
 if TYPE_CHECKING:
     from gpubook.scheduler.config import CalendarConfig
@@ -37,12 +38,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TIMEOUT = 30.0  # seconds any one network wait may take
 
-# kind -> "module:Class"; a config `kind` may also be such a path itself (Radicale's loader).
-SOURCE_KINDS: dict[str, str] = {
-    "caldav": "gpubook.scheduler.sources.caldav_source:CaldavSource",
-    "ics": "gpubook.scheduler.sources.ics_feed:IcsFeedSource",
-}
-_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 @dataclass(frozen=True)
@@ -152,26 +147,18 @@ class BaseSource:
         pass
 
 
-def register(kind: str, target: str) -> None:
-    """Make `[[calendar]] kind = "<kind>"` mean the source class at `target` ("module:Class")."""
-    if not _PATH.match(target):
-        raise ValueError(f"{target!r} is not a 'package.module:Class' path")
-    SOURCE_KINDS[kind] = target
+# kind -> "module:Class"; a config `kind` may also be such a path itself (Radicale's loader).
+REGISTRY: Registry[type[BaseSource]] = Registry("calendar source", error=CalendarDataError, base=BaseSource)
+register = REGISTRY.register  # `[[calendar]] kind = "<kind>"` means this source class (or "module:Class")
+
+register("caldav", "gpubook.scheduler.sources.caldav_source:CaldavSource")
+register("ics", "gpubook.scheduler.sources.ics_feed:IcsFeedSource")
 
 
 def source_class(kind: str) -> type[BaseSource]:
-    """The class for a calendar `kind`: a name in SOURCE_KINDS or a `package.module:Class` path.
-
-    Raises LookupError for an unknown name and ImportError/AttributeError for a path that does
-    not load; the config turns those into its own messages."""
-    path = SOURCE_KINDS.get(kind, kind)
-    if not _PATH.match(path):
-        raise LookupError(kind)
-    module_name, _, class_name = path.partition(":")
-    found = getattr(importlib.import_module(module_name), class_name)
-    if not (isinstance(found, type) and issubclass(found, BaseSource)):
-        raise TypeError(f"{path} is not a calendar source (a subclass of scheduler.sources.BaseSource)")
-    return found
+    """The class for a calendar `kind`: a registered name or a `package.module:Class` path; raises
+    CalendarDataError saying what is wrong (the config reports `REGISTRY.problem(kind)`)."""
+    return REGISTRY.load(kind)
 
 
 def https_url(url: str) -> str:

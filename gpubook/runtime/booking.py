@@ -1,0 +1,180 @@
+"""One booking's container: its spec (the template, the "local overlay" entrypoint, the booker's
+account and keys, data folders, GPUs) and its start, which waits for SSH to let the probe in.
+
+- Images without sshd/sudo run as a derived image with them (gpubook/runtime/overlay_image.py builds it).
+- At start a read-only bind-mounted entrypoint (overlay/entrypoint.sh) makes the account, keys,
+  sudo and sshd on the booking's port; then the template's command (and JupyterLab, for a template
+  with jupyter = true: gpubook/runtime/jupyter.py) runs as the booker.
+- The booking's SSH host key, the probe key and the probe itself are gpubook/runtime/ssh.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import paramiko
+
+from gpubook.runtime import jupyter
+from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, booker_digest
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.mounts import Mount
+from gpubook.runtime.overlay_image import run_image
+from gpubook.runtime.ssh import HostKey, probe_key_line, wait_ready
+from gpubook.runtime.storage import DataFolders, check_user_name
+from gpubook.runtime.templates import Template
+
+log = logging.getLogger(__name__)
+
+ENTRYPOINT_SOURCE = Path(__file__).with_name("overlay") / "entrypoint.sh"
+OVERLAY_TARGET = "/.gpubook"
+HOST_KEY_TARGET = "/.gpubook-hostkey"  # the booking's host key folder, bound read-only
+NOT_BEFORE = "GPUBOOK_NOT_BEFORE"  # the booking's start, epoch seconds: the entrypoint opens nothing before it
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One booking as its container sees it: whose (the booker's account and keys), when and where
+    (its port, its start and end) and on which GPUs (`gpu`: their injection, runtime.nvidia's)."""
+
+    booking_id: str
+    user: str
+    uid: int
+    gid: int
+    ssh_keys: tuple[str, ...]
+    port: int
+    end: datetime
+    start: datetime | None = None
+    gpus: tuple[int, ...] = ()
+    gpu: object | None = None
+
+
+@dataclass(frozen=True)
+class HostFiles:
+    """What the host gives a booking's container: the probe's key (its public line goes in with the
+    booker's), the cache folder of the entrypoint, the booking's own host key and data folders."""
+
+    probe_key: paramiko.PKey
+    cache_dir: Path
+    host_key: HostKey
+    folders: DataFolders
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A booking whose SSH answered: how long it took from start, and its host key."""
+
+    info: ContainerInfo
+    seconds: float
+    host_key: str  # "ssh-ed25519 AAAA...", for the booker's known_hosts
+
+
+def entrypoint_dir(cache_dir: Path) -> Path:
+    """A folder holding the entrypoint, named by its hash, readable by the container's root."""
+    text = ENTRYPOINT_SOURCE.read_bytes()
+    folder = cache_dir / "overlay" / hashlib.sha256(text).hexdigest()[:16]
+    script = folder / "entrypoint.sh"
+    if not script.is_file() or script.read_bytes() != text:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o755)
+        partial = folder / f".entrypoint.{os.getpid()}"
+        partial.write_bytes(text)
+        partial.chmod(0o755)
+        partial.replace(script)
+    return folder
+
+
+
+def booking_spec(template: Template, booking: Booking, files: HostFiles) -> ContainerSpec:
+    """The container for one booking of `template`: overlay entrypoint, data folders, keys.
+
+    `booking.start`, the booking's start, goes in as GPUBOOK_NOT_BEFORE (epoch seconds): the
+    entrypoint makes everything, then waits for that moment before sshd, JupyterLab or the
+    template's command run. A container run before the start (armed) thus lets nobody in and runs
+    nothing of the booker's until then; one run at or after it waits for nothing. The same spec
+    either way."""
+    check_user_name(booking.user)
+    keys = "\n".join([*(k.strip() for k in booking.ssh_keys if k.strip()), probe_key_line(files.probe_key)])
+    env = dict(template.env)
+    env.update(
+        {
+            "GPUBOOK_USER": booking.user,
+            "GPUBOOK_UID": str(booking.uid),
+            "GPUBOOK_GID": str(booking.gid),
+            "GPUBOOK_PORT": str(booking.port),
+            "GPUBOOK_KEYS": keys,
+        }
+    )
+    if template.jupyter:
+        env[jupyter.ENV] = "1"
+    if booking.start is not None:
+        env[NOT_BEFORE] = f"{booking.start.timestamp():.3f}"
+    overlay = Mount(entrypoint_dir(files.cache_dir), OVERLAY_TARGET, read_only=True)
+    key_folder = Mount(files.host_key.folder, HOST_KEY_TARGET, read_only=True)
+    return ContainerSpec(
+        booking_id=booking.booking_id,
+        user=booking.user,
+        uid=booking.uid,
+        gid=booking.gid,
+        image=run_image(template),
+        port=booking.port,
+        end=booking.end,
+        gpus=booking.gpus,
+        template=template.name,
+        entrypoint=(f"{OVERLAY_TARGET}/entrypoint.sh",),
+        command=template.command,
+        env=tuple(sorted(env.items())),
+        mounts=(overlay, key_folder, *files.folders.mounts(), *template.mounts),
+        shm_size=template.shm_size,
+        memory=template.memory,
+        gpu=booking.gpu,  # type: ignore[arg-type]
+        host_key=files.host_key.public,
+        start=booking.start,
+        booker=booker_digest(booking.user, booking.uid, booking.gid, booking.ssh_keys),
+    )
+
+
+def start_booking(
+    engine: Engine,
+    spec: ContainerSpec,
+    *,
+    probe_key: paramiko.PKey,
+    timeout: float = 60.0,
+    host: str = "127.0.0.1",
+    gate: AbstractContextManager[object] | None = None,
+    running: ContainerInfo | None = None,
+) -> Ready:
+    """Start (or adopt) the booking's container and wait until SSH logs the probe in.
+
+    On failure nothing is left behind: the container is stopped and removed, and the error carries
+    the end of its log. A server on the port with another host key fails the start at once.
+    `gate` bounds the engine's start only (bookings starting together); the wait for SSH is
+    outside it, so a booking whose sshd is slow holds no other booking up. `running`: the container
+    already runs with this spec (run ahead of the booking's start): only the probe is left.
+    """
+    began = time.monotonic()
+    if running is not None:
+        info = running
+    else:
+        with gate or nullcontext():
+            info = engine.start(spec)
+    try:
+        host_key = wait_ready(engine, spec, probe_key=probe_key, timeout=timeout, host=host)
+    except EngineError as error:
+        log_tail = _safe_logs(engine, spec.name)
+        engine.stop(spec.name, 0)
+        raise EngineError(f"{error}\ncontainer log:\n{log_tail}") from None
+    return Ready(info=info, seconds=time.monotonic() - began, host_key=host_key)
+
+
+def _safe_logs(engine: Engine, name: str) -> str:
+    try:
+        return engine.logs(name, tail=30).strip() or "(empty)"
+    except EngineError as error:
+        return f"(no log: {error})"

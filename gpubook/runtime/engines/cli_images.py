@@ -1,0 +1,95 @@
+"""The CLI engines' images: present or pulled before a start (`ensure_image`), built and imported
+(the Builder capability), and what runtime/images.py drives for registries (pull with the site's
+credentials, tag, remove, facts, images in use, the store's path).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import tempfile
+from pathlib import Path
+
+from gpubook.runtime import images
+from gpubook.runtime.engines.cli_transport import QUICK_TIMEOUT, CliTransport, message_of
+from gpubook.runtime.engines.spec import permanent
+
+BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
+
+
+class CliImages(CliTransport):
+    """A CLI engine's images: `ensure_image`, `Builder` and `images.ImageEngine`."""
+
+    def ensure_image(self, image: str, *, pull: bool = False) -> None:
+        if self.image_exists(image):
+            return
+        if not pull:
+            raise permanent(
+                f"image {image} is not present in {self.name}'s storage; build or "
+                f"import it first (gpubook templates build NAME)"
+            )
+        self._call(["pull", image], timeout=BUILD_TIMEOUT)
+
+
+    def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
+        # Host network: these machines have no slirp4netns for the unprivileged user.
+        self._call(
+            [
+                "build",
+                "--network",
+                "host",
+                "--tag",
+                tag,
+                "--file",
+                str(context / containerfile),
+                str(context),
+            ],
+            timeout=BUILD_TIMEOUT,
+        )
+
+    def import_rootfs(self, tarball: Path, tag: str) -> None:
+        self._call(["import", str(tarball), tag], timeout=BUILD_TIMEOUT)
+
+
+    def pull(self, image: str, *, auth_file: Path | None = None) -> None:
+        """Pull one reference, with the site's credentials; raises PullError with the reason."""
+        images.parse_reference(image)  # a reference, never an option
+        with tempfile.TemporaryDirectory(prefix="gpubook-auth-") as folder:
+            before, after = self.auth_args(auth_file, Path(folder))
+            done = self._process([*before, "pull", *after, "--", image], timeout=BUILD_TIMEOUT)
+        if done.returncode != 0:
+            message = message_of(done)
+            raise images.PullError(images.classify(message), message)
+
+    def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
+        """Flags before and after `pull` that name the credentials (auth.json format)."""
+        raise NotImplementedError
+
+    def tag(self, image: str, target: str) -> None:
+        self._call(["tag", image, target])
+
+    def remove_image(self, image: str) -> None:
+        self._call(["rmi", image])  # refused while a container uses it
+
+    def image_facts(self, image: str) -> images.ImageFacts | None:
+        done = self._process(["image", "inspect", image], timeout=QUICK_TIMEOUT)
+        if done.returncode != 0:
+            return None
+        raw = (json.loads(done.stdout) or [{}])[0]
+        return images.ImageFacts(id=str(raw.get("Id", "")), size=int(raw.get("Size") or 0),
+                                 digests=tuple(raw.get("RepoDigests") or ()), created=str(raw.get("Created", "")))
+
+    def images_in_use(self) -> set[str]:
+        ids = self._call(["ps", "--all", "--quiet", "--no-trunc"]).split()
+        if not ids:
+            return set()
+        done = self._process(["inspect", "--format", "{{.Image}}", *ids], timeout=QUICK_TIMEOUT)
+        return {line.strip().removeprefix("sha256:") for line in done.stdout.splitlines() if line.strip()}
+
+    def storage_path(self) -> Path:
+        raise NotImplementedError
+
+
+    def image_exists(self, image: str) -> bool:
+        raise NotImplementedError
+
