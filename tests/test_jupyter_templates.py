@@ -189,12 +189,12 @@ def test_start_lines_never_hold_a_token() -> None:
 
 
 class _Captured(WriteBack):
-    """The real WriteBack, keeping what it would queue for the calendar instead of sending it."""
+    """The real WriteBack, keeping what its calendar lane would send instead of sending it."""
 
     written: list[tuple[str, ...]]
 
-    def _write(self, item, outcome, *, etag, now):  # type: ignore[no-untyped-def, override]
-        self.written.append(outcome.lines)
+    def _send(self, calendar, job):  # type: ignore[no-untyped-def, override]
+        self.written.append(job.outcome.lines)
 
 
 def test_a_starts_own_write_back_carries_its_jupyter_line(tmp_path: Path) -> None:
@@ -212,7 +212,9 @@ def test_a_starts_own_write_back_carries_its_jupyter_line(tmp_path: Path) -> Non
     change = handler(decide.Start(accepted), now=NOW)
     writeback = _Captured(config, state)
     writeback.written = []
-    writeback.write_one(accepted, info=change.running, records=None,
-                        remarks=Remarks(refused={}, failures={}, notes={}), now=NOW, etag=None)
+    remarks = Remarks(refused={}, failures={}, notes={}, lines={booking.id: change.lines})
+    writeback.wake(booking, read=lambda: writeback.outcome_of(accepted, info=change.running, records=None,
+                                                              remarks=remarks, now=NOW), etag=None, now=NOW)
+    assert writeback.settle(10)
     ((lines),) = writeback.written
     assert any(line.startswith("jupyter: ssh -N -L 8888:/run/gpubook/jupyter/socket") for line in lines)

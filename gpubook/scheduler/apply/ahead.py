@@ -43,11 +43,10 @@ from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import TemplateSet
 from gpubook.scheduler.apply.handlers import port_for, start_request, usable_template
-from gpubook.scheduler.apply.memory import ARMED
 from gpubook.scheduler.config import Config
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.hosts import Ahead, Booker, Host, StartRequest
-from gpubook.scheduler.state import State, StateError
+from gpubook.scheduler.state import State, StateError, notes
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ class Preparation:
         self.waiting.pop(booking_id, None)
         try:
             port = port_for(self.config, self.state, booking_id, now=now)
-            self.state.set_note(booking_id, ARMED, str(port), at=now)  # before the run: a restart still knows
+            notes.ARMED.write(self.state, booking_id, port, at=now)  # before the run: a restart still knows
         except (GpubookError, OSError) as error:
             log.info("booking %s: not armed ahead (%s); it starts at its start", booking_id, error)
             return
@@ -214,7 +213,7 @@ class Preparation:
                 host.stop(container_name(booking_id), 0)
             assert self.state is not None  # noqa: S101
             self.state.release_port(booking_id)
-            self.state.clear_note(booking_id, ARMED)
+            notes.ARMED.clear(self.state, booking_id)
         except (GpubookError, OSError, StateError) as error:  # the pass frees idle ports; decide disarms
             log.warning("booking %s: what its failed arm took is given back by a later pass: %s", booking_id, error)
 

@@ -8,7 +8,6 @@ that after the pass, from what was recorded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -18,14 +17,15 @@ from gpubook.runtime import cuda
 from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
-from gpubook.scheduler.apply.memory import ARMED, WARNED, Journal, Recall, warned_note
+from gpubook.scheduler.apply.memory import Journal, Recall
 from gpubook.scheduler.config import Config, UserConfig
-from gpubook.scheduler.core import decide
+from gpubook.scheduler.core import decide, upkeep
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.hosts import Booker, Host, StartRequest
+from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics
-from gpubook.scheduler.outbox.writeback import RUNNING_LINES, start_lines
-from gpubook.scheduler.state import ContainerRecord, State, StateError
+from gpubook.scheduler.outbox.writeback import start_lines
+from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
 
 # A constant script; the message is its $1, never part of the script (nothing from a calendar
 # reaches a shell as code). It leaves the notice in /run/gpubook for sessions that log in later.
@@ -62,6 +62,7 @@ class Change:
     running: ContainerInfo | None = None
     gone: str | None = None  # container name
     records: tuple[ContainerRecord, ...] = ()
+    lines: tuple[str, ...] = ()  # what a start adds to its running block (JupyterLab, CUDA limits)
 
 
 NOTHING = Change()
@@ -131,8 +132,9 @@ class StartHandler:
         record = self.state.container_started(booking.id, started.info.name, user=user.name,
                                               gpu_count=len(gpus), at=now)
         where = accepted.host if self.config.backend.kind != "local" else self.config.host.name
-        self._note_lines(booking.id, start_lines(template, started.jupyter, driver_version=host.driver_version,
-                                                 port=port, user=user.name, host=where), now=now)
+        lines = tuple(start_lines(template, started.jupyter, driver_version=host.driver_version, port=port,
+                                  user=user.name, host=where))
+        self._note_lines(booking.id, lines, now=now)
         self.recall.failures.pop(booking.id, None)
         self.recall.preparing.pop(booking.id, None)
         self.recall.held.pop(booking.id, None)
@@ -141,12 +143,12 @@ class StartHandler:
         self.journal.say(booking.id, f"started{again} on GPU {','.join(map(str, accepted.gpus)) or '-'}{nodes}, "
                          f"ssh -p {port} {user.name}@{where}, SSH answered after "
                          f"{started.seconds_to_ssh:.2f} s", now=now)
-        return Change(running=started.info, records=(record,))
+        return Change(running=started.info, records=(record,), lines=lines)
 
     def _forget_armed(self, booking_id: str) -> None:
         """Its start is recorded (or failed, and its container is gone): it is armed no more."""
         try:
-            self.state.clear_note(booking_id, ARMED)
+            notes.ARMED.clear(self.state, booking_id)
         except StateError as error:  # an open record outweighs the note (decide); a failed start clears again
             self.journal.log.warning("booking %s: its armed note stays: %s", booking_id, error)
 
@@ -156,13 +158,13 @@ class StartHandler:
             self._refuse(booking.id, problem)
         return template
 
-    def _note_lines(self, booking_id: str, lines: list[str], *, now: datetime) -> None:
+    def _note_lines(self, booking_id: str, lines: tuple[str, ...], *, now: datetime) -> None:
         """Keep what the start adds to the running block (JupyterLab, CUDA limits) for the write-back;
         a locked database costs those lines, never the started booking."""
         if not lines:
             return
         try:
-            self.state.set_note(booking_id, RUNNING_LINES, json.dumps(lines), at=now)
+            notes.RUNNING_LINES.write(self.state, booking_id, lines, at=now)
         except StateError as error:
             self.journal.log.warning("booking %s: its JupyterLab and CUDA lines are not kept: %s", booking_id, error)
 
@@ -218,7 +220,7 @@ class DisarmHandler:
     def __call__(self, action: decide.Disarm, *, now: datetime) -> Change:
         self.hosts[action.host].stop(action.name, 0)
         self.state.release_port(action.booking_id)
-        self.state.clear_note(action.booking_id, ARMED)
+        notes.ARMED.clear(self.state, action.booking_id)
         self.journal.say(action.booking_id, f"removed its container run ahead of its start: {action.reason}", now=now)
         return Change(gone=action.name)
 
@@ -227,14 +229,18 @@ class StopHandler:
     def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
         self.hosts, self.state, self.journal = hosts, state, journal
 
-    def __call__(self, action: decide.Stop, *, now: datetime, recorded: ContainerRecord | None = None) -> Change:
-        """`recorded`: the record closed before the container went (an admin's `gpubook stop`)."""
+    def __call__(self, action: decide.Stop, *, now: datetime) -> Change:
+        """An admin's stop (`gpubook stop`) is recorded before the container goes: a pass of the
+        running daemon in between then sees an admin's stop (not started again), never a death
+        (which it would restart). Any other stop is recorded once its container is gone."""
+        admin = action.reason == decide.ADMIN_STOP
+        if admin:
+            recorded = record_stop(self.state, name=action.name, booking_id=action.booking_id, reason=action.reason,
+                                   now=now)
         self.hosts[action.host].stop(action.name, action.grace)
-        records: tuple[ContainerRecord, ...] = ()
-        if recorded is None:
+        if not admin:
             recorded = record_stop(self.state, name=action.name, booking_id=action.booking_id,
                                    reason=action.reason, now=now)
-            records = (recorded,)
         self.state.release_port(action.booking_id)
         self.state.clear_notes(action.booking_id)  # stopped for good: its warning and extension are history
         self.journal.say(action.booking_id, f"stopped ({action.reason})", now=now)
@@ -243,7 +249,7 @@ class StopHandler:
             subject="gpubook: your booking ended",
             text=f"gpubook: booking {action.booking_id} ended ({action.reason}); files in /data/output are kept.",
             fields={"reason": action.reason}, at=now)
-        return Change(gone=action.name, records=records)
+        return Change(gone=action.name, records=(recorded,))
 
 
 class ClearHandler:
@@ -276,7 +282,7 @@ class WarnHandler:
             "moved": f"gpubook: this booking was moved to a later time; this container stops at {stop} "
                      f"(in {minutes} min) and a new one starts at the new time. Save your work to /data/output.",
         }[action.reason]
-        self.state.set_note(action.booking_id, WARNED, warned_note(action, now=now), at=now)
+        notes.WARNED.write(self.state, action.booking_id, notes.Warned(now, action.end, action.stop_at), at=now)
         self.journal.say(action.booking_id, f"warned: {text}", now=now)
         tell_terminals(self.hosts[action.host], action.name, text, booking_id=action.booking_id,
                        journal=self.journal, what="notice")
@@ -294,4 +300,60 @@ class HoldHandler:
         if self.recall.held.get(action.booking_id) != action.reason:
             self.recall.held[action.booking_id] = action.reason
             self.journal.say(action.booking_id, f"not started: {action.reason}", now=now, level="warning")
+        return NOTHING
+
+
+# -- upkeep: what a pass keeps in step before decide() (gpubook/scheduler/core/upkeep.py) ---------
+
+
+class AdoptHandler:
+    """A running container State has no record of (a lost database): its run and its port recorded.
+    A database that cannot be written leaves it to a later pass (no failure of the booking's)."""
+
+    def __init__(self, *, state: State, journal: Journal) -> None:
+        self.state, self.journal = state, journal
+
+    def __call__(self, action: upkeep.Adopt, *, now: datetime) -> Change:
+        records: tuple[ContainerRecord, ...] = ()
+        try:
+            records = (self.state.container_started(action.booking_id, action.name, user=action.user,
+                                                    gpu_count=action.gpu_count, at=now),)
+            if action.port is not None:
+                self.state.adopt_port(action.booking_id, action.port, now=now)
+        except StateError as error:  # adopted by a later pass
+            self.journal.log.warning("booking %s: its running container is not adopted yet: %s",
+                                     action.booking_id, error)
+            return Change(records=records)
+        self.journal.say(action.booking_id, f"adopted the running container {action.name}", now=now)
+        return Change(records=records)
+
+
+class ExtendHandler:
+    """A running booking's later end, agreed: the next passes plan with it."""
+
+    def __init__(self, *, state: State, journal: Journal) -> None:
+        self.state, self.journal = state, journal
+
+    def __call__(self, action: upkeep.Extend, *, now: datetime) -> Change:
+        try:
+            notes.AGREED_END.write(self.state, action.booking_id, action.end, at=now)
+        except StateError as error:  # granted again by the next pass
+            self.journal.log.warning("booking %s: its later end is not recorded yet: %s", action.booking_id, error)
+            return NOTHING
+        self.journal.say(action.booking_id,
+                         f"the end moved later, to {action.end.isoformat()}; the booking keeps running", now=now)
+        return NOTHING
+
+
+class RemindHandler:
+    """A reminder notice queued in the outbox (its wording: gpubook/scheduler/outbox/reminders.py)."""
+
+    def __init__(self, config: Config, *, state: State, journal: Journal) -> None:
+        self.config, self.state, self.journal = config, state, journal
+
+    def __call__(self, action: upkeep.Remind, *, now: datetime) -> Change:
+        try:
+            reminders.queue(self.state, action, config=self.config, now=now)
+        except StateError as error:
+            self.journal.log.warning("booking %s: its reminder waits for a later pass: %s", action.booking_id, error)
         return NOTHING

@@ -2,27 +2,25 @@
 
 `Recall` is this process's memory between passes (a failed start and when to retry it, a booking
 refused for good, the hold or note last logged): losing it on a restart only means one more log
-line. What must survive a restart (a warning given, an end extension granted) is a State note;
-`decide_memory` turns State's records and notes into decide()'s plain `Memory`.
+line. What must survive a restart (a warning given, an end extension granted) is a State note
+(gpubook/scheduler/state/notes.py); `decide_memory` turns State's records and the pass's notes into
+decide()'s plain `Memory`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.state import ContainerRecord, State, StateError
+from gpubook.scheduler.state.notes import Notes
 
 PERMANENT_RETRY = timedelta(minutes=5)  # a start that failed for good is tried again after this
 START_BACKOFF = timedelta(seconds=10)  # a failed start's first wait; doubled each time, up to PERMANENT_RETRY
 PREPARING_RECHECK = timedelta(seconds=30)  # a booking waiting for its image is looked at again at least this often
-WARNED = "warned"  # State note: the warning given and the stop it announced (JSON)
-AGREED_END = "agreed-end"  # State note: an end moved later while running, granted (ISO time)
-ARMED = "armed"  # State note: the booking's container was run ahead of its start (its port); cleared at its start
 
 
 @dataclass(frozen=True)
@@ -72,28 +70,19 @@ class Recall:
         return [*(f.retry_at for f in failures.values() if f.retry_at is not None), *preparing.values()]
 
 
-def decide_memory(records: Iterable[ContainerRecord], warned: Mapping[str, str],
-                  armed: Iterable[str] = ()) -> decide.Memory:
-    """decide()'s memory from State: each booking's runs, the warnings given, the containers armed."""
+def decide_memory(records: Iterable[ContainerRecord], notes: Notes, *,
+                  released: frozenset[str] = frozenset()) -> decide.Memory:
+    """decide()'s memory from State: each booking's runs, the warnings given, the containers armed,
+    the idle stretches told of, the bookings released as no-shows."""
     runs: dict[str, decide.Runs] = {}
     for record in records:  # in id order: the last record of a booking is its latest run
         before = runs.get(record.booking_id)
         runs[record.booking_id] = decide.Runs(
             restarts=0 if before is None else before.restarts + 1, running=record.stopped_at is None,
             last_stopped=record.stopped_at, last_reason=record.exit_reason)
-    given = {}
-    for booking_id, text in warned.items():
-        data = json.loads(text)
-        given[booking_id] = decide.Warned(
-            at=datetime.fromisoformat(data["at"]),
-            end=datetime.fromisoformat(data["end"]) if data["end"] else None,
-            stop_at=datetime.fromisoformat(data["stop_at"]))
-    return decide.Memory(known=frozenset(runs), warned=given, runs=runs, armed=frozenset(armed))
-
-
-def warned_note(action: decide.Warn, *, now: datetime) -> str:
-    return json.dumps({"at": now.isoformat(), "end": action.end.isoformat() if action.end else None,
-                       "stop_at": action.stop_at.isoformat()})
+    given = {booking_id: decide.Warned(at=w.at, end=w.end, stop_at=w.stop_at) for booking_id, w in notes.warned.items()}
+    return decide.Memory(known=frozenset(runs), warned=given, runs=runs, armed=frozenset(notes.armed),
+                         released=released, idle_told=dict(notes.idle_told))
 
 
 class Journal:

@@ -10,7 +10,6 @@ once per stretch, in the container's terminals and by mail or webhook where conf
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -25,22 +24,9 @@ from gpubook.scheduler.core import reclaim
 from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.hosts import Host
 from gpubook.scheduler.outbox.metrics import Metrics
-from gpubook.scheduler.state import ContainerRecord, State, StateError
+from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
 
 log = logging.getLogger(__name__)
-
-IDLE_TOLD = "idle-told"  # State note: the idle stretches (GPU, since) the booker was told of (JSON)
-
-
-def told_note(stretches: tuple[tuple[int, datetime], ...]) -> str:
-    return json.dumps([[gpu, since.isoformat()] for gpu, since in stretches])
-
-
-def told_stretches(notes: Mapping[str, str]) -> dict[str, frozenset[tuple[int, datetime]]]:
-    """decide()'s `Memory.idle_told` from the IDLE_TOLD notes."""
-    return {booking_id: frozenset((int(gpu), datetime.fromisoformat(since)) for gpu, since in json.loads(text))
-            for booking_id, text in notes.items()}
-
 
 def read_releases(state: State, *, after: datetime) -> dict[str, reclaim.Released]:
     """The releases of bookings whose time ends after `after` (a StateError is the pass's)."""
@@ -143,7 +129,7 @@ class IdleHandler:
     def __call__(self, action: reclaim.IdleNotice, *, now: datetime) -> Change:
         text = (f"gpubook: {action.line}. If you no longer need the GPUs, end the booking in the calendar so "
                 f"that others can use them.")
-        self.state.set_note(action.booking_id, IDLE_TOLD, told_note(action.stretches), at=now)
+        notes.IDLE_TOLD.write(self.state, action.booking_id, frozenset(action.stretches), at=now)
         self.journal.say(action.booking_id, f"told its booker: {action.line}", now=now)
         tell_terminals(self.hosts[action.host], action.name, text, booking_id=action.booking_id,
                        journal=self.journal, what="idle notice")

@@ -1,26 +1,28 @@
 """Reminder notices: an e-mail or webhook `remind_minutes` before an accepted booking's start.
 
 The alarm in the booker's event (gpubook/scheduler/sources/alarm.py) reminds them in their own calendar
-program; this is the same reminder for those who read mail, or for a chat webhook. A pass queues
-each due reminder in State's outbox (delivered after the pass like every notice) and tells the
-daemon when the next one is due, so that a boundary wake-up comes exactly then. Each occurrence
-is reminded once: a State note keeps the start it was reminded of (a booking moved to another
-start is reminded again of the new one). A reminder whose start already came is not sent.
+program; this is the same reminder for those who read mail, or for a chat webhook. A pass decides
+the reminders due (gpubook/scheduler/core/upkeep.py, `Remind`) and tells the daemon when the next
+one is due, so that a boundary wake-up comes exactly then; its handler queues each here (`queue`:
+the notice in State's outbox, delivered after the pass like every notice, and the REMINDED note).
+Each occurrence is reminded once: the note keeps the start it was reminded of (a booking moved to
+another start is reminded again of the new one). A reminder whose start already came is not sent.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from gpubook.scheduler.config import Config, remind_minutes
+from gpubook.scheduler.core import upkeep
 from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.sources.block import one_line
-from gpubook.scheduler.state import State, StateError
+from gpubook.scheduler.state import State, StateError, notes
 
 log = logging.getLogger(__name__)
-REMINDED = "reminded"  # State note: the start (ISO) a reminder notice was queued for
 KIND = "reminder"
 
 
@@ -30,38 +32,45 @@ def wanted(config: Config) -> bool:
     return any(channel is not None and KIND in channel.events for channel in channels)
 
 
+def minutes_of(config: Config) -> Callable[[str], float]:
+    """A booker's reminder minutes before the start, for `upkeep.reminders` (0: none, also while no
+    channel sends reminders)."""
+    if not wanted(config):
+        return lambda user: 0.0
+    return lambda user: remind_minutes(config, user)
+
+
+def queue(state: State, action: upkeep.Remind, *, config: Config, now: datetime) -> None:
+    """The reminder's notice in the outbox, and the note that it was queued (a StateError is the caller's)."""
+    accepted = action.accepted
+    booking = accepted.booking
+    when = booking.start.astimezone(ZoneInfo(config.host.timezone)).strftime("%Y-%m-%d %H:%M %z")
+    name = one_line(booking.summary) or booking.id
+    host = config.host.name
+    text = (f'gpubook: your booking "{name}" ({len(accepted.gpus)} GPU(s): '
+            f"{', '.join(map(str, accepted.gpus))}) starts at {when} on {host}. At the start the event shows "
+            f"the ssh line (ssh -p PORT {booking.user}@{host}).")
+    state.queue_notice(kind=KIND, booking_id=booking.id, user=booking.user,
+                       subject=f'gpubook: "{name}" starts at {when}', text=text,
+                       fields={"start": booking.start.isoformat(), "gpus": list(accepted.gpus), "host": host},
+                       at=now)
+    notes.REMINDED.write(state, booking.id, booking.start, at=now)
+
+
 def queue_due(plan: Plan, *, config: Config, state: State, now: datetime) -> datetime | None:
-    """Queue the reminders due now; return when the next one is due (None: none ahead)."""
+    """Outside a pass (a pass decides `upkeep.reminders` from its notes and its handler queues them):
+    queue the reminders due now; return when the next one is due (None: none ahead)."""
     if not wanted(config):
         return None
     try:
-        sent = state.notes(REMINDED)
+        reminded = notes.read(state).reminded
     except StateError as error:
         log.warning("reminder notices wait for a later pass: %s", error)
         return None
-    ahead: list[datetime] = []
-    for accepted in plan.accepted:
-        booking = accepted.booking
-        minutes = remind_minutes(config, booking.user)
-        if minutes <= 0 or now >= booking.start or sent.get(booking.id) == booking.start.isoformat():
-            continue
-        due = booking.start - timedelta(minutes=minutes)
-        if due > now:
-            ahead.append(due)
-            continue
-        when = booking.start.astimezone(ZoneInfo(config.host.timezone)).strftime("%Y-%m-%d %H:%M %z")
-        name = one_line(booking.summary) or booking.id
-        host = config.host.name
-        text = (f'gpubook: your booking "{name}" ({len(accepted.gpus)} GPU(s): '
-                f"{', '.join(map(str, accepted.gpus))}) starts at {when} on {host}. At the start the event shows "
-                f"the ssh line (ssh -p PORT {booking.user}@{host}).")
+    due, ahead = upkeep.reminders(plan, reminded=reminded, minutes=minutes_of(config), now=now)
+    for action in due:
         try:
-            state.queue_notice(kind=KIND, booking_id=booking.id, user=booking.user,
-                               subject=f'gpubook: "{name}" starts at {when}', text=text,
-                               fields={"start": booking.start.isoformat(), "gpus": list(accepted.gpus),
-                                       "host": host},
-                               at=now)
-            state.set_note(booking.id, REMINDED, booking.start.isoformat(), at=now)
+            queue(state, action, config=config, now=now)
         except StateError as error:
-            log.warning("booking %s: its reminder waits for a later pass: %s", booking.id, error)
-    return min(ahead, default=None)
+            log.warning("booking %s: its reminder waits for a later pass: %s", action.booking_id, error)
+    return ahead

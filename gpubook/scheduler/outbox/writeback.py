@@ -11,8 +11,9 @@ Writes leave the pass: each calendar has a lane of its own (one thread, so one D
 shared) where its events are written one after another, each bounded by the writer's network
 timeout. A hung calendar server therefore holds only its own calendar's write-backs, never a
 pass, a start, or another calendar's events. A booking with a write still queued gets only its
-newest outcome written. A start's outcome is queued by its own booking's lane as soon as its SSH
-answered (`write_one`), so a booker never waits for the other bookings that start with theirs.
+newest outcome written. A start does not wait for its pass either: its lane records the start and
+wakes its calendar's deliverer (`wake`), which reads the recorded outcome in its own thread at once,
+so a booker never waits for the other bookings that start with theirs.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ from gpubook.scheduler.core.plan import Accepted, Plan
 from gpubook.scheduler.outbox import foreign
 from gpubook.scheduler.sources import EventRef, Writer, block, open_writer
 from gpubook.scheduler.sources.alarm import Reminder
-from gpubook.scheduler.state import ContainerRecord, State, StateError
+from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
 
 log = logging.getLogger(__name__)
-RUNNING_LINES = "running-lines"  # State note: the lines a start adds to the running block (JSON list)
+RUNNING_LINES = notes.RUNNING_LINES.key  # the note's key, for a caller reading its raw JSON (`outcome`'s `extra`)
+READING = "reading"  # `sending`'s mark while a woken start's outcome is read
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Remarks:
     # event gives the ssh line before the start and the booker need not wait for the start's write.
     armed: Mapping[str, ContainerInfo] = field(default_factory=dict)
     policy: Mapping[str, str] = field(default_factory=dict)  # booking id → its release or idle line (no-shows)
+    lines: Mapping[str, Sequence[str]] = field(default_factory=dict)  # booking id → what its start added
 
 
 def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_version: str | None, port: int,
@@ -79,9 +82,11 @@ def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_
 @dataclass(frozen=True)
 class _Job:
     item: Booking | Rejection
-    outcome: block.Outcome
+    outcome: block.Outcome | None  # None: read by the deliverer (`read`)
     key: str  # status and digest, as recorded once written
     now: datetime
+    read: Callable[[], block.Outcome | None] | None = None  # a woken start's outcome, read when delivered
+    etag: str | None = None
 
 
 def event_ref(item: Booking | Rejection) -> EventRef:
@@ -114,29 +119,32 @@ class WriteBack:
               records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
               etags: Mapping[str, str | None]) -> None:
         items: list[tuple[Booking | Rejection, block.Outcome]] = []
-        extra = self._running_lines() if running else {}
         seen = self._foreign_lines([a.booking.id for a in plan.accepted])
         for rejection in plan.rejected:
             if rejection.end > now:
                 items.append((rejection, block.rejected(rejection.reason)))
         for accepted in plan.accepted:
             outcome = self.outcome(accepted, running.get(accepted.booking.id), records.get(accepted.booking.id),
-                                   remarks=remarks, now=now, extra=extra, foreign=seen)
+                                   remarks=remarks, now=now, foreign=seen)
             if outcome is not None:
                 items.append((accepted.booking, outcome))
         for item, outcome in items:
             self._write(item, outcome, etag=etags.get(item.href), now=now)
 
-    def write_one(self, accepted: Accepted, *, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
-                  remarks: Remarks, now: datetime, etag: str | None) -> None:
-        """One booking's outcome, queued in its calendar's lane at once: a start that succeeded
-        (or failed) is written back as soon as its own SSH answered, not after its pass waited for
-        its slower siblings. The pass's write afterwards finds the same outcome and skips it."""
-        extra = self._running_lines() if info is not None else {}  # its JupyterLab and CUDA lines too
-        outcome = self.outcome(accepted, info, records, remarks=remarks, now=now, extra=extra,
-                               foreign=self._foreign_lines([accepted.booking.id]))
-        if outcome is not None:
-            self._write(accepted.booking, outcome, etag=etag, now=now)
+    def wake(self, booking: Booking, *, read: Callable[[], block.Outcome | None], etag: str | None,
+             now: datetime) -> None:
+        """A start's outcome is recorded (its SSH answered, or it failed): its calendar's deliverer
+        reads it (`read`) and writes it at once, not after its pass waited for its slower siblings.
+        The pass's write afterwards finds the same outcome and skips it."""
+        calendar = self._calendar(booking)
+        if calendar is not None:
+            self._queue(calendar, _Job(item=booking, outcome=None, key="", now=now, read=read, etag=etag))
+
+    def outcome_of(self, accepted: Accepted, *, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
+                   remarks: Remarks, now: datetime) -> block.Outcome | None:
+        """One booking's outcome, with the processes seen on its GPUs read now."""
+        return self.outcome(accepted, info, records, remarks=remarks, now=now,
+                            foreign=self._foreign_lines([accepted.booking.id]))
 
     def outcome(self, accepted: Accepted, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
                 *, remarks: Remarks, now: datetime, extra: Mapping[str, str] | None = None,
@@ -151,10 +159,11 @@ class WriteBack:
             # another process, or a death this pass handles): say nothing rather than something stale.
             return None
         if info is not None and info.port is not None:
+            lines = json.loads(extra[booking.id]) if extra and booking.id in extra else \
+                remarks.lines.get(booking.id, ())
             outcome = block.running(port=info.port, user=booking.user, host=self._where(info), end=booking.end,
                                     timezone=zone, known_hosts=self._known_hosts(info),
-                                    extra=[*self._other_nodes(info, booking.user),
-                                           *json.loads((extra or {}).get(booking.id, "[]"))])
+                                    extra=[*self._other_nodes(info, booking.user), *lines])
             if again := self._started_again(records or (), zone):
                 outcome = outcome.with_note(again)
         elif records and all(r.stopped_at is not None for r in records) and (
@@ -240,14 +249,6 @@ class WriteBack:
             detail = "the event shows the ssh line at the start"
         return Reminder(minutes=minutes, text=text, detail=detail)
 
-    def _running_lines(self) -> dict[str, str]:
-        """Each running booking's lines from its start (RUNNING_LINES notes), read once per write."""
-        try:
-            return self.state.notes(RUNNING_LINES)
-        except StateError as error:
-            log.warning("the lines bookings' starts added wait for a later write: %s", error)
-            return {}
-
     def _foreign_lines(self, booking_ids: Sequence[str]) -> dict[str, list[str]]:
         """Each booking's foreign lines (processes seen on its GPUs outside its container), read once per write."""
         try:
@@ -272,24 +273,35 @@ class WriteBack:
         line = ssh.known_hosts_line(host=self.config.host.name, port=self.config.sftp.port, host_key=key)
         return outcome.with_note(f"sftp known_hosts: {line}")
 
-    def _write(self, item: Booking | Rejection, outcome: block.Outcome, *, etag: str | None, now: datetime) -> None:
-        calendar = next((c for c in self.config.calendars if c.url == item.calendar_url), None)
-        if calendar is None:
-            return
+    def _calendar(self, item: Booking | Rejection) -> CalendarConfig | None:
+        return next((c for c in self.config.calendars if c.url == item.calendar_url), None)
+
+    @staticmethod
+    def _key(outcome: block.Outcome) -> str:
         reminder = outcome.reminder
         remind = [f"reminder {reminder.minutes:g} {reminder.text} {reminder.detail}"] if reminder else []
         digest = hashlib.sha256("\n".join([*outcome.lines, *remind]).encode()).hexdigest()[:12]
-        key = f"{outcome.status} {digest}"
+        return f"{outcome.status} {digest}"
+
+    def _written(self, item: Booking | Rejection, key: str, etag: str | None) -> bool | None:
+        """Whether this outcome is what the event holds already (None: State cannot tell now)."""
         try:
             done = self.state.write_back(item.id)
         except StateError as error:
             log.warning("booking %s: its write-back waits for a later pass: %s", item.id, error)
+            return None
+        return done is not None and done.status == key and (etag is None or done.etag == etag)
+
+    def _write(self, item: Booking | Rejection, outcome: block.Outcome, *, etag: str | None, now: datetime) -> None:
+        calendar = self._calendar(item)
+        if calendar is None:
             return
-        if done is not None and done.status == key and (etag is None or done.etag == etag):
+        key = self._key(outcome)
+        if self._written(item, key, etag) is not False:
             return
         with self._lock:  # the same outcome already queued or being written (by its start's own write)
             queued = self.queued.get(item.id)
-            if self.sending.get(item.id) == key or (queued is not None and queued.key == key):
+            if self.sending.get(item.id) in (key, READING) or (queued is not None and queued.key == key):
                 return
         self._queue(calendar, _Job(item=item, outcome=outcome, key=key, now=now))
 
@@ -310,17 +322,37 @@ class WriteBack:
             job = self.queued.pop(booking_id, None)
             if job is None:
                 return
-            self.sending[booking_id] = job.key
+            self.sending[booking_id] = job.key if job.read is None else READING
         try:
-            self._send(calendar, job)
+            ready = self._ready(job) if job.read is not None else job
+            if ready is not None:
+                self._send(calendar, ready)
         except Exception:  # a defect: logged, and the lane goes on with the next event
-            log.exception("booking %s: writing %s back failed unexpectedly", booking_id, job.outcome.status)
+            log.exception("booking %s: writing its outcome back failed unexpectedly", booking_id)
         finally:
             with self._lock:
                 self.sending.pop(booking_id, None)
 
+    def _ready(self, job: _Job) -> _Job | None:
+        """A woken start's job with its outcome read now (None: nothing to write, or written already)."""
+        assert job.read is not None  # noqa: S101 - only woken jobs are read
+        try:
+            outcome = job.read()
+        except GpubookError as error:  # the pass's own write-back tries again
+            log.warning("booking %s: its write-back waits for the pass: %s", job.item.id, error)
+            return None
+        if outcome is None:
+            return None
+        key = self._key(outcome)
+        with self._lock:
+            self.sending[job.item.id] = key
+        if self._written(job.item, key, job.etag) is not False:
+            return None
+        return replace(job, outcome=outcome, key=key, read=None)
+
     def _send(self, calendar: CalendarConfig, job: _Job) -> None:
         item, outcome = job.item, job.outcome
+        assert outcome is not None  # noqa: S101 - read before it is sent
         writer = self.writers.get(calendar.url) or open_writer(calendar, timezone=self.config.host.timezone)
         if writer is None:  # a read-only source (an ICS feed)
             return

@@ -15,7 +15,9 @@ The package: `store.py` (State, one transaction per method), `schema.py` (the mi
 file is opened, checked and set aside), `records.py` (what State hands out), `usage.py` (accounting:
 bookings seen, GPU samples, logins; mixed into State), `releases.py` (no-shows released, each
 booking's GPU samples as the judge reads them; mixed in too), `slots.py` (the plan's priority: the
-slot each occurrence asks for and when it was first accepted there; mixed in too), `errors.py`.
+slot each occurrence asks for and when it was first accepted there; mixed in too), `notes.py` (the
+per-booking notes the apply stage keeps: each kind's key and typed value, read all at once),
+`errors.py`.
 """
 
 from gpubook.scheduler.state.errors import StateError, StateUnavailable

@@ -352,6 +352,13 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         """booking id → value of every note called `key`."""
         return dict(self._query("SELECT booking_id, value FROM booking_notes WHERE key = ?", (key,)))
 
+    def all_notes(self) -> dict[str, dict[str, str]]:
+        """key → booking id → value, every note in one query (notes.py reads them typed)."""
+        found: dict[str, dict[str, str]] = {}
+        for key, booking_id, value in self._query("SELECT key, booking_id, value FROM booking_notes"):
+            found.setdefault(key, {})[booking_id] = value
+        return found
+
     # -- first seen (who keeps a UID that several calendar objects hold) ------------------------------
 
     def first_seen(self, keys: Iterable[tuple[str, str, str]], *, now: datetime,
