@@ -154,6 +154,9 @@ def idle(seconds: float, *, web: bool = False) -> None:
                 peak = max(peak, rss_mb())
             wall = time.monotonic() - began
             own, children = (after - before for after, before in zip(cpu(), cpu_before, strict=True))
+            if daemon.process.poll() is not None:  # a dead daemon's /proc entry reads as 0 MB and 0 s
+                raise SystemExit(f"the daemon exited during the idle run (exit {daemon.process.returncode}):\n"
+                                 f"{daemon.tail()}")
         finally:
             daemon.stop()
     print(f"idle daemon{' serving the status page (asked every 15 s)' if web else ''} over {wall:.0f} s, "

@@ -16,9 +16,10 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import paramiko
 import pytest
@@ -39,7 +40,12 @@ from gpubook.scheduler import config as config_module
 from gpubook.scheduler import sources
 from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.core import decide
-from gpubook.scheduler.hosts.local import LocalHost
+from gpubook.scheduler.core.plan import Accepted
+from gpubook.scheduler.core.topology import Topology
+from gpubook.scheduler.hosts import Started, StartRequest
+from gpubook.scheduler.hosts import backend as backends
+from gpubook.scheduler.hosts.backend import NOTHING_SAMPLED, HostGpus, Reserved, Sampling
+from gpubook.scheduler.hosts.local import LocalHost, OneMachine
 from gpubook.scheduler.service import Calendars
 from gpubook.scheduler.sources import BaseSource, EventRef, PollStats, RawObject, Snapshot, WriteResult
 from gpubook.scheduler.sources.block import Outcome
@@ -170,10 +176,11 @@ class FakeSource(BaseSource):
         return FakeWriter()
 
 
-def _event(uid: str, start: datetime, end: datetime) -> str:
+def _event(uid: str, start: datetime, end: datetime, *, description: str = "") -> str:
+    described = f"DESCRIPTION:{description}\r\n" if description else ""
     return ("BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//gpubook tests//EN\r\nBEGIN:VEVENT\r\n"
             f"UID:{uid}\r\nDTSTAMP:20261101T120000Z\r\nDTSTART:{start:%Y%m%dT%H%M%SZ}\r\n"
-            f"DTEND:{end:%Y%m%dT%H%M%SZ}\r\nSUMMARY:alice debian-ssh\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n")
+            f"DTEND:{end:%Y%m%dT%H%M%SZ}\r\nSUMMARY:alice debian-ssh\r\n{described}END:VEVENT\r\nEND:VCALENDAR\r\n")
 
 
 @pytest.fixture
@@ -227,7 +234,8 @@ def test_a_registered_engine_and_source_run_a_pass(tmp_path: Path, registered: o
                      probe_key=ssh.load_probe_key(tmp_path / "probe-key"), cache_dir=tmp_path / "cache")
     name = container_name("b1")
     with State(tmp_path / "state.sqlite") as state:
-        passes = Pass(config, hosts={host.name: host}, state=state, templates=load_all(None))
+        passes = Pass(config, backend=OneMachine(host, server=config.host.name), state=state,
+                      templates=load_all(None))
         try:
             started = passes.run(reading.occurrences, now=NOW, etags=reading.etags)
             assert [type(a).__name__ for a in started.actions] == ["Start"], started
@@ -253,3 +261,106 @@ def test_a_registered_engine_and_source_run_a_pass(tmp_path: Path, registered: o
         assert state.containers(booking_id="b1")[-1].exit_reason == "ended"
         stop = result.actions[0]
         assert isinstance(stop, decide.Stop) and stop.host == host.name
+
+
+class FakeNode:
+    """A node of the fake backend: its containers in a dict, SSH at once."""
+
+    driver_version = None
+
+    def __init__(self, name: str) -> None:
+        self.name, self.gpus = name, (0, 1)
+        self.containers: dict[str, ContainerInfo] = {}
+        self.requests: list[StartRequest] = []
+
+    def list(self) -> list[ContainerInfo]:
+        return list(self.containers.values())
+
+    def start(self, request: StartRequest) -> Started:
+        self.requests.append(request)
+        info = ContainerInfo(name=container_name(request.booking_id), id="c", state="running", image="i",
+                             booking_id=request.booking_id, user=request.booker.name, gpus=request.gpus,
+                             end=request.end, spec_hash="h", port=request.port, template=request.template.name,
+                             host=self.name, others=request.placement[1:])
+        self.containers[info.name] = info
+        return Started(info=info, seconds_to_ssh=0.1)
+
+    def stop(self, name: str, grace: float) -> None:
+        self.containers.pop(name, None)
+
+    def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
+        return ExecResult(0, "", "")
+
+    def inspect(self, name: str) -> ContainerInfo | None:
+        return self.containers.get(name)
+
+
+class FakeBackend:
+    """Two nodes that every calendar books whole, reservations that are only remembered, and a
+    login address of its own: the Backend protocol, nothing of gpubook patched."""
+
+    topology = Topology(spans_nodes=True, name="the fake cloud", picks_gpus=False)
+    made: ClassVar[list[FakeBackend]] = []
+
+    def __init__(self, config: config_module.Config, parts: object) -> None:
+        self.hosts = {name: FakeNode(name) for name in ("node-a", "node-b")}
+        self.reserved: list[dict[str, tuple[str, ...]]] = []
+        self.made.append(self)
+
+    def refresh(self) -> str:
+        return ""
+
+    def reserve(self, accepted: Sequence[Accepted], *, now: datetime) -> Reserved:
+        self.reserved.append({a.booking.id: tuple(name for name, _ in a.placement) for a in accepted})
+        return Reserved({})
+
+    def address(self, host: str) -> str:
+        return f"{host}.fake.example"
+
+    @classmethod
+    def preflight(cls, config: object) -> list[Check]:
+        return []
+
+    def gpus(self) -> dict[str, HostGpus]:
+        return {name: HostGpus(source="fake", count=2) for name in self.hosts}
+
+    def sampling(self, world: object) -> Sampling:
+        return NOTHING_SAMPLED
+
+    @staticmethod
+    def listed_here(engine: object) -> None:
+        return None
+
+
+def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, registered: object) -> None:
+    backends.register("fake", f"{__name__}:FakeBackend")  # the one registration line for a backend
+    try:
+        config = _config(tmp_path)
+        config = replace(config, backend=replace(config.backend, kind="fake"))
+        backend = backends.make(config, cast(backends.Parts, None))  # what the daemon's wiring calls
+        assert isinstance(backend, FakeBackend) and backends.topology_of(config) is FakeBackend.topology
+        start, end = NOW - timedelta(minutes=1), NOW + timedelta(hours=2)
+        FakeSource.events["wide"] = _event("wide", start, end, description="gpus: 4\\nnodes: 2")
+        FakeSource.events["picky"] = _event("picky", start, end, description="gpus: 0,1")
+        reading = Calendars(config, topology=backend.topology).read(now=NOW)
+        with State(tmp_path / "state.sqlite") as state:
+            passes = Pass(config, backend=backend, state=state, templates=load_all(None))
+            result = passes.run(reading.occurrences, now=NOW, etags=reading.etags)
+            passes.close()
+            port = state.ports()["wide"]
+        # The real plan spread the booking over both nodes (the topology), the backend reserved that
+        # placement, the first node started it with the whole placement, the booker is sent to the
+        # backend's address; the GPU indices were refused by the convention (the topology again).
+        assert [type(a).__name__ for a in result.actions] == ["Start"]
+        assert backend.reserved == [{"wide": ("node-a", "node-b")}]
+        assert [r.placement for r in backend.hosts["node-a"].requests] == [(("node-a", (0, 1)), ("node-b", (0, 1)))]
+        assert backend.hosts["node-b"].requests == []
+        written = dict(FakeWriter.written)
+        assert written["wide"].status == "running"
+        assert f"ssh -p {port} alice@node-a.fake.example" in written["wide"].lines
+        assert f"also on node-b: ssh -p {port} alice@node-b.fake.example" in written["wide"].lines
+        assert written["picky"].status == "rejected"
+        assert "asks for a number of GPUs (gpus: 2), not GPU indices" in written["picky"].lines[0]
+    finally:
+        backends.backends.unregister("fake")
+        FakeBackend.made.clear()

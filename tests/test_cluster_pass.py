@@ -1,5 +1,5 @@
-"""A pass on a cluster backend (`Pass(cluster=...)`), with real State and the plan, the cluster a
-tiny class meeting the pass's Cluster protocol and its nodes test_pass_bounded's Machine: bookings
+"""A pass on a cluster backend (`Pass(backend=...)`), with real State and the plan, the cluster a
+tiny class meeting the Backend protocol and its nodes test_pass_bounded's Machine: bookings
 go to the nodes the plan chose, a reservation Slurm refused holds its booking with Slurm's
 sentence, and a controller that does not answer starts nothing and ends nothing."""
 
@@ -10,11 +10,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.core.plan import Accepted
+from gpubook.scheduler.core.topology import CLUSTER
 from gpubook.scheduler.hosts import Started, StartRequest
+from gpubook.scheduler.hosts.backend import NOTHING_SAMPLED, HostGpus, Sampling
 from gpubook.scheduler.state import State
 from tests.kits.pass_kit import DEAD_URL, HOLD, NOW, Machine, bookings, event
 
@@ -38,6 +41,8 @@ class Reserved:
 
 
 class Cluster:
+    topology = CLUSTER
+
     def __init__(self, *nodes: Node) -> None:
         self.hosts = {node.name: node for node in nodes}
         self.problem = ""
@@ -47,11 +52,28 @@ class Cluster:
     def refresh(self) -> str:
         return self.problem
 
-    def sync(self, accepted: Sequence[Accepted], *, now: datetime) -> Reserved:
+    def reserve(self, accepted: Sequence[Accepted], *, now: datetime) -> Reserved:
         if self.problem:
             return Reserved(problem=self.problem)
         self.synced.append({a.booking.id: tuple(name for name, _ in a.placement) for a in accepted})
         return Reserved(refused={k: v for k, v in self.refuse.items() if k in self.synced[-1]})
+
+    def address(self, host: str) -> str:
+        return host or "login"
+
+    @classmethod
+    def preflight(cls, config: object) -> list[Check]:
+        return []
+
+    def gpus(self) -> dict[str, HostGpus]:
+        return {name: HostGpus(source="test", count=len(node.gpus)) for name, node in self.hosts.items()}
+
+    def sampling(self, world: object) -> Sampling:
+        return NOTHING_SAMPLED
+
+    @staticmethod
+    def listed_here(engine: object) -> None:
+        return None
 
 
 def make(tmp_path: Path, cluster: Cluster, state: State) -> Pass:
@@ -59,7 +81,7 @@ def make(tmp_path: Path, cluster: Cluster, state: State) -> Pass:
     path.write_text(f'[host]\nname = "login"\ntimezone = "UTC"\n[[calendar]]\nurl = "{DEAD_URL}"\n'
                     '[backend]\nkind = "slurm"\nshared_dir = "/shared"\n[engine]\nname = "podman"\n'
                     '[defaults]\ntemplate = "debian-ssh"\ngpus = 1\n[users.alice]\nuid = 2001\n')
-    passes = Pass(config_module.load(path), hosts={}, state=state, templates=_templates(), cluster=cluster)
+    passes = Pass(config_module.load(path), backend=cluster, state=state, templates=_templates())
     passes.patience = HOLD
     return passes
 

@@ -14,6 +14,7 @@ from gpubook.scheduler.config import Config
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import Plan, plan
+from gpubook.scheduler.core.topology import CLUSTER
 from tests.kits.booking_kit import CALENDAR, TEMPLATES, make_config, raw, read, single, utc, vcalendar, vevent
 
 NOW = utc(2026, 11, 23, 8)
@@ -40,7 +41,7 @@ def run(*items: Booking, inventory: dict[str, tuple[int, ...]] = NODES, config: 
         running: dict[str, tuple[int, ...]] | None = None,
         placed: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] | None = None) -> Plan:
     return plan(items, inventory=inventory, config=config, templates=TEMPLATES, now=NOW, running=running or {},
-                placed=placed or {}, first_seen={})
+                placed=placed or {}, first_seen={}, topology=CLUSTER)
 
 
 def placement(result: Plan) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
@@ -122,11 +123,12 @@ def test_the_local_backend_refuses_nodes() -> None:
 
 def test_the_convention_reads_nodes() -> None:
     start, end = "DTSTART:20261124T100000Z", "DTEND:20261124T120000Z"
-    two = single(start, end, "SUMMARY:training", "DESCRIPTION:user: bob\\ngpus: 16\\nnodes: 2", config=CONFIG)
+    two = single(start, end, "SUMMARY:training", "DESCRIPTION:user: bob\\ngpus: 16\\nnodes: 2", config=CONFIG,
+                 topology=CLUSTER)
     assert (two.gpu_count, two.nodes) == (16, 2)
-    titled = single(start, end, "SUMMARY:bob nodes=3", config=CONFIG)
+    titled = single(start, end, "SUMMARY:bob nodes=3", config=CONFIG, topology=CLUSTER)
     assert (titled.gpu_count, titled.nodes) == (3, 3)  # the default GPU count on each node
-    plain = single(start, end, "SUMMARY:bob gpus=8", config=CONFIG)
+    plain = single(start, end, "SUMMARY:bob gpus=8", config=CONFIG, topology=CLUSTER)
     assert (plain.gpu_count, plain.nodes) == (8, None)
 
 
@@ -139,7 +141,8 @@ def test_the_convention_reads_nodes() -> None:
 ])
 def test_wrong_nodes_are_refused(description: str, reason: str) -> None:
     result = read(raw(vcalendar(vevent("u1", "DTSTART:20261124T100000Z", "DTEND:20261124T120000Z",
-                                       "SUMMARY:x", f"DESCRIPTION:{description}"))), config=CONFIG)
+                                       "SUMMARY:x", f"DESCRIPTION:{description}"))), config=CONFIG,
+                  topology=CLUSTER)
     assert [r.reason for r in result.occurrences] == [reason]
 
 

@@ -23,7 +23,7 @@ def made(tmp_path: Path, machine: Machine, state: State, *, logged_in: Callable[
     path = tmp_path / "gpubook.toml"
     path.write_text(CONFIG)
     passes = make_pass(config_module.load(path), machine, state)
-    passes.handlers.update(Pass(passes.config, hosts=passes.hosts, state=state, templates=passes.templates,
+    passes.handlers.update(Pass(passes.config, backend=passes.backend, state=state, templates=passes.templates,
                                 logged_in=logged_in).handlers)
     return passes
 

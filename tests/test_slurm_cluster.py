@@ -7,9 +7,12 @@ import subprocess
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
+from gpubook.scheduler.config import parse as parse_config
+from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError, SlurmUnreachable, parse
 from tests.kits import slurm_kit
 from tests.kits.slurm_jobs_kit import accepted, booking
@@ -17,6 +20,7 @@ from tests.kits.slurm_jobs_kit import accepted, booking
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(slurm_kit.available() is not None,
                                                     reason=str(slurm_kit.available()))]
 PREFIX = "gpubook-"
+BASE = {"calendar": [{"url": "http://127.0.0.1:5232/lab/", "gpus": "all"}]}  # a config's calendar, never read
 
 
 class ScontrolAs(Scontrol):
@@ -160,3 +164,24 @@ def test_slurm_confines_a_job_in_the_reservation_to_the_gpus_it_asks_for(cluster
 def test_the_backend_says_what_is_missing_when_scontrol_is_not_installed() -> None:
     with pytest.raises(SlurmError, match="not installed"):
         Scontrol(program="/nonexistent/scontrol")("ping")
+
+
+def test_doctor_asks_the_slurm_backend_for_its_rows(cluster: slurm_kit.Cluster, tmp_path: Path) -> None:
+    """`gpubook doctor`'s backend rows come from the backend itself: the shared folder, then the
+    controller and its usable GPU nodes."""
+    slurm = {"kind": "slurm", "slurm_conf": str(cluster.conf), "command_seconds": 5}
+    shared = tmp_path / "shared"
+    config = parse_config({**BASE, "backend": {**slurm, "shared_dir": str(shared)}}, tmp_path / "gpubook.toml")
+    rows = {check.name: check for check in backends.preflight(config)}
+    assert rows["slurm shared_dir"].ok and rows["slurm controller"].ok, rows
+    assert rows["slurm controller"].detail == "2 of 2 GPU node(s) usable"
+    cluster.scontrol("update", "NodeName=node1,node2", "State=DRAIN", "Reason=disk")
+    assert backends.preflight(config)[1].detail == "0 of 2 GPU node(s) usable"
+    assert not backends.preflight(config)[1].ok
+    cluster.stop_slurmctld()
+    silent = backends.preflight(config)[1]
+    assert (silent.name, silent.ok) == ("slurm controller", False) and "did not answer" in silent.detail, silent
+    unset = parse_config({**BASE, "backend": slurm}, tmp_path / "gpubook.toml")
+    assert [(c.name, c.ok) for c in backends.preflight(unset)] == [("slurm shared_dir", False)]
+    nowhere = parse_config({**BASE, "backend": {**slurm, "shared_dir": "/nowhere/at/all"}}, tmp_path / "gpubook.toml")
+    assert not backends.preflight(nowhere)[0].ok

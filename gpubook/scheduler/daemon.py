@@ -53,15 +53,14 @@ from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import Pass, PassResult, World
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import LOCAL
-from gpubook.scheduler.hosts import Host, usage
+from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.hosts import sftp as sftp_host
+from gpubook.scheduler.hosts import usage
 from gpubook.scheduler.hosts.foreign import ForeignWatch
 from gpubook.scheduler.hosts.images import ImagePreparer
-from gpubook.scheduler.hosts.local import LocalHost
-from gpubook.scheduler.hosts.slurm.backend import SlurmBackend
 from gpubook.scheduler.outbox import foreign, metrics, notices, status, timeline
 from gpubook.scheduler.sdnotify import Notifier
-from gpubook.scheduler.service import Calendars, inventory_indices
+from gpubook.scheduler.service import Calendars
 from gpubook.scheduler.sources.errors import CalendarError, redact_url
 from gpubook.scheduler.state import State, StateError
 from gpubook.scheduler.state.records import ContainerRecord
@@ -175,9 +174,8 @@ class _Calendar:
 
 def _runnable(config: config_module.Config) -> None:
     """What the daemon refuses to start with, in one sentence (the config's own checks came first)."""
-    if config.backend.kind == "slurm" and config.backend.shared_dir is None:
-        raise ConfigError(f"{config.path}: backend.shared_dir: not set; the Slurm backend needs a folder that "
-                          "every node and the daemon see at the same path (the bookings' job folders)")
+    if problem := backends.config_problem(config):
+        raise ConfigError(problem)
 
 
 class Daemon:
@@ -238,44 +236,36 @@ class Daemon:
                                     auth_file=config.images.auth_file, min_free_gb=config.images.min_free_gb,
                                     workers=config.images.workers, on_done=self._soon)
         self.images.on_pull = self.metrics.image_pulled
-        local = LocalHost(
-            engine=self.engine, gpus=inventory_indices(inventory),
-            driver_version=inventory.driver_version if inventory.source == "nvml" else None,
-            probe_key=self.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
-            persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
-            mps=config.gpu_mps, images=self.images, parallel_starts=config.daemon.parallel_starts)
-        self.cluster = SlurmBackend(config, engine=config.engine, templates_dir=config.templates_dir) \
-            if config.backend.kind == "slurm" else None
-        hosts: dict[str, Host] = {local.name: local} if self.cluster is None else {}
-        self.passes = Pass(config, hosts=hosts, state=self.state, templates=templates,
+        self.backend = backends.make(config, backends.Parts(engine=self.engine, probe_key=self.probe_key,
+                                                            images=self.images, inventory=inventory))
+        self.passes = Pass(config, backend=self.backend, state=self.state, templates=templates,
                            notices=notices.Notices.from_config(config), metrics=self.metrics,
-                           logged_in=self._logged_in, cluster=self.cluster)
+                           logged_in=self._logged_in)
         # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
         self.passes.on_settled = self._soon
-        self.calendars = Calendars(config)
+        self.calendars = Calendars(config, topology=self.backend.topology)
         self.config = config
-        # This machine's GPUs and engine: a cluster's bookings run on its nodes, sampled by nothing here yet.
-        here = (lambda: self._world.actual() if self._world is not None else []) if self.cluster is None \
-            else (lambda: [])
-        self.sampler = usage.Sampler(state=self.state, host=local.name, interval=config.daemon.sample_seconds,
-                                     running=here,
-                                     logs=self.engine.logs, probe_fingerprint=self.probe_key.fingerprint,
+        # What runs on this machine, as the backend says (a cluster's bookings run on its nodes: nothing here).
+        sampling = self.backend.sampling(lambda: self._world.actual() if self._world is not None else [])
+        self.sampler = usage.Sampler(state=self.state, host=LOCAL, interval=config.daemon.sample_seconds,
+                                     running=sampling.running,
+                                     logs=sampling.logs, probe_fingerprint=self.probe_key.fingerprint,
                                      read=self.gpu_view.view)
-        self.foreign = ForeignWatch(state=self.state, host=local.name, read=self.gpu_view.view,
-                                    running=here, mode=config.policy.foreign_processes, on_change=self._soon,
-                                    inspect=self.engine.inspect,
+        self.foreign = ForeignWatch(state=self.state, host=LOCAL, read=self.gpu_view.view,
+                                    running=sampling.running, mode=config.policy.foreign_processes,
+                                    on_change=self._soon, inspect=self.engine.inspect,
                                     grace=timedelta(minutes=config.policy.foreign_grace_minutes))
-        self._build_sftp(config, templates, local)
+        self._build_sftp(config, templates, self.images)
 
     def _logged_in(self, info: ContainerInfo) -> bool:
         """A release's last look for the booker's login in the container's log (as the sampler looks)."""
         return usage.booker_logged_in(self.engine.logs(info.name), user=info.user,
                                       probe_fingerprint=self.probe_key.fingerprint)
 
-    def _build_sftp(self, config: config_module.Config, templates: TemplateSet, local: LocalHost) -> None:
+    def _build_sftp(self, config: config_module.Config, templates: TemplateSet, images: ImagePreparer) -> None:
         """The SFTP data service: made once, given each reloaded config (its users and keys)."""
         settings = sftp_host.settings_of(config)
-        image = sftp_host.image_of(config, templates, local.images.ready)
+        image = sftp_host.image_of(config, templates, images.ready)
         if settings is None:
             if self.sftp is not None:
                 log.warning("SFTP service switched off by the config: stopping it")
@@ -485,12 +475,9 @@ class Daemon:
         write_private(self.state_dir / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
 
     def _gpu_summaries(self) -> dict[str, status.GpuSummary]:
-        """Each host's GPUs for the status: this machine's, or each cluster node's as Slurm counts them."""
-        if self.cluster is None:
-            return {LOCAL: status.GpuSummary.of(self.inventory)}
-        return {name: status.GpuSummary(source="slurm", count=len(host.gpus), indices=host.gpus,
-                                        note=None if host.gpus else "down, drained or without GPUs in Slurm")
-                for name, host in sorted(self.cluster.hosts.items())}
+        """Each host's GPUs for the status, as the backend gives them (this machine's, or each cluster node's)."""
+        return {name: status.GpuSummary(source=gpus.source, count=gpus.count, driver=gpus.driver, note=gpus.note,
+                                        indices=gpus.indices) for name, gpus in self.backend.gpus().items()}
 
     def _foreign_items(self) -> tuple[dict[str, object], ...]:
         try:

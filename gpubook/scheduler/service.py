@@ -21,6 +21,7 @@ from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
 from gpubook.scheduler.core.parsing import Problem
+from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
 from gpubook.scheduler.sources import Snapshot, Source, open_source
 from gpubook.scheduler.sources.errors import CalendarError, printable, redact_url
 
@@ -48,6 +49,7 @@ class Calendars:
     reader: BookingReader = field(default_factory=BookingReader)
     last: dict[str, Snapshot] = field(default_factory=dict)  # calendar url → its last good snapshot
     read_at: dict[str, datetime] = field(default_factory=dict)  # calendar url → when it was read
+    topology: Topology = ONE_MACHINE  # where the backend runs bookings (the convention's GPU indices)
 
     def poll(self) -> dict[str, Snapshot]:
         """Poll every calendar; a CalendarError of one stops the pass (the caller decides)."""
@@ -105,7 +107,8 @@ class Calendars:
                 continue  # never read yet: none of its bookings is known
             expansion = self.reader.read(snapshots[calendar.url].objects.values(), config=self.config,
                                          calendar=calendar, templates=templates,
-                                         window_start=window_start, window_end=window_end)
+                                         window_start=window_start, window_end=window_end,
+                                         topology=self.topology)
             occurrences.extend(expansion.occurrences)
             problems.extend(expansion.problems)
         return occurrences, problems
@@ -124,17 +127,19 @@ def inventory_indices(inventory: gpu_inventory.Inventory) -> tuple[int, ...]:
 
 def plan_window(config: Config, *, window_start: datetime, window_end: datetime, now: datetime,
                 calendars: Calendars | None = None,
-                running: Mapping[str, tuple[int, ...]] | None = None) -> PlanResult:
+                running: Mapping[str, tuple[int, ...]] | None = None,
+                topology: Topology = ONE_MACHINE) -> PlanResult:
     """Read every calendar once and plan the window (read from further back where a week quota is
     set, so that the weeks of the window's bookings are counted; only the window's bookings are kept)."""
-    calendars = calendars or Calendars(config)
+    calendars = calendars or Calendars(config, topology=topology)
     snapshots = calendars.poll()
     earlier = policy.reach_back(config) - timedelta(hours=config.defaults.max_hours)
     occurrences, problems = calendars.occurrences(snapshots, window_start=window_start - earlier,
                                                   window_end=window_end)
     inventory = gpu_inventory.inventory(static_count=config.gpu_count)
     result = plan_module.plan(occurrences, inventory=inventory_indices(inventory), config=config,
-                              templates=template_names(config.templates_dir), now=now, running=running or {})
+                              templates=template_names(config.templates_dir), now=now, running=running or {},
+                              topology=topology)
     if earlier:
         result = replace(result, accepted=tuple(a for a in result.accepted if a.booking.end > window_start),
                          rejected=tuple(r for r in result.rejected if r.end > window_start))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpubook.scheduler.config import Config, parse
 from gpubook.scheduler.core.bookings import Booking, BookingReader, Expansion
+from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
 from gpubook.scheduler.sources import RawObject
 
 CALENDAR = "http://127.0.0.1:5232/lab/devbox1/"
@@ -55,11 +56,11 @@ WINDOW = (datetime(2026, 11, 23, tzinfo=UTC), datetime(2026, 11, 30, tzinfo=UTC)
 
 def read(*objects: RawObject, config: Config | None = None, start: datetime = WINDOW[0],
          end: datetime = WINDOW[1], calendar_url: str = CALENDAR,
-         reader: BookingReader | None = None) -> Expansion:
+         reader: BookingReader | None = None, topology: Topology = ONE_MACHINE) -> Expansion:
     config = config or make_config()
     calendar = next(c for c in config.calendars if c.url == calendar_url)
     return (reader or BookingReader()).read(objects, config=config, calendar=calendar, templates=TEMPLATES,
-                                            window_start=start, window_end=end)
+                                            window_start=start, window_end=end, topology=topology)
 
 
 def single(*lines: str, uid: str = "u1", **kwargs: object) -> Booking:

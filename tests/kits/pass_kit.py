@@ -18,6 +18,7 @@ from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.hosts import Started, StartRequest
+from gpubook.scheduler.hosts.local import OneMachine
 from gpubook.scheduler.state import State
 from tests.kits.booking_kit import raw, read, vcalendar, vevent
 
@@ -106,6 +107,7 @@ def bookings(config: config_module.Config, *events: str, calendar_url: str = DEA
 
 
 def make_pass(config: config_module.Config, machine: Machine, state: State) -> Pass:
-    passes = Pass(config, hosts={machine.name: machine}, state=state, templates=load_all(None))
+    passes = Pass(config, backend=OneMachine(machine, server=config.host.name), state=state,
+                  templates=load_all(None))
     passes.patience = HOLD
     return passes

@@ -21,11 +21,13 @@ log = logging.getLogger(__name__)
 
 class Delivery:
     def __init__(self, config: Config, state: State,
-                 notices: Callable[[notices_module.Message], None] | None = None) -> None:
-        """`notices`: where a notice goes (None: the configured channels)."""
+                 notices: Callable[[notices_module.Message], None] | None = None, *,
+                 address: Callable[[str], str] | None = None) -> None:
+        """`notices`: where a notice goes (None: the configured channels); `address`: where a booker
+        logs in to a booking on a host (the backend's)."""
         self.state = state
         self.notices = notices
-        self.writeback = WriteBack(config, state)
+        self.writeback = WriteBack(config, state, address=address)
         self._lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpubook-notices")
         self._delivery: Future[None] | None = None
 

@@ -8,7 +8,7 @@ that after the pass, from what was recorded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -84,9 +84,13 @@ def record_stop(state: State, *, name: str, booking_id: str, reason: str, now: d
 
 class StartHandler:
     def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
-                 recall: Recall, journal: Journal, metrics: Metrics | None = None) -> None:
+                 recall: Recall, journal: Journal, metrics: Metrics | None = None,
+                 address: Callable[[str], str] | None = None) -> None:
+        """`address`: where a booker logs in to a booking on a host (the backend's; None: this
+        server, `[host] name`)."""
         self.config, self.hosts, self.state, self.templates = config, hosts, state, templates
         self.recall, self.journal, self.metrics = recall, journal, metrics
+        self.address = address or (lambda host: config.host.name)
 
     def __call__(self, action: decide.Start, *, now: datetime) -> Change:
         accepted = action.accepted
@@ -131,7 +135,7 @@ class StartHandler:
         gpus = [gpu for _, on_node in accepted.placement for gpu in on_node]
         record = self.state.container_started(booking.id, started.info.name, user=user.name,
                                               gpu_count=len(gpus), at=now)
-        where = accepted.host if self.config.backend.kind != "local" else self.config.host.name
+        where = self.address(accepted.host)
         lines = tuple(start_lines(template, started.jupyter, driver_version=host.driver_version, port=port,
                                   user=user.name, host=where))
         self._note_lines(booking.id, lines, now=now)

@@ -55,7 +55,9 @@ class Hands:
     """The handlers, built once, the bookings' lanes, and the memory of their failures."""
 
     def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
-                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None) -> None:
+                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None,
+                 address: Callable[[str], str] | None = None) -> None:
+        """`address`: where a booker logs in to a booking on a host (the backend's)."""
         self.metrics = metrics
         self.recall = Recall()
         self.journal = journal = Journal(state, self.recall)
@@ -64,7 +66,7 @@ class Hands:
         self.stop = StopHandler(hosts=hosts, state=state, journal=journal)
         self.handlers: dict[type, Callable[..., Change]] = {
             decide.Start: StartHandler(config, hosts=hosts, state=state, templates=templates, recall=self.recall,
-                                       journal=journal, metrics=metrics),
+                                       journal=journal, metrics=metrics, address=address),
             decide.Stop: self.stop,
             decide.Clear: ClearHandler(hosts=hosts, state=state, journal=journal),
             decide.Disarm: DisarmHandler(hosts=hosts, state=state, journal=journal),

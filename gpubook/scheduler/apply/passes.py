@@ -29,7 +29,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Protocol
 from zoneinfo import ZoneInfo
 
 from gpubook.runtime.engines import ContainerInfo, booker_digest, container_name
@@ -47,6 +46,7 @@ from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy as policy_module
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.hosts import Host
+from gpubook.scheduler.hosts.backend import Backend
 from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.outbox import notices as notices_module
 from gpubook.scheduler.outbox import reminders
@@ -139,46 +139,26 @@ class Told:
     etags: Mapping[str, str | None] = field(default_factory=dict)  # event href → its ETag as read
 
 
-class Cluster(Protocol):
-    """A cluster backend (gpubook/scheduler/hosts/slurm/backend.py), as a pass uses it."""
-
-    @property
-    def hosts(self) -> Mapping[str, Host]: ...
-
-    def refresh(self) -> str: ...
-
-    def sync(self, accepted: Sequence[plan_module.Accepted], *, now: datetime) -> Reserved: ...
-
-
-class Reserved(Protocol):
-    @property
-    def refused(self) -> Mapping[str, str]: ...
-
-    @property
-    def problem(self) -> str: ...
-
-
 class Pass:
     """The daemon's hands and memory for one `run` per pass: the handlers and their lanes (`hands`),
     what is made ahead (`ahead`), the pass's own records (`books`), the outbox (`delivery`)."""
 
-    def __init__(self, config: Config, *, hosts: Mapping[str, Host], state: State, templates: TemplateSet,
+    def __init__(self, config: Config, *, backend: Backend, state: State, templates: TemplateSet,
                  notices: Callable[[notices_module.Message], None] | None = None,
-                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None,
-                 cluster: Cluster | None = None) -> None:
-        """`metrics`: the daemon's, told of each start's SSH latency and each failed start;
-        `logged_in`: a last look for the booker's login in a container's log before a release;
-        `cluster`: a cluster backend whose nodes are the hosts (read again each pass) and whose
-        reservations follow the plan."""
-        self.cluster = cluster
+                 metrics: Metrics | None = None, logged_in: Callable[[ContainerInfo], bool] | None = None) -> None:
+        """`backend`: where bookings run, its hosts read again each pass and the plan's placements
+        reserved there; `metrics`: the daemon's, told of each start's SSH latency and each failed
+        start; `logged_in`: a last look for the booker's login in a container's log before a release."""
+        self.backend = backend
         self.config = config
-        self.hosts = dict(hosts)  # the handlers share this dict: a cluster's refresh updates it in place
+        self.hosts = dict(backend.hosts)  # the handlers share this dict: `refresh_hosts` updates it in place
         self.state = state
         self.templates = templates
         self.hands = Hands(config, hosts=self.hosts, state=state, templates=templates, metrics=metrics,
-                           logged_in=logged_in)
+                           logged_in=logged_in, address=backend.address)
         self.books = Bookkeeping(state)  # accounting, priority, idle ports
-        self.delivery = Delivery(config, state, notices)  # the calendar write-back and the notices
+        # the calendar write-back and the notices
+        self.delivery = Delivery(config, state, notices, address=backend.address)
         self.ahead = Preparation(config, hosts=self.hosts, state=state)  # folders, host keys, containers ahead
         self.ahead.on_armed = self._settled_late  # its ssh line goes into the event before the start
         self.policy_lines: dict[str, str] = {}  # booking id → its release or idle line, for its event
@@ -220,7 +200,7 @@ class Pass:
             write_back: bool = True, stale_calendars: Mapping[str, str] | None = None,
             complete: bool = True) -> PassResult:
         self.ahead.settle(now)  # an arm still at work for a booking whose start came: its container first
-        silent = self.refresh_cluster() if self.cluster is not None else ""
+        silent = self.refresh_hosts()
         told = Told(may_start=may_start and not silent, stale_reason=silent or stale_reason,
                     stale=stale_calendars or {}, complete=complete, etags=etags or {})
         at_work = self.hands.lanes.at_work() | self.ahead.at_work()  # before the hosts are read: it keeps its port
@@ -229,7 +209,7 @@ class Pass:
         self.books.accounting.record(plan, now=now, complete=complete)
         remind_at = self._keep(plan, world, extended, now=now, at_work=at_work)
         self._prepare_images(plan, world, now=now)
-        held = self._reserve(plan, now=now) if self.cluster is not None and told.may_start else {}
+        held = self._reserve(plan, now=now) if told.may_start else {}
         actions = self._decide(plan, world, occurrences, now=now, told=told, held=held, silent=silent)
         result = PassResult(plan=plan, actions=actions, world=world)
         written = partial(self._wake_writeback, world=world, now=now, etags=told.etags) if write_back else None
@@ -242,19 +222,17 @@ class Pass:
 
     # -- around the bookings' work -------------------------------------------------------------
 
-    def refresh_cluster(self) -> str:
-        """The cluster's nodes and jobs read again, its hosts this pass's ("" or why they could not
-        be read: nothing starts). Also for `gpubook stop`, which reads the hosts as a pass does."""
-        assert self.cluster is not None
-        problem = self.cluster.refresh()
-        for name, host in self.cluster.hosts.items():
+    def refresh_hosts(self) -> str:
+        """The backend's hosts read again, this pass's ("" or why they could not be read: nothing
+        starts). Also for `gpubook stop`, which reads the hosts as a pass does."""
+        problem = self.backend.refresh()
+        for name, host in self.backend.hosts.items():
             self.hosts[name] = host
         return problem
 
     def _reserve(self, plan: plan_module.Plan, *, now: datetime) -> dict[str, str]:
-        """The plan's reservations made on the cluster; the bookings that must not start, and why."""
-        assert self.cluster is not None
-        reserved = self.cluster.sync(plan.accepted, now=now)
+        """The plan's placements reserved by the backend; the bookings that must not start, and why."""
+        reserved = self.backend.reserve(plan.accepted, now=now)
         if reserved.problem:
             return {a.booking.id: reserved.problem for a in plan.accepted}
         return dict(reserved.refused)
@@ -357,7 +335,8 @@ class Pass:
             pinned.occurrences, agreed_ends=ends,  # type: ignore[arg-type]
             plan=lambda items: plan_module.plan(items, inventory=inventory, config=self.config,
                                                 templates=templates, now=now, running=running,
-                                                first_seen=first_seen, placed=placed, slots=slots),
+                                                first_seen=first_seen, placed=placed, slots=slots,
+                                                topology=self.backend.topology),
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
         self.books.decided(result, now=now)
         self.recall.notes = {**pinned.notes, **refused}

@@ -23,6 +23,7 @@ from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import World
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.daemon import LOCK_FILE, STATUS_FILE, Daemon, make_engine, state_dir
+from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status, setup_findings
 from gpubook.scheduler.sources.errors import printable
 from gpubook.scheduler.state import LogEntry, State, port_range_problem
@@ -97,7 +98,7 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     folder = state_dir(config)
     pid = daemon_pid(folder)
     engine = make_engine(config)
-    containers = [replace(info, host=LOCAL) for info in engine.list()] if config.backend.kind == "local" else []
+    live = backends.listed_here(config, engine)  # None: they run elsewhere (a cluster's nodes)
     status_path = folder / STATUS_FILE
     if status_path.is_file():
         report = Status.from_json(json.loads(status_path.read_text()))
@@ -105,12 +106,11 @@ def status(config_path: str, *, as_json: bool = False) -> int:
         summary = GpuSummary.of(gpu_inventory.inventory(static_count=config.gpu_count))
         report = Status(hosts=(HostStatus(name=LOCAL, gpus=summary),))
     with State(folder / "state.sqlite") as state:
-        if config.backend.kind == "local":  # a cluster's nodes: as the daemon's last pass listed them
-            report = report.with_containers(containers, ports=state.ports())
+        if live is not None:  # else as the daemon's last pass listed them
+            report = report.with_containers(live, ports=state.ports())
         problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
         held = set(state.ports().values()) | ({config.sftp.port} if config.sftp.enabled else set())
-    if config.backend.kind == "local" and (taken := port_range_problem(config.ssh.port_min, config.ssh.port_max,
-                                                                       held=held)):
+    if live is not None and (taken := port_range_problem(config.ssh.port_min, config.ssh.port_max, held=held)):
         report = replace(report, problems=(*report.problems, taken))
     report = replace(report, findings=setup_findings(config.engine), recent_warnings=tuple(
         printable(f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}") for e in problems))
@@ -133,12 +133,9 @@ def stop(config_path: str, booking: str) -> int:
     config = config_module.load(config_path)
     daemon = Daemon(config)
     now = datetime.now(UTC)
-    if daemon.cluster is not None:  # a cluster's bookings: its nodes' jobs, read as a pass reads them
-        if problem := daemon.passes.refresh_cluster():
-            raise GpubookError(problem)
-        listed = [c for host in daemon.passes.hosts.values() for c in host.list()]
-    else:
-        listed = daemon.engine.list()
+    if problem := daemon.passes.refresh_hosts():  # the backend's hosts, read as a pass reads them
+        raise GpubookError(problem)
+    listed = [c for host in daemon.passes.hosts.values() for c in host.list()]
     matches = [c for c in listed if booking in (c.booking_id, c.name)]
     if not matches:
         raise GpubookError(f"no running container for booking {booking!r} (see gpubook status)")
@@ -147,8 +144,7 @@ def stop(config_path: str, booking: str) -> int:
     print(f"stopped {container_name(info.booking_id)} (booking {info.booking_id})")
     try:
         reading = daemon.calendars.read(now=now)
-        if daemon.cluster is not None:  # the job cancelled: its nodes read again
-            daemon.passes.refresh_cluster()
+        daemon.passes.refresh_hosts()  # the container gone: its host read again (a cluster's job cancelled)
         plan = daemon.passes.plan([o for o in reading.occurrences if o.id == info.booking_id], [], now=now)
         world = World.read(list(daemon.passes.hosts.values()), daemon.state)
         daemon.passes.write_back(plan, world, now=now, etags=reading.etags)

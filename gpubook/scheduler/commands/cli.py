@@ -58,6 +58,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_bookings(args: argparse.Namespace) -> int:
     from gpubook.scheduler import config, service
     from gpubook.scheduler.core import plan
+    from gpubook.scheduler.hosts.backend import topology_of
     from gpubook.scheduler.sources.errors import printable, redact_url
 
     loaded = config.load(_config_path(args))
@@ -66,7 +67,8 @@ def cmd_bookings(args: argparse.Namespace) -> int:
     end = args.end or start + timedelta(days=7)
     if end <= start:
         raise GpubookError(f"--to ({end.isoformat()}) must be after --from ({start.isoformat()})")
-    result = service.plan_window(loaded, window_start=start, window_end=end, now=now)
+    result = service.plan_window(loaded, window_start=start, window_end=end, now=now,
+                                 topology=topology_of(loaded))
     if args.json:
         json.dump(plan.to_json(result.plan), sys.stdout, indent=2)
         print()

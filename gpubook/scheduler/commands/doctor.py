@@ -25,6 +25,7 @@ from gpubook.runtime.mounts import missing_mount_flags
 from gpubook.runtime.nvidia import MPS_PIPE_DIRECTORY
 from gpubook.runtime.templates import Template, load_all
 from gpubook.scheduler import config as config_module
+from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.hosts import sftp as sftp_host
 from gpubook.scheduler.sources import open_source
 from gpubook.scheduler.sources.errors import redact_url
@@ -326,6 +327,7 @@ def checks(config_path: str | None) -> list[Check]:
         result.append(ports_taken_check(loaded))
         result.append(web_check(loaded))
         result.extend(_sftp_checks(loaded))
+        result.extend(backends.preflight(loaded))
     return result
 
 

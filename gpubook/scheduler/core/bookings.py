@@ -44,6 +44,7 @@ from gpubook.scheduler.core.recurrence import (
     too_many,
     utc,
 )
+from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
 from gpubook.scheduler.sources import RawObject
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class BookingReader:
         templates: Collection[str],
         window_start: datetime,
         window_end: datetime,
+        topology: Topology = ONE_MACHINE,
     ) -> Expansion:
         host_tz = ZoneInfo(config.host.timezone)
         seen: set[tuple[str, str, str]] = set()
@@ -156,7 +158,7 @@ class BookingReader:
                     occurrences.append(_occurrence(
                         component, one, occurrence_id=occurrence_id, start=start, end=end,
                         duplicate=duplicate, config=config, templates=templates,
-                        host_tz=host_tz, calendar=calendar))
+                        host_tz=host_tz, calendar=calendar, topology=topology))
                 except Exception as error:  # noqa: BLE001 - never lose an occurrence silently
                     occurrences.append(Rejection(
                         id=occurrence_id, uid=one.uid, start=start, end=end,
@@ -210,7 +212,7 @@ def expansion_digest(series: Series) -> str:
 
 def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: str, start: datetime,
                 end: datetime, duplicate: bool, config: Config, templates: Collection[str],
-                host_tz: tzinfo, calendar: CalendarConfig) -> Booking | Rejection:
+                host_tz: tzinfo, calendar: CalendarConfig, topology: Topology) -> Booking | Rejection:
     def reject(reason: str, user: str | None = None) -> Rejection:
         return Rejection(id=occurrence_id, uid=series.uid, start=start, end=end, reason=reason,
                          user=user, calendar_url=calendar.url, href=series.href)
@@ -227,7 +229,7 @@ def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: st
     if end <= start:
         return reject("the booking starts and ends at the same time; give it an end time")
     try:
-        asked = request(component, config=config, templates=templates, owner=calendar.user)
+        asked = request(component, config=config, templates=templates, owner=calendar.user, topology=topology)
     except Refused as refused:
         return reject(refused.reason, refused.user)
     return Booking(

@@ -20,6 +20,7 @@ import icalendar
 
 from gpubook.runtime.names import TEMPLATE_NAME, USER_NAME
 from gpubook.scheduler.config import Config
+from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
 from gpubook.scheduler.sources.block import strip_block
 from gpubook.scheduler.sources.richtext import description_source, lines
 
@@ -53,9 +54,10 @@ class Refused(Exception):
 
 
 def request(component: icalendar.Event, *, config: Config, templates: Collection[str],
-            owner: str | None = None) -> Request:
+            owner: str | None = None, topology: Topology = ONE_MACHINE) -> Request:
     """Read who books, which template and which GPUs; raise Refused with the reason. `owner`: the
-    user of a per-user calendar (`[[calendar]] user`), the only one its events may book for."""
+    user of a per-user calendar (`[[calendar]] user`), the only one its events may book for;
+    `topology`: where the backend runs bookings (a cluster picks a node's GPUs itself)."""
     # The lines the booker sees (plain or HTML); gpubook's own write-back block is never read as
     # the booker's `key: value` lines.
     # (the block is taken out first, so that its text never decides whether the rest is HTML).
@@ -77,7 +79,7 @@ def request(component: icalendar.Event, *, config: Config, templates: Collection
             count, indices = _gpus(located, "the location's GPU")
         else:
             count, indices = config.defaults.gpus, None
-        if indices is not None and config.backend.kind != "local":
+        if indices is not None and not topology.picks_gpus:
             raise Refused(f"on a Slurm cluster a booking asks for a number of GPUs (gpus: {len(indices)}), not GPU "
                           "indices: Slurm picks which GPUs of a node")
         nodes = _nodes(described.get("nodes", titled.get("nodes")), "nodes:" if "nodes" in described else "nodes=")

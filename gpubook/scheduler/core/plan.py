@@ -47,6 +47,7 @@ from zoneinfo import ZoneInfo
 from gpubook.scheduler.config import CalendarConfig, Config
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
 from gpubook.scheduler.sources.errors import redact_url
 
 LOCAL = "local"  # the host the daemon runs on
@@ -112,6 +113,7 @@ def plan(
     first_seen: Mapping[SeenKey, datetime] = _NOTHING_SEEN,
     placed: Mapping[str, Placement] = _NOTHING_PLACED,
     slots: Mapping[SeenKey, Slot] = _NOTHING_HELD,
+    topology: Topology = ONE_MACHINE,
 ) -> Plan:
     """Decide every occurrence: accepted on concrete GPUs, or rejected with a reason.
 
@@ -122,7 +124,8 @@ def plan(
     `slots` maps `seen_key(occurrence)` to its record at the slot it asks for now (missing: a new
     request, made now): the priority of the bookings accepted there, and when each was asked for;
     `placed` maps a running booking's id to the hosts and GPUs it runs on (missing: `running`'s
-    GPUs on the first host).
+    GPUs on the first host);
+    `topology` is where the backend's bookings run (one machine: its first host alone).
     """
     host_tz = ZoneInfo(config.host.timezone)
     calendars = {calendar.url: calendar for calendar in config.calendars}
@@ -130,10 +133,9 @@ def plan(
         {name: frozenset(gpus) for name, gpus in inventory.items()}
     if not hosts:
         hosts = one_host(())
-    cluster = config.backend.kind != "local"
-    if not cluster:  # every calendar belongs to the first host (see the docstring)
+    if not topology.spans_nodes:  # every calendar belongs to the first host (see the docstring)
         hosts = dict([next(iter(hosts.items()))])
-    where = "the cluster" if cluster else _host_name(next(iter(hosts)), config)
+    where = topology.name or _host_name(next(iter(hosts)), config)
     rejected = [item for item in bookings if isinstance(item, Rejection)]
     candidates = [item for item in bookings if isinstance(item, Booking)]
     duplicated = _duplicated_uids(bookings, first_seen)
@@ -145,7 +147,8 @@ def plan(
             reason = duplicated[booking.uid][(booking.calendar_url, booking.href)]
         else:
             reason = _static_problem(booking, calendars=calendars, hosts=hosts, config=config,
-                                     templates=templates, where=where, placed=placed.get(booking.id))
+                                     templates=templates, where=where, placed=placed.get(booking.id),
+                                     one_machine=not topology.spans_nodes)
         if isinstance(reason, tuple):
             valid.append((booking, reason))
         else:
@@ -259,7 +262,8 @@ def _duplicated_uids(items: Sequence[Booking | Rejection],
 
 def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig],
                     hosts: Mapping[str, frozenset[int]], config: Config,
-                    templates: Collection[str], where: str, placed: Placement | None = None) -> str | tuple[int, int]:
+                    templates: Collection[str], where: str, placed: Placement | None = None,
+                    one_machine: bool = True) -> str | tuple[int, int]:
     """What is wrong with a booking on its own, before looking at other bookings; else its shape
     (how many nodes, how many GPUs on each). A cluster booking that runs (`placed`) has the shape
     it runs with, whatever its nodes offer now (a node silent for a moment ends no booking)."""
@@ -278,7 +282,7 @@ def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig]
     if user.max_gpus is not None and booking.gpu_count > user.max_gpus:
         return (f"{user.name} may book at most {_gpus_text(user.max_gpus)}; "
                 f"this booking asks for {booking.gpu_count}")
-    if len(hosts) == 1 and config.backend.kind == "local":
+    if one_machine:  # one host then (the plan kept the first)
         shape = _local_shape(booking, calendar, next(iter(hosts.values())), where)
     elif placed:
         shape = (len(placed), len(placed[0][1]))

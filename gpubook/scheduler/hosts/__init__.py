@@ -1,10 +1,10 @@
 """Hosts: the machines bookings run on, each behind one small interface.
 
 The plan places every booking on (host, GPUs); the apply stage hands each action to the host it
-names. The machine the daemon runs on is one host backend (`hosts/local.py`: a container engine,
-the host's NVIDIA driver, SSH). A cluster backend (Slurm: reservations and jobs) is another module
-here that meets the same `Host` protocol and is chosen by the config: the planner, the decision
-and the stages after it do not change.
+names. A backend (`hosts/backend.py`, chosen by `[backend] kind` through its registry) gives the
+hosts: this machine (`hosts/local.py`: a container engine, the host's NVIDIA driver, SSH), or a
+Slurm cluster's nodes (`hosts/slurm/`: reservations and jobs), each meeting the same `Host`
+protocol: the planner, the decision and the stages after it do not change.
 """
 
 from __future__ import annotations

@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import paramiko
 
 from gpubook.runtime import booking, engines, jupyter, ssh, storage
+from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from gpubook.runtime.errors import EngineError, Preparing, StorageError
 from gpubook.runtime.images import Ledger
-from gpubook.scheduler.core.plan import LOCAL
-from gpubook.scheduler.hosts import Ahead, Started, StartRequest
+from gpubook.scheduler.config import Config
+from gpubook.scheduler.core.plan import LOCAL, Accepted
+from gpubook.scheduler.core.topology import ONE_MACHINE
+from gpubook.scheduler.hosts import Ahead, Host, Started, StartRequest
+from gpubook.scheduler.hosts.backend import NOTHING_HELD, HostGpus, Parts, Reserved, Sampling
 from gpubook.scheduler.hosts.images import ImagePreparer
 
 
@@ -170,3 +175,57 @@ class LocalHost:
         owner_uid, owner_gid = engines.host_owner(self.engine, uid, gid)
         return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home,
                                chown=engines.chown_for(self.engine))
+
+
+class OneMachine:
+    """One machine as a backend around a host made elsewhere (a test's, a command's): the one host
+    bookings run on. Nothing to read again between passes and nothing to reserve: the plan's GPUs
+    are the host's."""
+
+    topology = ONE_MACHINE
+
+    def __init__(self, host: Host, *, server: str, gpus: HostGpus | None = None,
+                 logs: Callable[[str], str] = lambda name: "") -> None:
+        """`server`: the name bookers log in to ([host] name); `gpus`: for the status (None: as the
+        host lists them); `logs`: a container's log by name, for the sampler."""
+        self.host, self.server, self._logs = host, server, logs
+        self._gpus = gpus or HostGpus(source="config", count=len(host.gpus), indices=host.gpus)
+        self.hosts: dict[str, Host] = {host.name: host}
+
+    def refresh(self) -> str:
+        return ""
+
+    def reserve(self, accepted: Sequence[Accepted], *, now: datetime) -> Reserved:
+        return NOTHING_HELD
+
+    def address(self, host: str) -> str:
+        """This server's name, whatever the container's host label says."""
+        return self.server
+
+    @classmethod
+    def preflight(cls, config: Config) -> list[Check]:
+        return []  # this machine's engine, GPUs and ports are doctor's other rows
+
+    def gpus(self) -> dict[str, HostGpus]:
+        return {self.host.name: self._gpus}
+
+    def sampling(self, world: Callable[[], Sequence[ContainerInfo]]) -> Sampling:
+        return Sampling(running=world, logs=self._logs)
+
+    @staticmethod
+    def listed_here(engine: Engine) -> list[ContainerInfo] | None:
+        return [replace(info, host=LOCAL) for info in engine.list()]
+
+
+class LocalBackend(OneMachine):
+    """`[backend] kind = "local"`: this machine, its engine, its NVIDIA driver, SSH to it."""
+
+    def __init__(self, config: Config, parts: Parts) -> None:
+        inventory = parts.inventory
+        host = LocalHost(
+            engine=parts.engine, gpus=tuple(gpu.index for gpu in inventory.gpus),
+            driver_version=inventory.driver_version if inventory.source == "nvml" else None,
+            probe_key=parts.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
+            persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
+            mps=config.gpu_mps, images=parts.images, parallel_starts=config.daemon.parallel_starts)
+        super().__init__(host, server=config.host.name, gpus=HostGpus.of(inventory), logs=parts.engine.logs)

@@ -104,8 +104,11 @@ def event_ref(item: Booking | Rejection) -> EventRef:
 class WriteBack:
     """Writes outcomes into the configured calendars; one writer per writable calendar, reused."""
 
-    def __init__(self, config: Config, state: State) -> None:
+    def __init__(self, config: Config, state: State, *, address: Callable[[str], str] | None = None) -> None:
+        """`address`: where a booker logs in to a container on a host (the backend's; None: this
+        server, `[host] name`)."""
         self.config = config
+        self.address = address or (lambda host: config.host.name)
         self.state = state
         self.writers: dict[str, Writer] = {}  # by calendar URL; each used only in its lane
         self.lanes: dict[str, ThreadPoolExecutor] = {}  # by calendar URL
@@ -224,14 +227,14 @@ class WriteBack:
 
     def _where(self, info: ContainerInfo) -> str:
         """Where the booker logs in: this server, or the cluster node the booking runs on."""
-        return info.host if self.config.backend.kind != "local" and info.host else self.config.host.name
+        return self.address(info.host)
 
-    @staticmethod
-    def _other_nodes(info: ContainerInfo, user: str) -> list[str]:
+    def _other_nodes(self, info: ContainerInfo, user: str) -> list[str]:
         """A multi-node booking: an ssh line for each of its other nodes and where the hostfile is."""
         if not info.others or info.port is None:
             return []
-        return [*(f"also on {node}: {block.ssh_line(port=info.port, user=user, host=node)}" for node, _ in info.others),
+        return [*(f"also on {node}: {block.ssh_line(port=info.port, user=user, host=self.address(node))}"
+                  for node, _ in info.others),
                 f"hostfile: {HOSTFILE} (one line per node, for mpirun or torchrun)"]
 
     def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
