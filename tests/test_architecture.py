@@ -364,3 +364,34 @@ def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, reg
     finally:
         backends.backends.unregister("fake")
         FakeBackend.made.clear()
+
+
+def test_the_pure_core_imports_only_what_its_allow_list_names() -> None:
+    """The pure-core contract of .importlinter (an allow-list) holds for the code as it is, and
+    breaks when the core imports something outside the list: a standard-library module no deny-list
+    names (os), or the config reader, which reads files."""
+    import configparser
+
+    import grimp
+
+    from tools.import_contracts import AllowListContract
+
+    repo = Path(__file__).resolve().parents[1]
+    settings = configparser.ConfigParser()
+    settings.read(repo / ".importlinter")
+    section = settings["importlinter:contract:pure-core"]
+    assert section["type"] == "allowlist"
+    options = {key: [line.strip() for line in section[key].splitlines() if line.strip()]
+               for key in ("source_modules", "allowed_modules")}
+    contract = AllowListContract(name="pure core", session_options={}, contract_options=options)
+    graph = grimp.build_graph("gpubook", include_external_packages=True, exclude_type_checking_imports=True,
+                              cache_dir=None)  # the tree may be read-only for the test user
+    assert contract.check(graph, verbose=False).kept
+    for forbidden in ("os", "gpubook.scheduler.config", "gpubook.scheduler.sources.caldav_source"):
+        graph.add_import(importer="gpubook.scheduler.core.plan", imported=forbidden, line_number=1,
+                         line_contents=f"import {forbidden}")
+        check = contract.check(graph, verbose=False)
+        graph.remove_import(importer="gpubook.scheduler.core.plan", imported=forbidden)
+        assert not check.kept
+        assert check.metadata["offences"] == [{"importer": "gpubook.scheduler.core.plan", "imported": forbidden,
+                                               "lines": [1]}]

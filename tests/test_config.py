@@ -177,12 +177,10 @@ def test_calendar_keys_come_from_the_source_kind(tmp_path: Path) -> None:
 
 
 def test_each_default_is_declared_once_with_help() -> None:
-    import dataclasses
+    from gpubook.scheduler.config import reference
 
-    for section in (config.Defaults, config.DaemonConfig, config.SshConfig, config.EmailConfig,
-                    config.WebhookConfig, config.StorageConfig, config.NvidiaConfig):
-        for item in dataclasses.fields(section):
-            assert item.metadata.get("help"), f"{section.__name__}.{item.name} says nothing about itself"
+    for key in reference.keys():  # every key of every section, plug-ins' and sub-tables included
+        assert key.help, f"{key.table}.{key.key} says nothing about itself"
     assert config.DaemonConfig().poll_seconds == 60.0
 
 

@@ -269,9 +269,9 @@ def test_an_admin_install_by_gpubook_setup_runs_a_caldav_booking_to_ssh(clean_ho
 
 
 def install_md_script(*, systemd: bool, tun_mode: int) -> str:
-    """docs/INSTALL.md's steps as one root shell script for ACCOUNT, each block chosen as its
+    """docs/guides/install.md's steps as one root shell script for ACCOUNT, each block chosen as its
     "only where ..." line says for this host; the image build (the long one) and doctor left out."""
-    text = (ROOT / "docs" / "INSTALL.md").read_text()
+    text = (ROOT / "docs" / "guides" / "install.md").read_text()
     steps = text[text.index("## The steps"):text.index("## Config and secrets")]
     blocks = re.findall(r"```sh\n(.*?)```", steps, re.S)
     conditions = {"# only where systemd runs": systemd, "# only where systemd does not run": not systemd,

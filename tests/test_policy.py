@@ -55,6 +55,26 @@ def test_a_user_overrides_the_policy_and_zero_means_no_limit() -> None:
     assert policy.reach_back(cfg) == timedelta(days=14, hours=72)
 
 
+def test_each_users_policy_is_resolved_once_when_the_config_is_made() -> None:
+    from dataclasses import fields, replace
+
+    from gpubook.scheduler.settings import PolicyConfig, UserConfig, UserPolicy
+
+    # Every setting a user may hold over the policy is resolved: none is left to resolve elsewhere.
+    shared = {f.name for f in fields(UserConfig)} & {f.name for f in fields(PolicyConfig)}
+    assert {f.name for f in fields(UserPolicy)} == shared
+
+    cfg = config({"remind_minutes": 10, "idle_minutes": 60, "week_gpu_hours": 40},
+                 bob={"remind_minutes": 0, "idle_minutes": 15}, carol={"week_gpu_hours": 0})
+    assert cfg.policy_for("alice") == UserPolicy(week_gpu_hours=40, remind_minutes=10, idle_minutes=60)
+    assert cfg.policy_for("bob") == UserPolicy(week_gpu_hours=40, remind_minutes=0, idle_minutes=15)
+    assert cfg.policy_for("carol") == UserPolicy(week_gpu_hours=0, remind_minutes=10, idle_minutes=60)
+    assert cfg.policy_for("nobody") == cfg.policy_for("alice")  # not in [users]: the policy's
+    # A config made from another (dataclasses.replace) resolves again: nothing stale is kept.
+    changed = replace(cfg, policy=replace(cfg.policy, remind_minutes=5))
+    assert (changed.policy_for("alice").remind_minutes, changed.policy_for("bob").remind_minutes) == (5, 0)
+
+
 def test_a_negative_quota_is_named() -> None:
     with pytest.raises(ConfigError) as error:
         config({"week_gpu_hours": -1}, bob={"max_future_bookings": -2})

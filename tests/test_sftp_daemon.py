@@ -1,5 +1,5 @@
 """The SFTP data service through the real daemon (`gpubook run`), real Radicale, rootless podman and
-OpenSSH's `sftp` client: what a booker does, from the README alone — upload a dataset before the
+OpenSSH's `sftp` client: what a booker does, from docs/guides/booking.md alone — upload a dataset before the
 booking, use it read-only inside, download the results after the end — and what an admin relies
 on: the service started again when killed, a user removed by SIGHUP, the service kept across a
 daemon restart, `gpubook status` showing each user's space."""

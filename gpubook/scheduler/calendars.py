@@ -21,12 +21,12 @@ from zoneinfo import ZoneInfo
 
 from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.templates import template_names
-from gpubook.scheduler.config import CalendarConfig, Config
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection
 from gpubook.scheduler.core.parsing import Problem
 from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
+from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources import Snapshot, Source, open_source
 from gpubook.scheduler.sources.errors import CalendarError, printable, redact_url
 

@@ -31,7 +31,6 @@ from gpubook.runtime.private import private_folder
 from gpubook.runtime.templates import TemplateSet, load_all
 from gpubook.scheduler.apply.passes import Pass, PassResult
 from gpubook.scheduler.calendars import Calendars, Freshness
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.hosts import Host, usage
 from gpubook.scheduler.hosts import backend as backends
@@ -41,6 +40,7 @@ from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.locks import hold_account_lock, hold_lock
 from gpubook.scheduler.outbox import notices, status, status_file
 from gpubook.scheduler.outbox.metrics import Metrics
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State
 
 log = logging.getLogger(__name__)

@@ -43,9 +43,9 @@ from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import TemplateSet
 from gpubook.scheduler.apply.handlers import port_for, start_request, usable_template
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.hosts import Ahead, Booker, Host, StartRequest
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State, StateError, notes
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 
 from gpubook.runtime.errors import GpubookError
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.outbox import notices as notices_module
 from gpubook.scheduler.outbox.writeback import WriteBack
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State
 
 log = logging.getLogger(__name__)

@@ -18,13 +18,13 @@ from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply.memory import Journal, Recall
-from gpubook.scheduler.config import Config, UserConfig
 from gpubook.scheduler.core import decide, upkeep
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.hosts import Booker, Host, StartRequest
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics
 from gpubook.scheduler.outbox.writeback import start_lines
+from gpubook.scheduler.settings import Config, UserConfig
 from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
 
 # A constant script; the message is its $1, never part of the script (nothing from a calendar

@@ -36,10 +36,10 @@ from gpubook.scheduler.apply.handlers import (
 )
 from gpubook.scheduler.apply.lanes import BookingLanes, booking_of
 from gpubook.scheduler.apply.memory import PERMANENT_RETRY, PREPARING_RECHECK, Journal, Recall, failure
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core import decide, reclaim, upkeep
 from gpubook.scheduler.hosts import Host
 from gpubook.scheduler.outbox.metrics import Metrics, start_failure_reason
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State
 
 

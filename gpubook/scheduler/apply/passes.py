@@ -40,7 +40,6 @@ from gpubook.scheduler.apply.delivery import Delivery
 from gpubook.scheduler.apply.handlers import Change
 from gpubook.scheduler.apply.hands import Hands
 from gpubook.scheduler.apply.memory import Recall, decide_memory
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core import decide, reclaim, upkeep
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy as policy_module
@@ -52,6 +51,7 @@ from gpubook.scheduler.outbox import notices as notices_module
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.sources import block
 from gpubook.scheduler.state import ContainerRecord, State
 from gpubook.scheduler.state.notes import Notes

@@ -19,11 +19,11 @@ from gpubook.runtime.engines import ContainerInfo
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler.apply.handlers import NOTHING, Change, record_stop, tell_terminals
 from gpubook.scheduler.apply.memory import Journal
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core import reclaim
 from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.hosts import Host
 from gpubook.scheduler.outbox.metrics import Metrics
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
 
 log = logging.getLogger(__name__)

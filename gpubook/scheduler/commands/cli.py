@@ -55,6 +55,20 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_config_reference(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.config import reference
+
+    sys.stdout.write(reference.reference())
+    return EXIT_OK
+
+
+def cmd_config_example(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.config import reference
+
+    sys.stdout.write(reference.example())
+    return EXIT_OK
+
+
 def cmd_bookings(args: argparse.Namespace) -> int:
     from gpubook.scheduler import calendars, config
     from gpubook.scheduler.core import plan
@@ -223,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = command("check", cmd_config_check, "validate a config file, listing every problem",
                     parent=config_group)
     check.add_argument("--json", action="store_true", help="print one JSON object (path, ok, problems)")
+    command("reference", cmd_config_reference, "print the config reference (Markdown) made from the declared "
+            "settings", parent=config_group, config=False)
+    command("example", cmd_config_example, "print an example config with every key", parent=config_group,
+            config=False)
 
     gpus = command("gpus", cmd_gpus, "the host's GPUs (NVML, else the config's [gpus] count)")
     gpus.add_argument("--json", action="store_true", help="print one JSON object")

@@ -141,7 +141,7 @@ def demo_config(folder: Path, calendar_url: str, booker: str, key_line: str, *, 
     users = {booker: os.getuid() if os.getuid() else 1000, "alice": 2001, "bob": 2002}
     low, high = _free_ports()
     lines = [
-        '[host]', 'name = "localhost"', f'timezone = "{config_module._system_timezone()}"', '',
+        '[host]', 'name = "localhost"', f'timezone = "{config_module.system_timezone()}"', '',
         '[[calendar]]', f'url = "{calendar_url}"', 'gpus = "all"', '',
         '[gpus]', 'count = 2', '',
         '[defaults]', 'template = "debian-ssh"', 'gpus = 1', 'max_hours = 72', '',

@@ -29,7 +29,6 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
-from gpubook.scheduler.config import CalendarConfig, Config
 from gpubook.scheduler.core.convention import Refused, request, show, text
 from gpubook.scheduler.core.parsing import Parsed, Problem, error_summary, parse
 from gpubook.scheduler.core.recurrence import (
@@ -45,6 +44,7 @@ from gpubook.scheduler.core.recurrence import (
     utc,
 )
 from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
+from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources import RawObject
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import icalendar
 
 from gpubook.runtime.names import TEMPLATE_NAME, USER_NAME
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.sources.block import strip_block
 from gpubook.scheduler.sources.richtext import description_source, lines
 

@@ -44,10 +44,10 @@ from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpubook.scheduler.config import CalendarConfig, Config
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
+from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources.errors import redact_url
 
 LOCAL = "local"  # the host the daemon runs on

@@ -26,8 +26,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.settings import Config
 
 WEEK = timedelta(days=7)
 # How far back the daemon reads when a week quota is set: a booking's week reaches a week back, and
@@ -46,21 +46,14 @@ class Limits:
 
 
 def limits(config: Config, user: str) -> Limits:
-    """The user's quotas: their `[users.NAME]` value, else `[policy]`'s; 0 means no limit."""
-    policy, own = config.policy, config.users.get(user)
-
-    def pick(name: str) -> float | None:
-        value = getattr(own, name, None) if own is not None else None
-        value = getattr(policy, name) if value is None else value
-        return value or None
-
-    future = pick("max_future_bookings")
-    return Limits(week_gpu_hours=pick("week_gpu_hours"), max_days_ahead=pick("max_days_ahead"),
-                  max_future_bookings=None if future is None else int(future))
+    """The user's quotas (their effective policy, resolved when the config was read); 0 means no limit."""
+    own = config.policy_for(user)
+    return Limits(week_gpu_hours=own.week_gpu_hours or None, max_days_ahead=own.max_days_ahead or None,
+                  max_future_bookings=int(own.max_future_bookings) or None)
 
 
 def any_week_quota(config: Config) -> bool:
-    return bool(config.policy.week_gpu_hours) or any(u.week_gpu_hours for u in config.users.values())
+    return bool(config.policy.week_gpu_hours) or any(p.week_gpu_hours for p in config.policies.values())
 
 
 def reach_back(config: Config) -> timedelta:
@@ -74,7 +67,7 @@ def reach_ahead(config: Config) -> timedelta:
     """How far after `now` the daemon reads bookings: a week, or a day past the longest
     `max_days_ahead` set, so a booking made further ahead than allowed is seen (and refused with
     the reason) rather than unseen until it comes within the week, when it would pass."""
-    days = [config.policy.max_days_ahead, *(u.max_days_ahead or 0.0 for u in config.users.values())]
+    days = [config.policy.max_days_ahead, *(p.max_days_ahead for p in config.policies.values())]
     return max(WEEK, timedelta(days=max(days) + 1))
 
 

@@ -25,8 +25,8 @@ from datetime import datetime, timedelta, tzinfo
 from types import MappingProxyType
 
 from gpubook.runtime.engines.spec import ContainerInfo
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.settings import Config
 
 RELEASED = "released"  # the first word of a release's sentence, and of the event's line
 
@@ -46,23 +46,21 @@ class Rules:
 
 
 def rules(config: Config, user: str) -> Rules:
-    """The user's rules: their `[users.NAME]` minutes, else `[policy]`'s; 0 means off."""
-    policy, own = config.policy, config.users.get(user)
-
-    def minutes(name: str) -> timedelta | None:
-        value = getattr(own, name, None) if own is not None else None
-        value = getattr(policy, name) if value is None else value
-        return timedelta(minutes=value) if value else None
-
-    return Rules(no_show=minutes("no_show_minutes"), idle=minutes("idle_minutes"),
+    """The user's rules (their effective minutes, resolved when the config was read); 0 means off."""
+    own, policy = config.policy_for(user), config.policy
+    return Rules(no_show=_span(own.no_show_minutes), idle=_span(own.idle_minutes),
                  idle_percent=policy.idle_percent, release_idle=policy.idle_action == "release")
+
+
+def _span(minutes: float) -> timedelta | None:
+    return timedelta(minutes=minutes) if minutes else None
 
 
 def any_rules(config: Config) -> bool:
     """Whether any user may be judged (else the pass reads no evidence)."""
     policy = config.policy
     return bool(policy.no_show_minutes or policy.idle_minutes
-                or any(u.no_show_minutes or u.idle_minutes for u in config.users.values()))
+                or any(p.no_show_minutes or p.idle_minutes for p in config.policies.values()))
 
 
 @dataclass(frozen=True)

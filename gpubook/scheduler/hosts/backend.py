@@ -24,11 +24,11 @@ from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, Engine
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.plugins import Registry
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.core.topology import Topology
 from gpubook.scheduler.hosts import Host
 from gpubook.scheduler.hosts.images import ImagePreparer
+from gpubook.scheduler.settings import Config
 
 
 @dataclass(frozen=True)

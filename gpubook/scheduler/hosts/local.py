@@ -25,12 +25,12 @@ from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from gpubook.runtime.errors import EngineError, Preparing, StorageError
 from gpubook.runtime.images import Ledger
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.core.topology import ONE_MACHINE
 from gpubook.scheduler.hosts import Ahead, Host, Started, StartRequest
 from gpubook.scheduler.hosts.backend import NOTHING_HELD, HostGpus, Parts, Reserved, Sampling
 from gpubook.scheduler.hosts.images import ImagePreparer
+from gpubook.scheduler.settings import Config
 
 
 class _NoFolders(storage.DataFolders):

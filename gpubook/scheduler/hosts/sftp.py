@@ -28,7 +28,7 @@ from gpubook.runtime.engines import ContainerInfo, Engine, ServiceSpec
 from gpubook.runtime.errors import GpubookError, TemplateError
 from gpubook.runtime.mounts import Mount
 from gpubook.runtime.templates import Template, TemplateSet
-from gpubook.scheduler.config import Config
+from gpubook.scheduler.settings import Config
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from email.message import EmailMessage
 import niquests
 
 from gpubook.runtime.errors import GpubookError
-from gpubook.scheduler.config import Config, NotifyConfig, UserConfig
+from gpubook.scheduler.outbox.settings import NotifyConfig
+from gpubook.scheduler.settings import Config, UserConfig
 from gpubook.scheduler.sources.block import one_line
 from gpubook.scheduler.state import State
 

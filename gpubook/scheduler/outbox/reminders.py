@@ -16,9 +16,9 @@ from collections.abc import Callable
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from gpubook.scheduler.config import Config, remind_minutes
 from gpubook.scheduler.core import upkeep
 from gpubook.scheduler.core.plan import Plan
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.sources.block import one_line
 from gpubook.scheduler.state import State, StateError, notes
 
@@ -37,7 +37,7 @@ def minutes_of(config: Config) -> Callable[[str], float]:
     channel sends reminders)."""
     if not wanted(config):
         return lambda user: 0.0
-    return lambda user: remind_minutes(config, user)
+    return lambda user: config.policy_for(user).remind_minutes
 
 
 def queue(state: State, action: upkeep.Remind, *, config: Config, now: datetime) -> None:

@@ -33,11 +33,11 @@ from gpubook.runtime.engines import ContainerInfo
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.slurm_step import HOSTFILE
 from gpubook.runtime.templates import Template
-from gpubook.scheduler.config import CalendarConfig, Config, remind_minutes
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import Accepted, Plan
 from gpubook.scheduler.outbox import foreign
+from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources import EventRef, Writer, block, open_writer
 from gpubook.scheduler.sources.alarm import Reminder
 from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
@@ -240,7 +240,7 @@ class WriteBack:
     def _reminder(self, accepted: Accepted, info: ContainerInfo | None) -> Reminder | None:
         """gpubook's alarm for an accepted booking's event (`[policy] remind_minutes`; 0: none)."""
         booking = accepted.booking
-        minutes = remind_minutes(self.config, booking.user)
+        minutes = self.config.policy_for(booking.user).remind_minutes
         if minutes <= 0:
             return None
         count = f"{len(accepted.gpus)} GPU{'s' if len(accepted.gpus) != 1 else ''}"

@@ -33,7 +33,7 @@ from gpubook.runtime.plugins import Registry
 from gpubook.scheduler.sources.errors import CalendarDataError
 
 if TYPE_CHECKING:
-    from gpubook.scheduler.config import CalendarConfig
+    from gpubook.scheduler.settings import CalendarConfig
     from gpubook.scheduler.sources.block import Outcome
 
 DEFAULT_TIMEOUT = 30.0  # seconds any one network wait may take

@@ -20,7 +20,6 @@ from datetime import datetime
 
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, Engine
-from gpubook.scheduler.config import Config
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.core.topology import CLUSTER
 from gpubook.scheduler.hosts import Host
@@ -28,6 +27,7 @@ from gpubook.scheduler.hosts.backend import NOTHING_SAMPLED, HostGpus, Parts, Re
 from gpubook.scheduler.hosts.slurm.cluster import SlurmCluster, SlurmError, SlurmUnreachable
 from gpubook.scheduler.hosts.slurm.host import SlurmHost, read_listing
 from gpubook.scheduler.hosts.slurm.jobs import SlurmJobs
+from gpubook.scheduler.settings import Config
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from datetime import datetime
 from pathlib import Path
 
 from gpubook.runtime.errors import GpubookError
-from gpubook.scheduler.config import BackendConfig
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.hosts.slurm import parse, sync
+from gpubook.scheduler.hosts.slurm.settings import BackendConfig
 
 # scontrol's words when it cannot reach slurmctld (22.05): a temporary state, never the booking's fault.
 _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Connection refused",

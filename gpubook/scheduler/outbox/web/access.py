@@ -33,7 +33,7 @@ import bcrypt
 
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.names import user_name_problem
-from gpubook.scheduler.config import WebConfig
+from gpubook.scheduler.outbox.web.settings import WebConfig
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
-from gpubook.scheduler.config import WebConfig
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.web.access import USER_KEY, Access
 from gpubook.scheduler.outbox.web.live import LiveGpus
 from gpubook.scheduler.outbox.web.page import page_data
+from gpubook.scheduler.outbox.web.settings import WebConfig
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication

@@ -19,10 +19,11 @@ from waitress.server import create_server
 
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.nvidia import nvml
-from gpubook.scheduler.config import Config, web_problem
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.web import live
 from gpubook.scheduler.outbox.web.app import create_app
+from gpubook.scheduler.outbox.web.settings import web_problem
+from gpubook.scheduler.settings import Config
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication

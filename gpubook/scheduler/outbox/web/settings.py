@@ -1,0 +1,71 @@
+"""[web]: the read-only status page's settings, declared beside the page (no Flask imported here)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpubook.scheduler.settings import Check, Section, checks, setting
+
+WEB_AUTH = ("none", "basic", "header")
+
+
+def _listen_problem(value: str) -> str | None:
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or int(port) > 65535 or checks.address_problem(host.strip("[]")):
+        return 'must be ADDRESS:PORT, such as "127.0.0.1:8380" or "[::1]:8380"'
+    return None
+
+
+def _network_problem(value: str) -> str | None:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return f"{value!r} is not an IP address or network (such as 10.0.0.5 or 10.0.0.0/24)"
+    return None
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """[web]: the read-only status page (gpubook/scheduler/outbox/web), served by the daemon or `gpubook web`."""
+
+    enabled: bool = setting(False, "the daemon serves the page (`gpubook web` serves it on its own either way)")
+    listen: str = setting("127.0.0.1:8380", "ADDRESS:PORT the page is served on (port 0: any free "
+                          "one, logged); with auth none only a loopback address",
+                          check=Check("ADDRESS:PORT", _listen_problem))
+    # Not "none" by default: every local account can reach a loopback port (issue 22, finding 10).
+    auth: str = setting("basic", '"basic" (HTTP basic auth against htpasswd_file, bcrypt entries), "header" '
+                        '(a reverse proxy\'s trusted_header, from trusted_proxies only) or "none" (every local '
+                        'account sees every booking; loopback only, and only when written here)',
+                        check=checks.one_of(WEB_AUTH))
+    htpasswd_file: Path | None = setting(None, "user:bcrypt-hash lines (htpasswd -B) for auth basic, mode 0600",
+                                         private=True, sample="htpasswd")
+    trusted_header: str = setting("X-Forwarded-User", "the header naming the logged-in user, set by the proxy",
+                                  check=checks.matches(r"[A-Za-z0-9-]{1,64}", "a header name (letters, digits, -)",
+                                                       "must be a header name (letters, digits, -)"))
+    trusted_proxies: tuple[str, ...] = setting((), "addresses or networks of the reverse proxies whose "
+                                               "trusted_header is believed; none by default: auth header needs "
+                                               "them written (a loopback one lets every local account name "
+                                               "itself anyone)", check=Check("each an IP address or network",
+                                                                             _network_problem))
+    metrics: bool = setting(True, "serve /metrics (Prometheus) beside the page, under the same access rules")
+
+
+def web_problem(web: WebConfig) -> str | None:
+    """Why the page must not start with these settings (None: it may)."""
+    host = web.listen.rpartition(":")[0].strip("[]")
+    if web.auth == "none" and not ipaddress.ip_address(host).is_loopback:
+        return (f'[web] listen = "{web.listen}" is not a loopback address, and [web] auth = "none" would show '
+                f'every booking to anyone who reaches it: set auth = "basic" or "header", or listen on 127.0.0.1')
+    if web.auth == "basic" and web.htpasswd_file is None:
+        return ('[web] auth = "basic" (the default) needs htpasswd_file (user:bcrypt lines, made with htpasswd -B); '
+                'auth = "none" shows every booking to every local account and must be written out')
+    if web.auth == "header" and not web.trusted_proxies:
+        return ('[web] auth = "header" needs trusted_proxies: the address of the reverse proxy that sets '
+                f'{web.trusted_header} (nobody else may set it)')
+    return None
+
+
+SECTION = Section("web", WebConfig, "the read-only status page and /metrics",
+                  refusal=lambda web: web_problem(web) if web.enabled else None)

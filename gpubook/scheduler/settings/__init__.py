@@ -1,0 +1,109 @@
+"""The daemon's settings as values: pure (no file read, no TOML), what the core imports.
+
+`Config` holds every section; the TOML reader (scheduler.config) builds it. The plug-ins' sections
+([engine], [backend], [web], [sftp], [notify]) are declared beside their plug-ins, above the core:
+here they are named for the type checker only, so the core holds them as values it never imports.
+Per-user policy ("[users.NAME] over [policy]") is resolved once, when the Config is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from gpubook.scheduler.settings import checks
+from gpubook.scheduler.settings.declare import Check, Section, key_of, setting
+from gpubook.scheduler.settings.sections import (
+    PASSWORD_ENV,
+    CalendarConfig,
+    DaemonConfig,
+    Defaults,
+    GpusSection,
+    HostConfig,
+    ImagesConfig,
+    NvidiaConfig,
+    PolicyConfig,
+    SshConfig,
+    StorageConfig,
+    TemplatesSection,
+    UserConfig,
+)
+
+if TYPE_CHECKING:
+    from gpubook.runtime.engines import EngineSettings
+    from gpubook.scheduler.hosts.sftp_settings import SftpConfig
+    from gpubook.scheduler.hosts.slurm.settings import BackendConfig
+    from gpubook.scheduler.outbox.settings import NotifyConfig
+    from gpubook.scheduler.outbox.web.settings import WebConfig
+
+__all__ = [
+    "PASSWORD_ENV", "CalendarConfig", "Check", "Config", "DaemonConfig", "Defaults", "GpusSection", "HostConfig",
+    "ImagesConfig", "NvidiaConfig", "PolicyConfig", "Section", "SshConfig", "StorageConfig", "TemplatesSection",
+    "UserConfig", "UserPolicy", "checks", "key_of", "setting",
+]
+
+
+@dataclass(frozen=True)
+class UserPolicy:
+    """One user's effective policy: each value their `[users.NAME]` one, else `[policy]`'s.
+    Quotas: 0 means no limit; minutes: 0 means off."""
+
+    week_gpu_hours: float = 0.0
+    max_days_ahead: float = 0.0
+    max_future_bookings: int = 0
+    remind_minutes: float = 0.0
+    no_show_minutes: float = 0.0
+    idle_minutes: float = 0.0
+
+
+def user_policy(policy: PolicyConfig, user: UserConfig | None) -> UserPolicy:
+    """The user's setting where they have one, else the policy's (the one place this rule lives)."""
+    values = {}
+    for item in fields(UserPolicy):
+        own = getattr(user, item.name) if user is not None else None
+        values[item.name] = getattr(policy, item.name) if own is None else own
+    return UserPolicy(**values)
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    host: HostConfig
+    calendars: tuple[CalendarConfig, ...]
+    defaults: Defaults
+    users: Mapping[str, UserConfig]
+    gpu_count: int | None  # [gpus] count: the static inventory where NVML cannot be read
+    templates_dir: Path | None
+    engine: EngineSettings
+    storage: StorageConfig
+    ssh: SshConfig
+    nvidia: NvidiaConfig
+    daemon: DaemonConfig
+    notify: NotifyConfig
+    sftp: SftpConfig
+    web: WebConfig
+    backend: BackendConfig
+    gpu_monitor: str = "nvml"  # [gpus] monitor: the GPUs' live view (utilisation, processes)
+    gpu_mps: bool = False  # [gpus] mps: bind the MPS pipe folder (shared by every booker)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    images: ImagesConfig = field(default_factory=ImagesConfig)
+    # Derived when made (so dataclasses.replace keeps it true): each user's effective policy.
+    policies: Mapping[str, UserPolicy] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        resolved = {name: user_policy(self.policy, user) for name, user in self.users.items()}
+        object.__setattr__(self, "policies", MappingProxyType(resolved))
+
+    def policy_for(self, user: str) -> UserPolicy:
+        """`user`'s effective policy; [policy]'s for a name that is not in [users]."""
+        return self.policies.get(user) or user_policy(self.policy, None)
+
+    def user_by_email(self, email: str) -> UserConfig | None:
+        wanted = email.strip().lower().removeprefix("mailto:")
+        for user in self.users.values():
+            if wanted in (address.lower() for address in user.email):
+                return user
+        return None
