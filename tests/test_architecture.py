@@ -199,10 +199,11 @@ def registered() -> object:
     FakeSource.events.clear()
 
 
-def _config(tmp_path: Path) -> config_module.Config:
+def _config(tmp_path: Path, *, backend: str = "") -> config_module.Config:
     path = tmp_path / "gpubook.toml"
     path.write_text(f'[host]\nname = "devbox1"\ntimezone = "UTC"\n[[calendar]]\nurl = "{URL}"\nkind = "fake"\n'
-                    '[engine]\nname = "fake"\n[gpus]\ncount = 2\n[users.alice]\nuid = 2001\n')
+                    '[engine]\nname = "fake"\n[gpus]\ncount = 2\n[users.alice]\nuid = 2001\n'
+                    + (f'[backend]\nkind = "{backend}"\n' if backend else ""))
     return config_module.load(path)
 
 
@@ -335,8 +336,7 @@ class FakeBackend:
 def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, registered: object) -> None:
     backends.register("fake", f"{__name__}:FakeBackend")  # the one registration line for a backend
     try:
-        config = _config(tmp_path)
-        config = replace(config, backend=replace(config.backend, kind="fake"))
+        config = _config(tmp_path, backend="fake")  # read from the file: the registry says what "fake" is
         backend = backends.make(config, cast(backends.Parts, None))  # what the daemon's wiring calls
         assert isinstance(backend, FakeBackend) and backends.topology_of(config) is FakeBackend.topology
         start, end = NOW - timedelta(minutes=1), NOW + timedelta(hours=2)
@@ -364,6 +364,21 @@ def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, reg
     finally:
         backends.backends.unregister("fake")
         FakeBackend.made.clear()
+
+
+def test_a_backend_the_registry_does_not_know_is_refused_by_the_config_in_one_sentence(tmp_path: Path,
+                                                                                     registered: object) -> None:
+    with pytest.raises(config_module.ConfigError) as refused:
+        _config(tmp_path, backend="pbs")
+    assert "backend.kind: unknown backend 'pbs' (known: \"local\", \"slurm\", or \"package.module:Class\")" \
+        in str(refused.value)
+    with pytest.raises(config_module.ConfigError) as refused:
+        _config(tmp_path, backend="no_such_module:Backend")
+    assert "backend.kind: backend 'no_such_module:Backend': cannot load no_such_module:Backend" in str(refused.value)
+    with pytest.raises(config_module.ConfigError) as refused:
+        _config(tmp_path, backend=f"{__name__}:FakeSource")
+    assert "is not a backend: it has no topology" in str(refused.value)
+    assert _config(tmp_path, backend=f"{__name__}:FakeBackend").backend.kind == f"{__name__}:FakeBackend"
 
 
 def test_the_pure_core_imports_only_what_its_allow_list_names() -> None:

@@ -170,9 +170,22 @@ def config_problem(config: Config) -> str | None:
     return chosen.config_problem(config) if isinstance(chosen, ChecksConfig) else None
 
 
+def kind_problem(name: str) -> str | None:
+    """None when `name` names a backend (registered, or "package.module:Class"), else what is wrong
+    (the config's check of `[backend] kind`)."""
+    try:
+        _load(name)
+    except ConfigError as error:
+        return str(error).removeprefix("[backend] kind: ")
+    return None
+
+
 def _chosen(config: Config) -> type[Backend]:
     """The backend class `[backend] kind` names: the one place a backend is picked by its name."""
-    name = config.backend.kind
+    return _load(config.backend.kind)
+
+
+def _load(name: str) -> type[Backend]:
     found = backends.load(name)
     if not isinstance(getattr(found, "topology", None), Topology):
         raise backend_error(f"{name!r} is not a backend: it has no topology (a Topology class attribute)")

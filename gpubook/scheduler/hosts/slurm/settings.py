@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpubook.scheduler.settings import Section, checks, setting
+from gpubook.scheduler.settings import Check, Section, checks, setting
+
+
+def _kind_problem(kind: str) -> str | None:
+    """The backend registry's word on `kind` (imported when a config is read: it loads a named class)."""
+    from gpubook.scheduler.hosts.backend import kind_problem
+
+    return kind_problem(kind)
 
 
 @dataclass(frozen=True)
@@ -13,8 +20,10 @@ class BackendConfig:
     """[backend]: where bookings run: this machine ("local") or a Slurm cluster ("slurm", gpubook/scheduler/hosts/slurm:
     inventory and reservations so far; README "Running on a Slurm cluster")."""
 
-    kind: str = setting("local", '"local" (this machine) or "slurm" (a Slurm cluster)',
-                        check=checks.one_of(("local", "slurm")))
+    kind: str = setting("local", '"local" (this machine), "slurm" (a Slurm cluster), or a backend of one\'s own '
+                        'as "package.module:Class"',
+                        check=Check('"local", "slurm", another registered backend or "package.module:Class"',
+                                    _kind_problem))
     slurm_conf: Path | None = setting(None, "the cluster's slurm.conf for scontrol (SLURM_CONF); None: Slurm's own",
                                       sample="/etc/slurm/slurm.conf")
     partition: str = setting("", "the partition whose GPU nodes gpubook books; empty: every node",
