@@ -167,12 +167,13 @@ def build(config: Config, made: Base, hooks: Hooks, *, previous: Parts | None = 
     images.on_pull = hooks.metrics.image_pulled
     backend = backends.make(config, backends.Parts(engine=made.engine, probe_key=made.probe_key, images=images,
                                                    inventory=inventory))
-    passes = Pass(config, backend=backend, state=made.state, templates=templates,
-                  notices=notices.Notices.from_config(config), metrics=hooks.metrics, logged_in=_logged_in(made))
-    # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
-    passes.on_settled = hooks.wake
     # What runs on this machine, as the backend says (a cluster's bookings run on its nodes: nothing here).
     sampling = backend.sampling(hooks.running)
+    passes = Pass(config, backend=backend, state=made.state, templates=templates,
+                  notices=notices.Notices.from_config(config), metrics=hooks.metrics,
+                  logged_in=_logged_in(sampling.logs, made.probe_key.fingerprint))
+    # A booking's work that outlasted its pass (an image prepared in the background: on_done above).
+    passes.on_settled = hooks.wake
     sampler = usage.Sampler(state=made.state, host=LOCAL, interval=config.daemon.sample_seconds,
                             running=sampling.running, logs=sampling.logs, probe_fingerprint=made.probe_key.fingerprint,
                             read=hooks.gpu_view.view)
@@ -186,11 +187,11 @@ def build(config: Config, made: Base, hooks: Hooks, *, previous: Parts | None = 
                  sampler=sampler, foreign=foreign, sftp=sftp)
 
 
-def _logged_in(made: Base) -> Callable[[ContainerInfo], bool]:
+def _logged_in(logs: Callable[[str], str], fingerprint: str) -> Callable[[ContainerInfo], bool]:
     def logged_in(info: ContainerInfo) -> bool:
-        """A release's last look for the booker's login in the container's log (as the sampler looks)."""
-        return usage.booker_logged_in(made.engine.logs(info.name), user=info.user,
-                                      probe_fingerprint=made.probe_key.fingerprint)
+        """A release's last look for the booker's login in the container's log, read where the
+        backend says (as the sampler reads it)."""
+        return usage.booker_logged_in(logs(info.name), user=info.user, probe_fingerprint=fingerprint)
 
     return logged_in
 
