@@ -45,6 +45,7 @@ class BookingLanes:
         self._lock = threading.RLock()
         self.busy: dict[str, Future[None]] = {}  # booking id → its actions at work
         self.freeing: dict[str, _Freeing] = {}  # booking id → its stop or clear at work
+        self.starting: dict[str, Future[None]] = {}  # booking id → its start at work (`starts_at_work`)
 
     def dispatch(self, actions: Sequence[decide.Action], *, apply: _Apply,
                  gpus_of: Callable[[str], frozenset[int]]) -> list[Future[None]]:
@@ -73,6 +74,8 @@ class BookingLanes:
             needs = [f.future for f in self.freeing.values() if any(_waits_for(s, f) for s in starts)]
             future = self.pool.submit(self._run_group, group, needs, apply)
             self.busy[booking_id] = future
+            if starts:
+                self.starting[booking_id] = future
             freeing = [a for a in group if _frees(a)]
             if freeing:
                 gpus = frozenset[int]().union(*(gpus_of(a.name) for a in freeing))
@@ -93,6 +96,8 @@ class BookingLanes:
         with self._lock:
             if self.busy.get(booking_id) is future:
                 del self.busy[booking_id]
+            if self.starting.get(booking_id) is future:
+                del self.starting[booking_id]
             freeing = self.freeing.get(booking_id)
             if freeing is not None and freeing.future is future:
                 del self.freeing[booking_id]
@@ -107,6 +112,12 @@ class BookingLanes:
     def at_work(self) -> set[str]:
         with self._lock:
             return {booking_id for booking_id, future in self.busy.items() if not future.done()}
+
+    def starts_at_work(self) -> set[str]:
+        """The bookings whose start is at work: until it is recorded, only its own write-back
+        (woken by its lane) knows what to say; a pass's world has its container without its record."""
+        with self._lock:
+            return {booking_id for booking_id, future in self.starting.items() if not future.done()}
 
     def close(self) -> None:
         """Wait for the bookings at work; queued ones are dropped."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -204,6 +204,7 @@ class Pass:
         told = Told(may_start=may_start and not silent, stale_reason=silent or stale_reason,
                     stale=stale_calendars or {}, complete=complete, etags=etags or {})
         at_work = self.hands.lanes.at_work() | self.ahead.at_work()  # before the hosts are read: it keeps its port
+        starting = self.hands.lanes.starts_at_work()  # their starts write their events (`write_back`)
         world = self._read(now=now, at_work=at_work)
         plan, extended = self._plan(occurrences, world.actual(), now=now, releases=world.releases, known=world.notes)
         self.books.accounting.record(plan, now=now, complete=complete)
@@ -216,7 +217,7 @@ class Pass:
         self._apply(result, world, now=now, written=written)
         result.wake_at = self._wake_at(result, world, now=now, told=told, also=remind_at)
         if write_back:
-            self.write_back(plan, world, now=now, etags=told.etags)
+            self.write_back(plan, world, now=now, etags=told.etags, starting=starting)
         self.delivery.notices_after(now)
         return result
 
@@ -379,10 +380,17 @@ class Pass:
                                          remarks=self._remarks(world, reportable, now=now), now=now)
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
-                   etags: Mapping[str, str | None]) -> None:
+                   etags: Mapping[str, str | None], starting: Collection[str] = ()) -> None:
+        """`starting`: the bookings whose start was at work when `world` was read. Those, and the
+        starts still at work now, are left to their starts' own write-back (`_wake_writeback`): this
+        world may list a started container before its record is made (a restart would lose its
+        "started again" line, a first start its JupyterLab line) or lack a record made since (it
+        would write "accepted" over "running")."""
+        # Before the world is read below: a start of this pass done by now has folded its record into it.
+        leave = frozenset(starting) | self.hands.lanes.starts_at_work()
         reportable = self._reportable(world, now=now)
         self.writeback.write(plan, running=reportable, records=world.records_by_booking(),
-                             remarks=self._remarks(world, reportable, now=now), now=now, etags=etags)
+                             remarks=self._remarks(world, reportable, now=now), now=now, etags=etags, leave=leave)
 
     @staticmethod
     def _reportable(world: World, *, now: datetime) -> dict[str, ContainerInfo]:
