@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from gpubook.runtime.engines import container_name
+from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
 from gpubook.scheduler.sources import block
@@ -93,3 +93,53 @@ def test_a_pass_during_a_restart_leaves_its_event_to_the_start(tmp_path: Path) -
     assert running_lines, written
     for lines in running_lines:  # every write of its new ssh line says why it runs again
         assert any("after its container died (died: the container vanished)" in line for line in lines), lines
+
+
+class RecordedWhileListed(Machine):
+    """A host whose start is held until a pass lists the containers: the start then returns (and is
+    recorded) between that listing and the pass's read of State's records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = threading.Event()
+        self.between: threading.Event | None = None  # set: the next listing lets the start finish first
+        self.finished: list[Any] = []  # the start's lane, waited for inside the listing
+
+    def start(self, request: StartRequest) -> Started:
+        self.answer.wait(HOLD)
+        return super().start(request)
+
+    def list(self) -> list[ContainerInfo]:
+        listed = super().list()
+        if self.between is not None:
+            self.between, between = None, self.between
+            self.answer.set()
+            for future in self.finished:
+                future.result(HOLD)
+            between.set()
+        return listed
+
+
+def test_a_start_recorded_while_a_pass_reads_is_not_taken_for_a_death(tmp_path: Path) -> None:
+    """A start that is recorded after a pass listed the containers but before it read State has an
+    open record and no container in that pass's world: the pass leaves the booking alone (it was
+    at work when the pass began) instead of clearing the new container as vanished."""
+    config = make_config(tmp_path)
+    with State(tmp_path / "state.sqlite") as state:
+        occurrences = bookings(config, event("x", NOW - timedelta(minutes=1), NOW + timedelta(hours=1)))
+        machine = RecordedWhileListed()
+        passes = make_pass(config, machine, state)
+        passes.patience = 0.0  # the pass leaves the held start to finish alone, as a slow one is
+        try:
+            passes.run(occurrences, now=NOW, etags={}, write_back=False)  # the start, held at its SSH
+            machine.finished = list(passes.busy.values())
+            machine.between = threading.Event()
+            passes.run(occurrences, now=NOW + timedelta(seconds=2), etags={}, write_back=False)
+            assert machine.between is None  # the second pass's listing let the start finish
+            for future in list(passes.busy.values()):
+                future.result(HOLD)
+        finally:
+            machine.answer.set()
+            passes.close()
+        assert container_name("x") in machine.containers  # still running
+        assert [r.exit_reason for r in state.containers(booking_id="x")] == [None]  # no death recorded

@@ -203,7 +203,9 @@ class Pass:
         silent = self.refresh_hosts()
         told = Told(may_start=may_start and not silent, stale_reason=silent or stale_reason,
                     stale=stale_calendars or {}, complete=complete, etags=etags or {})
-        at_work = self.hands.lanes.at_work() | self.ahead.at_work()  # before the hosts are read: it keeps its port
+        # Before the hosts are read: a booking at work keeps its port, and this pass's view of it is stale.
+        lanes = self.hands.lanes.at_work()
+        at_work = lanes | self.ahead.at_work()
         starting = self.hands.lanes.starts_at_work()  # their starts write their events (`write_back`)
         world = self._read(now=now, at_work=at_work)
         plan, extended = self._plan(occurrences, world.actual(), now=now, releases=world.releases, known=world.notes)
@@ -214,7 +216,7 @@ class Pass:
         actions = self._decide(plan, world, occurrences, now=now, told=told, held=held, silent=silent)
         result = PassResult(plan=plan, actions=actions, world=world)
         written = partial(self._wake_writeback, world=world, now=now, etags=told.etags) if write_back else None
-        self._apply(result, world, now=now, written=written)
+        self._apply(result, world, now=now, written=written, stale=lanes)
         result.wake_at = self._wake_at(result, world, now=now, told=told, also=remind_at)
         if write_back:
             self.write_back(plan, world, now=now, etags=told.etags, starting=starting)
@@ -247,10 +249,11 @@ class Pass:
         return world
 
     def _apply(self, result: PassResult, world: World, *, now: datetime,
-               written: Callable[[decide.Start], None] | None) -> None:
+               written: Callable[[decide.Start], None] | None, stale: Collection[str]) -> None:
         """The actions in their bookings' lanes; the pass waits `patience` seconds for them, a slower
-        one tells `on_settled` when it is done."""
-        pending = self.hands.dispatch(result.actions, world, now=now, failures=result.failures, done=written)
+        one tells `on_settled` when it is done. `stale`: the bookings at work when `world` was read."""
+        pending = self.hands.dispatch(result.actions, world, now=now, failures=result.failures, done=written,
+                                      stale=stale)
         self.hands.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
 
     def _settled_late(self, future: Future[None] | None = None) -> None:
