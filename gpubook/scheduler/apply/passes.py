@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -71,6 +71,10 @@ class World:
     records: dict[int, ContainerRecord]  # by record id, in id order
     releases: dict[str, reclaim.Released] = field(default_factory=dict)  # by booking id: no-shows released
     notes: Notes = field(default_factory=Notes)  # as read at the pass's start
+    # The bookings whose lane was at work when this was read: this view of them may be torn (a start
+    # recorded between the hosts' listing and State's read, a container listed before its record).
+    busy: frozenset[str] = frozenset()
+    starting: frozenset[str] = frozenset()  # of those, the ones with a start at work
     lines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # booking id → what its start added
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # bookings fold in parallel
 
@@ -203,10 +207,7 @@ class Pass:
         silent = self.refresh_hosts()
         told = Told(may_start=may_start and not silent, stale_reason=silent or stale_reason,
                     stale=stale_calendars or {}, complete=complete, etags=etags or {})
-        # Before the hosts are read: a booking at work keeps its port, and this pass's view of it is stale.
-        lanes = self.hands.lanes.at_work()
-        at_work = lanes | self.ahead.at_work()
-        starting = self.hands.lanes.starts_at_work()  # their starts write their events (`write_back`)
+        at_work = self.hands.lanes.at_work() | self.ahead.at_work()  # before the hosts are read: it keeps its port
         world = self._read(now=now, at_work=at_work)
         plan, extended = self._plan(occurrences, world.actual(), now=now, releases=world.releases, known=world.notes)
         self.books.accounting.record(plan, now=now, complete=complete)
@@ -216,10 +217,10 @@ class Pass:
         actions = self._decide(plan, world, occurrences, now=now, told=told, held=held, silent=silent)
         result = PassResult(plan=plan, actions=actions, world=world)
         written = partial(self._wake_writeback, world=world, now=now, etags=told.etags) if write_back else None
-        self._apply(result, world, now=now, written=written, stale=lanes)
+        self._apply(result, world, now=now, written=written)
         result.wake_at = self._wake_at(result, world, now=now, told=told, also=remind_at)
         if write_back:
-            self.write_back(plan, world, now=now, etags=told.etags, starting=starting)
+            self.write_back(plan, world, now=now, etags=told.etags)
         self.delivery.notices_after(now)
         return result
 
@@ -243,17 +244,21 @@ class Pass:
     def _read(self, *, now: datetime, at_work: set[str]) -> World:
         """The hosts and State read once (the releases still in reach too); the ports no running
         container and no start at work holds are given back."""
+        lanes = self.hands.lanes
+        busy, starting = frozenset(lanes.at_work()), frozenset(lanes.starts_at_work())  # before the hosts are read
         world = World.read(list(self.hosts.values()), self.state,
                            releases_after=now - policy_module.reach_back(self.config))
+        world.busy, world.starting = busy, starting
         self.books.release_idle_ports(set(world.running()) | at_work)
         return world
 
     def _apply(self, result: PassResult, world: World, *, now: datetime,
-               written: Callable[[decide.Start], None] | None, stale: Collection[str]) -> None:
+               written: Callable[[decide.Start], None] | None) -> None:
         """The actions in their bookings' lanes; the pass waits `patience` seconds for them, a slower
-        one tells `on_settled` when it is done. `stale`: the bookings at work when `world` was read."""
+        one tells `on_settled` when it is done. A booking at work when `world` was read waits for the
+        next pass, even if its work ended since (lanes.py)."""
         pending = self.hands.dispatch(result.actions, world, now=now, failures=result.failures, done=written,
-                                      stale=stale)
+                                      stale=world.busy)
         self.hands.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
 
     def _settled_late(self, future: Future[None] | None = None) -> None:
@@ -383,14 +388,13 @@ class Pass:
                                          remarks=self._remarks(world, reportable, now=now), now=now)
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
-                   etags: Mapping[str, str | None], starting: Collection[str] = ()) -> None:
-        """`starting`: the bookings whose start was at work when `world` was read. Those, and the
-        starts still at work now, are left to their starts' own write-back (`_wake_writeback`): this
-        world may list a started container before its record is made (a restart would lose its
-        "started again" line, a first start its JupyterLab line) or lack a record made since (it
-        would write "accepted" over "running")."""
+                   etags: Mapping[str, str | None]) -> None:
+        """Every booking's outcome but those of the starts at work when `world` was read or still at
+        work now: their starts' own write-back says those (`_wake_writeback`). This world may list a
+        started container before its record is made (a restart would lose its "started again" line,
+        a first start its JupyterLab line) or lack a record made since ("accepted" over "running")."""
         # Before the world is read below: a start of this pass done by now has folded its record into it.
-        leave = frozenset(starting) | self.hands.lanes.starts_at_work()
+        leave = world.starting | self.hands.lanes.starts_at_work()
         reportable = self._reportable(world, now=now)
         self.writeback.write(plan, running=reportable, records=world.records_by_booking(),
                              remarks=self._remarks(world, reportable, now=now), now=now, etags=etags, leave=leave)
