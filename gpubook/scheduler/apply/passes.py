@@ -7,8 +7,11 @@ No booking waits on another booking's slow step: each booking's actions run in o
 bounded pool of threads, different bookings in parallel (lanes.py, hands.py: a start whose sshd is
 slow, a notice a booker's terminal holds up). A start waits only for the stops that free its GPUs.
 The pass waits `patience` seconds for its bookings, then leaves the slow ones to finish on their
-own (`on_settled` tells the daemon, which runs a pass for their write-back); a booking still at
-work is skipped by later passes, and its port stays held. The outbox delivers after the pass, one
+own (`on_settled` tells the daemon, which runs a pass for their write-back); a booking at work
+when a later pass reads the world is left alone by that pass (its view of it may be torn: a start
+recorded between the hosts' listing and State's read, a container listed before its record): no
+actions, no write-back while its start is at work (the start writes its own), and its port stays
+held. The outbox delivers after the pass, one
 lane per calendar (gpubook/scheduler/outbox/writeback.py); a start's lane only records the start
 and wakes its calendar's deliverer as soon as its SSH answered (or it failed), so a booker never
 waits for the bookings starting beside theirs. What can be made before a start (folders, host key)
