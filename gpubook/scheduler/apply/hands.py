@@ -11,7 +11,7 @@ the booking is held with a note until it is ready.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime
 from typing import Protocol
@@ -86,9 +86,11 @@ class Hands:
             world.fold(self.handlers[type(action)](action, now=now))
 
     def dispatch(self, actions: Sequence[decide.Action], world: Folding, *, now: datetime,
-                 failures: dict[str, str], done: Callable[[decide.Start], None] | None = None) -> list[Future[None]]:
+                 failures: dict[str, str], done: Callable[[decide.Start], None] | None = None,
+                 stale: Collection[str] = ()) -> list[Future[None]]:
         """The bookings' actions in their lanes; `failures` gets why each failed (booking id → reason),
-        `done` is told of each start once it is recorded (or failed)."""
+        `done` is told of each start once it is recorded (or failed); `stale`: the bookings at work
+        when `world` was read (their actions wait for the next pass)."""
         handled = [a for a in actions if type(a) in self.handlers]  # Recheck only informs the wake-up time
 
         def apply(action: decide.Action) -> None:
@@ -98,7 +100,7 @@ class Hands:
                 if done is not None and isinstance(action, decide.Start):
                     done(action)
 
-        return self.lanes.dispatch(handled, apply=apply, gpus_of=world.gpus_of)
+        return self.lanes.dispatch(handled, apply=apply, gpus_of=world.gpus_of, stale=stale)
 
     def _handle(self, action: decide.Action, world: Folding, *, now: datetime, failures: dict[str, str]) -> None:
         booking_id = booking_of(action)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
@@ -45,34 +45,46 @@ class BookingLanes:
         self._lock = threading.RLock()
         self.busy: dict[str, Future[None]] = {}  # booking id → its actions at work
         self.freeing: dict[str, _Freeing] = {}  # booking id → its stop or clear at work
+        self.starting: dict[str, Future[None]] = {}  # booking id → its start at work (`starts_at_work`)
 
     def dispatch(self, actions: Sequence[decide.Action], *, apply: _Apply,
-                 gpus_of: Callable[[str], frozenset[int]]) -> list[Future[None]]:
+                 gpus_of: Callable[[str], frozenset[int]], stale: Collection[str] = ()) -> list[Future[None]]:
         """Each booking's actions, in order, as one task of the pool; stops and clears first, so
         that a start waiting for one never waits for a task queued behind it. `apply` runs one
-        action; `gpus_of` gives the GPUs a container holds (empty: unknown)."""
+        action; `gpus_of` gives the GPUs a container holds (empty: unknown); `stale`: the bookings
+        at work when the pass read the world, whose actions wait for the next pass even if their
+        work ended meanwhile (`_submit`)."""
         groups: dict[str, list[decide.Action]] = {}
         for action in actions:
             groups.setdefault(booking_of(action) or f"?{id(action)}", []).append(action)
         ordered = sorted(groups.items(), key=lambda item: not any(_frees(a) for a in item[1]))
         submitted = []
         for booking_id, group in ordered:
-            future = self._submit(booking_id, group, apply=apply, gpus_of=gpus_of)
+            future = self._submit(booking_id, group, apply=apply, gpus_of=gpus_of, stale=booking_id in stale)
             if future is not None:
                 submitted.append(future)
         return submitted
 
     def _submit(self, booking_id: str, group: list[decide.Action], *, apply: _Apply,
-                gpus_of: Callable[[str], frozenset[int]]) -> Future[None] | None:
+                gpus_of: Callable[[str], frozenset[int]], stale: bool) -> Future[None] | None:
         with self._lock:
             earlier = self.busy.get(booking_id)
             if earlier is not None and not earlier.done():
                 log.info("booking %s: still at work from an earlier pass; its actions wait for that", booking_id)
                 return None
+            if stale:
+                # Its work ended after the pass began: a start recorded between the hosts' listing and
+                # State's read looks vanished (open record, no container) and would be cleared. Its
+                # lane told the daemon (on_settled), whose next pass reads it afresh.
+                log.info("booking %s: its work from an earlier pass ended during this pass; its actions "
+                         "wait for the next pass", booking_id)
+                return None
             starts = [a for a in group if isinstance(a, decide.Start)]
             needs = [f.future for f in self.freeing.values() if any(_waits_for(s, f) for s in starts)]
             future = self.pool.submit(self._run_group, group, needs, apply)
             self.busy[booking_id] = future
+            if starts:
+                self.starting[booking_id] = future
             freeing = [a for a in group if _frees(a)]
             if freeing:
                 gpus = frozenset[int]().union(*(gpus_of(a.name) for a in freeing))
@@ -93,6 +105,8 @@ class BookingLanes:
         with self._lock:
             if self.busy.get(booking_id) is future:
                 del self.busy[booking_id]
+            if self.starting.get(booking_id) is future:
+                del self.starting[booking_id]
             freeing = self.freeing.get(booking_id)
             if freeing is not None and freeing.future is future:
                 del self.freeing[booking_id]
@@ -107,6 +121,12 @@ class BookingLanes:
     def at_work(self) -> set[str]:
         with self._lock:
             return {booking_id for booking_id, future in self.busy.items() if not future.done()}
+
+    def starts_at_work(self) -> set[str]:
+        """The bookings whose start is at work: until it is recorded, only its own write-back
+        (woken by its lane) knows what to say; a pass's world has its container without its record."""
+        with self._lock:
+            return {booking_id for booking_id, future in self.starting.items() if not future.done()}
 
     def close(self) -> None:
         """Wait for the bookings at work; queued ones are dropped."""

@@ -7,8 +7,11 @@ No booking waits on another booking's slow step: each booking's actions run in o
 bounded pool of threads, different bookings in parallel (lanes.py, hands.py: a start whose sshd is
 slow, a notice a booker's terminal holds up). A start waits only for the stops that free its GPUs.
 The pass waits `patience` seconds for its bookings, then leaves the slow ones to finish on their
-own (`on_settled` tells the daemon, which runs a pass for their write-back); a booking still at
-work is skipped by later passes, and its port stays held. The outbox delivers after the pass, one
+own (`on_settled` tells the daemon, which runs a pass for their write-back); a booking at work
+when a later pass reads the world is left alone by that pass (its view of it may be torn: a start
+recorded between the hosts' listing and State's read, a container listed before its record): no
+actions, no write-back while its start is at work (the start writes its own), and its port stays
+held. The outbox delivers after the pass, one
 lane per calendar (gpubook/scheduler/outbox/writeback.py); a start's lane only records the start
 and wakes its calendar's deliverer as soon as its SSH answered (or it failed), so a booker never
 waits for the bookings starting beside theirs. What can be made before a start (folders, host key)
@@ -71,6 +74,10 @@ class World:
     records: dict[int, ContainerRecord]  # by record id, in id order
     releases: dict[str, reclaim.Released] = field(default_factory=dict)  # by booking id: no-shows released
     notes: Notes = field(default_factory=Notes)  # as read at the pass's start
+    # The bookings whose lane was at work when this was read: this view of them may be torn (a start
+    # recorded between the hosts' listing and State's read, a container listed before its record).
+    busy: frozenset[str] = frozenset()
+    starting: frozenset[str] = frozenset()  # of those, the ones with a start at work
     lines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # booking id → what its start added
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # bookings fold in parallel
 
@@ -240,16 +247,21 @@ class Pass:
     def _read(self, *, now: datetime, at_work: set[str]) -> World:
         """The hosts and State read once (the releases still in reach too); the ports no running
         container and no start at work holds are given back."""
+        lanes = self.hands.lanes
+        busy, starting = frozenset(lanes.at_work()), frozenset(lanes.starts_at_work())  # before the hosts are read
         world = World.read(list(self.hosts.values()), self.state,
                            releases_after=now - policy_module.reach_back(self.config))
+        world.busy, world.starting = busy, starting
         self.books.release_idle_ports(set(world.running()) | at_work)
         return world
 
     def _apply(self, result: PassResult, world: World, *, now: datetime,
                written: Callable[[decide.Start], None] | None) -> None:
         """The actions in their bookings' lanes; the pass waits `patience` seconds for them, a slower
-        one tells `on_settled` when it is done."""
-        pending = self.hands.dispatch(result.actions, world, now=now, failures=result.failures, done=written)
+        one tells `on_settled` when it is done. A booking at work when `world` was read waits for the
+        next pass, even if its work ended since (lanes.py)."""
+        pending = self.hands.dispatch(result.actions, world, now=now, failures=result.failures, done=written,
+                                      stale=world.busy)
         self.hands.lanes.wait_patiently(pending, patience=self.patience, on_late=self._settled_late)
 
     def _settled_late(self, future: Future[None] | None = None) -> None:
@@ -380,9 +392,15 @@ class Pass:
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
                    etags: Mapping[str, str | None]) -> None:
+        """Every booking's outcome but those of the starts at work when `world` was read or still at
+        work now: their starts' own write-back says those (`_wake_writeback`). This world may list a
+        started container before its record is made (a restart would lose its "started again" line,
+        a first start its JupyterLab line) or lack a record made since ("accepted" over "running")."""
+        # Before the world is read below: a start of this pass done by now has folded its record into it.
+        leave = world.starting | self.hands.lanes.starts_at_work()
         reportable = self._reportable(world, now=now)
         self.writeback.write(plan, running=reportable, records=world.records_by_booking(),
-                             remarks=self._remarks(world, reportable, now=now), now=now, etags=etags)
+                             remarks=self._remarks(world, reportable, now=now), now=now, etags=etags, leave=leave)
 
     @staticmethod
     def _reportable(world: World, *, now: datetime) -> dict[str, ContainerInfo]:

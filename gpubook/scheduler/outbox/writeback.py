@@ -22,7 +22,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
@@ -120,13 +120,17 @@ class WriteBack:
 
     def write(self, plan: Plan, *, running: Mapping[str, ContainerInfo],
               records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
-              etags: Mapping[str, str | None]) -> None:
+              etags: Mapping[str, str | None], leave: Collection[str] = ()) -> None:
+        """`leave`: bookings whose start is at work; their start's own write-back (`wake`) says
+        what they are, from the record it made."""
         items: list[tuple[Booking | Rejection, block.Outcome]] = []
         seen = self._foreign_lines([a.booking.id for a in plan.accepted])
         for rejection in plan.rejected:
             if rejection.end > now:
                 items.append((rejection, block.rejected(rejection.reason)))
         for accepted in plan.accepted:
+            if accepted.booking.id in leave:
+                continue
             outcome = self.outcome(accepted, running.get(accepted.booking.id), records.get(accepted.booking.id),
                                    remarks=remarks, now=now, foreign=seen)
             if outcome is not None:
