@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar, cast
