@@ -69,7 +69,7 @@ def test_a_busy_gpu_booking_shows_on_the_page_in_metrics_and_in_the_report(
                           warn_minutes=0.1, template=TEMPLATE, templates_dir=templates, engine_lines=ENGINE_LINES)
     web_port = free_port()
     text = config.read_text().replace("[daemon]\n", f"[daemon]\nsample_seconds = {SAMPLE_SECONDS}\n", 1)
-    config.write_text(text + f'\n[web]\nenabled = true\nlisten = "127.0.0.1:{web_port}"\n')
+    config.write_text(text + f'\n[web]\nenabled = true\nlisten = "127.0.0.1:{web_port}"\nauth = "none"\n')
     start = soon(15)
     end = start + timedelta(seconds=LENGTH_SECONDS)
     book(calendar, "busy@test", user="alice", start=start, end=end, gpus="1", description=f"template: {TEMPLATE}\n")
