@@ -18,13 +18,14 @@ import pytest
 import requests
 
 from gpubook.scheduler.config import Config, parse
+from gpubook.scheduler.core import upkeep
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import Accepted, Plan
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
 from gpubook.scheduler.sources import block
 from gpubook.scheduler.sources.alarm import MARK_PROPERTY, Reminder
-from gpubook.scheduler.state import State
+from gpubook.scheduler.state import State, notes
 from tests.kits import servers
 
 USER, PASSWORD = "test", "any"
@@ -258,24 +259,37 @@ def test_turning_the_policy_off_removes_only_gpubooks_alarm(calendar_url: str, t
 # -- reminder notices --------------------------------------------------------------------------
 
 
+def queue_due(plan: Plan, *, config: Config, state: State, now: datetime) -> datetime | None:
+    """What a pass does with reminders, without a pass: `upkeep.reminders` decides from State's
+    notes, each due one is queued (`reminders.queue`, as the pass's RemindHandler does); gives when
+    the next one is due (None: none ahead)."""
+    if not reminders.wanted(config):
+        return None
+    due, ahead = upkeep.reminders(plan, reminded=notes.read(state).reminded, minutes=reminders.minutes_of(config),
+                                  now=now)
+    for action in due:
+        reminders.queue(state, action, config=config, now=now)
+    return ahead
+
+
 def test_a_reminder_notice_is_queued_once_when_due(tmp_path: Path) -> None:
     config = _config(remind=15, notify=True)
     booking = _booking("n1")
     with State(tmp_path / "state.sqlite") as state:
         early = START - timedelta(hours=1)
-        assert reminders.queue_due(_plan(booking), config=config, state=state, now=early) == \
+        assert queue_due(_plan(booking), config=config, state=state, now=early) == \
             START - timedelta(minutes=15)  # the daemon's boundary wake-up
         assert state.pending_notices() == []
         due = START - timedelta(minutes=15)
-        assert reminders.queue_due(_plan(booking), config=config, state=state, now=due) is None
-        assert reminders.queue_due(_plan(booking), config=config, state=state, now=due + timedelta(minutes=1)) is None
+        assert queue_due(_plan(booking), config=config, state=state, now=due) is None
+        assert queue_due(_plan(booking), config=config, state=state, now=due + timedelta(minutes=1)) is None
         (notice,) = state.pending_notices()
         assert notice.kind == "reminder" and notice.booking_id == "n1" and "2030-11-25 08:00" in notice.text
         # Moved to a later start: reminded again, of the new start.
         moved = _booking("n1", start=START + timedelta(days=1))
-        reminders.queue_due(_plan(moved), config=config, state=state, now=moved.start - timedelta(minutes=5))
+        queue_due(_plan(moved), config=config, state=state, now=moved.start - timedelta(minutes=5))
         assert len(state.pending_notices()) == 2
         # Without a channel that sends reminders, nothing is queued.
         quiet = _booking("n2")
-        reminders.queue_due(_plan(quiet), config=_config(remind=15), state=state, now=due)
+        queue_due(_plan(quiet), config=_config(remind=15), state=state, now=due)
         assert len(state.pending_notices()) == 2

@@ -11,18 +11,15 @@ another start is reminded again of the new one). A reminder whose start already 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from gpubook.scheduler.core import upkeep
-from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.settings import Config
 from gpubook.scheduler.sources.block import one_line
-from gpubook.scheduler.state import State, StateError, notes
+from gpubook.scheduler.state import State, notes
 
-log = logging.getLogger(__name__)
 KIND = "reminder"
 
 
@@ -55,22 +52,3 @@ def queue(state: State, action: upkeep.Remind, *, config: Config, now: datetime)
                        fields={"start": booking.start.isoformat(), "gpus": list(accepted.gpus), "host": host},
                        at=now)
     notes.REMINDED.write(state, booking.id, booking.start, at=now)
-
-
-def queue_due(plan: Plan, *, config: Config, state: State, now: datetime) -> datetime | None:
-    """Outside a pass (a pass decides `upkeep.reminders` from its notes and its handler queues them):
-    queue the reminders due now; return when the next one is due (None: none ahead)."""
-    if not wanted(config):
-        return None
-    try:
-        reminded = notes.read(state).reminded
-    except StateError as error:
-        log.warning("reminder notices wait for a later pass: %s", error)
-        return None
-    due, ahead = upkeep.reminders(plan, reminded=reminded, minutes=minutes_of(config), now=now)
-    for action in due:
-        try:
-            queue(state, action, config=config, now=now)
-        except StateError as error:
-            log.warning("booking %s: its reminder waits for a later pass: %s", action.booking_id, error)
-    return ahead
