@@ -24,8 +24,8 @@ from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.hosts import Started, StartRequest
-from gpubook.scheduler.outbox.writeback import RUNNING_LINES, Remarks, WriteBack, start_lines
-from gpubook.scheduler.state import State
+from gpubook.scheduler.outbox.writeback import Remarks, WriteBack, start_lines
+from gpubook.scheduler.state import State, notes
 from tests.kits.pass_kit import make_config
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)
@@ -138,7 +138,7 @@ def start_and_block(tmp_path: Path, host: Lab, template: str) -> tuple[str, ...]
     assert change.running is not None and booking.id not in recall.refused
     outcome = WriteBack(config, state).outcome(accepted, change.running, None,
                                                remarks=Remarks(refused={}, failures={}, notes={}), now=NOW,
-                                               extra=state.notes(RUNNING_LINES))
+                                               extra=state.notes(notes.RUNNING_LINES.key))
     assert outcome is not None
     return outcome.lines
 

@@ -40,10 +40,9 @@ from gpubook.scheduler.outbox import foreign
 from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources import EventRef, Writer, block, open_writer
 from gpubook.scheduler.sources.alarm import Reminder
-from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
+from gpubook.scheduler.state import ContainerRecord, State, StateError
 
 log = logging.getLogger(__name__)
-RUNNING_LINES = notes.RUNNING_LINES.key  # the note's key, for a caller reading its raw JSON (`outcome`'s `extra`)
 READING = "reading"  # `sending`'s mark while a woken start's outcome is read
 
 
