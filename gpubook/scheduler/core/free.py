@@ -1,0 +1,253 @@
+"""Free GPU time, from the plan: each GPU's busy blocks, and the next slots that fit a request.
+
+Pure (no I/O, no clock): the plan's accepted bookings in, plain values out. A request is a number
+of GPUs (on each of `nodes` hosts), optionally among given GPUs (a calendar's, a model's, the
+indices a booker named), for a duration. A slot is a start where enough GPUs stay free for the
+whole duration, with the GPUs chosen and how long they stay free together.
+
+Candidate starts are the search's own start and the ends of busy blocks after it (a GPU turns free
+only when something on it ends), so the answer is the same on every pass while the bookings stay:
+a refusal that names a slot is not written again on each poll. Each GPU's blocks are disjoint and
+sorted, so "free from t for d" is one bisection; a search costs (candidates × GPUs × log blocks)
+at most, and stops at the slots asked for.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gpubook.scheduler.core.plan import Accepted
+
+SHOWN = 2  # slots a refusal names: short enough to read in a calendar's description
+
+
+class Lane(Protocol):
+    """One GPU's busy time: disjoint intervals sorted by start (so the ends are sorted too)."""
+
+    @property
+    def starts(self) -> Sequence[datetime]: ...
+
+    @property
+    def ends(self) -> Sequence[datetime]: ...
+
+
+Lanes = Mapping[str, Mapping[int, Lane]]  # host → GPU index → its busy time
+
+
+@dataclass(frozen=True)
+class Block:
+    """A booking's busy time on one host: its GPUs there, from start to end."""
+
+    host: str
+    gpus: tuple[int, ...]
+    start: datetime
+    end: datetime
+    booking: str  # the booking id
+    user: str
+
+
+@dataclass(frozen=True)
+class Request:
+    """What must fit: `count` GPUs on each of `nodes` hosts, among `among` (host → the GPUs that
+    may be chosen there), for `duration`."""
+
+    among: Mapping[str, Sequence[int]]
+    count: int
+    duration: timedelta
+    nodes: int = 1
+    exact: bool = False  # the GPUs of `among` exactly (a booker named their indices)
+
+
+@dataclass(frozen=True)
+class Slot:
+    start: datetime
+    end: datetime | None  # when the first of its GPUs is booked again; None: free to the horizon
+    placement: tuple[tuple[str, tuple[int, ...]], ...]  # (host, its GPUs) for each node
+
+
+@dataclass
+class Busy:
+    """A lane built from blocks: merged, sorted, disjoint (`Lane`)."""
+
+    starts: list[datetime]
+    ends: list[datetime]
+
+
+def blocks(accepted: Iterable[Accepted]) -> list[Block]:
+    """Each accepted booking's busy time on each host it holds, sorted by start."""
+    found = [Block(host=host, gpus=gpus, start=a.booking.start, end=a.booking.end, booking=a.booking.id,
+                   user=a.booking.user)
+             for a in accepted for host, gpus in a.placement if gpus and a.booking.end > a.booking.start]
+    return sorted(found, key=lambda b: (b.start, b.host, b.gpus, b.booking))
+
+
+def lanes(found: Iterable[Block]) -> dict[str, dict[int, Busy]]:
+    """Each GPU's busy time from blocks (touching or overlapping blocks merged)."""
+    spans: dict[str, dict[int, list[tuple[datetime, datetime]]]] = defaultdict(lambda: defaultdict(list))
+    for block in found:
+        for gpu in block.gpus:
+            spans[block.host][gpu].append((block.start, block.end))
+    result: dict[str, dict[int, Busy]] = {}
+    for host, per_gpu in spans.items():
+        result[host] = {gpu: _merged(sorted(items)) for gpu, items in per_gpu.items()}
+    return result
+
+
+def _merged(items: Sequence[tuple[datetime, datetime]]) -> Busy:
+    starts: list[datetime] = []
+    ends: list[datetime] = []
+    for start, end in items:
+        if ends and start <= ends[-1]:
+            ends[-1] = max(ends[-1], end)
+        else:
+            starts.append(start)
+            ends.append(end)
+    return Busy(starts, ends)
+
+
+def free_at(lane: Lane | None, start: datetime, end: datetime) -> bool:
+    """Whether nothing on `lane` overlaps [start, end)."""
+    if lane is None:
+        return True
+    at = bisect.bisect_left(lane.starts, end)
+    return at == 0 or lane.ends[at - 1] <= start
+
+
+def free_until(lane: Lane | None, moment: datetime) -> datetime | None:
+    """When the lane is next busy at or after `moment` (None: never, as far as it knows)."""
+    if lane is None:
+        return None
+    at = bisect.bisect_left(lane.starts, moment)
+    return lane.starts[at] if at < len(lane.starts) else None
+
+
+def free_spans(lane: Lane | None, *, start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
+    """The free stretches of one GPU between `start` and `end`."""
+    spans: list[tuple[datetime, datetime]] = []
+    cursor = start
+    starts, ends = (lane.starts, lane.ends) if lane is not None else ((), ())
+    at = max(0, bisect.bisect_right(ends, start))  # the first block ending after `start`
+    while cursor < end:
+        if at >= len(starts) or starts[at] >= end:
+            spans.append((cursor, end))
+            break
+        if starts[at] > cursor:
+            spans.append((cursor, starts[at]))
+        cursor = max(cursor, ends[at])
+        at += 1
+    return spans
+
+
+def next_slots(busy: Lanes, request: Request, *, after: datetime, horizon: datetime, not_before: datetime | None = None,
+               limit: int = SHOWN) -> list[Slot]:
+    """The first `limit` slots at or after `after` where the request fits whole before `horizon`
+    (what lies beyond is unknown), one after the other (each starts after the last one's end);
+    a slot whose time is over by `not_before` (now) is skipped."""
+    found: list[Slot] = []
+    for start in _candidates(busy, request, after=after, horizon=horizon):
+        if start + request.duration > horizon:
+            break
+        if (not_before is not None and start + request.duration <= not_before) or \
+                (found and (found[-1].end is None or start < found[-1].end)):
+            continue
+        slot = _fit(busy, request, start=start, horizon=horizon)
+        if slot is not None:
+            found.append(slot)
+            if len(found) == limit or slot.end is None:
+                break
+    return found
+
+
+def _candidates(busy: Lanes, request: Request, *, after: datetime, horizon: datetime) -> list[datetime]:
+    """`after`, and every end of a busy block of the request's GPUs between it and `horizon`."""
+    moments = {after}
+    for host, gpus in request.among.items():
+        for gpu in gpus:
+            lane = busy.get(host, {}).get(gpu)
+            if lane is None:
+                continue
+            at = bisect.bisect_right(lane.ends, after)
+            for end in lane.ends[at:]:
+                if end >= horizon:
+                    break
+                moments.add(end)
+    return sorted(moments)
+
+
+def _fit(busy: Lanes, request: Request, *, start: datetime, horizon: datetime) -> Slot | None:
+    """The GPUs (on the first hosts that have them, inventory order) free for the request from
+    `start`: on each host those that stay free longest, the lowest first among equals."""
+    end = start + request.duration
+    placement: list[tuple[str, tuple[int, ...]]] = []
+    until: list[datetime] = []
+    for host, gpus in request.among.items():
+        lines = busy.get(host, {})
+        free = [gpu for gpu in gpus if free_at(lines.get(gpu), start, end)]
+        if (request.exact and len(free) < len(gpus)) or len(free) < request.count:
+            continue
+        reach = {gpu: free_until(lines.get(gpu), end) or horizon for gpu in free}
+        chosen = sorted(sorted(free, key=lambda gpu: reach[gpu], reverse=True)[:request.count])
+        placement.append((host, tuple(chosen)))
+        until.extend(reach[gpu] for gpu in chosen)
+        if len(placement) == request.nodes:
+            last = min(until)
+            return Slot(start=start, end=None if last >= horizon else last, placement=tuple(placement))
+    return None
+
+
+def describe(slots: Sequence[Slot], *, zone: tzinfo, now: datetime, one_host: bool = True) -> str:
+    """The slots as a booker reads them: "GPUs 0,1 are free from 13:00 to 18:00 today; tomorrow from
+    09:00 (CET)" (a later slot names its GPUs only where they differ)."""
+    parts: list[str] = []
+    previous: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    for slot in slots:
+        when = _when(slot, zone=zone, now=now)
+        if slot.placement == previous:
+            parts.append(when)
+        else:
+            where = _where(slot.placement, one_host=one_host)
+            parts.append(f"{where} {'is' if _single(slot.placement) else 'are'} free {when}" if not parts
+                         else f"{where} {when}")
+        previous = slot.placement
+    if not parts:
+        return ""
+    return "; ".join(parts) + f" ({slots[0].start.astimezone(zone):%Z})"
+
+
+def _single(placement: Sequence[tuple[str, tuple[int, ...]]]) -> bool:
+    return len(placement) == 1 and len(placement[0][1]) == 1
+
+
+def _where(placement: Sequence[tuple[str, tuple[int, ...]]], *, one_host: bool) -> str:
+    def gpus(indices: tuple[int, ...]) -> str:
+        return f"GPU {indices[0]}" if len(indices) == 1 else "GPUs " + ",".join(map(str, indices))
+
+    if one_host:
+        return gpus(placement[0][1])
+    return " and ".join(f"{gpus(indices)} of {host}" for host, indices in placement)
+
+
+def _when(slot: Slot, *, zone: tzinfo, now: datetime) -> str:
+    start = slot.start.astimezone(zone)
+    if slot.end is None:
+        return f"{day(start, zone=zone, now=now)} from {start:%H:%M}"
+    end = slot.end.astimezone(zone)
+    until = f"{end:%H:%M}" if end.date() == start.date() else f"{day(end, zone=zone, now=now)} {end:%H:%M}"
+    return f"from {start:%H:%M} to {until} {day(start, zone=zone, now=now)}" if end.date() == start.date() \
+        else f"from {day(start, zone=zone, now=now)} {start:%H:%M} to {until}"
+
+
+def day(moment: datetime, *, zone: tzinfo, now: datetime) -> str:
+    """"today", "tomorrow", or the weekday and date ("Mon 30 Nov") in the host's time zone."""
+    days = (moment.astimezone(zone).date() - now.astimezone(zone).date()).days
+    if days == 0:
+        return "today"
+    if days == 1:
+        return "tomorrow"
+    return f"{moment.astimezone(zone):%a %d %b}"
