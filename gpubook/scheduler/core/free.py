@@ -212,7 +212,8 @@ def describe(slots: Sequence[Slot], *, zone: tzinfo, now: datetime, one_host: bo
             parts.append(when)
         else:
             where = _where(slot.placement, one_host=one_host)
-            parts.append(f"{where} {'is' if _single(slot.placement) else 'are'} free {when}" if not parts
+            single = _single(slot.placement) and (one_host or len(slot.placement) == 1)
+            parts.append(f"{where} {'is' if single else 'are'} free {when}" if not parts
                          else f"{where} {when}")
         previous = slot.placement
     if not parts:
@@ -230,7 +231,9 @@ def _where(placement: Sequence[tuple[str, tuple[int, ...]]], *, one_host: bool) 
 
     if one_host:
         return gpus(placement[0][1])
-    return " and ".join(f"{gpus(indices)} of {host}" for host, indices in placement)
+    # A cluster picks a node's GPUs itself (Topology.picks_gpus): the booker asks for a count.
+    return " and ".join(f"{len(indices)} GPU{'' if len(indices) == 1 else 's'} on {host}"
+                        for host, indices in placement)
 
 
 def _when(slot: Slot, *, zone: tzinfo, now: datetime) -> str:
