@@ -15,8 +15,9 @@ at most, and stops at the slots asked for.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Protocol
@@ -164,20 +165,26 @@ def next_slots(busy: Lanes, request: Request, *, after: datetime, horizon: datet
     return found
 
 
-def _candidates(busy: Lanes, request: Request, *, after: datetime, horizon: datetime) -> list[datetime]:
-    """`after`, and every end of a busy block of the request's GPUs between it and `horizon`."""
-    moments = {after}
+def _candidates(busy: Lanes, request: Request, *, after: datetime, horizon: datetime) -> Iterator[datetime]:
+    """`after`, then every end of a busy block of the request's GPUs between it and `horizon`, in
+    order, each once (lazily: a search that finds its slots early reads few of them)."""
+    ends = []
     for host, gpus in request.among.items():
         for gpu in gpus:
             lane = busy.get(host, {}).get(gpu)
-            if lane is None:
-                continue
-            at = bisect.bisect_right(lane.ends, after)
-            for end in lane.ends[at:]:
-                if end >= horizon:
-                    break
-                moments.add(end)
-    return sorted(moments)
+            if lane is not None:
+                ends.append(_from(lane.ends, bisect.bisect_right(lane.ends, after)))
+    last = None
+    for moment in heapq.merge([after], *ends):
+        if moment >= horizon:
+            return
+        if moment != last:
+            yield moment
+        last = moment
+
+
+def _from(items: Sequence[datetime], at: int) -> Iterator[datetime]:
+    return (items[index] for index in range(at, len(items)))
 
 
 def _fit(busy: Lanes, request: Request, *, start: datetime, horizon: datetime) -> Slot | None:
@@ -188,8 +195,8 @@ def _fit(busy: Lanes, request: Request, *, start: datetime, horizon: datetime) -
     until: list[datetime] = []
     for host, gpus in request.among.items():
         lines = busy.get(host, {})
-        free = [gpu for gpu in gpus if free_at(lines.get(gpu), start, end)]
-        if (request.exact and len(free) < len(gpus)) or len(free) < request.count:
+        free = _free_among(lines, gpus, start=start, end=end, needed=len(gpus) if request.exact else request.count)
+        if free is None:
             continue
         reach = {gpu: free_until(lines.get(gpu), end) or horizon for gpu in free}
         chosen = sorted(sorted(free, key=lambda gpu: reach[gpu], reverse=True)[:request.count])
@@ -199,6 +206,23 @@ def _fit(busy: Lanes, request: Request, *, start: datetime, horizon: datetime) -
             last = min(until)
             return Slot(start=start, end=None if last >= horizon else last, placement=tuple(placement))
     return None
+
+
+def _free_among(lines: Mapping[int, Lane], gpus: Sequence[int], *, start: datetime, end: datetime,
+                needed: int) -> list[int] | None:
+    """The GPUs of `gpus` free from `start` to `end`; None as soon as fewer than `needed` can be."""
+    free: list[int] = []
+    spare = len(gpus) - needed  # busy GPUs that can still be afforded
+    if spare < 0:
+        return None
+    for gpu in gpus:
+        if free_at(lines.get(gpu), start, end):
+            free.append(gpu)
+        else:
+            spare -= 1
+            if spare < 0:
+                return None
+    return free
 
 
 def describe(slots: Sequence[Slot], *, zone: tzinfo, now: datetime, one_host: bool = True) -> str:

@@ -484,7 +484,7 @@ class _Offers:
     start on. Searches are remembered by request and bounded in number, so that a calendar of
     thousands of clashing copies costs a bounded time."""
 
-    SEARCHES = 256  # distinct requests searched in one plan; a refusal past them names no slot
+    SEARCHES = 1024  # distinct requests searched in one plan; a refusal past them names no slot
 
     def __init__(self, busy: Mapping[str, Mapping[int, _Timeline]], *, now: datetime, horizon: datetime,
                  zone: tzinfo, one_host: bool) -> None:
