@@ -4,6 +4,7 @@ free slots: each slot named is checked against the plan itself (no accepted book
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -11,9 +12,7 @@ from gpubook.scheduler.core import free
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import LOCAL, Plan, plan
 from gpubook.scheduler.core.topology import CLUSTER
-from tests.kits.booking_kit import TEMPLATES, booking, make_config, utc
-from tests.test_plan_cluster import CONFIG as CLUSTER_CONFIG
-from tests.test_plan_cluster import booking as cluster_booking
+from tests.kits.booking_kit import CALENDAR, TEMPLATES, booking, make_config, utc
 
 NOW = utc(2026, 11, 23, 8)  # Monday 09:00 in Paris
 CONFIG = make_config()
@@ -131,9 +130,12 @@ def test_a_refusal_with_no_free_slot_in_the_window_says_so() -> None:
 
 
 def test_a_cluster_refusal_names_nodes_not_gpu_indices() -> None:
+    def four(booking_id: str, *, start: int = 10, hours: float = 2) -> Booking:
+        return replace(booking(booking_id, user="bob", gpus=4, start=start, hours=hours), calendar_url=CALENDAR)
+
+    config = replace(CONFIG, backend=replace(CONFIG.backend, kind="slurm"))
     nodes = {"node1": (0, 1, 2, 3), "node2": (0, 1, 2, 3)}
-    result = plan([cluster_booking("x1", gpus=4), cluster_booking("x2", gpus=4, start=9, hours=5),
-                   cluster_booking("z-late", gpus=4)], inventory=nodes, config=CLUSTER_CONFIG, templates=TEMPLATES,
-                  now=NOW, topology=CLUSTER)
+    result = plan([four("x1"), four("x2", start=9, hours=5), four("z-late")], inventory=nodes, config=config,
+                  templates=TEMPLATES, now=NOW, topology=CLUSTER)
     reason = {r.id: r.reason for r in result.rejected}["z-late"]
     assert reason.endswith("; 4 GPUs on node1 are free tomorrow from 13:00 (CET)"), reason
