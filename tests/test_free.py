@@ -126,7 +126,8 @@ def test_only_a_conflict_names_free_slots() -> None:
 def test_a_refusal_with_no_free_slot_in_the_window_says_so() -> None:
     result = run(booking("all", user="bob", gpus=4, start=0, hours=72), booking("more", user="bob", gpus=4, start=72,
                  hours=72), booking("third", user="bob", gpus=4, start=144, hours=72), booking("x", start=10))
-    assert {r.id: r.reason for r in result.rejected}["x"].endswith("; no such slot is free until Mon 30 Nov 09:00")
+    assert {r.id: r.reason for r in result.rejected}["x"].endswith(
+        "; no such slot is free in the 7 days ahead that gpubook reads")
 
 
 def test_a_cluster_refusal_names_nodes_not_gpu_indices() -> None:
@@ -139,3 +140,18 @@ def test_a_cluster_refusal_names_nodes_not_gpu_indices() -> None:
                   templates=TEMPLATES, now=NOW, topology=CLUSTER)
     reason = {r.id: r.reason for r in result.rejected}["z-late"]
     assert reason.endswith("; 4 GPUs on node1 are free tomorrow from 13:00 (CET)"), reason
+
+
+def test_a_refusals_slots_read_the_same_on_the_next_passes() -> None:
+    """The write-back rewrites an event whose sentence changed: the slots named must not move with
+    the clock between passes (candidate starts are block ends, never "now")."""
+    items = (booking("bob-a", user="bob", gpus=4, start=10, created=utc(2026, 11, 1)),
+             booking("alice", gpus=2, start=10, created=utc(2026, 11, 2)),
+             booking("carol", user="bob", indices=(3,), start=30, hours=2, created=utc(2026, 11, 3)),
+             booking("full", user="bob", gpus=4, start=30, hours=1, created=utc(2026, 11, 4)))
+    sentences = {now: {r.id: r.reason for r in plan(items, inventory=(0, 1, 2, 3), config=CONFIG,
+                                                    templates=TEMPLATES, now=now).rejected}
+                 for now in (NOW, NOW + timedelta(minutes=1), NOW + timedelta(hours=3, minutes=7))}
+    assert len({repr(found) for found in sentences.values()}) == 1, sentences
+    assert sentences[NOW]["alice"].endswith("; GPUs 0,1 are free tomorrow from 13:00 (CET)")
+    assert sentences[NOW]["full"].endswith("; GPUs 0,1,2,3 are free Wed 25 Nov from 09:00 (CET)")

@@ -509,9 +509,10 @@ class _Offers:
             request = free.Request(among=among, count=per, duration=duration, nodes=nodes, exact=exact)
             found = free.next_slots(self.busy, request, after=booking.start, horizon=self.horizon,
                                     not_before=self.now)
+            # Without the horizon's own time: the sentence stays the same from pass to pass.
+            days = (self.horizon - self.now).days
             self.known[key] = free.describe(found, zone=self.zone, now=self.now, one_host=self.one_host) \
-                if found else (f"no such slot is free until {free.day(self.horizon, zone=self.zone, now=self.now)} "
-                               f"{self.horizon.astimezone(self.zone):%H:%M}")
+                if found else f"no such slot is free in the {days} days ahead that gpubook reads"
         return self.known[key]
 
 
