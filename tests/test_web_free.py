@@ -99,3 +99,17 @@ def test_before_the_first_pass_the_feed_is_an_empty_calendar(tmp_path: Path) -> 
     with served(web_config(tmp_path), None) as url:
         answer = requests.get(url + "/free.ics", timeout=10)
     assert answer.status_code == 200 and events(answer.content) == []
+
+
+def test_a_new_status_gives_a_new_feed(tmp_path: Path) -> None:
+    """The feed is built once per status: the next pass's status (a booking more) is served at once."""
+    current = [lab_status()]
+    app = create_app(status=lambda: current[0], web=web_config(tmp_path).web, host_name="devbox1")
+    client = app.test_client()
+    assert len(events(client.get("/free.ics").data)) == 2
+    assert len(events(client.get("/free.ics").data)) == 2
+    later = booking("carol@lab", user="carol", start=NOW + timedelta(hours=6), end=NOW + timedelta(hours=7))
+    current[0] = status_of(Plan(accepted=(*PLAN.accepted, accepted(later, 1)), rejected=(), next_wakeup=None),
+                           now=NOW + timedelta(seconds=30), gpus=2)
+    assert [str(e["summary"]) for e in events(client.get("/free.ics").data)] == [
+        "busy: GPU 0", "busy: GPU 0,1", "busy: GPU 1"]

@@ -59,11 +59,13 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
     def api_status() -> Response:
         return jsonify(data())
 
+    feeds = free_route.FreeFeeds()
+
     @app.get("/free.ics")
     @app.get("/free/<model>.ics")
     def free_ics(model: str = "") -> Response:
-        return free_route.answer(status(), model=model, viewer=request.environ.get(USER_KEY), host_name=host_name,
-                                 live=live() if live is not None else None)
+        return feeds.answer(status(), model=model, viewer=request.environ.get(USER_KEY), host_name=host_name,
+                            live=live() if live is not None else None)
 
     @app.after_request
     def headers(response: Response) -> Response:
