@@ -57,11 +57,10 @@ def test_the_table_shows_each_gpus_free_stretches(config: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("Free GPUs of devbox1, times in UTC (bookings read until ")
-    at = {nine: label(DAY + timedelta(hours=nine)) for nine in (9, 17)}
-    assert lines[1] == (f"  GPU 0  free now until {at[9]:<19} then free {at[17]} → "
+    assert lines[1] == (f"  GPU 0  free now → {label(DAY + timedelta(hours=9))}; {label(DAY + timedelta(hours=17))} → "
                         f"{label(NEXT + timedelta(hours=9))}; from {label(NEXT + timedelta(hours=12))}")
-    assert lines[2] == (f"  GPU 1  free now until {label(NEXT + timedelta(hours=9)):<19} then free from "
-                        f"{label(NEXT + timedelta(hours=12))}")
+    assert lines[2] == (f"  GPU 1  free now → {label(NEXT + timedelta(hours=9))}; "
+                        f"from {label(NEXT + timedelta(hours=12))}")
     assert lines[3].startswith("Next slots for 1 GPU for 1 h: GPU 1 is free from today ")
 
 

@@ -50,6 +50,8 @@ def test_the_feed_is_the_accepted_bookings_without_names(tmp_path: Path) -> None
     assert answer.headers["Content-Type"] == "text/calendar; charset=utf-8"
     calendar = icalendar.Calendar.from_ical(answer.content)
     assert str(calendar["x-wr-calname"]) == "devbox1 GPUs: busy"
+    assert b"\r\nREFRESH-INTERVAL;VALUE=DURATION:PT5M\r\n" in answer.content
+    assert b"\r\nX-PUBLISHED-TTL:PT5M\r\n" in answer.content
     found = [(e.decoded("dtstart"), e.decoded("dtend"), str(e["summary"]), str(e["transp"]))
              for e in events(answer.content)]
     assert found == [(ALICE.start, ALICE.end, "busy: GPU 0", "OPAQUE"), (BOB.start, BOB.end, "busy: GPU 0,1", "OPAQUE")]

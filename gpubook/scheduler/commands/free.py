@@ -73,25 +73,28 @@ def _table(lanes: Mapping[int, free.Lane], indices: Sequence[int], *, models: Ma
     width = max((len(models.get(index, "")) for index in indices), default=0)
     for index in indices:
         spans = free.free_spans(lanes.get(index), start=now, end=horizon)
-        if spans and spans[0][0] == now:
-            state = "free now" + (f" until {_moment(spans[0][1], zone=zone, now=now)}" if spans[0][1] < horizon
-                                  else ", nothing booked")
-            later = spans[1:]
-        else:
-            state = f"busy until {_moment(spans[0][0], zone=zone, now=now)}" if spans else "busy throughout"
-            later = spans
-        free_later = "; ".join(_span(start, end, zone=zone, now=now, horizon=horizon)
-                               for start, end in later[:SPANS_SHOWN])
-        more = f" (+{len(later) - SPANS_SHOWN} more)" if len(later) > SPANS_SHOWN else ""
         model = f" {models.get(index, ''):<{width}}" if width else ""
-        lines.append(f"  GPU {index}{model}  {state:<34} " + (f"then free {free_later}{more}" if free_later else ""))
+        lines.append(f"  GPU {index}{model}  " + _free_text(spans, zone=zone, now=now, horizon=horizon))
     return [line.rstrip() for line in lines]
 
 
+def _free_text(spans: Sequence[tuple[datetime, datetime]], *, zone: tzinfo, now: datetime,
+               horizon: datetime) -> str:
+    """"free now → tomorrow 09:00; tomorrow 17:00 → Sat 28 Nov 07:00; from Sat 28 Nov 11:00"."""
+    if not spans:
+        return "busy throughout"
+    if spans[0] == (now, horizon):
+        return "free now, nothing booked"
+    shown = "; ".join(_span(start, end, zone=zone, now=now, horizon=horizon) for start, end in spans[:SPANS_SHOWN])
+    more = f" (+{len(spans) - SPANS_SHOWN} more)" if len(spans) > SPANS_SHOWN else ""
+    return ("free " if spans[0][0] == now else "busy now; free ") + shown + more
+
+
 def _span(start: datetime, end: datetime, *, zone: tzinfo, now: datetime, horizon: datetime) -> str:
+    begin = "now" if start == now else _moment(start, zone=zone, now=now)
     if end >= horizon:
-        return f"from {_moment(start, zone=zone, now=now)}"
-    return f"{_moment(start, zone=zone, now=now)} → {_moment(end, zone=zone, now=now)}"
+        return f"from {begin}"
+    return f"{begin} → {_moment(end, zone=zone, now=now)}"
 
 
 def _moment(moment: datetime, *, zone: tzinfo, now: datetime) -> str:

@@ -90,7 +90,7 @@ def feed(found: Iterable[Block], *, host_name: str, viewer: str | None, now: dat
     calendar.add("x-wr-calname", title)
     calendar.add("x-wr-caldesc", f"When the GPUs of {host_name} are booked (gpubook); the gaps are free")
     calendar.add("refresh-interval", REFRESH, parameters={"VALUE": "DURATION"})
-    calendar.add("x-published-ttl", REFRESH)
+    calendar.add("x-published-ttl", icalendar.vDuration(REFRESH))
     for block in blocks:
         calendar.add_component(_event(block, host_name=host_name, viewer=viewer, now=now,
                                       several_hosts=len(hosts) > 1 or block.host != LOCAL))
