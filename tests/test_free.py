@@ -13,6 +13,8 @@ from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import LOCAL, Plan, plan
 from gpubook.scheduler.core.topology import CLUSTER
 from tests.kits.booking_kit import CALENDAR, TEMPLATES, booking, make_config, utc
+from tests.kits.policy_kit import booking as policy_booking
+from tests.kits.policy_kit import config as policy_config
 
 NOW = utc(2026, 11, 23, 8)  # Monday 09:00 in Paris
 CONFIG = make_config()
@@ -155,3 +157,17 @@ def test_a_refusals_slots_read_the_same_on_the_next_passes() -> None:
     assert len({repr(found) for found in sentences.values()}) == 1, sentences
     assert sentences[NOW]["alice"].endswith("; GPUs 0,1 are free tomorrow from 13:00 (CET)")
     assert sentences[NOW]["full"].endswith("; GPUs 0,1,2,3 are free Wed 25 Nov from 09:00 (CET)")
+
+
+def test_a_refusal_names_no_slot_further_ahead_than_its_booker_may_book() -> None:
+    """alice may book 2 days ahead: bob's week-long hold on every GPU leaves a slot only after it,
+    which she could not book; bob (no such limit) is told of it."""
+    config = policy_config({"max_days_ahead": 2}, bob={"max_days_ahead": 0})
+    early = utc(2026, 11, 1)
+    items = [replace(policy_booking("hold", user="bob", day=24, start=0, hours=72, gpus=4), created=early),
+             replace(policy_booking("hold2", user="bob", day=27, start=0, hours=24, gpus=4), created=early),
+             policy_booking("alice", day=24, start=10), policy_booking("bob", user="bob", day=24, start=10)]
+    result = plan(items, inventory=(0, 1, 2, 3), config=config, templates=TEMPLATES, now=NOW)
+    reasons = {r.id: r.reason for r in result.rejected}
+    assert reasons["alice"].endswith("; no such slot is free in the 7 days ahead that gpubook reads"), reasons
+    assert reasons["bob"].endswith("; GPU 0 is free Sat 28 Nov from 01:00 (CET)"), reasons

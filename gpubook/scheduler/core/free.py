@@ -146,13 +146,14 @@ def free_spans(lane: Lane | None, *, start: datetime, end: datetime) -> list[tup
 
 
 def next_slots(busy: Lanes, request: Request, *, after: datetime, horizon: datetime, not_before: datetime | None = None,
-               limit: int = SHOWN) -> list[Slot]:
+               last_start: datetime | None = None, limit: int = SHOWN) -> list[Slot]:
     """The first `limit` slots at or after `after` where the request fits whole before `horizon`
     (what lies beyond is unknown), one after the other (each starts after the last one's end);
-    a slot whose time is over by `not_before` (now) is skipped."""
+    a slot whose time is over by `not_before` (now) is skipped, and none starts after `last_start`
+    (the booker's `max_days_ahead`)."""
     found: list[Slot] = []
     for start in _candidates(busy, request, after=after, horizon=horizon):
-        if start + request.duration > horizon:
+        if start + request.duration > horizon or (last_start is not None and start > last_start):
             break
         if (not_before is not None and start + request.duration <= not_before) or \
                 (found and (found[-1].end is None or start < found[-1].end)):

@@ -187,7 +187,7 @@ def plan(
                                  rank=len(accepted)))
 
     # Named once every booking is placed, so that the slots named are free in this plan.
-    offers = _Offers(busy, now=now, horizon=now + policy.reach_ahead(config), zone=host_tz,
+    offers = _Offers(busy, config=config, now=now, horizon=now + policy.reach_ahead(config), zone=host_tz,
                      one_host=len(hosts) == 1)
     rejected.extend(_rejection(booking, offers.add_to(reason, booking, shape, owned))
                     for booking, shape, owned, reason in conflicts)
@@ -486,9 +486,10 @@ class _Offers:
 
     SEARCHES = 1024  # distinct requests searched in one plan; a refusal past them names no slot
 
-    def __init__(self, busy: Mapping[str, Mapping[int, _Timeline]], *, now: datetime, horizon: datetime,
-                 zone: tzinfo, one_host: bool) -> None:
+    def __init__(self, busy: Mapping[str, Mapping[int, _Timeline]], *, config: Config, now: datetime,
+                 horizon: datetime, zone: tzinfo, one_host: bool) -> None:
         self.busy, self.now, self.horizon, self.zone, self.one_host = busy, now, horizon, zone, one_host
+        self.config = config
         self.known: dict[tuple[Any, ...], str] = {}
 
     def add_to(self, reason: str, booking: Booking, shape: tuple[int, int],
@@ -502,13 +503,16 @@ class _Offers:
         among = {next(iter(owned)): booking.gpu_indices} if booking.gpu_indices is not None else \
             {name: gpus for name, gpus in owned.items() if len(gpus) >= per}
         duration = booking.end - booking.start
-        key = (tuple(among.items()), per, nodes, exact, duration, booking.start)
+        # A slot further ahead than the booker may book would be refused in its turn: none is named.
+        days = policy.limits(self.config, booking.user).max_days_ahead
+        last_start = self.now + timedelta(days=days) if days is not None else None
+        key = (tuple(among.items()), per, nodes, exact, duration, booking.start, last_start)
         if key not in self.known:
             if len(self.known) >= self.SEARCHES:
                 return ""
             request = free.Request(among=among, count=per, duration=duration, nodes=nodes, exact=exact)
             found = free.next_slots(self.busy, request, after=booking.start, horizon=self.horizon,
-                                    not_before=self.now)
+                                    not_before=self.now, last_start=last_start)
             # Without the horizon's own time: the sentence stays the same from pass to pass.
             days = (self.horizon - self.now).days
             self.known[key] = free.describe(found, zone=self.zone, now=self.now, one_host=self.one_host) \
