@@ -61,7 +61,7 @@ def test_the_table_shows_each_gpus_free_stretches(config: Path) -> None:
                         f"{label(NEXT + timedelta(hours=9))}; from {label(NEXT + timedelta(hours=12))}")
     assert lines[2] == (f"  GPU 1  free now → {label(NEXT + timedelta(hours=9))}; "
                         f"from {label(NEXT + timedelta(hours=12))}")
-    assert lines[3].startswith("Next slots for 1 GPU for 1 h: GPU 1 is free from today ")
+    assert lines[3].startswith("Next slots for 1 GPU for 1 h: GPU 0 is free from today ")
 
 
 def test_the_next_slots_fit_the_request_and_are_free(config: Path) -> None:

@@ -61,8 +61,8 @@ def test_the_next_slots_fit_count_duration_and_the_gpus_allowed() -> None:
     assert [(s.start, s.end, s.placement) for s in two] == [(utc(2026, 11, 24, 16), None, ((LOCAL, (0, 1)),))]
     short = free.next_slots(lanes, request((0, 1, 2), 1, 1), after=utc(2026, 11, 24, 9), horizon=horizon)
     assert [(s.start, s.end, s.placement) for s in short] == [
-        (utc(2026, 11, 24, 9), utc(2026, 11, 24, 12), ((LOCAL, (1,)),)),  # the one free longest
-        (utc(2026, 11, 24, 14), None, ((LOCAL, (0,)),))]
+        (utc(2026, 11, 24, 9), utc(2026, 11, 24, 10), ((LOCAL, (0,)),)),  # the lowest free, as the plan gives
+        (utc(2026, 11, 24, 10), utc(2026, 11, 24, 12), ((LOCAL, (1,)),))]  # from where the last one's ends
     named = free.next_slots(lanes, request((2,), 1, 1, exact=True), after=utc(2026, 11, 24, 9), horizon=horizon)
     assert [(s.start, s.end) for s in named] == [(utc(2026, 11, 24, 9), utc(2026, 11, 24, 10)),
                                                  (utc(2026, 11, 24, 20), None)]
@@ -98,8 +98,8 @@ def slots_named(reason: str, *, day: datetime) -> list[tuple[tuple[int, ...], da
 def test_a_refusal_names_a_slot_that_is_free_in_the_plan() -> None:
     """bob holds GPUs 0-2 from 10:00 to 12:00 UTC, GPUs 0,1 again from 15:00 and GPU 3 all day; a
     later request of his takes GPU 2 from 16:00. alice's two GPUs at 10:00 for 2 h are refused; the
-    slot named is from 12:00 on the two GPUs free longest (0 to 15:00, 2 to 16:00), and nothing
-    accepted in the plan (placed before or after her) overlaps it there."""
+    slot named is from 12:00 on the lowest two free then (0 and 1, to 15:00), and nothing accepted
+    in the plan (placed before or after her) overlaps it there."""
     result = run(booking("bob-a", user="bob", gpus=3, start=10, created=utc(2026, 11, 1)),
                  booking("bob-b", user="bob", gpus=2, start=15, hours=3, created=utc(2026, 11, 1)),
                  booking("carol", user="bob", indices=(3,), start=6, hours=16, created=utc(2026, 11, 1)),
@@ -114,7 +114,7 @@ def test_a_refusal_names_a_slot_that_is_free_in_the_plan() -> None:
     for item in result.accepted:
         overlap = item.booking.start < end and start < item.booking.end
         assert not (overlap and set(item.gpus) & set(gpus)), (item, reason)
-    assert reason.endswith("; GPUs 0,2 are free from 13:00 to 16:00 tomorrow; GPUs 0,1 tomorrow from 19:00 (CET)")
+    assert reason.endswith("; GPUs 0,1 are free from 13:00 to 16:00 tomorrow; tomorrow from 19:00 (CET)")
 
 
 def test_only_a_conflict_names_free_slots() -> None:

@@ -15,11 +15,10 @@ at most, and stops at the slots asked for.
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -151,79 +150,145 @@ def next_slots(busy: Lanes, request: Request, *, after: datetime, horizon: datet
     (what lies beyond is unknown), one after the other (each starts after the last one's end);
     a slot whose time is over by `not_before` (now) is skipped, and none starts after `last_start`
     (the booker's `max_days_ahead`)."""
-    found: list[Slot] = []
-    for start in _candidates(busy, request, after=after, horizon=horizon):
-        if start + request.duration > horizon or (last_start is not None and start > last_start):
-            break
-        if (not_before is not None and start + request.duration <= not_before) or \
-                (found and (found[-1].end is None or start < found[-1].end)):
-            continue
-        slot = _fit(busy, request, start=start, horizon=horizon)
-        if slot is not None:
-            found.append(slot)
-            if len(found) == limit or slot.end is None:
+    return Finder(busy, origin=after, horizon=horizon).next_slots(
+        request, after=after, not_before=not_before, last_start=last_start, limit=limit)
+
+
+@dataclass(frozen=True)
+class _Windows:
+    """Where one GPU can start a stretch of one duration: the starts and latest starts of its free
+    gaps at least that long (sorted, disjoint), in POSIX seconds."""
+
+    starts: list[float]
+    lasts: list[float]
+
+    def at(self, moment: float) -> int | None:
+        """The gap `moment` may start in (its index), if any."""
+        index = bisect.bisect_right(self.starts, moment) - 1
+        return index if index >= 0 and self.lasts[index] >= moment else None
+
+
+class Finder:
+    """Slot searches over one set of lanes, from `origin` to `horizon`. Each GPU's gaps long enough
+    for a duration are found once and kept (a plan's refusals ask for a few durations over the same
+    lanes), so a search looks only at where a stretch that long can start: in a dense calendar the
+    short gaps, which are most of them, cost nothing. Times are POSIX seconds inside (datetime
+    arithmetic across time zones is what made it slow), datetimes outside."""
+
+    def __init__(self, busy: Lanes, *, origin: datetime, horizon: datetime) -> None:
+        self.busy, self.origin, self.horizon = busy, origin, horizon
+        self._origin, self._horizon = origin.timestamp(), horizon.timestamp()
+        self._gaps: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        self._windows: dict[tuple[str, int, float], _Windows] = {}
+        self._starts_of: dict[tuple[tuple[tuple[str, tuple[int, ...]], ...], float], list[float]] = {}
+
+    def gaps(self, host: str, gpu: int) -> list[tuple[float, float]]:
+        """The GPU's free stretches from the origin to the horizon."""
+        if (found := self._gaps.get((host, gpu))) is None:
+            found = self._gaps[(host, gpu)] = [
+                (start.timestamp(), end.timestamp())
+                for start, end in free_spans(self.busy.get(host, {}).get(gpu), start=self.origin, end=self.horizon)]
+        return found
+
+    def windows(self, host: str, gpu: int, duration: float) -> _Windows:
+        key = (host, gpu, duration)
+        if (found := self._windows.get(key)) is None:
+            long = [(start, end - duration) for start, end in self.gaps(host, gpu) if end - start >= duration]
+            found = self._windows[key] = _Windows([s for s, _ in long], [last for _, last in long])
+        return found
+
+    def next_slots(self, request: Request, *, after: datetime, not_before: datetime | None = None,
+                   last_start: datetime | None = None, limit: int = SHOWN) -> list[Slot]:
+        """As the module's `next_slots`, with `after` not before this finder's origin."""
+        duration = request.duration.total_seconds()
+        lanes = {(host, gpu): self.windows(host, gpu, duration)
+                 for host, gpus in request.among.items() for gpu in gpus}
+        now = not_before.timestamp() if not_before is not None else None
+        latest = last_start.timestamp() if last_start is not None else None
+        first = max(after.timestamp(), now - duration) if now is not None else after.timestamp()
+        found: list[tuple[float, float | None, tuple[tuple[str, tuple[int, ...]], ...]]] = []
+        ends: list[float] = []
+        for start in _with_ends(self._starts(request, lanes.values(), duration, after=first), ends):
+            if latest is not None and start > latest:
                 break
-    return found
+            if (now is not None and start + duration <= now) or \
+                    (found and (found[-1][1] is None or start < found[-1][1])):
+                continue
+            slot = self._fit(lanes, request, start=start, duration=duration)
+            if slot is not None:
+                found.append(slot)
+                if slot[1] is not None:
+                    ends.append(slot[1])
+                if len(found) == limit or slot[1] is None:
+                    break
+        return [Slot(start=_moment(start), end=_moment(end) if end is not None else None, placement=placement)
+                for start, end, placement in found]
 
+    def _starts(self, request: Request, lanes: Iterable[_Windows], duration: float, *,
+                after: float) -> Iterator[float]:
+        """Every moment a stretch can start on one of the request's GPUs, from `after` on, in
+        order: `after` itself, and each later gap's start (merged once per set of GPUs and duration)."""
+        key = (tuple((host, tuple(gpus)) for host, gpus in request.among.items()), duration)
+        if (starts := self._starts_of.get(key)) is None:
+            starts = self._starts_of[key] = sorted({start for windows in lanes for start in windows.starts})
+        yield after
+        yield from _from(starts, bisect.bisect_right(starts, after))
 
-def _candidates(busy: Lanes, request: Request, *, after: datetime, horizon: datetime) -> Iterator[datetime]:
-    """`after`, then every end of a busy block of the request's GPUs between it and `horizon`, in
-    order, each once (lazily: a search that finds its slots early reads few of them)."""
-    ends = []
-    for host, gpus in request.among.items():
-        for gpu in gpus:
-            lane = busy.get(host, {}).get(gpu)
-            if lane is not None:
-                ends.append(_from(lane.ends, bisect.bisect_right(lane.ends, after)))
-    last = None
-    for moment in heapq.merge([after], *ends):
-        if moment >= horizon:
-            return
-        if moment != last:
-            yield moment
-        last = moment
-
-
-def _from(items: Sequence[datetime], at: int) -> Iterator[datetime]:
-    return (items[index] for index in range(at, len(items)))
-
-
-def _fit(busy: Lanes, request: Request, *, start: datetime, horizon: datetime) -> Slot | None:
-    """The GPUs (on the first hosts that have them, inventory order) free for the request from
-    `start`: on each host those that stay free longest, the lowest first among equals."""
-    end = start + request.duration
-    placement: list[tuple[str, tuple[int, ...]]] = []
-    until: list[datetime] = []
-    for host, gpus in request.among.items():
-        lines = busy.get(host, {})
-        free = _free_among(lines, gpus, start=start, end=end, needed=len(gpus) if request.exact else request.count)
-        if free is None:
-            continue
-        reach = {gpu: free_until(lines.get(gpu), end) or horizon for gpu in free}
-        chosen = sorted(sorted(free, key=lambda gpu: reach[gpu], reverse=True)[:request.count])
-        placement.append((host, tuple(chosen)))
-        until.extend(reach[gpu] for gpu in chosen)
-        if len(placement) == request.nodes:
-            last = min(until)
-            return Slot(start=start, end=None if last >= horizon else last, placement=tuple(placement))
-    return None
-
-
-def _free_among(lines: Mapping[int, Lane], gpus: Sequence[int], *, start: datetime, end: datetime,
-                needed: int) -> list[int] | None:
-    """The GPUs of `gpus` free from `start` to `end`; None as soon as fewer than `needed` can be."""
-    free: list[int] = []
-    spare = len(gpus) - needed  # busy GPUs that can still be afforded
-    if spare < 0:
+    def _fit(self, lanes: Mapping[tuple[str, int], _Windows], request: Request, *, start: float,
+             duration: float) -> tuple[float, float | None, tuple[tuple[str, tuple[int, ...]], ...]] | None:
+        """The GPUs (on the first hosts that have them, inventory order) free for the request from
+        `start`: on each host the lowest-numbered free ones, as the plan itself gives a booking
+        moved there (gpubook/scheduler/core/plan.py `_choose`); the slot lasts while all stay free.
+        (start, end or None: to the horizon, placement)."""
+        placement: list[tuple[str, tuple[int, ...]]] = []
+        until: list[float] = []
+        for host, gpus in request.among.items():
+            needed = len(gpus) if request.exact else request.count
+            spare = len(gpus) - needed  # busy GPUs that can still be afforded
+            chosen: list[tuple[int, float]] = []
+            for gpu in gpus:
+                windows = lanes[(host, gpu)]
+                if (index := windows.at(start)) is not None:
+                    chosen.append((gpu, windows.lasts[index] + duration))
+                    if len(chosen) == needed:
+                        break
+                else:
+                    spare -= 1
+                    if spare < 0:
+                        break
+            if len(chosen) < needed or needed == 0:
+                continue
+            placement.append((host, tuple(gpu for gpu, _ in chosen)))
+            until.extend(reach for _, reach in chosen)
+            if len(placement) == request.nodes:
+                last = min(until)
+                return (start, None if last >= self._horizon else last, tuple(placement))
         return None
-    for gpu in gpus:
-        if free_at(lines.get(gpu), start, end):
-            free.append(gpu)
-        else:
-            spare -= 1
-            if spare < 0:
-                return None
-    return free
+
+
+def _moment(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _with_ends(starts: Iterator[float], ends: Sequence[float]) -> Iterator[float]:
+    """`starts`, with the end of each slot found on the way put in its place: where a slot's GPUs
+    are booked again, others may have been free for a while (no gap of theirs starts there)."""
+    upcoming = next(starts, None)
+    seen = 0
+    while True:
+        end = ends[-1] if len(ends) > seen else None
+        seen = len(ends)
+        if end is not None and (upcoming is None or end < upcoming):
+            yield end
+            continue
+        if upcoming is None:
+            return
+        yield upcoming
+        upcoming = next(starts, None)
+
+
+def _from(items: Sequence[float], at: int) -> Iterator[float]:
+    return (items[index] for index in range(at, len(items)))
 
 
 def describe(slots: Sequence[Slot], *, zone: tzinfo, now: datetime, one_host: bool = True) -> str:

@@ -187,8 +187,9 @@ def plan(
                                  rank=len(accepted)))
 
     # Named once every booking is placed, so that the slots named are free in this plan.
-    offers = _Offers(busy, config=config, now=now, horizon=now + policy.reach_ahead(config), zone=host_tz,
-                     one_host=len(hosts) == 1)
+    offers = _Offers(free.Finder(busy, origin=min((b.start for b, *_ in conflicts), default=now),
+                                 horizon=now + policy.reach_ahead(config)),
+                     config=config, now=now, zone=host_tz, one_host=len(hosts) == 1)
     rejected.extend(_rejection(booking, offers.add_to(reason, booking, shape, owned))
                     for booking, shape, owned, reason in conflicts)
     accepted.sort(key=lambda a: _order(a.booking))
@@ -486,10 +487,8 @@ class _Offers:
 
     SEARCHES = 1024  # distinct requests searched in one plan; a refusal past them names no slot
 
-    def __init__(self, busy: Mapping[str, Mapping[int, _Timeline]], *, config: Config, now: datetime,
-                 horizon: datetime, zone: tzinfo, one_host: bool) -> None:
-        self.busy, self.now, self.horizon, self.zone, self.one_host = busy, now, horizon, zone, one_host
-        self.config = config
+    def __init__(self, finder: free.Finder, *, config: Config, now: datetime, zone: tzinfo, one_host: bool) -> None:
+        self.finder, self.config, self.now, self.zone, self.one_host = finder, config, now, zone, one_host
         self.known: dict[tuple[Any, ...], str] = {}
 
     def add_to(self, reason: str, booking: Booking, shape: tuple[int, int],
@@ -511,10 +510,9 @@ class _Offers:
             if len(self.known) >= self.SEARCHES:
                 return ""
             request = free.Request(among=among, count=per, duration=duration, nodes=nodes, exact=exact)
-            found = free.next_slots(self.busy, request, after=booking.start, horizon=self.horizon,
-                                    not_before=self.now, last_start=last_start)
+            found = self.finder.next_slots(request, after=booking.start, not_before=self.now, last_start=last_start)
             # Without the horizon's own time: the sentence stays the same from pass to pass.
-            days = (self.horizon - self.now).days
+            days = (self.finder.horizon - self.now).days
             self.known[key] = free.describe(found, zone=self.zone, now=self.now, one_host=self.one_host) \
                 if found else f"no such slot is free in the {days} days ahead that gpubook reads"
         return self.known[key]
