@@ -5,11 +5,11 @@ of GPUs (on each of `nodes` hosts), optionally among given GPUs (a calendar's, a
 indices a booker named), for a duration. A slot is a start where enough GPUs stay free for the
 whole duration, with the GPUs chosen and how long they stay free together.
 
-Candidate starts are the search's own start and the ends of busy blocks after it (a GPU turns free
-only when something on it ends), so the answer is the same on every pass while the bookings stay:
-a refusal that names a slot is not written again on each poll. Each GPU's blocks are disjoint and
-sorted, so "free from t for d" is one bisection; a search costs (candidates × GPUs × log blocks)
-at most, and stops at the slots asked for.
+Candidate starts are the search's own start and the starts of free gaps long enough for the
+duration after it (a GPU turns free only when something on it ends), never "now", so the answer is
+the same on every pass while the bookings stay: a refusal that names a slot is not written again
+on each poll. Each GPU's gaps are disjoint and sorted, so "free from t for d" is one bisection; a
+search costs (candidates × GPUs × log gaps) at most, and stops at the slots asked for.
 """
 
 from __future__ import annotations
@@ -109,22 +109,6 @@ def _merged(items: Sequence[tuple[datetime, datetime]]) -> Busy:
             starts.append(start)
             ends.append(end)
     return Busy(starts, ends)
-
-
-def free_at(lane: Lane | None, start: datetime, end: datetime) -> bool:
-    """Whether nothing on `lane` overlaps [start, end)."""
-    if lane is None:
-        return True
-    at = bisect.bisect_left(lane.starts, end)
-    return at == 0 or lane.ends[at - 1] <= start
-
-
-def free_until(lane: Lane | None, moment: datetime) -> datetime | None:
-    """When the lane is next busy at or after `moment` (None: never, as far as it knows)."""
-    if lane is None:
-        return None
-    at = bisect.bisect_left(lane.starts, moment)
-    return lane.starts[at] if at < len(lane.starts) else None
 
 
 def free_spans(lane: Lane | None, *, start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
