@@ -8,6 +8,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpubook.scheduler.core import free
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import LOCAL, Plan, plan
@@ -171,3 +174,52 @@ def test_a_refusal_names_no_slot_further_ahead_than_its_booker_may_book() -> Non
     reasons = {r.id: r.reason for r in result.rejected}
     assert reasons["alice"].endswith("; no such slot is free in the 7 days ahead that gpubook reads"), reasons
     assert reasons["bob"].endswith("; GPU 0 is free Sat 28 Nov from 01:00 (CET)"), reasons
+
+
+@st.composite
+def busy_lanes(draw: st.DrawFn) -> dict[str, dict[int, free.Busy]]:
+    blocks = []
+    for number in range(draw(st.integers(0, 20))):
+        start = utc(2026, 11, 24) + timedelta(minutes=30 * draw(st.integers(0, 4 * 48)))
+        gpus = tuple(sorted(draw(st.sets(st.integers(0, 3), min_size=1, max_size=3))))
+        blocks.append(free.Block(host=LOCAL, gpus=gpus, start=start,
+                                 end=start + timedelta(minutes=30 * draw(st.integers(1, 24))), booking=f"b{number}",
+                                 user="bob"))
+    return free.lanes(blocks)
+
+
+def busy_at(lanes: dict[str, dict[int, free.Busy]], gpu: int, start: datetime, end: datetime) -> bool:
+    lane = lanes.get(LOCAL, {}).get(gpu)
+    return lane is not None and any(s < end and start < e for s, e in zip(lane.starts, lane.ends, strict=True))
+
+
+@given(lanes=busy_lanes(), count=st.integers(1, 4), hours=st.sampled_from([0.5, 1, 3, 8]),
+       after=st.integers(0, 4 * 24))
+@settings(max_examples=300, deadline=None)
+def test_each_slot_is_free_and_none_earlier_fits(lanes: dict[str, dict[int, free.Busy]], count: int, hours: float,
+                                                  after: int) -> None:
+    """Against brute force on the half-hour grid the blocks lie on: each slot's GPUs are free for
+    the whole duration and to its end, its end is where one of them is booked again, and no
+    earlier start (after the search's start, or between the slots) fits the request."""
+    start_at = utc(2026, 11, 24) + timedelta(minutes=30 * after)
+    horizon = utc(2026, 11, 28)
+    duration = timedelta(hours=hours)
+    found = free.next_slots(lanes, request((0, 1, 2, 3), count, hours), after=start_at, horizon=horizon, limit=3)
+
+    def fits(moment: datetime) -> bool:
+        return sum(not busy_at(lanes, gpu, moment, moment + duration) for gpu in range(4)) >= count
+
+    steps = int((horizon - start_at) / timedelta(minutes=30))
+    grid = [start_at + timedelta(minutes=30 * step) for step in range(steps)]
+    begin = start_at
+    for slot in found:
+        (host, gpus), = slot.placement
+        assert len(gpus) == count
+        end = slot.end or horizon
+        assert end - slot.start >= duration
+        assert not any(busy_at(lanes, gpu, slot.start, end) for gpu in gpus)
+        assert slot.end is None or any(busy_at(lanes, gpu, end, end + timedelta(minutes=1)) for gpu in gpus)
+        assert not any(fits(moment) for moment in grid if begin <= moment < slot.start)
+        begin = end
+    if len(found) < 3 and (not found or found[-1].end is not None):
+        assert not any(fits(moment) for moment in grid if begin <= moment and moment + duration <= horizon)

@@ -258,12 +258,16 @@ def _with_ends(starts: Iterator[float], ends: Sequence[float]) -> Iterator[float
     """`starts`, with the end of each slot found on the way put in its place: where a slot's GPUs
     are booked again, others may have been free for a while (no gap of theirs starts there)."""
     upcoming = next(starts, None)
+    pending: float | None = None
     seen = 0
     while True:
-        end = ends[-1] if len(ends) > seen else None
-        seen = len(ends)
-        if end is not None and (upcoming is None or end < upcoming):
-            yield end
+        if len(ends) > seen:
+            pending, seen = ends[-1], len(ends)
+        if pending is not None and (upcoming is None or pending <= upcoming):
+            if pending == upcoming:
+                upcoming = next(starts, None)
+            yield pending
+            pending = None
             continue
         if upcoming is None:
             return
