@@ -22,6 +22,7 @@ from gpubook.scheduler.outbox.web.lab import ANSWER_LIMIT, LAB_SECRET_HEADER, LA
 from tests.kits import lab_kit
 from tests.kits.daemon_kit import ROOT, book, child_env
 from tests.kits.servers import FeedServer, Reply
+from tests.kits.web_kit import CHROMEDRIVER, CHROMIUM, browser, rendered
 
 pytestmark = [pytest.mark.caldav, pytest.mark.slow]
 
@@ -211,3 +212,21 @@ def test_a_lab_fetch_follows_no_redirect_and_caps_the_answer(feed: FeedServer) -
         f"{where} answered text/html, not JSON: is it a gpubook page?"]
     assert [path for _, path, _ in feed.requests].count("/moved/api/status") == 1
     assert all(headers.get(LAB_USER_HEADER) == "alice" for _, _, headers in feed.requests)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                    reason="Debian's chromium and chromium-driver are not installed")
+def test_the_lab_page_in_a_browser(lab: Lab2) -> None:
+    """Chromium (in Europe/Paris) logged in as bob: both hosts, the server down, bob's own ssh line
+    only, and the times in the browser's zone."""
+    with browser(timezone="Europe/Paris") as driver:
+        rendered(driver, lab.gpu1.url.replace("http://", f"http://bob:{lab_kit.PASSWORDS['bob']}@") + "/lab")
+        sections = driver.find_elements("css selector", "section.host")
+        assert [s.get_attribute("data-host") for s in sections] == ["gpu1", "gpu2"]
+        assert [c.text for c in driver.find_elements("css selector", "code.ssh")] == ["ssh -p 2202 bob@gpu2"]
+        assert len(driver.find_elements("css selector", "tr.unreachable")) == 1
+        assert driver.find_element("css selector", "#zone").text == "Europe/Paris"
+        start = driver.find_element("css selector", 'table.next tr[data-booking="alice-later@gpu2"] time')
+        assert start.get_attribute("title") == (NOW + 2 * HOUR).isoformat()
+        assert start.text != start.get_attribute("title")  # shown in the browser's words and zone

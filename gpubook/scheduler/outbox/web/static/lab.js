@@ -17,5 +17,6 @@ function localTimes() {
 
 document.addEventListener("DOMContentLoaded", () => {
   localTimes();
+  document.body.dataset.rendered = "1";  // for tests: the times are local now
   if (document.body.dataset.refresh) setTimeout(() => window.location.reload(), 30000);
 });
