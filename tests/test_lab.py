@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -212,6 +213,15 @@ def test_a_lab_fetch_follows_no_redirect_and_caps_the_answer(feed: FeedServer) -
         f"{where} answered text/html, not JSON: is it a gpubook page?"]
     assert [path for _, path, _ in feed.requests].count("/moved/api/status") == 1
     assert all(headers.get(LAB_USER_HEADER) == "alice" for _, _, headers in feed.requests)
+
+
+def test_a_silent_server_costs_the_lab_page_its_timeout_only(feed: FeedServer) -> None:
+    feed.replies["/silent/api/status"] = Reply(body=b"{}", delay=30, headers={"Content-Type": "application/json"})
+    asked = time.monotonic()
+    answers = Lab([f"{feed.base_url}/silent"], secret=None, timeout=0.5).answers(None, "/api/status")
+    assert time.monotonic() - asked < 20  # bounded by the timeout (0.5 s a read; 2 s in all), not the server's 30 s
+    assert answers[0].data is None and answers[0].problem is not None
+    assert answers[0].problem.startswith(f"{feed.base_url.removeprefix('http://')} did not answer within ")
 
 
 @pytest.mark.browser
