@@ -23,7 +23,7 @@ from gpubook.scheduler.outbox.web.lab import ANSWER_LIMIT, LAB_SECRET_HEADER, LA
 from tests.kits import lab_kit
 from tests.kits.daemon_kit import ROOT, book, child_env
 from tests.kits.servers import FeedServer, Reply
-from tests.kits.web_kit import CHROMEDRIVER, CHROMIUM, browser, rendered
+from tests.kits.web_kit import CHROMEDRIVER, CHROMIUM, browser, rendered, served, web_config
 
 pytestmark = [pytest.mark.caldav, pytest.mark.slow]
 
@@ -140,6 +140,22 @@ def test_auth_is_kept_on_the_lab_page_and_between_the_servers(lab: Lab2) -> None
     assert refused[0].data is None
     assert refused[0].problem is not None and refused[0].problem.startswith(
         f"{lab.gpu2.url.removeprefix('http://')} refused this page's request (HTTP 403)")
+
+
+def test_a_lab_page_behind_a_proxy_forwards_the_proxys_user(lab: Lab2, tmp_path: Path) -> None:
+    """A third page with auth "header" (its proxy on loopback) shows gpu2, which has auth basic, as the
+    proxy's user would see it there: bob his own line, alice none; a request around the proxy nothing."""
+    secret = tmp_path / "lab-secret"
+    secret.write_text(lab_kit.SECRET)
+    secret.chmod(0o600)
+    config = web_config(tmp_path, auth="header", trusted_proxies=["127.0.0.1"], lab=[lab.gpu2.url],
+                        lab_secret_file=str(secret))
+    with served(config, None) as url:
+        for user, line in (("bob", "ssh -p 2202 bob@gpu2"), ("alice", None)):
+            view = requests.get(url + "/api/lab", headers={"X-Forwarded-User": user}, timeout=30).json()
+            assert view["viewer"] == user and [s["problem"] for s in view["servers"]] == [None, None]
+            assert [r["ssh"] for r in hosts(view)["gpu2"]["running"]] == [line]
+        assert requests.get(url + "/api/lab", timeout=30).status_code == 403  # no user named by the proxy
 
 
 def test_the_metrics_name_each_host(lab: Lab2) -> None:
