@@ -272,10 +272,12 @@ def usage_path(*, start: str, end: str, by: str) -> str:
     return "/api/usage?" + urlencode({"from": start, "to": end, "by": by})
 
 
-def lab_usage(own: Mapping[str, Any], answers: Sequence[Answer], *, own_label: str) -> dict[str, Any]:
+def lab_usage(own: Mapping[str, Any], answers: Sequence[Answer], *, own_label: str,
+              own_problem: str | None = None) -> dict[str, Any]:
     """The lab's report: this server's (`own`, report.to_json's) and the others', rows summed by key;
-    a server that did not answer is named, and its hours are missing from the sums (said so)."""
-    servers = [{"server": own_label, "problem": None}]
+    a server that did not answer (or this one, `own_problem`) is named, and its hours are missing
+    from the sums (said so)."""
+    servers = [{"server": own_label, "problem": own_problem}]
     reports = [own]
     for answer in answers:
         data = answer.data

@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 
 from flask import Flask, Response, abort, jsonify, render_template, request
 
+from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler.outbox.report import BY
 from gpubook.scheduler.outbox.web.access import USER_KEY
 from gpubook.scheduler.outbox.web.lab import Lab, lab_status, lab_usage, usage_path
@@ -45,7 +46,12 @@ def add_lab_routes(app: Flask, *, own: Callable[[], dict[str, Any]], web: WebCon
                 start, end, by = _window(request.args, zone)
             except BadQuery as error:
                 return refused(error)
-            return jsonify(usage(start, end, by))
+            try:
+                return jsonify(usage(start, end, by))
+            except GpubookError as error:  # the state database busy or unreadable: said, never a 500
+                answer = jsonify({"error": f"{host_name}: the state database cannot be read: {error}"})
+                answer.status_code = 503
+                return answer
 
     if lab is None:
         return
@@ -57,9 +63,15 @@ def add_lab_routes(app: Flask, *, own: Callable[[], dict[str, Any]], web: WebCon
         start, end, by = _window(request.args, zone)
         if usage is None:
             abort(404)
-        own_report = usage(start, end, by)
+        own_problem = None
+        try:
+            own_report = usage(start, end, by)
+        except GpubookError as error:
+            own_report = {"host": host_name, "by": by, "from": start.isoformat(), "to": end.isoformat(), "rows": []}
+            own_problem = f"{host_name}: the state database cannot be read: {error}"
         answers = lab.answers(viewer(), usage_path(start=start.isoformat(), end=end.isoformat(), by=by))
-        return {**lab_usage(own_report, answers, own_label=host_name), "month": f"{start:%Y-%m}",
+        return {**lab_usage(own_report, answers, own_label=host_name, own_problem=own_problem),
+                "month": f"{start:%Y-%m}",
                 "previous": f"{(start - timedelta(days=1)):%Y-%m}", "next": f"{end:%Y-%m}", "viewer": viewer()}
 
     @app.get("/lab")
