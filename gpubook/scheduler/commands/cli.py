@@ -211,6 +211,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     paths = {kind: Path(value) if value else None for kind, value in (("csv", args.csv), ("png", args.png),
                                                                        ("html", args.html))}
     path = config.config_path(args.config, required=False)
+    if args.lab:
+        if any(paths.values()):
+            raise report.ReportError("--lab prints the lab's table (or --json); --csv, --png and --html are one "
+                                     "server's: run them without --lab")
+        return report.run_lab(start_text=args.start, end_text=args.end, by=args.by,
+                              config_path=str(path) if path else None, as_json=args.json)
     return report.run(start_text=args.start, end_text=args.end, by=args.by, outputs=report.Outputs(**paths),
                       config_path=str(path) if path else None, as_json=args.json)
 
@@ -315,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "utilisation per GPU) as a PNG")
     report.add_argument("--html", metavar="FILE", help="write one HTML page: the table and the plots")
     report.add_argument("--json", action="store_true", help="print the table's rows as one JSON object")
+    report.add_argument("--lab", action="store_true", help="the lab's servers together: this one's and each "
+                        "[web] lab server's usage, summed (exit 1 when one did not answer)")
 
     setup = command("setup", cmd_setup, "set this host up for gpubook, once, as root: the daemon's account, its "
                     "data_root, podman, the config, the image and the user unit; then gpubook doctor", config=False)
