@@ -2,7 +2,8 @@
 
 Two views of one data set (web/page.py): `/` (HTML: tables rendered here, the timelines drawn by
 static/app.js in the browser's time zone from the same data embedded as JSON) and `/api/status`
-(that JSON). `mounts` (path → WSGI app, such as /metrics) are served beside them; access.Access
+(that JSON); and the availability calendar `/free.ics`, `/free/<model>.ics` (web/free_route.py).
+`mounts` (path → WSGI app, such as /metrics) are served beside them; access.Access
 stands in front of all of it. Nothing here writes: there is no form, no POST, no cookie.
 """
 
@@ -17,6 +18,7 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import Status
+from gpubook.scheduler.outbox.web import free_route
 from gpubook.scheduler.outbox.web.access import USER_KEY, Access
 from gpubook.scheduler.outbox.web.lab_page import Usage, add_lab_routes
 from gpubook.scheduler.outbox.web.live import LiveGpus
@@ -59,6 +61,14 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
     @app.get("/api/status")
     def api_status() -> Response:
         return jsonify(data())
+
+    feeds = free_route.FreeFeeds()
+
+    @app.get("/free.ics")
+    @app.get("/free/<model>.ics")
+    def free_ics(model: str = "") -> Response:
+        return feeds.answer(status(), model=model, viewer=request.environ.get(USER_KEY), host_name=host_name,
+                            live=live() if live is not None else None)
 
     add_lab_routes(app, own=data, web=web, host_name=host_name, timezone=timezone, usage=usage)
 
