@@ -33,15 +33,17 @@ PLAN = Plan(accepted=(accepted(ALICE, 0), accepted(BOB, 0, 1)), rejected=(), nex
 TIME = "%Y-%m-%d %H:%M"
 
 
-def sync_feed(folder: Path, feed_url: str) -> Path:
-    """vdirsyncer's http storage (read-only) into a filesystem vdir, as a booker subscribes."""
+def sync_feed(folder: Path, feed_url: str, *, login: tuple[str, str] | None = None) -> Path:
+    """vdirsyncer's http storage (read-only) into a filesystem vdir, as a booker subscribes; with
+    `login`, as user and password of the page's basic auth."""
     vdir = folder / "free"
     vdir.mkdir()
     (folder / "status").mkdir()
+    auth = f'auth = "basic"\nusername = "{login[0]}"\npassword = "{login[1]}"\n' if login else ""
     config = folder / "vdirsyncer.conf"
     config.write_text(f'[general]\nstatus_path = "{folder / "status"}"\n\n'
                       '[pair free]\na = "feed"\nb = "local"\ncollections = null\n\n'
-                      f'[storage feed]\ntype = "http"\nurl = "{feed_url}"\n\n'
+                      f'[storage feed]\ntype = "http"\nurl = "{feed_url}"\n{auth}\n'
                       f'[storage local]\ntype = "filesystem"\npath = "{vdir}"\nfileext = ".ics"\n')
     for step in ("discover", "sync"):
         done = subprocess.run(["vdirsyncer", "-c", str(config), step], capture_output=True, text=True, timeout=120,
@@ -101,3 +103,19 @@ def test_a_booking_gone_from_the_feed_leaves_the_clients_calendar_at_the_next_sy
     assert len(first) == 2
     shown = khal_list(tmp_path, vdir, start=NOW - timedelta(days=1), end=NOW + timedelta(days=2))
     assert shown == [f"{ALICE.start:{TIME}}|{ALICE.end:{TIME}}|busy: GPU 0"]
+
+
+def test_behind_the_pages_login_khal_shows_the_bookers_own_name_only(tmp_path: Path) -> None:
+    """The page's default auth (basic): vdirsyncer logs in as alice, as free's guide says; her busy
+    block carries her name, bob's does not."""
+    assert not MISSING, f"not installed: {', '.join(MISSING)} (quickstart's apt list installs them in CI)"
+    users = tmp_path / "htpasswd"
+    subprocess.run(["htpasswd", "-B", "-b", "-C", "5", "-c", str(users), "alice", "alice-pw-1"], check=True,
+                   capture_output=True)
+    users.chmod(0o600)
+    config = web_config(tmp_path, auth="basic", htpasswd_file=str(users))
+    with served(config, status_of(PLAN, now=NOW, gpus=2)) as url:
+        vdir = sync_feed(tmp_path, url + "/free.ics", login=("alice", "alice-pw-1"))
+    shown = khal_list(tmp_path, vdir, start=NOW - timedelta(days=1), end=NOW + timedelta(days=2))
+    assert shown == [f"{ALICE.start:{TIME}}|{ALICE.end:{TIME}}|busy: GPU 0 (alice)",
+                     f"{BOB.start:{TIME}}|{BOB.end:{TIME}}|busy: GPU 0,1"]

@@ -377,7 +377,7 @@ firstweekday = 0
     for step in (["discover"], ["sync"]):
         subprocess.run(["vdirsyncer", "-c", str(config), *step], env=env, check=True, capture_output=True)
     listed = subprocess.run(["khal", "-c", str(khal_config), "list", "--format",
-                             "{start-end-time-style} {title} [{calendar}]", "today", "2d"],
+                             "{start-end-time-style} {status}{title} [{calendar}]", "today", "2d"],
                             env=env, check=True, capture_output=True, text=True).stdout
     write_text(out / "clients-khal-list.txt", listed)
     write_text(out / "clients-ikhal.txt", ikhal(env, khal_config))
