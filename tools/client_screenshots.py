@@ -8,7 +8,7 @@ would (one now, one that collides with it, one tomorrow), runs the real daemon (
 podman, two GPUs of a static inventory, its page on 127.0.0.1 serving /free.ics) until it has
 answered all three (running, refused, accepted), then shows the calendar and the availability feed:
 
-- in Thunderbird under Xvfb: the week view, and the refused booking's dialog (PNG, cropped, 8-bit);
+- in Thunderbird under Xvfb: the week view, and the running and refused bookings' dialogs (PNG, 8-bit);
 - in khal, with vdirsyncer syncing the CalDAV calendar and the feed (its http storage) into vdirs:
   `khal list` and `ikhal` in tmux (text).
 
@@ -266,8 +266,7 @@ def save_png(env: dict[str, str], out: Path, *, window: str = "root", crop: tupl
     print(f"client_screenshots: wrote {out} ({out.stat().st_size // 1024} KiB)")
 
 
-def thunderbird(folder: Path, out: Path, *, calendar_url: str, feed_url: str, refused_at: datetime,
-                now: datetime) -> None:
+def thunderbird(folder: Path, out: Path, *, calendar_url: str, feed_url: str, now: datetime) -> None:
     profile = thunderbird_profile(folder, calendar_url=calendar_url, feed_url=feed_url, now=now)
     with xvfb() as env:
         env = {k: v for k, v in env.items() if k != "MOZ_HEADLESS"} | {"HOME": str(folder / "home")}
@@ -282,31 +281,35 @@ def thunderbird(folder: Path, out: Path, *, calendar_url: str, feed_url: str, re
             time.sleep(40)
             subprocess.run(["import", "-window", "root", str(folder / "thunderbird.png")], env=env, check=True)
             save_png(env, out / "clients-thunderbird-week.png", crop=WEEK_CROP)
-            refused_dialog(env, out, refused_at, now)
+            for uid, title, _, start, *_ in bookings(now):
+                if uid != "accepted@screenshots":
+                    event_dialog(env, out / f"clients-thunderbird-{uid.split('@')[0]}.png", title=title,
+                                 start=start, now=now)
         finally:
             process.terminate()
             process.wait(timeout=30)
             log.close()
 
 
-def refused_dialog(env: dict[str, str], out: Path, start: datetime, now: datetime) -> None:
-    """Double-click the refused booking's box, an hour into it, and save the summary dialog
-    Thunderbird opens (the event's description, the host's attendee). Overlapping events share the
-    day's column, so places across it are tried; another event's dialog is put out of the way."""
+def event_dialog(env: dict[str, str], out: Path, *, title: str, start: datetime, now: datetime) -> None:
+    """Double-click the event's box, an hour into it, and save the summary dialog Thunderbird opens
+    (the description's block, the host's attendee) as clients-thunderbird-<uid>.png. Overlapping
+    events share the day's column, so places across it are tried; other dialogs are put away."""
     y = GRID_TOP + int((start.hour - first_hour(now) + 1) * HOUR_HEIGHT)
-    for fraction in (0.85, 0.65, 0.45, 0.25):
+    for fraction in (0.85, 0.65, 0.45, 0.25, 0.1):
         x = GRID_LEFT + int((start.weekday() + fraction) * COLUMN_WIDTH)
         xdotool(env, "mousemove", str(x), str(y), "click", "--repeat", "2", "--delay", "150", "1")
         time.sleep(5)
-        found = xdotool(env, "search", "--name", "^bob: sweep").split()
+        found = xdotool(env, "search", "--name", f"^{title}$").split()
         if found:
             xdotool(env, "windowsize", found[-1], "560", "600")  # room for the description's block
             time.sleep(2)
-            save_png(env, out / "clients-thunderbird-refused.png", window=found[-1])
+            save_png(env, out, window=found[-1])
+            xdotool(env, "windowunmap", found[-1])
             return
-        for other in xdotool(env, "search", "--name", "^(alice|busy):").split():
+        for other in xdotool(env, "search", "--name", "^(alice|bob|busy):").split():
             xdotool(env, "windowunmap", other)
-    print("client_screenshots: the refused booking's dialog did not open (no picture of it)")
+    print(f"client_screenshots: the dialog of {title!r} did not open (no picture of it)")
 
 
 # -- khal -----------------------------------------------------------------------------------------
@@ -443,9 +446,7 @@ def main() -> int:
             feed_url = f"http://127.0.0.1:{web_port}/free.ics"
             wait_for("busy blocks in /free.ics", lambda: b"BEGIN:VEVENT" in requests.get(feed_url, timeout=10).content,
                      timeout=60)
-            refused_at = bookings(now)[2][3]
-            thunderbird(folder, args.out, calendar_url=calendar_url, feed_url=feed_url, refused_at=refused_at,
-                        now=now)
+            thunderbird(folder, args.out, calendar_url=calendar_url, feed_url=feed_url, now=now)
             khal_texts(folder, args.out, calendar_url=calendar_url, feed_url=feed_url)
     finally:
         if daemon is not None:
