@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from socketserver import ThreadingMixIn
@@ -109,47 +110,56 @@ def radicale(folder: Path) -> Iterator[str]:
         server.server_close()
 
 
-def booking_text(uid: str, summary: str, *, user: str, start: datetime, end: datetime, gpus: int,
-                 created: datetime) -> str:
-    """An event as a booker's client saves it: a title, the times, and gpubook's two lines."""
+@dataclass(frozen=True)
+class Booked:
+    uid: str
+    title: str
+    user: str
+    start: datetime
+    end: datetime
+    gpus: int
+    created: datetime  # the first made wins a collision
+
+    @property
+    def name(self) -> str:
+        return self.uid.split("@")[0]
+
+
+def bookings(now: datetime) -> list[Booked]:
+    """Running now; refused (it wants GPU 0 while that one runs, and was made last); accepted
+    tomorrow, 3 hours earlier in the day (today, later, when tomorrow is next week's first day)."""
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    later = hour + timedelta(hours=21) if now.weekday() < 6 else hour + timedelta(hours=4)
+    return [
+        Booked("running@screenshots", "alice: fine-tune", BOOKER, hour - timedelta(hours=1),
+               hour + timedelta(hours=3), 1, created=hour - timedelta(days=2)),
+        Booked("accepted@screenshots", "alice: evaluation", BOOKER, later, later + timedelta(hours=3), 2,
+               created=hour - timedelta(days=1)),
+        Booked("refused@screenshots", "bob: sweep on both GPUs", OTHER, hour + timedelta(hours=1),
+               hour + timedelta(hours=4), 2, created=hour - timedelta(hours=2)),
+    ]
+
+
+def booking_text(booked: Booked) -> str:
+    """The event as a booker's client saves it: a title, the times, and gpubook's two lines."""
     calendar = icalendar.Calendar()
     calendar.add("prodid", "-//gpubook client_screenshots//EN")
     calendar.add("version", "2.0")
     event = icalendar.Event()
-    for name, value in (("uid", uid), ("summary", summary), ("dtstart", start), ("dtend", end),
-                        ("dtstamp", created), ("created", created),
-                        ("description", f"user: {user}\ngpus: {gpus}\n")):
+    for name, value in (("uid", booked.uid), ("summary", booked.title), ("dtstart", booked.start),
+                        ("dtend", booked.end), ("dtstamp", booked.created), ("created", booked.created),
+                        ("description", f"user: {booked.user}\ngpus: {booked.gpus}\n")):
         event.add(name, value)
     calendar.add_component(event)
     return calendar.to_ical().decode()
 
 
-Booking = tuple[str, str, str, datetime, datetime, int, datetime]
-
-
-def bookings(now: datetime) -> list[Booking]:
-    """(uid, title, user, start, end, gpus, created): running now, refused (it wants GPU 0 while it
-    runs: it was made last, and the first made wins), and accepted tomorrow, 3 hours earlier in the
-    day (today, later, when tomorrow is next week's first day)."""
-    hour = now.replace(minute=0, second=0, microsecond=0)
-    later = hour + timedelta(hours=21) if now.weekday() < 6 else hour + timedelta(hours=4)
-    return [
-        ("running@screenshots", "alice: fine-tune", BOOKER, hour - timedelta(hours=1), hour + timedelta(hours=3), 1,
-         hour - timedelta(days=2)),
-        ("accepted@screenshots", "alice: evaluation", BOOKER, later, later + timedelta(hours=3), 2,
-         hour - timedelta(days=1)),
-        ("refused@screenshots", "bob: sweep on both GPUs", OTHER, hour + timedelta(hours=1),
-         hour + timedelta(hours=4), 2, hour - timedelta(hours=2)),
-    ]
-
-
 # -- the daemon -----------------------------------------------------------------------------------
 
 
-def write_config(folder: Path, calendar_url: str, *, data_root: Path, web_port: int) -> Path:
+def write_config(folder: Path, calendar_url: str, *, data: Path, web_port: int) -> Path:
     low = 20000 + (os.getpid() % 2000) * 4
     keys = {user: paramiko.RSAKey.generate(2048) for user in (BOOKER, OTHER)}
-    data = Path(tempfile.mkdtemp(prefix="screenshots-", dir=data_root))
     lines = [
         "[host]", 'name = "devbox1"', 'timezone = "UTC"', "",
         "[[calendar]]", f'url = "{calendar_url}"', f'username = "{BOOKER}"', "",
@@ -172,22 +182,24 @@ def write_config(folder: Path, calendar_url: str, *, data_root: Path, web_port: 
 def answers(calendar_url: str) -> dict[str, str]:
     """Each booking's X-GPUBOOK-STATUS as the server holds it now."""
     found = {}
-    for uid, *_ in bookings(datetime.now(UTC)):
-        answer = requests.get(f"{calendar_url}{uid.split('@')[0]}.ics", timeout=10)
+    for booked in bookings(datetime.now(UTC)):
+        answer = requests.get(f"{calendar_url}{booked.name}.ics", timeout=10)
         if answer.ok:
             event = icalendar.Calendar.from_ical(answer.content).walk("VEVENT")[0]
-            found[uid] = str(event.get("X-GPUBOOK-STATUS", ""))
+            found[booked.uid] = str(event.get("X-GPUBOOK-STATUS", ""))
     return found
 
 
-def remove_containers() -> None:
+def remove_bookings(data: Path) -> None:
     """The daemon leaves its containers running when it stops (a restarted daemon adopts them): the
-    running booking's container is removed here, by its booking label."""
-    for uid, *_ in bookings(datetime.now(UTC)):
-        found = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"label=gpubook.booking={uid}"],
+    running booking's container is removed here, by its booking label, and the bookings' data
+    folders (owned by the account's sub-UIDs, hence inside podman's user namespace)."""
+    for booked in bookings(datetime.now(UTC)):
+        found = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"label=gpubook.booking={booked.uid}"],
                                capture_output=True, text=True).stdout.split()
         if found:
             subprocess.run(["podman", "rm", "-f", "-t", "1", *found], capture_output=True)
+    subprocess.run(["podman", "unshare", "rm", "-rf", str(data)], capture_output=True)
 
 
 # -- Thunderbird ----------------------------------------------------------------------------------
@@ -270,25 +282,24 @@ def thunderbird(folder: Path, out: Path, *, calendar_url: str, feed_url: str, no
     profile = thunderbird_profile(folder, calendar_url=calendar_url, feed_url=feed_url, now=now)
     with xvfb() as env:
         env = {k: v for k, v in env.items() if k != "MOZ_HEADLESS"} | {"HOME": str(folder / "home")}
-        log = (folder / "thunderbird.log").open("wb")
-        process = subprocess.Popen(["thunderbird", "--no-remote", "--profile", str(profile), "-calendar"],
-                                   env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        # MOZ_HEADLESS (set in some shells) would draw nothing on the display.
+        with (folder / "thunderbird.log").open("wb") as log:
+            process = subprocess.Popen(["thunderbird", "--no-remote", "--profile", str(profile), "-calendar"],
+                                       env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         try:
             wait_for("Thunderbird's calendar window",
-                              lambda: xdotool(env, "search", "--name", "Calendar - Mozilla Thunderbird").split(),
-                              timeout=120)
+                     lambda: xdotool(env, "search", "--name", "Calendar - Mozilla Thunderbird").split(), timeout=120)
             # Both calendars load in the background: the ICS feed once, CalDAV with its first REPORT.
             time.sleep(40)
             subprocess.run(["import", "-window", "root", str(folder / "thunderbird.png")], env=env, check=True)
             save_png(env, out / "clients-thunderbird-week.png", crop=WEEK_CROP)
-            for uid, title, _, start, *_ in bookings(now):
-                if uid != "accepted@screenshots":
-                    event_dialog(env, out / f"clients-thunderbird-{uid.split('@')[0]}.png", title=title,
-                                 start=start, now=now)
+            for booked in bookings(now):
+                if booked.name != "accepted":
+                    event_dialog(env, out / f"clients-thunderbird-{booked.name}.png", title=booked.title,
+                                 start=booked.start, now=now)
         finally:
             process.terminate()
             process.wait(timeout=30)
-            log.close()
 
 
 def event_dialog(env: dict[str, str], out: Path, *, title: str, start: datetime, now: datetime) -> None:
@@ -423,22 +434,22 @@ def main() -> int:
         raise SystemExit(f"client_screenshots: not installed: {', '.join(missing)}")
     args.out.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="gpubook-screenshots-"))
+    data = Path(tempfile.mkdtemp(prefix="screenshots-", dir=args.data_root))
     daemon = None
     try:
         with radicale(folder / "collections") as server:
             calendar_url = f"{server}/{BOOKER}/gpus/"
             requests.request("MKCALENDAR", calendar_url, timeout=10).raise_for_status()
             now = datetime.now(UTC)
-            for uid, title, user, start, end, gpus, created in bookings(now):
-                text = booking_text(uid, title, user=user, start=start, end=end, gpus=gpus, created=created)
-                requests.put(f"{calendar_url}{uid.split('@')[0]}.ics", timeout=10, data=text.encode(),
+            for booked in bookings(now):
+                requests.put(f"{calendar_url}{booked.name}.ics", timeout=10, data=booking_text(booked).encode(),
                              headers={"Content-Type": "text/calendar; charset=utf-8"}).raise_for_status()
             web_port = free_port()
-            config = write_config(folder, calendar_url, data_root=args.data_root, web_port=web_port)
-            log = (folder / "daemon.log").open("wb")
-            daemon = subprocess.Popen([sys.executable, "-m", "gpubook.scheduler.commands.cli", "run", "--config",
-                                       str(config)], cwd=ROOT, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+            config = write_config(folder, calendar_url, data=data, web_port=web_port)
+            with (folder / "daemon.log").open("wb") as log:
+                daemon = subprocess.Popen([sys.executable, "-m", "gpubook.scheduler.commands.cli", "run", "--config",
+                                           str(config)], cwd=ROOT, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                          env={**os.environ, "PYTHONPATH": str(ROOT)})
             wanted = {"running@screenshots": "running", "refused@screenshots": "rejected",
                       "accepted@screenshots": "accepted"}
             wait_for(f"the daemon's answers {wanted} (log: {folder / 'daemon.log'})",
@@ -452,7 +463,7 @@ def main() -> int:
         if daemon is not None:
             daemon.terminate()
             daemon.wait(timeout=120)
-            remove_containers()
+        remove_bookings(data)
         if args.keep:
             print(f"client_screenshots: kept {folder}")
         else:
