@@ -118,6 +118,7 @@ class StartHandler:
         try:
             started = host.start(replace(start_request(booking, user, template=template, gpus=accepted.gpus,
                                                        port=port), armed=action.armed,
+                                         address=self.address(accepted.host),
                                          placement=accepted.placement if accepted.others else ()))
         except Preparing:
             if not action.armed:  # an armed container keeps running (and holding its port) meanwhile
@@ -210,7 +211,8 @@ def start_request(booking: Booking, user: UserConfig, *, template: Template, gpu
                   port: int) -> StartRequest:
     """What a host gets to start (or arm) a booking: one function, so both build the same spec."""
     return StartRequest(booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys),
-                        template=template, gpus=gpus, port=port, end=booking.end, start=booking.start)
+                        template=template, gpus=gpus, port=port, end=booking.end, start=booking.start,
+                        uid=booking.uid, title=booking.summary)
 
 
 class DisarmHandler:
@@ -333,10 +335,11 @@ class AdoptHandler:
 
 
 class ExtendHandler:
-    """A running booking's later end, agreed: the next passes plan with it."""
+    """A running booking's later end, agreed: the next passes plan with it, and the booking.json
+    inside its container says it (on a host that keeps one: `move_end`)."""
 
-    def __init__(self, *, state: State, journal: Journal) -> None:
-        self.state, self.journal = state, journal
+    def __init__(self, *, state: State, journal: Journal, hosts: Mapping[str, Host] | None = None) -> None:
+        self.state, self.journal, self.hosts = state, journal, hosts or {}
 
     def __call__(self, action: upkeep.Extend, *, now: datetime) -> Change:
         try:
@@ -346,7 +349,23 @@ class ExtendHandler:
             return NOTHING
         self.journal.say(action.booking_id,
                          f"the end moved later, to {action.end.isoformat()}; the booking keeps running", now=now)
+        self._tell_inside(action)
         return NOTHING
+
+    def _tell_inside(self, action: upkeep.Extend) -> None:
+        """Its booking.json, on whichever host keeps it; a failed write costs the booker that file's
+        news (logged), never the agreed end."""
+        for host in self.hosts.values():
+            move_end = getattr(host, "move_end", None)
+            if move_end is None:
+                continue
+            try:
+                if move_end(action.booking_id, action.end):
+                    return
+            except (GpubookError, OSError, ValueError) as error:
+                self.journal.log.warning("booking %s: its booking.json still shows the earlier end: %s",
+                                         action.booking_id, error)
+                return
 
 
 class RemindHandler:
