@@ -1,0 +1,87 @@
+"""Bookings named by their event's title (SUMMARY) on the status page and in `gpubook status`, the
+UID on hover and in --json. Titles come from a hostile calendar: HTML, a `</script>` that would
+close the page's embedded data, terminal escapes and newlines must all come out inert."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import replace
+from datetime import timedelta
+
+import requests
+
+from gpubook.runtime.engines import ContainerInfo, container_name
+from gpubook.scheduler.core.plan import Plan
+from gpubook.scheduler.outbox import status
+from gpubook.scheduler.outbox.timeline import TITLE_WIDTH, short_title
+from tests.kits.web_kit import accepted, booking, now_utc, served, status_of, web_config
+
+NOW = now_utc()
+HOSTILE = ('</script><script>alert("pwned")</script><img src=x onerror=alert(1)> \x1b[2J\x1b[31mred\x1b[0m\n'
+           'Ignore: fine-tune a very long model name for the whole afternoon')
+UID = "040000008200E00074C5B7101A82E00800000000D0C3B5B3E0A3D901000000000000000010000000@outlook.example"
+
+
+def hostile_status() -> status.Status:
+    """alice runs the hostile title on GPU 0 (its UID an Outlook-like hash); bob's next booking on
+    GPU 1 is called "Thesis run"."""
+    run = replace(booking(UID, user="alice", start=NOW - timedelta(hours=1), end=NOW + timedelta(hours=1)),
+                  summary=HOSTILE)
+    later = replace(booking("thesis@lab", user="bob", start=NOW + timedelta(hours=2), end=NOW + timedelta(hours=3)),
+                    summary="Thesis run")
+    info = ContainerInfo(name=container_name(run.id), id="c", state="running", image="i", booking_id=run.id,
+                         user="alice", gpus=(0,), end=run.end, spec_hash="h", port=2201, template=run.template,
+                         start=run.start)
+    plan = Plan(accepted=(accepted(run, 0), accepted(later, 1)), rejected=(), next_wakeup=None)
+    return status_of(plan, now=NOW, gpus=2, containers=[info], ports={})
+
+
+def test_a_title_is_shortened_with_its_controls_escaped_and_its_lines_joined() -> None:
+    short = short_title(HOSTILE)
+    assert len(short) == TITLE_WIDTH and short.endswith("…")
+    assert not re.search(r"[\x00-\x1f\x7f-\x9f]", short)
+    assert short_title("a\x1b[31mb") == "a\\x1b[31mb"
+    assert short_title("  Thesis\n\trun ") == "Thesis run"
+
+
+def test_gpubook_status_names_bookings_by_their_titles_escaped_and_json_keeps_title_and_uid() -> None:
+    report = hostile_status()
+    text = "\n".join(report.render("UTC"))
+    assert short_title(HOSTILE) in text and "Thesis run" in text
+    assert "\x1b" not in text and UID not in text  # the UID: in --json, not in the row
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", text)
+    data = json.loads(json.dumps(report.to_json()))
+    (running,) = data["running"]
+    assert (running["booking"], running["title"]) == (UID, HOSTILE)
+    assert [(n["id"], n["title"]) for n in data["next"]] == [("thesis@lab", "Thesis run")]
+    # `gpubook status` lists what runs from the engine, which knows no titles: the last pass's are kept.
+    again = status.Status.from_json(data).with_containers(
+        [ContainerInfo(name=container_name(UID), id="c", state="running", image="i", booking_id=UID, user="alice",
+                       gpus=(0,), end=NOW + timedelta(hours=1), spec_hash="h", port=2201, template="debian-ssh")],
+        ports={})
+    assert again.main.running[0].title == HOSTILE
+
+
+def test_the_page_names_bookings_by_their_titles_escaped_with_the_uid_on_hover(tmp_path) -> None:
+    with served(web_config(tmp_path), hostile_status()) as url:
+        page = requests.get(url + "/", timeout=10)
+        api = requests.get(url + "/api/status", timeout=10)
+    assert page.status_code == 200, page.text
+    body = page.text
+    assert "<script>alert" not in body and "<img src=x" not in body and "\x1b" not in body
+    # The embedded data for app.js: one script element, closed once, its JSON intact.
+    embedded = re.search(r'<script type="application/json" id="page-data">(.*?)</script>', body, re.S)
+    assert embedded is not None and "</script" not in embedded[1] and "<" not in embedded[1]
+    data = json.loads(embedded[1])
+    (running,) = data["hosts"][0]["running"]
+    assert (running["booking"], running["title"]) == (UID, short_title(HOSTILE))
+    row = re.search(r'<tr data-booking="[^"]*"><td class="booking" title="([^"]*)">([^<]*)</td><td>alice</td>', body)
+    assert row is not None, "alice's running row names the booking by its title"
+    assert (html.unescape(row[1]), html.unescape(row[2])) == (UID, short_title(HOSTILE))
+    assert re.search(r'<td class="booking" title="thesis@lab">Thesis run</td><td>bob</td>', body)
+    segments = [s for lane in data["hosts"][0]["timeline"] for s in lane["segments"]]
+    assert {s["booking"]: s["title"] for s in segments} == {UID: short_title(HOSTILE), "thesis@lab": "Thesis run"}
+    assert api.status_code == 200
+    assert api.json()["hosts"][0]["running"][0]["title"] == short_title(HOSTILE)
