@@ -169,9 +169,13 @@ PrintMotd no
 X11Forwarding no
 Subsystem sftp internal-sftp
 EOF
-# SetEnv exists from OpenSSH 7.8 on; older sshd (Ubuntu 16.04) only gets the profile.d file.
+# SetEnv exists from OpenSSH 7.8 on; older sshd (Ubuntu 16.04) only gets the profile.d file. One
+# SetEnv line with every variable: sshd keeps the first SetEnv line only (its "first value wins"),
+# so a line a variable (as before) gave sessions the first variable and dropped the rest (PATH too).
+# A value with a quote or backslash cannot be written in it: it goes to the profile.d file only.
 cp "$config" "$config.new"
-awk '{ printf "SetEnv \"%s\"\n", $0 }' "$env_file" | grep -v '\\' >> "$config.new" || true
+grep -v '[\\"]' "$env_file" |
+  awk '{ line = line " \"" $0 "\"" } END { if (line != "") print "SetEnv" line }' >> "$config.new" || true
 if "$sshd" -t -f "$config.new" 2>/dev/null; then mv "$config.new" "$config"; else rm -f "$config.new"; fi
 "$sshd" -t -f "$config" || die "sshd refuses its configuration"
 
