@@ -1,7 +1,8 @@
 """The booking as the booker sees it inside its container, with the real daemon, Radicale and
 rootless podman: /run/gpubook/booking.json, GPUBOOK_BOOKING/END/GPUS in the SSH session and the
 `gpubook-booking` command say the booking's end and GPUs; once the booker moves the end later in
-the calendar, booking.json and gpubook-booking say the new end; the booker, root inside through
+the calendar, booking.json and gpubook-booking say the new end (and the stop, once it is moved
+earlier); the booker, root inside through
 sudo, cannot change the file gpubook keeps on the host. `gpubook status` names the booking by
 its (hostile) title, escaped, and --json keeps the title and the UID."""
 
@@ -33,6 +34,7 @@ from tests.kits.daemon_kit import (
 pytestmark = DAEMON_MODULE
 
 UID = "inside@test"
+NOTICE_SECONDS = 120  # the notice before a stop when the end moves earlier: time to read booking.json
 TITLE = 'Fine-tune "llama" </script><script>alert(1)</script> for the whole afternoon, then evaluate'
 
 
@@ -43,7 +45,8 @@ def iso(moment: datetime) -> str:
 def test_the_booking_inside_its_container_follows_a_later_end_and_the_booker_cannot_change_it(
         tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
     calendar = radicale.new_calendar()
-    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8)
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8,
+                          notice_seconds=NOTICE_SECONDS)
     start = soon(6).replace(microsecond=0)
     end = start + timedelta(minutes=20)
     book(calendar, UID, user="alice", start=start, end=end, gpus="6,7", summary=TITLE)
@@ -101,6 +104,16 @@ def test_the_booking_inside_its_container_follows_a_later_end_and_the_booker_can
         assert status == 0 and 20 * 60 < int(text) <= 80 * 60, text
         status, text = run(client, 'printf %s "$GPUBOOK_END"')  # the end at the container's start, as documented
         assert (status, text) == (0, iso(end))
+
+        # Then earlier, past its warning time: warned at once, the container stops after notice_seconds,
+        # and booking.json says that stop.
+        sooner = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+        moved = event_text(UID, user="alice", start=start, end=sooner, gpus="6,7", summary=TITLE)
+        asked = datetime.now(UTC).replace(microsecond=0)
+        wait_for("the event moved earlier", lambda: edit(calendar, UID, moved), timeout=30, daemon=daemon)
+        stop_at = wait_for("booking.json's sooner end", lambda: inside()["end_epoch"] < later.timestamp() and
+                           datetime.fromisoformat(inside()["end"]), timeout=60, interval=0.5, daemon=daemon)
+        assert asked <= stop_at <= datetime.now(UTC) + timedelta(seconds=NOTICE_SECONDS)
         client.close()
 
         shown = cli(config, "status")

@@ -16,6 +16,7 @@ from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.outbox import status
 from gpubook.scheduler.outbox.timeline import TITLE_WIDTH, short_title
+from gpubook.scheduler.state.records import ContainerRecord
 from tests.kits.web_kit import accepted, booking, now_utc, served, status_of, web_config
 
 NOW = now_utc()
@@ -85,3 +86,13 @@ def test_the_page_names_bookings_by_their_titles_escaped_with_the_uid_on_hover(t
     assert {s["booking"]: s["title"] for s in segments} == {UID: short_title(HOSTILE), "thesis@lab": "Thesis run"}
     assert api.status_code == 200
     assert api.json()["hosts"][0]["running"][0]["title"] == short_title(HOSTILE)
+
+
+def test_a_booking_gone_from_the_plan_keeps_its_title_on_the_timeline_once_ended() -> None:
+    before = hostile_status()
+    record = ContainerRecord(id=1, booking_id=UID, name=container_name(UID), user="alice", gpu_count=1,
+                             started_at=NOW - timedelta(hours=1), stopped_at=NOW, exit_reason="ended", restarts=0)
+    after = status_of(Plan(accepted=(), rejected=(), next_wakeup=None), now=NOW + timedelta(minutes=1), gpus=2,
+                      records=[record], previous=before)
+    (ended,) = [s for lane in after.main.timeline for s in lane.segments]
+    assert (ended.kind, ended.booking, ended.title) == ("ended", UID, HOSTILE)

@@ -8,7 +8,7 @@ that after the pass, from what was recorded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -289,6 +289,8 @@ class WarnHandler:
                      f"(in {minutes} min) and a new one starts at the new time. Save your work to /data/output.",
         }[action.reason]
         notes.WARNED.write(self.state, action.booking_id, notes.Warned(now, action.end, action.stop_at), at=now)
+        # The stop it announces is the end inside too (moved earlier, gone or moved away: sooner).
+        tell_inside((self.hosts[action.host],), action.booking_id, action.stop_at, journal=self.journal)
         self.journal.say(action.booking_id, f"warned: {text}", now=now)
         tell_terminals(self.hosts[action.host], action.name, text, booking_id=action.booking_id,
                        journal=self.journal, what="notice")
@@ -349,23 +351,24 @@ class ExtendHandler:
             return NOTHING
         self.journal.say(action.booking_id,
                          f"the end moved later, to {action.end.isoformat()}; the booking keeps running", now=now)
-        self._tell_inside(action)
+        tell_inside(self.hosts.values(), action.booking_id, action.end, journal=self.journal)
         return NOTHING
 
-    def _tell_inside(self, action: upkeep.Extend) -> None:
-        """Its booking.json, on whichever host keeps it; a failed write costs the booker that file's
-        news (logged), never the agreed end."""
-        for host in self.hosts.values():
-            move_end = getattr(host, "move_end", None)
-            if move_end is None:
-                continue
-            try:
-                if move_end(action.booking_id, action.end):
-                    return
-            except (GpubookError, OSError, ValueError) as error:
-                self.journal.log.warning("booking %s: its booking.json still shows the earlier end: %s",
-                                         action.booking_id, error)
+
+def tell_inside(hosts: Iterable[Host], booking_id: str, end: datetime, *, journal: Journal) -> None:
+    """The booking's new end into its booking.json, on whichever host keeps one (`move_end`); a
+    failed write costs the booker that file's news (logged), never the end itself."""
+    for host in hosts:
+        move_end = getattr(host, "move_end", None)
+        if move_end is None:
+            continue
+        try:
+            if move_end(booking_id, end):
                 return
+        except (GpubookError, OSError, ValueError) as error:
+            journal.log.warning("booking %s: its booking.json does not show its end %s: %s", booking_id,
+                                end.isoformat(), error)
+            return
 
 
 class RemindHandler:

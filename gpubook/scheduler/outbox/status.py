@@ -298,7 +298,7 @@ def hosts_status(summaries: Mapping[str, GpuSummary], *, plan: Plan, now: dateti
                             next=next_bookings(plan, now=now, host=name),
                             timeline=gpu_timelines(plan, host=name, gpus=gpus.gpu_indices, now=now,
                                                    containers=containers, held=held, records=records,
-                                                   known_gpus=before.get(name)))
+                                                   known_gpus=before.get(name), titles=titles))
                  for name, gpus in summaries.items())
 
 

@@ -64,12 +64,15 @@ def _iso(moment: datetime) -> str:
 def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
                   containers: Iterable[ContainerInfo] = (), held: Mapping[str, str] | None = None,
                   records: Iterable[ContainerRecord] = (),
-                  known_gpus: Mapping[str, tuple[int, ...]] | None = None) -> tuple[GpuTimeline, ...]:
+                  known_gpus: Mapping[str, tuple[int, ...]] | None = None,
+                  titles: Mapping[str, str] | None = None) -> tuple[GpuTimeline, ...]:
     """One timeline per GPU of `host`. `held`: booking id → the Hold's reason this pass;
     `records`: State's container records (those stopped in the last week become "ended");
     `known_gpus`: booking id → its GPUs where neither the plan nor a container says any more
-    (the previous status's timelines), for an ended booking that has left the calendar window."""
+    (the previous status's timelines), for an ended booking that has left the calendar window;
+    `titles`: booking id → its title where the plan has it no more (the previous status's)."""
     held = held or {}
+    titles = titles or {}
     lanes: dict[int, list[Segment]] = {gpu: [] for gpu in gpus}
     running = {info.booking_id: info for info in containers
                if info.running and (info.host or LOCAL) == host}
@@ -100,14 +103,16 @@ def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
         placed[info.booking_id] = info.gpus
         if info.booking_id not in planned and info.end is not None:
             put(info.gpus, Segment(kind="running", booking=info.booking_id, user=info.user,
-                                   start=_iso(info.start or now), end=_iso(info.end), template=info.template))
+                                   start=_iso(info.start or now), end=_iso(info.end), template=info.template,
+                                   title=titles.get(info.booking_id, "")))
     for record in records:
         stopped = record.stopped_at
         if stopped is None or stopped < now - PAST or record.booking_id not in placed:
             continue
         put(placed[record.booking_id], Segment(kind="ended", booking=record.booking_id, user=record.user,
                                                start=_iso(record.started_at), end=_iso(stopped),
-                                               note=record.exit_reason or ""))
+                                               note=record.exit_reason or "",
+                                               title=titles.get(record.booking_id, "")))
     return tuple(GpuTimeline(gpu=gpu, segments=tuple(sorted(lanes[gpu], key=lambda s: (s.start, s.kind))))
                  for gpu in sorted(lanes))
 
