@@ -9,7 +9,9 @@ import json
 import re
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
+import pytest
 import requests
 
 from gpubook.runtime.engines import ContainerInfo, container_name
@@ -17,7 +19,18 @@ from gpubook.scheduler.core.plan import Plan
 from gpubook.scheduler.outbox import status
 from gpubook.scheduler.outbox.timeline import TITLE_WIDTH, short_title
 from gpubook.scheduler.state.records import ContainerRecord
-from tests.kits.web_kit import accepted, booking, now_utc, served, status_of, web_config
+from tests.kits.web_kit import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    accepted,
+    booking,
+    browser,
+    now_utc,
+    rendered,
+    served,
+    status_of,
+    web_config,
+)
 
 NOW = now_utc()
 HOSTILE = ('</script><script>alert("pwned")</script><img src=x onerror=alert(1)> \x1b[2J\x1b[31mred\x1b[0m\n'
@@ -96,3 +109,23 @@ def test_a_booking_gone_from_the_plan_keeps_its_title_on_the_timeline_once_ended
                       records=[record], previous=before)
     (ended,) = [s for lane in after.main.timeline for s in lane.segments]
     assert (ended.kind, ended.booking, ended.title) == ("ended", UID, HOSTILE)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                    reason="Debian's chromium and chromium-driver are not installed")
+def test_in_a_real_browser_a_hostile_title_runs_nothing_and_shows_as_text(tmp_path) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    with served(web_config(tmp_path), hostile_status()) as url, browser() as driver:
+        rendered(driver, url + "/")  # app.js parsed the embedded data and drew the timeline
+        cell = driver.find_element("css selector", f'table.running tr[data-booking="{UID}"] td.booking')
+        assert (cell.text, cell.get_attribute("title")) == (short_title(HOSTILE), UID)
+        block = driver.find_element("css selector", f'.timeline .seg[data-booking="{UID}"]')
+        assert block.text == "alice"
+        assert block.get_attribute("title").startswith(short_title(HOSTILE) + "\nrunning: " + UID)
+        assert driver.find_elements("css selector", "img") == []  # the <img onerror> stayed text
+        assert len(driver.find_elements("tag name", "script")) == 2  # app.js and the page's data
+        with pytest.raises(NoAlertPresentException):
+            driver.switch_to.alert.text  # noqa: B018 - reading it is the check that none opened

@@ -62,7 +62,7 @@ function segmentNode(segment, from, to) {
   node.title = [segment.title, segment.kind + ": " + segment.booking,
     segment.user + (segment.template ? " · " + segment.template : ""),
     when.format(start) + " → " + when.format(end), segment.note].filter(Boolean).join("\n");
-  node.textContent = segment.title ? segment.user + " · " + segment.title : segment.user;
+  node.textContent = segment.user;  // a block is narrow: the title leads its tooltip
   return node;
 }
 
