@@ -63,8 +63,11 @@ def test_a_title_is_shortened_with_its_controls_escaped_and_its_lines_joined() -
 def test_gpubook_status_names_bookings_by_their_titles_escaped_and_json_keeps_title_and_uid() -> None:
     report = hostile_status()
     text = "\n".join(report.render("UTC"))
-    assert short_title(HOSTILE) in text and "Thesis run" in text
-    assert "\x1b" not in text and UID not in text  # the UID: in --json, not in the row
+    (row,) = [line for line in text.splitlines() if "alice" in line]
+    # The title first, shortened and escaped; the UID (what `gpubook stop` takes) last.
+    assert row.startswith(f"  {short_title(HOSTILE)} alice ") and row.endswith(f"[running]  {UID}")
+    assert re.search(r"^  Thesis run +bob .* thesis@lab$", text, re.M)
+    assert "\x1b" not in text
     assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", text)
     data = json.loads(json.dumps(report.to_json()))
     (running,) = data["running"]

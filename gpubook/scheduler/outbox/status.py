@@ -168,12 +168,13 @@ class Status:
             for item in host.running:
                 lines.append(f"  {_named(item.title, item.booking):<40} {item.user:<10} "
                              f"GPU {','.join(map(str, item.gpus)) or '-':<5} "
-                             f"port {item.port}  until {local(item.end)}  [{item.state}]")
+                             f"port {item.port}  until {local(item.end)}  [{item.state}]"
+                             f"{_id(item.title, item.booking)}")
             lines.append(f"Next ({len(host.next)}):")
             for upcoming in host.next:
                 lines.append(f"  {_named(upcoming.title, upcoming.id):<40} {upcoming.user:<10} "
                              f"GPU {','.join(map(str, upcoming.gpus)):<5} "
-                             f"{local(upcoming.start)} → {local(upcoming.end)}")
+                             f"{local(upcoming.start)} → {local(upcoming.end)}{_id(upcoming.title, upcoming.id)}")
         lines.append(f"Last poll: {local(self.last_poll)} (last successful: {local(self.last_poll_ok)})")
         if self.outage:
             lines.append(f"Calendar unreachable: {self.outage}")
@@ -243,9 +244,14 @@ def setup_findings(engine: EngineSettings) -> tuple[str, ...]:
 
 
 def _named(title: str, booking_id: str) -> str:
-    """A booking in a terminal row: its title, shortened and escaped; its id where it has none
-    (the id is in --json, and in `gpubook log`)."""
+    """A booking in a terminal row: its title, shortened and escaped; its id where it has none."""
     return short_title(title) if title.strip() else printable(booking_id)
+
+
+def _id(title: str, booking_id: str) -> str:
+    """The id at the row's end, where a title leads it: what `gpubook stop` and `log` take (a UID
+    may be a 40-character hash, so it goes last, not first)."""
+    return f"  {printable(booking_id)}" if title.strip() else ""
 
 
 def running_booking(info: ContainerInfo, *, ports: Mapping[str, int], title: str = "") -> RunningBooking:
