@@ -165,6 +165,16 @@ class CaldavSource(BaseSource):
     def sync_token(self) -> str | None:
         return self._sync_token
 
+    @property
+    def checks_cheaply(self) -> bool:
+        """Loaded, and polled by sync token (a no-change poll: one sync-collection REPORT, the
+        cheapest request a CalDAV server answers) or by a ctag the server keeps (one PROPFIND).
+        A change is then read by the same poll: the REPORT lists what changed, and only that is
+        fetched, so a check that finds one never lists the calendar a second time."""
+        if not self._loaded:
+            return False
+        return self._method == "sync-token" or (self._method == "etag" and self._ctag is not None)
+
     def close(self) -> None:
         self._client.close()
 
