@@ -23,8 +23,10 @@ from gpubook.scheduler.calendars import CHECK_COST_FACTOR
 from gpubook.scheduler.config import load as load_config
 from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.sdnotify import Notifier
+from gpubook.scheduler.sources.caldav_source import CaldavSource
+from gpubook.scheduler.sources.ics_feed import IcsFeedSource
 from tests.kits import servers
-from tests.kits.daemon_kit import IdleEngine, book, events, wait_for
+from tests.kits.daemon_kit import IdleEngine, book, event_text, events, wait_for
 from tests.kits.front import CountingFront
 
 pytestmark = [pytest.mark.caldav]
@@ -166,3 +168,38 @@ def test_a_dead_server_is_said_once_and_checked_ever_less_often(
              lambda: any("reachable again" in e for e in events(tmp_path)), timeout=120)
     assert [e for e in events(tmp_path) if "unreachable" in e] == said
     assert passes_after(daemon, back) == [], "the calendar did not change, yet a pass ran"
+
+
+@pytest.mark.parametrize(("refuse_listing", "method"), [(False, "etag"), (True, "time-range")])
+def test_the_check_polls_a_server_without_sync_only_where_its_ctag_answers(
+        caldav_server: servers.CalendarServer, new_calendar: caldav.Calendar, refuse_listing: bool,
+        method: str) -> None:
+    """Sync tokens and a ctag check cheaply (one small request when nothing changed); a server
+    that can only be queried by time range downloads everything each time: polls only."""
+    book(new_calendar, "one@gpubook", user="alice", start=datetime(2030, 1, 1, tzinfo=UTC),
+         end=datetime(2030, 1, 1, 1, tzinfo=UTC))
+    direct = CaldavSource(str(new_calendar.url), username=caldav_server.username,
+                          password=caldav_server.password, timeout=10)
+    assert not direct.checks_cheaply  # not loaded yet: the poll loads it first
+    direct.poll()
+    assert direct.method == "sync-token" and direct.checks_cheaply
+    proxy = servers.NoSyncProxy(caldav_server.base_url, refuse_listing=refuse_listing).start()
+    try:
+        source = CaldavSource(str(new_calendar.url).replace(caldav_server.base_url, proxy.base_url),
+                              username=caldav_server.username, password=caldav_server.password, timeout=10)
+        source.poll()
+        assert source.method == method
+        assert source.checks_cheaply == (method == "etag")
+        if method == "etag":
+            assert source.poll().stats.requests == 1
+    finally:
+        proxy.stop()
+
+
+def test_an_ics_feed_is_never_checked(feed_server: servers.FeedServer) -> None:
+    feed_server.replies["/lab.ics"] = servers.Reply(body=event_text(
+        "feed@gpubook", user="alice", start=datetime(2030, 1, 1, tzinfo=UTC),
+        end=datetime(2030, 1, 1, 1, tzinfo=UTC)).encode(), headers={"Content-Type": "text/calendar"})
+    source = IcsFeedSource(f"{feed_server.base_url}/lab.ics")
+    assert len(source.poll().objects) == 1
+    assert not source.checks_cheaply
