@@ -23,6 +23,7 @@ than one small request per check and calendar, plus the poll's.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import platform
 import random
@@ -147,6 +148,10 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
         finally:
             if daemon is not None:
                 daemon.stop()
+                if len(figures) < count:  # kept for a look at what went wrong
+                    kept = Path(tempfile.gettempdir()) / f"book_now-{kind}-daemon.log"
+                    kept.write_bytes(daemon.log.read_bytes())
+                    print(f"{kind}: the daemon's log is kept in {kept}", file=sys.stderr)
             front.stop()
             from gpubook.runtime.engines import engine_from
 
@@ -165,6 +170,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--servers", default="radicale,xandikos")
     args = parser.parse_args()
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # logins tried before sshd listens are expected
 
     from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
