@@ -203,3 +203,25 @@ def test_an_ics_feed_is_never_checked(feed_server: servers.FeedServer) -> None:
     source = IcsFeedSource(f"{feed_server.base_url}/lab.ics")
     assert len(source.poll().objects) == 1
     assert not source.checks_cheaply
+
+
+def test_an_event_listed_before_its_get_finds_it_is_asked_for_again(
+        caldav_server: servers.CalendarServer, new_calendar: caldav.Calendar) -> None:
+    """A sync listing that names a new event whose GET answers 404 for a moment (a server under
+    concurrent writes): the next poll asks from the same token and gets it, instead of never
+    hearing of it again."""
+    front = CountingFront(caldav_server.base_url).start()
+    try:
+        source = CaldavSource(str(new_calendar.url).replace(caldav_server.base_url, front.base_url),
+                              username=caldav_server.username, password=caldav_server.password, timeout=10)
+        source.poll()
+        saved = book(new_calendar, "late@gpubook", user="alice", start=datetime(2030, 1, 1, tzinfo=UTC),
+                     end=datetime(2030, 1, 1, 1, tzinfo=UTC))
+        front.lose_once.add(saved.url.path)
+        missed = source.poll()
+        assert missed.stats.method == "sync-token" and not missed.objects
+        assert saved.url.path not in front.lose_once  # its GET was tried, and answered 404
+        again = source.poll()
+        assert again.changed and [o.href.endswith(saved.url.path) for o in again.objects.values()] == [True]
+    finally:
+        front.stop()

@@ -20,6 +20,7 @@ class CountingFront(_ThreadedHTTP):
         self.target = target.rstrip("/")
         self.delay = delay
         self.seen: list[tuple[float, str, bytes]] = []  # (time.monotonic(), method, body) of each request
+        self.lose_once: set[str] = set()  # paths whose next GET is answered 404 (a listing ahead of its GET)
         self._lock = threading.Lock()
         self._upstream = requests.Session()
         self._upstream.trust_env = False
@@ -46,6 +47,14 @@ class CountingFront(_ThreadedHTTP):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with owner._lock:
                     owner.seen.append((time.monotonic(), self.command, body))
+                    lost = self.command == "GET" and self.path in owner.lose_once
+                    if lost:
+                        owner.lose_once.discard(self.path)
+                if lost:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if owner.delay:
                     time.sleep(owner.delay)
                 headers = {k: v for k, v in self.headers.items()
