@@ -156,6 +156,7 @@ class CaldavSource(BaseSource):
         self._loaded = False
         self._objects: Mapping[str, RawObject] = MappingProxyType({})
         self._vanished: set[str] = set()  # hrefs listed as changed whose fetch found nothing (this poll)
+        self._said_vanished: set[str] = set()  # the last poll's, logged
 
     @property
     def method(self) -> str:
@@ -253,9 +254,10 @@ class CaldavSource(BaseSource):
         changed = self._apply_changes(self._differing(listing), deleted)
         if not self._vanished:
             self._sync_token = collection.sync_token
-        else:  # listed as changed, yet its GET found nothing: asked again from the same token next time
+        elif self._vanished != self._said_vanished:  # asked again from the same token next time; said once
             log.info("calendar %s: %d changed object(s) not found when fetched; asking again at the next poll",
                      self.url, len(self._vanished))
+        self._said_vanished = self._vanished
         return "sync-token", changed
 
     def _full_sync(self, *, with_data: bool) -> bool:
