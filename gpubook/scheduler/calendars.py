@@ -20,6 +20,7 @@ finds a change has already fetched it, and the bookings are expanded again for a
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -63,6 +64,7 @@ class Checked:
     checked: tuple[str, ...] = ()  # calendar urls checked (their sources check cheaply)
     changed: bool = False  # one of them holds something new, already read
     failures: dict[str, CalendarError] = field(default_factory=dict)  # calendar url → why its check failed
+    seconds: float = 0.0  # the requests' time, all calendars together (never the wait for a pass)
 
 
 def check_interval(*, check_seconds: float, poll_seconds: float, took: float, failed: int = 0) -> float:
@@ -142,6 +144,7 @@ class Calendars:
         checked: list[str] = []
         changed = False
         failures: dict[str, CalendarError] = {}
+        began = time.monotonic()
         for calendar in self.config.calendars:
             source = self.sources.get(calendar.url)
             if source is None or not source.checks_cheaply:
@@ -155,7 +158,7 @@ class Calendars:
             self.last[calendar.url] = snapshot
             self.read_at[calendar.url] = now
             changed = changed or snapshot.changed
-        return Checked(checked=tuple(checked), changed=changed, failures=failures)
+        return Checked(checked=tuple(checked), changed=changed, failures=failures, seconds=time.monotonic() - began)
 
     def occurrences(self, snapshots: Mapping[str, Snapshot], *, window_start: datetime,
                     window_end: datetime) -> tuple[list[Booking | Rejection], list[Problem]]:

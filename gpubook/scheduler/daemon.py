@@ -125,14 +125,14 @@ class Daemon:
         if not self._reading.acquire(blocking=False):
             self._schedule_check(daemon.check_seconds)  # the poll reads now, and sets the next check
             return
-        began = time.monotonic()
         pace = daemon.check_seconds  # after a defect (logged by the scheduler): the checks go on
         try:
             checked = self.calendar.check(self.parts.calendars, now=datetime.now(UTC), lock=self._lock)
             self._checks_failed = self._checks_failed + 1 if checked.failures else 0
-            # Nothing to check (ICS feeds only, or not loaded yet): the next poll sets the check again.
+            # Paced by the server's answers only (a pass holding the lock meanwhile is no cost of
+            # the server's). Nothing to check (ICS feeds only, or not loaded yet): the next poll sets it.
             pace = check_interval(check_seconds=daemon.check_seconds, poll_seconds=daemon.poll_seconds,
-                                  took=time.monotonic() - began, failed=self._checks_failed) \
+                                  took=checked.seconds, failed=self._checks_failed) \
                 if checked.checked else daemon.poll_seconds
         finally:
             self._reading.release()
