@@ -26,7 +26,7 @@ from gpubook.scheduler.sdnotify import Notifier
 from gpubook.scheduler.sources.caldav_source import CaldavSource
 from gpubook.scheduler.sources.ics_feed import IcsFeedSource
 from tests.kits import servers
-from tests.kits.daemon_kit import IdleEngine, book, event_text, events, wait_for
+from tests.kits.daemon_kit import IdleEngine, book, description, event_text, events, wait_for
 from tests.kits.front import CountingFront
 
 pytestmark = [pytest.mark.caldav]
@@ -42,6 +42,7 @@ class CountingDaemon(Daemon):
         self.checks: list[float] = []
         self.passes_run: list[float] = []
         self.counted = threading.Condition()
+        self.pass_seconds = 0.0  # how long a pass takes at least (one starting bookings takes seconds)
 
     def check(self) -> None:
         with self.counted:
@@ -52,6 +53,7 @@ class CountingDaemon(Daemon):
         with self.counted:
             self.passes_run.append(time.monotonic())
         super().reconcile()
+        time.sleep(self.pass_seconds)
 
 
 def config_file(folder: Path, url: str, *, check_seconds: float, poll_seconds: float = FAR) -> Path:
@@ -118,15 +120,21 @@ def test_a_check_that_finds_nothing_runs_no_pass_and_a_change_runs_one(
     assert daemon.calendar.last_ok is not None and polled_at is not None and daemon.calendar.last_ok > polled_at
 
     later = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
+    daemon.pass_seconds = 1.5  # longer than check_seconds: the checks go on after it
     saved = time.monotonic()
     book(new_calendar, "later@gpubook", user="alice", start=later, end=later + timedelta(hours=1))
     wait_for("a pass after the change", lambda: passes_after(daemon, saved), timeout=60)
     assert any(getattr(o, "uid", None) == "later@gpubook" for o in daemon.calendar.occurrences)
     assert daemon.scheduler.get_job("poll").next_run_time > datetime.now(UTC) + timedelta(seconds=FAR - 120)
 
-    quiet = time.monotonic()
-    checks_after(daemon, quiet + 0.5, 4)  # after the pass the change woke
-    assert passes_after(daemon, quiet + 0.5) == [], "a check after the change was read ran a pass"
+    # gpubook's own write-back ("accepted") is a change too: one more pass, then quiet.
+    wait_for("the write-back", lambda: "accepted" in description(new_calendar, "later@gpubook"), timeout=60)
+    written = time.monotonic()
+    wait_for("the pass after gpubook's own write", lambda: passes_after(daemon, written), timeout=60)
+    daemon.pass_seconds = 0.0
+    quiet = time.monotonic() + 2.0  # that pass over
+    checks_after(daemon, quiet, 4)
+    assert passes_after(daemon, quiet) == [], "a check after the changes were read ran a pass"
 
 
 def test_the_check_keeps_its_distance_on_a_slow_server(

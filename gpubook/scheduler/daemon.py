@@ -120,25 +120,28 @@ class Daemon:
 
     def check(self) -> None:
         """The change check between polls: a pass only when a calendar changed (read by the check
-        itself). Skipped while a poll reads; the next one is set by its own pace."""
+        itself). Skipped while a poll reads. The next one is set when this one ends, its pass
+        included: a check set earlier would come due while this one still runs, and the scheduler
+        would skip it (max_instances) and drop it, a date job, for good."""
         daemon = self.config.daemon
-        if not self._reading.acquire(blocking=False):
-            self._schedule_check(daemon.check_seconds)  # the poll reads now, and sets the next check
-            return
         pace = daemon.check_seconds  # after a defect (logged by the scheduler): the checks go on
         try:
-            checked = self.calendar.check(self.parts.calendars, now=datetime.now(UTC), lock=self._lock)
-            self._checks_failed = self._checks_failed + 1 if checked.failures else 0
-            # Paced by the server's answers only (a pass holding the lock meanwhile is no cost of
-            # the server's). Nothing to check (ICS feeds only, or not loaded yet): the next poll sets it.
-            pace = check_interval(check_seconds=daemon.check_seconds, poll_seconds=daemon.poll_seconds,
-                                  took=checked.seconds, failed=self._checks_failed) \
-                if checked.checked else daemon.poll_seconds
+            if not self._reading.acquire(blocking=False):
+                return  # the poll reads now (and sets the next check too)
+            try:
+                checked = self.calendar.check(self.parts.calendars, now=datetime.now(UTC), lock=self._lock)
+                self._checks_failed = self._checks_failed + 1 if checked.failures else 0
+                # Paced by the server's answers only (a pass holding the lock meanwhile is no cost of
+                # the server's). Nothing to check (ICS feeds only, or not loaded yet): the next poll sets it.
+                pace = check_interval(check_seconds=daemon.check_seconds, poll_seconds=daemon.poll_seconds,
+                                      took=checked.seconds, failed=self._checks_failed) \
+                    if checked.checked else daemon.poll_seconds
+            finally:
+                self._reading.release()
+            if checked.changed:
+                self.reconcile()
         finally:
-            self._reading.release()
             self._schedule_check(pace)
-        if checked.changed:
-            self.reconcile()
 
     def _event(self, message: str, now: datetime | None = None, *, level: str = "warning") -> None:
         """A line for the event log; a database that cannot be written costs the line, never the daemon."""
@@ -270,8 +273,9 @@ class Daemon:
             with suppress(JobLookupError):  # none set, or it is running now (a date job is gone then)
                 self.scheduler.remove_job("check")
             return
+        # Two at once: the poll sets the next check while one may still be in its pass.
         self.scheduler.add_job(self.check, "date", run_date=datetime.now(UTC) + timedelta(seconds=seconds),
-                               id="check", replace_existing=True)
+                               id="check", replace_existing=True, max_instances=2)
 
     def _schedule_watches(self) -> None:
         """The SFTP watch (now, then every [sftp] check_seconds; at once after a reload, so that a
