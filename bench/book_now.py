@@ -106,7 +106,7 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
         try:
             url = front.base_url + calendar.url.path
             config = write_config(Path(folder), url, keys={"alice": key, "bob": paramiko.ECDSAKey.generate(bits=256)},
-                                  poll_seconds=60, gpus=16)
+                                  poll_seconds=60, gpus=count + 4)  # one GPU each: none refused for want of one
             daemon = DaemonProcess(config).start()
             state_path = Path(folder) / "state" / "state.sqlite"
             status = Path(folder) / "state" / "daemon-status.json"
