@@ -66,14 +66,17 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
+from gpubook.scheduler.sources import attendee
 from gpubook.scheduler.sources.alarm import Reminder
 from gpubook.scheduler.sources.alarm import put as put_alarm
+from gpubook.scheduler.sources.attendee import Answer, Resource
 from gpubook.scheduler.sources.richtext import html_lines, is_html
 
 BEGIN = "--- gpubook ---"
 END = "--- end gpubook ---"
 STATUS_PROPERTY = "X-GPUBOOK-STATUS"
 OCCURRENCE_PARAMETER = "X-GPUBOOK-OCCURRENCE"
+HELD_PARAMETER = "X-GPUBOOK-HELD"  # on an accepted status: its start came, it is not running (yet)
 ALT_PROPERTY = "X-ALT-DESC"  # Outlook's HTML description
 MAX_OCCURRENCES = 4  # entries kept in a series' block
 _ENTRY = re.compile(r"^(?P<when>\d{4}-\d\d-\d\d(?: \d\d:\d\d [+-]\d{4})?): (?P<status>[a-z]+): (?P<head>.*)$")
@@ -92,11 +95,20 @@ class Status(StrEnum):
 @dataclass(frozen=True)
 class Outcome:
     """A status and the lines a booker reads; the first line is the headline. `reminder`: gpubook's
-    alarm in the event (gpubook/scheduler/sources/alarm.py); None: the event carries none of gpubook's."""
+    alarm in the event (gpubook/scheduler/sources/alarm.py); None: the event carries none of gpubook's.
+    `resource`: the host (and GPUs) whose attendee answers (gpubook/scheduler/sources/attendee.py);
+    None: the attendees are left as they are. `held`: accepted, its start came, and it does not run."""
 
     status: Status
     lines: tuple[str, ...]
     reminder: Reminder | None = None
+    resource: Resource | None = None
+    held: bool = False
+
+    @property
+    def answer(self) -> Answer:
+        """What the host's attendee says of this outcome (PARTSTAT)."""
+        return _answer(self.status, held=self.held)
 
     def with_note(self, note: str) -> Outcome:
         """Add a sentence, e.g. why a moved end was not followed."""
@@ -338,21 +350,62 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
     description = str(old_description) if old_description is not None else ""
     if named is None:
         body = _single_body(outcome)
-        statuses: list[tuple[str, dict[str, str]]] = [(str(outcome.status), {})]
+        statuses: list[tuple[str, dict[str, str]]] = [(str(outcome.status), _held({}, held=outcome.held))]
+        answer, resource = outcome.answer, outcome.resource
     else:
         entries = _series_entries(description, named, label(named, timezone), outcome)
         body = _series_body(entries)
-        statuses = [(e.status, {OCCURRENCE_PARAMETER: _occurrence_value(e.when)}) for e in entries]
+        statuses = _series_statuses(component, entries, named=named, outcome=outcome)
+        # The master serves every occurrence: its attendee names no GPUs, which may differ from one
+        # occurrence to the next, so that each occurrence's write finds the same attendee there.
+        answer = _series_answer(statuses)
+        resource = replace(outcome.resource, gpus=()) if outcome.resource is not None else None
     changed = _put_block(component, "DESCRIPTION", body)
     if _is_html_alternative(component.get(ALT_PROPERTY)):
         changed = _put_block(component, ALT_PROPERTY, body, as_html=True) or changed
     changed = _put_reminder(component, outcome, named=named, statuses=statuses) or changed
+    if resource is not None:
+        changed = attendee.put(component, resource, answer) or changed
     if not changed and statuses == _status_properties(component):
         return False
     component.pop(STATUS_PROPERTY, None)
     for value, parameters in statuses:
         component.add(STATUS_PROPERTY, value, parameters=parameters)
     return True
+
+
+def _answer(status: str, *, held: bool) -> Answer:
+    if status == Status.REJECTED:
+        return Answer.DECLINED
+    return Answer.TENTATIVE if held and status == Status.ACCEPTED else Answer.ACCEPTED
+
+
+def _held(parameters: dict[str, str], *, held: bool) -> dict[str, str]:
+    return {**parameters, HELD_PARAMETER: "TRUE"} if held else parameters
+
+
+def _series_statuses(component: icalendar.cal.Component, entries: Sequence[_Entry], *, named: datetime | date,
+                     outcome: Outcome) -> list[tuple[str, dict[str, str]]]:
+    """One X-GPUBOOK-STATUS per entry; whether another occurrence is held is read from its status
+    as written before (the block's text does not say it)."""
+    before = {parameters.get(OCCURRENCE_PARAMETER): HELD_PARAMETER in parameters
+              for _, parameters in _status_properties(component)}
+    statuses = []
+    for entry in entries:
+        value = _occurrence_value(entry.when)
+        held = outcome.held if _sort_key(entry.when) == _sort_key(named) else before.get(value, False)
+        statuses.append((entry.status, _held({OCCURRENCE_PARAMETER: value},
+                                              held=held and entry.status == Status.ACCEPTED)))
+    return statuses
+
+
+def _series_answer(statuses: Sequence[tuple[str, dict[str, str]]]) -> Answer:
+    """What the master's attendee says for the whole series: ACCEPTED while any occurrence listed
+    is accepted (running, ended), TENTATIVE when the only accepted ones are held, DECLINED when
+    gpubook refused every occurrence listed. Each occurrence's own answer is its entry in the block."""
+    answers = {_answer(status, held=HELD_PARAMETER in parameters) for status, parameters in statuses
+               if status in {str(known) for known in Status}}
+    return next((a for a in (Answer.ACCEPTED, Answer.TENTATIVE) if a in answers), Answer.DECLINED)
 
 
 def _put_reminder(component: icalendar.cal.Component, outcome: Outcome, *, named: datetime | date | None,

@@ -1,0 +1,108 @@
+"""gpubook's answer as a room gives it: the booked host as a resource attendee (pure, no I/O).
+
+Room booking in Exchange and Google Workspace (RFC 6638's room scheduling) puts the room into the
+event as an attendee that accepts or declines; every calendar client shows an attendee's answer.
+gpubook does the same for the booked host::
+
+    ATTENDEE;CUTYPE=RESOURCE;ROLE=REQ-PARTICIPANT;PARTSTAT=ACCEPTED;RSVP=FALSE;
+     SCHEDULE-AGENT=CLIENT;CN="devbox1 GPU 0,1":mailto:devbox1@gpubook.invalid
+
+- The address is the host's own, derived from `[host] name`, at the ``gpubook.invalid`` domain:
+  a ``mailto:`` because clients show (and some only keep) mailto attendees, at a domain that
+  RFC 2606 reserves so that no mail sent to it can ever be delivered anywhere. It is how gpubook
+  finds its own attendee: the attendee with this exact address is replaced in place, every other
+  attendee (the booker's colleagues, another server's resource) is never touched or re-ordered.
+- ``SCHEDULE-AGENT=CLIENT`` (RFC 6638): the server sends no invitation for this attendee;
+  ``RSVP=FALSE``: no client asks it for a reply. gpubook is the client that answers for it.
+- ``ROLE=REQ-PARTICIPANT``: the booking cannot happen without its GPUs, which is what "required"
+  means; ``NON-PARTICIPANT`` ("for information only") would tell clients the opposite, and some
+  leave non-participants out of their attendee summaries.
+- ``PARTSTAT`` is the answer (`Answer`): ACCEPTED for an accepted, running or ended booking (an
+  ended booking was accepted and ran: "ended" is in the block and X-GPUBOOK-STATUS), DECLINED for
+  a refused one, TENTATIVE while an accepted booking's start has come but it is held (its GPUs
+  still used, its image being prepared, its start failed and is tried again, the calendar data
+  too old to start from).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import icalendar
+
+DOMAIN = "gpubook.invalid"  # RFC 2606: never delivered, never anybody's
+PROPERTY = "ATTENDEE"
+
+
+class Answer(StrEnum):
+    ACCEPTED = "ACCEPTED"
+    DECLINED = "DECLINED"
+    TENTATIVE = "TENTATIVE"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """The booked host, and its GPUs where the booking has them (a refused booking has none)."""
+
+    host: str
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def address(self) -> str:
+        return address_of(self.host)
+
+    @property
+    def name(self) -> str:
+        return f"{self.host} GPU {','.join(map(str, self.gpus))}" if self.gpus else f"{self.host} GPUs"
+
+
+def address_of(host: str) -> str:
+    """The host's cal-address: a valid e-mail local part made of its name (lower case)."""
+    local = re.sub(r"[^a-z0-9.-]+", "-", host.lower())
+    local = re.sub(r"\.{2,}", ".", local).strip(".-") or "gpubook"
+    return f"mailto:{local}@{DOMAIN}"
+
+
+def _parameters(resource: Resource, answer: Answer) -> dict[str, str]:
+    return {"CUTYPE": "RESOURCE", "ROLE": "REQ-PARTICIPANT", "PARTSTAT": str(answer), "RSVP": "FALSE",
+            "SCHEDULE-AGENT": "CLIENT", "CN": resource.name}
+
+
+def _attendees(component: icalendar.cal.Component) -> list[icalendar.vCalAddress]:
+    found = component.get(PROPERTY)
+    return found if isinstance(found, list) else [] if found is None else [found]
+
+
+def _is(attendee: object, address: str) -> bool:
+    return str(attendee).strip().lower() == address.lower()
+
+
+def _said(attendee: object) -> tuple[str, dict[str, str]]:
+    parameters = getattr(attendee, "params", {})
+    return str(attendee).strip().lower(), {str(k).upper(): str(v) for k, v in parameters.items()}
+
+
+def find(component: icalendar.cal.Component, host: str) -> icalendar.vCalAddress | None:
+    """gpubook's attendee for `host` in `component`, or None."""
+    return next((a for a in _attendees(component) if _is(a, address_of(host))), None)
+
+
+def put(component: icalendar.cal.Component, resource: Resource, answer: Answer) -> bool:
+    """Make the host's attendee in `component` say `answer`; True if it changed. Only the attendee
+    with the host's address is written (in place, or added last); a second one of gpubook's, left
+    by a client's copy, goes."""
+    wanted = icalendar.vCalAddress(resource.address)
+    wanted.params.update(_parameters(resource, answer))
+    attendees: Sequence[icalendar.vCalAddress] = _attendees(component)
+    ours = [index for index, attendee in enumerate(attendees) if _is(attendee, resource.address)]
+    if len(ours) == 1 and _said(attendees[ours[0]]) == _said(wanted):
+        return False
+    kept = [attendee for attendee in attendees if not _is(attendee, resource.address)]
+    kept.insert(ours[0] if ours else len(kept), wanted)
+    component.pop(PROPERTY, None)
+    for attendee in kept:
+        component.add(PROPERTY, attendee, encode=False)
+    return True
