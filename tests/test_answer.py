@@ -1,0 +1,299 @@
+"""The answer in every calendar view (issue 24, part 2): the booked host as a resource attendee whose
+PARTSTAT says accepted, refused, held or ended, written by a real pass into events on real
+Radicale and Xandikos (read back through the real CalDAV source and booking reader), the booker's
+own properties and attendees kept, nothing written when nothing is new; and the answers' notices,
+sent by default, once each, across passes and restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from email import message_from_bytes
+from email.policy import default as default_policy
+from pathlib import Path
+
+import caldav
+import icalendar
+import pytest
+import requests
+
+from gpubook.runtime.errors import EngineError
+from gpubook.runtime.templates import load_all
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler.apply.passes import Pass
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.hosts.local import OneMachine
+from gpubook.scheduler.outbox import notices
+from gpubook.scheduler.sources import open_source
+from gpubook.scheduler.state import State
+from tests.kits import servers
+from tests.kits.booking_kit import read, vcalendar
+from tests.kits.pass_kit import HOLD, NOW, Machine, event, make_pass
+
+pytestmark = pytest.mark.caldav
+
+HOST = "devbox1"
+ATTENDEE = "mailto:devbox1@gpubook.invalid"  # the host's own address, at a domain no mail ever reaches
+HOUR = timedelta(hours=1)
+
+
+def _config(tmp_path: Path, url: str, *, notify: str = "") -> config_module.Config:
+    path = tmp_path / "gpubook.toml"
+    path.write_text(f'[host]\nname = "{HOST}"\ntimezone = "UTC"\n[[calendar]]\nurl = "{url}"\n'
+                    '[engine]\nname = "podman"\n[gpus]\ncount = 2\n'
+                    '[defaults]\ntemplate = "debian-ssh"\ngpus = 1\nwarn_minutes = 15\n'
+                    '[ssh]\nport_min = 2200\nport_max = 2299\n'
+                    '[users.alice]\nuid = 2001\nemail = ["alice@lab.example"]\n[users.bob]\nuid = 2002\n' + notify)
+    return config_module.load(path)
+
+
+def _occurrences(config: config_module.Config) -> tuple[list[Booking | Rejection], dict[str, str | None]]:
+    """What the daemon reads: the calendar polled through its real source, expanded by the real reader."""
+    source = open_source(config.calendars[0])
+    try:
+        snapshot = source.poll()
+    finally:
+        source.close()
+    objects = list(snapshot.objects.values())
+    expansion = read(*objects, config=config, calendar_url=config.calendars[0].url,
+                     start=NOW - timedelta(days=1), end=NOW + timedelta(days=7))
+    return list(expansion.occurrences), {o.href: o.etag for o in objects}
+
+
+def _pass(passes: Pass, config: config_module.Config, *, now=NOW) -> None:  # type: ignore[no-untyped-def]
+    occurrences, etags = _occurrences(config)
+    passes.run(occurrences, now=now, etags=etags)
+    for future in list(passes.busy.values()):
+        future.result(HOLD)
+    assert passes.writeback.settle(HOLD)
+
+
+def _stored(calendar: caldav.Calendar) -> dict[str, tuple[str, icalendar.Event]]:
+    """Each event on the server as a client reads it: UID → (ETag, its first VEVENT)."""
+    found = {}
+    for resource in calendar.events():
+        answer = requests.get(str(resource.url), auth=("test", "any"), timeout=10)
+        answer.raise_for_status()
+        component = next(iter(icalendar.Calendar.from_ical(answer.content).walk("VEVENT")))
+        found[str(component["UID"])] = (answer.headers["ETag"], component)
+    return found
+
+
+def _attendees(component: icalendar.cal.Component) -> list[icalendar.vCalAddress]:
+    found = component.get("ATTENDEE")
+    return found if isinstance(found, list) else [] if found is None else [found]
+
+
+def _host_attendee(component: icalendar.cal.Component) -> dict[str, str]:
+    """The host's attendee's parameters; there is exactly one."""
+    (ours,) = [a for a in _attendees(component) if str(a).lower() == ATTENDEE]
+    return {str(k).upper(): str(v) for k, v in ours.params.items()}
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[State]:
+    with State(tmp_path / "state.sqlite") as opened:
+        yield opened
+
+
+def _ended_run(state: State, booking_id: str) -> None:
+    """A run of `booking_id` from three hours to one hour ago, stopped at its end."""
+    name = f"gpubook-{booking_id}"
+    state.container_started(booking_id, name, user="alice", gpu_count=1, at=NOW - 3 * HOUR)
+    state.container_stopped(name, reason="the booking ended", at=NOW - HOUR)
+
+
+def test_the_host_answers_accepted_refused_held_running_and_ended(
+        tmp_path: Path, state: State, caldav_server: servers.CalendarServer) -> None:
+    calendar = caldav_server.new_calendar()
+    config = _config(tmp_path, str(calendar.url))
+    for text in (event("ahead", NOW + 24 * HOUR, NOW + 26 * HOUR),
+                 event("refused", NOW + 24 * HOUR, NOW + 26 * HOUR, extra=("DESCRIPTION:gpus: 5",)),
+                 event("now", NOW - HOUR, NOW + HOUR, extra=("DESCRIPTION:gpus: 0\\,",)),
+                 event("held", NOW - HOUR, NOW + HOUR, extra=("DESCRIPTION:gpus: 1\\,",)),
+                 event("ended", NOW - 3 * HOUR, NOW - HOUR)):
+        calendar.save_event(vcalendar(text))
+    _ended_run(state, "ended")
+    machine = Machine()
+    machine.failing["held"] = EngineError("image localhost/x is not present")
+    passes = make_pass(config, machine, state)
+    try:
+        _pass(passes, config)
+        stored = _stored(calendar)
+        answers = {uid: _host_attendee(component) for uid, (_, component) in stored.items()}
+        assert {uid: a["PARTSTAT"] for uid, a in answers.items()} == {
+            "ahead": "ACCEPTED", "refused": "DECLINED", "now": "ACCEPTED", "held": "TENTATIVE", "ended": "ACCEPTED"}
+        assert {uid: str(component["X-GPUBOOK-STATUS"]) for uid, (_, component) in stored.items()} == {
+            "ahead": "accepted", "refused": "rejected", "now": "running", "held": "accepted", "ended": "ended"}
+        for answer in answers.values():  # a room's answer, which no server turns into an invitation
+            assert (answer["CUTYPE"], answer["ROLE"], answer["SCHEDULE-AGENT"], answer["RSVP"]) == (
+                "RESOURCE", "REQ-PARTICIPANT", "CLIENT", "FALSE")
+        assert answers["now"]["CN"] == "devbox1 GPU 0" and answers["held"]["CN"] == "devbox1 GPU 1"
+        assert answers["refused"]["CN"] == "devbox1 GPUs"
+        assert stored["held"][1]["X-GPUBOOK-STATUS"].params["X-GPUBOOK-HELD"] == "TRUE"
+
+        # A pass with nothing new writes nothing: every ETag stays.
+        _pass(passes, config, now=NOW + timedelta(seconds=30))
+        assert {uid: etag for uid, (etag, _) in _stored(calendar).items()} == \
+            {uid: etag for uid, (etag, _) in stored.items()}
+
+        # The held booking starts: its answer becomes ACCEPTED, in the same attendee.
+        del machine.failing["held"]
+        passes.recall.failures.clear()  # its retry is due now
+        _pass(passes, config, now=NOW + timedelta(minutes=2))
+        component = _stored(calendar)["held"][1]
+        assert _host_attendee(component)["PARTSTAT"] == "ACCEPTED"
+        assert str(component["X-GPUBOOK-STATUS"]) == "running" and "X-GPUBOOK-HELD" not in \
+            component["X-GPUBOOK-STATUS"].params
+    finally:
+        passes.close()
+
+
+BOOKERS_OWN = (
+    "ORGANIZER;CN=Alice Liddell:mailto:alice@lab.example",
+    "ATTENDEE;CN=Bob;ROLE=OPT-PARTICIPANT;PARTSTAT=TENTATIVE;RSVP=TRUE:mailto:bob@lab.example",
+    "ATTENDEE;CUTYPE=ROOM;PARTSTAT=ACCEPTED;CN=Seminar room:mailto:room-3@lab.example",
+    "ATTENDEE;CN=devbox2 GPU 0;CUTYPE=RESOURCE;PARTSTAT=DECLINED:mailto:devbox2@gpubook.invalid",
+    "STATUS:TENTATIVE",
+    "CLASS:PRIVATE",
+    "CATEGORIES:thesis,gpu",
+    "X-LAB-PROJECT;X-GRANT=42:vision",
+    "DESCRIPTION:gpus: 1\\nmy own notes",
+)
+
+
+def _own(component: icalendar.cal.Component) -> list[tuple[str, str, dict[str, str]]]:
+    """The booker's properties as a client reads them: everything but what gpubook writes."""
+    owned = ("DESCRIPTION", "X-GPUBOOK-STATUS", "DTSTAMP", "LAST-MODIFIED")
+    found = []
+    for name, value in component.property_items(recursive=False):
+        if name in owned or name in ("BEGIN", "END") or (name == "ATTENDEE" and str(value).lower() == ATTENDEE):
+            continue
+        found.append((name, value.to_ical().decode() if hasattr(value, "to_ical") else str(value),
+                      {str(k).upper(): str(v) for k, v in getattr(value, "params", {}).items()}))
+    return sorted(found)
+
+
+def test_the_bookers_own_attendees_and_properties_are_kept(
+        tmp_path: Path, state: State, caldav_server: servers.CalendarServer) -> None:
+    calendar = caldav_server.new_calendar()
+    config = _config(tmp_path, str(calendar.url))
+    calendar.save_event(vcalendar(event("mine", NOW - HOUR, NOW + HOUR, extra=BOOKERS_OWN)))
+    before = _own(_stored(calendar)["mine"][1])
+    assert len([a for a in before if a[0] == "ATTENDEE"]) == 3
+    machine = Machine()
+    passes = make_pass(config, machine, state)
+    try:
+        machine.failing["mine"] = EngineError("image localhost/x is not present")
+        _pass(passes, config)  # held: TENTATIVE
+        component = _stored(calendar)["mine"][1]
+        assert _host_attendee(component)["PARTSTAT"] == "TENTATIVE"
+        assert _own(component) == before
+        del machine.failing["mine"]
+        passes.recall.failures.clear()
+        _pass(passes, config, now=NOW + timedelta(minutes=2))  # running: ACCEPTED, the same attendee replaced
+        component = _stored(calendar)["mine"][1]
+        assert _host_attendee(component)["PARTSTAT"] == "ACCEPTED"
+        assert _own(component) == before  # the booker's STATUS too: gpubook's answer is the attendee's
+        attendees = [str(a).lower() for a in _attendees(component)]
+        assert attendees == ["mailto:bob@lab.example", "mailto:room-3@lab.example", "mailto:devbox2@gpubook.invalid",
+                             ATTENDEE]  # in place, after the booker's own, never re-ordered
+        assert str(component["DESCRIPTION"]).startswith("gpus: 1\nmy own notes\n\n--- gpubook ---\nrunning: ")
+    finally:
+        passes.close()
+
+
+def test_a_series_master_answers_for_the_series_and_an_override_for_itself(
+        tmp_path: Path, state: State, caldav_server: servers.CalendarServer) -> None:
+    """Occurrences without a component of their own are entries of the master's block: the master's
+    attendee says ACCEPTED while any of them is accepted, names no GPUs (they may differ from one
+    occurrence to the next), and DECLINED only when every one listed is refused. A moved occurrence
+    (RECURRENCE-ID) carries its own answer."""
+    calendar = caldav_server.new_calendar()
+    config = _config(tmp_path, str(calendar.url))
+    start = NOW + 24 * HOUR
+    master = event("series", start, start + 2 * HOUR, extra=("RRULE:FREQ=DAILY;COUNT=3",))
+    moved = event("series", start + 24 * HOUR + HOUR, start + 24 * HOUR + 3 * HOUR,
+                  extra=(f"RECURRENCE-ID:{start + 24 * HOUR:%Y%m%dT%H%M%SZ}", "DESCRIPTION:gpus: 5"))
+    calendar.save_event(vcalendar(master, moved))
+    passes = make_pass(config, Machine(), state)
+    try:
+        _pass(passes, config)
+        text = requests.get(str(calendar.event_by_uid("series").url), auth=("test", "any"), timeout=10).content
+        first, override = icalendar.Calendar.from_ical(text).walk("VEVENT")
+        assert "RECURRENCE-ID" in override
+        assert _host_attendee(override) == {"CUTYPE": "RESOURCE", "ROLE": "REQ-PARTICIPANT", "PARTSTAT": "DECLINED",
+                                            "RSVP": "FALSE", "SCHEDULE-AGENT": "CLIENT", "CN": "devbox1 GPUs"}
+        answer = _host_attendee(first)
+        assert (answer["PARTSTAT"], answer["CN"]) == ("ACCEPTED", "devbox1 GPUs")
+        assert [str(s) for s in first["X-GPUBOOK-STATUS"]] == ["accepted", "accepted"]
+    finally:
+        passes.close()
+
+
+# -- the answers' notices ----------------------------------------------------------------------
+
+NOTIFY = """
+[notify.email]
+enabled = true
+host = "127.0.0.1"
+port = {smtp}
+sender = "gpubook@devbox1"
+[notify.webhook]
+enabled = true
+url = "http://127.0.0.1:{hook}/hook"
+"""
+
+
+def _notifying_pass(config: config_module.Config, machine: Machine, state: State) -> Pass:
+    passes = Pass(config, backend=OneMachine(machine, server=config.host.name), state=state,
+                  templates=load_all(None), notices=notices.Notices.from_config(config))
+    passes.patience = HOLD
+    return passes
+
+
+def _told(hook_server) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped-def]
+    return [(body["event"], body["booking"], body["user"]) for _, body in hook_server.received]
+
+
+def test_answers_are_told_by_default_once_each_across_passes_and_restarts(
+        tmp_path: Path, caldav_server: servers.CalendarServer, smtp_server, hook_server) -> None:  # type: ignore[no-untyped-def]
+    calendar = caldav_server.new_calendar()
+    config = _config(tmp_path, str(calendar.url), notify=NOTIFY.format(smtp=smtp_server.server_address[1],
+                                                                        hook=hook_server.server_address[1]))
+    calendar.save_event(vcalendar(event("later", NOW + 24 * HOUR, NOW + 26 * HOUR)))
+    calendar.save_event(vcalendar(event("too-big", NOW + 24 * HOUR, NOW + 26 * HOUR, user="bob",
+                                        extra=("DESCRIPTION:gpus: 5",))))
+    calendar.save_event(vcalendar(event("soon", NOW + timedelta(minutes=5), NOW + HOUR)))
+    machine = Machine()
+    with State(tmp_path / "state.sqlite") as state:
+        passes = _notifying_pass(config, machine, state)
+        try:
+            _pass(passes, config)
+            passes.delivery.notices_now(NOW)
+            _pass(passes, config, now=NOW + timedelta(seconds=30))  # nothing new: nothing told again
+            passes.delivery.notices_now(NOW)
+        finally:
+            passes.close()
+    assert sorted(_told(hook_server)) == [("accepted", "later", "alice"), ("accepted", "soon", "alice"),
+                                          ("rejected", "too-big", "bob")]
+    # By e-mail to alice, who has an address; bob has none, so his refusal goes to the webhook alone.
+    assert [envelope["to"] for envelope in smtp_server.received] == [["<alice@lab.example>"]] * 2
+    mail = message_from_bytes(smtp_server.received[0]["data"], policy=default_policy)
+    assert mail["Subject"] == 'gpubook: "alice debian-ssh" accepted on devbox1'
+    assert "accepted: 1 GPU (0), template debian-ssh" in mail.get_content()
+
+    # A restart (a new process on the same State) tells only what is new: the start's ssh line.
+    with State(tmp_path / "state.sqlite") as state:
+        passes = _notifying_pass(config, machine, state)
+        try:
+            for seconds in (360, 420):  # the start, then a pass with nothing new
+                _pass(passes, config, now=NOW + timedelta(seconds=seconds))
+                passes.delivery.notices_now(NOW + timedelta(seconds=seconds))
+        finally:
+            passes.close()
+    assert _told(hook_server)[3:] == [("running", "soon", "alice")]
+    running = hook_server.received[3][1]
+    assert running["ssh"] == "ssh -p 2200 alice@devbox1"
+    assert running["subject"] == 'gpubook: "alice debian-ssh" is running on devbox1: ssh -p 2200 alice@devbox1'
+    assert len(smtp_server.received) == 3
