@@ -7,6 +7,7 @@ sent by default, once each, across passes and restarts."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from email import message_from_bytes
 from email.policy import default as default_policy
@@ -24,13 +25,13 @@ from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.hosts.local import OneMachine
 from gpubook.scheduler.outbox import notices
-from gpubook.scheduler.sources import open_source
+from gpubook.scheduler.sources import EventRef, block, open_source
+from gpubook.scheduler.sources.attendee import Resource, address_of
+from gpubook.scheduler.sources.caldav_writer import CalendarWriter
 from gpubook.scheduler.state import State
 from tests.kits import servers
 from tests.kits.booking_kit import read, vcalendar
 from tests.kits.pass_kit import HOLD, NOW, Machine, event, make_pass
-
-pytestmark = pytest.mark.caldav
 
 HOST = "devbox1"
 ATTENDEE = "mailto:devbox1@gpubook.invalid"  # the host's own address, at a domain no mail ever reaches
@@ -103,6 +104,7 @@ def _ended_run(state: State, booking_id: str) -> None:
     state.container_stopped(name, reason="the booking ended", at=NOW - HOUR)
 
 
+@pytest.mark.caldav
 def test_the_host_answers_accepted_refused_held_running_and_ended(
         tmp_path: Path, state: State, caldav_server: servers.CalendarServer) -> None:
     calendar = caldav_server.new_calendar()
@@ -162,6 +164,29 @@ BOOKERS_OWN = (
 )
 
 
+@pytest.mark.caldav
+def test_writing_the_same_answer_again_changes_nothing_on_the_server(caldav_server: servers.CalendarServer) -> None:
+    """The server's copy of the attendee (as Radicale and Xandikos keep it) reads back as what was
+    written: a second write of the same answer finds nothing to change, and the ETag stays."""
+    calendar = caldav_server.new_calendar()
+    href = str(calendar.save_event(vcalendar(event("same", NOW, NOW + HOUR, extra=BOOKERS_OWN[:2]))).url)
+    writer = CalendarWriter(str(calendar.url), username="test", password="any", timezone="UTC")
+    ref = EventRef(str(calendar.url), href, "same")
+    try:
+        accepted = block.accepted(gpus=[0, 1], template="debian-ssh", start=NOW, end=NOW + HOUR, timezone="UTC")
+        for outcome in (replace(block.rejected("GPU 0 is booked by bob"), resource=Resource(HOST)),
+                        replace(accepted, resource=Resource(HOST, (0, 1)))):
+            assert writer.write(ref, outcome).written
+            etag = _stored(calendar)["same"][0]
+            again = writer.write(ref, outcome)
+            assert (again.written, again.reason) == (False, "unchanged")
+            assert _stored(calendar)["same"][0] == etag
+        assert writer.write(ref, replace(outcome, held=True)).written  # only the answer is new
+        assert _host_attendee(_stored(calendar)["same"][1])["PARTSTAT"] == "TENTATIVE"
+    finally:
+        writer.close()
+
+
 def _own(component: icalendar.cal.Component) -> list[tuple[str, str, dict[str, str]]]:
     """The booker's properties as a client reads them: everything but what gpubook writes."""
     owned = ("DESCRIPTION", "X-GPUBOOK-STATUS", "DTSTAMP", "LAST-MODIFIED")
@@ -174,6 +199,7 @@ def _own(component: icalendar.cal.Component) -> list[tuple[str, str, dict[str, s
     return sorted(found)
 
 
+@pytest.mark.caldav
 def test_the_bookers_own_attendees_and_properties_are_kept(
         tmp_path: Path, state: State, caldav_server: servers.CalendarServer) -> None:
     calendar = caldav_server.new_calendar()
@@ -203,6 +229,7 @@ def test_the_bookers_own_attendees_and_properties_are_kept(
         passes.close()
 
 
+@pytest.mark.caldav
 def test_a_series_master_answers_for_the_series_and_an_override_for_itself(
         tmp_path: Path, state: State, caldav_server: servers.CalendarServer) -> None:
     """Occurrences without a component of their own are entries of the master's block: the master's
@@ -256,6 +283,7 @@ def _told(hook_server) -> list[tuple[str, str, str]]:  # type: ignore[no-untyped
     return [(body["event"], body["booking"], body["user"]) for _, body in hook_server.received]
 
 
+@pytest.mark.caldav
 def test_answers_are_told_by_default_once_each_across_passes_and_restarts(
         tmp_path: Path, caldav_server: servers.CalendarServer, smtp_server, hook_server) -> None:  # type: ignore[no-untyped-def]
     calendar = caldav_server.new_calendar()
@@ -297,3 +325,35 @@ def test_answers_are_told_by_default_once_each_across_passes_and_restarts(
     assert running["ssh"] == "ssh -p 2200 alice@devbox1"
     assert running["subject"] == 'gpubook: "alice debian-ssh" is running on devbox1: ssh -p 2200 alice@devbox1'
     assert len(smtp_server.received) == 3
+
+
+# -- the series' answer, without a server --------------------------------------------------------
+
+
+def _series_answer(*outcomes: tuple[int, block.Outcome]) -> str:
+    calendar = icalendar.Calendar.from_ical(vcalendar(event("s", NOW, NOW + HOUR, extra=("RRULE:FREQ=DAILY",))))
+    for day, outcome in outcomes:
+        block.apply(calendar, uid="s", occurrence=NOW + day * 24 * HOUR, outcome=replace(
+            outcome, resource=Resource(HOST, (day,))), timezone="UTC")
+        calendar = icalendar.Calendar.from_ical(calendar.to_ical())  # as the server hands it back
+    (master,) = calendar.walk("VEVENT")
+    answer = _host_attendee(master)
+    assert answer["CN"] == "devbox1 GPUs"  # the master names no occurrence's GPUs
+    return answer["PARTSTAT"]
+
+
+def test_a_series_is_declined_only_when_every_occurrence_listed_is_refused() -> None:
+    accepted = block.accepted(gpus=[0], template="debian-ssh", start=NOW, end=NOW + HOUR, timezone="UTC")
+    refused = block.rejected("GPU 0 is booked by bob")
+    assert _series_answer((0, refused), (1, refused)) == "DECLINED"
+    assert _series_answer((0, refused), (1, accepted)) == "ACCEPTED"
+    assert _series_answer((0, replace(accepted, held=True)), (1, refused)) == "TENTATIVE"
+    # Another occurrence's write keeps the held one held (its status says so), and its answer.
+    assert _series_answer((0, replace(accepted, held=True)), (1, refused), (2, refused)) == "TENTATIVE"
+    assert _series_answer((0, replace(accepted, held=True)), (1, accepted)) == "ACCEPTED"
+
+
+def test_the_host_address_is_a_mail_address_made_of_its_name() -> None:
+    assert address_of("devbox1") == "mailto:devbox1@gpubook.invalid"
+    assert address_of("GPU_Box 7.lab..example.") == "mailto:gpu-box-7.lab.example@gpubook.invalid"
+    assert address_of("...") == "mailto:gpubook@gpubook.invalid"
