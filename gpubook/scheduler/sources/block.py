@@ -13,11 +13,13 @@ gpubook owns one marked block at the end of the event's DESCRIPTION::
     until 2026-11-23 17:00 +0100
     --- end gpubook ---
 
-and an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs. The block
-is replaced in place on each update; text above and below it stays byte for byte. The block is
-an end marker and the begin marker nearest above it: a begin marker whose end marker the user
-deleted is not recognised and is left alone (a new block is added below), and the booker's lines
-after such a stray marker are neither hidden from the parser nor replaced on the next write.
+an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs, and the booked
+host as a resource attendee whose PARTSTAT every calendar view can show (ACCEPTED, DECLINED, or
+TENTATIVE while an accepted booking's start came but it is held: gpubook/scheduler/sources/attendee.py).
+The block is replaced in place on each update; text above and below it stays byte for byte. The
+block is an end marker and the begin marker nearest above it: a begin marker whose end marker the
+user deleted is not recognised and is left alone (a new block is added below), and the booker's
+lines after such a stray marker are neither hidden from the parser nor replaced on the next write.
 
 Descriptions in HTML (Google Calendar, Outlook: gpubook/scheduler/sources/richtext.py) get the block in
 HTML, one ``<br>`` per line, so that it shows as lines there; markers are found in both forms.
@@ -43,8 +45,12 @@ A booker who opens one occurrence of a series expects to see *that* occurrence's
       2026-11-30 09:00 +0100: accepted: 1 GPU (0), template debian-ssh
       --- end gpubook ---
 
-  At most ``MAX_OCCURRENCES`` entries are kept, chosen by what the booker needs: the running
-  occurrence's (its ssh line) always, then the next ones to start, then the latest ended.
+  A held entry's status carries ``X-GPUBOOK-HELD=TRUE``. The master's attendee answers for the
+  whole series and names no GPUs, so that each occurrence's write finds it unchanged: ACCEPTED
+  while any entry is accepted (running, ended), TENTATIVE when the only accepted ones are held,
+  DECLINED when every entry is refused. At most ``MAX_OCCURRENCES`` entries are kept, chosen by
+  what the booker needs: the running occurrence's (its ssh line) always, then the next ones to
+  start, then the latest ended.
   gpubook does not create an override per occurrence: an override freezes a copy of the
   series' properties, so a later edit of the whole series (say, a new ``template:`` line)
   would silently not reach those occurrences — in the user's calendar and in gpubook's own
