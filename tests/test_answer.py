@@ -187,6 +187,39 @@ def test_writing_the_same_answer_again_changes_nothing_on_the_server(caldav_serv
         writer.close()
 
 
+class _BookerEditsMeanwhile(CalendarWriter):
+    """The real writer, with the booker adding a colleague between gpubook's read and its write."""
+
+    def _modify(self, event, ref, outcome):  # type: ignore[no-untyped-def]
+        changed = super()._modify(event, ref, outcome)
+        if not getattr(self, "raced", False):
+            self.raced = True
+            mine = caldav.DAVClient(url=self.url, username="test", password="any").calendar(url=self.url)
+            edited = mine.event_by_url(ref.href)
+            with edited.edit_icalendar_instance() as ical:
+                next(iter(ical.walk("VEVENT"))).add("ATTENDEE", "mailto:carol@lab.example", parameters={"CN": "Carol"})
+            edited.save(increase_seqno=False)
+        return changed
+
+
+@pytest.mark.caldav
+def test_an_attendee_the_booker_adds_while_gpubook_writes_is_kept(caldav_server: servers.CalendarServer) -> None:
+    calendar = caldav_server.new_calendar()
+    href = str(calendar.save_event(vcalendar(event("race", NOW, NOW + HOUR, extra=BOOKERS_OWN[:2]))).url)
+    writer = _BookerEditsMeanwhile(str(calendar.url), username="test", password="any", timezone="UTC",
+                                   retry_delay=0)
+    try:
+        result = writer.write(EventRef(str(calendar.url), href, "race"),
+                              replace(block.rejected("GPU 0 is booked by bob"), resource=Resource(HOST)))
+    finally:
+        writer.close()
+    assert (result.written, result.attempts) == (True, 2)  # the first PUT was refused (412), then read again
+    component = _stored(calendar)["race"][1]
+    assert [str(a).lower() for a in _attendees(component)] == ["mailto:bob@lab.example", "mailto:carol@lab.example",
+                                                               ATTENDEE]
+    assert _host_attendee(component)["PARTSTAT"] == "DECLINED"
+
+
 def _own(component: icalendar.cal.Component) -> list[tuple[str, str, dict[str, str]]]:
     """The booker's properties as a client reads them: everything but what gpubook writes."""
     owned = ("DESCRIPTION", "X-GPUBOOK-STATUS", "DTSTAMP", "LAST-MODIFIED")
