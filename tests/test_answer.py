@@ -258,6 +258,20 @@ def test_the_bookers_own_attendees_and_properties_are_kept(
         assert attendees == ["mailto:bob@lab.example", "mailto:room-3@lab.example", "mailto:devbox2@gpubook.invalid",
                              ATTENDEE]  # in place, after the booker's own, never re-ordered
         assert str(component["DESCRIPTION"]).startswith("gpus: 1\nmy own notes\n\n--- gpubook ---\nrunning: ")
+
+        # The booker deletes gpubook's attendee: the next pass (which sees the event changed) puts it back.
+        mine = calendar.event_by_uid("mine")
+        with mine.edit_icalendar_instance() as ical:
+            edited = next(iter(ical.walk("VEVENT")))
+            kept = [a for a in _attendees(edited) if str(a).lower() != ATTENDEE]
+            edited.pop("ATTENDEE")
+            for attendee in kept:
+                edited.add("ATTENDEE", attendee, encode=False)
+        mine.save(increase_seqno=False)
+        assert ATTENDEE not in [str(a).lower() for a in _attendees(_stored(calendar)["mine"][1])]
+        _pass(passes, config, now=NOW + timedelta(minutes=3))
+        component = _stored(calendar)["mine"][1]
+        assert _host_attendee(component)["PARTSTAT"] == "ACCEPTED" and _own(component) == before
     finally:
         passes.close()
 
