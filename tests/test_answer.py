@@ -34,7 +34,7 @@ from tests.kits.booking_kit import read, vcalendar
 from tests.kits.pass_kit import HOLD, NOW, Machine, event, make_pass
 
 HOST = "devbox1"
-ATTENDEE = "mailto:devbox1@gpubook.invalid"  # the host's own address, at a domain no mail ever reaches
+ATTENDEE = "urn:x-gpubook:host:devbox1"  # the host's own address, to which no client sends mail
 HOUR = timedelta(hours=1)
 
 
@@ -155,7 +155,7 @@ BOOKERS_OWN = (
     "ORGANIZER;CN=Alice Liddell:mailto:alice@lab.example",
     "ATTENDEE;CN=Bob;ROLE=OPT-PARTICIPANT;PARTSTAT=TENTATIVE;RSVP=TRUE:mailto:bob@lab.example",
     "ATTENDEE;CUTYPE=ROOM;PARTSTAT=ACCEPTED;CN=Seminar room:mailto:room-3@lab.example",
-    "ATTENDEE;CN=devbox2 GPU 0;CUTYPE=RESOURCE;PARTSTAT=DECLINED:mailto:devbox2@gpubook.invalid",
+    "ATTENDEE;CN=devbox2 GPU 0;CUTYPE=RESOURCE;PARTSTAT=DECLINED:urn:x-gpubook:host:devbox2",
     "STATUS:TENTATIVE",
     "CLASS:PRIVATE",
     "CATEGORIES:thesis,gpu",
@@ -255,7 +255,7 @@ def test_the_bookers_own_attendees_and_properties_are_kept(
         assert _host_attendee(component)["PARTSTAT"] == "ACCEPTED"
         assert _own(component) == before  # the booker's STATUS too: gpubook's answer is the attendee's
         attendees = [str(a).lower() for a in _attendees(component)]
-        assert attendees == ["mailto:bob@lab.example", "mailto:room-3@lab.example", "mailto:devbox2@gpubook.invalid",
+        assert attendees == ["mailto:bob@lab.example", "mailto:room-3@lab.example", "urn:x-gpubook:host:devbox2",
                              ATTENDEE]  # in place, after the booker's own, never re-ordered
         assert str(component["DESCRIPTION"]).startswith("gpus: 1\nmy own notes\n\n--- gpubook ---\nrunning: ")
 
@@ -400,7 +400,7 @@ def test_a_series_is_declined_only_when_every_occurrence_listed_is_refused() -> 
     assert _series_answer((0, replace(accepted, held=True)), (1, accepted)) == "ACCEPTED"
 
 
-def test_the_host_address_is_a_mail_address_made_of_its_name() -> None:
-    assert address_of("devbox1") == "mailto:devbox1@gpubook.invalid"
-    assert address_of("GPU_Box 7.lab..example.") == "mailto:gpu-box-7.lab.example@gpubook.invalid"
-    assert address_of("...") == "mailto:gpubook@gpubook.invalid"
+def test_the_host_address_is_a_urn_made_of_its_name() -> None:
+    assert address_of("devbox1") == "urn:x-gpubook:host:devbox1"
+    assert address_of("GPU_Box 7.lab.example.") == "urn:x-gpubook:host:gpu-box-7.lab.example"
+    assert address_of("...") == "urn:x-gpubook:host:gpubook"

@@ -1,27 +1,31 @@
 """gpubook's answer as a room gives it: the booked host as a resource attendee (pure, no I/O).
 
 Room booking in Exchange and Google Workspace (RFC 6638's room scheduling) puts the room into the
-event as an attendee that accepts or declines; every calendar client shows an attendee's answer.
-gpubook does the same for the booked host::
+event as an attendee that accepts or declines. gpubook does the same for the booked host::
 
     ATTENDEE;CUTYPE=RESOURCE;ROLE=REQ-PARTICIPANT;PARTSTAT=ACCEPTED;RSVP=FALSE;
-     SCHEDULE-AGENT=CLIENT;CN="devbox1 GPU 0,1":mailto:devbox1@gpubook.invalid
+     SCHEDULE-AGENT=CLIENT;CN="devbox1 GPU 0,1":urn:x-gpubook:host:devbox1
 
-- The address is the host's own, derived from `[host] name`, at the ``gpubook.invalid`` domain:
-  a ``mailto:`` because clients show (and some only keep) mailto attendees, at a domain that
-  RFC 2606 reserves so that no mail sent to it can ever be delivered anywhere. It is how gpubook
-  finds its own attendee: the attendee with this exact address is replaced in place, every other
-  attendee (the booker's colleagues, another server's resource) is never touched or re-ordered.
-- ``SCHEDULE-AGENT=CLIENT`` (RFC 6638): the server sends no invitation for this attendee;
-  ``RSVP=FALSE``: no client asks it for a reply. gpubook is the client that answers for it.
+- The address is the host's own, made of `[host] name`. It is how gpubook finds its attendee:
+  the attendee with this exact address is replaced in place, and every other attendee (the
+  booker's colleagues, a room, another server's resource) is never touched or re-ordered.
+  It is a URN, not a ``mailto:``: a booker's Thunderbird that has their mail identity e-mails an
+  invitation update to every mailto attendee when they move the booking (even with
+  SCHEDULE-AGENT=CLIENT or NONE; tried on Thunderbird 153), and a scheduling server whose
+  SCHEDULE-AGENT the client removed would do the same; neither sends anything to a URN.
+  Thunderbird shows it as ``devbox1 GPU 0,1 <urn:...>``, khal as its last part (``devbox1``).
+- ``SCHEDULE-AGENT=CLIENT`` (RFC 6638): no server schedules this attendee; gpubook is the client
+  that answers for it. ``RSVP=FALSE``: no client asks it for a reply. A client that drops either
+  has them back at gpubook's next write (the attendee differs, so it is written again).
 - ``ROLE=REQ-PARTICIPANT``: the booking cannot happen without its GPUs, which is what "required"
-  means; ``NON-PARTICIPANT`` ("for information only") would tell clients the opposite, and some
-  leave non-participants out of their attendee summaries.
+  means; ``NON-PARTICIPANT`` ("for information only") would tell clients the opposite.
 - ``PARTSTAT`` is the answer (`Answer`): ACCEPTED for an accepted, running or ended booking (an
   ended booking was accepted and ran: "ended" is in the block and X-GPUBOOK-STATUS), DECLINED for
   a refused one, TENTATIVE while an accepted booking's start has come but it is held (its GPUs
   still used, its image being prepared, its start failed and is tried again, the calendar data
-  too old to start from).
+  too old to start from). Thunderbird shows it as a badge on the attendee in the event's dialog
+  and tooltip; no client tried draws another attendee's answer in its day or week view, which is
+  why the event's STATUS says it too where gpubook may write it (gpubook/scheduler/sources/event_status.py).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from enum import StrEnum
 
 import icalendar
 
-DOMAIN = "gpubook.invalid"  # RFC 2606: never delivered, never anybody's
+PREFIX = "urn:x-gpubook:host:"  # + the host's name (the urn:x- form of Apple's urn:x-uid: addresses)
 PROPERTY = "ATTENDEE"
 
 
@@ -60,10 +64,10 @@ class Resource:
 
 
 def address_of(host: str) -> str:
-    """The host's cal-address: a valid e-mail local part made of its name (lower case)."""
-    local = re.sub(r"[^a-z0-9.-]+", "-", host.lower())
-    local = re.sub(r"\.{2,}", ".", local).strip(".-") or "gpubook"
-    return f"mailto:{local}@{DOMAIN}"
+    """The host's cal-address: its name in lower case, characters other than letters, digits, `.`
+    and `-` made `-` (a URN's allowed characters, none that a client would split on)."""
+    name = re.sub(r"[^a-z0-9.-]+", "-", host.lower()).strip(".-") or "gpubook"
+    return PREFIX + name
 
 
 def _parameters(resource: Resource, answer: Answer) -> dict[str, str]:
