@@ -6,6 +6,7 @@ sent by default, once each, across passes and restarts."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -133,6 +134,14 @@ def test_the_host_answers_accepted_refused_held_running_and_ended(
         assert answers["now"]["CN"] == "devbox1 GPU 0" and answers["held"]["CN"] == "devbox1 GPU 1"
         assert answers["refused"]["CN"] == "devbox1 GPUs"
         assert stored["held"][1]["X-GPUBOOK-STATUS"].params["X-GPUBOOK-HELD"] == "TRUE"
+        # What the views draw (Thunderbird fades TENTATIVE): the event's STATUS, gpubook's on these
+        # events of the booker's own (no STATUS, nobody invited); never CANCELLED, which gpubook's
+        # reader would skip: every booking is still read.
+        assert {uid: (str(component["STATUS"]), str(component["X-GPUBOOK-OWNS-STATUS"]))
+                for uid, (_, component) in stored.items()} == {
+            "ahead": ("CONFIRMED", "CONFIRMED"), "refused": ("TENTATIVE", "TENTATIVE"),
+            "now": ("CONFIRMED", "CONFIRMED"), "held": ("TENTATIVE", "TENTATIVE"), "ended": ("CONFIRMED", "CONFIRMED")}
+        assert sorted(o.id for o in _occurrences(config)[0]) == ["ahead", "ended", "held", "now", "refused"]
 
         # A pass with nothing new writes nothing: every ETag stays.
         _pass(passes, config, now=NOW + timedelta(seconds=30))
@@ -147,6 +156,7 @@ def test_the_host_answers_accepted_refused_held_running_and_ended(
         assert _host_attendee(component)["PARTSTAT"] == "ACCEPTED"
         assert str(component["X-GPUBOOK-STATUS"]) == "running" and "X-GPUBOOK-HELD" not in \
             component["X-GPUBOOK-STATUS"].params
+        assert str(component["STATUS"]) == "CONFIRMED"
     finally:
         passes.close()
 
@@ -218,6 +228,66 @@ def test_an_attendee_the_booker_adds_while_gpubook_writes_is_kept(caldav_server:
     assert [str(a).lower() for a in _attendees(component)] == ["mailto:bob@lab.example", "mailto:carol@lab.example",
                                                                ATTENDEE]
     assert _host_attendee(component)["PARTSTAT"] == "DECLINED"
+
+
+@pytest.mark.caldav
+def test_the_bookers_status_is_theirs_and_gpubooks_only_where_nobody_is_invited(
+        caldav_server: servers.CalendarServer) -> None:
+    """gpubook writes STATUS only where the event has none or still has gpubook's: a STATUS the
+    booker sets is theirs from then on; with colleagues invited (whom a scheduling server would
+    send an update for a STATUS change) gpubook's STATUS goes once and the attendee alone answers."""
+    calendar = caldav_server.new_calendar()
+    href = str(calendar.save_event(vcalendar(event("st", NOW, NOW + HOUR))).url)
+    writer = CalendarWriter(str(calendar.url), username="test", password="any", timezone="UTC")
+    ref = EventRef(str(calendar.url), href, "st")
+    refused = replace(block.rejected("GPU 0 is booked by bob"), resource=Resource(HOST))
+    accepted = replace(block.accepted(gpus=[0], template="debian-ssh", start=NOW, end=NOW + HOUR, timezone="UTC"),
+                       resource=Resource(HOST, (0,)))
+
+    def booker_edits(*, status: str | None = None, invite: str | None = None) -> None:
+        mine = calendar.event_by_uid("st")
+        with mine.edit_icalendar_instance() as ical:
+            component = next(iter(ical.walk("VEVENT")))
+            if status is not None:
+                component["STATUS"] = status
+            if invite is not None:
+                component.add("ATTENDEE", invite, parameters={"CN": "Carol"})
+        mine.save(increase_seqno=False)
+
+    def status() -> tuple[str | None, str | None]:
+        component = _stored(calendar)["st"][1]
+        return (str(component["STATUS"]) if "STATUS" in component else None,
+                str(component["X-GPUBOOK-OWNS-STATUS"]) if "X-GPUBOOK-OWNS-STATUS" in component else None)
+
+    try:
+        assert writer.write(ref, refused).written and status() == ("TENTATIVE", "TENTATIVE")
+        assert writer.write(ref, accepted).written and status() == ("CONFIRMED", "CONFIRMED")
+        booker_edits(status="TENTATIVE")  # the booker's own "maybe"
+        assert writer.write(ref, refused).written and status() == ("TENTATIVE", None)  # theirs: the mark goes
+        assert writer.write(ref, accepted).written and status() == ("TENTATIVE", None)  # and it stays theirs
+        assert _host_attendee(_stored(calendar)["st"][1])["PARTSTAT"] == "ACCEPTED"
+    finally:
+        writer.close()
+
+    href = str(calendar.save_event(vcalendar(event("inv", NOW, NOW + HOUR))).url)
+    writer = CalendarWriter(str(calendar.url), username="test", password="any", timezone="UTC")
+    ref = EventRef(str(calendar.url), href, "inv")
+    try:
+        assert writer.write(ref, refused).written
+        assert str(_stored(calendar)["inv"][1]["STATUS"]) == "TENTATIVE"
+        mine = calendar.event_by_uid("inv")
+        with mine.edit_icalendar_instance() as ical:
+            next(iter(ical.walk("VEVENT"))).add("ATTENDEE", "mailto:carol@lab.example", parameters={"CN": "Carol"})
+        mine.save(increase_seqno=False)
+        assert writer.write(ref, accepted).written
+        component = _stored(calendar)["inv"][1]
+        assert "STATUS" not in component and "X-GPUBOOK-OWNS-STATUS" not in component
+        assert _host_attendee(component)["PARTSTAT"] == "ACCEPTED"
+        assert writer.write(ref, refused).written  # the answer changes; STATUS is still not written
+        component = _stored(calendar)["inv"][1]
+        assert "STATUS" not in component and _host_attendee(component)["PARTSTAT"] == "DECLINED"
+    finally:
+        writer.close()
 
 
 def _own(component: icalendar.cal.Component) -> list[tuple[str, str, dict[str, str]]]:
@@ -404,3 +474,26 @@ def test_the_host_address_is_a_urn_made_of_its_name() -> None:
     assert address_of("devbox1") == "urn:x-gpubook:host:devbox1"
     assert address_of("GPU_Box 7.lab.example.") == "urn:x-gpubook:host:gpu-box-7.lab.example"
     assert address_of("...") == "urn:x-gpubook:host:gpubook"
+
+
+def test_two_deliverers_at_once_send_each_notice_once(tmp_path: Path) -> None:
+    """The daemon's notices lane and `gpubook stop` (another process) may deliver at the same time:
+    each notice goes out once, from whichever takes it first."""
+    with State(tmp_path / "state.sqlite") as state:
+        for number in range(40):
+            state.queue_notice(kind="accepted", booking_id=f"b{number}", user="alice", subject="s", text="t",
+                               fields={}, at=NOW)
+    sent: list[str] = []
+    together = threading.Barrier(2, timeout=HOLD)
+
+    def deliverer() -> None:
+        with State(tmp_path / "state.sqlite") as own:  # its own connection, as another process has
+            together.wait()
+            notices.deliver_pending(own, lambda message: sent.append(message.booking_id), now=NOW)
+
+    threads = [threading.Thread(target=deliverer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(HOLD)
+    assert sorted(sent) == sorted(f"b{number}" for number in range(40))

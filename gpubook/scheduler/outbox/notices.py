@@ -158,14 +158,18 @@ class Notices:
 
 
 def deliver_pending(state: State, notices: Callable[[Message], None] | None, *, now: datetime | None = None) -> int:
-    """Send the notices a pass recorded in State's outbox; each is tried once. Returns how many."""
-    pending = state.pending_notices()
-    for notice in pending:
+    """Send the notices a pass recorded in State's outbox; each is tried once, by the one deliverer
+    that takes it first (two at once, in threads or processes, never send one twice). Returns how
+    many this call took."""
+    taken = 0
+    for notice in state.pending_notices():
+        if not state.notice_delivered(notice.id, at=now):
+            continue  # another deliverer took it meanwhile
+        taken += 1
         if notices is not None:
             notices(Message(kind=notice.kind, booking_id=notice.booking_id, user=notice.user,
                             subject=notice.subject, text=notice.text, fields=dict(notice.fields)))
-        state.notice_delivered(notice.id, at=now)
-    return len(pending)
+    return taken
 
 
 # -- answers: accepted, rejected, running ------------------------------------------------------

@@ -15,7 +15,8 @@ gpubook owns one marked block at the end of the event's DESCRIPTION::
 
 an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs, and the booked
 host as a resource attendee whose PARTSTAT every calendar view can show (ACCEPTED, DECLINED, or
-TENTATIVE while an accepted booking's start came but it is held: gpubook/scheduler/sources/attendee.py).
+TENTATIVE while an accepted booking's start came but it is held: gpubook/scheduler/sources/attendee.py),
+which the event's STATUS repeats where gpubook may write it (gpubook/scheduler/sources/event_status.py).
 The block is replaced in place on each update; text above and below it stays byte for byte. The
 block is an end marker and the begin marker nearest above it: a begin marker whose end marker the
 user deleted is not recognised and is left alone (a new block is added below), and the booker's
@@ -72,7 +73,7 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
-from gpubook.scheduler.sources import attendee
+from gpubook.scheduler.sources import attendee, event_status
 from gpubook.scheduler.sources.alarm import Reminder
 from gpubook.scheduler.sources.alarm import put as put_alarm
 from gpubook.scheduler.sources.attendee import Answer, Resource
@@ -372,6 +373,7 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
     changed = _put_reminder(component, outcome, named=named, statuses=statuses) or changed
     if resource is not None:
         changed = attendee.put(component, resource, answer) or changed
+        changed = event_status.put(component, answer, own_attendee=resource.address) or changed
     if not changed and statuses == _status_properties(component):
         return False
     component.pop(STATUS_PROPERTY, None)
