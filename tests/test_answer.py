@@ -193,6 +193,16 @@ def test_writing_the_same_answer_again_changes_nothing_on_the_server(caldav_serv
             assert _stored(calendar)["same"][0] == etag
         assert writer.write(ref, replace(outcome, held=True)).written  # only the answer is new
         assert _host_attendee(_stored(calendar)["same"][1])["PARTSTAT"] == "TENTATIVE"
+        # Thunderbird, saving as the organizer, drops SCHEDULE-AGENT=CLIENT from attendees (then a
+        # scheduling server would schedule them): the next write puts it back.
+        mine = calendar.event_by_uid("same")
+        with mine.edit_icalendar_instance() as ical:
+            for attendee in _attendees(next(iter(ical.walk("VEVENT")))):
+                attendee.params.pop("SCHEDULE-AGENT", None)
+        mine.save(increase_seqno=False)
+        assert "SCHEDULE-AGENT" not in _host_attendee(_stored(calendar)["same"][1])
+        assert writer.write(ref, replace(outcome, held=True)).written
+        assert _host_attendee(_stored(calendar)["same"][1])["SCHEDULE-AGENT"] == "CLIENT"
     finally:
         writer.close()
 
@@ -244,14 +254,10 @@ def test_the_bookers_status_is_theirs_and_gpubooks_only_where_nobody_is_invited(
     accepted = replace(block.accepted(gpus=[0], template="debian-ssh", start=NOW, end=NOW + HOUR, timezone="UTC"),
                        resource=Resource(HOST, (0,)))
 
-    def booker_edits(*, status: str | None = None, invite: str | None = None) -> None:
+    def booker_sets(status: str) -> None:
         mine = calendar.event_by_uid("st")
         with mine.edit_icalendar_instance() as ical:
-            component = next(iter(ical.walk("VEVENT")))
-            if status is not None:
-                component["STATUS"] = status
-            if invite is not None:
-                component.add("ATTENDEE", invite, parameters={"CN": "Carol"})
+            next(iter(ical.walk("VEVENT")))["STATUS"] = status
         mine.save(increase_seqno=False)
 
     def status() -> tuple[str | None, str | None]:
@@ -262,7 +268,7 @@ def test_the_bookers_status_is_theirs_and_gpubooks_only_where_nobody_is_invited(
     try:
         assert writer.write(ref, refused).written and status() == ("TENTATIVE", "TENTATIVE")
         assert writer.write(ref, accepted).written and status() == ("CONFIRMED", "CONFIRMED")
-        booker_edits(status="TENTATIVE")  # the booker's own "maybe"
+        booker_sets("TENTATIVE")  # the booker's own "maybe"
         assert writer.write(ref, refused).written and status() == ("TENTATIVE", None)  # theirs: the mark goes
         assert writer.write(ref, accepted).written and status() == ("TENTATIVE", None)  # and it stays theirs
         assert _host_attendee(_stored(calendar)["st"][1])["PARTSTAT"] == "ACCEPTED"
