@@ -1,9 +1,9 @@
 """The event's STATUS, where gpubook may say its answer there (pure, no I/O).
 
 The host's attendee carries the answer (gpubook/scheduler/sources/attendee.py), but no client
-tried draws another attendee's answer in its views. STATUS is what they draw (tried on
-Thunderbird 153 and khal 0.10, /work/clients-findings.md of issue 24): Thunderbird fades a
-TENTATIVE event (and fades and strikes through a CANCELLED one); khal prefixes a CANCELLED one.
+tried draws another attendee's answer in its views. STATUS is what they draw (Thunderbird 153
+and khal 0.10, tried for issue 24; docs/reference/event-block.md): Thunderbird fades a TENTATIVE
+event (and fades and strikes through a CANCELLED one); khal prefixes a CANCELLED one.
 So gpubook writes:
 
 - ``TENTATIVE`` for a refused booking and for a held one (its start came, it does not run yet);
