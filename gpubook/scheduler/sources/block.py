@@ -357,7 +357,8 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
     description = str(old_description) if old_description is not None else ""
     if named is None:
         body = _single_body(outcome)
-        statuses: list[tuple[str, dict[str, str]]] = [(str(outcome.status), _held({}, held=outcome.held))]
+        held = outcome.held and outcome.status == Status.ACCEPTED
+        statuses: list[tuple[str, dict[str, str]]] = [(str(outcome.status), _held({}, held=held))]
         answer, resource = outcome.answer, outcome.resource
     else:
         entries = _series_entries(description, named, label(named, timezone), outcome)
