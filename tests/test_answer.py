@@ -503,3 +503,27 @@ def test_two_deliverers_at_once_send_each_notice_once(tmp_path: Path) -> None:
     for thread in threads:
         thread.join(HOLD)
     assert sorted(sent) == sorted(f"b{number}" for number in range(40))
+
+
+def test_a_booker_on_an_ics_feed_learns_the_answers_by_notice(
+        tmp_path: Path, feed_server: servers.FeedServer, hook_server) -> None:  # type: ignore[no-untyped-def]
+    """A feed cannot be written into: the notices are how its bookers learn a refusal or the ssh line."""
+    feed = vcalendar(event("fits", NOW - HOUR, NOW + HOUR),
+                     event("no", NOW, NOW + HOUR, extra=("DESCRIPTION:gpus: 5",)))
+    feed_server.replies["/lab.ics"] = servers.Reply(body=feed.encode(), headers={"Content-Type": "text/calendar"})
+    config = _config(tmp_path, feed_server.base_url + "/lab.ics",
+                     notify=f'[notify.webhook]\nenabled = true\nurl = "http://127.0.0.1:{hook_server.server_address[1]}/"\n')
+    assert config.calendars[0].kind == "ics"
+    with State(tmp_path / "state.sqlite") as state:
+        passes = _notifying_pass(config, Machine(), state)
+        try:
+            _pass(passes, config)
+            _pass(passes, config, now=NOW + timedelta(seconds=30))
+            passes.delivery.notices_now(NOW)
+        finally:
+            passes.close()
+    assert sorted(_told(hook_server)) == [("rejected", "no", "alice"), ("running", "fits", "alice")]
+    refused = next(body for _, body in hook_server.received if body["event"] == "rejected")
+    assert refused["text"].endswith("\n\nrejected: this calendar books 2 GPUs of devbox1 (GPUs 0, 1); "
+                                    "this booking asks for 5") and refused["answer"] == "DECLINED"
+    assert [method for method, _, _ in feed_server.requests] == ["GET", "GET"]  # read, never written
