@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from email import message_from_bytes
 from email.policy import default as default_policy
 from pathlib import Path
@@ -19,6 +19,7 @@ import icalendar
 import pytest
 import requests
 
+from gpubook.runtime.engines import container_name
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.templates import load_all
 from gpubook.scheduler import config as config_module
@@ -62,7 +63,7 @@ def _occurrences(config: config_module.Config) -> tuple[list[Booking | Rejection
     return list(expansion.occurrences), {o.href: o.etag for o in objects}
 
 
-def _pass(passes: Pass, config: config_module.Config, *, now=NOW) -> None:  # type: ignore[no-untyped-def]
+def _pass(passes: Pass, config: config_module.Config, *, now: datetime = NOW) -> None:
     occurrences, etags = _occurrences(config)
     passes.run(occurrences, now=now, etags=etags)
     for future in list(passes.busy.values()):
@@ -100,7 +101,7 @@ def state(tmp_path: Path) -> Iterator[State]:
 
 def _ended_run(state: State, booking_id: str) -> None:
     """A run of `booking_id` from three hours to one hour ago, stopped at its end."""
-    name = f"gpubook-{booking_id}"
+    name = container_name(booking_id)
     state.container_started(booking_id, name, user="alice", gpu_count=1, at=NOW - 3 * HOUR)
     state.container_stopped(name, reason="the booking ended", at=NOW - HOUR)
 
