@@ -176,6 +176,31 @@ BOOKERS_OWN = (
 
 
 @pytest.mark.caldav
+def test_a_held_booking_says_why_it_waits_and_its_host_answers_tentative(
+        tmp_path: Path, state: State, caldav_server: servers.CalendarServer) -> None:
+    """A booking whose start came while gpubook starts nothing (here: its calendar data too old)
+    is held: the reason is a line of its block, the attendee and STATUS say TENTATIVE."""
+    calendar = caldav_server.new_calendar()
+    config = _config(tmp_path, str(calendar.url))
+    calendar.save_event(vcalendar(event("wait", NOW - HOUR, NOW + HOUR)))
+    reason = "the calendar could not be read for 12 minutes"
+    passes = make_pass(config, Machine(), state)
+    try:
+        occurrences, etags = _occurrences(config)
+        passes.run(occurrences, now=NOW, etags=etags, may_start=False, stale_reason=reason)
+        assert passes.writeback.settle(HOLD)
+        component = _stored(calendar)["wait"][1]
+        assert str(component["DESCRIPTION"]).endswith(f"{reason}\n--- end gpubook ---")
+        assert (_host_attendee(component)["PARTSTAT"], str(component["STATUS"])) == ("TENTATIVE", "TENTATIVE")
+        _pass(passes, config, now=NOW + timedelta(seconds=30))  # it may start again, and does
+        component = _stored(calendar)["wait"][1]
+        assert reason not in str(component["DESCRIPTION"])
+        assert (_host_attendee(component)["PARTSTAT"], str(component["STATUS"])) == ("ACCEPTED", "CONFIRMED")
+    finally:
+        passes.close()
+
+
+@pytest.mark.caldav
 def test_writing_the_same_answer_again_changes_nothing_on_the_server(caldav_server: servers.CalendarServer) -> None:
     """The server's copy of the attendee (as Radicale and Xandikos keep it) reads back as what was
     written: a second write of the same answer finds nothing to change, and the ETag stays."""
