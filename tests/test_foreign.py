@@ -181,8 +181,9 @@ def test_status_and_metrics_show_the_sightings() -> None:
     assert again.foreign == (item,)
     assert "  GPU 0 (booking b@test): pid 4242 (python3, carol) since 14:05; gpubook cannot stop it: not hers" in \
         again.render("UTC")
-    family = metrics._foreign_family(again)
-    assert {(s.labels["gpu"], s.value) for s in family.samples} == {("0", 1), ("1", 0)}
+    family = metrics._foreign_family(again, host_name="gpu1")
+    assert {(s.labels["host"], s.labels["gpu"], s.value) for s in family.samples} == {
+        ("gpu1", "0", 1), ("gpu1", "1", 0)}
 
 
 @needs_root

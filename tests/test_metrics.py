@@ -139,19 +139,20 @@ def test_calendar_labels_carry_no_path_or_query_token(usage: UsageState) -> None
 
 
 def test_values_read_at_scrape_time(usage: UsageState) -> None:
-    made = metrics.Metrics(status=status, usage=usage, users=lambda: USERS, gpus=two_gpus)
+    made = metrics.Metrics(status=status, usage=usage, users=lambda: USERS, gpus=two_gpus, host_name=lambda: "gpu1")
     families = scrape(made)
     bookings = families["gpubook_bookings"]
     assert {s.labels["state"]: s.value for s in bookings} == {
         "now": 2, "upcoming": 3, "rejected": 1, "armed": 1, "running": 1}
-    assert value(families["gpubook_containers_running"], "gpubook_containers_running", host="local") == 2
+    # Each host by its [host] name, never the planner's internal "local" (a lab's servers' series stay apart).
+    assert value(families["gpubook_containers_running"], "gpubook_containers_running", host="gpu1") == 2
     assert value(families["gpubook_booked_gpu_seconds"], "gpubook_booked_gpu_seconds_total", user="alice") == 9000
     assert value(families["gpubook_used_gpu_seconds"], "gpubook_used_gpu_seconds_total", user="alice") == 4500
-    gpu0 = {"host": "local", "gpu": "0", "uuid": "GPU-aaaa"}
+    gpu0 = {"host": "gpu1", "gpu": "0", "uuid": "GPU-aaaa"}
     assert value(families["gpubook_gpu_utilisation_ratio"], "gpubook_gpu_utilisation_ratio", **gpu0) == 0.37
     assert value(families["gpubook_gpu_memory_used_bytes"], "gpubook_gpu_memory_used_bytes", **gpu0) == 2048 * 2**20
     assert value(families["gpubook_gpu_memory_total_bytes"], "gpubook_gpu_memory_total_bytes",
-                 host="local", gpu="1", uuid="GPU-bbbb") == 80 * 2**30
+                 host="gpu1", gpu="1", uuid="GPU-bbbb") == 80 * 2**30
     assert {s.labels["state"]: s.value for s in families["gpubook_image_preparations"]} == {
         "queued": 0, "pulling": 0, "building": 0, "ready": 2, "failed": 1}
     assert value(families["gpubook_last_poll_timestamp_seconds"], "gpubook_last_poll_timestamp_seconds") \

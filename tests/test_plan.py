@@ -69,7 +69,8 @@ def test_first_seen_wins_whatever_the_input_order() -> None:
         result = run(*order, seen=seen)
         assert gpus(result) == {"late-uid": (0,)}
         assert reasons(result) == {"early-uid": "the GPUs asked for are taken: GPU 0 is booked by "
-                                                "alice from 2026-11-24 11:00 to 13:00 (CET)"}
+                                                "alice from 2026-11-24 11:00 to 13:00 (CET); "
+                                                "GPU 0 is free tomorrow from 13:00 (CET)"}
 
 
 def test_created_dtstamp_then_uid_break_ties_of_first_seen() -> None:
@@ -129,7 +130,8 @@ def test_not_enough_free_gpus_names_who_holds_them() -> None:
     assert reasons(result) == {"b": "only 1 of the 2 GPUs asked for is free at that time: "
                                     "GPU 0 is booked by bob from 2026-11-24 11:00 to 13:00 (CET); "
                                     "GPU 1 is booked by bob from 2026-11-24 11:00 to 13:00 (CET); "
-                                    "GPU 2 is booked by bob from 2026-11-24 11:00 to 13:00 (CET)"}
+                                    "GPU 2 is booked by bob from 2026-11-24 11:00 to 13:00 (CET); "
+                                    "GPUs 0,1 are free tomorrow from 13:00 (CET)"}
 
 
 def test_static_rejections() -> None:
@@ -305,4 +307,4 @@ def test_from_calendar_text_to_plan() -> None:
         ("weekly@20261123T190000Z", "carol", (3,)), ("train", "alice", (0, 1))]
     assert [(r.id, r.reason) for r in result.rejected] == [
         ("clash", "the GPUs asked for are taken: GPU 1 is booked by alice from 2026-11-24 10:00 "
-                  "to 18:00 (CET)")]
+                  "to 18:00 (CET); GPU 1 is free tomorrow from 18:00 (CET)")]

@@ -71,7 +71,8 @@ class Daemon:
         self.web: WebServer | None = None
         self.gpu_view = nvml.CachedView(self._gpu_view)  # one live view for the page and the metrics
         self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=self.state,
-                                       users=lambda: self.config.users.keys(), gpus=self.gpu_view.view)
+                                       users=lambda: self.config.users.keys(), gpus=self.gpu_view.view,
+                                       host_name=lambda: self.config.host.name)
         self._world: World | None = None  # the containers as the last pass saw them (the sampler reads them)
         self.hooks = wiring.Hooks(metrics=self.metrics, gpu_view=self.gpu_view, wake=self._soon, event=self._event,
                                   running=lambda: self._world.actual() if self._world is not None else [])
@@ -181,7 +182,8 @@ class Daemon:
         if self.web is not None:
             self.web.stop()
         self.web = web.serve_daemon_page(self.config, status=lambda: self.last_status, metrics=self.metrics,
-                                         gpus=self.gpu_view, event=lambda line: self._event(line, level="error"))
+                                         gpus=self.gpu_view, event=lambda line: self._event(line, level="error"),
+                                         state=self.state)
 
     def _signal(self, number: int, frame: FrameType | None) -> None:
         if number == signal.SIGHUP:

@@ -94,6 +94,13 @@ def cmd_bookings(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_free(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import free
+
+    return free.run(_config_path(args), gpus=args.gpus, hours=args.hours, model=args.model or "", days=args.days,
+                    ics=args.ics, as_json=args.json)
+
+
 def _optional_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """--config, else the default config path if one exists; None: none (these commands work without)."""
     from gpubook.scheduler import config
@@ -204,6 +211,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     paths = {kind: Path(value) if value else None for kind, value in (("csv", args.csv), ("png", args.png),
                                                                        ("html", args.html))}
     path = config.config_path(args.config, required=False)
+    if args.lab:
+        if any(paths.values()):
+            raise report.ReportError("--lab prints the lab's table (or --json); --csv, --png and --html are one "
+                                     "server's: run them without --lab")
+        return report.run_lab(start_text=args.start, end_text=args.end, by=args.by,
+                              config_path=str(path) if path else None, as_json=args.json)
     return report.run(start_text=args.start, end_text=args.end, by=args.by, outputs=report.Outputs(**paths),
                       config_path=str(path) if path else None, as_json=args.json)
 
@@ -231,6 +244,17 @@ def build_parser() -> argparse.ArgumentParser:
     bookings.add_argument("--from", dest="start", type=_when, help="window start (ISO 8601; default: now)")
     bookings.add_argument("--to", dest="end", type=_when, help="window end (ISO 8601; default: start + 7 days)")
     bookings.add_argument("--json", action="store_true", help="print one JSON object")
+
+    free = command("free", cmd_free, "which GPUs are free now and in the coming days, and the next slots that fit "
+                   "a request (read from the calendars); --ics prints the availability calendar the page serves")
+    free.add_argument("--gpus", type=int, default=1, metavar="N", help="the slots must fit N GPUs (default 1)")
+    free.add_argument("--hours", type=float, default=1.0, metavar="H", help="for H hours (default 1)")
+    free.add_argument("--model", metavar="MODEL", help="only this GPU model's GPUs, as /free/MODEL.ics names it "
+                      "(a100-sxm4-80gb)")
+    free.add_argument("--days", type=float, default=7.0, help="how far ahead (default 7, at most the daemon's window)")
+    output = free.add_mutually_exclusive_group()
+    output.add_argument("--ics", action="store_true", help="print the availability calendar (iCalendar, no names)")
+    output.add_argument("--json", action="store_true", help="print one JSON object")
 
     config_group = command("config", None, "configuration tools").add_subparsers(
         dest="config_command", required=True, metavar="SUBCOMMAND")
@@ -297,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "utilisation per GPU) as a PNG")
     report.add_argument("--html", metavar="FILE", help="write one HTML page: the table and the plots")
     report.add_argument("--json", action="store_true", help="print the table's rows as one JSON object")
+    report.add_argument("--lab", action="store_true", help="the lab's servers together: this one's and each "
+                        "[web] lab server's usage, summed (exit 1 when one did not answer)")
 
     setup = command("setup", cmd_setup, "set this host up for gpubook, once, as root: the daemon's account, its "
                     "data_root, podman, the config, the image and the user unit; then gpubook doctor", config=False)

@@ -9,6 +9,7 @@ all its files or, when a target cannot be written, none.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from zoneinfo import ZoneInfo
 from gpubook import extras
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler import config as config_module
+from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox import report as report_module
 from gpubook.scheduler.state import State
 from gpubook.scheduler.wiring import state_dir
@@ -68,7 +70,8 @@ def run(*, start_text: str, end_text: str, by: str = "user", outputs: Outputs = 
         extras.require("report")  # before anything is read or written
     database = _database(config)
     with State(database) as state:
-        report = report_module.build(state, start=start, end=end, now=now or datetime.now(UTC), by=by)
+        report = report_module.build(state, start=start, end=end, now=now or datetime.now(UTC), by=by,
+                                     host_name=config.host.name if config is not None else LOCAL)
     files = _render(report, outputs)
     if as_json:
         print_line(json.dumps(to_json(report), indent=2))
@@ -85,16 +88,41 @@ def run(*, start_text: str, end_text: str, by: str = "user", outputs: Outputs = 
 
 
 def to_json(report: report_module.Report) -> dict[str, Any]:
-    """The table's rows as the CSV has them (hours unrounded, the idle share a fraction or null)."""
-    def row(item: report_module.Row) -> dict[str, Any]:
-        return {report.by: item.key, "bookings": item.bookings, "booked_gpu_hours": round(item.booked_hours, 6),
-                "used_gpu_hours": round(item.used_hours, 6), "idle_share":
-                None if item.idle_share is None else round(item.idle_share, 6), "no_shows": item.no_shows,
-                "rejected": item.rejected}
+    """The table's rows as the CSV has them (outbox/report.py's to_json)."""
+    return report_module.to_json(report)
 
-    return {"from": report.start.isoformat(), "to": report.end.isoformat(), "until": report.until.isoformat(),
-            "by": report.by, "rows": [row(r) for r in report.rows], "total": row(report.total),
-            "rejected": report.rejected, "rejections": dict(report.rejections), "gpu_samples": report.samples}
+
+def run_lab(*, start_text: str, end_text: str, by: str = "user", config_path: str | None,
+            now: datetime | None = None, print_line: Callable[[str], None] = print, as_json: bool = False) -> int:
+    """`gpubook report --lab`: this server's report and each [web] lab server's (its /api/usage, asked
+    as the page's lab view asks: with the lab secret), summed by user, template or GPU."""
+    if config_path is None:
+        raise ReportError("--lab needs --config: the lab's servers are its [web] lab")
+    config = config_module.load(config_path)
+    if not config.web.lab:
+        raise ReportError(f"--lab: {config_path} names no other server in [web] lab")
+    zone = ZoneInfo(config.host.timezone)
+    start, end = moment(start_text, zone, flag="--from"), moment(end_text, zone, flag="--to")
+    if end <= start:
+        raise ReportError(f"--to {end_text} is not after --from {start_text}: the window is empty")
+    with State(_database(config)) as state:
+        own = report_module.build(state, start=start, end=end, now=now or datetime.now(UTC), by=by,
+                                  host_name=config.host.name)
+    from gpubook.scheduler.outbox.web import lab  # no Flask: the fetching and merging only
+
+    answers = lab.Lab(config.web.lab, secret=config.web.lab_secret).answers(
+        getpass.getuser(), lab.usage_path(start=start.isoformat(), end=end.isoformat(), by=by))
+    merged = lab.lab_usage(report_module.to_json(own, host_name=config.host.name), answers,
+                           own_label=config.host.name)
+    if as_json:
+        print_line(json.dumps(merged, indent=2))
+    else:
+        for line in report_module.json_table(merged):
+            print_line(line)
+        for server in merged["servers"]:
+            if server["problem"]:
+                print_line(f"NOT COUNTED: {server['problem']}")
+    return 0 if merged["complete"] else 1
 
 
 def _database(config: config_module.Config | None) -> Path:

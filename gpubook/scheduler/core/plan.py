@@ -44,7 +44,7 @@ from types import MappingProxyType
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpubook.scheduler.core import policy
+from gpubook.scheduler.core import free, policy
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.topology import ONE_MACHINE, Topology
 from gpubook.scheduler.settings import CalendarConfig, Config
@@ -159,6 +159,7 @@ def plan(
     warn = timedelta(minutes=config.defaults.warn_minutes)
     ledger = policy.Ledger(config, now=now, host_tz=host_tz)
     first = next(iter(hosts))
+    conflicts: list[tuple[Booking, tuple[int, int], dict[str, tuple[int, ...]], str]] = []
     for booking, shape in sorted(valid, key=lambda item: _priority(item[0], running, slots)):
         calendar = calendars[booking.calendar_url]
         owned = {name: _owned(calendar, present) for name, present in hosts.items()}
@@ -173,7 +174,7 @@ def plan(
         if placement is None:
             placed_or_reason = _place(booking, shape, owned, busy, host_tz)
             if isinstance(placed_or_reason, str):
-                rejected.append(_rejection(booking, placed_or_reason))
+                conflicts.append((booking, shape, owned, placed_or_reason))
                 continue
             placement = placed_or_reason
         for name, gpus in placement:
@@ -185,6 +186,12 @@ def plan(
         accepted.append(Accepted(booking, gpus, max(booking.start, booking.end - warn), host, tuple(others),
                                  rank=len(accepted)))
 
+    # Named once every booking is placed, so that the slots named are free in this plan.
+    offers = _Offers(free.Finder(busy, origin=min((b.start for b, *_ in conflicts), default=now),
+                                 horizon=now + policy.reach_ahead(config)),
+                     config=config, now=now, zone=host_tz, one_host=len(hosts) == 1)
+    rejected.extend(_rejection(booking, offers.add_to(reason, booking, shape, owned))
+                    for booking, shape, owned, reason in conflicts)
     accepted.sort(key=lambda a: _order(a.booking))
     rejected.sort(key=_order)
     moments = [t for a in accepted for t in (a.booking.start, a.warn_at, a.booking.end) if t > now]
@@ -470,6 +477,45 @@ def _choose(booking: Booking, owned: tuple[int, ...], busy: Mapping[int, _Timeli
         return (f"only {len(free)} of the {count} GPUs asked for "
                 f"{'is' if len(free) == 1 else 'are'} free at that time: {named}{more}")
     return f"the GPUs asked for are taken: {named}{more}"
+
+
+class _Offers:
+    """The next free slots that fit a refused booking's request, added to its reason: the same
+    GPUs it could have (its calendar's, or those it named), as many, for as long, from its own
+    start on. Searches are remembered by request and bounded in number, so that a calendar of
+    thousands of clashing copies costs a bounded time."""
+
+    SEARCHES = 1024  # distinct requests searched in one plan; a refusal past them names no slot
+
+    def __init__(self, finder: free.Finder, *, config: Config, now: datetime, zone: tzinfo, one_host: bool) -> None:
+        self.finder, self.config, self.now, self.zone, self.one_host = finder, config, now, zone, one_host
+        self.known: dict[tuple[Any, ...], str] = {}
+
+    def add_to(self, reason: str, booking: Booking, shape: tuple[int, int],
+               owned: Mapping[str, tuple[int, ...]]) -> str:
+        offer = self.offer(booking, shape, owned)
+        return f"{reason}; {offer}" if offer else reason
+
+    def offer(self, booking: Booking, shape: tuple[int, int], owned: Mapping[str, tuple[int, ...]]) -> str:
+        nodes, per = shape
+        exact = booking.gpu_indices is not None
+        among = {next(iter(owned)): booking.gpu_indices} if booking.gpu_indices is not None else \
+            {name: gpus for name, gpus in owned.items() if len(gpus) >= per}
+        duration = booking.end - booking.start
+        # A slot further ahead than the booker may book would be refused in its turn: none is named.
+        days = policy.limits(self.config, booking.user).max_days_ahead
+        last_start = self.now + timedelta(days=days) if days is not None else None
+        key = (tuple(among.items()), per, nodes, exact, duration, booking.start, last_start)
+        if key not in self.known:
+            if len(self.known) >= self.SEARCHES:
+                return ""
+            request = free.Request(among=among, count=per, duration=duration, nodes=nodes, exact=exact)
+            found = self.finder.next_slots(request, after=booking.start, not_before=self.now, last_start=last_start)
+            # Without the horizon's own time: the sentence stays the same from pass to pass.
+            days = (self.finder.horizon - self.now).days
+            self.known[key] = free.describe(found, zone=self.zone, now=self.now, one_host=self.one_host) \
+                if found else f"no such slot is free in the {days} days ahead that gpubook reads"
+        return self.known[key]
 
 
 def _overlaps(a: Booking, b: Booking) -> bool:

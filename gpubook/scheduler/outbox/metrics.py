@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime
 from typing import Any, ParamSpec, Protocol, runtime_checkable
@@ -116,10 +117,12 @@ class Metrics:
 
     def __init__(self, *, status: Callable[[], Status | None], usage: UsageSource | None = None,
                  users: Callable[[], Collection[str]] = frozenset, gpus: Callable[[], NvmlView] | None = None,
-                 gpu_host: str = LOCAL) -> None:
+                 host_name: Callable[[], str] = socket.gethostname) -> None:
         """`status`: the last pass's Status (None before the first); `usage`: State's GPU-hours;
         `users`: the configured users (bounds the `user` label); `gpus`: NVML's view with status,
-        cached by the caller (runtime.nvidia.nvml.CachedView.view), None where the daemon reads no GPU."""
+        cached by the caller (runtime.nvidia.nvml.CachedView.view), None where the daemon reads no GPU;
+        `host_name`: this machine's [host] name, its `host` label (a lab's servers' series stay apart;
+        the planner's internal name for it, "local", never leaves the daemon)."""
         self.registry = CollectorRegistry()
         self.start_ssh = Histogram(f"{PREFIX}_start_ssh_seconds", "Seconds from a booking's container start "
                                    "(an armed one: its opening) until its SSH server let the probe key in.",
@@ -144,7 +147,7 @@ class Metrics:
         for outcome in PULL_OUTCOMES:
             self.image_pulls.labels(outcome=outcome)
         self.registry.register(_Collector(status=status, usage=usage, users=users,
-                                          gpus=gpus, gpu_host=gpu_host))
+                                          gpus=gpus, host_name=host_name))
 
     @_guarded
     def started(self, *, seconds_to_ssh: float) -> None:
@@ -185,8 +188,9 @@ class _Collector(Collector):
     """The figures read at scrape time; each source on its own, so one failing leaves the rest."""
 
     def __init__(self, *, status: Callable[[], Status | None], usage: UsageSource | None,
-                 users: Callable[[], Collection[str]], gpus: Callable[[], NvmlView] | None, gpu_host: str) -> None:
-        self.status, self.usage, self.users, self.gpus, self.gpu_host = status, usage, users, gpus, gpu_host
+                 users: Callable[[], Collection[str]], gpus: Callable[[], NvmlView] | None,
+                 host_name: Callable[[], str]) -> None:
+        self.status, self.usage, self.users, self.gpus, self.host_name = status, usage, users, gpus, host_name
 
     def describe(self) -> list[Metric]:
         return []  # families vary with what there is (no GPU: none of the GPU ones)
@@ -214,14 +218,15 @@ class _Collector(Collector):
         containers = GaugeMetricFamily(f"{PREFIX}_containers_running", "Booking containers running (armed ones "
                                        "included) at the last pass, by host.", labels=["host"])
         gpus = GaugeMetricFamily(f"{PREFIX}_gpus", "GPUs a host offers to bookings.", labels=["host", "source"])
+        name = self.host_name()
         for host in report.hosts:
-            containers.add_metric([host.name], len(host.running))
-            gpus.add_metric([host.name, host.gpus.source], host.gpus.count)
+            containers.add_metric([_label(host.name, name)], len(host.running))
+            gpus.add_metric([_label(host.name, name), host.gpus.source], host.gpus.count)
         yield containers
         yield gpus
         yield from _poll_families(report)
         yield from _image_families(report.images)
-        yield _foreign_family(report)
+        yield _foreign_family(report, host_name=name)
 
     def _usage(self) -> Iterator[Metric]:
         if self.usage is None:
@@ -247,7 +252,7 @@ class _Collector(Collector):
         used = GaugeMetricFamily(f"{PREFIX}_gpu_memory_used_bytes", "GPU memory in use.", labels=labels)
         total = GaugeMetricFamily(f"{PREFIX}_gpu_memory_total_bytes", "GPU memory in all.", labels=labels)
         for gpu in view.gpus:
-            key = [self.gpu_host, str(gpu.index), gpu.uuid or ""]
+            key = [self.host_name(), str(gpu.index), gpu.uuid or ""]
             if gpu.utilisation_percent is not None:
                 utilisation.add_metric(key, gpu.utilisation_percent / 100.0)
             if gpu.memory_used_mib is not None:
@@ -276,13 +281,18 @@ def _poll_families(report: Status) -> Iterator[Metric]:
                             "bookings are kept), else 0.", value=1.0 if report.outage else 0.0)
 
 
-def _foreign_family(report: Status) -> Metric:
+def _label(host: str, host_name: str) -> str:
+    """A host's `host` label: the daemon's own machine by its [host] name, a cluster node by its own."""
+    return host_name if host == LOCAL else host
+
+
+def _foreign_family(report: Status, *, host_name: str) -> Metric:
     """Processes on each GPU outside its booking's container (or on a GPU nobody booked)."""
     family = GaugeMetricFamily(f"{PREFIX}_foreign_processes", "Processes on a GPU that are not its booking's "
                                "container's (or on an unbooked GPU), at the last pass.", labels=["host", "gpu"])
-    counted = {(host.name, str(gpu)): 0 for host in report.hosts for gpu in host.gpus.gpu_indices}
+    counted = {(_label(host.name, host_name), str(gpu)): 0 for host in report.hosts for gpu in host.gpus.gpu_indices}
     for item in report.foreign:
-        key = (str(item.get("host") or LOCAL), str(item.get("gpu")))
+        key = (_label(str(item.get("host") or LOCAL), host_name), str(item.get("gpu")))
         counted[key] = counted.get(key, 0) + 1
     for (host, gpu), count in sorted(counted.items()):
         family.add_metric([host, gpu], count)

@@ -16,16 +16,18 @@ import csv
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TextIO
+from typing import Any, TextIO, TypeVar
 
+from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.sources.errors import printable
 from gpubook.scheduler.state import BookedRow, RejectedRow, SampleSum, State
 
 BY = ("user", "gpu", "template")
 DAY = timedelta(days=1)
 WEEK = timedelta(days=7)
+T = TypeVar("T", BookedRow, SampleSum)
 UNRECORDED = "(unrecorded)"  # samples of a booking the passes never recorded (an older database)
 
 
@@ -65,15 +67,17 @@ class Report:
         return sum(count for _, count in self.rejections)
 
 
-def build(state: State, *, start: datetime, end: datetime, now: datetime, by: str = "user") -> Report:
-    """The report over [start, end) as State recorded it by `now`."""
+def build(state: State, *, start: datetime, end: datetime, now: datetime, by: str = "user",
+          host_name: str = LOCAL) -> Report:
+    """The report over [start, end) as State recorded it by `now`; `host_name`: this machine's
+    [host] name, which its GPUs' keys carry ("gpu1:0") instead of the internal "local"."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}, not {by!r}")
     until = max(start, min(end, now))
-    booked = [b for b in state.booked_between(start, until) if b.hours_between(start, until) > 0]
+    booked = [_named(b, host_name) for b in state.booked_between(start, until) if b.hours_between(start, until) > 0]
     logged_in = state.logins([b.booking_id for b in booked])
     no_shows = {b.booking_id for b in booked if start < b.end <= until and b.booking_id not in logged_in}
-    sums = state.sample_sums(start, until, bucket_seconds=DAY.total_seconds())
+    sums = [_named(s, host_name) for s in state.sample_sums(start, until, bucket_seconds=DAY.total_seconds())]
     rejections = state.rejections_between(start, end)
     rows = _rows(by, booked, sums, no_shows, rejections, start=start, until=until)
     total = Row(key="total", bookings=len(booked), booked_hours=sum(b.hours_between(start, until) for b in booked),
@@ -86,6 +90,10 @@ def build(state: State, *, start: datetime, end: datetime, now: datetime, by: st
                   weeks=weeks, weekly_booked=_weekly_booked(booked, weeks, until=until),
                   weekly_used=_weekly_used(booked, sums, len(weeks)),
                   days=days, daily_utilisation=_daily_utilisation(sums, len(days)), samples=bool(sums))
+
+
+def _named(row: T, host_name: str) -> T:
+    return replace(row, host=host_name) if row.host == LOCAL else row  # type: ignore[type-var]
 
 
 def reason_kind(reason: str) -> str:
@@ -210,3 +218,82 @@ def write_csv(report: Report, out: TextIO) -> None:
 def _with_total(rows: Iterable[Row], total: Row) -> Iterable[Row]:
     yield from rows
     yield total
+
+
+# -- JSON, and the lab's sum of several servers' JSON ---------------------------------------------------
+
+NUMBERS = ("bookings", "booked_gpu_hours", "used_gpu_hours", "no_shows")
+
+
+def to_json(report: Report, *, host_name: str | None = None) -> dict[str, Any]:
+    """The table's rows as the CSV has them (hours unrounded, the idle share a fraction or null);
+    `host_name`: the server it is from (the lab report names each)."""
+    def row(item: Row) -> dict[str, Any]:
+        return {report.by: item.key, "bookings": item.bookings, "booked_gpu_hours": round(item.booked_hours, 6),
+                "used_gpu_hours": round(item.used_hours, 6), "idle_share":
+                None if item.idle_share is None else round(item.idle_share, 6), "no_shows": item.no_shows,
+                "rejected": item.rejected}
+
+    return {**({"host": host_name} if host_name is not None else {}),
+            "from": report.start.isoformat(), "to": report.end.isoformat(), "until": report.until.isoformat(),
+            "by": report.by, "rows": [row(r) for r in report.rows], "total": row(report.total),
+            "rejected": report.rejected, "rejections": dict(report.rejections), "gpu_samples": report.samples}
+
+
+def merge_usage(reports: Sequence[Any]) -> dict[str, Any]:
+    """Several servers' `to_json` reports of one window as one: rows with the same key (a user, a
+    template; GPUs are "host:index", distinct per server) summed, the idle share computed again.
+    Entries of the wrong type are left out (another server's answer is data)."""
+    first = reports[0] if reports else {}
+    by = first.get("by", "user")
+    rows: dict[str, dict[str, Any]] = {}
+    rejections: Counter[str] = Counter()
+    samples = False
+    for report in reports:
+        if report.get("by") != by:
+            continue
+        for item in report.get("rows") or ():
+            if not isinstance(item, dict) or not isinstance(item.get(by), str):
+                continue
+            row = rows.setdefault(item[by], {by: item[by], **dict.fromkeys(NUMBERS, 0), "rejected": None})
+            for name in NUMBERS:
+                row[name] += _number(item.get(name))
+            if isinstance(item.get("rejected"), int):
+                row["rejected"] = (row["rejected"] or 0) + item["rejected"]
+        for kind, count in (report.get("rejections") or {}).items():
+            rejections[str(kind)] += _number(count)
+        samples = samples or report.get("gpu_samples") is True
+    total = {by: "total", **{name: sum(row[name] for row in rows.values()) for name in NUMBERS},
+             "rejected": sum(rejections.values())}
+    return {"from": first.get("from"), "to": first.get("to"), "by": by,
+            "hosts": [str(r.get("host", "?")) for r in reports],
+            "rows": [_idle(rows[key]) for key in sorted(rows)], "total": _idle(total),
+            "rejected": sum(rejections.values()), "rejections": dict(rejections.most_common()),
+            "gpu_samples": samples}
+
+
+def _number(value: Any) -> Any:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+def _idle(row: dict[str, Any]) -> dict[str, Any]:
+    booked = row["booked_gpu_hours"]
+    row["booked_gpu_hours"], row["used_gpu_hours"] = round(booked, 6), round(row["used_gpu_hours"], 6)
+    row["idle_share"] = None if booked <= 0 else round(max(0.0, 1 - row["used_gpu_hours"] / booked), 6)
+    return row
+
+
+def json_table(merged: dict[str, Any]) -> list[str]:
+    """The merged report printed as `table` prints one server's."""
+    by = merged["by"]
+    rows = [*merged["rows"], merged["total"]]
+    lines = [_cells((by, *COLUMNS)), *(_cells((
+        str(r[by]), str(r["bookings"]), _hours(r["booked_gpu_hours"]), _hours(r["used_gpu_hours"]),
+        "-" if r["idle_share"] is None else f"{r['idle_share'] * 100:.0f} %", str(r["no_shows"]),
+        "-" if r["rejected"] is None else str(r["rejected"]))) for r in rows)]
+    width = max(len(line) for line in lines)
+    out = [f"gpubook report, the lab's servers ({', '.join(merged['hosts'])}): {merged['from']} to {merged['to']}, "
+           f"by {by}", "", lines[0], "-" * width, *lines[1:-1], "-" * width, lines[-1], "",
+           f"rejected requests: {merged['rejected']}"]
+    out += [f"  {count:5d}  {kind}" for kind, count in merged["rejections"].items()]
+    return out

@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     from gpubook.scheduler.outbox.metrics import Metrics
     from gpubook.scheduler.outbox.status import Status
     from gpubook.scheduler.outbox.web.serve import WebServer
+    from gpubook.scheduler.state import State
 
 log = logging.getLogger(__name__)
 
 
 def serve_daemon_page(config: Config, *, status: Callable[[], Status | None], metrics: Metrics,
-                      gpus: nvml.CachedView, event: Callable[[str], None]) -> WebServer | None:
+                      gpus: nvml.CachedView, event: Callable[[str], None], state: State | None = None
+                      ) -> WebServer | None:
     """The daemon's page, when [web] enabled (with /metrics when [web] metrics). A page that cannot
     start costs the page, never the bookings: said in the log and through `event`, and None."""
     if not config.web.enabled:
@@ -38,7 +40,7 @@ def serve_daemon_page(config: Config, *, status: Callable[[], Status | None], me
 
     try:
         mounts = {"/metrics": metrics_module.wsgi_app(metrics)} if config.web.metrics else None
-        return serve.start(config, status=status, mounts=mounts, gpus=gpus)
+        return serve.start(config, status=status, mounts=mounts, gpus=gpus, state=state)
     except GpubookError as error:
         _not_started(error, event)
         return None

@@ -8,6 +8,12 @@
   is believed only from `trusted_proxies` (a request from anywhere else is refused outright, with
   or without the header: it went around the proxy).
 
+A request from another server of the lab (its lab page asking this one, web/lab.py) carries the
+lab's shared secret ([web] lab_secret_file) in `LAB_SECRET_HEADER` and its viewer's name in
+`LAB_USER_HEADER` (web/lab.py's): with the right secret the name is believed (whatever the mode), and the answer is
+what that viewer would get here directly; a wrong secret is refused; without a name only auth
+"none" answers (a page without a login must not show what this one shows only after one).
+
 Every method but GET and HEAD is refused here, for the page and the mounts alike: the page never
 changes anything. The user, once known, is put in the WSGI environ under `USER_KEY`.
 """
@@ -45,6 +51,8 @@ BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 _REMEMBERED = 256  # credentials checked once and remembered (bcrypt costs ~0.1-0.3 s a check)
 _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 _DEFAULT_COST = 5  # `htpasswd -B`'s own default cost
+_LAB_SECRET_KEY = "HTTP_X_GPUBOOK_LAB_SECRET"  # noqa: S105 - LAB_SECRET_HEADER in the WSGI environ
+_LAB_USER_KEY = "HTTP_X_GPUBOOK_LAB_USER"
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ class Access:
         self.dummy = dummy_hash(self.users) if web.auth == "basic" else b""
         self.header_key = "HTTP_" + web.trusted_header.upper().replace("-", "_")
         self.proxies = _networks(web.trusted_proxies)
+        self.lab_secret = web.lab_secret.strip().encode() if web.lab_secret else None
         self._key = secrets.token_bytes(32)
         self._known: dict[bytes, str] = {}  # a keyed digest of checked credentials → the user
         self._lock = threading.Lock()
@@ -128,6 +137,8 @@ class Access:
 
     def identify(self, environ: WSGIEnvironment) -> str | Refusal | None:
         """The user asking (None: access without a name, auth none), or why they are refused."""
+        if self.lab_secret is not None and _LAB_SECRET_KEY in environ:
+            return self._from_lab(environ)
         if self.mode == "header":
             return self._from_proxy(environ)
         if self.mode == "basic":
@@ -149,6 +160,20 @@ class Access:
         if not user or user_name_problem(user):
             return Refusal("403 Forbidden", "the proxy named no valid user")
         return str(user)
+
+    def _from_lab(self, environ: WSGIEnvironment) -> str | Refusal | None:
+        """Another server's lab page, asking in its viewer's name."""
+        assert self.lab_secret is not None
+        if not hmac.compare_digest(str(environ.get(_LAB_SECRET_KEY, "")).strip().encode(), self.lab_secret):
+            log.warning("web: refused a lab request from %s with a wrong lab secret", environ.get("REMOTE_ADDR"))
+            return Refusal("403 Forbidden", "the lab secret is wrong: [web] lab_secret_file differs between servers")
+        user = str(environ.get(_LAB_USER_KEY, "")).strip()
+        if not user:
+            return None if self.mode == "none" else Refusal(
+                "403 Forbidden", f"this page has auth {self.mode}: a lab request must name its viewer")
+        if user_name_problem(user):
+            return Refusal("403 Forbidden", "the lab request named no valid user")
+        return user
 
     def _from_password(self, header: str) -> str | Refusal:
         denied = Refusal("401 Unauthorized", "log in with your gpubook page user name and password", challenge=True)

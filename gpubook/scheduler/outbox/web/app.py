@@ -2,7 +2,8 @@
 
 Two views of one data set (web/page.py): `/` (HTML: tables rendered here, the timelines drawn by
 static/app.js in the browser's time zone from the same data embedded as JSON) and `/api/status`
-(that JSON). `mounts` (path → WSGI app, such as /metrics) are served beside them; access.Access
+(that JSON); and the availability calendar `/free.ics`, `/free/<model>.ics` (web/free_route.py).
+`mounts` (path → WSGI app, such as /metrics) are served beside them; access.Access
 stands in front of all of it. Nothing here writes: there is no form, no POST, no cookie.
 """
 
@@ -17,7 +18,9 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import Status
+from gpubook.scheduler.outbox.web import free_route
 from gpubook.scheduler.outbox.web.access import USER_KEY, Access
+from gpubook.scheduler.outbox.web.lab_page import Usage, add_lab_routes
 from gpubook.scheduler.outbox.web.live import LiveGpus
 from gpubook.scheduler.outbox.web.page import page_data
 from gpubook.scheduler.outbox.web.settings import WebConfig
@@ -37,10 +40,12 @@ SECURITY_HEADERS = {
 
 def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name: str,
                live: Callable[[], LiveGpus] | None = None, mounts: Mapping[str, WSGIApplication] | None = None,
-               users: Mapping[str, bytes] | None = None, stale_after: timedelta = timedelta(minutes=5)) -> Flask:
+               users: Mapping[str, bytes] | None = None, stale_after: timedelta = timedelta(minutes=5),
+               usage: Usage | None = None, timezone: str = "UTC") -> Flask:
     """`status`: the last Status (None before the first pass); `live`: this host's NVML reading
     (None: not shown); `users`: the basic-auth table (default: read from web.htpasswd_file);
-    `stale_after`: a status older than this is flagged (the daemon may be down)."""
+    `stale_after`: a status older than this is flagged (the daemon may be down); `usage`: this
+    server's report for /api/usage (None: not served); the lab's routes: web/lab_page.py."""
     app = Flask(__name__, static_folder="static", template_folder="templates")
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep the data in the page's order
 
@@ -57,10 +62,20 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
     def api_status() -> Response:
         return jsonify(data())
 
+    feeds = free_route.FreeFeeds()
+
+    @app.get("/free.ics")
+    @app.get("/free/<model>.ics")
+    def free_ics(model: str = "") -> Response:
+        return feeds.answer(status(), model=model, viewer=request.environ.get(USER_KEY), host_name=host_name,
+                            live=live() if live is not None else None)
+
+    add_lab_routes(app, own=data, web=web, host_name=host_name, timezone=timezone, usage=usage)
+
     @app.after_request
     def headers(response: Response) -> Response:
         response.headers.update(SECURITY_HEADERS)
-        if request.path in ("/", "/api/status"):
+        if request.path in ("/", "/api/status") or request.path.startswith(("/lab", "/api/")):
             response.headers["Cache-Control"] = "no-store"  # a booker's ssh line stays out of caches
         return response
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpubook.runtime import ssh
+from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import HostStatus, RunningBooking, Status
 from gpubook.scheduler.outbox.web.live import LiveGpus
 from gpubook.scheduler.sources.errors import redact_urls
@@ -46,7 +47,7 @@ def _host(host: HostStatus, *, viewer: str | None, host_name: str, live: LiveGpu
     if not timeline:  # no pass yet: each GPU with nothing on it
         timeline = [{"gpu": gpu, "segments": []} for gpu in host.gpus.gpu_indices]
     return {
-        "name": host.name,
+        "name": host_name if host.name == LOCAL else host.name,  # what leaves the daemon: its [host] name
         "gpus": {"source": host.gpus.source, "count": host.gpus.count, "driver": host.gpus.driver,
                  "note": redacted(host.gpus.note or "")},
         "live": _live(live),

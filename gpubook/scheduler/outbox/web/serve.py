@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +19,13 @@ from waitress.server import create_server
 
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.nvidia import nvml
+from gpubook.scheduler.outbox import report
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.web import live
 from gpubook.scheduler.outbox.web.app import create_app
 from gpubook.scheduler.outbox.web.settings import web_problem
 from gpubook.scheduler.settings import Config
+from gpubook.scheduler.state import State
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
@@ -75,16 +77,28 @@ class WebServer:
         server.task_dispatcher.shutdown()
 
 
+def _usage(state: State, *, host_name: str) -> Callable[[datetime, datetime, str], dict[str, Any]]:
+    def usage(start: datetime, end: datetime, by: str) -> dict[str, Any]:
+        built = report.build(state, start=start, end=end, now=datetime.now(UTC), by=by, host_name=host_name)
+        return report.to_json(built, host_name=host_name)
+
+    return usage
+
+
 def start(config: Config, *, status: Callable[[], Status | None],
-          mounts: Mapping[str, WSGIApplication] | None = None, gpus: nvml.CachedView | None = None) -> WebServer:
+          mounts: Mapping[str, WSGIApplication] | None = None, gpus: nvml.CachedView | None = None,
+          state: State | None = None) -> WebServer:
     """Serve the page on [web] listen in a daemon thread; ConfigError when it must not start.
-    `gpus`: the live NVML view to show (the daemon passes the one its metrics read; else its own)."""
+    `gpus`: the live NVML view to show (the daemon passes the one its metrics read; else its own);
+    `state`: the daemon's State, whose report /api/usage serves (None: not served)."""
     web = config.web
     if problem := web_problem(web):
         raise ConfigError(problem)
     app = create_app(status=status, web=web, host_name=config.host.name,
                      live=functools.partial(live.of, gpus or nvml.CachedView()), mounts=mounts,
-                     stale_after=timedelta(seconds=max(300.0, 3 * config.daemon.poll_seconds)))
+                     stale_after=timedelta(seconds=max(300.0, 3 * config.daemon.poll_seconds)),
+                     usage=_usage(state, host_name=config.host.name) if state is not None else None,
+                     timezone=config.host.timezone)
     host, _, port = web.listen.rpartition(":")
     try:
         # threads=4: a few browsers at once; the page is small. No trusted_proxy: REMOTE_ADDR stays the

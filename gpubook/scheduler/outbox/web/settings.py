@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gpubook.scheduler.settings import Check, Section, checks, setting
 
@@ -50,10 +51,43 @@ class WebConfig:
                                                "itself anyone)", check=Check("each an IP address or network",
                                                                              _network_problem))
     metrics: bool = setting(True, "serve /metrics (Prometheus) beside the page, under the same access rules")
+    lab: tuple[str, ...] = setting((), "the page addresses of the lab's other servers (such as "
+                                   '"https://gpu2.lab:8443"); this page then serves /lab, one read-only view '
+                                   "merging their /api/status with its own, and /lab/usage, the lab's month; "
+                                   "plain http only to a loopback address", check=Check(
+                                       "each an http:// or https:// URL, http only on a loopback address",
+                                       lambda url: checks.http_url.problem(url) or _lab_url_problem(url)))
+    lab_secret: str | None = setting(None, "read from lab_secret_file (mode 0600): one secret shared by the lab's "
+                                     "servers; a page that knows it asks the others in its viewer's name, and a "
+                                     "request carrying it is believed to name its viewer (auth basic or header)",
+                                     key="lab_secret_file", secret=True, sample="lab-secret")
+
+
+def _lab_url_problem(url: str) -> str | None:
+    """Plain http only to this machine: the lab secret and the viewer's name travel with each request."""
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        return "must not carry a user or password (the lab's servers authenticate with lab_secret_file)"
+    if parts.scheme == "http" and not _loopback(parts.hostname or ""):
+        return ("must be https:// (plain http only to a loopback address): the lab secret and the viewer's "
+                "name go with each request")
+    return None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def web_problem(web: WebConfig) -> str | None:
     """Why the page must not start with these settings (None: it may)."""
+    if web.lab and web.auth != "none" and not web.lab_secret:
+        return (f'[web] lab names other servers, and [web] auth = "{web.auth}" needs lab_secret_file (the same '
+                "secret on every server of the lab) to ask them in the viewer's name")
+    if web.lab_secret is not None and len(web.lab_secret.strip()) < 16:
+        return "[web] lab_secret_file holds fewer than 16 characters: make a longer secret (openssl rand -hex 32)"
     host = web.listen.rpartition(":")[0].strip("[]")
     if web.auth == "none" and not ipaddress.ip_address(host).is_loopback:
         return (f'[web] listen = "{web.listen}" is not a loopback address, and [web] auth = "none" would show '

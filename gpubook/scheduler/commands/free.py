@@ -1,0 +1,114 @@
+"""`gpubook free`: which GPUs are free, now and in the coming days, and the next slots that fit a
+request; `--ics` prints the availability calendar the page serves at /free.ics (no names).
+
+Read from the calendars as `gpubook bookings` reads them (the plan of the window), so it answers
+without the daemon and with exactly the daemon's decisions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from gpubook.runtime.errors import GpubookError
+from gpubook.scheduler import calendars, config
+from gpubook.scheduler.core import free, policy
+from gpubook.scheduler.core.plan import LOCAL
+from gpubook.scheduler.hosts.backend import topology_of
+from gpubook.scheduler.outbox import free_feed
+
+SPANS_SHOWN = 4  # free stretches per GPU in the table
+
+
+def run(config_path: str, *, gpus: int, hours: float, model: str = "", days: float = 7.0, ics: bool = False,
+        as_json: bool = False) -> int:
+    loaded = config.load(config_path)
+    if gpus < 1 or hours <= 0 or days <= 0:
+        raise GpubookError("--gpus must be 1 or more, and --hours and --days more than 0")
+    now = datetime.now(UTC).replace(microsecond=0)
+    horizon = now + min(timedelta(days=days), policy.reach_ahead(loaded))
+    result = calendars.plan_window(loaded, window_start=now, window_end=horizon, now=now,
+                                   topology=topology_of(loaded))
+    indices = calendars.inventory_indices(result.inventory)
+    models = {gpu.index: gpu.name or "" for gpu in result.inventory.gpus}
+    blocks = [b for b in free.blocks(result.plan.accepted) if b.end > now and b.start < horizon]
+    name = ""
+    if model:
+        per_model = free_feed.model_gpus(models)
+        if model not in per_model:
+            known = ", ".join(sorted(per_model)) or "none (NVML names no GPU model here)"
+            raise GpubookError(f"there is no GPU model {model!r} on {loaded.host.name} (models: {known})")
+        indices = per_model[model]
+        blocks = free_feed.only_gpus(blocks, indices)
+        name = next(models[index] for index in indices)
+    if ics:
+        sys.stdout.write(free_feed.feed(blocks, host_name=loaded.host.name, viewer=None, now=now,
+                                        model=name).decode())
+        return 0
+    lanes = free.lanes(blocks)
+    request = free.Request(among={LOCAL: indices}, count=gpus, duration=timedelta(hours=hours))
+    slots = free.next_slots(lanes, request, after=now, horizon=horizon, limit=3) if len(indices) >= gpus else []
+    zone = ZoneInfo(loaded.host.timezone)
+    if as_json:
+        json.dump(_as_json(lanes.get(LOCAL, {}), indices, models=models, slots=slots, now=now, horizon=horizon),
+                  sys.stdout, indent=2)
+        print()
+        return 0
+    print("\n".join(_table(lanes.get(LOCAL, {}), indices, models=models, zone=zone, now=now, horizon=horizon,
+                           host=loaded.host.name)))
+    asked = f"{gpus} GPU{'' if gpus == 1 else 's'} for {hours:g} h"
+    print(f"Next slots for {asked}: " + (free.describe(slots, zone=zone, now=now) if slots
+                                         else f"none until {_moment(horizon, zone=zone, now=now)}"))
+    return 0
+
+
+def _table(lanes: Mapping[int, free.Lane], indices: Sequence[int], *, models: Mapping[int, str], zone: tzinfo,
+           now: datetime, horizon: datetime, host: str) -> list[str]:
+    lines = [f"Free GPUs of {host}, times in {zone} (bookings read until {_moment(horizon, zone=zone, now=now)}):"]
+    if not indices:
+        return [*lines, "  no GPU (NVML lists none, and the config sets no [gpus] count)"]
+    width = max((len(models.get(index, "")) for index in indices), default=0)
+    for index in indices:
+        spans = free.free_spans(lanes.get(index), start=now, end=horizon)
+        model = f" {models.get(index, ''):<{width}}" if width else ""
+        lines.append(f"  GPU {index}{model}  " + _free_text(spans, zone=zone, now=now, horizon=horizon))
+    return [line.rstrip() for line in lines]
+
+
+def _free_text(spans: Sequence[tuple[datetime, datetime]], *, zone: tzinfo, now: datetime,
+               horizon: datetime) -> str:
+    """"free now → tomorrow 09:00; tomorrow 17:00 → Sat 28 Nov 07:00; from Sat 28 Nov 11:00"."""
+    if not spans:
+        return "busy throughout"
+    if spans[0] == (now, horizon):
+        return "free now, nothing booked"
+    shown = "; ".join(_span(start, end, zone=zone, now=now, horizon=horizon) for start, end in spans[:SPANS_SHOWN])
+    more = f" (+{len(spans) - SPANS_SHOWN} more)" if len(spans) > SPANS_SHOWN else ""
+    return ("free " if spans[0][0] == now else "busy now; free ") + shown + more
+
+
+def _span(start: datetime, end: datetime, *, zone: tzinfo, now: datetime, horizon: datetime) -> str:
+    begin = "now" if start == now else _moment(start, zone=zone, now=now)
+    if end >= horizon:
+        return f"from {begin}"
+    return f"{begin} → {_moment(end, zone=zone, now=now)}"
+
+
+def _moment(moment: datetime, *, zone: tzinfo, now: datetime) -> str:
+    return f"{free.day(moment, zone=zone, now=now)} {moment.astimezone(zone):%H:%M}"
+
+
+def _as_json(lanes: Mapping[int, free.Lane], indices: Sequence[int], *, models: Mapping[int, str],
+             slots: Sequence[free.Slot], now: datetime, horizon: datetime) -> dict[str, Any]:
+    return {
+        "now": now.isoformat(), "until": horizon.isoformat(),
+        "gpus": [{"gpu": index, "model": models.get(index) or None,
+                  "free": [{"start": start.isoformat(), "end": end.isoformat()}
+                           for start, end in free.free_spans(lanes.get(index), start=now, end=horizon)]}
+                 for index in indices],
+        "slots": [{"start": slot.start.isoformat(), "end": slot.end.isoformat() if slot.end else None,
+                   "gpus": list(slot.placement[0][1])} for slot in slots],
+    }
