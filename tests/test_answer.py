@@ -552,4 +552,5 @@ def test_a_booker_on_an_ics_feed_learns_the_answers_by_notice(
     refused = next(body for _, body in hook_server.received if body["event"] == "rejected")
     assert refused["text"].endswith("\n\nrejected: this calendar books 2 GPUs of devbox1 (GPUs 0, 1); "
                                     "this booking asks for 5") and refused["answer"] == "DECLINED"
+    assert refused["subject"] == 'gpubook: "alice debian-ssh" refused on devbox1'  # its title, not its UID
     assert [method for method, _, _ in feed_server.requests] == ["GET", "GET"]  # read, never written

@@ -195,7 +195,7 @@ def answer_message(item: Booking | Rejection, outcome: Outcome, *, host: str, ti
     """The notice of one answer (None: no booker is known to tell)."""
     if item.user is None or outcome.status not in ANSWERS:
         return None
-    name = one_line(item.summary) if isinstance(item, Booking) and item.summary.strip() else item.id
+    name = _shortened(one_line(item.summary) or item.id)
     zone = ZoneInfo(timezone)
     when = (f"{item.start.astimezone(zone):%Y-%m-%d %H:%M} to {item.end.astimezone(zone):%Y-%m-%d %H:%M %z}")
     head, *rest = outcome.lines or ("",)
@@ -213,6 +213,11 @@ def answer_message(item: Booking | Rejection, outcome: Outcome, *, host: str, ti
         fields["gpus"] = list(outcome.resource.gpus)
     return Message(kind=str(outcome.status), booking_id=item.id, user=item.user, subject=subject, text=text,
                    fields=fields)
+
+
+def _shortened(name: str, limit: int = 60) -> str:
+    """A title fit for a subject line (Outlook's and Google's UIDs, or a long title, cut)."""
+    return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
 def sends(config: Config, kind: str) -> bool:
