@@ -175,7 +175,8 @@ def deliver_pending(state: State, notices: Callable[[Message], None] | None, *, 
 # -- answers: accepted, rejected, running ------------------------------------------------------
 
 ANSWERS = (Status.ACCEPTED, Status.REJECTED, Status.RUNNING)
-_WORDS = {Status.ACCEPTED: "accepted", Status.REJECTED: "refused", Status.RUNNING: "is running"}
+_WORDS = {Status.ACCEPTED: "accepted", Status.REJECTED: "refused", Status.RUNNING: "is running"}  # subject
+_SENTENCES = {Status.ACCEPTED: "was accepted", Status.REJECTED: "was refused", Status.RUNNING: "is running"}
 
 
 def _told(outcome: Outcome) -> str | None:
@@ -202,7 +203,7 @@ def answer_message(item: Booking | Rejection, outcome: Outcome, *, host: str, ti
     subject = f'gpubook: "{name}" {_WORDS[outcome.status]} on {host}'
     if outcome.status == Status.RUNNING:
         subject += f": {head}"
-    text = "\n".join([f'gpubook on {host}: your booking "{name}" ({when}) {_WORDS[outcome.status]}.', "",
+    text = "\n".join([f'gpubook on {host}: your booking "{name}" ({when}) {_SENTENCES[outcome.status]}.', "",
                       f"{outcome.status}: {head}", *rest])
     fields: dict[str, str | int | float | list[int] | None] = {
         "status": str(outcome.status), "host": host, "uid": item.uid, "start": item.start.isoformat(),
