@@ -219,8 +219,8 @@ def test_writing_the_same_answer_again_changes_nothing_on_the_server(caldav_serv
             assert _stored(calendar)["same"][0] == etag
         assert writer.write(ref, replace(outcome, held=True)).written  # only the answer is new
         assert _host_attendee(_stored(calendar)["same"][1])["PARTSTAT"] == "TENTATIVE"
-        # Thunderbird, saving as the organizer, drops SCHEDULE-AGENT=CLIENT from attendees (then a
-        # scheduling server would schedule them): the next write puts it back.
+        # Thunderbird, saving as the organizer on a scheduling server, drops SCHEDULE-AGENT=CLIENT
+        # from attendees (the server would then schedule them): the next write puts it back.
         mine = calendar.event_by_uid("same")
         with mine.edit_icalendar_instance() as ical:
             for attendee in _attendees(next(iter(ical.walk("VEVENT")))):
