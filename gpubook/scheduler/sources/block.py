@@ -14,9 +14,9 @@ gpubook owns one marked block at the end of the event's DESCRIPTION::
     --- end gpubook ---
 
 an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs, and the booked
-host as a resource attendee whose PARTSTAT every calendar view can show (ACCEPTED, DECLINED, or
-TENTATIVE while an accepted booking's start came but it is held: gpubook/scheduler/sources/attendee.py),
-which the event's STATUS repeats where gpubook may write it (gpubook/scheduler/sources/event_status.py).
+host as a resource attendee whose PARTSTAT is the answer (ACCEPTED, DECLINED, or TENTATIVE while an
+accepted booking's start came but it is held: gpubook/scheduler/sources/attendee.py), which the
+event's STATUS, what views draw, repeats where gpubook may write it (sources/event_status.py).
 The block is replaced in place on each update; text above and below it stays byte for byte. The
 block is an end marker and the begin marker nearest above it: a begin marker whose end marker the
 user deleted is not recognised and is left alone (a new block is added below), and the booker's
