@@ -89,11 +89,6 @@ def _said(attendee: object) -> tuple[str, dict[str, str]]:
     return str(attendee).strip().lower(), {str(k).upper(): str(v) for k, v in parameters.items()}
 
 
-def find(component: icalendar.cal.Component, host: str) -> icalendar.vCalAddress | None:
-    """gpubook's attendee for `host` in `component`, or None."""
-    return next((a for a in _attendees(component) if _is(a, address_of(host))), None)
-
-
 def put(component: icalendar.cal.Component, resource: Resource, answer: Answer) -> bool:
     """Make the host's attendee in `component` say `answer`; True if it changed. Only the attendee
     with the host's address is written (in place, or added last); a second one of gpubook's, left
