@@ -554,3 +554,27 @@ def test_a_booker_on_an_ics_feed_learns_the_answers_by_notice(
                                     "this booking asks for 5") and refused["answer"] == "DECLINED"
     assert refused["subject"] == 'gpubook: "alice debian-ssh" refused on devbox1'  # its title, not its UID
     assert [method for method, _, _ in feed_server.requests] == ["GET", "GET"]  # read, never written
+
+
+@pytest.mark.caldav
+def test_after_an_upgrade_answered_events_get_the_attendee_and_no_old_news(
+        tmp_path: Path, radicale_server: servers.CalendarServer, hook_server) -> None:  # type: ignore[no-untyped-def]
+    """An event the previous version answered (its block, no attendee; State has that write) gets
+    the attendee at the first pass, and its booker no notice of an answer they had already."""
+    calendar = radicale_server.new_calendar()
+    config = _config(tmp_path, str(calendar.url),
+                     notify=f'[notify.webhook]\nenabled = true\nurl = "http://127.0.0.1:{hook_server.server_address[1]}/"\n')
+    old = "--- gpubook ---\\naccepted: 1 GPU (0)\\, template debian-ssh\\n--- end gpubook ---"
+    calendar.save_event(vcalendar(event("old", NOW + 24 * HOUR, NOW + 26 * HOUR, extra=(f"DESCRIPTION:{old}",))))
+    calendar.save_event(vcalendar(event("new", NOW + 48 * HOUR, NOW + 50 * HOUR)))
+    etag = _stored(calendar)["old"][0]
+    with State(tmp_path / "state.sqlite") as state:
+        state.write_back_done("old", status="accepted 0123456789ab", etag=etag, at=NOW - HOUR)  # the old version's
+        passes = _notifying_pass(config, Machine(), state)
+        try:
+            _pass(passes, config)
+            passes.delivery.notices_now(NOW)
+        finally:
+            passes.close()
+    assert _host_attendee(_stored(calendar)["old"][1])["PARTSTAT"] == "ACCEPTED"
+    assert _told(hook_server) == [("accepted", "new", "alice")]  # the new booking's answer only
