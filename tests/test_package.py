@@ -205,7 +205,7 @@ def test_the_wheel_carries_the_license_and_everything_the_daemon_reads_at_run_ti
     names = set(zipfile.ZipFile(wheel).namelist())
     assert f"gpubook-{__version__}.dist-info/licenses/LICENSE" in names
     shipped = ["gpubook/config/gpubook.example.toml", "gpubook/systemd/gpubook.service",
-               "gpubook/runtime/overlay/entrypoint.sh",
+               "gpubook/runtime/overlay/entrypoint.sh", "gpubook/runtime/overlay/gpubook-booking",
                *(f"gpubook/templates/{p.name}" for p in (ROOT / "gpubook" / "templates").glob("*.toml")),
                *(str(p.relative_to(ROOT)) for p in (ROOT / "gpubook/scheduler/outbox/web").glob("*/*.*"))]
     assert len(shipped) > 10

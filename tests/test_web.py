@@ -338,3 +338,18 @@ def test_the_page_gives_the_sftp_services_known_hosts_line(tmp_path: Path) -> No
         data = requests.get(url + "/api/status", timeout=10).json()
     assert f"[devbox1]:2222 {key}" in page
     assert data["sftp"]["known_hosts"] == f"[devbox1]:2222 {key}"
+
+
+def test_the_page_links_the_availability_calendar_and_the_lab_page_where_there_is_one(basic: str,
+                                                                                     tmp_path: Path) -> None:
+    page = requests.get(basic + "/", auth=("alice", "alice-pw-1"), timeout=10).text
+    assert 'href="free.ics"' in page and 'href="lab"' not in page
+    feed = requests.get(basic + "/free.ics", auth=("alice", "alice-pw-1"), timeout=10)
+    assert feed.status_code == 200 and feed.text.startswith("BEGIN:VCALENDAR")
+    secret = tmp_path / "lab-secret"
+    secret.write_text("s" * 32)
+    secret.chmod(0o600)
+    config = web_config(tmp_path, auth="none", lab=["https://gpu2.lab.example:8443"], lab_secret_file=str(secret))
+    with served(config, lab_status()) as url:
+        page = requests.get(url + "/", timeout=10).text
+    assert 'href="lab"' in page and 'href="lab/usage"' in page

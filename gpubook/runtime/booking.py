@@ -6,6 +6,9 @@ account and keys, data folders, GPUs) and its start, which waits for SSH to let 
   sudo and sshd on the booking's port; then the template's command (and JupyterLab, for a template
   with jupyter = true: gpubook/runtime/jupyter.py) runs as the booker.
 - The booking's SSH host key, the probe key and the probe itself are gpubook/runtime/ssh.py's.
+- The booking as the booker sees it inside: GPUBOOK_BOOKING, GPUBOOK_END (ISO 8601, the end at the
+  container's start) and GPUBOOK_GPUS in the environment, and /run/gpubook/booking.json with the
+  overlay's `gpubook-booking` command, kept up to date (gpubook/runtime/booking_json.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import paramiko
 
 from gpubook.runtime import jupyter
+from gpubook.runtime.booking_json import CARD_TARGET, gpus_text
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, booker_digest
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.mounts import Mount
@@ -32,10 +36,15 @@ from gpubook.runtime.templates import Template
 
 log = logging.getLogger(__name__)
 
-ENTRYPOINT_SOURCE = Path(__file__).with_name("overlay") / "entrypoint.sh"
+OVERLAY_SOURCE = Path(__file__).with_name("overlay")
+ENTRYPOINT_SOURCE = OVERLAY_SOURCE / "entrypoint.sh"
+OVERLAY_FILES = ("entrypoint.sh", "gpubook-booking")  # each executable, all bound at OVERLAY_TARGET
 OVERLAY_TARGET = "/.gpubook"
 HOST_KEY_TARGET = "/.gpubook-hostkey"  # the booking's host key folder, bound read-only
 NOT_BEFORE = "GPUBOOK_NOT_BEFORE"  # the booking's start, epoch seconds: the entrypoint opens nothing before it
+# The booking, for the booker's scripts: its id, its end at the container's start (ISO 8601 with
+# offset; booking.json has the end as moved since), its GPUs (the host's indices, "0,1").
+BOOKING_ENV, END_ENV, GPUS_ENV = "GPUBOOK_BOOKING", "GPUBOOK_END", "GPUBOOK_GPUS"
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ class HostFiles:
     cache_dir: Path
     host_key: HostKey
     folders: DataFolders
+    card: Path | None = None  # the folder holding booking.json (booking_json.write_card); None: none
 
 
 @dataclass(frozen=True)
@@ -76,17 +86,20 @@ class Ready:
 
 
 def entrypoint_dir(cache_dir: Path) -> Path:
-    """A folder holding the entrypoint, named by its hash, readable by the container's root."""
-    text = ENTRYPOINT_SOURCE.read_bytes()
-    folder = cache_dir / "overlay" / hashlib.sha256(text).hexdigest()[:16]
-    script = folder / "entrypoint.sh"
-    if not script.is_file() or script.read_bytes() != text:
-        folder.mkdir(parents=True, exist_ok=True)
-        folder.chmod(0o755)
-        partial = folder / f".entrypoint.{os.getpid()}"
-        partial.write_bytes(text)
-        partial.chmod(0o755)
-        partial.replace(script)
+    """A folder holding the overlay's scripts (the entrypoint, `gpubook-booking`), named by their
+    hash, readable by every user of the container."""
+    texts = {name: (OVERLAY_SOURCE / name).read_bytes() for name in OVERLAY_FILES}
+    digest = hashlib.sha256(b"".join(hashlib.sha256(text).digest() for text in texts.values()))
+    folder = cache_dir / "overlay" / digest.hexdigest()[:16]
+    for name, text in texts.items():
+        script = folder / name
+        if not script.is_file() or script.read_bytes() != text:
+            folder.mkdir(parents=True, exist_ok=True)
+            folder.chmod(0o755)
+            partial = folder / f".{name}.{os.getpid()}"
+            partial.write_bytes(text)
+            partial.chmod(0o755)
+            partial.replace(script)
     return folder
 
 
@@ -109,6 +122,9 @@ def booking_spec(template: Template, booking: Booking, files: HostFiles) -> Cont
             "GPUBOOK_GID": str(booking.gid),
             "GPUBOOK_PORT": str(booking.port),
             "GPUBOOK_KEYS": keys,
+            BOOKING_ENV: booking.booking_id,
+            END_ENV: booking.end.isoformat(timespec="seconds"),
+            GPUS_ENV: gpus_text(booking.gpus),
         }
     )
     if template.jupyter:
@@ -117,6 +133,7 @@ def booking_spec(template: Template, booking: Booking, files: HostFiles) -> Cont
         env[NOT_BEFORE] = f"{booking.start.timestamp():.3f}"
     overlay = Mount(entrypoint_dir(files.cache_dir), OVERLAY_TARGET, read_only=True)
     key_folder = Mount(files.host_key.folder, HOST_KEY_TARGET, read_only=True)
+    card = (Mount(files.card, CARD_TARGET, read_only=True),) if files.card is not None else ()
     return ContainerSpec(
         booking_id=booking.booking_id,
         user=booking.user,
@@ -130,7 +147,7 @@ def booking_spec(template: Template, booking: Booking, files: HostFiles) -> Cont
         entrypoint=(f"{OVERLAY_TARGET}/entrypoint.sh",),
         command=template.command,
         env=tuple(sorted(env.items())),
-        mounts=(overlay, key_folder, *files.folders.mounts(), *template.mounts),
+        mounts=(overlay, key_folder, *card, *files.folders.mounts(), *template.mounts),
         shm_size=template.shm_size,
         memory=template.memory,
         gpu=booking.gpu,  # type: ignore[arg-type]

@@ -2,6 +2,12 @@
 
 - A poll job every `[daemon] poll_seconds` reads the calendars (outside the pass lock, so a slow
   server never delays a start), then runs a pass.
+- Between polls, a change check every `[daemon] check_seconds` polls the calendars that can tell
+  cheaply whether they changed (CalDAV by sync token or ctag; never an ICS feed) and runs a pass
+  only when one did: a booking saved for right now starts within seconds, and a check that finds
+  nothing costs one small request per calendar and no pass. Its next run is set after each one
+  (calendars.py `check_interval`: slower on a slow server, backing off while it fails), so checks
+  never overlap and never pile up.
 - One date job, replaced after every pass, wakes at the next start, warning, end or recheck: a
   booking starts within a second of its start time. Jobs coalesce and have no misfire limit, so a
   job missed during a suspend runs once, late.
@@ -24,11 +30,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpubook.runtime.engines import Engine
@@ -37,7 +45,7 @@ from gpubook.runtime.nvidia import nvml
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import wiring
 from gpubook.scheduler.apply.passes import World
-from gpubook.scheduler.calendars import Freshness, duration
+from gpubook.scheduler.calendars import Freshness, check_interval, duration
 from gpubook.scheduler.clock import ClockWatch
 from gpubook.scheduler.outbox import metrics, status, status_file, web
 from gpubook.scheduler.sdnotify import Notifier
@@ -62,6 +70,8 @@ class Daemon:
         self.notifier = notifier or Notifier.from_environment()
         self.calendar = Freshness(event=self._event)  # what is known of the calendars between polls
         self._lock = threading.RLock()
+        self._reading = threading.Lock()  # one read of the calendars at a time: the poll's or the check's
+        self._checks_failed = 0  # change checks failed in a row (their pace backs off)
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._last_pass: datetime | None = None
@@ -79,7 +89,8 @@ class Daemon:
         wiring.runnable(config)
         self.parts = wiring.build(config, self.base, self.hooks)
         self.scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(3)}, timezone=UTC,
+            # Four: a poll and a change check waiting on a dead server leave two for the boundaries.
+            executors={"default": ThreadPoolExecutor(4)}, timezone=UTC,
             job_defaults={"coalesce": True, "misfire_grace_time": None, "max_instances": 1})
 
     @property
@@ -100,11 +111,38 @@ class Daemon:
         """Read the calendars, then run a pass. A CalendarError keeps the last known bookings."""
         began = time.monotonic()
         try:
-            self.calendar.poll(self.parts.calendars, now=datetime.now(UTC), lock=self._lock,
-                               failed=self.metrics.calendar_failed)
+            with self._reading:
+                self.calendar.poll(self.parts.calendars, now=datetime.now(UTC), lock=self._lock,
+                                   failed=self.metrics.calendar_failed)
+            self._schedule_check(self.config.daemon.check_seconds)  # just read: the next check in a while
             self.reconcile()
         finally:
             self.metrics.polled(seconds=time.monotonic() - began)
+
+    def check(self) -> None:
+        """The change check between polls: a pass only when a calendar changed (read by the check
+        itself). Skipped while a poll reads. The next one is set when this one ends, its pass
+        included: a check set earlier would come due while this one still runs, and the scheduler
+        would skip it (max_instances) and drop it, a date job, for good."""
+        daemon = self.config.daemon
+        pace = daemon.check_seconds  # after a defect (logged by the scheduler): the checks go on
+        try:
+            if not self._reading.acquire(blocking=False):
+                return  # the poll reads now (and sets the next check too)
+            try:
+                checked = self.calendar.check(self.parts.calendars, now=datetime.now(UTC), lock=self._lock)
+                self._checks_failed = self._checks_failed + 1 if checked.failures else 0
+                # Paced by the server's answers only (a pass holding the lock meanwhile is no cost of
+                # the server's). Nothing to check (ICS feeds only, or not loaded yet): the next poll sets it.
+                pace = check_interval(check_seconds=daemon.check_seconds, poll_seconds=daemon.poll_seconds,
+                                      took=checked.seconds, failed=self._checks_failed) \
+                    if checked.checked else daemon.poll_seconds
+            finally:
+                self._reading.release()
+            if checked.changed:
+                self.reconcile()
+        finally:
+            self._schedule_check(pace)
 
     def _event(self, message: str, now: datetime | None = None, *, level: str = "warning") -> None:
         """A line for the event log; a database that cannot be written costs the line, never the daemon."""
@@ -228,6 +266,18 @@ class Daemon:
     def _schedule_polls(self, *, first: datetime) -> None:
         """The poll job: at `first`, then every poll interval (replacing the one there was)."""
         self._every("poll", self.poll, self.config.daemon.poll_seconds, first=first)
+
+    def _schedule_check(self, seconds: float) -> None:
+        """The change check in `seconds` (replacing the one set); none at [daemon] check_seconds = 0."""
+        if not self.scheduler.running:
+            return
+        if self.config.daemon.check_seconds <= 0:
+            with suppress(JobLookupError):  # none set, or it is running now (a date job is gone then)
+                self.scheduler.remove_job("check")
+            return
+        # Two at once: the poll sets the next check while one may still be in its pass.
+        self.scheduler.add_job(self.check, "date", run_date=datetime.now(UTC) + timedelta(seconds=seconds),
+                               id="check", replace_existing=True, max_instances=2)
 
     def _schedule_watches(self) -> None:
         """The SFTP watch (now, then every [sftp] check_seconds; at once after a reload, so that a

@@ -99,13 +99,13 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
 
 
 def event_text(uid: str, *, user: str, start: datetime, end: datetime, gpus: str = "1",
-               description: str = "") -> str:
+               description: str = "", summary: str | None = None) -> str:
     calendar = icalendar.Calendar()
     calendar.add("prodid", "-//gpubook tests//EN")
     calendar.add("version", "2.0")
     event = icalendar.Event()
     event.add("uid", uid)
-    event.add("summary", f"{user} debian-ssh")
+    event.add("summary", f"{user} debian-ssh" if summary is None else summary)
     event.add("dtstart", start)
     event.add("dtend", end)
     event.add("dtstamp", datetime.now(UTC))
@@ -116,9 +116,9 @@ def event_text(uid: str, *, user: str, start: datetime, end: datetime, gpus: str
 
 
 def book(calendar: caldav.Calendar, uid: str, *, user: str, start: datetime, end: datetime,
-         gpus: str = "1", description: str = "") -> caldav.Event:
+         gpus: str = "1", description: str = "", summary: str | None = None) -> caldav.Event:
     return calendar.save_event(event_text(uid, user=user, start=start, end=end, gpus=gpus,
-                                          description=description))
+                                          description=description, summary=summary))
 
 
 def description(calendar: caldav.Calendar, uid: str) -> str:

@@ -12,6 +12,8 @@
 #      (keys only: password, keyboard-interactive and root logins are off),
 #   5. runs the template's command, if any, and JupyterLab (GPUBOOK_JUPYTER=1), as the booker,
 #   6. forwards SIGTERM to all, so a stop gives the booker's work its grace period.
+# It also links the booking's booking.json and the gpubook-booking command where bookers look;
+# GPUBOOK_BOOKING, GPUBOOK_END and GPUBOOK_GPUS go on to the booker's SSH sessions.
 # Inputs come from the environment (GPUBOOK_*), set by gpubook/runtime/ssh.py.
 set -eu
 
@@ -26,6 +28,17 @@ home=/home/$user
 state=/run/gpubook
 mkdir -p "$state/keys"
 chmod 755 "$state" "$state/keys"
+
+# The booking, for the booker's scripts: booking.json is gpubook's, kept up to date on the host and
+# bound read-only at /.gpubook-booking (gpubook/runtime/booking_json.py); linked where bookers look,
+# beside the overlay's `gpubook-booking` command, which reads it.
+if [ -f /.gpubook-booking/booking.json ]; then
+  ln -sfn /.gpubook-booking/booking.json "$state/booking.json"
+fi
+if [ -f /.gpubook/gpubook-booking ]; then
+  { mkdir -p /usr/local/bin && ln -sfn /.gpubook/gpubook-booking /usr/local/bin/gpubook-booking; } ||
+    say "warning: no gpubook-booking command (cannot link it into /usr/local/bin)"
+fi
 
 # The daemon validated the name already; checked again because this file is what runs as root.
 case "$user" in
@@ -156,9 +169,13 @@ PrintMotd no
 X11Forwarding no
 Subsystem sftp internal-sftp
 EOF
-# SetEnv exists from OpenSSH 7.8 on; older sshd (Ubuntu 16.04) only gets the profile.d file.
+# SetEnv exists from OpenSSH 7.8 on; older sshd (Ubuntu 16.04) only gets the profile.d file. One
+# SetEnv line with every variable: sshd keeps the first SetEnv line only (its "first value wins"),
+# so a line a variable (as before) gave sessions the first variable and dropped the rest (PATH too).
+# A value with a quote or backslash cannot be written in it: it goes to the profile.d file only.
 cp "$config" "$config.new"
-awk '{ printf "SetEnv \"%s\"\n", $0 }' "$env_file" | grep -v '\\' >> "$config.new" || true
+grep -v '[\\"]' "$env_file" |
+  awk '{ line = line " \"" $0 "\"" } END { if (line != "") print "SetEnv" line }' >> "$config.new" || true
 if "$sshd" -t -f "$config.new" 2>/dev/null; then mv "$config.new" "$config"; else rm -f "$config.new"; fi
 "$sshd" -t -f "$config" || die "sshd refuses its configuration"
 

@@ -8,7 +8,7 @@ that after the pass, from what was recorded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -118,6 +118,7 @@ class StartHandler:
         try:
             started = host.start(replace(start_request(booking, user, template=template, gpus=accepted.gpus,
                                                        port=port), armed=action.armed,
+                                         address=self.address(accepted.host),
                                          placement=accepted.placement if accepted.others else ()))
         except Preparing:
             if not action.armed:  # an armed container keeps running (and holding its port) meanwhile
@@ -210,7 +211,8 @@ def start_request(booking: Booking, user: UserConfig, *, template: Template, gpu
                   port: int) -> StartRequest:
     """What a host gets to start (or arm) a booking: one function, so both build the same spec."""
     return StartRequest(booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys),
-                        template=template, gpus=gpus, port=port, end=booking.end, start=booking.start)
+                        template=template, gpus=gpus, port=port, end=booking.end, start=booking.start,
+                        uid=booking.uid, title=booking.summary)
 
 
 class DisarmHandler:
@@ -287,6 +289,8 @@ class WarnHandler:
                      f"(in {minutes} min) and a new one starts at the new time. Save your work to /data/output.",
         }[action.reason]
         notes.WARNED.write(self.state, action.booking_id, notes.Warned(now, action.end, action.stop_at), at=now)
+        # The stop it announces is the end inside too (moved earlier, gone or moved away: sooner).
+        tell_inside((self.hosts[action.host],), action.booking_id, action.stop_at, journal=self.journal)
         self.journal.say(action.booking_id, f"warned: {text}", now=now)
         tell_terminals(self.hosts[action.host], action.name, text, booking_id=action.booking_id,
                        journal=self.journal, what="notice")
@@ -333,10 +337,11 @@ class AdoptHandler:
 
 
 class ExtendHandler:
-    """A running booking's later end, agreed: the next passes plan with it."""
+    """A running booking's later end, agreed: the next passes plan with it, and the booking.json
+    inside its container says it (on a host that keeps one: `move_end`)."""
 
-    def __init__(self, *, state: State, journal: Journal) -> None:
-        self.state, self.journal = state, journal
+    def __init__(self, *, state: State, journal: Journal, hosts: Mapping[str, Host] | None = None) -> None:
+        self.state, self.journal, self.hosts = state, journal, hosts or {}
 
     def __call__(self, action: upkeep.Extend, *, now: datetime) -> Change:
         try:
@@ -346,7 +351,24 @@ class ExtendHandler:
             return NOTHING
         self.journal.say(action.booking_id,
                          f"the end moved later, to {action.end.isoformat()}; the booking keeps running", now=now)
+        tell_inside(self.hosts.values(), action.booking_id, action.end, journal=self.journal)
         return NOTHING
+
+
+def tell_inside(hosts: Iterable[Host], booking_id: str, end: datetime, *, journal: Journal) -> None:
+    """The booking's new end into its booking.json, on whichever host keeps one (`move_end`); a
+    failed write costs the booker that file's news (logged), never the end itself."""
+    for host in hosts:
+        move_end = getattr(host, "move_end", None)
+        if move_end is None:
+            continue
+        try:
+            if move_end(booking_id, end):
+                return
+        except (GpubookError, OSError, ValueError) as error:
+            journal.log.warning("booking %s: its booking.json does not show its end %s: %s", booking_id,
+                                end.isoformat(), error)
+            return
 
 
 class RemindHandler:

@@ -76,7 +76,7 @@ class Hands:
                                                           logged_in=logged_in, metrics=metrics),
             reclaim.IdleNotice: reclaim_apply.IdleHandler(hosts=hosts, state=state, journal=journal),
             upkeep.Adopt: AdoptHandler(state=state, journal=journal),
-            upkeep.Extend: ExtendHandler(state=state, journal=journal),
+            upkeep.Extend: ExtendHandler(state=state, journal=journal, hosts=hosts),
             upkeep.Remind: RemindHandler(config, state=state, journal=journal),
         }
 

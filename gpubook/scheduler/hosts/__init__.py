@@ -43,6 +43,11 @@ class StartRequest:
     armed: str = ""  # the spec hash of its container run ahead, as this pass listed it ("": none)
     # Every node a cluster booking holds (the first is this host) with its GPUs there; empty: this host alone.
     placement: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # For the booker's booking.json inside (never part of the container's spec): the event's UID and
+    # title (SUMMARY, as the calendar has it), and where the booker logs in ("": not known yet, armed).
+    uid: str = ""
+    title: str = ""
+    address: str = ""
 
 
 @dataclass(frozen=True)

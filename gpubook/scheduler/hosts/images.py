@@ -108,6 +108,11 @@ class ImagePreparer:
                 self._states[key_of(template)] = Preparation(template.name, template.image,
                                                              overlay_image.run_image(template), READY, now)
             return overlay_image.run_image(template)
+        if current is not None and current.busy and self._present(template):
+            # Queued by this very pass (a booking saved after its start) or being refreshed: the
+            # booking runs the image already here instead of waiting for the pull; the preparation
+            # goes on for the bookings after it.
+            return overlay_image.run_image(template)
         with self._lock:
             current = self._queue_if_due(template, now=now)
         if current.state == FAILED:

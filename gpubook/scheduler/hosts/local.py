@@ -15,12 +15,13 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, tzinfo
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import paramiko
 
-from gpubook.runtime import booking, engines, jupyter, ssh, storage
+from gpubook.runtime import booking, booking_json, engines, jupyter, ssh, storage
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from gpubook.runtime.errors import EngineError, Preparing, StorageError
@@ -45,8 +46,12 @@ class LocalHost:
                  probe_key: paramiko.PKey, cache_dir: Path, data_root: Path | None = None,
                  persistent_home: bool = False, driver_roots: Sequence[Path] = (),
                  probe_address: str = "127.0.0.1", name: str = LOCAL, mps: bool = False,
-                 images: ImagePreparer | None = None, parallel_starts: int = 0) -> None:
+                 images: ImagePreparer | None = None, parallel_starts: int = 0,
+                 timezone: tzinfo | None = None) -> None:
+        """`timezone`: the zone of the times bookers read inside (GPUBOOK_END, booking.json; None:
+        the daemon's own)."""
         self.name = name
+        self.timezone = timezone
         self.engine = engine
         self.gpus = tuple(gpus)
         self.driver_version = driver_version
@@ -121,13 +126,28 @@ class LocalHost:
                                    mps=self.mps)
         name = container_name(request.booking_id)
         host_key = self._host_key(name)
+        card = self._card(name, request)
+        end = request.end.astimezone(self.timezone)  # GPUBOOK_END in the zone bookers read
         return booking.booking_spec(
             template,
             booking.Booking(booking_id=request.booking_id, user=booker.name, uid=booker.uid, gid=booker.gid,
-                            ssh_keys=tuple(booker.ssh_keys), port=request.port, end=request.end,
+                            ssh_keys=tuple(booker.ssh_keys), port=request.port, end=end,
                             start=request.start, gpus=request.gpus, gpu=gpu),
             booking.HostFiles(probe_key=self.probe_key, cache_dir=self.cache_dir, host_key=host_key,
-                              folders=folders))
+                              folders=folders, card=card))
+
+    def _card(self, name: str, request: StartRequest) -> Path:
+        """The booking's booking.json, written anew at each arm and start (its title and end as the
+        calendar has them now); the folder is what the container binds."""
+        card = booking_json.Card(booking=request.booking_id, uid=request.uid or request.booking_id,
+                                 title=request.title, user=request.booker.name, start=request.start,
+                                 end=request.end, gpus=request.gpus, template=request.template.name,
+                                 host=request.address, port=request.port)
+        return booking_json.write_card(self.cache_dir, name, card, zone=self.timezone)
+
+    def move_end(self, booking_id: str, end: datetime) -> bool:
+        """A running booking's agreed later end, written into its booking.json (False: it has none here)."""
+        return booking_json.move_end(self.cache_dir, container_name(booking_id), end, zone=self.timezone)
 
     def _host_key(self, name: str) -> ssh.HostKey:
         """The booking's host key, handed to the host ids of its container's root."""
@@ -156,10 +176,12 @@ class LocalHost:
         name = container_name(booking_id)
         if self.engine.inspect(name) is None:
             ssh.forget_host_key(self.cache_dir, name)
+            booking_json.forget_card(self.cache_dir, name)
 
     def stop(self, name: str, grace: float) -> None:
         self.engine.stop(name, grace)
         ssh.forget_host_key(self.cache_dir, name)
+        booking_json.forget_card(self.cache_dir, name)
         with self._locks_lock:
             self._locks.pop(name, None)
 
@@ -227,5 +249,6 @@ class LocalBackend(OneMachine):
             driver_version=inventory.driver_version if inventory.source == "nvml" else None,
             probe_key=parts.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
-            mps=config.gpu_mps, images=parts.images, parallel_starts=config.daemon.parallel_starts)
+            mps=config.gpu_mps, images=parts.images, parallel_starts=config.daemon.parallel_starts,
+            timezone=ZoneInfo(config.host.timezone))
         super().__init__(host, server=config.host.name, gpus=HostGpus.of(inventory), logs=parts.engine.logs)

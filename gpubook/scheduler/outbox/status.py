@@ -16,7 +16,15 @@ from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import HOST_NETWORK_RISK, ContainerInfo, EngineSettings
 from gpubook.scheduler.core.plan import LOCAL, Plan
 from gpubook.scheduler.outbox.foreign import status_lines as foreign_lines
-from gpubook.scheduler.outbox.timeline import GpuTimeline, RejectedBooking, gpu_timelines, gpus_of
+from gpubook.scheduler.outbox.timeline import (
+    GpuTimeline,
+    RejectedBooking,
+    gpu_timelines,
+    gpus_of,
+    kept_title,
+    short_title,
+)
+from gpubook.scheduler.sources.errors import printable
 from gpubook.scheduler.state.records import ContainerRecord
 
 NEXT_SHOWN = 20  # upcoming bookings kept per host
@@ -52,6 +60,7 @@ class RunningBooking:
     container: str
     template: str = ""
     start: str | None = None  # ISO 8601: its booking's start
+    title: str = ""  # the event's SUMMARY (timeline.kept_title); "" where unknown
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class NextBooking:
     gpus: tuple[int, ...]
     start: str  # ISO 8601
     end: str
+    title: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,8 +138,18 @@ class Status:
 
     def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
         """The same status with what runs now, as the engine lists it (ports from State where a label lacks one)."""
-        by_host = _by_host(containers, ports=ports)
+        by_host = _by_host(containers, ports=ports, titles=self.titles())
         return replace(self, hosts=tuple(replace(h, running=by_host.get(h.name, ())) for h in self.hosts))
+
+    def titles(self) -> dict[str, str]:
+        """Booking id → its title, as the daemon's last pass knew them (the engine knows none)."""
+        known: dict[str, str] = {}
+        for host in self.hosts:
+            for lane in host.timeline:
+                known.update((s.booking, s.title) for s in lane.segments if s.title)
+            known.update((n.id, n.title) for n in host.next if n.title)
+            known.update((r.booking, r.title) for r in host.running if r.title)
+        return known
 
     def render(self, timezone: str) -> list[str]:
         zone = ZoneInfo(timezone)
@@ -146,12 +166,15 @@ class Status:
                 lines.append(f"  {gpus.note}")
             lines.append(f"Running ({len(host.running)}):")
             for item in host.running:
-                lines.append(f"  {item.booking:<40} {item.user:<10} GPU {','.join(map(str, item.gpus)) or '-':<5} "
-                             f"port {item.port}  until {local(item.end)}  [{item.state}]")
+                lines.append(f"  {_named(item.title, item.booking):<40} {item.user:<10} "
+                             f"GPU {','.join(map(str, item.gpus)) or '-':<5} "
+                             f"port {item.port}  until {local(item.end)}  [{item.state}]"
+                             f"{_id(item.title, item.booking)}")
             lines.append(f"Next ({len(host.next)}):")
             for upcoming in host.next:
-                lines.append(f"  {upcoming.id:<40} {upcoming.user:<10} GPU {','.join(map(str, upcoming.gpus)):<5} "
-                             f"{local(upcoming.start)} → {local(upcoming.end)}")
+                lines.append(f"  {_named(upcoming.title, upcoming.id):<40} {upcoming.user:<10} "
+                             f"GPU {','.join(map(str, upcoming.gpus)):<5} "
+                             f"{local(upcoming.start)} → {local(upcoming.end)}{_id(upcoming.title, upcoming.id)}")
         lines.append(f"Last poll: {local(self.last_poll)} (last successful: {local(self.last_poll_ok)})")
         if self.outage:
             lines.append(f"Calendar unreachable: {self.outage}")
@@ -220,7 +243,18 @@ def setup_findings(engine: EngineSettings) -> tuple[str, ...]:
     return ()
 
 
-def running_booking(info: ContainerInfo, *, ports: Mapping[str, int]) -> RunningBooking:
+def _named(title: str, booking_id: str) -> str:
+    """A booking in a terminal row: its title, shortened and escaped; its id where it has none."""
+    return short_title(title) if title.strip() else printable(booking_id)
+
+
+def _id(title: str, booking_id: str) -> str:
+    """The id at the row's end, where a title leads it: what `gpubook stop` and `log` take (a UID
+    may be a 40-character hash, so it goes last, not first)."""
+    return f"  {printable(booking_id)}" if title.strip() else ""
+
+
+def running_booking(info: ContainerInfo, *, ports: Mapping[str, int], title: str = "") -> RunningBooking:
     """A container as `gpubook status` shows it; one run ahead of its booking's start says "armed"
     (its SSH opens only at that start), never "running"."""
     state = info.state
@@ -229,13 +263,15 @@ def running_booking(info: ContainerInfo, *, ports: Mapping[str, int]) -> Running
     return RunningBooking(booking=info.booking_id, user=info.user, gpus=info.gpus, state=state,
                           port=info.port or ports.get(info.booking_id),
                           end=info.end.isoformat() if info.end else None, container=info.name,
-                          template=info.template, start=info.start.isoformat() if info.start else None)
+                          template=info.template, start=info.start.isoformat() if info.start else None,
+                          title=title)
 
 
 def next_bookings(plan: Plan, *, now: datetime, host: str) -> tuple[NextBooking, ...]:
     upcoming = [a for a in plan.accepted if a.booking.start > now and a.host == host]
     return tuple(NextBooking(id=a.booking.id, user=a.booking.user, gpus=a.gpus, start=a.booking.start.isoformat(),
-                             end=a.booking.end.isoformat()) for a in upcoming[:NEXT_SHOWN])
+                             end=a.booking.end.isoformat(), title=kept_title(a.booking.summary))
+                 for a in upcoming[:NEXT_SHOWN])
 
 
 def counts(plan: Plan, *, now: datetime) -> dict[str, int]:
@@ -259,19 +295,23 @@ def hosts_status(summaries: Mapping[str, GpuSummary], *, plan: Plan, now: dateti
     """Each host's status from its GPUs, the plan (next bookings, timelines) and the containers
     running there; `held`, `records` and `previous` as `timeline.gpu_timelines` takes them (the
     previous status's timelines keep placing bookings that ended and left the calendar window)."""
-    running = _by_host([info for info in containers if info.running], ports=ports or {})
+    titles = {a.booking.id: kept_title(a.booking.summary) for a in plan.accepted}
+    if previous is not None:  # a booking gone from the calendar keeps the title it had
+        titles = previous.titles() | titles
+    running = _by_host([info for info in containers if info.running], ports=ports or {}, titles=titles)
     before = {h.name: gpus_of(h.timeline) for h in previous.hosts} if previous is not None else {}
     return tuple(HostStatus(name=name, gpus=gpus, running=running.get(name, ()),
                             next=next_bookings(plan, now=now, host=name),
                             timeline=gpu_timelines(plan, host=name, gpus=gpus.gpu_indices, now=now,
                                                    containers=containers, held=held, records=records,
-                                                   known_gpus=before.get(name)))
+                                                   known_gpus=before.get(name), titles=titles))
                  for name, gpus in summaries.items())
 
 
-def _by_host(containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]
+def _by_host(containers: Iterable[ContainerInfo], *, ports: Mapping[str, int], titles: Mapping[str, str]
              ) -> dict[str, tuple[RunningBooking, ...]]:
     grouped: dict[str, list[RunningBooking]] = {}
     for info in containers:
-        grouped.setdefault(info.host or LOCAL, []).append(running_booking(info, ports=ports))
+        grouped.setdefault(info.host or LOCAL, []).append(
+            running_booking(info, ports=ports, title=titles.get(info.booking_id, "")))
     return {host: tuple(bookings) for host, bookings in grouped.items()}

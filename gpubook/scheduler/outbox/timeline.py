@@ -17,10 +17,13 @@ from typing import Any
 from gpubook.runtime.engines import ContainerInfo
 from gpubook.scheduler.core.decide import Hold
 from gpubook.scheduler.core.plan import LOCAL, Plan
+from gpubook.scheduler.sources.errors import printable
 from gpubook.scheduler.state.records import ContainerRecord
 
 PAST = timedelta(days=7)  # ended containers are kept this far back (the page's week)
 REJECTED_SHOWN = 500  # refused bookings kept in the status; the rest are counted
+TITLE_KEPT = 200  # characters of an event's title kept in the status
+TITLE_WIDTH = 40  # characters of a title a row shows (the page, `gpubook status`)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Segment:
     end: str
     template: str = ""
     note: str = ""  # held: why; ended: how it ended ("ended", "died: exit 137", ...)
+    title: str = ""  # the event's SUMMARY, as the calendar has it (kept_title): shown escaped, shortened
 
 
 @dataclass(frozen=True)
@@ -60,12 +64,15 @@ def _iso(moment: datetime) -> str:
 def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
                   containers: Iterable[ContainerInfo] = (), held: Mapping[str, str] | None = None,
                   records: Iterable[ContainerRecord] = (),
-                  known_gpus: Mapping[str, tuple[int, ...]] | None = None) -> tuple[GpuTimeline, ...]:
+                  known_gpus: Mapping[str, tuple[int, ...]] | None = None,
+                  titles: Mapping[str, str] | None = None) -> tuple[GpuTimeline, ...]:
     """One timeline per GPU of `host`. `held`: booking id → the Hold's reason this pass;
     `records`: State's container records (those stopped in the last week become "ended");
     `known_gpus`: booking id → its GPUs where neither the plan nor a container says any more
-    (the previous status's timelines), for an ended booking that has left the calendar window."""
+    (the previous status's timelines), for an ended booking that has left the calendar window;
+    `titles`: booking id → its title where the plan has it no more (the previous status's)."""
     held = held or {}
+    titles = titles or {}
     lanes: dict[int, list[Segment]] = {gpu: [] for gpu in gpus}
     running = {info.booking_id: info for info in containers
                if info.running and (info.host or LOCAL) == host}
@@ -89,22 +96,39 @@ def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
         elif booking.id in held:
             kind, note = "held", held[booking.id]
         put(accepted.gpus, Segment(kind=kind, booking=booking.id, user=booking.user, start=_iso(booking.start),
-                                   end=_iso(booking.end), template=booking.template, note=note))
+                                   end=_iso(booking.end), template=booking.template, note=note,
+                                   title=kept_title(booking.summary)))
     planned = {a.booking.id for a in plan.accepted if a.host == host}
     for info in running.values():  # running, though gone from the plan (being stopped, or its end moved)
         placed[info.booking_id] = info.gpus
         if info.booking_id not in planned and info.end is not None:
             put(info.gpus, Segment(kind="running", booking=info.booking_id, user=info.user,
-                                   start=_iso(info.start or now), end=_iso(info.end), template=info.template))
+                                   start=_iso(info.start or now), end=_iso(info.end), template=info.template,
+                                   title=titles.get(info.booking_id, "")))
     for record in records:
         stopped = record.stopped_at
         if stopped is None or stopped < now - PAST or record.booking_id not in placed:
             continue
         put(placed[record.booking_id], Segment(kind="ended", booking=record.booking_id, user=record.user,
                                                start=_iso(record.started_at), end=_iso(stopped),
-                                               note=record.exit_reason or ""))
+                                               note=record.exit_reason or "",
+                                               title=titles.get(record.booking_id, "")))
     return tuple(GpuTimeline(gpu=gpu, segments=tuple(sorted(lanes[gpu], key=lambda s: (s.start, s.kind))))
                  for gpu in sorted(lanes))
+
+
+def kept_title(summary: str) -> str:
+    """An event's title as the status keeps it: at most TITLE_KEPT characters, otherwise as the
+    calendar has it (hostile: every view escapes it; `short_title` is what a row shows)."""
+    return summary[:TITLE_KEPT]
+
+
+def short_title(title: str, *, width: int = TITLE_WIDTH) -> str:
+    """A title for one row of a terminal or the page: its whitespace runs (newlines too) one space,
+    control characters written as \\xNN (an ESC cannot recolour a terminal), cut to `width` with
+    an ellipsis."""
+    text = printable(" ".join(title.split()))
+    return text if len(text) <= width else text[:width - 1].rstrip() + "…"
 
 
 def held_reasons(actions: Iterable[object]) -> dict[str, str]:

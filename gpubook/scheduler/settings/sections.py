@@ -152,6 +152,11 @@ class NvidiaConfig:
 @dataclass(frozen=True)
 class DaemonConfig:
     poll_seconds: float = setting(60.0, "seconds between calendar polls", check=checks.positive)
+    check_seconds: float = setting(1.0, "seconds between cheap change checks of the CalDAV calendars that can "
+                                   "tell cheaply whether they changed (a sync-token or ctag request); a change "
+                                   "is read and passed at once, so a booking saved for now starts within "
+                                   "seconds. Never more often than 10 times the check's own request time; "
+                                   "ICS feeds keep poll_seconds; 0: off", check=checks.not_negative)
     state_dir: Path | None = setting(None, "state.sqlite, the probe key; default: $XDG_STATE_HOME/gpubook",
                                      sample="~/.local/state/gpubook")
     stale_after_minutes: float = setting(30.0, "minutes after which calendar data is too old to start from",

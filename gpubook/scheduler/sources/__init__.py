@@ -10,6 +10,9 @@ The API the rest of gpubook uses (nothing else of this package is needed outside
   calendar's `kind` picks the class from `REGISTRY` (or names one as `package.module:Class`).
 - `Source.poll() -> Snapshot`: every object the calendar holds now, and whether that changed;
   raises `CalendarError` (temporary) or `CalendarDataError` (permanent), from `.errors`.
+- `Source.checks_cheaply`: whether a `poll()` now costs one small request when nothing changed (a
+  CalDAV sync-token or ctag; not an ICS feed, nor a CalDAV server listing every ETag). The daemon's
+  change check (`[daemon] check_seconds`) polls only such sources between its full polls.
 - `Source.preflight() -> str`: the check `gpubook doctor` makes (one poll); says what it found.
 - `Source.open_writer(*, timezone) -> Writer | None`: the write-back capability, a new `Writer`
   the caller closes; None where the source is read-only (ICS feeds). Callers ask for it instead
@@ -100,6 +103,11 @@ class Writer(Protocol):
 class Source(Protocol):
     url: str
 
+    @property
+    def checks_cheaply(self) -> bool:
+        """A poll costs one small request when nothing changed: worth doing every few seconds."""
+        ...
+
     def poll(self) -> Snapshot:
         """Fetch what changed since the last poll; raise CalendarError when that is impossible."""
         ...
@@ -123,6 +131,12 @@ class BaseSource:
 
     calendar_keys: ClassVar[tuple[str, ...]] = ("username", "password_file")
     url: str
+
+    @property
+    def checks_cheaply(self) -> bool:
+        # A kind that cannot tell cheaply is read every poll_seconds only (an ICS feed: polling a
+        # provider's feed every few seconds is rude, and each poll may download it whole).
+        return False
 
     def __init__(self, url: str, *, username: str | None = None, password: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT) -> None:

@@ -155,6 +155,8 @@ class CaldavSource(BaseSource):
         self._ctag: str | None = None
         self._loaded = False
         self._objects: Mapping[str, RawObject] = MappingProxyType({})
+        self._vanished: set[str] = set()  # hrefs listed as changed whose fetch found nothing (this poll)
+        self._said_vanished: set[str] = set()  # the last poll's, logged
 
     @property
     def method(self) -> str:
@@ -164,6 +166,16 @@ class CaldavSource(BaseSource):
     @property
     def sync_token(self) -> str | None:
         return self._sync_token
+
+    @property
+    def checks_cheaply(self) -> bool:
+        """Loaded, and polled by sync token (a no-change poll: one sync-collection REPORT, the
+        cheapest request a CalDAV server answers) or by a ctag the server keeps (one PROPFIND).
+        A change is then read by the same poll: the REPORT lists what changed, and only that is
+        fetched, so a check that finds one never lists the calendar a second time."""
+        if not self._loaded:
+            return False
+        return self._method == "sync-token" or (self._method == "etag" and self._ctag is not None)
 
     def close(self) -> None:
         self._client.close()
@@ -240,7 +252,12 @@ class CaldavSource(BaseSource):
         listing = {str(obj.url.canonical()): _etag(obj.props) for obj in collection
                    if str(obj.url.canonical()) not in deleted}
         changed = self._apply_changes(self._differing(listing), deleted)
-        self._sync_token = collection.sync_token
+        if not self._vanished:
+            self._sync_token = collection.sync_token
+        elif self._vanished != self._said_vanished:  # asked again from the same token next time; said once
+            log.info("calendar %s: %d changed object(s) not found when fetched; asking again at the next poll",
+                     self.url, len(self._vanished))
+        self._said_vanished = self._vanished
         return "sync-token", changed
 
     def _full_sync(self, *, with_data: bool) -> bool:
@@ -393,10 +410,15 @@ class CaldavSource(BaseSource):
                 if href not in known or etag is None or known[href].etag != etag}
 
     def _apply_changes(self, updated: Mapping[str, str | None], deleted: Iterable[str]) -> bool:
+        """`_vanished`: the updated hrefs whose fetch found nothing. A server's listing can run ahead
+        of its GET (Xandikos under concurrent writes); a sync poll then keeps its old token, or the
+        object would be lost until it changes again."""
         deleted = set(deleted) & set(self._objects)
+        self._vanished = set()
         if not updated and not deleted:
             return False
         fetched = self._fetch(updated)
+        self._vanished = set(updated) - set(fetched)
         objects = dict(self._objects)
         for href in deleted:
             objects.pop(href, None)

@@ -56,7 +56,7 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
 
     @app.get("/")
     def index() -> str:
-        return render_template("index.html", data=data())
+        return render_template("index.html", data=data(), lab=bool(web.lab))
 
     @app.get("/api/status")
     def api_status() -> Response:

@@ -6,7 +6,12 @@ Two rules are kept here, in one place, for every view:
   page knows who asks (auth basic or header): another user, or anyone with auth none, gets
   neither the line nor the port;
 - free text (problems, reasons) is shown with every URL cut to its scheme and host: a calendar
-  URL may carry a password or a secret token in its user part, path or query.
+  URL may carry a password or a secret token in its user part, path or query;
+- a booking is named by its event's title (SUMMARY: `title`, shortened and with control characters
+  escaped, timeline.short_title), its id (the UID) kept beside it for the hover. The title is as
+  private as the booker's name, and shown exactly where the name is. It comes from a hostile
+  calendar: the template escapes it (Jinja's autoescape), and the data embedded for app.js goes
+  through `tojson`, which writes <, >, & and ' as \\u escapes (no `</script>` can close the tag).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 from gpubook.runtime import ssh
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import HostStatus, RunningBooking, Status
+from gpubook.scheduler.outbox.timeline import short_title
 from gpubook.scheduler.outbox.web.live import LiveGpus
 from gpubook.scheduler.sources.errors import redact_urls
 
@@ -35,15 +41,16 @@ def ssh_line(running: RunningBooking, *, viewer: str | None, host_name: str) -> 
 
 def _running(running: RunningBooking, *, viewer: str | None, host_name: str) -> dict[str, Any]:
     line = ssh_line(running, viewer=viewer, host_name=host_name)
-    return {"booking": running.booking, "user": running.user, "template": running.template,
+    return {"booking": running.booking, "title": short_title(running.title), "user": running.user,
+            "template": running.template,
             "gpus": list(running.gpus), "start": running.start, "end": running.end,
             "state": redacted(running.state), "ssh": line, "port": running.port if line else None}
 
 
 def _host(host: HostStatus, *, viewer: str | None, host_name: str, live: LiveGpus | None) -> dict[str, Any]:
     timeline = [{"gpu": lane.gpu, "segments": [
-        {**asdict(segment), "note": redacted(segment.note)} for segment in lane.segments]}
-        for lane in host.timeline]
+        {**asdict(segment), "note": redacted(segment.note), "title": short_title(segment.title)}
+        for segment in lane.segments]} for lane in host.timeline]
     if not timeline:  # no pass yet: each GPU with nothing on it
         timeline = [{"gpu": gpu, "segments": []} for gpu in host.gpus.gpu_indices]
     return {
@@ -53,7 +60,7 @@ def _host(host: HostStatus, *, viewer: str | None, host_name: str, live: LiveGpu
         "live": _live(live),
         "running": [_running(r, viewer=viewer, host_name=host_name) for r in host.running],
         "held": _held(host),
-        "next": [asdict(n) | {"gpus": list(n.gpus)} for n in host.next],
+        "next": [asdict(n) | {"gpus": list(n.gpus), "title": short_title(n.title)} for n in host.next],
         "timeline": timeline,
     }
 
@@ -65,7 +72,8 @@ def _held(host: HostStatus) -> list[dict[str, Any]]:
         for segment in lane.segments:
             if segment.kind == "held":
                 row = held.setdefault(segment.booking, {
-                    "booking": segment.booking, "user": segment.user, "gpus": [], "start": segment.start,
+                    "booking": segment.booking, "title": short_title(segment.title), "user": segment.user,
+                    "gpus": [], "start": segment.start,
                     "end": segment.end, "reason": redacted(segment.note)})
                 row["gpus"].append(lane.gpu)
     return list(held.values())

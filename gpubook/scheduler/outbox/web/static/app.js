@@ -58,9 +58,11 @@ function segmentNode(segment, from, to) {
   node.style.width = Math.max(0.15, 100 * (right - left) / (to - from)) + "%";
   node.dataset.booking = segment.booking;
   node.dataset.kind = segment.kind;
-  node.title = [segment.kind + ": " + segment.booking, segment.user + (segment.template ? " · " + segment.template : ""),
+  // The title comes from the calendar: only ever textContent and the title attribute, never HTML.
+  node.title = [segment.title, segment.kind + ": " + segment.booking,
+    segment.user + (segment.template ? " · " + segment.template : ""),
     when.format(start) + " → " + when.format(end), segment.note].filter(Boolean).join("\n");
-  node.textContent = segment.user;
+  node.textContent = segment.user;  // a block is narrow: the title leads its tooltip
   return node;
 }
 
