@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.plugins.daemons",
     "tests.plugins.slurm",
     "tests.plugins.lanes",
+    "tests.plugins.notify",
 ]

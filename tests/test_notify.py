@@ -4,15 +4,11 @@ server, webhook against a real HTTP server."""
 
 from __future__ import annotations
 
-import json
-import socketserver
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from email import message_from_bytes
 from email.policy import default as default_policy
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import icalendar
 import pytest
@@ -302,48 +298,6 @@ def test_unreachable_server_is_a_calendar_error() -> None:
 # -- e-mail and webhook ------------------------------------------------------------------------
 
 
-class _SmtpHandler(socketserver.StreamRequestHandler):
-    """Just enough SMTP (RFC 5321) for smtplib: EHLO, MAIL, RCPT, DATA, RSET, NOOP, QUIT."""
-
-    def handle(self) -> None:
-        self.wfile.write(b"220 test ESMTP\r\n")
-        envelope: dict[str, object] = {"to": []}
-        while line := self.rfile.readline():
-            verb = line[:4].upper()
-            if verb == b"EHLO":
-                self.wfile.write(b"250-test\r\n250 8BITMIME\r\n")
-            elif verb == b"MAIL":
-                envelope["from"] = line.decode().split(":", 1)[1].strip()
-                self.wfile.write(b"250 ok\r\n")
-            elif verb == b"RCPT":
-                envelope["to"].append(line.decode().split(":", 1)[1].strip())  # type: ignore[union-attr]
-                self.wfile.write(b"250 ok\r\n")
-            elif verb == b"DATA":
-                self.wfile.write(b"354 go on\r\n")
-                data = b""
-                while (chunk := self.rfile.readline()) not in (b".\r\n", b""):
-                    data += chunk[1:] if chunk.startswith(b"..") else chunk
-                envelope["data"] = data
-                self.server.received.append(dict(envelope))  # type: ignore[attr-defined]
-                self.wfile.write(b"250 queued\r\n")
-            elif verb == b"QUIT":
-                self.wfile.write(b"221 bye\r\n")
-                return
-            else:
-                self.wfile.write(b"250 ok\r\n")
-
-
-@pytest.fixture
-def smtp_server():
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _SmtpHandler)
-    server.received = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
 MESSAGE = Message(kind="warning", booking_id="b1@lab/20261123T080000Z", user="alice",
                   subject="gpubook: your booking ends at 17:00\nBcc: everyone@lab.example",
                   text="Your container on devbox1 stops in 15 minutes. Outputs stay in /srv/gpubook/alice/output.",
@@ -366,30 +320,6 @@ def test_mail_server_unreachable_is_a_notify_error() -> None:
     settings = MailSettings(host="127.0.0.1", port=free_port(), timeout=5)
     with pytest.raises(NotifyError, match="e-mail to alice@lab.example via 127.0.0.1"):
         send_mail(settings, MESSAGE, to=["alice@lab.example"])
-
-
-class _Hook(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.received.append((dict(self.headers), json.loads(body)))  # type: ignore[attr-defined]
-        self.send_response(self.server.answer)  # type: ignore[attr-defined]
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def hook_server():
-    server = HTTPServer(("127.0.0.1", 0), _Hook)
-    server.received = []  # type: ignore[attr-defined]
-    server.answer = 204  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def test_webhook_posts_one_json_object(hook_server) -> None:

@@ -217,7 +217,7 @@ class Pass:
         remind_at = self._keep(plan, world, extended, now=now, at_work=at_work)
         self._prepare_images(plan, world, now=now)
         held = self._reserve(plan, now=now) if told.may_start else {}
-        actions = self._decide(plan, world, occurrences, now=now, told=told, held=held, silent=silent)
+        actions = self._decide(plan, world, occurrences, now=now, told=told, held=held)
         result = PassResult(plan=plan, actions=actions, world=world)
         written = partial(self._wake_writeback, world=world, now=now, etags=told.etags) if write_back else None
         self._apply(result, world, now=now, written=written)
@@ -269,7 +269,7 @@ class Pass:
             self.on_settled()
 
     def _decide(self, plan: plan_module.Plan, world: World, occurrences: Sequence[Booking | Rejection], *,
-                now: datetime, told: Told, held: Mapping[str, str], silent: str) -> list[decide.Action]:
+                now: datetime, told: Told, held: Mapping[str, str]) -> list[decide.Action]:
         """decide() on the plan and what runs, with State's memory and the judge's verdicts."""
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
@@ -283,8 +283,8 @@ class Pass:
                                 policy=self.policy(), may_start=told.may_start, stale_reason=told.stale_reason,
                                 stale_calendars=told.stale, complete=told.complete, verdicts=verdicts,
                                 held=held, bookers=self._bookers(plan))
-        for action in actions:  # the cluster's reasons go into the held bookings' events
-            if isinstance(action, decide.Hold) and (action.booking_id in held or silent):
+        for action in actions:  # why a held booking waits goes into its event (its host answers "tentative")
+            if isinstance(action, decide.Hold):
                 self.recall.notes[action.booking_id] = action.reason
         return actions
 

@@ -83,6 +83,7 @@ class Rejection:
     user: str | None  # the booker, where known
     calendar_url: str
     href: str
+    summary: str = ""  # the event's title, where it was read (a notice names the booking by it)
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,8 @@ def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: st
                 host_tz: tzinfo, calendar: CalendarConfig, topology: Topology) -> Booking | Rejection:
     def reject(reason: str, user: str | None = None) -> Rejection:
         return Rejection(id=occurrence_id, uid=series.uid, start=start, end=end, reason=reason,
-                         user=user, calendar_url=calendar.url, href=series.href)
+                         user=user, calendar_url=calendar.url, href=series.href,
+                         summary=text(component.get("SUMMARY")))
 
     if duplicate:
         return reject(f"the UID {show(series.uid)} is used by more than one event in this "

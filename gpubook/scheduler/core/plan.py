@@ -536,7 +536,7 @@ def _span(start: datetime, end: datetime, host_tz: tzinfo) -> str:
 def _rejection(booking: Booking, reason: str) -> Rejection:
     return Rejection(id=booking.id, uid=booking.uid, start=booking.start, end=booking.end,
                      reason=reason, user=booking.user, calendar_url=booking.calendar_url,
-                     href=booking.href)
+                     href=booking.href, summary=booking.summary)
 
 
 def _gpus_text(count: int) -> str:

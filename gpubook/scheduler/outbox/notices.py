@@ -2,6 +2,15 @@
 
 They consume the notices a pass recorded in its outbox; a delivery that fails is logged with its
 cause and never stops a pass: the calendar and the container's own message remain.
+
+Beside the warnings and ends the apply stage queues, the write-back hands each booking's answer
+here (`Answers`): accepted, rejected, and running with its ssh line, the same answer the event
+shows; a booker on an ICS feed (no write-back) learns it only so. Each answer is told once per
+booking: State's ANSWERED note keeps what was told, across passes and restarts. A series'
+"accepted" is told once for the whole event (its UID), not once per occurrence; each occurrence's
+refusal and each run's ssh line (a new port after a restart too) are told on their own. A booking
+already answered in its event before this was noted (an upgrade, or notices enabled later) is
+noted without a notice, so that no burst of old answers goes out.
 """
 
 from __future__ import annotations
@@ -10,18 +19,21 @@ import json
 import logging
 import smtplib
 import ssl
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.message import EmailMessage
+from zoneinfo import ZoneInfo
 
 import niquests
 
 from gpubook.runtime.errors import GpubookError
+from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.outbox.settings import NotifyConfig
 from gpubook.scheduler.settings import Config, UserConfig
-from gpubook.scheduler.sources.block import one_line
-from gpubook.scheduler.state import State
+from gpubook.scheduler.sources.block import Outcome, Status, one_line
+from gpubook.scheduler.state import State, StateError, notes
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +158,111 @@ class Notices:
 
 
 def deliver_pending(state: State, notices: Callable[[Message], None] | None, *, now: datetime | None = None) -> int:
-    """Send the notices a pass recorded in State's outbox; each is tried once. Returns how many."""
-    pending = state.pending_notices()
-    for notice in pending:
+    """Send the notices a pass recorded in State's outbox; each is tried once, by the one deliverer
+    that takes it first (two at once, in threads or processes, never send one twice). Returns how
+    many this call took."""
+    taken = 0
+    for notice in state.pending_notices():
+        if not state.notice_delivered(notice.id, at=now):
+            continue  # another deliverer took it meanwhile
+        taken += 1
         if notices is not None:
             notices(Message(kind=notice.kind, booking_id=notice.booking_id, user=notice.user,
                             subject=notice.subject, text=notice.text, fields=dict(notice.fields)))
-        state.notice_delivered(notice.id, at=now)
-    return len(pending)
+    return taken
+
+
+# -- answers: accepted, rejected, running ------------------------------------------------------
+
+ANSWERS = (Status.ACCEPTED, Status.REJECTED, Status.RUNNING)
+_WORDS = {Status.ACCEPTED: "accepted", Status.REJECTED: "refused", Status.RUNNING: "is running"}  # subject
+_SENTENCES = {Status.ACCEPTED: "was accepted", Status.REJECTED: "was refused", Status.RUNNING: "is running"}
+
+
+def _told(outcome: Outcome) -> str | None:
+    """What telling this outcome means, as noted (None: not an answer told by notice)."""
+    if outcome.status not in ANSWERS:
+        return None
+    return f"{outcome.status} {outcome.lines[0]}" if outcome.status == Status.RUNNING and outcome.lines \
+        else str(outcome.status)
+
+
+def _noted_under(item: Booking | Rejection, outcome: Outcome) -> str:
+    """A series' acceptance is told once for the event; the rest once per occurrence."""
+    return item.uid if outcome.status == Status.ACCEPTED else item.id
+
+
+def answer_message(item: Booking | Rejection, outcome: Outcome, *, host: str, timezone: str) -> Message | None:
+    """The notice of one answer (None: no booker is known to tell)."""
+    if item.user is None or outcome.status not in ANSWERS:
+        return None
+    name = _shortened(one_line(item.summary) or item.id)
+    zone = ZoneInfo(timezone)
+    when = (f"{item.start.astimezone(zone):%Y-%m-%d %H:%M} to {item.end.astimezone(zone):%Y-%m-%d %H:%M %z}")
+    head, *rest = outcome.lines or ("",)
+    subject = f'gpubook: "{name}" {_WORDS[outcome.status]} on {host}'
+    if outcome.status == Status.RUNNING:
+        subject += f": {head}"
+    text = "\n".join([f'gpubook on {host}: your booking "{name}" ({when}) {_SENTENCES[outcome.status]}.', "",
+                      f"{outcome.status}: {head}", *rest])
+    fields: dict[str, str | int | float | list[int] | None] = {
+        "status": str(outcome.status), "host": host, "uid": item.uid, "start": item.start.isoformat(),
+        "end": item.end.isoformat(), "answer": str(outcome.answer)}
+    if outcome.status == Status.RUNNING:
+        fields["ssh"] = head
+    if outcome.resource is not None and outcome.resource.gpus:
+        fields["gpus"] = list(outcome.resource.gpus)
+    return Message(kind=str(outcome.status), booking_id=item.id, user=item.user, subject=subject, text=text,
+                   fields=fields)
+
+
+def _shortened(name: str, limit: int = 60) -> str:
+    """A title fit for a subject line (Outlook's and Google's UIDs, or a long title, cut)."""
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def sends(config: Config, kind: str) -> bool:
+    """Whether any notice channel sends `kind` (`events` of [notify.email] or [notify.webhook])."""
+    channels = (config.notify.email, config.notify.webhook)
+    return any(channel is not None and kind in channel.events for channel in channels)
+
+
+class Answers:
+    """Queues each booking's answer as a notice once (module docstring). Called by the write-back's
+    pass and by its lanes (a start's own write-back): one lock makes each answer queued once."""
+
+    def __init__(self, config: Config, state: State) -> None:
+        self.config, self.state = config, state
+        self._lock = threading.Lock()
+
+    def __call__(self, answered: Sequence[tuple[Booking | Rejection, Outcome]], *, now: datetime) -> None:
+        wanted = [(item, outcome, told) for item, outcome in answered if (told := _told(outcome)) is not None]
+        if not wanted:
+            return
+        with self._lock:
+            try:
+                known = dict(notes.ANSWERED.read(self.state.all_notes()))
+                for item, outcome, told in wanted:
+                    self._tell(item, outcome, told, known=known, now=now)
+            except StateError as error:  # the next pass tells what is left
+                log.warning("the answers' notices wait for a later pass: %s", error)
+
+    def _tell(self, item: Booking | Rejection, outcome: Outcome, told: str, *, known: dict[str, frozenset[str]],
+              now: datetime) -> None:
+        under = _noted_under(item, outcome)
+        before = known.get(under)
+        if before is not None and told in before:
+            return
+        # Answered in its event before answers were noted (an upgrade): noted, no burst of old news.
+        quiet = before is None and self._in_event_already(item, outcome)
+        message = None if quiet or not sends(self.config, str(outcome.status)) else \
+            answer_message(item, outcome, host=self.config.host.name, timezone=self.config.host.timezone)
+        if message is not None:
+            self.state.queue_notice(kind=message.kind, booking_id=message.booking_id, user=message.user,
+                                    subject=message.subject, text=message.text, fields=message.fields, at=now)
+        known[under] = (before or frozenset()) | {told}
+        notes.ANSWERED.write(self.state, under, known[under], at=now)
+
+    def _in_event_already(self, item: Booking | Rejection, outcome: Outcome) -> bool:
+        done = self.state.write_back(item.id)
+        return done is not None and done.status.split(" ", 1)[0] == outcome.status

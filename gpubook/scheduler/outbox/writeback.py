@@ -37,9 +37,11 @@ from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import Accepted, Plan
 from gpubook.scheduler.outbox import foreign
+from gpubook.scheduler.outbox.notices import Answers
 from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources import EventRef, Writer, block, open_writer
 from gpubook.scheduler.sources.alarm import Reminder
+from gpubook.scheduler.sources.attendee import Resource
 from gpubook.scheduler.state import ContainerRecord, State, StateError
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,7 @@ class WriteBack:
         self._lock = threading.Lock()
         # The SFTP service's public host key line ("" while there is none yet): the daemon sets it.
         self.sftp_host_key: Callable[[], str] = lambda: ""
+        self.answers = Answers(config, state)  # each answer's notice, once
 
     def write(self, plan: Plan, *, running: Mapping[str, ContainerInfo],
               records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
@@ -126,7 +129,7 @@ class WriteBack:
         seen = self._foreign_lines([a.booking.id for a in plan.accepted])
         for rejection in plan.rejected:
             if rejection.end > now:
-                items.append((rejection, block.rejected(rejection.reason)))
+                items.append((rejection, replace(block.rejected(rejection.reason), resource=self._resource())))
         for accepted in plan.accepted:
             if accepted.booking.id in leave:
                 continue
@@ -134,6 +137,7 @@ class WriteBack:
                                    remarks=remarks, now=now, foreign=seen)
             if outcome is not None:
                 items.append((accepted.booking, outcome))
+        self.answers(items, now=now)  # before the writes: a notice is not held up by a slow calendar
         for item, outcome in items:
             self._write(item, outcome, etag=etags.get(item.href), now=now)
 
@@ -159,7 +163,7 @@ class WriteBack:
         zone = self.config.host.timezone
         outcome: block.Outcome
         if booking.id in remarks.refused:
-            return block.rejected(remarks.refused[booking.id])
+            return replace(block.rejected(remarks.refused[booking.id]), resource=self._resource())
         if info is None and records and records[-1].stopped_at is None:
             # Its container is gone but its stop is not recorded yet (an admin's `gpubook stop` in
             # another process, or a death this pass handles): say nothing rather than something stale.
@@ -203,7 +207,15 @@ class WriteBack:
         outcome = outcome.with_note(line) if line else outcome
         for line in (foreign or {}).get(booking.id, ()):  # processes seen on its GPUs outside its container
             outcome = outcome.with_note(line)
-        return replace(outcome, reminder=self._reminder(accepted, info or remarks.armed.get(booking.id)))
+        # Held: its start came and it does not run (its GPUs still used, its image not ready, its
+        # start failed and is tried again): the host's attendee says TENTATIVE until it runs.
+        held = outcome.status == block.Status.ACCEPTED and now >= booking.start
+        return replace(outcome, reminder=self._reminder(accepted, info or remarks.armed.get(booking.id)),
+                       resource=self._resource(accepted.gpus), held=held)
+
+    def _resource(self, gpus: Sequence[int] = ()) -> Resource:
+        """The booked host (and its GPUs) as the event's resource attendee."""
+        return Resource(self.config.host.name, tuple(gpus))
 
     def _armed_lines(self, outcome: block.Outcome, booking: Booking, info: ContainerInfo) -> block.Outcome:
         """The ssh line (and known_hosts line) of a container armed for its start: it answers from the start."""
@@ -286,7 +298,9 @@ class WriteBack:
     def _key(outcome: block.Outcome) -> str:
         reminder = outcome.reminder
         remind = [f"reminder {reminder.minutes:g} {reminder.text} {reminder.detail}"] if reminder else []
-        digest = hashlib.sha256("\n".join([*outcome.lines, *remind]).encode()).hexdigest()[:12]
+        resource = outcome.resource
+        answer = [f"attendee {resource.address} {resource.name} {outcome.answer}"] if resource else []
+        digest = hashlib.sha256("\n".join([*outcome.lines, *remind, *answer]).encode()).hexdigest()[:12]
         return f"{outcome.status} {digest}"
 
     def _written(self, item: Booking | Rejection, key: str, etag: str | None) -> bool | None:
@@ -349,6 +363,7 @@ class WriteBack:
             return None
         if outcome is None:
             return None
+        self.answers([(job.item, outcome)], now=job.now)
         key = self._key(outcome)
         with self._lock:
             self.sending[job.item.id] = key

@@ -13,11 +13,14 @@ gpubook owns one marked block at the end of the event's DESCRIPTION::
     until 2026-11-23 17:00 +0100
     --- end gpubook ---
 
-and an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs. The block
-is replaced in place on each update; text above and below it stays byte for byte. The block is
-an end marker and the begin marker nearest above it: a begin marker whose end marker the user
-deleted is not recognised and is left alone (a new block is added below), and the booker's lines
-after such a stray marker are neither hidden from the parser nor replaced on the next write.
+an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs, and the booked
+host as a resource attendee whose PARTSTAT is the answer (ACCEPTED, DECLINED, or TENTATIVE while an
+accepted booking's start came but it is held: gpubook/scheduler/sources/attendee.py), which the
+event's STATUS, what views draw, repeats where gpubook may write it (sources/event_status.py).
+The block is replaced in place on each update; text above and below it stays byte for byte. The
+block is an end marker and the begin marker nearest above it: a begin marker whose end marker the
+user deleted is not recognised and is left alone (a new block is added below), and the booker's
+lines after such a stray marker are neither hidden from the parser nor replaced on the next write.
 
 Descriptions in HTML (Google Calendar, Outlook: gpubook/scheduler/sources/richtext.py) get the block in
 HTML, one ``<br>`` per line, so that it shows as lines there; markers are found in both forms.
@@ -43,8 +46,12 @@ A booker who opens one occurrence of a series expects to see *that* occurrence's
       2026-11-30 09:00 +0100: accepted: 1 GPU (0), template debian-ssh
       --- end gpubook ---
 
-  At most ``MAX_OCCURRENCES`` entries are kept, chosen by what the booker needs: the running
-  occurrence's (its ssh line) always, then the next ones to start, then the latest ended.
+  A held entry's status carries ``X-GPUBOOK-HELD=TRUE``. The master's attendee answers for the
+  whole series and names no GPUs, so that each occurrence's write finds it unchanged: ACCEPTED
+  while any entry is accepted (running, ended), TENTATIVE when the only accepted ones are held,
+  DECLINED when every entry is refused. At most ``MAX_OCCURRENCES`` entries are kept, chosen by
+  what the booker needs: the running occurrence's (its ssh line) always, then the next ones to
+  start, then the latest ended.
   gpubook does not create an override per occurrence: an override freezes a copy of the
   series' properties, so a later edit of the whole series (say, a new ``template:`` line)
   would silently not reach those occurrences — in the user's calendar and in gpubook's own
@@ -66,14 +73,17 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
+from gpubook.scheduler.sources import attendee, event_status
 from gpubook.scheduler.sources.alarm import Reminder
 from gpubook.scheduler.sources.alarm import put as put_alarm
+from gpubook.scheduler.sources.attendee import Answer, Resource
 from gpubook.scheduler.sources.richtext import html_lines, is_html
 
 BEGIN = "--- gpubook ---"
 END = "--- end gpubook ---"
 STATUS_PROPERTY = "X-GPUBOOK-STATUS"
 OCCURRENCE_PARAMETER = "X-GPUBOOK-OCCURRENCE"
+HELD_PARAMETER = "X-GPUBOOK-HELD"  # on an accepted status: its start came, it is not running (yet)
 ALT_PROPERTY = "X-ALT-DESC"  # Outlook's HTML description
 MAX_OCCURRENCES = 4  # entries kept in a series' block
 _ENTRY = re.compile(r"^(?P<when>\d{4}-\d\d-\d\d(?: \d\d:\d\d [+-]\d{4})?): (?P<status>[a-z]+): (?P<head>.*)$")
@@ -92,11 +102,20 @@ class Status(StrEnum):
 @dataclass(frozen=True)
 class Outcome:
     """A status and the lines a booker reads; the first line is the headline. `reminder`: gpubook's
-    alarm in the event (gpubook/scheduler/sources/alarm.py); None: the event carries none of gpubook's."""
+    alarm in the event (gpubook/scheduler/sources/alarm.py); None: the event carries none of gpubook's.
+    `resource`: the host (and GPUs) whose attendee answers (gpubook/scheduler/sources/attendee.py);
+    None: the attendees are left as they are. `held`: accepted, its start came, and it does not run."""
 
     status: Status
     lines: tuple[str, ...]
     reminder: Reminder | None = None
+    resource: Resource | None = None
+    held: bool = False
+
+    @property
+    def answer(self) -> Answer:
+        """What the host's attendee says of this outcome (PARTSTAT)."""
+        return _answer(self.status, held=self.held)
 
     def with_note(self, note: str) -> Outcome:
         """Add a sentence, e.g. why a moved end was not followed."""
@@ -338,21 +357,64 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
     description = str(old_description) if old_description is not None else ""
     if named is None:
         body = _single_body(outcome)
-        statuses: list[tuple[str, dict[str, str]]] = [(str(outcome.status), {})]
+        held = outcome.held and outcome.status == Status.ACCEPTED
+        statuses: list[tuple[str, dict[str, str]]] = [(str(outcome.status), _held({}, held=held))]
+        answer, resource = outcome.answer, outcome.resource
     else:
         entries = _series_entries(description, named, label(named, timezone), outcome)
         body = _series_body(entries)
-        statuses = [(e.status, {OCCURRENCE_PARAMETER: _occurrence_value(e.when)}) for e in entries]
+        statuses = _series_statuses(component, entries, named=named, outcome=outcome)
+        # The master serves every occurrence: its attendee names no GPUs, which may differ from one
+        # occurrence to the next, so that each occurrence's write finds the same attendee there.
+        answer = _series_answer(statuses)
+        resource = replace(outcome.resource, gpus=()) if outcome.resource is not None else None
     changed = _put_block(component, "DESCRIPTION", body)
     if _is_html_alternative(component.get(ALT_PROPERTY)):
         changed = _put_block(component, ALT_PROPERTY, body, as_html=True) or changed
     changed = _put_reminder(component, outcome, named=named, statuses=statuses) or changed
+    if resource is not None:
+        changed = attendee.put(component, resource, answer) or changed
+        changed = event_status.put(component, answer, own_attendee=resource.address) or changed
     if not changed and statuses == _status_properties(component):
         return False
     component.pop(STATUS_PROPERTY, None)
     for value, parameters in statuses:
         component.add(STATUS_PROPERTY, value, parameters=parameters)
     return True
+
+
+def _answer(status: str, *, held: bool) -> Answer:
+    if status == Status.REJECTED:
+        return Answer.DECLINED
+    return Answer.TENTATIVE if held and status == Status.ACCEPTED else Answer.ACCEPTED
+
+
+def _held(parameters: dict[str, str], *, held: bool) -> dict[str, str]:
+    return {**parameters, HELD_PARAMETER: "TRUE"} if held else parameters
+
+
+def _series_statuses(component: icalendar.cal.Component, entries: Sequence[_Entry], *, named: datetime | date,
+                     outcome: Outcome) -> list[tuple[str, dict[str, str]]]:
+    """One X-GPUBOOK-STATUS per entry; whether another occurrence is held is read from its status
+    as written before (the block's text does not say it)."""
+    before = {parameters.get(OCCURRENCE_PARAMETER): HELD_PARAMETER in parameters
+              for _, parameters in _status_properties(component)}
+    statuses = []
+    for entry in entries:
+        value = _occurrence_value(entry.when)
+        held = outcome.held if _sort_key(entry.when) == _sort_key(named) else before.get(value, False)
+        statuses.append((entry.status, _held({OCCURRENCE_PARAMETER: value},
+                                              held=held and entry.status == Status.ACCEPTED)))
+    return statuses
+
+
+def _series_answer(statuses: Sequence[tuple[str, dict[str, str]]]) -> Answer:
+    """What the master's attendee says for the whole series: ACCEPTED while any occurrence listed
+    is accepted (running, ended), TENTATIVE when the only accepted ones are held, DECLINED when
+    gpubook refused every occurrence listed. Each occurrence's own answer is its entry in the block."""
+    answers = {_answer(status, held=HELD_PARAMETER in parameters) for status, parameters in statuses
+               if status in {str(known) for known in Status}}
+    return next((a for a in (Answer.ACCEPTED, Answer.TENTATIVE) if a in answers), Answer.DECLINED)
 
 
 def _put_reminder(component: icalendar.cal.Component, outcome: Outcome, *, named: datetime | date | None,

@@ -109,6 +109,10 @@ IDLE_TOLD: Kind[frozenset[tuple[int, datetime]]] = Kind("idle-told", _stretches_
 REMINDED: Kind[datetime] = Kind("reminded", datetime.isoformat, _moment)
 # The lines a start adds to the running block: JupyterLab, CUDA limits (the StartHandler), for the write-back.
 RUNNING_LINES: Kind[tuple[str, ...]] = Kind("running-lines", lambda lines: json.dumps(list(lines)), _lines)
+# The answers a booker was told of by notice (outbox/notices.py's Answers): "accepted", "rejected",
+# "running <ssh line>"; each is told once. An event's "accepted" is noted under its UID.
+ANSWERED: Kind[frozenset[str]] = Kind("answered", lambda told: json.dumps(sorted(told)),
+                                      lambda text: frozenset(_lines(text)))
 
 
 def _empty() -> Mapping:  # type: ignore[type-arg]

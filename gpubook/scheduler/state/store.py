@@ -397,10 +397,14 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         return [Notice(id=i, at=moment_of(at), kind=k, booking_id=b, user=u, subject=s, text=x,  # type: ignore[arg-type]
                        fields=json.loads(f)) for i, at, k, b, u, s, x, f in rows]
 
-    def notice_delivered(self, notice_id: int, *, at: datetime | None = None) -> None:
-        """Done with a notice: delivered, or tried and logged (a failed delivery is not retried)."""
+    def notice_delivered(self, notice_id: int, *, at: datetime | None = None) -> bool:
+        """Take a pending notice for its one delivery (a failed delivery is not retried): True for
+        exactly one caller, so that two deliverers (the daemon's lane, `gpubook stop`) never send
+        the same notice twice."""
         with self._transaction() as db:
-            db.execute("UPDATE outbox SET delivered_at = ? WHERE id = ?", (stamp_of(at), notice_id))
+            cursor = db.execute("UPDATE outbox SET delivered_at = ? WHERE id = ? AND delivered_at IS NULL",
+                                (stamp_of(at), notice_id))
+            return cursor.rowcount == 1
 
     # -- event log -----------------------------------------------------------------------------
 
