@@ -243,3 +243,32 @@ def test_idle_action_release_releases_as_a_no_show_would() -> None:
                      verdicts={"a": verdict})
     assert actions == [Release(container_name("a"), "a", "alice", "GPU 0 stayed under 5 % for 120 min", a.start,
                                a.end, 10.0)]
+
+
+def test_the_previous_bookings_use_in_the_first_seconds_is_not_the_next_bookers(tmp_path: Path) -> None:
+    """On an H100 the previous booking's process still held the GPU at 99 % 1.6 s after the next
+    booking's start on it: that sample is not the next booker's use, and nobody came."""
+    from gpubook.scheduler.apply.reclaim import judge_running
+    from gpubook.scheduler.state import ContainerRecord
+
+    a = booking("a", start=10, hours=8)
+    rules = config({"no_show_minutes": 30})
+    now = START + 31 * MIN
+    record = ContainerRecord(id=1, booking_id="a", name=container_name("a"), user="alice", gpu_count=1,
+                             started_at=START, stopped_at=None, exit_reason=None, restarts=0)
+
+    def sample(at: datetime, utilisation: float) -> Sample:
+        return Sample(at=at, host="devbox1", gpu=0, booking_id="a", utilisation=utilisation, memory_used_mib=0,
+                      memory_total_mib=1, seconds=2)
+
+    with State(tmp_path / "state.sqlite") as state:
+        state.record_samples([sample(START + timedelta(seconds=1.6), 99),
+                              *(sample(START + timedelta(seconds=2 * n), 0) for n in range(2, 31 * 30))])
+        verdicts = judge_running(rules, state, plan=planned(a, now=now, running={"a": (0,)}),
+                                 running={"a": running(a)}, records={"a": [record]}, now=now)
+        assert verdicts["a"].no_show == NoShow("nobody logged in and GPU 0 stayed under 5 % for 31 min after the start")
+        # The booker's own use, past the first seconds, is use.
+        state.record_samples([sample(START + 20 * MIN + timedelta(seconds=1), 80)])
+        verdicts = judge_running(rules, state, plan=planned(a, now=now, running={"a": (0,)}),
+                                 running={"a": running(a)}, records={"a": [record]}, now=now)
+        assert verdicts["a"].no_show is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from gpubook.runtime.engines import ContainerInfo
@@ -32,6 +32,12 @@ def read_releases(state: State, *, after: datetime) -> dict[str, reclaim.Release
     """The releases of bookings whose time ends after `after` (a StateError is the pass's)."""
     return {row.booking_id: reclaim.Released(row.booking_id, row.start, row.end, row.at, row.reason)
             for row in state.releases(ending_after=after).values()}
+
+
+# A GPU's samples in the first seconds of a booking are not its booker's: the previous booking's
+# processes may still be going (seen on an H100: GPU 0 at 99 % and 1 GiB used 1.6 s after the next
+# booking's start on it, at 0 % two seconds later), and one such sample made a no-show look used.
+SETTLE = timedelta(seconds=15)
 
 
 def judge_running(config: Config, state: State, *, plan: Plan, running: Mapping[str, ContainerInfo],
@@ -55,7 +61,7 @@ def judge_running(config: Config, state: State, *, plan: Plan, running: Mapping[
             rules = reclaim.rules(config, booking.user)
             if not rules.active:
                 continue
-            samples = state.gpu_samples_of(booking_id, info.gpus, since=since, busy_percent=rules.idle_percent)
+            samples = state.gpu_samples_of(booking_id, info.gpus, since=since + SETTLE, busy_percent=rules.idle_percent)
             use = {s.gpu: reclaim.GpuUse(first=s.first, last=s.last, last_busy=s.last_busy) for s in samples}
             evidence = reclaim.Evidence(since=since, gpus=info.gpus, logged_in=logins.get(booking_id), use=use)
             verdicts[booking_id] = reclaim.judge(evidence, rules, now=now)
