@@ -34,9 +34,10 @@ def read_releases(state: State, *, after: datetime) -> dict[str, reclaim.Release
             for row in state.releases(ending_after=after).values()}
 
 
-# A GPU's samples in the first seconds of a booking are not its booker's: the previous booking's
+# A GPU's busy samples in the first seconds of a booking are not its booker's use: the previous booking's
 # processes may still be going (seen on an H100: GPU 0 at 99 % and 1 GiB used 1.6 s after the next
 # booking's start on it, at 0 % two seconds later), and one such sample made a no-show look used.
+# At most a quarter of the no-show time, so that a booker who starts at once is still seen in time.
 SETTLE = timedelta(seconds=15)
 
 
@@ -61,7 +62,9 @@ def judge_running(config: Config, state: State, *, plan: Plan, running: Mapping[
             rules = reclaim.rules(config, booking.user)
             if not rules.active:
                 continue
-            samples = state.gpu_samples_of(booking_id, info.gpus, since=since + SETTLE, busy_percent=rules.idle_percent)
+            settle = SETTLE if rules.no_show is None else min(SETTLE, rules.no_show / 4)
+            samples = state.gpu_samples_of(booking_id, info.gpus, since=since, busy_since=since + settle,
+                                           busy_percent=rules.idle_percent)
             use = {s.gpu: reclaim.GpuUse(first=s.first, last=s.last, last_busy=s.last_busy) for s in samples}
             evidence = reclaim.Evidence(since=since, gpus=info.gpus, logged_in=logins.get(booking_id), use=use)
             verdicts[booking_id] = reclaim.judge(evidence, rules, now=now)

@@ -60,10 +60,12 @@ class ReleaseRecords:
                                     reason=reason) for booking, s, e, a, reason in rows}
 
     def gpu_samples_of(self, booking_id: str, gpus: Sequence[int], *, since: datetime,
-                       busy_percent: float) -> list[GpuSamples]:
-        """Each GPU's first, last and last busy sample of the booking since `since`. Each is read
-        from the index (booking, GPU, time) from one end, so a pass never scans a long booking."""
+                       busy_percent: float, busy_since: datetime | None = None) -> list[GpuSamples]:
+        """Each GPU's first, last and last busy sample of the booking since `since` (busy ones only
+        from `busy_since`, where given). Each is read from the index (booking, GPU, time) from one
+        end, so a pass never scans a long booking."""
         stamp = stamp_of(since)
+        busy_stamp = stamp_of(busy_since) if busy_since is not None else stamp
         found = []
         for gpu in gpus:
             where = "booking_id = ? AND gpu = ? AND at >= ? AND utilisation IS NOT NULL"
@@ -72,7 +74,7 @@ class ReleaseRecords:
             last = self._one(f"SELECT at FROM gpu_samples WHERE {where} ORDER BY at DESC LIMIT 1",  # noqa: S608 - constant
                              (booking_id, gpu, stamp))
             busy = self._one(f"SELECT at FROM gpu_samples WHERE {where} AND utilisation >= ? "  # noqa: S608 - constant
-                             "ORDER BY at DESC LIMIT 1", (booking_id, gpu, stamp, busy_percent))
+                             "ORDER BY at DESC LIMIT 1", (booking_id, gpu, busy_stamp, busy_percent))
             found.append(GpuSamples(gpu=gpu, first=first, last=last, last_busy=busy))
         return found
 
