@@ -267,6 +267,7 @@ register = REGISTRY.register  # `[engine] name = "<name>"` means this engine: a 
 
 register("podman", "gpubook.runtime.engines.podman:PodmanEngine")
 register("docker", "gpubook.runtime.engines.docker:DockerEngine")
+register("udocker", "gpubook.runtime.engines.udocker:UdockerEngine")
 
 
 def make_engine(settings: EngineSettings, options: EngineOptions | None = None) -> Engine:

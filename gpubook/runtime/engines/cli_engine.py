@@ -41,6 +41,7 @@ from gpubook.runtime.engines.spec import (
     permanent,
 )
 from gpubook.runtime.errors import EngineError
+from gpubook.runtime.mounts import Mount
 
 __all__ = [  # what the engine modules and tests take from here, wherever it lives now
     "BUILD_TIMEOUT", "EXEC_OUTPUT_LIMIT", "EXEC_TIMEOUT", "LOG_MAX_SIZE", "LOG_READ_LIMIT", "MEMORY_OFF",
@@ -209,34 +210,45 @@ class CliEngine(CliArgv, CliImages):
 
 
     def _check_port_free(self, spec: ContainerSpec) -> None:
-        for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # noqa: S104
-            try:
-                probe = socket.socket(family, socket.SOCK_STREAM)
-            except OSError:
-                continue  # no IPv6 on this host
-            with probe:
-                # As sshd does: a port held only by TIME_WAIT leftovers is free for it.
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                try:
-                    probe.bind((address, spec.port))
-                except OSError as error:
-                    if error.errno == errno.EADDRINUSE:
-                        raise EngineError(
-                            f"booking {spec.booking_id}: port {spec.port} is already in "
-                            f"use on this host"
-                        ) from None
-                    if error.errno != errno.EADDRNOTAVAIL:
-                        raise EngineError(
-                            f"booking {spec.booking_id}: cannot use port {spec.port}: "
-                            f"{error.strerror}"
-                        ) from None
+        check_port_free(spec.booking_id, spec.port)
 
     def _check_mounts(self, spec: ContainerSpec) -> None:
         for mount in spec.mounts:
-            if problem := mount_path_problem(mount):
+            if problem := mount_problem(mount):
                 raise permanent(f"booking {spec.booking_id}: {problem}")
-            if not mount.source.exists():
-                raise permanent(f"booking {spec.booking_id}: mount source {mount.source} does not exist")
 
+
+def mount_problem(mount: Mount) -> str | None:
+    """Why `mount` cannot be bound (a path the CLI would split, a source that is not there); None if it can."""
+    if problem := mount_path_problem(mount):
+        return problem
+    if not mount.source.exists():
+        return f"mount source {mount.source} does not exist"
+    return None
+
+
+def check_port_free(booking_id: str, port: int) -> None:
+    """An EngineError unless `port` is free on every address of both families, as sshd binds it."""
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # noqa: S104
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this host
+        with probe:
+            # As sshd does: a port held only by TIME_WAIT leftovers is free for it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind((address, port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise EngineError(
+                        f"booking {booking_id}: port {port} is already in "
+                        f"use on this host"
+                    ) from None
+                if error.errno != errno.EADDRNOTAVAIL:
+                    raise EngineError(
+                        f"booking {booking_id}: cannot use port {port}: "
+                        f"{error.strerror}"
+                    ) from None

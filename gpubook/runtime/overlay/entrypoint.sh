@@ -40,6 +40,12 @@ if [ -f /.gpubook/gpubook-booking ]; then
     say "warning: no gpubook-booking command (cannot link it into /usr/local/bin)"
 fi
 
+# One id (udocker): the container's root is the daemon's own uid, the booker's uid is the same host
+# id seen through a nested user namespace, which GPUBOOK_AS_BOOKER (a program gpubook binds in)
+# enters. Everything here is that one id's already; there is no root for the booker, so no sudo.
+single=0
+[ -n "${GPUBOOK_AS_BOOKER:-}" ] && single=1
+
 # The daemon validated the name already; checked again because this file is what runs as root.
 case "$user" in
   ''|*[!a-z0-9_-]*|[!a-z_]*) die "refusing user name '$user'" ;;
@@ -70,10 +76,12 @@ fi
 if [ ! -d "$home" ]; then
   mkdir -p "$home"
   if [ -d /etc/skel ]; then cp -R /etc/skel/. "$home/" 2>/dev/null || true; fi
-  chown -R "$uid:$gid" "$home"
+  [ "$single" = 1 ] || chown -R "$uid:$gid" "$home"
   chmod 750 "$home"
 fi
-if [ -d /etc/sudoers.d ]; then
+if [ "$single" = 1 ]; then
+  say "the booker is this container's only user: no root and no sudo inside"
+elif [ -d /etc/sudoers.d ]; then
   echo "$user ALL=(ALL:ALL) NOPASSWD: ALL" > /etc/sudoers.d/gpubook
   chmod 440 /etc/sudoers.d/gpubook
 elif [ -f /etc/sudoers ]; then
@@ -102,7 +110,7 @@ env_file=$state/environment
 env | while IFS= read -r line; do
   name=${line%%=*}
   case "$name" in
-    GPUBOOK_USER|GPUBOOK_UID|GPUBOOK_GID|GPUBOOK_PORT|GPUBOOK_KEYS|GPUBOOK_JUPYTER|GPUBOOK_NOT_BEFORE) continue ;;
+    GPUBOOK_USER|GPUBOOK_UID|GPUBOOK_GID|GPUBOOK_PORT|GPUBOOK_KEYS|GPUBOOK_JUPYTER|GPUBOOK_NOT_BEFORE|GPUBOOK_AS_BOOKER) continue ;;
     HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|HOSTNAME|TERM|MAIL|_|container) continue ;;
   esac
   case "$name" in *[!A-Za-z0-9_]*|'') continue ;; esac
@@ -132,7 +140,7 @@ if [ "${GPUBOOK_JUPYTER:-}" = 1 ]; then
     token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
     [ ${#token} -eq 48 ] || die "cannot read 24 random bytes for the JupyterLab token"
     (umask 077; printf 'http://127.0.0.1:8888/lab?token=%s\n' "$token" > "$jupyter_dir/url")
-    chown -R "$uid:$gid" "$jupyter_dir"
+    [ "$single" = 1 ] || chown -R "$uid:$gid" "$jupyter_dir"
     echo starting > "$state/jupyter-state"
   else
     echo "not available in this image (no jupyter-lab on its PATH)" > "$state/jupyter-state"
@@ -200,11 +208,16 @@ set +e
 children=
 forward() { trap - TERM INT; say "stopping"; kill -TERM $children 2>/dev/null; }
 trap forward TERM INT
-"$sshd" -D -e -f "$config" &
+if [ "$single" = 1 ]; then
+  "$GPUBOOK_AS_BOOKER" "$sshd" -D -e -f "$config" &  # sshd as the booker: it lets in that one user
+else
+  "$sshd" -D -e -f "$config" &
+fi
 children=$!
 as_booker() {  # as_booker ARGV...: exec the argv as the booker, in their home
   cd "$home" || exit 70
   export HOME="$home" USER="$user" LOGNAME="$user"
+  [ "$single" = 1 ] && exec "$GPUBOOK_AS_BOOKER" "$@"
   if command -v setpriv >/dev/null 2>&1; then
     exec setpriv --reuid="$uid" --regid="$gid" --init-groups -- "$@"
   fi

@@ -1,0 +1,438 @@
+"""udocker (the seeds' engine where nobody installs podman or allows newuidmap): containers run as
+the daemon's own user, with no daemon and no setuid helper.
+
+udocker keeps the images and makes each booking's container (`udocker create`, a copy of the
+image's files); `udocker run` runs it in R1 mode, the host's runc in an unprivileged user
+namespace, with the runc in udocker_runc.py between them, which applies what udocker cannot be
+told (read-only binds, the booked GPUs' nodes only, no capability, the log's bound). What this
+engine gives, and what it cannot, against podman:
+
+- One id. Without newuidmap an unprivileged user maps only its own uid into a namespace, so the
+  booker runs as their uid inside (a nested user namespace maps it onto the daemon's uid) and
+  there is no root and no sudo inside. Every file a booking writes belongs to the daemon's user
+  on the host, which therefore reads them all (`data_owner_argv` is []).
+- The host's network: udocker makes no network namespace. `[engine] network` must say "host",
+  and doctor flags it as it does for podman; sshd binds the booking's port on the host and the
+  probe trusts only the booking's own host key, so a squatter on the port cannot pass for it.
+- No limits: rootless runc without a delegated cgroup tree sets no memory or process limit.
+- PRoot (P1/P2) is refused: it runs a booker's processes as the daemon's user with no namespace
+  at all (they could read the calendar's password and stop the daemon). R2/R3 and F modes need
+  udocker's own tools tarball, which gpubook does not download.
+
+A container is found again after a crash from what this engine writes beside it (gpubook.json,
+its labels; gpubook-runc-id, the runc id the runc wrapper was given), never from files inside
+the container's root, which the booker owns.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpubook.runtime.checks import Check
+from gpubook.runtime.engines import HOST_NETWORK_RISK, network_checks
+from gpubook.runtime.engines.cli_engine import check_port_free, mount_problem
+from gpubook.runtime.engines.cli_transport import EXEC_OUTPUT_LIMIT, QUICK_TIMEOUT, _read_bounded
+from gpubook.runtime.engines.spec import ContainerInfo, ContainerSpec, ExecResult, info_from_labels, permanent
+from gpubook.runtime.engines.udocker_runc import POLICY_ENV, RUNC_ENV
+from gpubook.runtime.errors import EngineError
+
+if TYPE_CHECKING:
+    from gpubook.runtime.engines import EngineOptions, EngineSettings
+
+log = logging.getLogger(__name__)
+
+MODE = "R1"
+RUN_TIMEOUT = 300.0  # seconds from `udocker run` to a running container (create copies the image)
+EXEC_TIMEOUT = 60.0
+LOG_MAX = 10 * 1024 * 1024  # bytes of a container's output kept (two files of half)
+LOG_READ_LIMIT = 1024 * 1024
+LABELS_FILE = "gpubook.json"
+RUNC_ID_FILE = "gpubook-runc-id"
+POLICY_FILE = "gpubook-policy.json"
+LOG_FILE = "gpubook.log"
+HELPER_DIR = "/.gpubook-host"  # the host's unshare, loader and libc, bound read-only
+AS_BOOKER = "as-booker"  # the program there that runs its arguments as the booker
+PROOT_REFUSED = ("udocker's P modes (PRoot) are refused: they run a booker's processes as the daemon's own user "
+                 "with no namespace, so a booker could read gpubook's keys and the calendar's password and stop "
+                 "the daemon")
+NETWORK_REFUSED = ('udocker has no network namespaces: set [engine] network = "host" (bookings then share the host '
+                   f"network: {HOST_NETWORK_RISK})")
+NO_ROOT = ("udocker: the booker is the container's only user (one id, the daemon's own, without newuidmap): no root "
+           "and no sudo inside, no memory or process limits, and every file written belongs to the daemon's user")
+
+
+class UdockerEngine:
+    name = "udocker"
+    # [gpus] mps, refused by the config: every udocker container is the daemon's own user on the host.
+    mps_refused = ('cannot be used with [engine] name = "udocker": every booking runs as the daemon\'s own user, '
+                   "so the MPS pipe folder every booking writes into would let one booker reach another's "
+                   "GPU work; use podman, or set mps = false")
+
+    def __init__(self, settings: EngineSettings, options: EngineOptions) -> None:
+        if settings.network != "host":
+            raise permanent(NETWORK_REFUSED)
+        self.settings = settings
+        self.network = settings.network
+        self.global_args = tuple(options.global_args)
+        self.binary = settings.binary or _udocker_binary()
+        self.runc = settings.runtime or shutil.which("runc", path=_SEARCH_PATH) or "runc"
+        self.top = Path(os.environ.get("UDOCKER_DIR") or Path.home() / ".udocker")
+
+    # --- udocker and runc, argv lists only --------------------------------------------------------
+
+    def _env(self, policy: Path | None = None) -> dict[str, str]:
+        env = {**os.environ, "UDOCKER_DIR": str(self.top), "UDOCKER_TARBALL": "",
+               "UDOCKER_DEFAULT_EXECUTION_MODE": MODE, "UDOCKER_USE_RUNC_EXECUTABLE": str(self._wrapper()),
+               RUNC_ENV: self.runc, "UDOCKER_LOGLEVEL": "2"}
+        env.pop(POLICY_ENV, None)
+        if policy is not None:
+            env[POLICY_ENV] = str(policy)
+        return env
+
+    def _udocker(self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT,
+                 check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [self.binary, *self.global_args, *args]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self._env(),
+                                  stdin=subprocess.DEVNULL, check=False)
+        except FileNotFoundError:
+            raise permanent(f"udocker: {self.binary} is not installed (pip install 'gpubook[udocker]')") from None
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"udocker {args[0]}: no answer within {timeout:.0f} s") from None
+        if check and done.returncode != 0:
+            raise EngineError(f"udocker {args[0]}: {_message(done)}")
+        return done
+
+    def _runc(self, folder: Path, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT,
+              limit: int = EXEC_OUTPUT_LIMIT) -> tuple[int, str, str]:
+        """runc on a container's state folder (udocker's container folder), bounded in time and output."""
+        argv = [self.runc, "--root", str(folder), *args]
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE)
+        except FileNotFoundError:
+            raise permanent(f"udocker: runc ({self.runc}) is not installed (apt-get install runc)") from None
+        deadline = time.monotonic() + timeout
+        kept = _read_bounded(process, deadline=deadline, limit=limit)
+        if kept is not None:
+            try:
+                return process.wait(timeout=max(0.0, deadline - time.monotonic())), kept[0], kept[1]
+            except subprocess.TimeoutExpired:
+                pass
+        process.kill()
+        process.wait()
+        raise EngineError(f"udocker: runc {args[0]}: no answer within {timeout:.0f} s")
+
+    def _wrapper(self) -> Path:
+        """The runc udocker runs: udocker_runc, under this Python (it needs a name with "runc")."""
+        path = self.top / "gpubook" / "gpubook-runc"
+        text = f"#!{sys.executable}\nimport sys\nfrom gpubook.runtime.engines.udocker_runc import main\nsys.exit(main())\n"
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            temporary = path.with_suffix(".new")
+            temporary.write_text(text)
+            temporary.chmod(0o700)
+            temporary.replace(path)
+        return path
+
+    # --- images -----------------------------------------------------------------------------------
+
+    def image_exists(self, image: str) -> bool:
+        return self._udocker(["inspect", image], check=False).returncode == 0
+
+    def ensure_image(self, image: str, *, pull: bool = False) -> None:
+        if self.image_exists(image):
+            return
+        if pull:
+            self._udocker(["pull", image], timeout=RUN_TIMEOUT)
+            return
+        raise permanent(f"image {image} is not present in udocker's store ({self.top}): "
+                        f"`udocker pull {image}`, `udocker load -i` a saved image, or `gpubook templates build`")
+
+    def import_rootfs(self, tarball: Path, tag: str) -> None:
+        if self.image_exists(tag):
+            self._udocker(["rmi", tag])
+        self._udocker(["import", str(tarball), tag], timeout=RUN_TIMEOUT)
+
+    def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
+        raise permanent(f"udocker cannot build images (needed for {tag}): use a template whose image has sshd, "
+                        "or build it with podman and `udocker load -i` the saved image")
+
+    # --- containers -------------------------------------------------------------------------------
+
+    def _folder(self, name: str) -> Path | None:
+        """The container folder of `name` (udocker's link from the name), if it is gpubook's."""
+        link = self.top / "containers" / name
+        if not link.is_symlink():
+            return None
+        folder = (link.parent / os.readlink(link)).resolve()
+        return folder if (folder / LABELS_FILE).is_file() else None
+
+    def _state(self, folder: Path) -> tuple[str, int]:
+        """("running", pid) or ("exited", 0), from runc's state of the id the wrapper was given."""
+        runc_id = _read(folder / RUNC_ID_FILE).strip()
+        if not runc_id:
+            return "exited", 0
+        code, out, _ = self._runc(folder, ["state", runc_id])
+        if code != 0:
+            return "exited", 0
+        try:
+            state = json.loads(out)
+        except ValueError:
+            return "exited", 0
+        status = state.get("status", "stopped")
+        return ("running" if status in ("running", "created") else "exited"), int(state.get("pid") or 0)
+
+    def _info(self, folder: Path) -> ContainerInfo | None:
+        try:
+            record = json.loads((folder / LABELS_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        state, pid = self._state(folder)
+        return info_from_labels(name=record["name"], id=folder.name, state=state, image=record["image"],
+                                labels=record["labels"], pid=pid)
+
+    def inspect(self, name: str) -> ContainerInfo | None:
+        folder = self._folder(name)
+        return self._info(folder) if folder else None
+
+    def list(self) -> builtins.list[ContainerInfo]:
+        found = []
+        containers = self.top / "containers"
+        for folder in sorted(containers.iterdir()) if containers.is_dir() else []:
+            if folder.is_symlink() or not (folder / LABELS_FILE).is_file():
+                continue
+            info = self._info(folder)
+            if info is not None and info.booking_id:
+                found.append(info)
+        return found
+
+    def start(self, spec: ContainerSpec) -> ContainerInfo:
+        current = self.inspect(spec.name)
+        if current is not None:
+            if current.running and current.spec_hash == spec.spec_hash:
+                return current
+            if current.running:
+                raise permanent(f"booking {spec.booking_id}: {spec.name} already runs with another spec "
+                                f"(hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first")
+            self._remove(spec.name)
+        check_port_free(spec.booking_id, spec.port)
+        self.ensure_image(spec.image)
+        for mount in spec.mounts:
+            if problem := mount_problem(mount):
+                raise permanent(f"booking {spec.booking_id}: {problem}")
+        created = self._udocker(["create", f"--name={spec.name}", spec.image], timeout=RUN_TIMEOUT)
+        container_id = created.stdout.strip().splitlines()[-1].strip() if created.stdout.strip() else ""
+        folder = self.top / "containers" / container_id
+        if not container_id or not folder.is_dir():
+            raise EngineError(f"udocker create gave no container for {spec.name}: {_message(created)}")
+        try:
+            return self._run(spec, folder)
+        except BaseException:
+            self._remove(container_id)
+            raise
+
+    def _run(self, spec: ContainerSpec, folder: Path) -> ContainerInfo:
+        (folder / LABELS_FILE).write_text(json.dumps(
+            {"name": spec.name, "image": spec.image, "uid": spec.uid, "gid": spec.gid, "labels": spec.labels()}))
+        policy = folder / POLICY_FILE
+        policy.write_text(json.dumps(self.policy(spec, folder)))
+        env_args = [f"--env={name}={value}" for name, value in (*spec.env, *_gpu_env(spec))]
+        # udocker's own `-v` for the folders (it looks for the entrypoint there); the runc wrapper
+        # binds them again with their mode, and binds the files udocker cannot.
+        volumes = [f"-v={m.source}:{m.target}" for m in spec.mounts if m.source.is_dir()]
+        argv = [self.binary, *self.global_args, "run", "--nobanner", "--entrypoint=", *env_args, *volumes,
+                spec.name, *spec.entrypoint, *spec.command]
+        with open(folder / "udocker-run.log", "wb") as run_log:
+            process = subprocess.Popen(argv, env=self._env(policy), stdin=subprocess.DEVNULL, stdout=run_log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while time.monotonic() < deadline:
+            state, pid = self._state(folder)
+            if state == "running":
+                return info_from_labels(name=spec.name, id=folder.name, state=state, image=spec.image,
+                                        labels=spec.labels(), pid=pid)
+            if process.poll() is not None:
+                why = (_read(folder / LOG_FILE) + _read(folder / "udocker-run.log"))[-1500:]
+                raise EngineError(f"booking {spec.booking_id}: udocker run ended at once: {why.strip()}")
+            time.sleep(0.05)
+        process.kill()
+        raise EngineError(f"booking {spec.booking_id}: udocker run did not start within {RUN_TIMEOUT:.0f} s")
+
+    def policy(self, spec: ContainerSpec, folder: Path) -> dict[str, Any]:
+        """What udocker_runc applies to udocker's spec for this booking (see there)."""
+        as_booker = folder / AS_BOOKER
+        as_booker.write_text(as_booker_script(spec.uid, spec.gid))
+        as_booker.chmod(0o555)
+        helper = {**host_helper(), AS_BOOKER: as_booker}
+        mounts = [{"source": str(source), "target": f"{HELPER_DIR}/{target}", "read_only": True}
+                  for target, source in helper.items()]
+        mounts += [{"source": str(m.source), "target": m.target, "read_only": m.read_only} for m in spec.mounts]
+        devices, masked = [], []
+        if spec.gpu is not None:
+            mounts += [{"source": str(b.source), "target": b.target, "read_only": b.read_only}
+                       for b in spec.gpu.binds]
+            devices = [{"host": str(d.host), "container": d.container} for d in spec.gpu.devices]
+            masked = list(spec.gpu.hidden_proc_paths)
+        return {"args": [*spec.entrypoint, *spec.command], "mounts": mounts, "devices": devices, "masked": masked,
+                "env": [["GPUBOOK_AS_BOOKER", f"{HELPER_DIR}/{AS_BOOKER}"]], "log": str(folder / LOG_FILE),
+                "log_max": LOG_MAX, "runc_id_file": str(folder / RUNC_ID_FILE)}
+
+    def stop(self, name: str, grace: float) -> None:
+        """SIGTERM to the container's first process, `grace` seconds, SIGKILL (its whole PID
+        namespace goes with it); then its folder is removed. The bound folders stay."""
+        folder = self._folder(name)
+        if folder is None:
+            return
+        runc_id = _read(folder / RUNC_ID_FILE).strip()
+        if runc_id and self._state(folder)[0] == "running":
+            self._runc(folder, ["kill", runc_id, "TERM"])
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and self._state(folder)[0] == "running":
+                time.sleep(0.1)
+            if self._state(folder)[0] == "running":
+                self._runc(folder, ["kill", runc_id, "KILL"])
+                deadline = time.monotonic() + QUICK_TIMEOUT
+                while time.monotonic() < deadline and self._state(folder)[0] == "running":
+                    time.sleep(0.05)
+        if runc_id:
+            self._runc(folder, ["delete", "--force", runc_id])
+        self._remove(folder.name)
+
+    def _remove(self, name_or_id: str) -> None:
+        self._udocker(["rm", "-f", name_or_id], check=False)
+
+    def exec(self, name: str, argv: Sequence[str], *, user: str | None = None,
+             timeout: float | None = None) -> ExecResult:
+        """Run argv in the container (as its root, the daemon's id without capabilities; as the
+        booker's uid with any other `user`), bounded in time and output."""
+        folder = self._folder(name)
+        runc_id = _read(folder / RUNC_ID_FILE).strip() if folder else ""
+        if folder is None or not runc_id:
+            raise EngineError(f"udocker exec: no container {name}")
+        command = list(argv) if user in (None, "0", "root") else [f"{HELPER_DIR}/{AS_BOOKER}", *argv]
+        code, out, err = self._runc(folder, ["exec", runc_id, *command],
+                                    timeout=EXEC_TIMEOUT if timeout is None else timeout)
+        if code != 0 and not out and "no answer" in err:
+            raise EngineError(f"udocker exec: {err.strip()}")
+        return ExecResult(code, out, err)
+
+    def logs(self, name: str, *, tail: int | None = None) -> str:
+        folder = self._folder(name)
+        if folder is None:
+            return ""
+        text = (_read(folder / (LOG_FILE + ".1")) + _read(folder / LOG_FILE))[-LOG_READ_LIMIT:]
+        if tail is not None:
+            text = "".join(text.splitlines(keepends=True)[-tail:]) if tail else ""
+        return text
+
+    # --- ids: one, the daemon's own -------------------------------------------------------------
+
+    def host_owner(self, uid: int, gid: int) -> tuple[int, int]:
+        return os.getuid(), os.getgid()
+
+    def chown(self, path: Path, uid: int, gid: int) -> None:
+        os.chown(path, uid, gid, follow_symlinks=False)
+
+    def data_owner_argv(self) -> builtins.list[str] | None:
+        return []
+
+    # --- doctor -----------------------------------------------------------------------------------
+
+    def preflight(self) -> builtins.list[Check]:
+        checks = [self._binary_check()]
+        if not checks[0].ok:
+            return [*checks, *network_checks(self.settings)]
+        mode_problem = self.mode_problem()
+        checks.append(Check("udocker mode", mode_problem is None,
+                            mode_problem or f"{MODE}: the host's runc ({self.runc}) in an unprivileged user "
+                            "namespace; PRoot (P modes) refused", "install runc and allow unprivileged user "
+                            "namespaces (kernel.unprivileged_userns_clone = 1), or use podman"))
+        checks.append(Check("udocker isolation", True, NO_ROOT))
+        return [*checks, *network_checks(self.settings)]
+
+    def _binary_check(self) -> Check:
+        try:
+            done = self._udocker(["version"], check=False)
+        except EngineError as error:
+            return Check("engine", False, str(error), "pip install 'gpubook[udocker]' or set [engine] binary")
+        line = next((text for text in done.stdout.splitlines() if "version" in text.lower()), done.stdout.strip())
+        if done.returncode != 0:
+            return Check("engine", False, f"udocker version: {_message(done)}", f"check that {self.binary} runs")
+        return Check("engine", True, f"udocker {line.split(':')[-1].strip()}")
+
+    def mode_problem(self) -> str | None:
+        """None where R1 runs here, else what it needs, in one sentence."""
+        if not Path(self.runc).is_file() and shutil.which(self.runc, path=_SEARCH_PATH) is None:
+            return f"udocker mode {MODE} needs runc, and {self.runc} is not installed"
+        try:
+            helper = host_helper()
+        except EngineError as error:
+            return str(error)
+        done = subprocess.run([str(helper["unshare"]), "--user", "--map-root-user", "true"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return (f"udocker mode {MODE} needs unprivileged user namespaces, and this host refuses them "
+                    f"({done.stderr.strip()[:200]}); {PROOT_REFUSED}")
+        return None
+
+
+_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def _udocker_binary() -> str:
+    """udocker on PATH, else beside this Python (a venv's bin, where pip put it)."""
+    beside = Path(sys.executable).parent / "udocker"
+    return shutil.which("udocker") or (str(beside) if beside.exists() else "udocker")
+
+
+def host_helper() -> dict[str, Path]:
+    """The host's `unshare` with the loader and libc it runs with, which every booking's first
+    process runs under (bound read-only, so any image, of any libc, runs it)."""
+    unshare = shutil.which("unshare", path=_SEARCH_PATH)
+    loader = {"x86_64": "/lib64/ld-linux-x86-64.so.2", "aarch64": "/lib/ld-linux-aarch64.so.1"}.get(platform.machine())
+    if unshare is None or loader is None or not Path(loader).exists():
+        raise permanent("udocker needs the host's unshare (util-linux) and its loader, and this host lacks them")
+    loader_path = Path(loader).resolve()
+    libc = loader_path.parent / "libc.so.6"
+    if not libc.exists():
+        raise permanent(f"udocker: no libc.so.6 beside the loader {loader_path}")
+    help_text = subprocess.run([unshare, "--help"], capture_output=True, text=True, check=False).stdout
+    if "--map-user" not in help_text:
+        raise permanent("udocker needs util-linux 2.38 or later on the host (unshare --map-user)")
+    return {"ld.so": loader_path, "libc.so.6": libc.resolve(), "unshare": Path(unshare).resolve()}
+
+
+def as_booker_script(uid: int, gid: int) -> str:
+    """The booking's `as-booker`: its arguments run in a nested user namespace where the one id is
+    the booker's uid, through the host's unshare with the host's loader and libc (any image)."""
+    return (f"#!/bin/sh\nexec {HELPER_DIR}/ld.so --library-path {HELPER_DIR} {HELPER_DIR}/unshare "
+            f"--map-user={int(uid)} --map-group={int(gid)} -- \"$@\"\n")
+
+
+def _gpu_env(spec: ContainerSpec) -> tuple[tuple[str, str], ...]:
+    return spec.gpu.environment if spec.gpu is not None else ()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _message(done: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in (done.stderr + done.stdout).splitlines()
+             if line.strip() and not line.startswith(("Info:", "Warning: installation", " "))]
+    return " ".join(lines)[-400:] or f"exit status {done.returncode}"

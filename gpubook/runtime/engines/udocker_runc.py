@@ -1,0 +1,120 @@
+"""The runc that gpubook hands udocker (UDOCKER_USE_RUNC_EXECUTABLE): udocker writes its OCI spec,
+this applies the booking's policy to it, then runs the host's runc and keeps the container's log.
+
+udocker's R1 spec maps root to the daemon's user and binds `-v` folders read-write, with the
+default capabilities. gpubook needs more than udocker can be told (its runc mode has no read-only
+volume, no file bind, no masked path and no process wrapper), so the engine writes a policy file
+beside the container and names it in GPUBOOK_RUNC_POLICY; udocker's environment reaches this
+process, never the container's (no `--hostenv`). The policy gives:
+
+- `mounts`: every bind of the booking with its mode (the input read-only), the driver's files;
+- `devices`: the booked GPUs' nodes only (runc binds them: no mknod in a user namespace);
+- `masked`: /proc paths to hide (the other GPUs' /proc/driver/nvidia entries);
+- `env`: the environment udocker adds that must not reach the booker (the host's paths and user);
+- `args`: the container's first process, run by the host's `unshare` (with the host's own loader
+  and libc, so that any image runs it) in a nested user namespace where the daemon's one id is
+  the booker's uid: without newuidmap an unprivileged user has exactly one id, and runc insists
+  that it be root in the container's first namespace;
+- `runc_id_file`: where the runc id udocker chose is written, for the engine's `runc state`;
+- `log`, `log_max`: where the container's output goes, in two files of at most `log_max` bytes.
+
+One capability is kept (SETFCAP, which making the nested namespace needs) and no new privilege
+can be gained.
+Standard library only: this runs as a separate program, from udocker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+POLICY_ENV = "GPUBOOK_RUNC_POLICY"
+RUNC_ENV = "GPUBOOK_RUNC"
+# What udocker puts in a container's environment that tells the booker about the host.
+UDOCKER_ENV = ("container_ruser", "container_root", "container_uuid", "container_execmode",
+               "container_names", "PS1", "SHLVL", "USERNAME", "USER", "LOGNAME", "HOME")
+CHUNK = 65536
+
+
+def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, Any]:
+    """udocker's OCI spec with the booking's policy applied (a new dict; `config` is untouched)."""
+    spec = json.loads(json.dumps(config))
+    linux = spec.setdefault("linux", {})
+    uid, gid = os.getuid(), os.getgid()
+    linux["uidMappings"] = [{"containerID": 0, "hostID": uid, "size": 1}]
+    linux["gidMappings"] = [{"containerID": 0, "hostID": gid, "size": 1}]
+    namespaces = [ns for ns in linux.get("namespaces", []) if ns.get("type") != "network"]
+    for wanted in ("pid", "ipc", "uts", "mount", "user"):
+        if not any(ns.get("type") == wanted for ns in namespaces):
+            namespaces.append({"type": wanted})
+    linux["namespaces"] = namespaces
+    process = spec.setdefault("process", {})
+    process["user"] = {"uid": 0, "gid": 0}
+    process["noNewPrivileges"] = True
+    process["terminal"] = False
+    # SETFCAP alone: Linux 5.12 on asks it of a process that maps its namespace's uid 0 into a new
+    # one (the nested namespace of the booker's uid); the booker's processes there have none.
+    kept = ["CAP_SETFCAP"]
+    process["capabilities"] = {"bounding": kept, "effective": kept, "permitted": kept, "inheritable": [],
+                               "ambient": []}
+    process["args"] = list(policy["args"])
+    process["cwd"] = "/"
+    env = [line for line in process.get("env", []) if line.split("=", 1)[0] not in UDOCKER_ENV]
+    process["env"] = [*env, *(f"{name}={value}" for name, value in policy.get("env", []))]
+    wanted_targets = {mount["target"] for mount in policy.get("mounts", [])}
+    mounts = [m for m in spec.get("mounts", []) if m.get("destination") not in wanted_targets]
+    for mount in policy.get("mounts", []):
+        options = ["rbind", "nosuid", "nodev", "ro" if mount["read_only"] else "rw"]
+        mounts.append({"destination": mount["target"], "type": "none", "source": mount["source"],
+                       "options": options})
+    spec["mounts"] = mounts
+    devices = []
+    for device in policy.get("devices", []):
+        info = os.stat(device["host"])
+        devices.append({"path": device["container"], "type": "c", "major": os.major(info.st_rdev),
+                        "minor": os.minor(info.st_rdev), "fileMode": 0o666, "uid": 0, "gid": 0})
+    linux["devices"] = devices
+    linux["maskedPaths"] = [*linux.get("maskedPaths", []), *policy.get("masked", [])]
+    linux.pop("resources", None)  # no cgroup of its own: rootless runc without a delegated tree
+    return spec
+
+
+def pump(source: int, log: Path, limit: int) -> None:
+    """Copy `source` to `log` until its end, keeping at most `limit` bytes in `log` and `log`.1
+    (the older half): what a booker writes there never fills the disk."""
+    out = open(log, "ab")  # noqa: SIM115 - rotated below
+    try:
+        while chunk := os.read(source, CHUNK):
+            if out.tell() + len(chunk) > limit // 2:
+                out.close()
+                os.replace(log, log.with_name(log.name + ".1"))
+                out = open(log, "ab")  # noqa: SIM115
+            out.write(chunk)
+            out.flush()
+    finally:
+        out.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    runc = os.environ.get(RUNC_ENV, "runc")
+    policy_path = os.environ.get(POLICY_ENV)
+    if not (policy_path and "run" in args and "--bundle" in args):
+        os.execvp(runc, [runc, *args])  # `spec`, `--version`: udocker's own calls
+    policy = json.loads(Path(policy_path).read_text())
+    config_path = Path(args[args.index("--bundle") + 1]) / "config.json"
+    config_path.write_text(json.dumps(apply_policy(json.loads(config_path.read_text()), policy)))
+    Path(policy["runc_id_file"]).write_text(args[-1])  # `run --bundle DIR ID`: how the engine finds it
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen([runc, *args], stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end)
+    os.close(write_end)
+    pump(read_end, Path(policy["log"]), int(policy["log_max"]))
+    return process.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
