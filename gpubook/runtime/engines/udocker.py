@@ -68,6 +68,10 @@ PROOT_REFUSED = ("udocker's P modes (PRoot) are refused: they run a booker's pro
                  "the daemon")
 NETWORK_REFUSED = ('udocker has no network namespaces: set [engine] network = "host" (bookings then share the host '
                    f"network: {HOST_NETWORK_RISK})")
+# podman's docker-archive links each layer.tar to its blob, and udocker 1.3.17's `load` keeps the links,
+# not the layers, and says it loaded the image; an OCI archive of the same image loads whole.
+DOCKER_ARCHIVE = "udocker cannot load the layers of podman's docker-archive"
+LOAD_WAY = "`podman save --format oci-archive -o FILE IMAGE` and `udocker load -i FILE`"
 NO_ROOT = ("udocker: the booker is the container's only user (one id, the daemon's own, without newuidmap): no root "
            "and no sudo inside, no memory or process limits, and every file written belongs to the daemon's user")
 
@@ -155,11 +159,21 @@ class UdockerEngine:
     def ensure_image(self, image: str, *, pull: bool = False) -> None:
         if self.image_exists(image):
             return
+        if problem := _name_problem(image):
+            raise permanent(problem)
         if pull:
             self._udocker(["pull", image], timeout=RUN_TIMEOUT)
             return
-        raise permanent(f"image {image} is not present in udocker's store ({self.top}): "
-                        f"`udocker pull {image}`, `udocker load -i` a saved image, or `gpubook templates build`")
+        if image in self._listed():
+            raise permanent(f"image {image} is in udocker's store ({self.top}) but udocker cannot use it (its layers "
+                            f"are missing: {DOCKER_ARCHIVE}): `udocker rmi {image}`, then {LOAD_WAY}")
+        raise permanent(f"image {image} is not present in udocker's store ({self.top}): {LOAD_WAY}, "
+                        f"`udocker pull {image}`, or `gpubook templates build`")
+
+    def _listed(self) -> set[str]:
+        """The names `udocker images` lists, usable or not."""
+        done = self._udocker(["images"], check=False)
+        return {line.split()[0] for line in done.stdout.splitlines() if line.strip()} - {"REPOSITORY"}
 
     def import_rootfs(self, tarball: Path, tag: str) -> None:
         if self.image_exists(tag):
@@ -168,7 +182,7 @@ class UdockerEngine:
 
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
         raise permanent(f"udocker cannot build images (needed for {tag}): use a template whose image has sshd, "
-                        "or build it with podman and `udocker load -i` the saved image")
+                        f"or build it with podman and load it: {LOAD_WAY}")
 
     # --- containers -------------------------------------------------------------------------------
 
@@ -396,6 +410,15 @@ def _udocker_binary() -> str:
     """udocker on PATH, else beside this Python (a venv's bin, where pip put it)."""
     beside = Path(sys.executable).parent / "udocker"
     return shutil.which("udocker") or (str(beside) if beside.exists() else "udocker")
+
+
+def _name_problem(image: str) -> str | None:
+    """udocker 1.3.17 reads an image's tag from its first ':', so a registry's port breaks the name."""
+    first, _, rest = image.partition("/")
+    if not rest or ":" not in first:
+        return None
+    return (f"udocker cannot name an image whose registry has a port ({image}): pull it with `udocker pull "
+            f"--registry=https://{first} {rest}` and name it {rest} in the template")
 
 
 def host_helper() -> dict[str, Path]:
