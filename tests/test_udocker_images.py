@@ -24,6 +24,8 @@ from gpubook.runtime import images, overlay_image
 from gpubook.runtime.engines import Engine, engine_from
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.templates import get_template, load_template
+from gpubook.scheduler import config as config_module
+from gpubook.scheduler.commands import doctor
 from gpubook.scheduler.hosts.images import FAILED, READY, ImagePreparer
 from tests.kits import registry_kit, safe_data
 from tests.kits.engine_suite import BOOKER, CACHE_DIR, PODMAN, Bookings, connect, run
@@ -201,3 +203,26 @@ def wait_for(preparer: ImagePreparer, condition, timeout: float = 120.0) -> dict
             return rows[0]
         time.sleep(0.1)
     raise AssertionError(f"the preparation did not get there within {timeout:.0f} s: {rows}")
+
+
+def test_doctor_says_which_images_bookings_wait_for_and_how_each_gets_into_udockers_store(
+        engine: Engine, tmp_path: Path) -> None:
+    """gpubook does not pull with udocker: a registry's image not in the store fails doctor (it
+    warned that the daemon would pull it), with udocker's own way in, the port's too."""
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    shutil.copy(ROOT / "gpubook" / "templates" / "debian-ssh.toml", folder)
+    (folder / "ported.toml").write_text('image = "127.0.0.1:5999/lab/ported:1"\ncuda = "none"\nhas_sshd = true\n')
+    (folder / "remote.toml").write_text('image = "registry.invalid/lab/remote:1"\ncuda = "none"\nhas_sshd = true\n')
+    config = tmp_path / "gpubook.toml"
+    config.write_text('[[calendar]]\nurl = "http://127.0.0.1:9/cal/"\n[defaults]\ntemplate = "debian-ssh"\n'
+                      f'[templates]\ndir = "{folder}"\n[engine]\nname = "udocker"\nnetwork = "host"\n'
+                      '[users.alice]\nuid = 2001\ntemplates = ["*"]\n')
+    by_name = {c.name: c for c in doctor.image_checks(config_module.load(config))}
+    assert list(by_name) == ["image debian-ssh", "image ported", "image remote"]
+    assert by_name["image debian-ssh"].level == "ok"
+    ported, remote = by_name["image ported"], by_name["image remote"]
+    assert (ported.level, remote.level) == ("fail", "fail")
+    assert "`udocker pull --registry=https://127.0.0.1:5999 lab/ported:1`" in ported.detail
+    assert "`udocker pull registry.invalid/lab/remote:1`" in remote.detail and "oci-archive" in remote.detail
+    assert "gpubook does not pull with engine udocker" in remote.detail
