@@ -226,3 +226,30 @@ def test_doctor_says_which_images_bookings_wait_for_and_how_each_gets_into_udock
     assert "`udocker pull --registry=https://127.0.0.1:5999 lab/ported:1`" in ported.detail
     assert "`udocker pull registry.invalid/lab/remote:1`" in remote.detail and "oci-archive" in remote.detail
     assert "gpubook does not pull with engine udocker" in remote.detail
+
+
+def test_the_store_of_every_bookings_root_is_the_daemons_alone(engine: Engine, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """udocker makes its store 0755: a booking's root (its /tmp, what the booker leaves outside
+    /data) would be readable by every account on the host. The engine closes it, even one an admin
+    made first by hand, before anything runs in it."""
+    store = tmp_path / "udocker"
+    store.mkdir(mode=0o755)
+    store.chmod(0o755)
+    monkeypatch.setenv("UDOCKER_DIR", str(store))
+    assert engine_from("udocker", network="host").image_exists("localhost/gpubook-test/none:1") is False
+    assert oct(store.stat().st_mode & 0o777) == oct(0o700)
+    with safe_data.data_root() as data_root:
+        bookings = Bookings(engine, data_root, get_template("debian-ssh"))
+        try:
+            booking = bookings.start()
+            client = connect(booking.spec.port, BOOKER, booking.key)
+            try:
+                assert run(client, "echo left > /tmp/left-here")[0] == 0
+            finally:
+                client.close()
+            left = next(engine.top.glob("containers/*/ROOT/tmp/left-here"))  # type: ignore[attr-defined]
+            assert left.stat().st_mode & 0o004  # readable by others in itself ...
+            assert engine.top.stat().st_mode & 0o077 == 0  # type: ignore[attr-defined]  # ... not reachable
+        finally:
+            bookings.cleanup()

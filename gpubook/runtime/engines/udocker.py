@@ -140,6 +140,11 @@ class UdockerEngine:
 
     def _wrapper(self) -> Path:
         """The runc udocker runs: udocker_runc, under this Python (it needs a name with "runc")."""
+        # udocker makes its store with the umask (0755): every booking's root, its /tmp and what
+        # the booker leaves there, would be readable by every account on the host.
+        self.top.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.top.stat().st_mode & 0o077:
+            self.top.chmod(0o700)
         path = self.top / "gpubook" / "gpubook-runc"
         text = (f"#!{sys.executable}\nimport sys\n"
                 "from gpubook.runtime.engines.udocker_runc import main\nsys.exit(main())\n")
