@@ -127,7 +127,7 @@ def main() -> None:
             else:
                 engines.update({f"podman {network}": podman_engine(network) for network in args.network})
         figures = bench(engines, args.runs)
-    print(f"machine: Debian 12 VM, 2 cores, 24 GiB; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    print(f"machine: Debian 12 VM, 2 cores, 24 GiB; ended {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     for place, (starts, stops) in figures.items():
         print(
             f"{place}: start-to-SSH-login over {len(starts)} runs: "
