@@ -262,3 +262,25 @@ def test_the_store_of_every_bookings_root_is_the_daemons_alone(engine: Engine, t
             assert engine.top.stat().st_mode & 0o077 == 0  # type: ignore[attr-defined]  # ... not reachable
         finally:
             bookings.cleanup()
+
+
+def test_a_template_without_sshd_is_named_as_waiting_for_an_image_with_sshd(engine: Engine, tmp_path: Path) -> None:
+    """udocker builds no sshd overlay: the preparer says "not found" with the way out (it said
+    "pull failed"), and doctor fails the template's image (it said ok: the image is there)."""
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    image = get_template("debian-ssh").image
+    (folder / "nosshd.toml").write_text(f'image = "{image}"\ncuda = "none"\nhas_sshd = false\n')
+    template = load_template(folder / "nosshd.toml")
+    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "images.json"))
+    try:
+        preparer.want({"b1": template}, now=datetime.now(UTC))
+        row = wait_for(preparer, lambda r: r["state"] == FAILED)
+    finally:
+        preparer.close()
+    assert row["why"] == images.NOT_FOUND and "has_sshd = true" in row["detail"]
+    config = tmp_path / "gpubook.toml"
+    config.write_text('[[calendar]]\nurl = "http://127.0.0.1:9/cal/"\n[defaults]\ntemplate = "nosshd"\n'
+                      f'[templates]\ndir = "{folder}"\n[engine]\nname = "udocker"\nnetwork = "host"\n')
+    [check] = doctor.image_checks(config_module.load(config))
+    assert check.level == "fail" and "has no sshd" in check.detail and "has_sshd = true" in check.fix

@@ -173,8 +173,9 @@ class UdockerEngine:
         self._udocker(["import", str(tarball), tag], timeout=RUN_TIMEOUT)
 
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
-        raise permanent(f"udocker cannot build images (needed for {tag}): use a template whose image has sshd, "
-                        f"or build it with podman and load it: {LOAD_WAY}")
+        raise permanent(f"udocker cannot build images, and {tag} (sshd for a template with has_sshd = false) is not "
+                        f"in its store: make an image with sshd with podman, load it ({LOAD_WAY}) and name it in "
+                        "the template with has_sshd = true")
 
     # --- containers -------------------------------------------------------------------------------
 

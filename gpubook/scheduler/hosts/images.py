@@ -195,7 +195,7 @@ class ImagePreparer:
             if not template.has_sshd:
                 self._set(template, state=BUILDING)
                 log.info("template %s: building its sshd overlay in the background", template.name)
-                tag = overlay_image.build_overlay(self.engine, template)
+                tag = self._overlay(template)
                 self.ledger.add(tag, kind="overlay")
             size = self._size(overlay_image.run_image(template))
             self._set(template, state=READY, detail=detail, why="", retry_at=None, size=size)
@@ -209,6 +209,15 @@ class ImagePreparer:
         finally:
             if self.on_done is not None:
                 self.on_done()
+
+    def _overlay(self, template: Template) -> str:
+        try:
+            return overlay_image.build_overlay(self.engine, template)
+        except EngineError as error:
+            if error.temporary or isinstance(self.engine, images.ImageEngine):
+                raise
+            # An engine that builds nothing (udocker): the image with sshd is missing from its store.
+            raise images.PullError(images.NOT_FOUND, str(error)) from None
 
     def _pull(self, template: Template) -> str:
         """Make the template's image present; say which source served it (and tell `on_pull`)."""
