@@ -81,6 +81,10 @@ if [ ! -d "$home" ]; then
 fi
 if [ "$single" = 1 ]; then
   say "the booker is this container's only user: no root and no sudo inside"
+  # sshd (the booker here) gives a login's terminal to the group "tty" where one exists, and only
+  # the one id is mapped: chown to tty's gid fails and ends the session. Without "tty" the
+  # terminal keeps the booker's own group, as sshd already made it.
+  rewrite /etc/group '$1 != "tty"'
 elif [ -d /etc/sudoers.d ]; then
   echo "$user ALL=(ALL:ALL) NOPASSWD: ALL" > /etc/sudoers.d/gpubook
   chmod 440 /etc/sudoers.d/gpubook
