@@ -148,6 +148,14 @@ def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale,
     report = json.loads(cli(config, "status", "--json").stdout)
     assert report["engine"].startswith("udocker R1, the host's runc"), report["engine"]
 
+    # doctor: the same mode line, and the host network flagged with the only way out (another engine).
+    found = {c["name"]: c for c in json.loads(cli(config, "doctor", "--json").stdout)}
+    assert found["udocker mode"]["level"] == "ok", found
+    assert found["udocker mode"]["detail"].startswith("udocker R1, the host's runc"), found["udocker mode"]
+    assert found["engine network"]["level"] == "fail", found["engine network"]
+    assert "bookers can reach each other's services" in found["engine network"]["detail"]
+    assert 'use podman with [engine] network = "private"' in found["engine network"]["fix"]
+
 
 def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, engine, keys, cleanup,
                                                    daemons) -> None:

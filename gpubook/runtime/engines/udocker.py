@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines import HOST_NETWORK_RISK, network_checks
+from gpubook.runtime.engines import HOST_NETWORK_RISK
 from gpubook.runtime.engines.cli_engine import check_port_free, mount_problem
 from gpubook.runtime.engines.cli_transport import EXEC_OUTPUT_LIMIT, QUICK_TIMEOUT, _read_bounded
 from gpubook.runtime.engines.spec import ContainerInfo, ContainerSpec, ExecResult, info_from_labels, permanent
@@ -68,12 +68,18 @@ PROOT_REFUSED = ("udocker's P modes (PRoot) are refused: they run a booker's pro
                  "the daemon")
 NETWORK_REFUSED = ('udocker has no network namespaces: set [engine] network = "host" (bookings then share the host '
                    f"network: {HOST_NETWORK_RISK})")
+# doctor's network line: flagged as podman's "host" is, with the only way out (udocker makes no other).
+HOST_NETWORK_CHECK = Check("engine network", False, f"udocker shares the host network: {HOST_NETWORK_RISK}",
+                           'where bookers must not reach each other, use podman with [engine] network = "private"')
 NO_ROOT = ("udocker: the booker is the container's only user (one id, the daemon's own, without newuidmap): no root "
            "and no sudo inside, no memory or process limits, and every file written belongs to the daemon's user")
 
 
 class UdockerEngine:
     name = "udocker"
+    # The networks it makes, and why not the others: the config refuses the rest with this sentence.
+    networks = ("host",)
+    network_refused = NETWORK_REFUSED
     # [gpus] mps, refused by the config: every udocker container is the daemon's own user on the host.
     mps_refused = ('cannot be used with [engine] name = "udocker": every booking runs as the daemon\'s own user, '
                    "so the MPS pipe folder every booking writes into would let one booker reach another's "
@@ -350,17 +356,20 @@ class UdockerEngine:
 
     # --- doctor -----------------------------------------------------------------------------------
 
+    def mode_line(self) -> str:
+        """The engine and how it runs containers, for doctor and `gpubook status`."""
+        return f"udocker {MODE}, the host's runc ({self.runc}) in an unprivileged user namespace"
+
     def preflight(self) -> builtins.list[Check]:
         checks = [self._binary_check()]
         if not checks[0].ok:
-            return [*checks, *network_checks(self.settings)]
+            return [*checks, HOST_NETWORK_CHECK]
         mode_problem = self.mode_problem()
         checks.append(Check("udocker mode", mode_problem is None,
-                            mode_problem or f"{MODE}: the host's runc ({self.runc}) in an unprivileged user "
-                            "namespace; PRoot (P modes) refused", "install runc and allow unprivileged user "
-                            "namespaces (kernel.unprivileged_userns_clone = 1), or use podman"))
+                            mode_problem or f"{self.mode_line()}; PRoot (P modes) refused", "install runc and allow "
+                            "unprivileged user namespaces (kernel.unprivileged_userns_clone = 1), or use podman"))
         checks.append(Check("udocker isolation", True, NO_ROOT))
-        return [*checks, *network_checks(self.settings)]
+        return [*checks, HOST_NETWORK_CHECK]
 
     def _binary_check(self) -> Check:
         try:
