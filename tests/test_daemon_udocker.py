@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -185,3 +186,26 @@ def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, en
     assert any(m.startswith("died:") for m in events(tmp_path, "dies@test"))
     wait_for("the restart in the event", lambda: "after its container died" in description(calendar, "dies@test"),
              timeout=30, daemon=daemon)
+
+
+def test_a_start_cut_off_before_its_labels_does_not_block_the_booking(tmp_path: Path, radicale, engine, image,
+                                                                      keys, cleanup, daemons) -> None:
+    """A daemon killed (-9) during `udocker create`, which it does not wait out, leaves a container
+    with the booking's name and none of gpubook's labels beside it. The next daemon's start of that
+    booking removes it and starts the booking (the name was taken: every start failed)."""
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, engine="udocker")
+    book(calendar, "cut@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("cut@test")
+    name = container_name("cut@test")
+    created = subprocess.run([engine.binary, "create", f"--name={name}", image], capture_output=True, text=True,
+                             env={**os.environ, "UDOCKER_DIR": str(engine.top)}, timeout=300, check=True)
+    leftover = created.stdout.strip().splitlines()[-1]
+    assert (engine.top / "containers" / leftover).is_dir() and engine.inspect(name) is None
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    info = wait_for("the booking's container", lambda: running_container(engine, "cut@test"), timeout=90,
+                    daemon=daemon)
+    assert info.id != leftover and not (engine.top / "containers" / leftover).exists()
+    client = wait_for("SSH login", lambda: try_login(info.port, "alice", keys["alice"]), timeout=30, daemon=daemon)
+    client.close()

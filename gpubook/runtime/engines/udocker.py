@@ -233,6 +233,11 @@ class UdockerEngine:
                 raise permanent(f"booking {spec.booking_id}: {spec.name} already runs with another spec "
                                 f"(hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first")
             self._remove(spec.name)
+        elif (self.top / "containers" / spec.name).is_symlink():
+            # gpubook's name with none of its labels beside it: a start cut off between `udocker
+            # create` and the labels (a kill -9 of the daemon). The name would refuse every create.
+            log.warning("container %s: left by a start cut off before its labels; removed", spec.name)
+            self._remove(spec.name)
         check_port_free(spec.booking_id, spec.port)
         self.ensure_image(spec.image)
         for mount in spec.mounts:
@@ -300,6 +305,8 @@ class UdockerEngine:
         namespace goes with it); then its folder is removed. The bound folders stay."""
         folder = self._folder(name)
         if folder is None:
+            if (self.top / "containers" / name).is_symlink():
+                self._remove(name)  # a start cut off before its labels: never ran
             return
         runc_id = _read(folder / RUNC_ID_FILE).strip()
         if runc_id and self._state(folder)[0] == "running":
