@@ -4,11 +4,15 @@ daemon's own on the host), so no root and no sudo inside, and the host's network
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import pytest
 
-from tests.kits.engine_suite import EngineBehaviour
+from gpubook.runtime.engines import engine_from, udocker
+from gpubook.scheduler.apply.handlers import notice_argv
+from tests.kits.engine_suite import BOOKER, Bookings, EngineBehaviour, _put, connect, run
 
 pytestmark = [pytest.mark.udocker, pytest.mark.skipif(os.geteuid() == 0, reason="udocker runs as a user")]
 
@@ -26,3 +30,72 @@ def expected_owner():
 
 class TestUdocker(EngineBehaviour):
     root_inside = False
+
+
+def test_the_booker_cannot_make_the_input_writable(bookings: Bookings) -> None:
+    """The input is a read-only bind made in the container's mount namespace, which belongs to the
+    container's user namespace: root there (the daemon's uid) keeps no SYS_ADMIN, and a namespace
+    the booker makes for itself gets the bind locked read-only."""
+    booking = bookings.start()
+    _put(booking.folders.input / "dataset.txt", "numbers\n")
+    with connect(booking.spec.port, BOOKER, booking.key) as client:
+        status, _, error = run(client, "mount -o remount,rw /data/input")
+        assert status != 0, "remounted the input read-write"
+        attempt = "unshare -Urm sh -c 'mount -o remount,rw /data/input && echo changed > /data/input/dataset.txt'"
+        status, _, error = run(client, attempt)
+        assert status != 0, f"a namespace of the booker's own made the input writable: {error}"
+    assert (booking.folders.input / "dataset.txt").read_text() == "numbers\n"
+
+
+def test_files_planted_in_the_containers_root_are_not_trusted(bookings: Bookings, engine_args: dict) -> None:
+    """The container's root lies inside udocker's container folder, where the engine keeps its own
+    files (labels, runc id) and runc its state: the booker owns that root and plants look-alikes
+    there. The engine reads only its own files beside it, never runc's listing of that folder."""
+    booking = bookings.start()
+    fake = json.dumps({"name": "gpubook-fake", "image": "x", "uid": 0, "gid": 0,
+                       "labels": {**booking.spec.labels(), "gpubook.booking": "fake@gpubook"}})
+    with connect(booking.spec.port, BOOKER, booking.key) as client:
+        plant = (f"printf '%s' '{fake}' > /gpubook.json && echo ROOT > /gpubook-runc-id && "
+                 "printf '{\"id\":\"ROOT\",\"init_process_pid\":1,\"config\":{}}' > /state.json")
+        assert run(client, plant)[0] == 0
+    fresh = engine_from(**engine_args)
+    found = fresh.list()
+    assert [info.booking_id for info in found if info.name == booking.spec.name] == [booking.spec.booking_id]
+    assert not [info for info in found if info.booking_id == "fake@gpubook" or info.name == "gpubook-fake"]
+    assert fresh.inspect(booking.spec.name).running
+
+
+def test_a_bookers_output_never_fills_the_disk(bookings: Bookings) -> None:
+    """What the booking's processes write to the container's output is kept in two files of half
+    the bound each: 30 MB written, at most LOG_MAX kept."""
+    command = ("/bin/sh", "-c", "head -c 30000000 /dev/zero | tr '\\0' x; touch /data/output/written; sleep 600")
+    booking = bookings.start(command=command)
+    written = booking.folders.output / "written"
+    for _ in range(1200):
+        if written.exists():
+            break
+        time.sleep(0.1)
+    assert written.exists(), "the writer never finished"
+    folder = bookings.engine._folder(booking.spec.name)
+    kept = sum(path.stat().st_size for path in folder.glob(f"{udocker.LOG_FILE}*"))
+    assert 0 < kept <= udocker.LOG_MAX, f"{kept} bytes of the container's output kept"
+    assert len(bookings.engine.logs(booking.spec.name)) <= udocker.LOG_READ_LIMIT
+
+
+def test_the_warning_reaches_the_bookers_terminal(bookings: Bookings) -> None:
+    """The end's warning is an exec as the container's root writing to the booker's terminals: with
+    one id, root inside and the booker are the same host id, so the booker's pty takes it."""
+    booking = bookings.start()
+    with connect(booking.spec.port, BOOKER, booking.key) as client:
+        channel = client.invoke_shell()
+        channel.settimeout(30)
+        channel.send(b"echo shell-is-up\n")
+        seen = b""
+        while b"shell-is-up\r\n" not in seen:
+            seen += channel.recv(4096)
+        done = bookings.engine.exec(booking.spec.name, notice_argv("gpubook: this booking ends in 10 minutes"))
+        assert done.returncode == 0, done.stderr
+        while b"ends in 10 minutes" not in seen:
+            seen += channel.recv(4096)
+    notice = bookings.engine.exec(booking.spec.name, ["cat", "/run/gpubook/notice"])
+    assert "ends in 10 minutes" in notice.stdout

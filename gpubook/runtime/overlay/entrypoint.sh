@@ -81,10 +81,11 @@ if [ ! -d "$home" ]; then
 fi
 if [ "$single" = 1 ]; then
   say "the booker is this container's only user: no root and no sudo inside"
-  # sshd (the booker here) gives a login's terminal to the group "tty" where one exists, and only
-  # the one id is mapped: chown to tty's gid fails and ends the session. Without "tty" the
-  # terminal keeps the booker's own group, as sshd already made it.
-  rewrite /etc/group '$1 != "tty"'
+  # sshd gives a session's terminal to the group "tty", an id this namespace does not have (the
+  # chown fails and the session with it): the booker's own group stands in for it.
+  awk -F: -v OFS=: -v gid="$gid" '$1 == "tty" { $3 = gid } { print }' /etc/group > "$state/group.tmp" &&
+    cat "$state/group.tmp" > /etc/group
+  rm -f "$state/group.tmp"
 elif [ -d /etc/sudoers.d ]; then
   echo "$user ALL=(ALL:ALL) NOPASSWD: ALL" > /etc/sudoers.d/gpubook
   chmod 440 /etc/sudoers.d/gpubook

@@ -1,0 +1,87 @@
+"""The policy gpubook's runc wrapper applies to udocker's OCI spec, and the engine's refusals: no
+udocker, runc or GPU needed (the fast lane)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpubook.runtime.engines import engine_from, udocker
+from gpubook.runtime.engines.udocker_runc import apply_policy, pump
+from gpubook.runtime.errors import EngineError
+
+UDOCKER_SPEC = {  # what `runc spec --rootless` gives, as udocker edits it (R1)
+    "process": {"user": {"uid": 0, "gid": 0}, "args": ["/.gpubook/entrypoint.sh"], "cwd": "/",
+                "env": ["PATH=/usr/bin:/bin", "container_root=/home/daemon/.udocker/containers/x/ROOT",
+                        "container_ruser=daemon", "GPUBOOK_USER=alice"],
+                "capabilities": {k: ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_SYS_ADMIN"]
+                                 for k in ("bounding", "effective", "permitted", "ambient", "inheritable")},
+                "noNewPrivileges": False},
+    "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+               {"destination": "/data/input", "type": "none", "source": "/srv/in", "options": ["rbind", "rw"]}],
+    "linux": {"uidMappings": [{"containerID": 0, "hostID": 12345, "size": 1}],
+              "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                             {"type": "user"}, {"type": "network"}],
+              "maskedPaths": ["/proc/kcore"], "resources": {"devices": [{"allow": False, "access": "rwm"}]}},
+}
+POLICY = {"args": ["/.gpubook/entrypoint.sh", "sleep"],
+          "mounts": [{"source": "/srv/in", "target": "/data/input", "read_only": True},
+                     {"source": "/srv/out", "target": "/data/output", "read_only": False}],
+          "devices": [{"host": "/dev/null", "container": "/dev/nvidia1"}],
+          "masked": ["/proc/driver/nvidia/gpus/0000:07:00.0"],
+          "env": [["GPUBOOK_AS_BOOKER", "/.gpubook-host/as-booker"]]}
+
+
+def test_the_policy_makes_binds_read_only_and_keeps_one_capability() -> None:
+    spec = apply_policy(UDOCKER_SPEC, POLICY)
+    mounts = {m["destination"]: m for m in spec["mounts"]}
+    assert "ro" in mounts["/data/input"]["options"] and "rw" not in mounts["/data/input"]["options"]
+    assert "rw" in mounts["/data/output"]["options"] and "nosuid" in mounts["/data/output"]["options"]
+    assert [m["destination"] for m in spec["mounts"]].count("/data/input") == 1  # udocker's rw bind replaced
+    process = spec["process"]
+    assert process["capabilities"]["bounding"] == ["CAP_SETFCAP"]
+    assert process["capabilities"]["ambient"] == [] and process["noNewPrivileges"] is True
+    assert process["args"] == POLICY["args"]
+    assert not [e for e in process["env"] if e.startswith(("container_root=", "container_ruser="))]
+    assert "GPUBOOK_USER=alice" in process["env"] and "GPUBOOK_AS_BOOKER=/.gpubook-host/as-booker" in process["env"]
+
+
+def test_the_policy_maps_only_the_daemons_id_and_gives_only_the_booked_devices() -> None:
+    spec = apply_policy(UDOCKER_SPEC, POLICY)
+    linux = spec["linux"]
+    assert linux["uidMappings"] == [{"containerID": 0, "hostID": os.getuid(), "size": 1}]
+    assert linux["gidMappings"] == [{"containerID": 0, "hostID": os.getgid(), "size": 1}]
+    assert [d["path"] for d in linux["devices"]] == ["/dev/nvidia1"]
+    assert "/proc/driver/nvidia/gpus/0000:07:00.0" in linux["maskedPaths"] and "/proc/kcore" in linux["maskedPaths"]
+    assert {ns["type"] for ns in linux["namespaces"]} == {"pid", "ipc", "uts", "mount", "user"}
+    assert "resources" not in linux
+    assert UDOCKER_SPEC["linux"]["uidMappings"][0]["hostID"] == 12345  # the input is not changed
+
+
+def test_the_log_pump_keeps_two_halves(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    log = tmp_path / "gpubook.log"
+    pid = os.fork()
+    if pid == 0:  # the writer: 3 MB in 1000-byte lines
+        os.close(read_end)
+        for _ in range(3000):
+            os.write(write_end, b"x" * 999 + b"\n")
+        os._exit(0)
+    os.close(write_end)
+    pump(read_end, log, 1_000_000)
+    os.waitpid(pid, 0)
+    sizes = [log.stat().st_size, log.with_name("gpubook.log.1").stat().st_size]
+    assert all(0 < size <= 500_000 for size in sizes), sizes
+
+
+def test_udocker_refuses_the_private_network_with_a_sentence() -> None:
+    with pytest.raises(EngineError, match='no network namespaces: set \\[engine\\] network = "host"'):
+        engine_from("udocker")
+    assert engine_from("udocker", network="host").name == "udocker"
+
+
+def test_the_as_booker_program_runs_the_host_unshare_with_the_bookers_ids() -> None:
+    script = udocker.as_booker_script(2001, 2002)
+    assert "--map-user=2001 --map-group=2002 --" in script and script.startswith("#!/bin/sh\nexec ")
