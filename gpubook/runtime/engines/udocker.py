@@ -234,9 +234,10 @@ class UdockerEngine:
                 raise permanent(f"booking {spec.booking_id}: {spec.name} already runs with another spec "
                                 f"(hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first")
             self._remove(spec.name)
-        elif (self.top / "containers" / spec.name).is_symlink():
-            # gpubook's name with none of its labels beside it: a start cut off between `udocker
-            # create` and the labels (a kill -9 of the daemon). The name would refuse every create.
+        elif (self.top / "containers" / spec.name).is_symlink() and self._folder(spec.name) is None:
+            # gpubook's name with none of its labels beside it (read again here: `current` may be a
+            # caller's stale view of someone else's running container): a start cut off between
+            # `udocker create` and the labels (a kill -9 of the daemon). The name would refuse every create.
             log.warning("container %s: left by a start cut off before its labels; removed", spec.name)
             self._remove(spec.name)
         check_port_free(spec.booking_id, spec.port)
