@@ -209,3 +209,65 @@ def test_a_start_cut_off_before_its_labels_does_not_block_the_booking(tmp_path: 
     assert info.id != leftover and not (engine.top / "containers" / leftover).exists()
     client = wait_for("SSH login", lambda: try_login(info.port, "alice", keys["alice"]), timeout=30, daemon=daemon)
     client.close()
+
+
+def _sshd_listeners() -> list[int]:
+    """The pids of this user's `sshd -D` processes: one per running booking container (its sshd
+    runs as the daemon's own uid on the host), and one more for any container gpubook lost."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:  # the real uid from status: sshd makes itself non-dumpable, which gives /proc/PID to root
+            uid = next(line.split()[1] for line in (entry / "status").read_text().splitlines()
+                       if line.startswith("Uid:"))
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, StopIteration):
+            continue
+        if int(uid) != os.getuid():
+            continue
+        if argv and argv[0].startswith(b"sshd: ") and b"[listener]" in argv[0]:  # sshd's own title
+            found.append(int(entry.name))
+    return found
+
+
+def test_kill_9_during_the_first_start_leaves_one_container(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                            daemons) -> None:
+    """The daemon killed at moments through its first start of a booking (during `udocker create`,
+    between the labels and `udocker run`, while runc starts): the daemon after it runs exactly one
+    container for the booking, and no other sshd of this user runs (a container whose folder a
+    later daemon removed while it was still starting would be invisible to gpubook yet hold the port)."""
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, engine="udocker")
+    book(calendar, "early@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("early@test")
+    before = _sshd_listeners()
+    folders = _container_folders(engine.top)
+    log = tmp_path / "state" / "state.sqlite"
+    for delay in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0):
+        daemon = DaemonProcess(config).start()
+        daemons.append(daemon)
+        if log.exists():  # the delay is counted from the first pass's start, not from Python's imports
+            wait_for("the daemon's lock", lambda: (tmp_path / "state" / "daemon-status.json").exists(), timeout=60,
+                     daemon=daemon)
+        time.sleep(delay)
+        daemon.kill()
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    info = wait_for("the booking's container", lambda: running_container(engine, "early@test"), timeout=120,
+                    daemon=daemon)
+    client = wait_for("SSH login", lambda: try_login(info.port, "alice", keys["alice"]), timeout=30, daemon=daemon)
+    client.close()
+    time.sleep(5)  # two polls more: a leftover would be found, or died and restarted, by now
+    mine = [c for c in engine.list() if c.booking_id == "early@test"]
+    assert [(c.id, c.state) for c in mine] == [(info.id, "running")], mine
+    listeners = [pid for pid in _sshd_listeners() if pid not in before]
+    assert len(listeners) == 1, (listeners, events(tmp_path, "early@test"))
+    # Nor any other copy of the image left in udocker's store (a failed create's, a removed name's).
+    assert _container_folders(engine.top) - folders == {info.id}, events(tmp_path, "early@test")
+
+
+def _container_folders(top: Path) -> set[str]:
+    """The containers in udocker's store by id (their folders; the names are links to them)."""
+    folder = top / "containers"
+    return {path.name for path in folder.iterdir() if path.is_dir() and not path.is_symlink()}

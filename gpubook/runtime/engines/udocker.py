@@ -27,6 +27,8 @@ the container's root, which the booker owns.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -35,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,12 +108,12 @@ class UdockerEngine:
             env[POLICY_ENV] = str(policy)
         return env
 
-    def _udocker(self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT,
-                 check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _udocker(self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, check: bool = True,
+                 keep_fds: Sequence[int] = ()) -> subprocess.CompletedProcess[str]:
         argv = [self.binary, *self.global_args, *args]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self._env(),
-                                  stdin=subprocess.DEVNULL, check=False)
+                                  stdin=subprocess.DEVNULL, check=False, pass_fds=tuple(keep_fds))
         except FileNotFoundError:
             raise permanent(f"udocker: {self.binary} is not installed (pip install 'gpubook[udocker]')") from None
         except subprocess.TimeoutExpired:
@@ -225,7 +227,34 @@ class UdockerEngine:
                 found.append(info)
         return found
 
+    @contextlib.contextmanager
+    def _name_lock(self, name: str) -> Iterator[int]:
+        """Held while the container `name` is made, by this process and by its `udocker create`,
+        which inherits it: a daemon started after a kill -9 waits for the killed one's create to
+        end rather than race it for the name (the loser's copy of the image was left behind)."""
+        folder = self.top / "gpubook" / "locks"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + RUN_TIMEOUT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise EngineError(f"container {name}: another udocker create of it still runs after "
+                                          f"{RUN_TIMEOUT:.0f} s") from None
+                    time.sleep(0.2)
+            yield fd
+        finally:
+            os.close(fd)
+
     def start(self, spec: ContainerSpec) -> ContainerInfo:
+        with self._name_lock(spec.name) as lock:
+            return self._start(spec, lock=lock)
+
+    def _start(self, spec: ContainerSpec, *, lock: int) -> ContainerInfo:
         current = self.inspect(spec.name)
         if current is not None:
             if current.running and current.spec_hash == spec.spec_hash:
@@ -245,10 +274,16 @@ class UdockerEngine:
         for mount in spec.mounts:
             if problem := mount_problem(mount):
                 raise permanent(f"booking {spec.booking_id}: {problem}")
-        created = self._udocker(["create", f"--name={spec.name}", spec.image], timeout=RUN_TIMEOUT)
+        created = self._udocker(["create", f"--name={spec.name}", spec.image], timeout=RUN_TIMEOUT, check=False,
+                                keep_fds=(lock,))
         container_id = created.stdout.strip().splitlines()[-1].strip() if created.stdout.strip() else ""
         folder = self.top / "containers" / container_id
-        if not container_id or not folder.is_dir():
+        made = bool(container_id) and folder.is_dir() and not folder.is_symlink()
+        if created.returncode != 0:
+            if made:  # the copy was made and the name then taken (a killed daemon's create ending meanwhile)
+                self._remove(container_id)
+            raise EngineError(f"udocker create: {_message(created)}")
+        if not made:
             raise EngineError(f"udocker create gave no container for {spec.name}: {_message(created)}")
         try:
             return self._run(spec, folder)
