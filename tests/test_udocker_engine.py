@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
 
 from gpubook.runtime.engines import engine_from, udocker
 from gpubook.scheduler.apply.handlers import notice_argv
-from tests.kits.engine_suite import BOOKER, Bookings, EngineBehaviour, _put, connect, run
+from tests.kits.engine_suite import BOOKER, Bookings, EngineBehaviour, _put, connect, new_key, run
 
 pytestmark = [pytest.mark.udocker, pytest.mark.skipif(os.geteuid() == 0, reason="udocker runs as a user")]
 
@@ -99,3 +100,27 @@ def test_the_warning_reaches_the_bookers_terminal(bookings: Bookings) -> None:
             seen += channel.recv(4096)
     notice = bookings.engine.exec(booking.spec.name, ["cat", "/run/gpubook/notice"])
     assert "ends in 10 minutes" in notice.stdout
+
+
+def test_a_container_still_starting_is_never_taken_for_dead(bookings: Bookings, engine_args: dict) -> None:
+    """Between `udocker create` and runc's container there are seconds (the labels are written, runc
+    has no state yet). A pass that looked then saw "exited", and the stop that followed removed the
+    folder under the starting entrypoint (seen: a booking whose /etc vanished as it ran). Now a
+    container whose `udocker run` still runs is running, and a stop ends that run first."""
+    spec, _ = bookings.spec(key=new_key())
+    engine = bookings.engine
+    created = engine._udocker(["create", f"--name={spec.name}", spec.image])
+    folder = engine.top / "containers" / created.stdout.strip().splitlines()[-1]
+    (folder / udocker.LABELS_FILE).write_text(json.dumps(
+        {"name": spec.name, "image": spec.image, "uid": spec.uid, "gid": spec.gid, "labels": spec.labels()}))
+    run = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stands for the `udocker run` starting it
+    try:
+        (folder / udocker.RUN_FILE).write_text(f"{run.pid} {udocker._start_time(run.pid)}")
+        seen = engine_from(**engine_args).inspect(spec.name)
+        assert seen is not None and seen.running, "a starting container was taken for dead"
+        engine.stop(spec.name, 5)
+        assert run.wait(timeout=30) == -9  # the start's session was ended first
+        assert engine.inspect(spec.name) is None and not folder.exists()
+    finally:
+        run.kill()
+        run.wait()

@@ -34,6 +34,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,7 @@ LABELS_FILE = "gpubook.json"
 RUNC_ID_FILE = "gpubook-runc-id"
 POLICY_FILE = "gpubook-policy.json"
 LOG_FILE = "gpubook.log"
+RUN_FILE = "gpubook-run"  # "PID STARTTIME" of the container's `udocker run`
 HELPER_DIR = "/.gpubook-host"  # the host's unshare, loader and libc, bound read-only
 AS_BOOKER = "as-booker"  # the program there that runs its arguments as the booker
 PROOT_REFUSED = ("udocker's P modes (PRoot) are refused: they run a booker's processes as the daemon's own user "
@@ -195,20 +197,29 @@ class UdockerEngine:
         folder = (link.parent / os.readlink(link)).resolve()
         return folder if (folder / LABELS_FILE).is_file() else None
 
-    def _state(self, folder: Path) -> tuple[str, int]:
-        """("running", pid) or ("exited", 0), from runc's state of the id the wrapper was given."""
+    def _runc_state(self, folder: Path) -> tuple[str | None, int]:
+        """runc's status of the id the wrapper was given ("running", "created", "stopped", ...),
+        and its first process; None when runc has none (not run yet, or gone)."""
         runc_id = _read(folder / RUNC_ID_FILE).strip()
         if not runc_id:
-            return "exited", 0
+            return None, 0
         code, out, _ = self._runc(folder, ["state", runc_id])
-        if code != 0:
-            return "exited", 0
         try:
-            state = json.loads(out)
+            state = json.loads(out) if code == 0 else {}
         except ValueError:
-            return "exited", 0
-        status = state.get("status", "stopped")
-        return ("running" if status in ("running", "created") else "exited"), int(state.get("pid") or 0)
+            state = {}
+        return state.get("status"), int(state.get("pid") or 0)
+
+    def _state(self, folder: Path) -> tuple[str, int]:
+        """("running", pid) or ("exited", 0). A container whose `udocker run` still runs and that
+        runc has not reported stopped is running (pid 0 while it starts): a pass that looks during
+        a start must never take it for dead, and remove it under its entrypoint."""
+        status, pid = self._runc_state(folder)
+        if status in ("running", "created"):
+            return "running", pid
+        if status != "stopped" and _run_process(folder) is not None:
+            return "running", 0
+        return "exited", 0
 
     def _info(self, folder: Path) -> ContainerInfo | None:
         try:
@@ -312,11 +323,12 @@ class UdockerEngine:
         with open(folder / "udocker-run.log", "wb") as run_log:
             process = subprocess.Popen(argv, env=self._env(policy), stdin=subprocess.DEVNULL, stdout=run_log,
                                        stderr=subprocess.STDOUT, start_new_session=True)
+        (folder / RUN_FILE).write_text(f"{process.pid} {_start_time(process.pid)}")
         deadline = time.monotonic() + RUN_TIMEOUT
         while time.monotonic() < deadline:
-            state, pid = self._state(folder)
-            if state == "running":
-                return info_from_labels(name=spec.name, id=folder.name, state=state, image=spec.image,
+            status, pid = self._runc_state(folder)
+            if status in ("running", "created"):
+                return info_from_labels(name=spec.name, id=folder.name, state="running", image=spec.image,
                                         labels=spec.labels(), pid=pid)
             if process.poll() is not None:
                 why = (_read(folder / LOG_FILE) + _read(folder / "udocker-run.log"))[-1500:]
@@ -346,12 +358,26 @@ class UdockerEngine:
 
     def stop(self, name: str, grace: float) -> None:
         """SIGTERM to the container's first process, `grace` seconds, SIGKILL (its whole PID
-        namespace goes with it); then its folder is removed. The bound folders stay."""
+        namespace goes with it); then its folder is removed. The bound folders stay. A start of
+        the same container in progress is waited for (its name's lock), never removed under it."""
+        with self._name_lock(name):
+            self._stop(name, grace)
+
+    def _stop(self, name: str, grace: float) -> None:
         folder = self._folder(name)
         if folder is None:
             if (self.top / "containers" / name).is_symlink():
                 self._remove(name)  # a start cut off before its labels: never ran
             return
+        run = _run_process(folder)
+        if run is not None and self._runc_state(folder)[0] is None:
+            # its `udocker run` runs but runc has no container yet (a start cut off by a kill -9
+            # of the daemon): end the run's whole session, and wait for it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run, signal.SIGKILL)
+            deadline = time.monotonic() + QUICK_TIMEOUT
+            while time.monotonic() < deadline and _run_process(folder) is not None:
+                time.sleep(0.05)
         runc_id = _read(folder / RUNC_ID_FILE).strip()
         if runc_id and self._state(folder)[0] == "running":
             self._runc(folder, ["kill", runc_id, "TERM"])
@@ -492,6 +518,31 @@ def as_booker_script(uid: int, gid: int) -> str:
 
 def _gpu_env(spec: ContainerSpec) -> tuple[tuple[str, str], ...]:
     return spec.gpu.environment if spec.gpu is not None else ()
+
+
+def _start_time(pid: int) -> str:
+    """The start time of process `pid` (field 22 of /proc/PID/stat), which tells it from a later
+    process given the same pid; "" when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return text[text.rindex(")") + 2:].split()[19]
+
+
+def _run_process(folder: Path) -> int | None:
+    """The pid of the container's `udocker run` while that very process runs, else None."""
+    fields = _read(folder / RUN_FILE).split()
+    if len(fields) != 2 or not fields[0].isdigit():
+        return None
+    pid = int(fields[0])
+    if _start_time(pid) != fields[1]:
+        return None
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return None if state[state.rindex(")") + 2:].startswith("Z") else pid
 
 
 def _read(path: Path) -> str:
