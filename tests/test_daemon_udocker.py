@@ -50,23 +50,23 @@ def test_booking_runs_from_start_to_end(tmp_path: Path, radicale, engine, keys, 
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, engine="udocker")
     start = soon(8)
     end = start + timedelta(seconds=20)  # warned at end - 6 s
-    book(calendar, "life@test", user="alice", start=start, end=end)
-    cleanup.append("life@test")
+    book(calendar, "life-ud@test", user="alice", start=start, end=end)
+    cleanup.append("life-ud@test")
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
 
-    wait_for("accepted in the event", lambda: "accepted:" in description(calendar, "life@test"), timeout=60,
+    wait_for("accepted in the event", lambda: "accepted:" in description(calendar, "life-ud@test"), timeout=60,
              daemon=daemon)
     while datetime.now(UTC) < start:
         time.sleep(0.05)
-    info = wait_for("the container", lambda: running_container(engine, "life@test"), timeout=60,
+    info = wait_for("the container", lambda: running_container(engine, "life-ud@test"), timeout=60,
                     interval=0.05, daemon=daemon)
     client = wait_for("SSH login as the booker", lambda: try_login(info.port, "alice", keys["alice"]),
                       timeout=30, interval=0.05, daemon=daemon)
     print(f"booker logged in {(datetime.now(UTC) - start).total_seconds():.2f} s after the start")
     try:
         wait_for("the ssh line in the event",
-                 lambda: f"running: ssh -p {info.port} alice@127.0.0.1" in description(calendar, "life@test"),
+                 lambda: f"running: ssh -p {info.port} alice@127.0.0.1" in description(calendar, "life-ud@test"),
                  timeout=20, daemon=daemon)
         assert run(client, "id -un")[1].strip() == "alice"
         assert run(client, "echo result > /data/output/result.txt")[0] == 0
@@ -85,15 +85,15 @@ def test_booking_runs_from_start_to_end(tmp_path: Path, radicale, engine, keys, 
     finally:
         client.close()
 
-    wait_for("the stop at the end", lambda: engine.inspect(container_name("life@test")) is None, timeout=40,
+    wait_for("the stop at the end", lambda: engine.inspect(container_name("life-ud@test")) is None, timeout=40,
              daemon=daemon)
     assert datetime.now(UTC) >= end
     result = tmp_path / "data" / "alice" / "output" / "result.txt"
     assert result.read_text() == "result\n"
     assert result.stat().st_uid == os.getuid()  # one id: the daemon's user owns what a booking writes
-    wait_for("ended in the event", lambda: "ended:" in description(calendar, "life@test"), timeout=20,
+    wait_for("ended in the event", lambda: "ended:" in description(calendar, "life-ud@test"), timeout=20,
              daemon=daemon)
-    text = description(calendar, "life@test")
+    text = description(calendar, "life-ud@test")
     assert "GPU-hours" in text and "user: alice" in text
     assert daemon.process is not None and daemon.process.poll() is None
     daemon.signal(signal.SIGTERM)
@@ -104,11 +104,11 @@ def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale,
                                                        daemons) -> None:
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, engine="udocker")
-    book(calendar, "adopt@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
-    cleanup.append("adopt@test")
+    book(calendar, "adopt-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("adopt-ud@test")
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
-    first = wait_for("the container", lambda: running_container(engine, "adopt@test"), timeout=90, daemon=daemon)
+    first = wait_for("the container", lambda: running_container(engine, "adopt-ud@test"), timeout=90, daemon=daemon)
     status_file = tmp_path / "state" / "daemon-status.json"
     for round_number in range(6):
         daemon.kill()
@@ -122,7 +122,7 @@ def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale,
         wait_for(f"round {round_number}: a pass of the new daemon",
                  lambda pid=pid: status_file.exists() and json.loads(status_file.read_text())["pid"] == pid,
                  timeout=90, interval=0.05, daemon=daemon)
-        mine = [c for c in engine.list() if c.booking_id == "adopt@test"]
+        mine = [c for c in engine.list() if c.booking_id == "adopt-ud@test"]
         assert [(c.id, c.state) for c in mine] == [(first.id, "running")], round_number
     daemon.kill()
     daemon = DaemonProcess(config).start()
@@ -130,12 +130,12 @@ def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale,
     pid = daemon.process.pid  # type: ignore[union-attr]
     wait_for("a pass of the last daemon", lambda: json.loads(status_file.read_text())["pid"] == pid,
              timeout=90, daemon=daemon)
-    mine = [c for c in engine.list() if c.booking_id == "adopt@test"]
+    mine = [c for c in engine.list() if c.booking_id == "adopt-ud@test"]
     assert [(c.id, c.state) for c in mine] == [(first.id, "running")]
-    assert not any(m.startswith("died:") for m in events(tmp_path, "adopt@test"))
+    assert not any(m.startswith("died:") for m in events(tmp_path, "adopt-ud@test"))
     with State(tmp_path / "state" / "state.sqlite") as state:
-        assert len(state.containers(booking_id="adopt@test")) == 1
-        assert state.ports() == {"adopt@test": first.port}
+        assert len(state.containers(booking_id="adopt-ud@test")) == 1
+        assert state.ports() == {"adopt-ud@test": first.port}
     client = wait_for("SSH into the adopted container", lambda: try_login(first.port, "alice", keys["alice"]),
                       timeout=30, daemon=daemon)
     client.close()
@@ -143,7 +143,7 @@ def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale,
     # `gpubook status` names the engine and its mode, and says what the host network leaves open.
     done = cli(config, "status")
     assert done.returncode == 0, done.stderr
-    assert "adopt@test" in done.stdout and f"port {first.port}" in done.stdout
+    assert "adopt-ud@test" in done.stdout and f"port {first.port}" in done.stdout
     assert "Engine: udocker R1, the host's runc" in done.stdout, done.stdout
     assert "bookers can reach each other's services" in done.stdout
     report = json.loads(cli(config, "status", "--json").stdout)
@@ -164,27 +164,27 @@ def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, en
     # The death is noticed on the next poll (2 s here); the restart comes after the 1 s back-off.
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, restart_backoff_seconds=1,
                           engine="udocker")
-    book(calendar, "dies@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
-    cleanup.append("dies@test")
+    book(calendar, "dies-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("dies-ud@test")
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
-    wait_for("the start in the log", lambda: any(m.startswith("started") for m in events(tmp_path, "dies@test")),
+    wait_for("the start in the log", lambda: any(m.startswith("started") for m in events(tmp_path, "dies-ud@test")),
              timeout=90, daemon=daemon)
-    first = running_container(engine, "dies@test")
+    first = running_container(engine, "dies-ud@test")
     assert first is not None and first.pid
     os.kill(first.pid, signal.SIGKILL)  # the container's first process (as the OOM killer would): all of it goes
-    second = wait_for("a new container", lambda: (c := running_container(engine, "dies@test")) and c.id != first.id
+    second = wait_for("a new container", lambda: (c := running_container(engine, "dies-ud@test")) and c.id != first.id
                       and c, timeout=90, daemon=daemon)
     assert second.port == first.port
-    assert [c.id for c in engine.list() if c.booking_id == "dies@test"] == [second.id]  # the dead one removed
+    assert [c.id for c in engine.list() if c.booking_id == "dies-ud@test"] == [second.id]  # the dead one removed
     client = wait_for("SSH after the restart", lambda: try_login(second.port, "alice", keys["alice"]), timeout=30,
                       daemon=daemon)
     client.close()
     wait_for("the restart in the log",
-             lambda: any("restart 1 after it died" in m for m in events(tmp_path, "dies@test")),
+             lambda: any("restart 1 after it died" in m for m in events(tmp_path, "dies-ud@test")),
              timeout=20, daemon=daemon)
-    assert any(m.startswith("died:") for m in events(tmp_path, "dies@test"))
-    wait_for("the restart in the event", lambda: "after its container died" in description(calendar, "dies@test"),
+    assert any(m.startswith("died:") for m in events(tmp_path, "dies-ud@test"))
+    wait_for("the restart in the event", lambda: "after its container died" in description(calendar, "dies-ud@test"),
              timeout=30, daemon=daemon)
 
 
@@ -195,16 +195,16 @@ def test_a_start_cut_off_before_its_labels_does_not_block_the_booking(tmp_path: 
     booking removes it and starts the booking (the name was taken: every start failed)."""
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, engine="udocker")
-    book(calendar, "cut@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
-    cleanup.append("cut@test")
-    name = container_name("cut@test")
+    book(calendar, "cut-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("cut-ud@test")
+    name = container_name("cut-ud@test")
     created = subprocess.run([engine.binary, "create", f"--name={name}", image], capture_output=True, text=True,
                              env={**os.environ, "UDOCKER_DIR": str(engine.top)}, timeout=300, check=True)
     leftover = created.stdout.strip().splitlines()[-1]
     assert (engine.top / "containers" / leftover).is_dir() and engine.inspect(name) is None
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
-    info = wait_for("the booking's container", lambda: running_container(engine, "cut@test"), timeout=90,
+    info = wait_for("the booking's container", lambda: running_container(engine, "cut-ud@test"), timeout=90,
                     daemon=daemon)
     assert info.id != leftover and not (engine.top / "containers" / leftover).exists()
     client = wait_for("SSH login", lambda: try_login(info.port, "alice", keys["alice"]), timeout=30, daemon=daemon)
@@ -239,8 +239,8 @@ def test_kill_9_during_the_first_start_leaves_one_container(tmp_path: Path, radi
     later daemon removed while it was still starting would be invisible to gpubook yet hold the port)."""
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, engine="udocker")
-    book(calendar, "early@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
-    cleanup.append("early@test")
+    book(calendar, "early-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("early-ud@test")
     before = _sshd_listeners()
     folders = _container_folders(engine.top)
     log = tmp_path / "state" / "state.sqlite"
@@ -254,17 +254,17 @@ def test_kill_9_during_the_first_start_leaves_one_container(tmp_path: Path, radi
         daemon.kill()
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
-    info = wait_for("the booking's container", lambda: running_container(engine, "early@test"), timeout=120,
+    info = wait_for("the booking's container", lambda: running_container(engine, "early-ud@test"), timeout=120,
                     daemon=daemon)
     client = wait_for("SSH login", lambda: try_login(info.port, "alice", keys["alice"]), timeout=30, daemon=daemon)
     client.close()
     time.sleep(5)  # two polls more: a leftover would be found, or died and restarted, by now
-    mine = [c for c in engine.list() if c.booking_id == "early@test"]
+    mine = [c for c in engine.list() if c.booking_id == "early-ud@test"]
     assert [(c.id, c.state) for c in mine] == [(info.id, "running")], mine
     listeners = [pid for pid in _sshd_listeners() if pid not in before]
-    assert len(listeners) == 1, (listeners, events(tmp_path, "early@test"))
+    assert len(listeners) == 1, (listeners, events(tmp_path, "early-ud@test"))
     # Nor any other copy of the image left in udocker's store (a failed create's, a removed name's).
-    assert _container_folders(engine.top) - folders == {info.id}, events(tmp_path, "early@test")
+    assert _container_folders(engine.top) - folders == {info.id}, events(tmp_path, "early-ud@test")
 
 
 def _container_folders(top: Path) -> set[str]:

@@ -426,7 +426,18 @@ class UdockerEngine:
         return os.getuid(), os.getgid()
 
     def chown(self, path: Path, uid: int, gid: int) -> None:
-        os.chown(path, uid, gid, follow_symlinks=False)
+        try:
+            os.chown(path, uid, gid, follow_symlinks=False)
+        except PermissionError:
+            # Another engine's ids (rootless podman's subordinate ids, from before a switch): a
+            # file in the daemon's own folder (a booking's host key) goes and is made again.
+            owner = path.lstat().st_uid
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+                raise EngineError(f"{path} belonged to uid {owner} (another engine's ids); removed, made again "
+                                  "at the next start") from None
+            raise EngineError(f"{path} belongs to uid {owner} (another engine's ids): give it to the daemon's "
+                              "user (with podman: podman unshare chown -R 0:0 PATH)") from None
 
     def data_owner_argv(self) -> builtins.list[str] | None:
         return []
