@@ -209,7 +209,7 @@ def _config(tmp_path: Path, *, backend: str = "") -> config_module.Config:
 def test_an_unregistered_engine_or_source_is_refused_by_the_config(tmp_path: Path) -> None:
     with pytest.raises(config_module.ConfigError) as refused:
         _config(tmp_path)
-    assert 'engine.name: must be "podman" or "docker"' in str(refused.value)
+    assert 'engine.name: must be "podman", "docker" or "udocker"' in str(refused.value)
     assert "calendar[0].kind" in str(refused.value)
 
 

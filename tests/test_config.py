@@ -193,7 +193,7 @@ def test_engine_section_is_read_from_the_engines_own_settings(tmp_path: Path) ->
                      'storage_drive = "vfs"\n')
     assert [line.split(": ", 1)[1] for line in lines] == [
         "engine.storage_drive: unknown key; did you mean 'storage_driver'?",
-        'engine.name: must be "podman" or "docker"',
+        'engine.name: must be "podman", "docker" or "udocker"',
         'engine.network: must be "host" or "private"',
         "engine.stop_grace_seconds: must be 0 or more",
     ]

@@ -95,14 +95,14 @@ def test_a_new_engine_is_one_registration_line() -> None:
     from gpubook.runtime.engines import REGISTRY
     from gpubook.runtime.engines.podman import PodmanEngine
 
-    class Udocker(PodmanEngine):  # a stand-in: any class taking (settings, options)
-        name = "udocker"
+    class Apptainer(PodmanEngine):  # a stand-in: any class taking (settings, options)
+        name = "apptainer"
 
-    register("udocker", Udocker)
+    register("apptainer", Apptainer)
     try:
-        assert make_engine(EngineSettings(name="udocker")).name == "udocker"
+        assert make_engine(EngineSettings(name="apptainer")).name == "apptainer"
     finally:
-        REGISTRY.unregister("udocker")
+        REGISTRY.unregister("apptainer")
 
 
 def test_podman_follows_the_users_storage_driver_unless_told() -> None:

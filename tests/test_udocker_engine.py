@@ -11,6 +11,7 @@ import time
 import pytest
 
 from gpubook.runtime.engines import engine_from, udocker
+from gpubook.scheduler.apply.handlers import notice_argv
 from tests.kits.engine_suite import BOOKER, Bookings, EngineBehaviour, _put, connect, run
 
 pytestmark = [pytest.mark.udocker, pytest.mark.skipif(os.geteuid() == 0, reason="udocker runs as a user")]
@@ -79,3 +80,22 @@ def test_a_bookers_output_never_fills_the_disk(bookings: Bookings) -> None:
     kept = sum(path.stat().st_size for path in folder.glob(f"{udocker.LOG_FILE}*"))
     assert 0 < kept <= udocker.LOG_MAX, f"{kept} bytes of the container's output kept"
     assert len(bookings.engine.logs(booking.spec.name)) <= udocker.LOG_READ_LIMIT
+
+
+def test_the_warning_reaches_the_bookers_terminal(bookings: Bookings) -> None:
+    """The end's warning is an exec as the container's root writing to the booker's terminals: with
+    one id, root inside and the booker are the same host id, so the booker's pty takes it."""
+    booking = bookings.start()
+    with connect(booking.spec.port, BOOKER, booking.key) as client:
+        channel = client.invoke_shell()
+        channel.settimeout(30)
+        channel.send(b"echo shell-is-up\n")
+        seen = b""
+        while b"shell-is-up\r\n" not in seen:
+            seen += channel.recv(4096)
+        done = bookings.engine.exec(booking.spec.name, notice_argv("gpubook: this booking ends in 10 minutes"))
+        assert done.returncode == 0, done.stderr
+        while b"ends in 10 minutes" not in seen:
+            seen += channel.recv(4096)
+    notice = bookings.engine.exec(booking.spec.name, ["cat", "/run/gpubook/notice"])
+    assert "ends in 10 minutes" in notice.stdout

@@ -137,7 +137,8 @@ class UdockerEngine:
     def _wrapper(self) -> Path:
         """The runc udocker runs: udocker_runc, under this Python (it needs a name with "runc")."""
         path = self.top / "gpubook" / "gpubook-runc"
-        text = f"#!{sys.executable}\nimport sys\nfrom gpubook.runtime.engines.udocker_runc import main\nsys.exit(main())\n"
+        text = (f"#!{sys.executable}\nimport sys\n"
+                "from gpubook.runtime.engines.udocker_runc import main\nsys.exit(main())\n")
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             temporary = path.with_suffix(".new")

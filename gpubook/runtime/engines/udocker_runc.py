@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     runc = os.environ.get(RUNC_ENV, "runc")
     policy_path = os.environ.get(POLICY_ENV)
     if not (policy_path and "run" in args and "--bundle" in args):
-        os.execvp(runc, [runc, *args])  # `spec`, `--version`: udocker's own calls
+        os.execvp(runc, [runc, *args])  # noqa: S606 - argv list; `spec`, `--version`: udocker's own calls
     policy = json.loads(Path(policy_path).read_text())
     config_path = Path(args[args.index("--bundle") + 1]) / "config.json"
     config_path.write_text(json.dumps(apply_policy(json.loads(config_path.read_text()), policy)))

@@ -81,6 +81,11 @@ if [ ! -d "$home" ]; then
 fi
 if [ "$single" = 1 ]; then
   say "the booker is this container's only user: no root and no sudo inside"
+  # sshd gives a session's terminal to the group "tty", an id this namespace does not have (the
+  # chown fails and the session with it): the booker's own group stands in for it.
+  awk -F: -v OFS=: -v gid="$gid" '$1 == "tty" { $3 = gid } { print }' /etc/group > "$state/group.tmp" &&
+    cat "$state/group.tmp" > /etc/group
+  rm -f "$state/group.tmp"
 elif [ -d /etc/sudoers.d ]; then
   echo "$user ALL=(ALL:ALL) NOPASSWD: ALL" > /etc/sudoers.d/gpubook
   chmod 440 /etc/sudoers.d/gpubook
