@@ -32,7 +32,8 @@ out=$(cd "$out" && pwd)
   mkdir -p "$data"
   mountpoint -q "$data" || mount -t tmpfs -o nosuid,nodev,mode=0755,size=2g tmpfs "$data"
   chown "$account:" "$data"
-  mkdir -p "$out/udocker" && chown "$account:" "$out/udocker"
+  results=$home/results  # OUT may be under root's home, which the account cannot reach
+  rm -rf "$results" && mkdir -p "$results" && chown "$account:" "$results"
   echo "account $account (uid $uid), python $python, runc ${GPUBOOK_UDOCKER_RUNC:-/opt/pm/runc-wrap}"
   ls -l /dev/nvidia* ; cat /proc/sys/kernel/unprivileged_userns_clone 2>/dev/null; unshare --version
 } > "$out/udocker-setup.log" 2>&1
@@ -41,8 +42,10 @@ cd "$tree" || exit 1
 runuser -u "$account" -- env -i HOME="$home" USER="$account" LOGNAME="$account" XDG_RUNTIME_DIR="/run/user/$uid" \
   PATH="$tree/.bundle/site/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin" LANG=C.UTF-8 \
   PYTHONPATH="$tree:$tree/.bundle/site" GPUBOOK_BUNDLE="$tree/.bundle" GPUBOOK_TEST_DATA_ROOT="$data" \
-  GPUBOOK_UDOCKER_RUNC="${GPUBOOK_UDOCKER_RUNC:-/opt/pm/runc-wrap}" GPUBOOK_GPU_RESULTS="$out/udocker" \
+  GPUBOOK_UDOCKER_RUNC="${GPUBOOK_UDOCKER_RUNC:-/opt/pm/runc-wrap}" GPUBOOK_GPU_RESULTS="$results" \
   NCCL_NVLS_ENABLE=0 PYTHONDONTWRITEBYTECODE=1 \
   "$python" -m pytest tests/gpu/test_udocker_gpu.py -m gpu -v -s --confcutdir=tests/gpu -p no:cacheprovider \
   2>&1 | tee "$out/udocker-pytest.log" | tail -80
-echo "pytest: exit ${PIPESTATUS[0]}"
+status=${PIPESTATUS[0]}
+cp -r "$results" "$out/udocker"
+echo "pytest: exit $status"
