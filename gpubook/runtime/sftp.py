@@ -18,11 +18,9 @@ checked by the config; nothing reaches a shell.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -31,6 +29,7 @@ from pathlib import Path
 
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.names import USER_NAME
+from gpubook.runtime.ports import bind_error
 from gpubook.runtime.private import write_private
 from gpubook.runtime.ssh import host_key_pair
 from gpubook.runtime.usage_walk import Measure
@@ -167,22 +166,7 @@ def taken_address(port: int, addresses: Sequence[str]) -> str | None:
     """The first of `addresses` where another process already listens on `port` (a bind of our own
     fails with EADDRINUSE), None when every one is free. An address family the host lacks (no
     IPv6) is free: nobody can squat it either."""
-    for address in addresses:
-        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
-        try:
-            probe = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        with probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT left over is no owner
-            if family == socket.AF_INET6:
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                probe.bind((address, port))
-            except OSError as error:
-                if error.errno == errno.EADDRINUSE:
-                    return address
-    return None
+    return next((address for address in addresses if bind_error(address, port) == errno.EADDRINUSE), None)
 
 
 def bind_failures(log_text: str, port: int) -> list[str]:

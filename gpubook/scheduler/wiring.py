@@ -18,10 +18,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import paramiko
 
-from gpubook.runtime import engines, ssh
+from gpubook.runtime import crash, engines, ssh
 from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import ContainerInfo, Engine
 from gpubook.runtime.errors import ConfigError
@@ -82,7 +83,10 @@ def base(config: Config, *, engine: Engine | None = None, exclusive: bool = Fals
     # folders and the bookings' host keys are made there (issue 22, finding 12).
     private_folder(ssh.default_cache_dir(), own=True)
     locks = (hold_lock(folder), hold_account_lock(folder)) if exclusive else ()
-    return Base(state_dir=folder, engine=engine or make_engine(config), state=State(folder / "state.sqlite"),
+    made = engine or make_engine(config)
+    if exclusive and crash.arm() is not None:  # a test's GPUBOOK_CRASH_AT (runtime/crash.py); else nothing
+        made = cast(Engine, crash.CrashingEngine(made))
+    return Base(state_dir=folder, engine=made, state=State(folder / "state.sqlite"),
                 probe_key=ssh.load_probe_key(folder / "probe-key"), locks=locks)
 
 

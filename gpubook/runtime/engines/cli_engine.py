@@ -15,7 +15,6 @@ import errno
 import logging
 import math
 import os
-import socket
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ from gpubook.runtime.engines.spec import (
 )
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.mounts import Mount
+from gpubook.runtime.ports import bind_error
 
 __all__ = [  # what the engine modules and tests take from here, wherever it lives now
     "BUILD_TIMEOUT", "EXEC_OUTPUT_LIMIT", "EXEC_TIMEOUT", "LOG_MAX_SIZE", "LOG_READ_LIMIT", "MEMORY_OFF",
@@ -229,26 +229,9 @@ def mount_problem(mount: Mount) -> str | None:
 
 def check_port_free(booking_id: str, port: int) -> None:
     """An EngineError unless `port` is free on every address of both families, as sshd binds it."""
-    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):  # noqa: S104
-        try:
-            probe = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue  # no IPv6 on this host
-        with probe:
-            # As sshd does: a port held only by TIME_WAIT leftovers is free for it.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                probe.bind((address, port))
-            except OSError as error:
-                if error.errno == errno.EADDRINUSE:
-                    raise EngineError(
-                        f"booking {booking_id}: port {port} is already in "
-                        f"use on this host"
-                    ) from None
-                if error.errno != errno.EADDRNOTAVAIL:
-                    raise EngineError(
-                        f"booking {booking_id}: cannot use port {port}: "
-                        f"{error.strerror}"
-                    ) from None
+    for address in ("0.0.0.0", "::"):  # noqa: S104
+        error = bind_error(address, port)
+        if error == errno.EADDRINUSE:
+            raise EngineError(f"booking {booking_id}: port {port} is already in use on this host")
+        if error not in (None, errno.EADDRNOTAVAIL):
+            raise EngineError(f"booking {booking_id}: cannot use port {port}: {os.strerror(error)}")

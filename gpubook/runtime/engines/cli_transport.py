@@ -118,22 +118,9 @@ class CliTransport:
                  keep_end: bool = False) -> tuple[int, str, str]:
         """Run the engine with a deadline, keeping at most `limit` bytes of stdout and of stderr
         (the first ones, or the last with `keep_end`)."""
-        argv = [*self.global_argv(), *args]
-        try:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE)
-        except FileNotFoundError:
-            raise permanent(f"{self.name}: {self.binary} is not installed or not on PATH") from None
-        deadline = time.monotonic() + timeout
-        kept = _read_bounded(process, deadline=deadline, limit=limit, keep_end=keep_end)
-        if kept is not None:
-            try:
-                return process.wait(timeout=max(0.0, deadline - time.monotonic())), kept[0], kept[1]
-            except subprocess.TimeoutExpired:
-                pass
-        process.kill()
-        process.wait()
-        raise EngineError(f"{self.name} {args[0]}: no answer within {timeout:.0f} s")
+        return run_bounded([*self.global_argv(), *args], timeout=timeout, limit=limit, keep_end=keep_end,
+                           what=f"{self.name} {args[0]}",
+                           missing=f"{self.name}: {self.binary} is not installed or not on PATH")
 
     def _call(
         self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, missing_ok: bool = False
@@ -144,6 +131,27 @@ class CliTransport:
         return done.stdout
 
 
+
+
+def run_bounded(argv: Sequence[str], *, timeout: float, what: str, missing: str, limit: int = EXEC_OUTPUT_LIMIT,
+                keep_end: bool = False) -> tuple[int, str, str]:
+    """Run `argv` with a deadline, keeping at most `limit` bytes of stdout and of stderr (the first
+    ones, or the last with `keep_end`); past the deadline it is killed and "`what`: no answer within
+    N s" raised; `missing` is the permanent error when the binary is not there."""
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except FileNotFoundError:
+        raise permanent(missing) from None
+    deadline = time.monotonic() + timeout
+    kept = _read_bounded(process, deadline=deadline, limit=limit, keep_end=keep_end)
+    if kept is not None:
+        try:
+            return process.wait(timeout=max(0.0, deadline - time.monotonic())), kept[0], kept[1]
+        except subprocess.TimeoutExpired:
+            pass
+    process.kill()
+    process.wait()
+    raise EngineError(f"{what}: no answer within {timeout:.0f} s")
 
 
 def _read_bounded(process: subprocess.Popen[bytes], *, deadline: float,

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import HOST_NETWORK_RISK, network_checks
 from gpubook.runtime.engines.cli_engine import check_port_free, mount_problem
-from gpubook.runtime.engines.cli_transport import EXEC_OUTPUT_LIMIT, QUICK_TIMEOUT, _read_bounded
+from gpubook.runtime.engines.cli_transport import EXEC_OUTPUT_LIMIT, QUICK_TIMEOUT, run_bounded
 from gpubook.runtime.engines.spec import ContainerInfo, ContainerSpec, ExecResult, info_from_labels, permanent
 from gpubook.runtime.engines.udocker_runc import POLICY_ENV, RUNC_ENV
 from gpubook.runtime.errors import EngineError
@@ -117,22 +117,9 @@ class UdockerEngine:
     def _runc(self, folder: Path, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT,
               limit: int = EXEC_OUTPUT_LIMIT) -> tuple[int, str, str]:
         """runc on a container's state folder (udocker's container folder), bounded in time and output."""
-        argv = [self.runc, "--root", str(folder), *args]
-        try:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE)
-        except FileNotFoundError:
-            raise permanent(f"udocker: runc ({self.runc}) is not installed (apt-get install runc)") from None
-        deadline = time.monotonic() + timeout
-        kept = _read_bounded(process, deadline=deadline, limit=limit)
-        if kept is not None:
-            try:
-                return process.wait(timeout=max(0.0, deadline - time.monotonic())), kept[0], kept[1]
-            except subprocess.TimeoutExpired:
-                pass
-        process.kill()
-        process.wait()
-        raise EngineError(f"udocker: runc {args[0]}: no answer within {timeout:.0f} s")
+        return run_bounded([self.runc, "--root", str(folder), *args], timeout=timeout, limit=limit,
+                           what=f"udocker: runc {args[0]}",
+                           missing=f"udocker: runc ({self.runc}) is not installed (apt-get install runc)")
 
     def _wrapper(self) -> Path:
         """The runc udocker runs: udocker_runc, under this Python (it needs a name with "runc")."""

@@ -18,6 +18,7 @@ from caldav.davclient import DAVClient
 from caldav.elements import cdav
 from caldav.lib import error as dav_error
 
+from gpubook.runtime import crash
 from gpubook.scheduler.sources import DEFAULT_TIMEOUT, EventRef, WriteResult
 from gpubook.scheduler.sources.block import Outcome, apply, label
 from gpubook.scheduler.sources.errors import CalendarError, cause, short
@@ -98,9 +99,11 @@ class CalendarWriter:
             return WriteResult(written=False, reason="no etag", attempts=attempt - 1)
         try:
             # only_this_recurrence=False: PUT the whole object as read, never merge "into a master".
+            crash.point("writeback:before")
             event.save(increase_seqno=False, only_this_recurrence=False, precondition="etag")
         except (dav_error.ETagMismatchError, dav_error.ScheduleTagMismatchError):
             return None
+        crash.point("writeback:after")
         return WriteResult(written=True, reason="written", etag=event.etag, attempts=attempt)
 
     def _modify(self, event: DavEvent, ref: EventRef, outcome: Outcome) -> bool | None:

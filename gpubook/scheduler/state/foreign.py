@@ -61,7 +61,7 @@ class ForeignRecords:
     """The foreign-process half of State (its connections and transactions are State's)."""
 
     if TYPE_CHECKING:
-        def _transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
+        def _transaction(self, point: str) -> AbstractContextManager[sqlite3.Connection]: ...
 
         def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
 
@@ -71,7 +71,7 @@ class ForeignRecords:
         of the host no longer seen marked gone now. Returns the rows that are news: new, back, gone (see the
         module docstring for the processes of a group seen within `window`, which are not)."""
         stamp = stamp_of(now)
-        with self._transaction() as db:
+        with self._transaction("state.record_foreign") as db:
             before = {row.key: row for row in _rows(db.execute(
                 f"SELECT {_COLUMNS} FROM foreign_processes WHERE host = ? AND gone_at IS NULL", (host,)))}  # noqa: S608 - a constant
             seen, taken_over = _fold_repeats(db, seen, before, host=host, now=now, window=window)
@@ -92,7 +92,7 @@ class ForeignRecords:
         return changed + [ForeignRow(**{**row.__dict__, "gone_at": now}) for row in gone if not row.repeats]
 
     def foreign_action(self, row: ForeignRow, action: str) -> None:
-        with self._transaction() as db:
+        with self._transaction("state.foreign_action") as db:
             db.execute("UPDATE foreign_processes SET action = ? WHERE host = ? AND gpu = ? AND pid = ? AND started = ?",
                        (action, *row.key))
 

@@ -40,13 +40,13 @@ class ReleaseRecords:
     """The no-show half of State (its connections and transactions are State's)."""
 
     if TYPE_CHECKING:
-        def _transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
+        def _transaction(self, point: str) -> AbstractContextManager[sqlite3.Connection]: ...
 
         def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
 
     def record_release(self, booking_id: str, *, start: datetime, end: datetime, at: datetime, reason: str) -> None:
         """Record a release; a booking released again (moved, then a no-show again) gets the new one."""
-        with self._transaction() as db:
+        with self._transaction("state.record_release") as db:
             db.execute("INSERT INTO releases (booking_id, start_at, end_at, at, reason) VALUES (?, ?, ?, ?, ?) "
                        "ON CONFLICT (booking_id) DO UPDATE SET start_at = excluded.start_at, "
                        "end_at = excluded.end_at, at = excluded.at, reason = excluded.reason",

@@ -37,7 +37,7 @@ class SlotRecords:
     """The priority half of State (its connections and transactions are State's)."""
 
     if TYPE_CHECKING:
-        def _transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
+        def _transaction(self, point: str) -> AbstractContextManager[sqlite3.Connection]: ...
 
     def slots_asked(self, asked: Mapping[Key, str], *, now: datetime,
                     forget_before: datetime | None = None) -> dict[Key, SlotRow]:
@@ -45,7 +45,7 @@ class SlotRecords:
         slot than recorded, gets a fresh row (seen now, never accepted). Rows seen before
         `forget_before` and not asked for now are forgotten. Returns the rows of `asked`."""
         stamp = stamp_of(now)
-        with self._transaction() as db:
+        with self._transaction("state.slots_asked") as db:
             db.executemany(
                 "INSERT INTO slots (calendar_url, href, booking_id, slot, seen_at) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (calendar_url, href, booking_id) DO UPDATE SET slot = excluded.slot, "
@@ -65,7 +65,7 @@ class SlotRecords:
         """A plan's outcome: each accepted occurrence (with its rank in the plan and its placement)
         keeps the time it was first accepted at its slot, or gets `now`; each refused one loses it."""
         stamp = stamp_of(now)
-        with self._transaction() as db:
+        with self._transaction("state.slots_decided") as db:
             db.executemany(
                 "UPDATE slots SET rank = CASE WHEN accepted_at IS NULL THEN ? ELSE rank END, "
                 "accepted_at = COALESCE(accepted_at, ?), placement = ? "

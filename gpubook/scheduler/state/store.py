@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpubook.runtime import crash
 from gpubook.runtime.private import private_folder
 from gpubook.scheduler.state.errors import StateError, StateUnavailable
 from gpubook.scheduler.state.foreign import ForeignRecords
@@ -170,7 +171,9 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         return int(self._query("PRAGMA user_version")[0][0])
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, point: str) -> Iterator[sqlite3.Connection]:
+        """One write, committed whole or not at all; `point` names it (`state.<method>`) for the
+        crash point after its commit (runtime/crash.py)."""
         db = self._db()
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -185,6 +188,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
             if db.in_transaction:
                 _quietly_roll_back(db)
             raise self._unavailable(error) from None
+        crash.point(f"{point}:after")
 
     def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]:
         try:
@@ -204,7 +208,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         is free on this host (a port found busy is skipped, never fatal) and not `reserved` (the
         SFTP service's, even while it is down). Raises StateError when none is left. The caller
         releases it when the start fails (`release_port`)."""
-        with self._transaction() as db:
+        with self._transaction("state.port_for") as db:
             row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
             if row is not None:
                 if self._port_probe(int(row[0])):
@@ -228,7 +232,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         """Free the ports of every booking not in `keep` (those with a running container or a start
         in progress): a start that failed, or died, or a container gone, holds none. Gives the
         bookings whose port was freed."""
-        with self._transaction() as db:
+        with self._transaction("state.release_ports_except") as db:
             held = dict(db.execute("SELECT booking_id, port FROM ports").fetchall())
             freed = [booking for booking in held if booking not in keep]
             db.executemany("DELETE FROM ports WHERE booking_id = ?", [(booking,) for booking in freed])
@@ -248,14 +252,14 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     def adopt_port(self, booking_id: str, port: int, *, now: datetime | None = None) -> None:
         """Record the port a running container already uses (read from its labels after a lost
         database). A stale record of another booking on that port gives way: the running container wins."""
-        with self._transaction() as db:
+        with self._transaction("state.adopt_port") as db:
             db.execute("DELETE FROM ports WHERE port = ? AND booking_id != ?", (port, booking_id))
             db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?) "
                        "ON CONFLICT (booking_id) DO UPDATE SET port = excluded.port",
                        (booking_id, port, stamp_of(now)))
 
     def release_port(self, booking_id: str) -> None:
-        with self._transaction() as db:
+        with self._transaction("state.release_port") as db:
             db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
 
     def ports(self) -> dict[str, int]:
@@ -267,7 +271,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
                           at: datetime | None = None) -> ContainerRecord:
         """Record that `name` runs for the booking. Idempotent: an open record of that name is returned
         as it is (adopting a container after a restart records nothing new)."""
-        with self._transaction() as db:
+        with self._transaction("state.container_started") as db:
             open_row = db.execute(_OPEN_CONTAINER, (name,)).fetchone()
             if open_row is not None:
                 return container(open_row)
@@ -281,7 +285,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     def container_stopped(self, name: str, *, reason: str, at: datetime | None = None) -> ContainerRecord | None:
         """Close the open record of `name` with why it stopped ("ended", "died: exit 137", ...).
         Returns the closed record, or None when none was open (already recorded, or never seen)."""
-        with self._transaction() as db:
+        with self._transaction("state.container_stopped") as db:
             row = db.execute(_OPEN_CONTAINER, (name,)).fetchone()
             if row is None:
                 return None
@@ -317,7 +321,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     # -- write-backs ---------------------------------------------------------------------------
 
     def write_back_done(self, booking_id: str, *, status: str, etag: str | None, at: datetime | None = None) -> None:
-        with self._transaction() as db:
+        with self._transaction("state.write_back_done") as db:
             db.execute("INSERT INTO write_backs (booking_id, status, etag, written_at) VALUES (?, ?, ?, ?) "
                        "ON CONFLICT (booking_id) DO UPDATE SET status = excluded.status, etag = excluded.etag, "
                        "written_at = excluded.written_at", (booking_id, status, etag, stamp_of(at)))
@@ -334,18 +338,18 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     # -- per-booking notes (apply memory) --- ---------------------------------------------------
 
     def set_note(self, booking_id: str, key: str, value: str, *, at: datetime | None = None) -> None:
-        with self._transaction() as db:
+        with self._transaction("state.set_note") as db:
             db.execute("INSERT INTO booking_notes (booking_id, key, value, at) VALUES (?, ?, ?, ?) "
                        "ON CONFLICT (booking_id, key) DO UPDATE SET value = excluded.value, at = excluded.at",
                        (booking_id, key, value, stamp_of(at)))
 
     def clear_notes(self, booking_id: str) -> None:
         """Forget a booking's notes once its container is stopped for good."""
-        with self._transaction() as db:
+        with self._transaction("state.clear_notes") as db:
             db.execute("DELETE FROM booking_notes WHERE booking_id = ?", (booking_id,))
 
     def clear_note(self, booking_id: str, key: str) -> None:
-        with self._transaction() as db:
+        with self._transaction("state.clear_note") as db:
             db.execute("DELETE FROM booking_notes WHERE booking_id = ? AND key = ?", (booking_id, key))
 
     def notes(self, key: str) -> dict[str, str]:
@@ -368,7 +372,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         not among `keys` are forgotten (occurrences long out of the window)."""
         wanted = list(dict.fromkeys(keys))
         stamp = stamp_of(now)
-        with self._transaction() as db:
+        with self._transaction("state.first_seen") as db:
             db.executemany("INSERT OR IGNORE INTO first_seen (calendar_url, href, booking_id, seen_at) "
                            "VALUES (?, ?, ?, ?)", [(*key, stamp) for key in wanted])
             keep = set(wanted)
@@ -385,7 +389,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
 
     def queue_notice(self, *, kind: str, booking_id: str, user: str, subject: str, text: str,
                      fields: Mapping[str, Any], at: datetime | None = None) -> int:
-        with self._transaction() as db:
+        with self._transaction("state.queue_notice") as db:
             cursor = db.execute(
                 "INSERT INTO outbox (at, kind, booking_id, user, subject, text, fields) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (stamp_of(at), kind, booking_id, user, subject, text, json.dumps(dict(fields), default=str)))
@@ -401,7 +405,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         """Take a pending notice for its one delivery (a failed delivery is not retried): True for
         exactly one caller, so that two deliverers (the daemon's lane, `gpubook stop`) never send
         the same notice twice."""
-        with self._transaction() as db:
+        with self._transaction("state.notice_delivered") as db:
             cursor = db.execute("UPDATE outbox SET delivered_at = ? WHERE id = ? AND delivered_at IS NULL",
                                 (stamp_of(at), notice_id))
             return cursor.rowcount == 1
@@ -412,7 +416,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
                   at: datetime | None = None) -> int:
         if level not in LEVELS:
             raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
-        with self._transaction() as db:
+        with self._transaction("state.log_event") as db:
             cursor = db.execute("INSERT INTO events (at, booking_id, level, message) VALUES (?, ?, ?, ?)",
                                 (stamp_of(at), booking_id, level, message))
             return int(cursor.lastrowid or 0)

@@ -81,7 +81,7 @@ class UsageRecords:
     """The accounting half of State (its connections and transactions are State's)."""
 
     if TYPE_CHECKING:
-        def _transaction(self) -> AbstractContextManager[sqlite3.Connection]: ...
+        def _transaction(self, point: str) -> AbstractContextManager[sqlite3.Connection]: ...
 
         def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
 
@@ -94,7 +94,7 @@ class UsageRecords:
         `complete` (every calendar was read), bookings and rejections still to start that the pass
         no longer sees are forgotten: cancelled or moved out of the window before their start."""
         stamp = stamp_of(now)
-        with self._transaction() as db:
+        with self._transaction("state.record_bookings") as db:
             db.executemany(_UPSERT_BOOKING, [(b.booking_id, b.user, b.template, b.host, ",".join(map(str, b.gpus)),
                                               len(b.gpus), stamp_of(b.start), stamp_of(b.end), stamp)
                                              for b in accepted])
@@ -131,7 +131,7 @@ class UsageRecords:
                 used, sampled = totals.get(sample.booking_id, (0.0, 0.0))
                 totals[sample.booking_id] = (used + (sample.utilisation or 0.0) / 100 * sample.seconds,
                                              sampled + sample.seconds)
-        with self._transaction() as db:
+        with self._transaction("state.record_samples") as db:
             db.executemany("INSERT INTO gpu_samples (at, host, gpu, booking_id, utilisation, memory_used_mib, "
                            "memory_total_mib, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                            [(stamp_of(s.at), s.host, s.gpu, s.booking_id, s.utilisation, s.memory_used_mib,
@@ -163,7 +163,7 @@ class UsageRecords:
 
     def record_login(self, booking_id: str, *, user: str, at: datetime) -> None:
         """The booking's first login; a later one changes nothing."""
-        with self._transaction() as db:
+        with self._transaction("state.record_login") as db:
             db.execute("INSERT OR IGNORE INTO logins (booking_id, user, at) VALUES (?, ?, ?)",
                        (booking_id, user, stamp_of(at)))
 
