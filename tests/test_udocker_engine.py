@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -99,3 +100,13 @@ def test_the_warning_reaches_the_bookers_terminal(bookings: Bookings) -> None:
             seen += channel.recv(4096)
     notice = bookings.engine.exec(booking.spec.name, ["cat", "/run/gpubook/notice"])
     assert "ends in 10 minutes" in notice.stdout
+
+def test_dev_shm_has_the_templates_size(bookings: Bookings) -> None:
+    """udocker's spec makes /dev/shm 2 GiB whatever the template says (2097152 KiB seen before the
+    policy's shm_size): the template's size wins."""
+    bookings.template = replace(bookings.template, shm_size="300m")
+    booking = bookings.start()
+    said = bookings.engine.exec(booking.spec.name, ["df", "-k", "/dev/shm"])
+    assert said.returncode == 0, said
+    size_kib = int(said.stdout.splitlines()[-1].split()[1])
+    assert size_kib == 300 * 1024, said.stdout

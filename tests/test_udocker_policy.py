@@ -88,7 +88,7 @@ def test_the_as_booker_program_runs_the_host_unshare_with_the_bookers_ids() -> N
 
 
 def test_the_policy_gives_dev_shm_the_bookings_size() -> None:
-    # runc's rootless spec makes /dev/shm 64 MiB; the template's shm_size (NCCL, DataLoader workers) must win.
+    # udocker's spec makes /dev/shm 2 GiB (runc's own default: 64 MiB); the template's shm_size must win.
     runc_shm = {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
                 "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}
     config = {**UDOCKER_SPEC, "mounts": [*UDOCKER_SPEC["mounts"], runc_shm]}

@@ -10,7 +10,7 @@ process, never the container's (no `--hostenv`). The policy gives:
 - `mounts`: every bind of the booking with its mode (the input read-only), the driver's files;
 - `devices`: the booked GPUs' nodes only (runc binds them: no mknod in a user namespace);
 - `masked`: /proc paths to hide (the other GPUs' /proc/driver/nvidia entries);
-- `shm_size`: the size of /dev/shm (the template's; runc's own is 64 MiB);
+- `shm_size`: the size of /dev/shm (the template's; udocker sets 2 GiB for every container);
 - `env`: the environment udocker adds that must not reach the booker (the host's paths and user);
 - `args`: the container's first process, run by the host's `unshare` (with the host's own loader
   and libc, so that any image runs it) in a nested user namespace where the daemon's one id is
@@ -88,7 +88,7 @@ def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, An
 
 
 def shm_mount(mounts: list[dict[str, Any]], size: str) -> dict[str, Any]:
-    """The shared-memory tmpfs as runc's spec has it (64 MiB there), with the booking's size."""
+    """The shared-memory tmpfs as udocker's spec has it (size=2g there), with the booking's size."""
     current = next((m for m in mounts if m.get("destination") == SHM), None)
     options = (current or {}).get("options") or ["nosuid", "noexec", "nodev", "mode=1777"]
     return {"destination": SHM, "type": "tmpfs", "source": "shm",
