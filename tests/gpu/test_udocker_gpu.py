@@ -106,7 +106,7 @@ def test_udocker_gpu_bookings_end_to_end(tmp_path: Path, host_gpus: tuple[Gpu, .
     config = udocker_config(tmp_path, str(calendar.url), keys=keys, gpus=len(every), poll_seconds=60,
                             warn_minutes=0.1, template=TEMPLATE, templates_dir=templates)
     # The second booking starts while the first runs (so it gets the other GPU), not at the same
-    # second: two udocker bookings started at once lost one container (seen on the build machine).
+    # second: once, two udocker bookings started at once lost one container (build machine, not seen again).
     first = soon(15)
     starts = {user: first + timedelta(seconds=STAGGER * number) for number, user in enumerate(users)}
     end = first + timedelta(seconds=SECONDS)
