@@ -1,7 +1,8 @@
-"""Start-to-SSH-login and stop times of a debian-ssh booking, podman or Docker; prints the figures.
+"""Start-to-SSH-login and stop times of a debian-ssh booking, podman, udocker or Docker; prints the figures.
 
     python bench/container_start.py --engine podman            # as the daemon user (rootless)
     python bench/container_start.py --engine podman --network host private private-slirp
+    python bench/container_start.py --engine udocker podman --network host private   # as the daemon user
     python bench/container_start.py --engine docker --network host   # as root: a private dockerd
 
 Start-to-SSH is from `start_booking` (engine start + entrypoint + sshd) to the first successful
@@ -9,6 +10,9 @@ paramiko login of the probe key; stop is `engine.stop(name, grace)` (SIGTERM, ss
 Several networks are measured in one run, their starts interleaved (host, private, host, ...), so
 that the machine's load falls on each alike. "private" is gpubook's default (rootless podman:
 slirp4netns with the rootlesskit port handler); "private-slirp" is slirp4netns's own port handler.
+Several engines (udocker and podman, both the daemon user's) are interleaved the same way, each
+with every network it has (udocker: the host's only); each gets the image in its own store first
+(udocker: imported from the same mmdebstrap tarball) and its own data folders (their owners differ).
 """
 
 from __future__ import annotations
@@ -55,17 +59,22 @@ def podman_engine(network: str) -> Engine:
 def bench(engines: dict[str, Engine], runs: int) -> dict[str, tuple[list[float], list[float]]]:
     cache = ssh.default_cache_dir()
     template = get_template("debian-ssh")
-    first = next(iter(engines.values()))
-    overlay_image.build_rootfs_image(first, template, cache_dir=cache)
+    for engine in engines.values():
+        overlay_image.build_rootfs_image(engine, template, cache_dir=cache)
     probe_key = ssh.load_probe_key(cache / "bench-probe-key")
-    figures: dict[str, tuple[list[float], list[float]]] = {network: ([], []) for network in engines}
+    figures: dict[str, tuple[list[float], list[float]]] = {place: ([], []) for place in engines}
     with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as data_root:
-        owner = first.host_owner(2001, 2001)
-        folders = storage.prepare(Path(data_root), "alice", uid=owner[0], gid=owner[1])
+        folders = {}
+        for place, engine in engines.items():  # each engine's own: the folders' owner is the engine's
+            owner = engine.host_owner(2001, 2001)
+            (Path(data_root) / place).mkdir()
+            folders[place] = storage.prepare(Path(data_root) / place, "alice", uid=owner[0], gid=owner[1],
+                                             chown=engine.chown)
         for number in range(runs + 1):  # the first run warms caches and is not counted
-            for network, engine in engines.items():
-                starts, stops = figures[network]
-                started, stopped = one_start(engine, template, folders, probe_key, f"bench-{network}-{number}")
+            for place, engine in engines.items():
+                starts, stops = figures[place]
+                started, stopped = one_start(engine, template, folders[place], probe_key,
+                                             f"bench-{place.replace(' ', '-')}-{number}")
                 if number:
                     starts.append(started)
                     stops.append(stopped)
@@ -96,30 +105,37 @@ def one_start(engine: Engine, template: Template, folders: storage.DataFolders, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", choices=["podman", "docker"], default="podman")
+    parser.add_argument("--engine", nargs="+", choices=["podman", "udocker", "docker"], default=["podman"],
+                        help="engines measured in this one run, starts interleaved (docker alone, as root)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--docker-host", help="an existing dockerd's address (default: start one)")
     parser.add_argument("--network", nargs="+", default=["private"],
                         choices=["host", "private", "private-slirp"],
                         help="networks measured in this one run, starts interleaved (default: private)")
     args = parser.parse_args()
+    if "docker" in args.engine and len(args.engine) > 1:
+        parser.error("docker runs as root with its own dockerd: measure it alone")
     with contextlib.ExitStack() as stack:
-        if args.engine == "podman":
-            engines = {network: podman_engine(network) for network in args.network}
-        else:
-            address = args.docker_host or stack.enter_context(private_dockerd())
-            engines = {network: engine_from("docker", binary=DOCKER, global_args=("-H", address), network=network)
-                       for network in args.network}
+        engines: dict[str, Engine] = {}
+        for name in args.engine:
+            if name == "docker":
+                address = args.docker_host or stack.enter_context(private_dockerd())
+                engines.update({f"docker {network}": engine_from("docker", binary=DOCKER, global_args=("-H", address),
+                                                                 network=network) for network in args.network})
+            elif name == "udocker":  # no network namespaces: the host's network only
+                engines["udocker host"] = engine_from("udocker", network="host")
+            else:
+                engines.update({f"podman {network}": podman_engine(network) for network in args.network})
         figures = bench(engines, args.runs)
-    print("machine: Debian 12 VM, 2 cores, 24 GiB")
-    for network, (starts, stops) in figures.items():
+    print(f"machine: Debian 12 VM, 2 cores, 24 GiB; ended {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    for place, (starts, stops) in figures.items():
         print(
-            f"{args.engine} {network}: start-to-SSH-login over {len(starts)} runs: "
+            f"{place}: start-to-SSH-login over {len(starts)} runs: "
             f"median {statistics.median(starts):.3f} s, p95 {percentile(starts, 0.95):.3f} s, "
             f"min {min(starts):.3f} s, max {max(starts):.3f} s"
         )
         print(
-            f"{args.engine} {network}: stop (SIGTERM, exit, remove): median {statistics.median(stops):.3f} s, "
+            f"{place}: stop (SIGTERM, exit, remove): median {statistics.median(stops):.3f} s, "
             f"p95 {percentile(stops, 0.95):.3f} s"
         )
 

@@ -93,6 +93,7 @@ def build(args: Namespace) -> int:
             binary=getattr(args, "binary", None),
             runtime=getattr(args, "runtime", None),
             storage_driver=getattr(args, "storage_driver", None),
+            network=getattr(args, "network", None) or "private",
         )
         cache = ssh.default_cache_dir()
         if template.build is not None:

@@ -68,6 +68,10 @@ PROOT_REFUSED = ("udocker's P modes (PRoot) are refused: they run a booker's pro
                  "the daemon")
 NETWORK_REFUSED = ('udocker has no network namespaces: set [engine] network = "host" (bookings then share the host '
                    f"network: {HOST_NETWORK_RISK})")
+# podman's docker-archive links each layer.tar to its blob, and udocker 1.3.17's `load` keeps the links,
+# not the layers, and says it loaded the image; an OCI archive of the same image loads whole.
+DOCKER_ARCHIVE = "udocker cannot load the layers of podman's docker-archive"
+LOAD_WAY = "`podman save --format oci-archive -o FILE IMAGE` and `udocker load -i FILE`"
 NO_ROOT = ("udocker: the booker is the container's only user (one id, the daemon's own, without newuidmap): no root "
            "and no sudo inside, no memory or process limits, and every file written belongs to the daemon's user")
 
@@ -123,6 +127,11 @@ class UdockerEngine:
 
     def _wrapper(self) -> Path:
         """The runc udocker runs: udocker_runc, under this Python (it needs a name with "runc")."""
+        # udocker makes its store with the umask (0755): every booking's root, its /tmp and what
+        # the booker leaves there, would be readable by every account on the host.
+        self.top.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.top.stat().st_mode & 0o077:
+            self.top.chmod(0o700)
         path = self.top / "gpubook" / "gpubook-runc"
         text = (f"#!{sys.executable}\nimport sys\n"
                 "from gpubook.runtime.engines.udocker_runc import main\nsys.exit(main())\n")
@@ -142,11 +151,21 @@ class UdockerEngine:
     def ensure_image(self, image: str, *, pull: bool = False) -> None:
         if self.image_exists(image):
             return
+        if problem := _name_problem(image):
+            raise permanent(problem)
         if pull:
             self._udocker(["pull", image], timeout=RUN_TIMEOUT)
             return
-        raise permanent(f"image {image} is not present in udocker's store ({self.top}): "
-                        f"`udocker pull {image}`, `udocker load -i` a saved image, or `gpubook templates build`")
+        if image in self._listed():
+            raise permanent(f"image {image} is in udocker's store ({self.top}) but udocker cannot use it (its layers "
+                            f"are missing: {DOCKER_ARCHIVE}): `udocker rmi {image}`, then {LOAD_WAY}")
+        raise permanent(f"image {image} is not present in udocker's store ({self.top}): {LOAD_WAY}, "
+                        f"`udocker pull {image}`, or `gpubook templates build`")
+
+    def _listed(self) -> set[str]:
+        """The names `udocker images` lists, usable or not."""
+        done = self._udocker(["images"], check=False)
+        return {line.split()[0] for line in done.stdout.splitlines() if line.strip()} - {"REPOSITORY"}
 
     def import_rootfs(self, tarball: Path, tag: str) -> None:
         if self.image_exists(tag):
@@ -154,8 +173,9 @@ class UdockerEngine:
         self._udocker(["import", str(tarball), tag], timeout=RUN_TIMEOUT)
 
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
-        raise permanent(f"udocker cannot build images (needed for {tag}): use a template whose image has sshd, "
-                        "or build it with podman and `udocker load -i` the saved image")
+        raise permanent(f"udocker cannot build images, and {tag} (sshd for a template with has_sshd = false) is not "
+                        f"in its store: make an image with sshd with podman, load it ({LOAD_WAY}) and name it in "
+                        "the template with has_sshd = true")
 
     # --- containers -------------------------------------------------------------------------------
 
@@ -383,6 +403,15 @@ def _udocker_binary() -> str:
     """udocker on PATH, else beside this Python (a venv's bin, where pip put it)."""
     beside = Path(sys.executable).parent / "udocker"
     return shutil.which("udocker") or (str(beside) if beside.exists() else "udocker")
+
+
+def _name_problem(image: str) -> str | None:
+    """udocker 1.3.17 reads an image's tag from its first ':', so a registry's port breaks the name."""
+    first, _, rest = image.partition("/")
+    if not rest or ":" not in first:
+        return None
+    return (f"udocker cannot name an image whose registry has a port ({image}): pull it with `udocker pull "
+            f"--registry=https://{first} {rest}` and name it {rest} in the template")
 
 
 def host_helper() -> dict[str, Path]:

@@ -128,6 +128,7 @@ def cmd_templates(args: argparse.Namespace) -> int:
         args.templates_dir = loaded.templates_dir
         args.engine, args.binary = loaded.engine.name, loaded.engine.binary
         args.runtime, args.storage_driver = loaded.engine.runtime, loaded.engine.storage_driver
+        args.network = loaded.engine.network  # udocker refuses any engine made without "host"
     action = {"list": templates_cli.list_templates, "show": templates_cli.show,
               "validate": templates_cli.validate, "build": templates_cli.build}[args.templates_command]
     status = action(args)

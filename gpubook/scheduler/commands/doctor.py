@@ -20,7 +20,8 @@ from pathlib import Path
 
 from gpubook.runtime import engines, gpus, images, overlay_image, sftp, ssh, storage
 from gpubook.runtime.checks import Check, exit_status, format_checks
-from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.engines import Engine
+from gpubook.runtime.errors import EngineError, GpubookError
 from gpubook.runtime.mounts import missing_mount_flags
 from gpubook.runtime.nvidia import MPS_PIPE_DIRECTORY
 from gpubook.runtime.templates import Template, load_all
@@ -89,11 +90,41 @@ def image_checks(loaded: config_module.Config) -> list[Check]:
                                 "or is invalid (see templates above)", "add the template or change the config"))
             continue
         try:
-            result.append(_image_check(template, exists, engine_name=loaded.engine.name))
+            if isinstance(engine, images.ImageEngine):
+                result.append(_image_check(template, exists, engine_name=loaded.engine.name))
+            else:
+                result.append(_store_check(template, engine))
         except GpubookError as error:
             result.append(Check(f"image {name}", False, f"cannot ask the engine: {error}",
                                 "see the engine checks above"))
     return result
+
+
+def _store_check(template: Template, engine: Engine) -> Check:
+    """An engine gpubook does not pull with (udocker): the image is in its store, or the engine's
+    sentence says how an admin puts it there; bookings wait for it, nothing pulls it."""
+    image = overlay_image.base_image(template)
+    try:
+        engine.ensure_image(image)
+    except EngineError as error:
+        if error.temporary:
+            raise
+        return Check(f"image {template.name}", False, f"{error}; gpubook does not pull with engine {engine.name}, "
+                     "so its bookings wait until it is there", f"as the daemon's user, put {image} into the store")
+    if not template.has_sshd and not _present(engine, overlay_image.run_image(template)):
+        return Check(f"image {template.name}", False, f"{image} has no sshd (has_sshd = false), and its sshd "
+                     f"overlay {overlay_image.run_image(template)} is not in engine {engine.name}'s store (udocker "
+                     "builds no image): its bookings wait until it is there",
+                     "make an image with sshd, put it into the store and name it in the template with has_sshd = true")
+    return Check(f"image {template.name}", True, f"{image} is in the engine's store")
+
+
+def _present(engine: Engine, image: str) -> bool:
+    try:
+        engine.ensure_image(image)
+    except EngineError:
+        return False
+    return True
 
 
 def _image_check(template: Template, exists: Callable[[str], bool], *, engine_name: str) -> Check:

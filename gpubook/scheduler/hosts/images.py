@@ -24,7 +24,7 @@ from typing import Any
 
 from gpubook.runtime import images, overlay_image
 from gpubook.runtime.engines import Engine
-from gpubook.runtime.errors import GpubookError, Preparing
+from gpubook.runtime.errors import EngineError, GpubookError, Preparing
 from gpubook.runtime.templates import Template
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,14 @@ class ImagePreparer:
                 self._states[key_of(template)] = Preparation(template.name, template.image,
                                                              overlay_image.run_image(template), READY, now)
             return overlay_image.run_image(template)
+        if current is not None and current.state == FAILED and self._present(template):
+            # Put there by hand since it failed (udocker's store is filled by an admin's `udocker
+            # load`): the booking starts now, not at the retry, which may be an hour away.
+            with self._lock:
+                self._states[key_of(template)] = replace(current, state=READY, since=now, why="", retry_at=None,
+                                                         detail="present (put there since it failed)")
+            log.info("template %s: its image is ready (present since it failed)", template.name)
+            return overlay_image.run_image(template)
         if current is not None and current.busy and self._present(template):
             # Queued by this very pass (a booking saved after its start) or being refreshed: the
             # booking runs the image already here instead of waiting for the pull; the preparation
@@ -187,7 +195,7 @@ class ImagePreparer:
             if not template.has_sshd:
                 self._set(template, state=BUILDING)
                 log.info("template %s: building its sshd overlay in the background", template.name)
-                tag = overlay_image.build_overlay(self.engine, template)
+                tag = self._overlay(template)
                 self.ledger.add(tag, kind="overlay")
             size = self._size(overlay_image.run_image(template))
             self._set(template, state=READY, detail=detail, why="", retry_at=None, size=size)
@@ -201,6 +209,15 @@ class ImagePreparer:
         finally:
             if self.on_done is not None:
                 self.on_done()
+
+    def _overlay(self, template: Template) -> str:
+        try:
+            return overlay_image.build_overlay(self.engine, template)
+        except EngineError as error:
+            if error.temporary or isinstance(self.engine, images.ImageEngine):
+                raise
+            # An engine that builds nothing (udocker): the image with sshd is missing from its store.
+            raise images.PullError(images.NOT_FOUND, str(error)) from None
 
     def _pull(self, template: Template) -> str:
         """Make the template's image present; say which source served it (and tell `on_pull`)."""
@@ -219,8 +236,13 @@ class ImagePreparer:
     def _fetch(self, template: Template) -> tuple[str, str]:
         engine = self.engine
         reference = images.parse_reference(template.image)
-        if not isinstance(engine, images.ImageEngine):  # a site's engine that cannot pull: present or not
-            engine.ensure_image(overlay_image.base_image(template))
+        if not isinstance(engine, images.ImageEngine):  # udocker, a site's engine: its own store, present or not
+            try:
+                engine.ensure_image(overlay_image.base_image(template))
+            except EngineError as error:
+                if error.temporary:
+                    raise
+                raise images.PullError(images.NOT_FOUND, str(error)) from None  # the engine's sentence says how
             return "present", "present"
         if self._storage is None:
             self._storage = engine.storage_path()
