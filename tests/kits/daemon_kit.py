@@ -41,6 +41,13 @@ DAEMON_MODULE = [
 ]
 
 
+# `[engine]` of write_config's `engine`: rootless podman, or udocker (which has only the host's network).
+ENGINE_LINES = {
+    "podman": ('name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"'),
+    "udocker": ('name = "udocker"', 'network = "host"'),
+}
+
+
 def port_range(size: int = 20) -> tuple[int, int]:
     """A block of ports that nothing uses now, away from other tests' free_port() picks."""
     import socket
@@ -70,7 +77,7 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
                  poll_seconds: float = 60, warn_minutes: float = 0.1, stale_after_minutes: float = 30,
                  notice_seconds: float = 3, restart_backoff_seconds: float = 1, template: str = "debian-ssh",
                  templates_dir: Path | None = None, engine_lines: Sequence[str] = (),
-                 gpu_lines: Sequence[str] = ()) -> Path:
+                 gpu_lines: Sequence[str] = (), engine: str = "podman") -> Path:
     low, high = port_range()
     if not (folder / "data").exists():
         # gpubook refuses a data_root without nosuid,nodev: the test mount's, seen as folder/data.
@@ -80,8 +87,7 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
         '[[calendar]]', f'url = "{calendar_url}"', 'username = "test"', '',
         '[gpus]', f'count = {gpus}', *gpu_lines, '',
         '[defaults]', f'template = "{template}"', 'gpus = 1', f'warn_minutes = {warn_minutes}', '',
-        '[engine]', 'name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"',
-        'stop_grace_seconds = 1', *engine_lines, '',
+        '[engine]', *ENGINE_LINES[engine], 'stop_grace_seconds = 1', *engine_lines, '',
         '[storage]', f'data_root = "{folder / "data"}"', '',
         '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
         '[daemon]', f'poll_seconds = {poll_seconds}', f'state_dir = "{folder / "state"}"',

@@ -87,6 +87,7 @@ __all__ = [
     "host_owner",
     "network_checks",
     "mps_problem",
+    "engine_network_problem",
     "network_problem",
     "service_runner",
     "booking_id_problem",
@@ -292,6 +293,19 @@ def mps_problem(settings: EngineSettings) -> str | None:
     return getattr(engine_class, "mps_refused", None)
 
 
+def engine_network_problem(settings: EngineSettings) -> str | None:
+    """Why this engine cannot make the `[engine] network` asked for (udocker has no network
+    namespaces: only "host"); None where it can, or where the engine cannot be loaded."""
+    try:
+        engine_class = REGISTRY.load(settings.name)
+    except EngineError:
+        return None
+    if settings.network in getattr(engine_class, "networks", NETWORKS):
+        return None
+    return getattr(engine_class, "network_refused", None) or (
+        f"engine {settings.name!r} cannot make a {settings.network!r} network")
+
+
 def _not_negative(value: float) -> str | None:
     return None if value >= 0 else "must be 0 or more"
 
@@ -347,6 +361,8 @@ def engine_from(
 def preflight(settings: EngineSettings) -> list[Check]:
     """The engine's own preflight (its networks' checks included); one failed check, and the network
     setting's line, when the engine cannot even be made."""
+    if (refused := engine_network_problem(settings)) is not None:
+        return [Check("engine network", False, refused, "set [engine] network to one this engine makes, or use podman")]
     try:
         engine = make_engine(settings)
     except EngineError as error:

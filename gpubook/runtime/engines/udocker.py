@@ -27,6 +27,8 @@ the container's root, which the booker owns.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -35,12 +37,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines import HOST_NETWORK_RISK, network_checks
+from gpubook.runtime.engines import HOST_NETWORK_RISK
 from gpubook.runtime.engines.cli_engine import check_port_free, mount_problem
 from gpubook.runtime.engines.cli_transport import EXEC_OUTPUT_LIMIT, QUICK_TIMEOUT, run_bounded
 from gpubook.runtime.engines.spec import ContainerInfo, ContainerSpec, ExecResult, info_from_labels, permanent
@@ -72,12 +74,18 @@ NETWORK_REFUSED = ('udocker has no network namespaces: set [engine] network = "h
 # not the layers, and says it loaded the image; an OCI archive of the same image loads whole.
 DOCKER_ARCHIVE = "udocker cannot load the layers of podman's docker-archive"
 LOAD_WAY = "`podman save --format oci-archive -o FILE IMAGE` and `udocker load -i FILE`"
+# doctor's network line: flagged as podman's "host" is, with the only way out (udocker makes no other).
+HOST_NETWORK_CHECK = Check("engine network", False, f"udocker shares the host network: {HOST_NETWORK_RISK}",
+                           'where bookers must not reach each other, use podman with [engine] network = "private"')
 NO_ROOT = ("udocker: the booker is the container's only user (one id, the daemon's own, without newuidmap): no root "
            "and no sudo inside, no memory or process limits, and every file written belongs to the daemon's user")
 
 
 class UdockerEngine:
     name = "udocker"
+    # The networks it makes, and why not the others: the config refuses the rest with this sentence.
+    networks = ("host",)
+    network_refused = NETWORK_REFUSED
     # [gpus] mps, refused by the config: every udocker container is the daemon's own user on the host.
     mps_refused = ('cannot be used with [engine] name = "udocker": every booking runs as the daemon\'s own user, '
                    "so the MPS pipe folder every booking writes into would let one booker reach another's "
@@ -104,12 +112,12 @@ class UdockerEngine:
             env[POLICY_ENV] = str(policy)
         return env
 
-    def _udocker(self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT,
-                 check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _udocker(self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, check: bool = True,
+                 keep_fds: Sequence[int] = ()) -> subprocess.CompletedProcess[str]:
         argv = [self.binary, *self.global_args, *args]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self._env(),
-                                  stdin=subprocess.DEVNULL, check=False)
+                                  stdin=subprocess.DEVNULL, check=False, pass_fds=tuple(keep_fds))
         except FileNotFoundError:
             raise permanent(f"udocker: {self.binary} is not installed (pip install 'gpubook[udocker]')") from None
         except subprocess.TimeoutExpired:
@@ -226,7 +234,34 @@ class UdockerEngine:
                 found.append(info)
         return found
 
+    @contextlib.contextmanager
+    def _name_lock(self, name: str) -> Iterator[int]:
+        """Held while the container `name` is made, by this process and by its `udocker create`,
+        which inherits it: a daemon started after a kill -9 waits for the killed one's create to
+        end rather than race it for the name (the loser's copy of the image was left behind)."""
+        folder = self.top / "gpubook" / "locks"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + RUN_TIMEOUT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise EngineError(f"container {name}: another udocker create of it still runs after "
+                                          f"{RUN_TIMEOUT:.0f} s") from None
+                    time.sleep(0.2)
+            yield fd
+        finally:
+            os.close(fd)
+
     def start(self, spec: ContainerSpec) -> ContainerInfo:
+        with self._name_lock(spec.name) as lock:
+            return self._start(spec, lock=lock)
+
+    def _start(self, spec: ContainerSpec, *, lock: int) -> ContainerInfo:
         current = self.inspect(spec.name)
         if current is not None:
             if current.running and current.spec_hash == spec.spec_hash:
@@ -235,15 +270,27 @@ class UdockerEngine:
                 raise permanent(f"booking {spec.booking_id}: {spec.name} already runs with another spec "
                                 f"(hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first")
             self._remove(spec.name)
+        elif (self.top / "containers" / spec.name).is_symlink() and self._folder(spec.name) is None:
+            # gpubook's name with none of its labels beside it (read again here: `current` may be a
+            # caller's stale view of someone else's running container): a start cut off between
+            # `udocker create` and the labels (a kill -9 of the daemon). The name would refuse every create.
+            log.warning("container %s: left by a start cut off before its labels; removed", spec.name)
+            self._remove(spec.name)
         check_port_free(spec.booking_id, spec.port)
         self.ensure_image(spec.image)
         for mount in spec.mounts:
             if problem := mount_problem(mount):
                 raise permanent(f"booking {spec.booking_id}: {problem}")
-        created = self._udocker(["create", f"--name={spec.name}", spec.image], timeout=RUN_TIMEOUT)
+        created = self._udocker(["create", f"--name={spec.name}", spec.image], timeout=RUN_TIMEOUT, check=False,
+                                keep_fds=(lock,))
         container_id = created.stdout.strip().splitlines()[-1].strip() if created.stdout.strip() else ""
         folder = self.top / "containers" / container_id
-        if not container_id or not folder.is_dir():
+        made = bool(container_id) and folder.is_dir() and not folder.is_symlink()
+        if created.returncode != 0:
+            if made:  # the copy was made and the name then taken (a killed daemon's create ending meanwhile)
+                self._remove(container_id)
+            raise EngineError(f"udocker create: {_message(created)}")
+        if not made:
             raise EngineError(f"udocker create gave no container for {spec.name}: {_message(created)}")
         try:
             return self._run(spec, folder)
@@ -302,6 +349,8 @@ class UdockerEngine:
         namespace goes with it); then its folder is removed. The bound folders stay."""
         folder = self._folder(name)
         if folder is None:
+            if (self.top / "containers" / name).is_symlink():
+                self._remove(name)  # a start cut off before its labels: never ran
             return
         runc_id = _read(folder / RUNC_ID_FILE).strip()
         if runc_id and self._state(folder)[0] == "running":
@@ -358,17 +407,20 @@ class UdockerEngine:
 
     # --- doctor -----------------------------------------------------------------------------------
 
+    def mode_line(self) -> str:
+        """The engine and how it runs containers, for doctor and `gpubook status`."""
+        return f"udocker {MODE}, the host's runc ({self.runc}) in an unprivileged user namespace"
+
     def preflight(self) -> builtins.list[Check]:
         checks = [self._binary_check()]
         if not checks[0].ok:
-            return [*checks, *network_checks(self.settings)]
+            return [*checks, HOST_NETWORK_CHECK]
         mode_problem = self.mode_problem()
         checks.append(Check("udocker mode", mode_problem is None,
-                            mode_problem or f"{MODE}: the host's runc ({self.runc}) in an unprivileged user "
-                            "namespace; PRoot (P modes) refused", "install runc and allow unprivileged user "
-                            "namespaces (kernel.unprivileged_userns_clone = 1), or use podman"))
+                            mode_problem or f"{self.mode_line()}; PRoot (P modes) refused", "install runc and allow "
+                            "unprivileged user namespaces (kernel.unprivileged_userns_clone = 1), or use podman"))
         checks.append(Check("udocker isolation", True, NO_ROOT))
-        return [*checks, *network_checks(self.settings)]
+        return [*checks, HOST_NETWORK_CHECK]
 
     def _binary_check(self) -> Check:
         try:

@@ -26,7 +26,7 @@ from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.locks import LOCK_FILE
-from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status, setup_findings
+from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status, engine_line, setup_findings
 from gpubook.scheduler.outbox.status_file import STATUS_FILE
 from gpubook.scheduler.sources.errors import printable
 from gpubook.scheduler.state import LogEntry, State, port_range_problem
@@ -116,7 +116,7 @@ def status(config_path: str, *, as_json: bool = False) -> int:
         held = set(state.ports().values()) | ({config.sftp.port} if config.sftp.enabled else set())
     if live is not None and (taken := port_range_problem(config.ssh.port_min, config.ssh.port_max, held=held)):
         report = replace(report, problems=(*report.problems, taken))
-    report = replace(report, findings=setup_findings(config.engine), recent_warnings=tuple(
+    report = replace(report, findings=setup_findings(config.engine), engine=engine_line(engine), recent_warnings=tuple(
         printable(f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}") for e in problems))
     limits = getattr(engine, "limits_problem", lambda: None)()  # an engine may enforce everything
     if limits is not None:

@@ -65,6 +65,8 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         for section in SECTIONS:
             if section.refusal is not None and (problem := section.refusal(read[section.name])):
                 reader.error(section.name, problem)
+        if problem := engines.engine_network_problem(read["engine"]):
+            reader.error("engine.network", problem)  # an engine that makes only some networks (udocker: "host")
         if read["gpus"].mps and (problem := engines.mps_problem(read["engine"])):
             reader.error("gpus.mps", problem)  # the engine's own reason (Docker: root inside is host root)
     if reader.errors:

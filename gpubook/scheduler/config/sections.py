@@ -54,7 +54,7 @@ def _monitor_problem(name: str) -> str | None:
 
 # The rules of the engines' own checks (runtime.engines.SETTING_CHECKS), in words.
 ENGINE_RULES = {
-    "name": '"podman", "docker" or a loadable "package.module:Class"',
+    "name": '"podman", "docker", "udocker" or a loadable "package.module:Class"',
     "network": 'one of "host", "private"',
     "stop_grace_seconds": "0 or more",
     "pids_limit": "0 or more",
@@ -67,14 +67,16 @@ ENGINE = Section(
     "engine", EngineSettings, "the container engine every booking runs in, and the limits it sets",
     checks={name: Check(ENGINE_RULES.get(name, ""), test) for name, test in engines.SETTING_CHECKS.items()},
     helps={
-        "name": '"podman", "docker", or a dotted path "package.module:Class"',
+        "name": '"podman", "docker", "udocker" (no podman, no setuid helper: needs network = "host"), or a dotted '
+                'path "package.module:Class"',
         "binary": "the engine's command; default: the engine's name, looked up on PATH",
-        "runtime": 'OCI runtime for podman ("runc", "crun"); default: the engine\'s own',
+        "runtime": 'OCI runtime for podman ("runc", "crun"), the runc udocker runs (a path); default: the '
+                   "engine's own (udocker: runc on PATH or in /usr/sbin)",
         "storage_driver": 'podman storage driver ("overlay", "vfs"); default: the podman store\'s own driver, so '
                           "gpubook and a plain `podman` see the same store (gpubook doctor checks they agree)",
         "network": '"private": each booking in its own network namespace with only its SSH port published '
                    '(rootless podman: slirp4netns); "host": the host\'s network, where bookers reach each other\'s '
-                   "services and can squat ports (flagged by status and doctor)",
+                   "services and can squat ports (flagged by status and doctor); udocker makes only \"host\"",
         "ulimits": 'ulimits of every container, such as ["nofile=1024:1024"]',
         "pids_limit": "processes per container (--pids-limit, where cgroups enforce it) and per uid inside it "
                       "(the nproc ulimit); 0: no limit",

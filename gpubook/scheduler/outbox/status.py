@@ -99,6 +99,7 @@ class Status:
     images: Mapping[str, Any] | None = None  # images prepared ahead (hosts/images.py ImagePreparer.snapshot)
     rejected: tuple[RejectedBooking, ...] = ()  # refused bookings with their reasons (outbox/timeline.py)
     foreign: tuple[Mapping[str, Any], ...] = ()  # processes on GPUs outside bookings (outbox/foreign.py)
+    engine: str | None = None  # the engine and its mode ("udocker R1, the host's runc ..."): `gpubook status` sets it
 
     @property
     def main(self) -> HostStatus:
@@ -134,7 +135,7 @@ class Status:
                    recent_warnings=tuple(data.get("recent_warnings", ())), counts=data.get("counts", {}),
                    sftp=data.get("sftp"), images=data.get("images"),
                    rejected=tuple(RejectedBooking(**r) for r in data.get("rejected", ())),
-                   foreign=tuple(data.get("foreign", ())), **known)
+                   foreign=tuple(data.get("foreign", ())), engine=data.get("engine"), **known)
 
     def with_containers(self, containers: Iterable[ContainerInfo], *, ports: Mapping[str, int]) -> Status:
         """The same status with what runs now, as the engine lists it (ports from State where a label lacks one)."""
@@ -176,6 +177,8 @@ class Status:
                              f"GPU {','.join(map(str, upcoming.gpus)):<5} "
                              f"{local(upcoming.start)} → {local(upcoming.end)}{_id(upcoming.title, upcoming.id)}")
         lines.append(f"Last poll: {local(self.last_poll)} (last successful: {local(self.last_poll_ok)})")
+        if self.engine:
+            lines.append(f"Engine: {self.engine}")
         if self.outage:
             lines.append(f"Calendar unreachable: {self.outage}")
         lines.extend(sftp_lines(self.sftp))
@@ -234,6 +237,12 @@ def image_lines(images: Mapping[str, Any] | None, *, sizes: bool = False) -> lis
         if sizes and item["state"] == "ready" and item.get("detail"):
             lines.append(f"    {item['detail']}")
     return lines
+
+
+def engine_line(engine: Any) -> str:
+    """The engine's name and, where it says one, its mode (udocker: R1 with the host's runc)."""
+    mode_line = getattr(engine, "mode_line", None)
+    return mode_line() if callable(mode_line) else str(engine.name)
 
 
 def setup_findings(engine: EngineSettings) -> tuple[str, ...]:
