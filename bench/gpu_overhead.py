@@ -11,7 +11,12 @@ Measures, on the GPU test host (after `source .bundle/podman-on-gpuhost.sh .bund
   (images/s on 2 GPUs / on 1) bare versus container;
 - start of a GPU container to its first CUDA kernel: wall time from just before `podman run`
   to the end of a no-op kernel launched through the CUDA driver API (ctypes, no PyTorch import
-  in the way), against the same program started bare.
+  in the way), against the same program started bare;
+- with --udocker-account NAME: udocker as a third place in the same rounds (gpubook's udocker
+  engine, R1 with the host's runc, run as that ordinary account through bench/udocker_place.py;
+  the host's root file system made into one udocker container once, run afresh each time); its
+  ratios against bare metal are reported beside podman's. The source tree must be readable by
+  the account (tests/gpu/run_udocker_gpu.sh makes the account and such a copy).
 
 Every measurement is a fresh process (and container). Prints the figures, writes JSON to --out.
 `--selftest` checks the arguments, imports and statistics on a machine without a GPU.
@@ -19,6 +24,7 @@ Every measurement is a fresh process (and container). Prints the figures, writes
 Usage on the GPU host, from the repository root:
     PYTHONPATH=. python3 bench/gpu_overhead.py --gpus 1 --out bench-gpu1.json
     PYTHONPATH=. python3 bench/gpu_overhead.py --gpus 2 --out bench-gpu2.json
+    PYTHONPATH=. python3 bench/gpu_overhead.py --gpus 1 --udocker-account gpubook-ud --out bench-ud.json
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CONTAINER_BENCH = "/gpubook-bench"
 WORKER_ENV = {"NCCL_NVLS_ENABLE": "0"}  # NVLink multicast must stay off on the test hosts
+UDOCKER_CONTAINER = "gpubook-bench-hostroot"
 
 NOOP_PTX = (
     b".version 7.0\n.target sm_50\n.address_size 64\n"
@@ -182,9 +189,43 @@ class Runner:
 
         self.hostroot, self.nvidia, self.options = hostroot, nvidia, options
         self.driver = nvidia.discover()
+        preparing = self.prepare_udocker() if options.udocker_account else None
         self.image = options.image or hostroot.ensure_host_image()
+        if preparing is not None:
+            preparing()
         self.cache_dir = Path(options.cache_dir)
         self.port = 29600
+
+    def as_account(self, argv: list[str]) -> list[str]:
+        """argv run as the udocker account, with this tree (and the bundle's site) importable."""
+        import pwd  # noqa: PLC0415
+
+        account = pwd.getpwnam(self.options.udocker_account)
+        path = os.environ.get("PYTHONPATH", "")
+        return ["runuser", "-u", account.pw_name, "--", "env", "-i", f"HOME={account.pw_dir}",
+                f"USER={account.pw_name}", f"PATH={os.environ.get('PATH', '/usr/bin:/bin')}",
+                f"PYTHONPATH={REPO}{os.pathsep + path if path else ''}", "PYTHONDONTWRITEBYTECODE=1",
+                sys.executable, str(HERE / "udocker_place.py"), *argv]
+
+    def prepare_udocker(self):
+        """Start making the udocker container from a tar of the host's root (beside podman's import
+        of the same); returns the wait for it."""
+        tar = subprocess.Popen(self.hostroot.host_tar_argv(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        started = time.monotonic()
+        made = subprocess.Popen(self.as_account(["prepare", UDOCKER_CONTAINER, "--runc", self.options.udocker_runc]),
+                                stdin=tar.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert tar.stdout is not None
+        tar.stdout.close()
+
+        def wait() -> None:
+            out, err = made.communicate(timeout=900)
+            tar.wait()
+            if made.returncode != 0:
+                raise RuntimeError(f"making the udocker container failed: {out[-1000:]} {err[-2000:]}")
+            print(f"udocker container {UDOCKER_CONTAINER} made from the host's root in "
+                  f"{time.monotonic() - started:.0f} s", flush=True)
+
+        return wait
 
     def injection(self, gpus: int):
         return self.nvidia.inject(self.driver, list(range(gpus)), cache_dir=self.cache_dir)
@@ -202,6 +243,12 @@ class Runner:
         return self.hostroot.run_argv(
             self.image, command, injection=self.injection(gpus), extra=extra
         )
+
+    def udocker_argv(self, gpus: int, command: list[str]) -> list[str]:
+        mounts = ["--mount", "/opt/torch:/opt/torch:ro", "--mount", f"{HERE}:{CONTAINER_BENCH}:ro"]
+        env = [f"--env={name}={value}" for name, value in WORKER_ENV.items()]
+        return self.as_account(["run", UDOCKER_CONTAINER, "--runc", self.options.udocker_runc, "--gpus", str(gpus),
+                                "--shm-size=8g", *mounts, *env, "--", *command])
 
     def bare_env(self, gpus: int) -> dict[str, str]:
         return os.environ | WORKER_ENV | {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
@@ -233,7 +280,8 @@ class Runner:
             )
         else:
             command = [self.options.torch_python, f"{CONTAINER_BENCH}/gpu_overhead.py", *args]
-            result, _ = self._run(self.container_argv(gpus, command), None)
+            place = self.udocker_argv if where == "udocker" else self.container_argv
+            result, _ = self._run(place(gpus, command), None)
         return float(result["images_per_s"])
 
     def startup(self, where: str) -> float:
@@ -242,31 +290,53 @@ class Runner:
                 ["python3", str(HERE / "gpu_overhead.py"), "--worker", "first-kernel"],
                 self.bare_env(1),
             )
+        elif where == "udocker":  # from just before `udocker run`, as the account (not runuser's start)
+            command = ["python3", f"{CONTAINER_BENCH}/gpu_overhead.py", "--worker", "first-kernel"]
+            result, _ = self._run(self.udocker_argv(1, command), None)
+            started = float(result["started"])
         else:
             command = ["python3", f"{CONTAINER_BENCH}/gpu_overhead.py", "--worker", "first-kernel"]
             result, started = self._run(self.container_argv(1, command), None)
         return float(result["kernel_done"]) - started
 
 
-def alternate(runner: Runner, gpus: int, pairs: int) -> dict:
-    bare, container = [], []
-    for pair in range(pairs):
-        order = ("bare", "container") if pair % 2 == 0 else ("container", "bare")
+def rounds(places: tuple[str, ...], count: int) -> list[tuple[str, ...]]:
+    """The order of the places in each round: rotated every round, so drift cancels."""
+    return [places[r % len(places):] + places[:r % len(places)] for r in range(count)]
+
+
+def alternate(runner: Runner, gpus: int, pairs: int, places: tuple[str, ...] = ("bare", "container")) -> dict:
+    rates: dict[str, list[float]] = {where: [] for where in places}
+    for pair, order in enumerate(rounds(places, pairs)):
         for where in order:
             rate = runner.train(where, gpus)
-            (bare if where == "bare" else container).append(rate)
+            rates[where].append(rate)
             print(
-                f"  {gpus} GPU(s) pair {pair + 1}/{pairs} {where:9s}: {rate:8.1f} images/s",
+                f"  {gpus} GPU(s) round {pair + 1}/{pairs} {where:9s}: {rate:8.1f} images/s",
                 flush=True,
             )
+    return summary(rates)
+
+
+def summary(rates: dict[str, list[float]]) -> dict:
+    bare, container = rates["bare"], rates["container"]
     ratio = median_ratio(bare, container)
-    return {
+    result = {
         "bare_images_per_s": bare,
         "container_images_per_s": container,
         "ratios": [c / b for b, c in zip(bare, container, strict=True)],
         "median_ratio": ratio,
         "overhead_percent": (1 - ratio) * 100,
     }
+    if "udocker" in rates:
+        udocker = rates["udocker"]
+        result |= {
+            "udocker_images_per_s": udocker,
+            "udocker_ratios": [u / b for b, u in zip(bare, udocker, strict=True)],
+            "udocker_median_ratio": median_ratio(bare, udocker),
+            "udocker_overhead_percent": (1 - median_ratio(bare, udocker)) * 100,
+        }
+    return result
 
 
 def machine_facts(runner: Runner) -> dict:
@@ -294,21 +364,24 @@ def measure(options: argparse.Namespace) -> dict:
         f"driver {runner.driver.version}; GPUs: "
         + ", ".join(g.name or "?" for g in runner.driver.gpus)
     )
-    bare_start, container_start = [], []
-    for run in range(options.startup_runs):
-        for where in ("bare", "container") if run % 2 == 0 else ("container", "bare"):
+    places = ("bare", "container", "udocker") if options.udocker_account else ("bare", "container")
+    starts: dict[str, list[float]] = {where: [] for where in places}
+    for order in rounds(places, options.startup_runs):
+        for where in order:
             seconds = runner.startup(where)
-            (bare_start if where == "bare" else container_start).append(seconds)
+            starts[where].append(seconds)
             print(f"  start to first CUDA kernel, {where:9s}: {seconds:.3f} s", flush=True)
     result["startup"] = {
-        "bare_s": bare_start,
-        "container_s": container_start,
-        "bare_median_s": statistics.median(bare_start),
-        "container_median_s": statistics.median(container_start),
+        "bare_s": starts["bare"],
+        "container_s": starts["container"],
+        "bare_median_s": statistics.median(starts["bare"]),
+        "container_median_s": statistics.median(starts["container"]),
     }
-    result["train_1gpu"] = alternate(runner, 1, options.pairs)
+    if "udocker" in starts:
+        result["startup"] |= {"udocker_s": starts["udocker"], "udocker_median_s": statistics.median(starts["udocker"])}
+    result["train_1gpu"] = alternate(runner, 1, options.pairs, places)
     if options.gpus == 2:
-        result["train_2gpu"] = alternate(runner, 2, options.pairs)
+        result["train_2gpu"] = alternate(runner, 2, options.pairs, places)
         one, two = result["train_1gpu"], result["train_2gpu"]
         scaling_bare = statistics.median(two["bare_images_per_s"]) / statistics.median(
             one["bare_images_per_s"]
@@ -321,6 +394,12 @@ def measure(options: argparse.Namespace) -> dict:
             "container": scaling_container,
             "difference_percent": (scaling_container / scaling_bare - 1) * 100,
         }
+        if "udocker_images_per_s" in two:
+            scaling_udocker = statistics.median(two["udocker_images_per_s"]) / statistics.median(
+                one["udocker_images_per_s"]
+            )
+            result["scaling_2gpu"] |= {"udocker": scaling_udocker,
+                                       "udocker_difference_percent": (scaling_udocker / scaling_bare - 1) * 100}
     result["targets"] = targets(result)
     return result
 
@@ -351,6 +430,7 @@ def report(result: dict) -> list[str]:
     lines.append(
         f"start to first CUDA kernel (median): bare {start['bare_median_s']:.3f} s, "
         f"container {start['container_median_s']:.3f} s"
+        + (f", udocker {start['udocker_median_s']:.3f} s" if "udocker_median_s" in start else "")
     )
     for key in ("train_1gpu", "train_2gpu"):
         if key in result:
@@ -361,11 +441,18 @@ def report(result: dict) -> list[str]:
                 f"container median {statistics.median(r['container_images_per_s']):.1f} images/s; "
                 f"median ratio {r['median_ratio']:.4f} (overhead {r['overhead_percent']:+.2f} %)"
             )
+            if "udocker_images_per_s" in r:
+                lines.append(
+                    f"ResNet-50 {key[6]} GPU(s), udocker: median {statistics.median(r['udocker_images_per_s']):.1f} "
+                    f"images/s; median ratio to bare {r['udocker_median_ratio']:.4f} "
+                    f"(overhead {r['udocker_overhead_percent']:+.2f} %)"
+                )
     if "scaling_2gpu" in result:
         s = result["scaling_2gpu"]
         lines.append(
             f"2-GPU scaling: bare {s['bare']:.3f}, container {s['container']:.3f} "
             f"({s['difference_percent']:+.2f} %)"
+            + (f"; udocker {s['udocker']:.3f} ({s['udocker_difference_percent']:+.2f} %)" if "udocker" in s else "")
         )
     lines.append(
         "targets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in result["targets"].items())
@@ -396,6 +483,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default="/tmp/gpubook-bench-nvidia")
     parser.add_argument("--run-timeout", type=float, default=300, help="seconds per measurement")
     parser.add_argument("--out", type=Path, help="write the JSON result here")
+    parser.add_argument("--udocker-account", help="also measure udocker, run as this ordinary account")
+    parser.add_argument("--udocker-runc", default="/opt/pm/runc-wrap", help="the host's runc, for udocker")
     parser.add_argument(
         "--selftest",
         "--dry-run",
@@ -423,6 +512,10 @@ def selftest(options: argparse.Namespace) -> int:
     from gpubook.runtime import nvidia  # noqa: PLC0415
 
     assert median_ratio([100.0, 200.0, 300.0], [99.0, 200.0, 303.0]) == 1.0
+    assert rounds(("bare", "container", "udocker"), 3) == [
+        ("bare", "container", "udocker"), ("container", "udocker", "bare"), ("udocker", "bare", "container")]
+    three = summary({"bare": [100.0, 200.0], "container": [99.0, 200.0], "udocker": [100.0, 198.0]})
+    assert three["udocker_median_ratio"] == 0.995 and three["median_ratio"] == 0.995
     assert last_json('noise\n{"images_per_s": 5}\n') == {"images_per_s": 5}
     fake = {"startup": {"container_median_s": 1.0}, "train_1gpu": {"overhead_percent": 0.3}}
     assert targets(fake) == {

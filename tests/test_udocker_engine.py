@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -124,3 +125,14 @@ def test_a_container_still_starting_is_never_taken_for_dead(bookings: Bookings, 
     finally:
         run.kill()
         run.wait()
+
+
+def test_dev_shm_has_the_templates_size(bookings: Bookings) -> None:
+    """udocker's spec makes /dev/shm 2 GiB whatever the template says (2097152 KiB seen before the
+    policy's shm_size): the template's size wins."""
+    bookings.template = replace(bookings.template, shm_size="300m")
+    booking = bookings.start()
+    said = bookings.engine.exec(booking.spec.name, ["df", "-k", "/dev/shm"])
+    assert said.returncode == 0, said
+    size_kib = int(said.stdout.splitlines()[-1].split()[1])
+    assert size_kib == 300 * 1024, said.stdout

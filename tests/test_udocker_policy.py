@@ -85,3 +85,18 @@ def test_udocker_refuses_the_private_network_with_a_sentence() -> None:
 def test_the_as_booker_program_runs_the_host_unshare_with_the_bookers_ids() -> None:
     script = udocker.as_booker_script(2001, 2002)
     assert "--map-user=2001 --map-group=2002 --" in script and script.startswith("#!/bin/sh\nexec ")
+
+
+def test_the_policy_gives_dev_shm_the_bookings_size() -> None:
+    # udocker's spec makes /dev/shm 2 GiB (runc's own default: 64 MiB); the template's shm_size must win.
+    runc_shm = {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}
+    config = {**UDOCKER_SPEC, "mounts": [*UDOCKER_SPEC["mounts"], runc_shm]}
+    shm = [m for m in apply_policy(config, {**POLICY, "shm_size": "8g"})["mounts"] if m["destination"] == "/dev/shm"]
+    assert len(shm) == 1 and "size=8g" in shm[0]["options"] and "size=65536k" not in shm[0]["options"], shm
+    assert {"nosuid", "nodev", "noexec"} <= set(shm[0]["options"])
+    made = [m for m in apply_policy(UDOCKER_SPEC, {**POLICY, "shm_size": "1g"})["mounts"]
+            if m["destination"] == "/dev/shm"]
+    assert made and "size=1g" in made[0]["options"] and made[0]["type"] == "tmpfs", made
+    unchanged = [m for m in apply_policy(config, POLICY)["mounts"] if m["destination"] == "/dev/shm"]
+    assert unchanged == [runc_shm]

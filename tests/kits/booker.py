@@ -56,7 +56,9 @@ def look(client: paramiko.SSHClient, *, cudacheck: bytes, every: Sequence[Gpu], 
     smi_status, smi = run(client, "nvidia-smi -L")
     assert smi_status == 0, f"nvidia-smi -L failed inside the booking: {smi}"
     minors = " ".join(str(gpu.device_minor) for gpu in every)
-    _, opens = run(client, f"for m in {minors}; do if (exec 3<>/dev/nvidia$m) 2>/dev/null; "
+    # A character device, opened: `3<>` alone creates a plain file where the booker may write to
+    # /dev (udocker's one id owns the container's /dev), which is no GPU (seen on the GPU host).
+    _, opens = run(client, f"for m in {minors}; do if [ -c /dev/nvidia$m ] && (exec 3<>/dev/nvidia$m) 2>/dev/null; "
                            'then echo "$m open"; else echo "$m refused"; fi; done')
     _, proc = run(client, "ls /proc/driver/nvidia/gpus 2>/dev/null; true")
     return seen_from(kernel_status=kernel_status, kernel=kernel, smi=smi, opens=opens, proc=proc)

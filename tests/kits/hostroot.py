@@ -109,21 +109,17 @@ def unavailable() -> str | None:
     return None
 
 
+def host_tar_argv() -> list[str]:
+    """tar of the host's root file system to stdout, without what EXCLUDES names."""
+    return ["tar", "--one-file-system", "-C", "/", "-cf", "-", *[f"--exclude={pattern}" for pattern in EXCLUDES], "."]
+
+
 def ensure_host_image(name: str = HOST_IMAGE) -> str:
     """Import the host's root file system as `name` unless it exists (about 90 s, 5-6 GB)."""
     if subprocess.run([PODMAN, "image", "exists", name], check=False).returncode == 0:
         return name
     tar = subprocess.Popen(
-        [
-            "tar",
-            "--one-file-system",
-            "-C",
-            "/",
-            "-cf",
-            "-",
-            *[f"--exclude={pattern}" for pattern in EXCLUDES],
-            ".",
-        ],
+        host_tar_argv(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

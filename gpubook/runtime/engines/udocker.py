@@ -354,7 +354,7 @@ class UdockerEngine:
             masked = list(spec.gpu.hidden_proc_paths)
         return {"args": [*spec.entrypoint, *spec.command], "mounts": mounts, "devices": devices, "masked": masked,
                 "env": [["GPUBOOK_AS_BOOKER", f"{HELPER_DIR}/{AS_BOOKER}"]], "log": str(folder / LOG_FILE),
-                "log_max": LOG_MAX, "runc_id_file": str(folder / RUNC_ID_FILE)}
+                "log_max": LOG_MAX, "runc_id_file": str(folder / RUNC_ID_FILE), "shm_size": spec.shm_size}
 
     def stop(self, name: str, grace: float) -> None:
         """SIGTERM to the container's first process, `grace` seconds, SIGKILL (its whole PID

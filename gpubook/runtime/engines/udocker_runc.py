@@ -10,6 +10,7 @@ process, never the container's (no `--hostenv`). The policy gives:
 - `mounts`: every bind of the booking with its mode (the input read-only), the driver's files;
 - `devices`: the booked GPUs' nodes only (runc binds them: no mknod in a user namespace);
 - `masked`: /proc paths to hide (the other GPUs' /proc/driver/nvidia entries);
+- `shm_size`: the size of /dev/shm (the template's; udocker sets 2 GiB for every container);
 - `env`: the environment udocker adds that must not reach the booker (the host's paths and user);
 - `args`: the container's first process, run by the host's `unshare` (with the host's own loader
   and libc, so that any image runs it) in a nested user namespace where the daemon's one id is
@@ -38,6 +39,7 @@ RUNC_ENV = "GPUBOOK_RUNC"
 UDOCKER_ENV = ("container_ruser", "container_root", "container_uuid", "container_execmode",
                "container_names", "PS1", "SHLVL", "USERNAME", "USER", "LOGNAME", "HOME")
 CHUNK = 65536
+SHM = "/dev/shm"  # noqa: S108 - the container's own tmpfs, not a host path
 
 
 def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, Any]:
@@ -71,6 +73,8 @@ def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, An
         options = ["rbind", "nosuid", "nodev", "ro" if mount["read_only"] else "rw"]
         mounts.append({"destination": mount["target"], "type": "none", "source": mount["source"],
                        "options": options})
+    if policy.get("shm_size"):
+        mounts = [*[m for m in mounts if m.get("destination") != SHM], shm_mount(mounts, policy["shm_size"])]
     spec["mounts"] = mounts
     devices = []
     for device in policy.get("devices", []):
@@ -81,6 +85,14 @@ def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, An
     linux["maskedPaths"] = [*linux.get("maskedPaths", []), *policy.get("masked", [])]
     linux.pop("resources", None)  # no cgroup of its own: rootless runc without a delegated tree
     return spec
+
+
+def shm_mount(mounts: list[dict[str, Any]], size: str) -> dict[str, Any]:
+    """The shared-memory tmpfs as udocker's spec has it (size=2g there), with the booking's size."""
+    current = next((m for m in mounts if m.get("destination") == SHM), None)
+    options = (current or {}).get("options") or ["nosuid", "noexec", "nodev", "mode=1777"]
+    return {"destination": SHM, "type": "tmpfs", "source": "shm",
+            "options": [*(o for o in options if not o.startswith("size=")), f"size={size}"]}
 
 
 def pump(source: int, log: Path, limit: int) -> None:
