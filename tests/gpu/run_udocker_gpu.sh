@@ -43,6 +43,7 @@ runuser -u "$account" -- env -i HOME="$home" USER="$account" LOGNAME="$account" 
   PATH="$tree/.bundle/site/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin" LANG=C.UTF-8 \
   PYTHONPATH="$tree:$tree/.bundle/site" GPUBOOK_BUNDLE="$tree/.bundle" GPUBOOK_TEST_DATA_ROOT="$data" \
   GPUBOOK_UDOCKER_RUNC="${GPUBOOK_UDOCKER_RUNC:-/opt/pm/runc-wrap}" GPUBOOK_GPU_RESULTS="$results" \
+  GPUBOOK_UDOCKER_STAGGER="${GPUBOOK_UDOCKER_STAGGER:-12}" \
   NCCL_NVLS_ENABLE=0 PYTHONDONTWRITEBYTECODE=1 \
   "$python" -m pytest tests/gpu/test_udocker_gpu.py -m gpu -v -s --confcutdir=tests/gpu -p no:cacheprovider \
   2>&1 | tee "$out/udocker-pytest.log" | tail -80
