@@ -60,7 +60,7 @@ def run_image(template: Template) -> str:
 def build_overlay(engine: Engine, template: Template) -> str:
     """Build the derived image with sshd and sudo unless it is there already; give its tag."""
     tag = overlay_tag(template)
-    if _image_exists(engine, tag):
+    if image_present(engine, tag):
         return tag
     builder = engines.builder(engine, why=f"template {template.name}'s sshd overlay (its image has no sshd)")
     engine.ensure_image(base_image(template))
@@ -77,7 +77,7 @@ def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -
     recipe = template.build
     if recipe is None:
         raise TemplateError(f"{template.path}: build: this template has no [build] recipe")
-    if _image_exists(engine, template.image):
+    if image_present(engine, template.image):
         return template.image
     builder = engines.builder(engine, why=f"template {template.name}'s image from its [build] recipe")
     key = f"{recipe.suite} {recipe.variant} {','.join(sorted(recipe.include))}"
@@ -105,7 +105,8 @@ def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -
     return template.image
 
 
-def _image_exists(engine: Engine, image: str) -> bool:
+def image_present(engine: Engine, image: str) -> bool:
+    """Whether `image` is in the engine's store (any engine: its `ensure_image` without a pull)."""
     try:
         engine.ensure_image(image)
     except EngineError:

@@ -111,20 +111,12 @@ def _store_check(template: Template, engine: Engine) -> Check:
             raise
         return Check(f"image {template.name}", False, f"{error}; gpubook does not pull with engine {engine.name}, "
                      "so its bookings wait until it is there", f"as the daemon's user, put {image} into the store")
-    if not template.has_sshd and not _present(engine, overlay_image.run_image(template)):
+    if not template.has_sshd and not overlay_image.image_present(engine, overlay_image.run_image(template)):
         return Check(f"image {template.name}", False, f"{image} has no sshd (has_sshd = false), and its sshd "
                      f"overlay {overlay_image.run_image(template)} is not in engine {engine.name}'s store (udocker "
                      "builds no image): its bookings wait until it is there",
                      "make an image with sshd, put it into the store and name it in the template with has_sshd = true")
     return Check(f"image {template.name}", True, f"{image} is in the engine's store")
-
-
-def _present(engine: Engine, image: str) -> bool:
-    try:
-        engine.ensure_image(image)
-    except EngineError:
-        return False
-    return True
 
 
 def _image_check(template: Template, exists: Callable[[str], bool], *, engine_name: str) -> Check:
