@@ -16,28 +16,9 @@ import pytest
 
 from gpubook.runtime import crash
 from gpubook.runtime.engines import Engine
+from tests.kits.crash_kit import STATE, WRITES, state_points, transactions
 
 ROOT = Path(__file__).resolve().parents[1]
-STATE = ROOT / "gpubook" / "scheduler" / "state"
-WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
-
-
-def _transactions(tree: ast.AST) -> list[ast.Call]:
-    return [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "_transaction"]
-
-
-def state_points() -> list[str]:
-    """The crash point of every State write, from the code; a write without one is an AssertionError."""
-    points = []
-    for path in sorted(STATE.glob("*.py")):
-        tree = ast.parse(path.read_text())
-        for call in _transactions(tree):
-            if isinstance(call.func.value, ast.Name) and call.func.value.id == "self":
-                assert len(call.args) == 1 and isinstance(call.args[0], ast.Constant), (
-                    f"{path.name}:{call.lineno}: a State write without its crash point name")
-                points.append(call.args[0].value)
-    return points
 
 
 def test_every_state_write_has_its_own_crash_point() -> None:
@@ -57,7 +38,7 @@ def test_no_sql_write_happens_outside_a_named_transaction() -> None:
         inside: set[int] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.With) and any(
-                    isinstance(item.context_expr, ast.Call) and item.context_expr in _transactions(node)
+                    isinstance(item.context_expr, ast.Call) and item.context_expr in transactions(node)
                     for item in node.items):
                 inside |= {id(child) for child in ast.walk(node)}
             if isinstance(node, ast.FunctionDef) and any(arg.arg == "db" for arg in node.args.args):

@@ -77,7 +77,7 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
                  poll_seconds: float = 60, warn_minutes: float = 0.1, stale_after_minutes: float = 30,
                  notice_seconds: float = 3, restart_backoff_seconds: float = 1, template: str = "debian-ssh",
                  templates_dir: Path | None = None, engine_lines: Sequence[str] = (),
-                 gpu_lines: Sequence[str] = (), engine: str = "podman") -> Path:
+                 gpu_lines: Sequence[str] = (), engine: str = "podman", state_dir: Path | None = None) -> Path:
     low, high = port_range()
     if not (folder / "data").exists():
         # gpubook refuses a data_root without nosuid,nodev: the test mount's, seen as folder/data.
@@ -90,7 +90,7 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
         '[engine]', *ENGINE_LINES[engine], 'stop_grace_seconds = 1', *engine_lines, '',
         '[storage]', f'data_root = "{folder / "data"}"', '',
         '[ssh]', f'port_min = {low}', f'port_max = {high}', '',
-        '[daemon]', f'poll_seconds = {poll_seconds}', f'state_dir = "{folder / "state"}"',
+        '[daemon]', f'poll_seconds = {poll_seconds}', f'state_dir = "{state_dir or folder / "state"}"',
         f'stale_after_minutes = {stale_after_minutes}', f'notice_seconds = {notice_seconds}',
         f'restart_backoff_seconds = {restart_backoff_seconds}', '',
     ]

@@ -1,0 +1,113 @@
+"""The fault harness (issue 26): every crash point once, then random faults, on real Radicale, rootless
+podman and `gpubook run`; the invariants checked after each recovery (tests/kits/faults_kit.py).
+
+    PYTHONPATH=. python bench/faults.py [--random 200] [--seed N] [--no-crash-points] [--longest 60]
+
+Run as an unprivileged account with rootless podman (the debian-ssh image is built with mmdebstrap
+on first use). The disk-full fault needs a small tmpfs of that account's at $GPUBOOK_TEST_FULL_ROOT
+(`./quickstart test` mounts one for the test account); the clock fault needs Debian's libfaketime.
+Without them those kinds are left out, and the table says which ran.
+
+Prints, per fault kind: runs, how many reached their fault (a crash point the scenario passed, an
+engine command that came), invariant violations (0 is the goal), and the recovery time (median and
+worst, from recovery, the restart or the fault lifted, to every due booking running). Writes the
+runs as JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpubook.runtime import overlay_image  # noqa: E402
+from gpubook.runtime.engines import engine_from  # noqa: E402
+from gpubook.runtime.templates import get_template  # noqa: E402
+from tests.kits import crash_kit, faults_kit  # noqa: E402
+from tests.kits.engine_suite import CACHE_DIR, PODMAN  # noqa: E402
+
+
+def machine() -> str:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.platform()}, {os.cpu_count()} cores, {memory:.0f} GiB, Python {platform.python_version()}"
+
+
+def parts(stack: ExitStack, folder: Path) -> dict:
+    """The fault parts this machine has: the engine wrapper always; the full disk and the clock where
+    their mount and library exist."""
+    from tests.kits import clock_step, disk_full
+    from tests.kits.faulty_engine import FaultyEngine
+
+    found: dict = {"faulty_engine": FaultyEngine(folder / "engine", real="podman")}
+    if disk_full.available():
+        full = stack.enter_context(disk_full.full_folder())
+        found["disk"] = disk_full.Filler(full)
+        found["state_dir"] = full / "state"
+    if clock_step.available():
+        found["clock"] = clock_step.SteppedClock(folder / "clock")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--random", type=int, default=200, help="random faults after the crash points")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-crash-points", action="store_true")
+    parser.add_argument("--longest", type=float, default=60.0, help="the longest a fault lasts, in seconds")
+    parser.add_argument("--due-within", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else int(os.environ.get("GPUBOOK_FAULT_SEED", random.randrange(10**9)))
+    print(f"seed {seed} (GPUBOOK_FAULT_SEED={seed} replays its choices); {machine()}", flush=True)
+    engine = engine_from(**PODMAN)
+    overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpubook-faults-") as name, ExitStack() as stack:
+        folder = Path(name)
+        found = parts(stack, folder)
+        env = found["clock"].env() if "clock" in found else {}
+        world = faults_kit.World(folder, engine=engine, seed=seed, due_within=args.due_within,
+                                 state_dir=found.get("state_dir"), daemon_env=env,
+                                 engine_binary=found["faulty_engine"].path)
+        injector = faults_kit.Injector(world, faulty_engine=found["faulty_engine"], disk=found.get("disk"),
+                                       clock=found.get("clock"))
+        kinds = ("crash", "kill9", "calendar", "engine", "sighup", *(k for k in ("disk", "clock") if k in found))
+        rng = random.Random(seed)
+        points = crash_kit.all_points()
+        plan = [] if args.no_crash_points else [faults_kit.Fault("crash", p) for p in points]
+        plan += [faults_kit.random_fault(rng, kinds=kinds, points=points, longest=args.longest)
+                 for _ in range(args.random)]
+        try:
+            world.book_long()
+            world.start_daemon()
+            faults_kit.wait_until_running(world, timeout=300)
+            world.start_threads()
+            runs = faults_kit.campaign(world, injector, plan)
+        finally:
+            world.stop()
+            engine_cleanup(engine)
+    print(f"\n{len(runs)} faults in {(time.monotonic() - began) / 60:.1f} min, seed {seed}, "
+          f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}; kinds: {', '.join(kinds)}")
+    print(faults_kit.table(runs))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(faults_kit.to_json(runs))
+
+
+def engine_cleanup(engine) -> None:  # type: ignore[no-untyped-def]
+    for info in engine.list():
+        if info.booking_id.endswith("@faults"):
+            engine.stop(info.name, 0)
+
+
+if __name__ == "__main__":
+    main()

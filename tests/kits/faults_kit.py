@@ -1,0 +1,729 @@
+"""The fault harness (issue 26): a world of real Radicale (behind a fault proxy), rootless podman
+(behind a wrapper that can hang or kill its commands) and `gpubook run` as a real process; a driver
+that books, moves, shortens, cancels and re-creates events and kills containers, as bookers and
+their trainings do; faults injected one at a time; the invariants checked after each recovery, and
+the ones that must hold at every moment sampled all along.
+
+bench/faults.py runs every crash point and hundreds of random faults; tests/test_faults.py runs a
+seeded sample in CI. Both print the seed: `GPUBOOK_FAULT_SEED=N` replays the same choices (the
+timing of a real daemon, podman and a server is never replayed exactly).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import statistics
+import subprocess
+import threading
+import time
+from http.server import ThreadingHTTPServer
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import caldav
+import icalendar
+import paramiko
+from caldav.lib import error as dav_error
+
+from gpubook.runtime import crash
+from gpubook.runtime.engines import ContainerInfo, Engine
+from tests.kits import fake_gpus, servers
+from tests.kits.daemon_kit import DaemonProcess, key_line, try_login, write_config
+from tests.kits.front import FaultFront
+from tests.kits.notify_kit import HookHandler
+
+LONG = 2  # bookings running all along (a training each, an SSH session kept open on each)
+NOTICE_SECONDS = 3.0  # [daemon] notice_seconds: a cancelled or shortened running booking's notice
+STOP_GRACE = 1.0  # [engine] stop_grace_seconds
+CALENDAR_KINDS = ("error", "hang", "refuse", "partition")
+ENGINE_VERBS = ("run", "stop", "rm", "ps", "inspect", "exec", "kill")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- the bookers' side: the model of what the calendar holds -------------------------------------
+
+
+@dataclass
+class Booked:
+    """A booking as the harness made it; the calendar's event and the truth the invariants use."""
+
+    uid: str
+    user: str
+    start: datetime
+    end: datetime
+    text: str  # the booker's own lines of DESCRIPTION (gpubook's block goes below them)
+    tag: str  # the booker's X- property and the attendee's name: must survive every write-back
+    long: bool = False
+    deleted: bool = False
+    changed: float = field(default_factory=time.monotonic)  # the driver's last change (monotonic)
+    kills: int = 0
+    gpus: str = "1"
+    rejected: bool = False  # asks for more GPUs than are free: gpubook must refuse it, and never run it
+
+    def due(self, at: datetime, *, margin: float = 3.0) -> bool:
+        """Must run now: not deleted, not refused, started, and not within `margin` s of its end."""
+        return not self.deleted and not self.rejected and self.start <= at < self.end - timedelta(seconds=margin)
+
+    def gone_by(self) -> float | None:
+        """The monotonic time after which no container may be left for it (None: it may run)."""
+        ended = self.end - now()
+        if self.deleted:
+            return self.changed + NOTICE_SECONDS
+        if self.rejected:
+            return self.changed
+        if ended.total_seconds() < 0:
+            # Shortened while running: the notice from the change; ended on time: the end itself.
+            return max(self.changed + NOTICE_SECONDS, time.monotonic() + ended.total_seconds())
+        return None
+
+
+def event_ical(booked: Booked) -> str:
+    calendar = icalendar.Calendar()
+    calendar.add("prodid", "-//gpubook fault harness//EN")
+    calendar.add("version", "2.0")
+    event = icalendar.Event()
+    event.add("uid", booked.uid)
+    event.add("summary", f"{booked.user} debian-ssh {booked.tag}")
+    event.add("dtstart", booked.start)
+    event.add("dtend", booked.end)
+    event.add("dtstamp", now())
+    event.add("description", booked.text)
+    event.add("x-lab-project", booked.tag)
+    attendee = icalendar.vCalAddress(f"mailto:{booked.user}@lab.example")
+    attendee.params["cn"] = icalendar.vText(f"{booked.user} {booked.tag}")
+    attendee.params["partstat"] = icalendar.vText("ACCEPTED")
+    event.add("attendee", attendee)
+    calendar.add_component(event)
+    return calendar.to_ical().decode()
+
+
+class Calendar:
+    """The bookers' calendar program: writes straight to Radicale (never through the fault proxy),
+    edits with If-Match as clients do, and keeps the model."""
+
+    def __init__(self, calendar: caldav.Calendar) -> None:
+        self.calendar = calendar
+        self.booked: dict[str, Booked] = {}
+        self.lock = threading.Lock()
+
+    def create(self, booked: Booked) -> None:
+        self.calendar.save_event(event_ical(booked))
+        with self.lock:
+            booked.changed = time.monotonic()
+            self.booked[booked.uid] = booked
+
+    def move(self, uid: str, *, start: datetime, end: datetime) -> bool:
+        """New times for an event, keeping whatever else it holds (gpubook's block included)."""
+        for _ in range(5):
+            event = self.calendar.event_by_uid(uid)
+            component = event.icalendar_component
+            component["DTSTART"] = icalendar.vDDDTypes(start)
+            component["DTEND"] = icalendar.vDDDTypes(end)
+            try:
+                event.save()
+            except dav_error.ETagMismatchError:
+                continue  # gpubook wrote back in between: read it again, as a client does
+            with self.lock:
+                booked = self.booked[uid]
+                booked.start, booked.end, booked.changed = start, end, time.monotonic()
+            return True
+        return False
+
+    def delete(self, uid: str) -> None:
+        self.calendar.event_by_uid(uid).delete()
+        with self.lock:
+            self.booked[uid].deleted = True
+            self.booked[uid].changed = time.monotonic()
+
+    def live(self) -> list[Booked]:
+        with self.lock:
+            return [b for b in self.booked.values() if not b.deleted]
+
+    def events(self) -> dict[str, icalendar.Event]:
+        found = {}
+        for item in self.calendar.events():
+            for component in icalendar.Calendar.from_ical(item.data).walk("VEVENT"):
+                found[str(component["UID"])] = component
+        return found
+
+
+# -- the world ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Violation:
+    fault: str
+    invariant: str
+    detail: str
+
+
+@dataclass
+class Run:
+    fault: str
+    reached: bool = True  # a crash point the scenario passed (False: the daemon never got there)
+    recovery: float | None = None  # seconds from recovery to every due booking running
+    restarted: bool = False  # the daemon was restarted: recovery also waits for its first complete pass
+    violations: list[Violation] = field(default_factory=list)
+
+
+class World:
+    """Radicale behind a FaultFront; podman behind a FaultyEngine wrapper; the daemon as a process;
+    a driver thread changing the calendar; a sampler thread checking what must hold at all times."""
+
+    def __init__(self, folder: Path, *, engine: Engine, seed: int, gpus: int = 4, due_within: float = 10.0,
+                 state_dir: Path | None = None, daemon_env: dict[str, str] | None = None,
+                 engine_binary: Path | None = None, log: Callable[[str], None] | None = None) -> None:
+        self.folder, self.engine, self.gpus = folder, engine, gpus
+        self.random = random.Random(seed)
+        self.due_within = due_within
+        self.log = log or (lambda line: print(line, flush=True))
+        self.daemon_env = dict(daemon_env or {})
+        self.keys = {"alice": paramiko.ECDSAKey.generate(bits=256), "bob": paramiko.ECDSAKey.generate(bits=256)}
+        storage = folder / "radicale"
+        storage.mkdir(parents=True)
+        self.radicale = servers.radicale(storage).start()
+        self.front = FaultFront(self.radicale.base_url).start()
+        made = self.radicale.new_calendar()
+        self.calendar = Calendar(made)
+        url = self.front.base_url + made.url.path
+        engine_lines = [f'binary = "{engine_binary}"'] if engine_binary else []
+        self.config = write_config(folder, url, keys=self.keys, gpus=gpus, poll_seconds=10, warn_minutes=0.05,
+                                   stale_after_minutes=0.5, notice_seconds=NOTICE_SECONDS,
+                                   restart_backoff_seconds=1, engine_lines=engine_lines, state_dir=state_dir)
+        self.gpu_file = folder / "gpus.json"
+        fake_gpus.write(self.gpu_file, [{"utilisation": 0} for _ in range(gpus)])
+        self.daemon_env[fake_gpus.ENV] = str(self.gpu_file)
+        self.hooks = ThreadingHTTPServer(("127.0.0.1", 0), HookHandler)
+        self.hooks.received, self.hooks.answer = [], 204  # type: ignore[attr-defined]
+        threading.Thread(target=self.hooks.serve_forever, daemon=True).start()
+        self._extend_config()
+        self.state_db = (state_dir or folder / "state") / "state.sqlite"
+        self.foreign: list[subprocess.Popen[bytes]] = []
+        self.daemon: DaemonProcess | None = None
+        self.sessions: dict[str, paramiko.SSHClient] = {}
+        self.violations: list[Violation] = []  # the sampler's, tagged with the fault under way
+        self.fault = "setup"
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._serial = 0
+
+    def _extend_config(self) -> None:
+        """The rest of a lab's daemon, so that every part of a pass (and its crash points) runs: the
+        GPU monitor (a file here) sampled every second, outside processes stopped, webhook notices."""
+        text = self.config.read_text()
+        text = text.replace("[gpus]\n", '[gpus]\nmonitor = "tests.kits.fake_gpus:read"\n')
+        text = text.replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
+        port = self.hooks.server_address[1]
+        text += ('\n[policy]\nforeign_processes = "stop"\nforeign_grace_minutes = 0.05\n'
+                 f'\n[notify.webhook]\nenabled = true\nurl = "http://127.0.0.1:{port}/hook"\ntimeout_seconds = 5\n')
+        self.config.write_text(text)
+
+    # -- the daemon
+
+    def start_daemon(self, *, crash_at: str | None = None) -> DaemonProcess:
+        env = dict(self.daemon_env)
+        if crash_at:
+            env[crash.ENV] = crash_at
+        self.daemon = DaemonProcess(self.config, env=env).start()
+        return self.daemon
+
+    def kill_daemon(self) -> None:
+        if self.daemon is not None:
+            self.daemon.kill()
+
+    # -- the bookings
+
+    def new_uid(self, prefix: str) -> str:
+        self._serial += 1
+        return f"{prefix}-{self._serial}-{self.random.randrange(10**6)}@faults"
+
+    def book_long(self) -> None:
+        for number in range(LONG):
+            user = ("alice", "bob")[number % 2]
+            tag = f"long-{number}-{self.random.randrange(10**6)}"
+            self.calendar.create(Booked(uid=self.new_uid("long"), user=user, long=True, tag=tag,
+                                        start=now() - timedelta(minutes=10), end=now() + timedelta(hours=6),
+                                        text=f"Training {tag}.\nuser: {user}\ngpus: 1\nKeep this line.\n"))
+
+    def _turnover_fits(self, start: datetime, end: datetime, *, ignore: str = "") -> bool:
+        """At most gpus - LONG turnover bookings at any moment, with 15 s around each end for the
+        stop to finish (never a GPU asked twice: every booking is accepted)."""
+        edge = timedelta(seconds=15)
+        others = [b for b in self.calendar.live() if not b.long and b.uid != ignore]
+        moments = [start] + [b.start for b in others if start <= b.start < end + edge]
+        return all(sum(1 for b in others if b.start <= moment < b.end + edge) < self.gpus - LONG
+                   for moment in moments)
+
+    def drive_once(self) -> str:
+        """One booker's action, chosen at random; its name."""
+        rng = self.random
+        live = [b for b in self.calendar.live() if not b.long]
+        action = rng.choice(["create", "create", "move", "shorten", "delete", "recreate", "kill", "refused",
+                             "foreign"])
+        if action == "refused":  # more GPUs than the host has: refused, with the reason, never run
+            user = rng.choice(["alice", "bob"])
+            start = now().replace(microsecond=0) + timedelta(seconds=rng.randint(-2, 8))
+            self.calendar.create(Booked(uid=self.new_uid("refused"), user=user, tag=f"r{rng.randrange(10**6)}",
+                                        start=start, end=start + timedelta(seconds=30), gpus=str(self.gpus + 1),
+                                        rejected=True, text=f"Too big.\nuser: {user}\ngpus: {self.gpus + 1}\n"))
+            return action
+        if action == "foreign":  # a process outside every booking on a GPU: reported, then stopped
+            self._plant_foreign()
+            return action
+        if action == "create" or not live:
+            start = now().replace(microsecond=0) + timedelta(seconds=rng.randint(-2, 8))
+            end = start + timedelta(seconds=rng.randint(20, 45))
+            if not self._turnover_fits(start, end):
+                return "full"
+            user = rng.choice(["alice", "bob"])
+            tag = f"t{rng.randrange(10**6)}"
+            self.calendar.create(Booked(uid=self.new_uid("turn"), user=user, tag=tag, start=start, end=end,
+                                        text=f"Run {tag}, please.\nuser: {user}\ngpus: 1\n"))
+            return "create"
+        target = rng.choice(live)
+        if action == "move":
+            start = now().replace(microsecond=0) + timedelta(seconds=rng.randint(-1, 10))
+            end = start + (target.end - target.start)
+            if not self._turnover_fits(start, end, ignore=target.uid):
+                return "full"
+            self.calendar.move(target.uid, start=start, end=end)
+        elif action == "shorten":
+            end = max(target.start + timedelta(seconds=5), target.end - timedelta(seconds=rng.randint(5, 20)))
+            self.calendar.move(target.uid, start=target.start, end=end)
+        elif action == "delete":
+            self.calendar.delete(target.uid)
+        elif action == "recreate":
+            self.calendar.delete(target.uid)
+            if self._turnover_fits(target.start, target.end, ignore=target.uid):
+                again = Booked(uid=target.uid, user=target.user, tag=target.tag, start=target.start,
+                               end=target.end, text=target.text)
+                self.calendar.create(again)
+        elif action == "kill" and target.kills == 0 and target.due(now()):
+            info = self._running().get(target.uid)
+            if info is not None and info.pid:
+                target.kills += 1  # one death each: restart_limit is 3, faults may cost restarts too
+                subprocess.run(["podman", "kill", "--signal", "KILL", info.id], capture_output=True,
+                               timeout=60, check=False)
+        return action
+
+    def _plant_foreign(self) -> None:
+        self.foreign = [p for p in self.foreign if p.poll() is None]
+        if self.foreign:
+            return
+        process = subprocess.Popen(["sleep", "600"])
+        self.foreign.append(process)
+        gpu = self.random.randrange(self.gpus)
+        fake_gpus.write(self.gpu_file, [{"utilisation": 0, "processes": [{"pid": process.pid}]} if index == gpu
+                                        else {"utilisation": 0} for index in range(self.gpus)])
+
+    # -- threads
+
+    def start_threads(self, *, drive_every: tuple[float, float] = (1.5, 4.0)) -> None:
+        def driver() -> None:
+            while not self._stop.wait(self.random.uniform(*drive_every)):
+                try:
+                    self.drive_once()
+                except Exception as error:  # noqa: BLE001 - a driver step failing is logged, not fatal
+                    self.log(f"driver: {error}")
+
+        def sampler() -> None:
+            while not self._stop.wait(0.5):
+                try:
+                    self._sample()
+                except Exception as error:  # noqa: BLE001
+                    self.log(f"sampler: {error}")
+
+        for target in (driver, sampler):
+            thread = threading.Thread(target=target, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+        for client in self.sessions.values():
+            client.close()
+        if self.daemon is not None:
+            self.daemon.stop()
+        for process in self.foreign:
+            process.kill()
+        self.hooks.shutdown()
+        self.hooks.server_close()
+        self.front.lift()
+        self.front.stop()
+        self.radicale.stop()
+
+    # -- what holds at every moment
+
+    def _containers(self) -> list[ContainerInfo]:
+        return [c for c in self.engine.list()]
+
+    def _running(self) -> dict[str, ContainerInfo]:
+        return {c.booking_id: c for c in self._containers() if c.running}
+
+    def _sample(self) -> None:
+        running = [c for c in self._containers() if c.running]
+        holders: dict[int, str] = {}
+        bookings: dict[str, str] = {}
+        ports: dict[int, str] = {}
+        for info in running:
+            for gpu in info.gpus:
+                if gpu in holders:
+                    self._violate("one GPU, one container", f"GPU {gpu} held by {holders[gpu]} and {info.name}")
+                holders[gpu] = info.name
+            if info.booking_id in bookings:
+                self._violate("one container per booking", f"{info.booking_id}: {bookings[info.booking_id]} "
+                                                            f"and {info.name} both running")
+            bookings[info.booking_id] = info.name
+            if info.port is not None:
+                if info.port in ports:
+                    self._violate("one port, one booking", f"port {info.port}: {ports[info.port]} and {info.name}")
+                ports[info.port] = info.name
+
+    def _violate(self, invariant: str, detail: str, *, into: list[Violation] | None = None) -> None:
+        violation = Violation(self.fault, invariant, detail)
+        (self.violations if into is None else into).append(violation)
+        self.log(f"VIOLATION [{self.fault}] {invariant}: {detail}")
+
+    # -- after each recovery
+
+    def converge(self, recovered: float, run: Run) -> None:
+        """Wait until every due booking runs and no ended or deleted one does; each must happen
+        within due_within s of the later of recovery and its own moment. Then the rest."""
+        while True:
+            at, clock = now(), time.monotonic()
+            containers = self._containers()
+            running = {c.booking_id: c for c in containers if c.running}
+            late, left = [], []
+            for booked in self.calendar.booked.values():
+                if booked.due(at) and booked.uid not in running:
+                    since = max(recovered, booked.changed, clock - (at - booked.start).total_seconds())
+                    late.append((booked.uid, since + self.due_within))
+                gone = booked.gone_by()
+                if gone is not None and booked.uid in running:
+                    left.append((booked.uid, max(recovered, gone) + self.due_within))
+            passed = not run.restarted or self._passed_since(recovered)
+            if not late and not left and passed:
+                run.recovery = max(0.0, clock - recovered)
+                break
+            overdue = [uid for uid, deadline in late if clock > deadline]
+            stale = [uid for uid, deadline in left if clock > deadline]
+            if not passed and clock > recovered + self.due_within:
+                self._violate("the restarted daemon passes", f"no complete pass {self.due_within:.0f} s "
+                                                             "after its restart", into=run.violations)
+                overdue = overdue or ["(no pass)"]
+            if overdue or stale:
+                for uid in (u for u in overdue if u != "(no pass)"):
+                    self._violate("due bookings run", f"{uid} not running {self.due_within:.0f} s after "
+                                                      "recovery (or its start)", into=run.violations)
+                for uid in stale:
+                    self._violate("ended bookings stop", f"{uid} still running past its end or deletion "
+                                                         "and its grace", into=run.violations)
+                run.recovery = None
+                break
+            time.sleep(0.2)
+        self._check_after(run)
+
+    def _passed_since(self, recovered: float) -> bool:
+        """The daemon now running wrote its status (after a complete pass) since `recovered`."""
+        path = self.state_db.with_name("daemon-status.json")
+        try:
+            stat = path.stat()
+            pid = json.loads(path.read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            return False
+        written = time.monotonic() - (time.time() - stat.st_mtime)  # the file's time, the wall's, unfaked
+        return self.daemon is not None and self.daemon.process is not None \
+            and pid == self.daemon.process.pid and written >= recovered
+
+    def _check_after(self, run: Run) -> None:
+        containers = self._containers()
+        per_booking: dict[str, int] = {}
+        for info in containers:
+            per_booking[info.booking_id] = per_booking.get(info.booking_id, 0) + 1
+        for uid, count in per_booking.items():
+            if count > 1:
+                self._violate("one container per booking", f"{uid}: {count} containers", into=run.violations)
+        self._check_state(run, containers)
+        self._check_sessions(run)
+        self._check_calendar(run)
+
+    def _check_state(self, run: Run, containers: list[ContainerInfo]) -> None:
+        try:
+            with closing_ro(self.state_db) as db:
+                verdict = db.execute("PRAGMA integrity_check").fetchone()[0]
+                ports = dict(db.execute("SELECT booking_id, port FROM ports").fetchall())
+        except sqlite3.Error as error:
+            self._violate("state database sound", f"cannot read it: {error}", into=run.violations)
+            return
+        if verdict != "ok":
+            self._violate("state database sound", f"integrity_check: {verdict}", into=run.violations)
+        for info in containers:
+            if info.running and info.port is not None and ports.get(info.booking_id) not in (None, info.port):
+                self._violate("one port, one booking", f"{info.booking_id} runs on {info.port}, State "
+                                                       f"holds {ports[info.booking_id]}", into=run.violations)
+
+    def _check_sessions(self, run: Run) -> None:
+        """The SSH session to each long booking still answers; one is opened where none is yet."""
+        running = self._running()
+        for booked in self.calendar.booked.values():
+            if not booked.long:
+                continue
+            client = self.sessions.get(booked.uid)
+            if client is not None:
+                try:
+                    _, out, _ = client.exec_command("echo alive", timeout=20)
+                    alive = out.read().strip() == b"alive"
+                except (OSError, paramiko.SSHException, EOFError):
+                    alive = False
+                if not alive:
+                    self._violate("SSH sessions survive", f"the session to {booked.uid} was lost",
+                                  into=run.violations)
+                    client.close()
+                    del self.sessions[booked.uid]
+            info = running.get(booked.uid)
+            if booked.uid not in self.sessions and info is not None and info.port is not None:
+                opened = try_login(info.port, booked.user, self.keys[booked.user], timeout=10)
+                if opened is not None:
+                    self.sessions[booked.uid] = opened
+
+    def _check_calendar(self, run: Run, *, within: float = 20.0) -> None:
+        """Every event keeps the booker's text, property and attendee; its status converges to what
+        State wrote and to what runs (a running booking says running)."""
+        deadline = time.monotonic() + within
+        while True:
+            problems = self._calendar_problems()
+            if not problems or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        for invariant, detail in problems:
+            self._violate(invariant, detail, into=run.violations)
+
+    def _calendar_problems(self) -> list[tuple[str, str]]:
+        problems = []
+        try:
+            events = self.calendar.events()
+            with closing_ro(self.state_db) as db:
+                written = dict(db.execute("SELECT booking_id, status FROM write_backs").fetchall())
+        except (sqlite3.Error, dav_error.DAVError) as error:
+            return [("write-back converges", f"cannot read: {error}")]
+        running = self._running()
+        at = now()
+        for booked in self.calendar.live():
+            event = events.get(booked.uid)
+            if event is None:
+                problems.append(("booker's text kept", f"{booked.uid} is gone from the calendar"))
+                continue
+            description = str(event.get("DESCRIPTION", ""))
+            if not description.startswith(booked.text):
+                problems.append(("booker's text kept", f"{booked.uid}: {description[:200]!r}"))
+            if str(event.get("X-LAB-PROJECT", "")) != booked.tag:
+                problems.append(("booker's text kept", f"{booked.uid}: X-LAB-PROJECT lost"))
+            attendees = event.get("ATTENDEE", [])
+            attendees = attendees if isinstance(attendees, list) else [attendees]
+            if not any(str(a) == f"mailto:{booked.user}@lab.example" for a in attendees):
+                problems.append(("booker's text kept", f"{booked.uid}: the booker's attendee lost"))
+            status = str(event.get("X-GPUBOOK-STATUS", ""))
+            wrote = written.get(booked.uid, "").split(" ")[0]  # "running 3bb052889e72": the word, a digest
+            if wrote and status != wrote:
+                problems.append(("write-back converges", f"{booked.uid}: the event says {status!r}, "
+                                                         f"State wrote {wrote!r}"))
+            if booked.rejected and status != "rejected" and time.monotonic() - booked.changed > 10:
+                problems.append(("write-back converges", f"{booked.uid} cannot fit, its event says {status!r}"))
+            if booked.due(at, margin=8) and booked.uid in running and status != "running" \
+                    and time.monotonic() - booked.changed > 5:
+                problems.append(("write-back converges", f"{booked.uid} runs, its event says {status!r}"))
+        return problems
+
+
+@contextmanager
+def closing_ro(path: Path) -> Iterator[sqlite3.Connection]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+# -- the faults --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # "crash", "kill9", "calendar", "engine", "disk", "clock", "sighup"
+    what: str = ""  # the crash point, the calendar or engine fault, the clock step
+    seconds: float = 0.0  # how long it lasts before it is lifted
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.what}" if self.what else self.kind
+
+
+def random_fault(rng: random.Random, *, kinds: tuple[str, ...], points: list[str], longest: float) -> Fault:
+    kind = rng.choice(kinds)
+    seconds = round(rng.uniform(1.0, longest), 1)
+    if kind == "crash":
+        return Fault("crash", rng.choice(points))
+    if kind == "calendar":
+        return Fault("calendar", rng.choice(CALENDAR_KINDS), seconds)
+    if kind == "engine":
+        return Fault("engine", f"{rng.choice(('hang', 'kill'))}-{rng.choice(ENGINE_VERBS)}", seconds)
+    if kind == "clock":
+        return Fault("clock", rng.choice(("+300", "-300")), seconds)
+    return Fault(kind, "", seconds)
+
+
+class Injector:
+    """Injects one fault into a World, lifts it, and gives the moment of recovery."""
+
+    def __init__(self, world: World, *, faulty_engine=None, disk=None, clock=None,  # type: ignore[no-untyped-def]
+                 reach_timeout: float = 30.0) -> None:
+        self.world = world
+        self.faulty_engine, self.disk, self.clock = faulty_engine, disk, clock
+        self.reach_timeout = reach_timeout
+
+    def inject(self, fault: Fault, run: Run) -> float:
+        world = self.world
+        world.fault = fault.name
+        method = getattr(self, f"_{fault.kind}")
+        return method(fault, run)
+
+    def _kill9(self, fault: Fault, run: Run) -> float:
+        time.sleep(self.world.random.uniform(0, 3))
+        self.world.kill_daemon()
+        run.restarted = True
+        recovered = time.monotonic()
+        self.world.start_daemon()
+        return recovered
+
+    def _crash(self, fault: Fault, run: Run) -> float:
+        world = self.world
+        world.kill_daemon()
+        daemon = world.start_daemon(crash_at=fault.what)
+        assert daemon.process is not None
+        try:
+            daemon.process.wait(timeout=self.reach_timeout)
+        except subprocess.TimeoutExpired:
+            run.reached = False
+        world.kill_daemon()
+        run.restarted = True
+        recovered = time.monotonic()
+        world.start_daemon()
+        return recovered
+
+    def _calendar(self, fault: Fault, run: Run) -> float:
+        self.world.front.fault(fault.what)
+        time.sleep(fault.seconds)
+        self.world.front.lift()
+        return time.monotonic()
+
+    def _engine(self, fault: Fault, run: Run) -> float:
+        how, verb = fault.what.split("-", 1)
+        self.faulty_engine.arm(how, verbs=(verb,), count=1)
+        deadline = time.monotonic() + self.reach_timeout
+        while not self.faulty_engine.hits() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        run.reached = bool(self.faulty_engine.hits())
+        if how == "hang":
+            time.sleep(fault.seconds)
+        self.faulty_engine.lift()
+        return time.monotonic()
+
+    def _disk(self, fault: Fault, run: Run) -> float:
+        self.disk.fill()
+        time.sleep(fault.seconds)
+        self.disk.unfill()
+        return time.monotonic()
+
+    def _clock(self, fault: Fault, run: Run) -> float:
+        self.clock.step(float(fault.what))
+        time.sleep(fault.seconds)
+        self.clock.reset()
+        return time.monotonic()
+
+    def _sighup(self, fault: Fault, run: Run) -> float:
+        world = self.world
+        good = world.config.read_text()
+        world.config.write_text(good + "\n[daemon]\npoll_seconds = -1\n")  # a second [daemon]: broken
+        assert world.daemon is not None
+        world.daemon.signal(1)
+        time.sleep(fault.seconds)
+        alive = world.daemon.process is not None and world.daemon.process.poll() is None
+        world.config.write_text(good)
+        if not alive:
+            world._violate("a broken config is refused", "the daemon died on SIGHUP with a broken config",
+                           into=run.violations)
+            world.start_daemon()
+        else:
+            world.daemon.signal(1)
+        return time.monotonic()
+
+
+def campaign(world: World, injector: Injector, faults: list[Fault], *, settle: float = 1.0) -> list[Run]:
+    """Each fault in turn: inject, recover, converge, check. The sampler's violations go to the
+    fault under way when they were seen."""
+    runs = []
+    for number, fault in enumerate(faults, 1):
+        run = Run(fault.name)
+        before = len(world.violations)
+        recovered = injector.inject(fault, run)
+        world.fault = fault.name + " (recovering)"
+        world.converge(recovered, run)
+        run.violations += world.violations[before:]
+        runs.append(run)
+        world.log(f"[{number}/{len(faults)}] {fault.name}: reached={run.reached} recovery="
+                  f"{'-' if run.recovery is None else f'{run.recovery:.2f} s'} violations={len(run.violations)}")
+        time.sleep(settle)
+    return runs
+
+
+def table(runs: list[Run]) -> str:
+    """Fault kind → runs, reached, invariant violations, recovery median and worst."""
+    kinds: dict[str, list[Run]] = {}
+    for run in runs:
+        kind = run.fault.split(":")[0]
+        if kind == "calendar" or kind == "engine" or kind == "clock":
+            kind = run.fault.split("-")[0] if kind == "engine" else run.fault
+        kinds.setdefault(kind, []).append(run)
+    lines = ["| fault | runs | reached | violations | recovery median (s) | recovery worst (s) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for kind in sorted(kinds):
+        group = kinds[kind]
+        times = [r.recovery for r in group if r.recovery is not None and r.reached]
+        lines.append(f"| {kind} | {len(group)} | {sum(r.reached for r in group)} | "
+                     f"{sum(len(r.violations) for r in group)} | "
+                     f"{statistics.median(times):.2f} | {max(times):.2f} |" if times else
+                     f"| {kind} | {len(group)} | {sum(r.reached for r in group)} | "
+                     f"{sum(len(r.violations) for r in group)} | - | - |")
+    return "\n".join(lines)
+
+
+def to_json(runs: list[Run]) -> str:
+    return json.dumps([{"fault": r.fault, "reached": r.reached, "recovery": r.recovery,
+                        "violations": [v.__dict__ for v in r.violations]} for r in runs], indent=1)
+
+
+def wait_until_running(world: World, *, timeout: float) -> None:
+    """Setup: the long bookings run and their SSH sessions are open."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = world._running()
+        if all(b.uid in running for b in world.calendar.booked.values() if b.long):
+            run = Run("setup")
+            world._check_sessions(run)
+            if len(world.sessions) == LONG:
+                return
+        time.sleep(0.5)
+    raise AssertionError("the long bookings never ran with SSH\n" + (world.daemon.tail() if world.daemon else ""))
+
+__all__ = ["Calendar", "Fault", "Injector", "Run", "World", "campaign", "key_line",
+           "random_fault", "table", "to_json", "wait_until_running"]
