@@ -17,7 +17,7 @@ import pytest
 from gpubook.runtime.engines import ContainerInfo, Engine, engine_from
 from tests.kits.daemon_kit import wait_for
 from tests.kits.engine_suite import PODMAN
-from tests.kits.faulty_engine import FaultyEngine, verb_of
+from tests.kits.faulty_engine import FaultyEngine, end_orphan, verb_of
 
 pytestmark = [
     pytest.mark.podman,
@@ -128,3 +128,49 @@ def test_a_bad_arm_is_refused(faulty: FaultyEngine) -> None:
         faulty.arm("hang", count=0)
     with pytest.raises(ValueError, match="not the string 'run'"):
         faulty.arm("hang", verbs="run")
+
+
+@pytest.fixture
+def stopping(faulty: FaultyEngine, wrapped: Engine, image: str) -> Iterator[str]:
+    """A container whose `podman stop` was killed midway (its command ignores SIGTERM, so the stop
+    waits out its grace): podman shows it "Stopping"."""
+    name = "gpubook-faulty-" + uuid.uuid4().hex[:8]
+    fake = wrapped.global_argv()  # type: ignore[attr-defined]
+    started = podman(fake, "run", "--detach", "--network", "none", "--name", name, "--label",
+                     "gpubook.faulty-test=1", image, "sleep", "600")
+    assert started.returncode == 0, started.stderr
+    try:
+        faulty.arm("kill", verbs=["stop"])
+        assert podman(fake, "stop", "--time", "60", name).returncode == 137
+        assert [(h.verb, h.outcome) for h in faulty.hits()] == [("stop", "killed")]
+        state = podman(fake, "ps", "--all", "--filter", f"name=^{name}$", "--format", "{{.State}}")
+        assert state.stdout.strip() == "Stopping"
+        yield name
+    finally:
+        podman(fake, "stop", "--time", "0", name)
+        podman(fake, "rm", "--force", "--time", "0", name)
+        for orphan in faulty.orphans(wrapped.global_argv()[1:], settle=0):  # type: ignore[attr-defined]
+            if orphan.name == name:
+                end_orphan(orphan)
+
+
+def test_rm_after_a_killed_stop_leaves_an_orphan_podman_no_longer_lists(
+        faulty: FaultyEngine, wrapped: Engine, stopping: str) -> None:
+    fake = wrapped.global_argv()  # type: ignore[attr-defined]
+    assert faulty.orphans(wrapped.global_argv()[1:]) == []  # type: ignore[attr-defined]
+    removed = podman(fake, "rm", "--force", "--time", "0", stopping)
+    assert removed.returncode == 0  # podman says done ...
+    assert podman(fake, "ps", "--all", "--filter", f"name=^{stopping}$", "--quiet").stdout == ""
+    orphans = faulty.orphans(wrapped.global_argv()[1:])  # type: ignore[attr-defined]
+    assert [o.name for o in orphans] == [stopping]  # ... and its conmon and command run on (podman 4.3)
+    end_orphan(orphans[0])
+    wait_for("the orphan to end", lambda: not faulty.orphans(wrapped.global_argv()[1:], settle=0),  # type: ignore[attr-defined]
+             timeout=TIMEOUT)
+
+
+def test_a_second_stop_after_a_killed_one_ends_the_container(faulty: FaultyEngine, wrapped: Engine,
+                                                            stopping: str) -> None:
+    fake = wrapped.global_argv()  # type: ignore[attr-defined]
+    assert podman(fake, "stop", "--time", "1", stopping).returncode == 0  # gpubook's stop(): stop, then rm
+    assert podman(fake, "rm", "--force", stopping).returncode == 0
+    assert faulty.orphans(wrapped.global_argv()[1:]) == []  # type: ignore[attr-defined]

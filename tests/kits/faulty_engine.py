@@ -17,6 +17,11 @@ The verb is podman's subcommand: the first argument that is neither an option no
 value (gpubook puts --runtime, --storage-driver, ... before it); `container X` counts as X.
 `.hits()`: every faulted command's (time.monotonic(), verb, outcome), outcome one of "hung",
 "released" (a hung one let go by lift), "killed", "killed-after-exit".
+
+What podman 4.3 leaves when killed midway (see tests/test_faulty_engine.py): a `stop` or `rm --force`
+killed while the container stops leaves it "Stopping"; a later `rm --force` then answers 0 and
+forgets it while its processes run on (its conmon, its command, its published port held): a
+container podman no longer lists. `orphans()` finds those, for the harness's invariants.
 """
 
 from __future__ import annotations
@@ -58,6 +63,13 @@ class Hit:
     verb: str
     outcome: str
     pid: int  # the wrapper's process
+
+
+@dataclass(frozen=True)
+class Orphan:
+    conmon: int  # the pid of its conmon; the container's command is that process's child
+    id: str
+    name: str
 
 
 class FaultyEngine:
@@ -107,12 +119,66 @@ class FaultyEngine:
         for hold in self.folder.glob("hold-*"):
             hold.unlink(missing_ok=True)
 
+    def orphans(self, global_args: Sequence[str] = (), *, settle: float = 1.0) -> list[Orphan]:
+        """Containers of this account whose conmon runs while podman (with `global_args`, the
+        store the engine uses) lists no such container; seen twice `settle` seconds apart (a
+        container being removed has its conmon a moment longer)."""
+        first = _unlisted(self.real, global_args)
+        if not first:
+            return []
+        time.sleep(settle)
+        return [o for o in _unlisted(self.real, global_args) if o in first]
+
     def hits(self) -> list[Hit]:
         try:
             lines = (self.folder / HITS).read_text().splitlines()
         except FileNotFoundError:
             return []
         return [Hit(*json.loads(line)) for line in lines if line.strip()]
+
+
+def end_orphan(orphan: Orphan) -> None:
+    """SIGKILL an orphan's command and its conmon (a published port's rootlessport and slirp4netns,
+    children of no one, are not found here)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == orphan.conmon:  # its parent pid
+            _signal(int(entry.name))
+    _signal(orphan.conmon)
+
+
+def _signal(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _unlisted(real: str, global_args: Sequence[str]) -> list[Orphan]:
+    conmons = _conmons()
+    listed = subprocess.run([real, *global_args, "ps", "--all", "--no-trunc", "--format", "{{.ID}}"],
+                            capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    return [o for o in conmons if o.id not in listed]
+
+
+def _conmons() -> list[Orphan]:
+    """The conmon processes of this account: each names its container (-c ID, -n NAME)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # ended meanwhile
+            continue
+        if argv and argv[0].endswith("conmon") and "-c" in argv[:-1] and "-n" in argv[:-1]:
+            found.append(Orphan(int(entry.name), argv[argv.index("-c") + 1], argv[argv.index("-n") + 1]))
+    return found
 
 
 def verb_of(args: Sequence[str]) -> str:
