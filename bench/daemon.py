@@ -3,6 +3,7 @@
     PYTHONPATH=. python bench/daemon.py latency [--bookings 20]      # real Radicale + rootless podman
     PYTHONPATH=. python bench/daemon.py idle [--seconds 300] [--web] # `gpubook run`, poll every 30 s
     PYTHONPATH=. python bench/daemon.py plan [--bookings 1000 --gpus 100]
+    PYTHONPATH=. python bench/daemon.py adopt [--bookings 8 --rounds 20]   # real Radicale + rootless podman
 
 latency: bookings made through CalDAV, one after the other; `gpubook run` as a real process; for
 each, the time from the booking's start time to the first successful SSH login of the booker's
@@ -13,11 +14,18 @@ idle: `gpubook run` with poll_seconds = 30 and one booking a day ahead; RSS (VmR
 plan: 1,000 accepted-or-rejected bookings on 100 GPUs over a week, 100 of them running now:
 pin_running + plan_with_extensions (the real plan) + decide with the running containers' infos.
 Target: 200 ms.
+adopt: `gpubook run` with 8 bookings running (8 fake GPUs, tests/kits/fake_gpus.py), then 20 rounds of
+kill -9 and a restart, each timed from the new process's spawn to the end of its first complete pass
+(daemon-status.json written with the new pid: the daemon writes it after the pass), then checked: the
+same container per booking, running, one each. Where the time goes: the spawn to the "daemon started"
+event (imports, config, parts), from there to the pass's start (the calendars read), the pass; and the
+heaviest imports (python -X importtime, one unmeasured start). Target: p95 <= 2 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -176,6 +184,138 @@ def _page_url(daemon) -> str:  # type: ignore[no-untyped-def]
     raise RuntimeError(f"the daemon did not serve its page:\n{daemon.tail()}")
 
 
+# -- adoption after kill -9 -------------------------------------------------------------------
+
+
+def adopt(count: int, rounds: int) -> None:
+    from gpubook.runtime import overlay_image
+    from gpubook.runtime.engines import engine_from
+    from gpubook.runtime.templates import get_template
+    from tests.kits import fake_gpus, servers
+    from tests.kits.daemon_kit import DaemonProcess, book, soon, write_config
+    from tests.kits.engine_suite import CACHE_DIR
+
+    engine = engine_from("podman", runtime="runc", storage_driver="overlay")
+    overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    key = paramiko.ECDSAKey.generate(bits=256)
+    ids = [f"adopt-{n}@gpubook" for n in range(count)]
+    figures: list[float] = []
+    phases: list[tuple[float, float, float]] = []
+    with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as name, \
+            servers.running(servers.radicale) as radicale:
+        folder = Path(name)
+        calendar = radicale.new_calendar()
+        gpus = folder / "gpus.json"
+        fake_gpus.write(gpus, [{"utilisation": 0} for _ in range(count)])
+        config = write_config(folder, str(calendar.url), keys={"alice": key}, poll_seconds=60, gpus=count,
+                              gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
+        env = {fake_gpus.ENV: str(gpus)}
+        start, end = soon(0) - timedelta(seconds=1), soon(3600)
+        for n, booking_id in enumerate(ids):
+            book(calendar, booking_id, user="alice", start=start, end=end, gpus=f"{n},")
+        status_path = folder / "state" / "daemon-status.json"
+        daemon = DaemonProcess(config, env=env).start()
+        try:
+            first = _wait_all_running(engine, ids, daemon)
+            print(f"  {count} bookings running: {', '.join(sorted(first))}", flush=True)
+            _wait_pass(status_path, daemon, began=time.monotonic())
+            for number in range(rounds + 1):
+                daemon.kill()
+                profiled = number == rounds  # one start more, unmeasured: where its imports' time goes
+                spawned_wall = time.time()
+                spawned = time.monotonic()
+                daemon = DaemonProcess(config, env=env | ({"PYTHONPROFILEIMPORTTIME": "1"} if profiled else {}))
+                daemon.log.write_text("")
+                daemon.start()
+                status = _wait_pass(status_path, daemon, began=spawned)
+                seconds = time.monotonic() - spawned
+                _check_adopted(engine, first, round_number=number, daemon=daemon)
+                if profiled:
+                    _print_imports(daemon.log.read_text(errors="replace"))
+                    continue
+                started = _started_at(folder, daemon.process.pid)  # type: ignore[union-attr]
+                passed = datetime.fromisoformat(status["updated"]).timestamp()
+                phases.append((started - spawned_wall, passed - started, spawned_wall + seconds - passed))
+                figures.append(seconds)
+                print(f"  round {number}: first complete pass {seconds:.3f} s after the spawn (start "
+                      f"{phases[-1][0]:.3f} s, to the pass {phases[-1][1]:.3f} s, pass {phases[-1][2]:.3f} s); "
+                      f"the same {count} containers", flush=True)
+        finally:
+            daemon.stop()
+            for booking_id in ids:
+                engine.stop(container_name(booking_id), 0)
+    print(f"adoption after kill -9, {count} running bookings, {rounds} rounds: spawn → first complete pass "
+          f"median {statistics.median(figures):.3f} s, p95 {percentile(figures, 0.95):.3f} s, "
+          f"max {max(figures):.3f} s (target p95 <= 2 s)")
+    for label, index in (("spawn → \"daemon started\" (imports, config, parts)", 0),
+                         ("→ the pass's start (scheduler, calendars read)", 1), ("the pass, status written", 2)):
+        values = [p[index] for p in phases]
+        print(f"  {label}: median {statistics.median(values):.3f} s, max {max(values):.3f} s")
+
+
+def _wait_all_running(engine, ids: list[str], daemon) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Booking id → its container's id, once every booking's container runs."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        running = {c.booking_id: c.id for c in engine.list() if c.running and c.booking_id in ids}
+        if len(running) == len(ids):
+            return running
+        time.sleep(0.5)
+    raise SystemExit(f"not every booking ran within 180 s\n{daemon.tail()}")
+
+
+def _wait_pass(path: Path, daemon, *, began: float) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    """daemon-status.json once the daemon's first pass wrote it (its pid); polled every 10 ms."""
+    pid = daemon.process.pid
+    while time.monotonic() - began < 120:
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, ValueError):  # not there yet, or caught mid-write
+            status = {}
+        if status.get("pid") == pid:
+            return status
+        if daemon.process.poll() is not None:
+            raise SystemExit(f"the daemon exited ({daemon.process.returncode}) before its first pass\n{daemon.tail()}")
+        time.sleep(0.01)
+    raise SystemExit(f"no complete pass within 120 s of the spawn\n{daemon.tail()}")
+
+
+def _check_adopted(engine, first: dict[str, str], *, round_number: int, daemon) -> None:  # type: ignore[no-untyped-def]
+    """The same container per booking, running, and one each (none started again, none stopped)."""
+    mine = [c for c in engine.list() if c.booking_id in first]
+    found = sorted((c.booking_id, c.id, c.state) for c in mine)
+    wanted = sorted((booking_id, ident, "running") for booking_id, ident in first.items())
+    if found != wanted:
+        raise SystemExit(f"round {round_number}: containers after the restart {found}, wanted {wanted}\n"
+                         f"{daemon.tail()}")
+
+
+def _started_at(folder: Path, pid: int) -> float:
+    """When the daemon with `pid` logged "daemon started" (a Unix time)."""
+    with State(folder / "state" / "state.sqlite") as state:
+        for entry in reversed(state.events()):
+            if entry.message.startswith(f"daemon started (pid {pid})"):
+                return entry.at.timestamp()
+    raise SystemExit(f"no \"daemon started\" event of pid {pid}")
+
+
+def _print_imports(log: str, top: int = 15) -> None:
+    """The heaviest imports of one start (python -X importtime lines: self, cumulative, name indented
+    by depth): the total of the top-level ones, and the heaviest of the top two levels (a second-level
+    import's time is within its parent's)."""
+    rows = []
+    total = 0
+    for line in log.splitlines():
+        found = re.match(r"import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)", line)
+        if found and len(found[3]) <= 2:  # depth 0 (imported by __main__ or a function) or 1
+            rows.append((int(found[2]), f"{'  ' if found[3] else ''}{found[4]}"))
+            total += 0 if found[3] else int(found[2])
+    print(f"  imports of one start (python -X importtime): {total / 1e6:.3f} s in all; the heaviest "
+          "(indented: imported by the one above it):")
+    for micro, module in sorted(rows, reverse=True)[:top]:
+        print(f"    {micro / 1e6:.3f} s  {module}")
+
+
 # -- plan + reconcile --------------------------------------------------------------------------
 
 
@@ -222,8 +362,10 @@ def plan_and_reconcile(count: int, gpus: int, rounds: int = 20) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["latency", "idle", "plan", "all"])
-    parser.add_argument("--bookings", type=int, help="latency: bookings (20); plan: bookings (1000)")
+    parser.add_argument("what", choices=["latency", "idle", "plan", "adopt", "all"])
+    parser.add_argument("--bookings", type=int, help="latency: bookings (20); plan: bookings (1000); adopt: running "
+                        "bookings (8)")
+    parser.add_argument("--rounds", type=int, default=20, help="adopt: kill -9 and restarts (20)")
     parser.add_argument("--gpus", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=300.0, help="idle: how long to measure (300)")
     parser.add_argument("--web", action="store_true", help="idle: with [web] enabled, the page asked every 15 s")
@@ -235,6 +377,8 @@ def main() -> None:
         latency(args.bookings or 20)
     if args.what in ("idle", "all"):
         idle(args.seconds, web=args.web)
+    if args.what in ("adopt", "all"):
+        adopt(args.bookings or 8, args.rounds)
 
 
 if __name__ == "__main__":
