@@ -17,11 +17,13 @@ Target: 200 ms.
 adopt: `gpubook run` with 8 bookings running (8 fake GPUs, tests/kits/fake_gpus.py), then 20 rounds of
 kill -9 and a restart, each timed from the new process's spawn to the end of its first complete pass
 (daemon-status.json written with the new pid: the daemon writes it after the pass), then checked: the
-same container per booking, running, one each. Where the time goes: the spawn to the "daemon started"
-event (imports, config, parts), from there to the pass's start (the calendars read), the pass; and the
-heaviest imports (python -X importtime, one unmeasured start). gpubook's bytecode is compiled by the
-first start and read by the next ones, as from an installed package (--from-source: compiled at each
-start, as a source tree under PYTHONDONTWRITEBYTECODE is). Target: p95 <= 2 s.
+same container per booking, running, one each; in State one open run per booking and the same ports.
+Where the time goes: the spawn to the "daemon started" event (imports, config, parts), from there to
+the pass's start (the calendars read), the pass; the heaviest imports (python -X importtime, one
+unmeasured start); the events the restarted daemons wrote (the calendar behind a counting front).
+gpubook's bytecode is compiled by the first start and read by the next ones, as from an installed
+package (--from-source: compiled at each start, as a source tree under PYTHONDONTWRITEBYTECODE is).
+Target: p95 <= 2 s.
 """
 
 from __future__ import annotations
@@ -238,7 +240,7 @@ def adopt(count: int, rounds: int, *, from_source: bool = False) -> None:
                 daemon.start()
                 status = _wait_pass(status_path, daemon, began=spawned)
                 seconds = time.monotonic() - spawned
-                _check_adopted(engine, first, round_number=number, daemon=daemon)
+                _check_adopted(engine, first, folder / "state" / "state.sqlite", round_number=number, daemon=daemon)
                 written = len(front.requests(since=spawned, method="PUT"))
                 writes += written
                 if profiled:
@@ -269,11 +271,11 @@ def adopt(count: int, rounds: int, *, from_source: bool = False) -> None:
     print(f"  events written to the calendar by the restarted daemons: {writes}")
 
 
-def _wait_all_running(engine, ids: list[str], daemon) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Booking id → its container's id, once every booking's container runs."""
+def _wait_all_running(engine, ids: list[str], daemon) -> dict[str, ContainerInfo]:  # type: ignore[no-untyped-def]
+    """Booking id → its container, once every booking's container runs."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        running = {c.booking_id: c.id for c in engine.list() if c.running and c.booking_id in ids}
+        running = {c.booking_id: c for c in engine.list() if c.running and c.booking_id in ids}
         if len(running) == len(ids):
             return running
         time.sleep(0.5)
@@ -308,13 +310,21 @@ def _wait_pass(path: Path, daemon, *, began: float) -> dict:  # type: ignore[no-
     raise SystemExit(f"no complete pass within 120 s of the spawn\n{daemon.tail()}")
 
 
-def _check_adopted(engine, first: dict[str, str], *, round_number: int, daemon) -> None:  # type: ignore[no-untyped-def]
-    """The same container per booking, running, and one each (none started again, none stopped)."""
+def _check_adopted(engine, first: dict[str, ContainerInfo], state_path: Path, *,  # type: ignore[no-untyped-def]
+                   round_number: int, daemon) -> None:
+    """The same container per booking, running, and one each (none started again, none stopped); in
+    State one run per booking, still open, and the same ports."""
     mine = [c for c in engine.list() if c.booking_id in first]
     found = sorted((c.booking_id, c.id, c.state) for c in mine)
-    wanted = sorted((booking_id, ident, "running") for booking_id, ident in first.items())
-    if found != wanted:
-        raise SystemExit(f"round {round_number}: containers after the restart {found}, wanted {wanted}\n"
+    wanted = sorted((booking_id, info.id, "running") for booking_id, info in first.items())
+    with State(state_path) as state:
+        runs = sorted((r.booking_id, r.stopped_at is None) for r in state.containers() if r.booking_id in first)
+        ports = {booking_id: port for booking_id, port in state.ports().items() if booking_id in first}
+    problems = [f"containers {found}, wanted {wanted}" if found != wanted else "",
+                f"runs in State {runs}" if runs != sorted((booking_id, True) for booking_id in first) else "",
+                f"ports in State {ports}" if ports != {b: info.port for b, info in first.items()} else ""]
+    if any(problems):
+        raise SystemExit(f"round {round_number}, after the restart: {'; '.join(p for p in problems if p)}\n"
                          f"{daemon.tail()}")
 
 
@@ -327,21 +337,34 @@ def _started_at(folder: Path, pid: int) -> float:
     raise SystemExit(f"no \"daemon started\" event of pid {pid}")
 
 
-def _print_imports(log: str, top: int = 15) -> None:
-    """The heaviest imports of one start (python -X importtime lines: self, cumulative, name indented
-    by depth): the total of the top-level ones, and the heaviest of the top two levels (a second-level
-    import's time is within its parent's)."""
+def _print_imports(log: str, top: int = 12) -> None:
+    """Where one start's imports go (python -X importtime lines: self, cumulative, name indented by
+    depth): their total, the heaviest packages by their modules' own time, and the heaviest imports
+    made by gpubook's modules (a cumulative time: what importing there costs, the rest included)."""
     rows = []
-    total = 0
     for line in log.splitlines():
         found = re.match(r"import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)", line)
-        if found and len(found[3]) <= 2:  # depth 0 (imported by __main__ or a function) or 1
-            rows.append((int(found[2]), f"{'  ' if found[3] else ''}{found[4]}"))
-            total += 0 if found[3] else int(found[2])
-    print(f"  imports of one start (python -X importtime): {total / 1e6:.3f} s in all; the heaviest "
-          "(indented: imported by the one above it):")
-    for micro, module in sorted(rows, reverse=True)[:top]:
-        print(f"    {micro / 1e6:.3f} s  {module}")
+        if found:
+            rows.append((int(found[1]), int(found[2]), len(found[3]) // 2, found[4]))
+    parents: dict[str, str] = {}
+    stack: list[str] = []
+    for _, _, depth, module in reversed(rows):  # a module's line comes after those of the imports it made
+        del stack[depth:]
+        if stack:
+            parents[module] = stack[-1]
+        stack.append(module)
+    packages: dict[str, list[int]] = {}
+    for own, _, _, module in rows:
+        packages.setdefault(module.split(".")[0], []).append(own)
+    total = sum(cumulative for _, cumulative, depth, _ in rows if depth == 0)
+    print(f"  imports of one start (python -X importtime): {total / 1e6:.3f} s, {len(rows)} modules; by package:")
+    for package, times in sorted(packages.items(), key=lambda item: -sum(item[1]))[:top]:
+        print(f"    {sum(times) / 1e6:.3f} s  {package} ({len(times)} modules)")
+    print("  the heaviest packages gpubook imports (cumulative), and by which module:")
+    edges = [(cumulative, module, parents.get(module, "")) for _, cumulative, _, module in rows
+             if not module.startswith("gpubook") and parents.get(module, "").startswith("gpubook")]
+    for cumulative, module, parent in sorted(edges, reverse=True)[:top]:
+        print(f"    {cumulative / 1e6:.3f} s  {module} ← {parent}")
 
 
 # -- plan + reconcile --------------------------------------------------------------------------
