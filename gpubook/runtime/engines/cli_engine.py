@@ -70,7 +70,7 @@ class CliEngine(CliArgv, CliImages):
                     f"booking {spec.booking_id}: {spec.name} already runs with another "
                     f"spec (hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first"
                 )
-            self._remove(spec.name)  # an exited leftover of an earlier start
+            self._remove_leftover(current)  # an exited leftover of an earlier start
         self._check_port_free(spec)
         self.ensure_image(spec.image)
         self._check_mounts(spec)
@@ -116,6 +116,14 @@ class CliEngine(CliArgv, CliImages):
         if labels.get(LABEL_BOOKING):
             self.release_network(name)
 
+    def _remove_leftover(self, current: ContainerInfo) -> None:
+        """Remove a container that does not run as it should. One left "stopping" (a `stop` killed
+        midway) is stopped first: podman 4.3's `rm --force` forgets it while it runs on, unlisted,
+        holding its GPUs and port (fixed in podman 4.4)."""
+        if current.state == "stopping":
+            self._process(["stop", "--time", "0", current.name], timeout=QUICK_TIMEOUT)
+        self._remove(current.name)
+
     def list(self) -> builtins.list[ContainerInfo]:
         for _attempt in range(3):  # a container may vanish between `ps` and `inspect`
             ids = self._call(
@@ -152,7 +160,7 @@ class CliEngine(CliArgv, CliImages):
         if current is not None:
             if current.running and current.spec_hash == spec.spec_hash:
                 return current
-            self._remove(spec.name)
+            self._remove_leftover(current)
         self.ensure_image(spec.image)
         self._call(self.service_args(spec), timeout=RUN_TIMEOUT)
         info = self.inspect_service(spec.name)
