@@ -1,0 +1,148 @@
+"""The wall clock stepped by ±5 minutes (issue 26), through libfaketime (tests/kits/clock_step.py):
+the kit moves a child's wall clock and leaves its monotonic clock alone, podman works under it,
+and what the daemon does with a running booking when its clock jumps past the booking's end and back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.kits.clock_step import SteppedClock
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
+    DaemonProcess,
+    book,
+    events,
+    running_container,
+    soon,
+    wait_for,
+    write_config,
+)
+
+STEP = 300
+
+# Prints the wall clock and the monotonic clock, once per line read.
+_READER = ("import datetime, sys, time\n"
+           "for _ in sys.stdin:\n"
+           "    print(datetime.datetime.now(datetime.UTC).timestamp(), time.monotonic(), flush=True)\n")
+
+
+def test_a_child_sees_its_wall_clock_step_and_its_monotonic_clock_not(tmp_path: Path) -> None:
+    clock = SteppedClock(tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", _READER], env={**os.environ, **clock.env()},
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+
+    def ahead() -> tuple[float, float]:
+        """(the child's wall clock - ours, its monotonic clock - ours), read in one round trip."""
+        child.stdin.write("\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        before_wall, before_mono = time.time(), time.monotonic()
+        wall, mono = map(float, child.stdout.readline().split())  # type: ignore[union-attr]
+        return wall - before_wall, mono - before_mono
+
+    try:
+        seen = [ahead()]
+        for seconds in (STEP, -2 * STEP):
+            clock.step(seconds)
+            seen.append(ahead())
+        clock.reset()
+        seen.append(ahead())
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    # Each reading is taken within the round trip (well under the steps' size, under any CPU steal).
+    walls = [round(wall / 60) * 60 for wall, _ in seen]
+    assert walls == [0, STEP, -STEP, 0], seen
+    assert all(abs(mono) < 30 for _, mono in seen), seen
+
+
+@pytest.mark.podman
+@pytest.mark.slow
+def test_podman_works_under_a_stepped_clock(tmp_path: Path, engine, image: str) -> None:
+    """The daemon's children inherit the environment: podman still runs a container under it (and,
+    a Go program reading the clock through the vDSO, stamps it with the real time, not the stepped one)."""
+    clock = SteppedClock(tmp_path)
+    clock.step(STEP)
+    env = {**os.environ, **clock.env()}
+    name = f"gpubook-clock-step-{os.getpid()}"
+    try:
+        ran = subprocess.run(["podman", "--runtime", "runc", "run", "--name", name, image, "echo", "ran"], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert (ran.returncode, ran.stdout) == (0, "ran\n"), ran.stderr
+        created = subprocess.run(["podman", "inspect", "--format", "{{.Created.Unix}}", name], env=env,
+                                 capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        assert abs(int(created) - time.time()) < 60, created
+    finally:
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True, timeout=60, check=False)
+
+
+def test_a_child_under_the_stepped_clock_can_sleep_and_wait(tmp_path: Path) -> None:
+    """time.sleep, Event.wait and Popen.wait with a timeout (the daemon's loop, its scheduler, its
+    engine calls) work under the clock: without the shim, libfaketime 0.9.10 fails every sleep."""
+    clock = SteppedClock(tmp_path)
+    clock.step(STEP)
+    program = ("import subprocess, threading, time\n"
+               "time.sleep(0.01)\n"
+               "threading.Event().wait(0.01)\n"
+               "child = subprocess.Popen(['sleep', '30'])\n"
+               "try:\n    child.wait(timeout=0.01)\nexcept subprocess.TimeoutExpired:\n    child.kill()\n"
+               "print('slept')\n")
+    ran = subprocess.run([sys.executable, "-c", program], env={**os.environ, **clock.env()}, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert (ran.returncode, ran.stdout) == (0, "slept\n"), ran.stderr
+
+
+def _daemon_test(test):  # type: ignore[no-untyped-def]
+    for mark in DAEMON_MODULE:
+        test = mark(test)
+    return test
+
+
+@_daemon_test
+def test_a_step_past_a_running_bookings_end_and_back(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                     daemons) -> None:
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2)
+    short_end, long_end = soon(150), soon(1200)
+    book(calendar, "short@test", user="alice", start=soon(0) - timedelta(seconds=1), end=short_end, gpus="0,")
+    book(calendar, "long@test", user="bob", start=soon(0) - timedelta(seconds=1), end=long_end, gpus="1,")
+    cleanup += ["short@test", "long@test"]
+    clock = SteppedClock(tmp_path)
+    daemon = DaemonProcess(config, env=clock.env()).start()
+    daemons.append(daemon)
+    short = wait_for("short's container", lambda: running_container(engine, "short@test"), timeout=90, daemon=daemon)
+    long = wait_for("long's container", lambda: running_container(engine, "long@test"), timeout=90, daemon=daemon)
+    print("running", short.id[:12], long.id[:12], "real now", datetime.now(UTC), "short ends", short_end)
+    clock.step(STEP)
+    t0 = time.monotonic()
+    try:
+        wait_for("short stopped", lambda: running_container(engine, "short@test") is None, timeout=60)
+        print("short stopped after", time.monotonic() - t0)
+    except AssertionError:
+        print("short NOT stopped in 60 s")
+    print("long", running_container(engine, "long@test"))
+    clock.step(-STEP)
+    t0 = time.monotonic()
+    try:
+        again = wait_for("short again", lambda: running_container(engine, "short@test"), timeout=60)
+        print("short running again after", time.monotonic() - t0, again.id[:12], again.id == short.id)
+    except AssertionError:
+        print("short NOT running again in 60 s; real now", datetime.now(UTC), "short ends", short_end)
+    print("long", running_container(engine, "long@test"))
+    print("\n".join(events(tmp_path)))
+    from tests.kits.daemon_kit import description
+    print("DESCRIPTION short:", description(calendar, "short@test"))
+    print("DESCRIPTION long:", description(calendar, "long@test"))
+    print("STATUS", json.dumps(_status(tmp_path), indent=1)[:3000])
+    print(daemon.tail())
+def _status(folder: Path) -> dict[str, object]:
+    path = folder / "state" / "daemon-status.json"
+    return json.loads(path.read_text()) if path.exists() else {}
