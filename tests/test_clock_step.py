@@ -19,6 +19,7 @@ from tests.kits.daemon_kit import (
     DAEMON_MODULE,
     DaemonProcess,
     book,
+    description,
     events,
     running_container,
     soon,
@@ -109,6 +110,13 @@ def _daemon_test(test):  # type: ignore[no-untyped-def]
 @_daemon_test
 def test_a_step_past_a_running_bookings_end_and_back(tmp_path: Path, radicale, engine, keys, cleanup,
                                                      daemons) -> None:
+    """The daemon's clock jumps 5 minutes ahead, past the end of a booking that has 2.5 minutes
+    left, and comes back a little later. Seen: the booking is stopped as "ended" at once (the
+    daemon cannot tell a step from time passing); the other booking keeps its container; the step
+    back is noticed and polling goes on. The stopped booking is not started again when the clock
+    comes back, though its time has not come to an end (a stop "ended" is a stop on purpose,
+    core/decide.py `_start_actions`), and its event says "accepted" meanwhile: that part is an
+    expected failure until the lead decides the fix."""
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2)
     short_end, long_end = soon(150), soon(1200)
@@ -118,31 +126,38 @@ def test_a_step_past_a_running_bookings_end_and_back(tmp_path: Path, radicale, e
     clock = SteppedClock(tmp_path)
     daemon = DaemonProcess(config, env=clock.env()).start()
     daemons.append(daemon)
-    short = wait_for("short's container", lambda: running_container(engine, "short@test"), timeout=90, daemon=daemon)
+    wait_for("short's container", lambda: running_container(engine, "short@test"), timeout=90, daemon=daemon)
     long = wait_for("long's container", lambda: running_container(engine, "long@test"), timeout=90, daemon=daemon)
-    print("running", short.id[:12], long.id[:12], "real now", datetime.now(UTC), "short ends", short_end)
+
     clock.step(STEP)
-    t0 = time.monotonic()
-    try:
-        wait_for("short stopped", lambda: running_container(engine, "short@test") is None, timeout=60)
-        print("short stopped after", time.monotonic() - t0)
-    except AssertionError:
-        print("short NOT stopped in 60 s")
-    print("long", running_container(engine, "long@test"))
+    wait_for("short stopped by the step past its end", lambda: "stopped (ended)" in events(tmp_path, "short@test"),
+             timeout=60, daemon=daemon)
+    assert running_container(engine, "short@test") is None
+    # The main loop compares both clocks every 5 s: two of its rounds see the stepped clock, as on a
+    # host whose clock stays stepped a while (a step back within one round would go unseen by it).
+    time.sleep(12)
     clock.step(-STEP)
-    t0 = time.monotonic()
+    wait_for("the step back noticed", lambda: any("wall clock stepped back" in line for line in events(tmp_path)),
+             timeout=30, daemon=daemon)
+    stepped_back = datetime.now(UTC)
+    wait_for("a poll after the step back", lambda: _after(_status(tmp_path).get("last_poll"), stepped_back),
+             timeout=30, daemon=daemon)
+    assert daemon.process is not None and daemon.process.poll() is None, daemon.tail()
+    assert running_container(engine, "long@test").id == long.id  # untouched by both steps
+    assert datetime.now(UTC) < short_end - timedelta(seconds=30), "too slow to tell: short's time is over"
     try:
-        again = wait_for("short again", lambda: running_container(engine, "short@test"), timeout=60)
-        print("short running again after", time.monotonic() - t0, again.id[:12], again.id == short.id)
+        wait_for("short started again", lambda: running_container(engine, "short@test"), timeout=20)
     except AssertionError:
-        print("short NOT running again in 60 s; real now", datetime.now(UTC), "short ends", short_end)
-    print("long", running_container(engine, "long@test"))
-    print("\n".join(events(tmp_path)))
-    from tests.kits.daemon_kit import description
-    print("DESCRIPTION short:", description(calendar, "short@test"))
-    print("DESCRIPTION long:", description(calendar, "long@test"))
-    print("STATUS", json.dumps(_status(tmp_path), indent=1)[:3000])
-    print(daemon.tail())
+        said = description(calendar, "short@test")
+        assert "accepted:" in said and "running:" not in said, said
+        pytest.xfail("a booking stopped as ended by a clock step forward is not started again when the clock "
+                     "comes back, its time not over (its event says accepted)")
+
+
+def _after(stamp: object, moment: datetime) -> bool:
+    return isinstance(stamp, str) and datetime.fromisoformat(stamp) >= moment
+
+
 def _status(folder: Path) -> dict[str, object]:
     path = folder / "state" / "daemon-status.json"
     return json.loads(path.read_text()) if path.exists() else {}

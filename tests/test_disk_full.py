@@ -40,7 +40,8 @@ def test_a_state_write_on_a_full_disk_fails_cleanly_and_the_next_one_after_space
             state.log_event("before the disk filled", booking_id="b1")
             state.container_started("b1", "gpubook-b1", user="alice", gpu_count=1)
             fill(folder)
-            with pytest.raises(StateUnavailable, match=r"state database .* could not be used: database or disk is full"):
+            full = r"state database .* could not be used: database or disk is full"
+            with pytest.raises(StateUnavailable, match=full):
                 state.log_event("while the disk is full " + "x" * 2000, booking_id="b1")
             with pytest.raises(StateUnavailable, match="disk is full"):
                 state.container_stopped("gpubook-b1", reason="ended")

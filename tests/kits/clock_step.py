@@ -58,7 +58,8 @@ def library() -> Path:
 def _shim(folder: Path) -> Path:
     compiler = shutil.which("cc")
     if compiler is None:
-        raise RuntimeError("no C compiler (cc) for the clock's sleep shim; apt-get install gcc (./quickstart test does)")
+        raise RuntimeError("no C compiler (cc) for the clock's sleep shim; apt-get install gcc "
+                           "(./quickstart test does)")
     source, built = folder / "monotonic-sleep.c", folder / SHIM
     source.write_text(_SHIM_SOURCE)
     subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(source), "-ldl"], check=True,
