@@ -5,12 +5,27 @@ database passes its integrity check. The disk is a small tmpfs (tests/kits/disk_
 from __future__ import annotations
 
 import errno
+import json
 import sqlite3
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from gpubook.scheduler.outbox import status_file
+from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status
 from gpubook.scheduler.state import State, StateUnavailable
+from tests.kits.daemon_kit import (
+    DAEMON_MODULE,
+    DaemonProcess,
+    book,
+    description,
+    running_container,
+    soon,
+    wait_for,
+    write_config,
+)
 from tests.kits.disk_full import FILLER, fill, full_folder, unfill
 
 
@@ -74,3 +89,96 @@ def test_a_restart_while_the_disk_is_full_is_refused_in_one_sentence_and_works_o
             state.log_event("second run, space again")
             assert [e.message for e in state.events()] == ["first run", "second run, space again"]
         assert _integrity(path) == "ok"
+
+
+def test_the_status_file_on_a_full_disk_is_a_warning_and_leaves_no_half_written_file(caplog) -> None:  # type: ignore[no-untyped-def]
+    report = Status(hosts=(HostStatus(name="local", gpus=GpuSummary(source="config", count=1)),))
+    with full_folder() as folder:
+        assert status_file.write(report, folder)
+        before = (folder / status_file.STATUS_FILE).read_bytes()
+        fill(folder)
+        # Big enough to need a new block: the disk refuses it.
+        big = Status(hosts=report.hosts, problems=tuple("x" * 100 for _ in range(100)))
+        assert not status_file.write(big, folder)
+        assert sorted(p.name for p in folder.iterdir()) == sorted([FILLER, status_file.STATUS_FILE])
+        assert (folder / status_file.STATUS_FILE).read_bytes() == before  # the last one whole, not half of the new
+        assert "was not written this pass: No space left on device" in caplog.text
+        unfill(folder)
+        assert status_file.write(big, folder)
+
+
+def _daemon_test(test):  # type: ignore[no-untyped-def]
+    for mark in DAEMON_MODULE:
+        test = mark(test)
+    return test
+
+
+@_daemon_test
+def test_the_daemon_with_its_state_folder_on_a_full_disk(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                        daemons) -> None:
+    """A running booking keeps running while the disk is full; a booking due meanwhile fails to
+    start (its port cannot be recorded) and starts once there is space; the daemon neither dies
+    nor loses a record; a restart (after a kill -9) while the disk is full adopts the running
+    containers; the status file is skipped with a warning meanwhile, never a traceback."""
+    calendar = radicale.new_calendar()
+    with full_folder() as full:
+        config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2)
+        config.write_text(config.read_text().replace(f'state_dir = "{tmp_path / "state"}"',
+                                                     f'state_dir = "{full / "state"}"'))
+        book(calendar, "first@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(900), gpus="0,")
+        cleanup += ["first@test", "second@test"]
+        daemon = DaemonProcess(config).start()
+        daemons.append(daemon)
+        first = wait_for("first's container", lambda: running_container(engine, "first@test"), timeout=90,
+                         daemon=daemon)
+        wait_for("first written back", lambda: "running:" in description(calendar, "first@test"), timeout=60,
+                 daemon=daemon)
+        fill(full)
+        book(calendar, "second@test", user="bob", start=soon(0) - timedelta(seconds=1), end=soon(900), gpus="1,")
+        wait_for("a start of second refused for the full disk", lambda: "second@test: start failed" in _log(daemon),
+                 timeout=60, daemon=daemon)
+        time.sleep(6)  # a few passes more (every 2 s) with the disk full: the daemon stays up
+        assert running_container(engine, "second@test") is None  # its port could not be recorded
+        assert "second@test: start failed: the state database" in _log(daemon)
+        assert daemon.process is not None and daemon.process.poll() is None, daemon.tail()
+        assert running_container(engine, "first@test").id == first.id
+        unfill(full)
+        second = wait_for("second's container once there is space", lambda: running_container(engine, "second@test"),
+                          timeout=60, daemon=daemon)
+        wait_for("second written back", lambda: "running:" in description(calendar, "second@test"), timeout=60,
+                 daemon=daemon)
+        daemon.kill()
+        # A restart while the disk is full: the database opens (its -wal and -shm files are there
+        # after a kill -9), the running containers are adopted, only the writes wait for space.
+        fill(full)
+        seen = len(_log(daemon))  # the daemons share one log file
+        again = DaemonProcess(config).start()
+        daemons.append(again)
+        wait_for("the restarted daemon's pass", lambda: "not written this pass" in _log(again)[seen:], timeout=60,
+                 daemon=again)
+        assert again.process is not None and again.process.poll() is None, again.tail()
+        assert {b: running_container(engine, b).id for b in ("first@test", "second@test")} == {
+            "first@test": first.id, "second@test": second.id}
+        unfill(full)
+        wait_for("a status file from the restarted daemon", lambda: _status(full).get("pid") == again.process.pid,
+                 timeout=60, daemon=again)
+        assert again.stop() == 0
+        assert "Traceback" not in _log(again), _log(again)
+        path = full / "state" / "state.sqlite"
+        assert _integrity(path) == "ok"
+        with State(path) as state:
+            assert sorted((c.booking_id, c.name, c.stopped_at) for c in state.containers()) == [
+                ("first@test", first.name, None), ("second@test", second.name, None)]
+            assert state.ports() == {"first@test": first.port, "second@test": second.port}
+
+
+def _log(daemon: DaemonProcess) -> str:
+    return daemon.log.read_text(errors="replace")
+
+
+def _status(folder: Path) -> dict[str, object]:
+    path = folder / "state" / "daemon-status.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
