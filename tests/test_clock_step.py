@@ -154,6 +154,42 @@ def test_a_step_past_a_running_bookings_end_and_back(tmp_path: Path, radicale, e
                      "comes back, its time not over (its event says accepted)")
 
 
+@_daemon_test
+def test_a_step_back_right_after_a_booking_started(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                   daemons) -> None:
+    """The daemon's clock steps 5 minutes back (and stays there, as a corrected clock does) just
+    after a booking started: to the daemon, its start is 5 minutes ahead again. Seen: the booker is
+    warned that the booking "was moved to a later time", and its container is stopped when the
+    notice runs out (20 s here): its running work is lost. By core/decide.py (not run here): the
+    default notice, 300 s, outlasts a 5-minute step, so only the false warning comes; a new
+    container starts when the clock reaches the start again. An expected failure until the lead
+    decides the fix."""
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, notice_seconds=20)
+    book(calendar, "fresh@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(1200), gpus="0,")
+    cleanup.append("fresh@test")
+    clock = SteppedClock(tmp_path)
+    daemon = DaemonProcess(config, env=clock.env()).start()
+    daemons.append(daemon)
+    wait_for("fresh's container", lambda: running_container(engine, "fresh@test"), timeout=90, daemon=daemon)
+    assert daemon.process is not None
+    wait_for("the first pass", lambda: _status(tmp_path).get("pid") == daemon.process.pid, timeout=60, daemon=daemon)
+    # The main loop reads both clocks every 5 s once the first pass is done: let it take a reading
+    # before the step (a step during the first pass goes unseen by it, and polling then pauses for
+    # the size of the step, APScheduler's next poll being in wall-clock time).
+    time.sleep(6)
+    clock.step(-STEP)
+    wait_for("the step back noticed", lambda: any("wall clock stepped back" in line for line in events(tmp_path)),
+             timeout=30, daemon=daemon)
+    try:
+        wait_for("fresh stopped", lambda: running_container(engine, "fresh@test") is None, timeout=45)
+    except AssertionError:
+        return  # kept running through the notice: nothing lost
+    assert any("moved to a later time" in line for line in events(tmp_path, "fresh@test"))
+    pytest.xfail("a clock step back of 5 min just after a booking started reads as the booking moved later: "
+                 "the booker is warned and its container stopped once the notice runs out")
+
+
 def _after(stamp: object, moment: datetime) -> bool:
     return isinstance(stamp, str) and datetime.fromisoformat(stamp) >= moment
 
