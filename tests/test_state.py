@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.scheduler.state import MIGRATIONS, State, StateError, port_is_free, schema
+from gpubook.scheduler.state import MIGRATIONS, State, StateError, StateUnavailable, port_is_free, schema
 
 T0 = datetime(2026, 11, 21, 9, 0, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,7 +187,7 @@ def test_failed_migration_leaves_the_version_unchanged(tmp_path: Path, monkeypat
         pass
     monkeypatch.setattr(schema, "MIGRATIONS",
                         MIGRATIONS + ("CREATE TABLE extra (x INTEGER); INSERT INTO nowhere VALUES (1);",))
-    with pytest.raises(sqlite3.OperationalError, match="nowhere"):
+    with pytest.raises(StateUnavailable, match="cannot be opened: no such table: nowhere"):
         State(path)
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)

@@ -70,9 +70,13 @@ def write_private(path: Path, data: bytes) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.unlink(missing_ok=True)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as file:
-        file.write(data)
-    partial.replace(path)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a full disk's half-written file would stay, under another pid's name
+        raise
 
 
 def check_private_key(path: Path) -> None:

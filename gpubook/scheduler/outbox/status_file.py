@@ -5,6 +5,7 @@ web page and /metrics read)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -20,6 +21,8 @@ from gpubook.scheduler.outbox import foreign, status, timeline
 from gpubook.scheduler.state import ContainerRecord, State, StateError
 
 STATUS_FILE = "daemon-status.json"
+
+log = logging.getLogger(__name__)
 
 
 def assemble(*, plan: Plan, actions: Sequence[decide.Action], failures: Mapping[str, str],
@@ -39,8 +42,16 @@ def assemble(*, plan: Plan, actions: Sequence[decide.Action], failures: Mapping[
         rejected=timeline.rejected_bookings(plan), foreign=_foreign_items(state))
 
 
-def write(report: status.Status, folder: Path) -> None:
-    write_private(folder / STATUS_FILE, json.dumps(report.to_json(), indent=2).encode())
+def write(report: status.Status, folder: Path) -> bool:
+    """Write the status file; a disk that refuses it (full, read-only) costs this pass's file, not
+    the pass: a warning, and False (the next pass writes it again)."""
+    path = folder / STATUS_FILE
+    try:
+        write_private(path, json.dumps(report.to_json(), indent=2).encode())
+    except OSError as error:
+        log.warning("the status file %s was not written this pass: %s", path, error.strerror or error)
+        return False
+    return True
 
 
 def _ports(state: State) -> dict[str, int]:

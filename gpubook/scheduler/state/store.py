@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import shutil
 import socket
 import sqlite3
 import threading
@@ -37,6 +38,8 @@ from gpubook.scheduler.state.slots import SlotRecords
 from gpubook.scheduler.state.usage import UsageRecords
 
 log = logging.getLogger(__name__)
+
+_ROOM = 64 * 1024  # less free space than this, and an open that fails is put down to a full disk
 
 
 def port_is_free(port: int) -> bool:
@@ -119,10 +122,13 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
             log.warning("state database %s does not exist; starting a new one "
                         "(running containers are adopted from their labels)", self.path)
         try:
-            first = open_checked(self.path, busy_timeout=busy_timeout)
-        except Corrupt as error:
-            set_aside(self.path, error)
-            first = open_checked(self.path, busy_timeout=busy_timeout)
+            try:
+                first = open_checked(self.path, busy_timeout=busy_timeout)
+            except Corrupt as error:
+                set_aside(self.path, error)
+                first = open_checked(self.path, busy_timeout=busy_timeout)
+        except sqlite3.Error as error:  # a full disk, a read-only mount: one sentence, not a traceback
+            raise self._unopened(error) from None
         self._adopt_connection(first)
 
     # -- opening -------------------------------------------------------------------------------
@@ -149,9 +155,18 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
             try:
                 db = self._connect()
             except sqlite3.Error as error:
-                raise StateUnavailable(f"state database {self.path} cannot be opened: {error}") from None
+                raise self._unopened(error) from None
             self._adopt_connection(db)
         return db
+
+    def _unopened(self, error: sqlite3.Error) -> StateUnavailable:
+        # SQLite says "disk I/O error" when its -shm file cannot grow on a full disk: name the cause.
+        try:
+            full = shutil.disk_usage(self.path.parent).free < _ROOM
+        except OSError:
+            full = False
+        cause = f" (its disk has less than {_ROOM // 1024} KiB free)" if full else ""
+        return StateUnavailable(f"state database {self.path} cannot be opened: {error}{cause}")
 
     def close(self) -> None:
         with self._lock:
