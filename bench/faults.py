@@ -78,6 +78,7 @@ def main() -> None:
         world = faults_kit.World(folder, engine=engine, seed=seed, due_within=args.due_within,
                                  state_dir=found.get("state_dir"), daemon_env=env,
                                  engine_binary=found["faulty_engine"].path)
+        world.orphans = lambda: found["faulty_engine"].orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
         injector = faults_kit.Injector(world, faulty_engine=found["faulty_engine"], disk=found.get("disk"),
                                        clock=found.get("clock"))
         kinds = ("crash", "kill9", "calendar", "engine", "sighup", *(k for k in ("disk", "clock") if k in found))

@@ -47,6 +47,7 @@ def world(tmp_path: Path, engine: Engine) -> Iterator[tuple[faults_kit.World, fa
             clock = clock_step.SteppedClock(tmp_path / "clock")
         made = faults_kit.World(tmp_path, engine=engine, seed=seed, due_within=45, state_dir=state_dir,
                                 daemon_env=clock.env() if clock else {}, engine_binary=faulty.path)
+        made.orphans = lambda: faulty.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
         injector = faults_kit.Injector(made, faulty_engine=faulty, disk=disk, clock=clock, reach_timeout=20)
         try:
             yield made, injector, seed

@@ -8,7 +8,17 @@ from datetime import datetime, timedelta
 
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.scheduler.core.bookings import Booking
-from gpubook.scheduler.core.decide import Memory, Runs, Start, Stop, Warned, decide, pin_running, plan_with_extensions
+from gpubook.scheduler.core.decide import (
+    Memory,
+    Recheck,
+    Runs,
+    Start,
+    Stop,
+    Warned,
+    decide,
+    pin_running,
+    plan_with_extensions,
+)
 from gpubook.scheduler.core.plan import plan
 from tests.kits.booking_kit import TEMPLATES, booking, make_config, utc
 
@@ -125,3 +135,37 @@ def test_a_running_booking_in_no_calendar_is_not_stopped_while_a_calendar_was_ne
     assert [type(x).__name__ for x in decide(empty, actual, now=NOW, memory=memory)] == ["Warn", "Recheck"]
     kept = decide(empty, actual, now=NOW, memory=memory, complete=False)
     assert [(type(x).__name__, getattr(x, "at", None)) for x in kept] == [("Recheck", a.end)]
+
+
+def test_a_booking_stopped_at_an_end_that_has_not_come_starts_again() -> None:
+    """The wall clock stepped 5 minutes ahead past a running booking's end (it was stopped, "ended"),
+    then back: its time is not over, so it starts again. Before the fix an "ended" stop counted as
+    a stop on purpose and the booking never ran again (tests/kits/faults_kit.py's clock fault)."""
+    a = booking("a", indices=(0,))  # 10:00-12:00
+    result = planner([])([a])
+    stopped = Memory(known=frozenset({"a"}), runs={"a": Runs(last_stopped=a.end + timedelta(minutes=4),
+                                                             last_reason="ended")})
+    assert [(x.accepted.booking.id, x.attempt) for x in decide(result, [], now=a.end - timedelta(minutes=1),
+                                                               memory=stopped) if isinstance(x, Start)] == [("a", 0)]
+    assert decide(result, [], now=a.end + timedelta(seconds=1), memory=stopped) == []  # its end: stays stopped
+    admin = Memory(known=frozenset({"a"}), runs={"a": Runs(last_stopped=NOW, last_reason="stopped by an admin")})
+    assert not [x for x in decide(result, [], now=NOW, memory=admin) if isinstance(x, Start)]
+
+
+def test_a_clock_stepped_back_before_a_running_bookings_start_keeps_it_running() -> None:
+    """The wall clock stepped back to before the start its container was started for: the booking did
+    not move, so it is neither warned of a move nor stopped, and keeps its GPU (before the fix: a
+    warning "moved to a later time", then a stop after the notice)."""
+    a = booking("a", indices=(0,))  # 10:00-12:00
+    actual = [replace(running(a, (0,)), start=a.start)]
+    behind = a.start - timedelta(minutes=5)
+    pinned = pin_running([a], actual, now=behind)
+    assert pinned.running == {"a": (0,)}
+    result = plan(pinned.occurrences, inventory=(0, 1), config=CONFIG, templates=TEMPLATES, now=behind,
+                  running=pinned.running)
+    memory = Memory(known=frozenset({"a"}), runs={"a": Runs(running=True)})
+    assert [x for x in decide(result, actual, now=behind, memory=memory) if not isinstance(x, Recheck)] == []
+    moved = replace(a, start=a.start + timedelta(days=1), end=a.end + timedelta(days=1))  # a real move still stops
+    moved_result = plan(pin_running([moved], actual, now=NOW).occurrences, inventory=(0, 1), config=CONFIG,
+                        templates=TEMPLATES, now=NOW, running={})
+    assert [type(x).__name__ for x in decide(moved_result, actual, now=NOW, memory=memory)][:1] == ["Warn"]

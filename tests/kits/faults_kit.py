@@ -207,6 +207,9 @@ class World:
         self._extend_config()
         self.state_db = (state_dir or folder / "state") / "state.sqlite"
         self.foreign: list[subprocess.Popen[bytes]] = []
+        # Containers still running that the engine no longer lists (FaultyEngine.orphans): they hold
+        # GPUs and ports unseen. The caller sets it where it can look.
+        self.orphans: Callable[[], list[object]] = list
         self.daemon: DaemonProcess | None = None
         self.sessions: dict[str, paramiko.SSHClient] = {}
         self.violations: list[Violation] = []  # the sampler's, tagged with the fault under way
@@ -453,6 +456,9 @@ class World:
         for uid, count in per_booking.items():
             if count > 1:
                 self._violate("one container per booking", f"{uid}: {count} containers", into=run.violations)
+        for orphan in self.orphans():
+            self._violate("one GPU, one container", f"a container runs unlisted by the engine: {orphan}",
+                          into=run.violations)
         self._check_state(run, containers)
         self._check_sessions(run)
         self._check_calendar(run)
@@ -628,11 +634,12 @@ class Injector:
 
     def _engine(self, fault: Fault, run: Run) -> float:
         how, verb = fault.what.split("-", 1)
+        before = len(self.faulty_engine.hits())
         self.faulty_engine.arm(how, verbs=(verb,), count=1)
         deadline = time.monotonic() + self.reach_timeout
-        while not self.faulty_engine.hits() and time.monotonic() < deadline:
+        while len(self.faulty_engine.hits()) == before and time.monotonic() < deadline:
             time.sleep(0.1)
-        run.reached = bool(self.faulty_engine.hits())
+        run.reached = len(self.faulty_engine.hits()) > before
         if how == "hang":
             time.sleep(fault.seconds)
         self.faulty_engine.lift()

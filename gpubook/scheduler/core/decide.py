@@ -49,6 +49,7 @@ from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import LOCAL, Accepted, Plan
 
 ADMIN_STOP = "stopped by an admin"  # container_stopped reason that keeps a booking from restarting
+ENDED = "ended"  # container_stopped reason of a stop at the booking's end
 DIED = "died"  # prefix of the reason recorded for a container that died during its booking
 _ON_TIME = timedelta(seconds=60)  # a warning this late after its time still counts as on time
 
@@ -282,7 +283,9 @@ def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: d
                 _restart_check(info.booking_id, now=now, memory=memory, policy=policy)]
     if info.booking_id in memory.released:  # its release was recorded and its stop failed: stop it now
         return [Stop(info.name, info.booking_id, f"{reclaim.RELEASED} as a no-show", policy.stop_grace)]
-    if accepted is not None and accepted.booking.start > now:
+    if accepted is not None and accepted.booking.start > now and info.start != accepted.booking.start:
+        # Started for another start: the booking was moved later. One started for this very start
+        # while `now` is before it means the wall clock stepped back: it goes on (pin_running too).
         return _moved_later(info, accepted.booking.end, now=now, memory=memory, policy=policy)
     if accepted is not None:
         return _ending(info, accepted.booking.end, accepted.warn_at, now=now, memory=memory, policy=policy,
@@ -301,7 +304,7 @@ def _ending(info: ContainerInfo, end: datetime, warn_at: datetime, *, now: datet
     warned = memory.warned.get(info.booking_id)
     if warned is not None and warned.end == end:
         if now >= warned.stop_at:
-            return [Stop(info.name, info.booking_id, "ended", policy.stop_grace)]
+            return [Stop(info.name, info.booking_id, ENDED, policy.stop_grace)]
         return [Recheck(warned.stop_at, f"stop of {info.booking_id}")]
     if now < warn_at:
         return []
@@ -310,7 +313,7 @@ def _ending(info: ContainerInfo, end: datetime, warn_at: datetime, *, now: datet
     actions: list[Action] = [Warn(info.name, info.booking_id, info.user, end, stop_at,
                                   "end-moved" if moved else "end-near")]
     if now >= stop_at:
-        actions.append(Stop(info.name, info.booking_id, "ended", policy.stop_grace))
+        actions.append(Stop(info.name, info.booking_id, ENDED, policy.stop_grace))
     else:
         actions.append(Recheck(stop_at, f"stop of {info.booking_id}"))
     return actions
@@ -365,9 +368,13 @@ def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy:
         # State says it runs, the engine lists nothing: it vanished. Record that first.
         return [Clear(container_name(booking.id), booking.id, f"{DIED}: the container vanished", accepted.host),
                 _restart_check(booking.id, now=now, memory=memory, policy=policy)]
+    if runs is not None and runs.last_reason == ENDED:
+        # Stopped at its end, and its end has not come: the wall clock stepped forward past it and
+        # back, or the end moved later since. Due again: it starts (its outputs were kept).
+        runs = None
     if runs is not None and runs.last_reason is not None:
         if not runs.last_reason.startswith(DIED):
-            return []  # stopped on purpose (an admin, or an earlier end): stays stopped
+            return []  # stopped on purpose (an admin, a release, a move): stays stopped
         if runs.restarts >= policy.restart_limit:
             return [Hold(booking.id, f"its container died {runs.restarts + 1} times; not starting it again")]
         due = (runs.last_stopped or now) + policy.restart_backoff * (2 ** runs.restarts)
@@ -415,7 +422,8 @@ def pin_running(occurrences: Sequence[Booking | Rejection], actual: Sequence[Con
     held: dict[str, tuple[int, ...]] = {}
     for item in occurrences:
         info = running.get(item.id) if isinstance(item, Booking) else None
-        if info is None or not isinstance(item, Booking) or (now is not None and item.start > now):
+        if info is None or not isinstance(item, Booking) or (now is not None and item.start > now
+                                                             and info.start != item.start):
             result.append(item)
             continue
         held[item.id] = info.gpus
