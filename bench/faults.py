@@ -41,22 +41,6 @@ def machine() -> str:
     return f"{platform.platform()}, {os.cpu_count()} cores, {memory:.0f} GiB, Python {platform.python_version()}"
 
 
-def parts(stack: ExitStack, folder: Path) -> dict:
-    """The fault parts this machine has: the engine wrapper always; the full disk and the clock where
-    their mount and library exist."""
-    from tests.kits import clock_step, disk_full
-    from tests.kits.faulty_engine import FaultyEngine
-
-    found: dict = {"faulty_engine": FaultyEngine(folder / "engine", real="podman")}
-    if disk_full.available():
-        full = stack.enter_context(disk_full.full_folder())
-        found["disk"] = disk_full.Filler(full)
-        found["state_dir"] = full / "state"
-    if clock_step.available():
-        found["clock"] = clock_step.SteppedClock(folder / "clock")
-    return found
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--random", type=int, default=200, help="random faults after the crash points")
@@ -73,15 +57,14 @@ def main() -> None:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpubook-faults-") as name, ExitStack() as stack:
         folder = Path(name)
-        found = parts(stack, folder)
-        env = found["clock"].env() if "clock" in found else {}
+        found = faults_kit.parts(stack, folder, required=False)
         world = faults_kit.World(folder, engine=engine, seed=seed, due_within=args.due_within,
-                                 state_dir=found.get("state_dir"), daemon_env=env,
-                                 engine_binary=found["faulty_engine"].path)
-        world.orphans = lambda: found["faulty_engine"].orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
-        injector = faults_kit.Injector(world, faulty_engine=found["faulty_engine"], disk=found.get("disk"),
-                                       clock=found.get("clock"))
-        kinds = ("crash", "kill9", "calendar", "engine", "sighup", *(k for k in ("disk", "clock") if k in found))
+                                 state_dir=found.disk / "state" if found.disk else None,
+                                 daemon_env=found.clock.env() if found.clock else {},
+                                 engine_binary=found.faulty_engine.path)
+        world.orphans = lambda: found.faulty_engine.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
+        injector = faults_kit.Injector(world, found)
+        kinds = found.kinds
         rng = random.Random(seed)
         points = crash_kit.all_points()
         plan = [] if args.no_crash_points else [faults_kit.Fault("crash", p) for p in points]

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines import Engine
-from tests.kits import clock_step, disk_full, faults_kit
+from tests.kits import faults_kit
 from tests.kits.daemon_kit import DAEMON_MODULE
-from tests.kits.faulty_engine import FaultyEngine
 
 pytestmark = DAEMON_MODULE
 
@@ -38,17 +37,14 @@ def world(tmp_path: Path, engine: Engine) -> Iterator[tuple[faults_kit.World, fa
     seed = int(os.environ.get("GPUBOOK_FAULT_SEED") or random.randrange(10**9))
     print(f"fault seed {seed} (GPUBOOK_FAULT_SEED={seed} replays its choices)")
     with ExitStack() as stack:
-        faulty = FaultyEngine(tmp_path / "engine", real="podman")
-        disk = state_dir = clock = None
-        if disk_full.available():
-            full = stack.enter_context(disk_full.full_folder())
-            disk, state_dir = disk_full.Filler(full), full / "state"
-        if clock_step.available():
-            clock = clock_step.SteppedClock(tmp_path / "clock")
-        made = faults_kit.World(tmp_path, engine=engine, seed=seed, due_within=45, state_dir=state_dir,
-                                daemon_env=clock.env() if clock else {}, engine_binary=faulty.path)
-        made.orphans = lambda: faulty.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
-        injector = faults_kit.Injector(made, faulty_engine=faulty, disk=disk, clock=clock, reach_timeout=20)
+        # In CI every kind runs: ./quickstart test mounts the small disk and installs libfaketime.
+        found = faults_kit.parts(stack, tmp_path, required=bool(os.environ.get("CI")))
+        made = faults_kit.World(tmp_path, engine=engine, seed=seed, due_within=45,
+                                state_dir=found.disk / "state" if found.disk else None,
+                                daemon_env=found.clock.env() if found.clock else {},
+                                engine_binary=found.faulty_engine.path)
+        made.orphans = lambda: found.faulty_engine.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
+        injector = faults_kit.Injector(made, found, reach_timeout=20)
         try:
             yield made, injector, seed
         finally:
@@ -61,8 +57,7 @@ def world(tmp_path: Path, engine: Engine) -> Iterator[tuple[faults_kit.World, fa
 def test_nothing_is_lost_under_a_sample_of_faults(world: tuple[faults_kit.World, faults_kit.Injector, int]) -> None:
     made, injector, seed = world
     rng = random.Random(seed)
-    kinds = ("crash", "kill9", "calendar", "engine", "sighup",
-             *(("disk",) if injector.disk else ()), *(("clock",) if injector.clock else ()))
+    kinds = injector.parts.kinds
     # Every kind at least once, then a random mix.
     plan = [faults_kit.random_fault(rng, kinds=(kind,), points=list(QUICK_POINTS), longest=3) for kind in kinds]
     plan += [faults_kit.random_fault(rng, kinds=kinds, points=list(QUICK_POINTS), longest=3)

@@ -18,11 +18,11 @@ import statistics
 import subprocess
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import caldav
@@ -32,8 +32,10 @@ from caldav.lib import error as dav_error
 
 from gpubook.runtime import crash
 from gpubook.runtime.engines import ContainerInfo, Engine
-from tests.kits import fake_gpus, servers
-from tests.kits.daemon_kit import DaemonProcess, key_line, try_login, write_config
+from tests.kits import disk_full, fake_gpus, servers
+from tests.kits.clock_step import SteppedClock
+from tests.kits.daemon_kit import DaemonProcess, try_login, write_config
+from tests.kits.faulty_engine import FaultyEngine
 from tests.kits.front import FaultFront
 from tests.kits.notify_kit import HookHandler
 
@@ -42,6 +44,7 @@ NOTICE_SECONDS = 3.0  # [daemon] notice_seconds: a cancelled or shortened runnin
 STOP_GRACE = 1.0  # [engine] stop_grace_seconds
 CALENDAR_KINDS = ("error", "hang", "refuse", "partition")
 ENGINE_VERBS = ("run", "stop", "rm", "ps", "inspect", "exec", "kill")
+CLOCK_HOLD = 11.0  # seconds a clock step lasts at least
 
 
 def now() -> datetime:
@@ -368,7 +371,8 @@ class World:
     # -- what holds at every moment
 
     def _containers(self) -> list[ContainerInfo]:
-        return [c for c in self.engine.list()]
+        """This world's containers (the account may run others: a test beside it)."""
+        return [c for c in self.engine.list() if c.booking_id.endswith("@faults")]
 
     def _running(self) -> dict[str, ContainerInfo]:
         return {c.booking_id: c for c in self._containers() if c.running}
@@ -588,13 +592,45 @@ def random_fault(rng: random.Random, *, kinds: tuple[str, ...], points: list[str
     return Fault(kind, "", seconds)
 
 
+@dataclass
+class Parts:
+    """What injects the faults beyond the daemon and the calendar: podman's wrapper, a folder on a
+    small mount to fill (the state folder goes there), the daemon's steppable clock."""
+
+    faulty_engine: FaultyEngine
+    disk: Path | None
+    clock: SteppedClock | None
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return ("crash", "kill9", "calendar", "engine", "sighup", *(("disk",) if self.disk else ()),
+                *(("clock",) if self.clock else ()))
+
+
+def parts(stack: ExitStack, folder: Path, *, required: bool) -> Parts:
+    """The fault parts this machine has; `required` (CI): all of them, or a RuntimeError saying what
+    is missing (`./quickstart test` mounts the small tmpfs and installs libfaketime)."""
+    disk = clock = None
+    try:
+        disk = stack.enter_context(disk_full.full_folder())
+    except RuntimeError:
+        if required:
+            raise
+    try:
+        clock = SteppedClock(folder)
+    except (RuntimeError, subprocess.CalledProcessError):
+        if required:
+            raise
+    return Parts(FaultyEngine(folder / "engine", real="podman"), disk, clock)
+
+
 class Injector:
     """Injects one fault into a World, lifts it, and gives the moment of recovery."""
 
-    def __init__(self, world: World, *, faulty_engine=None, disk=None, clock=None,  # type: ignore[no-untyped-def]
-                 reach_timeout: float = 30.0) -> None:
+    def __init__(self, world: World, parts: Parts, *, reach_timeout: float = 30.0) -> None:
         self.world = world
-        self.faulty_engine, self.disk, self.clock = faulty_engine, disk, clock
+        self.parts = parts
+        self.faulty_engine, self.disk, self.clock = parts.faulty_engine, parts.disk, parts.clock
         self.reach_timeout = reach_timeout
 
     def inject(self, fault: Fault, run: Run) -> float:
@@ -646,14 +682,16 @@ class Injector:
         return time.monotonic()
 
     def _disk(self, fault: Fault, run: Run) -> float:
-        self.disk.fill()
+        disk_full.fill(self.disk)
         time.sleep(fault.seconds)
-        self.disk.unfill()
+        disk_full.unfill(self.disk)
         return time.monotonic()
 
     def _clock(self, fault: Fault, run: Run) -> float:
-        self.clock.step(float(fault.what))
-        time.sleep(fault.seconds)
+        self.clock.step(int(fault.what))
+        # Held two of the daemon's clock readings (5 s apart) at least, as a wrong clock is until
+        # NTP corrects it: a step and its undo between two readings is no step to anyone.
+        time.sleep(max(fault.seconds, CLOCK_HOLD))
         self.clock.reset()
         return time.monotonic()
 
@@ -731,6 +769,3 @@ def wait_until_running(world: World, *, timeout: float) -> None:
                 return
         time.sleep(0.5)
     raise AssertionError("the long bookings never ran with SSH\n" + (world.daemon.tail() if world.daemon else ""))
-
-__all__ = ["Calendar", "Fault", "Injector", "Run", "World", "campaign", "key_line",
-           "random_fault", "table", "to_json", "wait_until_running"]
