@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--random", type=int, default=200, help="random faults after the crash points")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-crash-points", action="store_true")
+    parser.add_argument("--points", default="", help="only these crash points (comma-separated)")
     parser.add_argument("--longest", type=float, default=60.0, help="the longest a fault lasts, in seconds")
     parser.add_argument("--due-within", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=None)
@@ -63,13 +64,15 @@ def main() -> None:
                                  daemon_env=found.clock.env() if found.clock else {},
                                  engine_binary=found.faulty_engine.path)
         world.orphans = lambda: found.faulty_engine.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
-        injector = faults_kit.Injector(world, found)
+        injector = faults_kit.Injector(world, found, reach_timeout=60)
         kinds = found.kinds
         rng = random.Random(seed)
         points = crash_kit.all_points()
-        plan = [] if args.no_crash_points else [faults_kit.Fault("crash", p) for p in points]
-        plan += [faults_kit.random_fault(rng, kinds=kinds, points=points, longest=args.longest)
-                 for _ in range(args.random)]
+        chosen = args.points.split(",") if args.points else points
+        # The random faults first: the crash points then find a world that has been through a lot.
+        plan = [faults_kit.random_fault(rng, kinds=kinds, points=points, longest=args.longest)
+                for _ in range(args.random)]
+        plan += [] if args.no_crash_points else [faults_kit.Fault("crash", p) for p in chosen]
         try:
             world.book_long()
             world.start_daemon()

@@ -27,9 +27,9 @@ FAULTS = 22
 # Crash points the scenario passes within seconds (bench/faults.py runs every one of them).
 QUICK_POINTS = ("state.set_note:after", "state.log_event:after", "state.container_started:after",
                 "state.container_stopped:after", "state.port_for:after", "state.write_back_done:after",
-                "state.record_bookings:after", "state.release_ports_except:after", "engine.start:before",
-                "engine.start:after", "engine.stop:before", "engine.stop:after", "writeback:before",
-                "writeback:after")
+                "state.record_bookings:after", "state.first_seen:after", "state.record_samples:after",
+                "state.slots_decided:after", "engine.start:before", "engine.start:after", "engine.stop:before",
+                "engine.stop:after", "engine.exec:after", "writeback:before", "writeback:after")
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def world(tmp_path: Path, engine: Engine) -> Iterator[tuple[faults_kit.World, fa
                                 daemon_env=found.clock.env() if found.clock else {},
                                 engine_binary=found.faulty_engine.path)
         made.orphans = lambda: found.faulty_engine.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
-        injector = faults_kit.Injector(made, found, reach_timeout=20)
+        injector = faults_kit.Injector(made, found, reach_timeout=60)
         try:
             yield made, injector, seed
         finally:

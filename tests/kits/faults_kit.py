@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import ThreadingHTTPServer
@@ -32,6 +32,7 @@ from caldav.lib import error as dav_error
 
 from gpubook.runtime import crash
 from gpubook.runtime.engines import ContainerInfo, Engine
+from gpubook.scheduler.commands.embedded import free_port
 from tests.kits import disk_full, fake_gpus, servers
 from tests.kits.clock_step import SteppedClock
 from tests.kits.daemon_kit import DaemonProcess, try_login, write_config
@@ -43,7 +44,7 @@ LONG = 2  # bookings running all along (a training each, an SSH session kept ope
 NOTICE_SECONDS = 3.0  # [daemon] notice_seconds: a cancelled or shortened running booking's notice
 STOP_GRACE = 1.0  # [engine] stop_grace_seconds
 CALENDAR_KINDS = ("error", "hang", "refuse", "partition")
-ENGINE_VERBS = ("run", "stop", "rm", "ps", "inspect", "exec", "kill")
+ENGINE_VERBS = ("run", "stop", "rm", "ps", "inspect", "exec")  # the podman commands gpubook runs
 CLOCK_HOLD = 11.0  # seconds a clock step lasts at least
 
 
@@ -223,13 +224,15 @@ class World:
 
     def _extend_config(self) -> None:
         """The rest of a lab's daemon, so that every part of a pass (and its crash points) runs: the
-        GPU monitor (a file here) sampled every second, outside processes stopped, webhook notices."""
+        GPU monitor (a file here) sampled every second, outside processes stopped, no-shows released
+        (the turnover bookings nobody logs into), webhook notices, the SFTP service."""
         text = self.config.read_text()
         text = text.replace("[gpus]\n", '[gpus]\nmonitor = "tests.kits.fake_gpus:read"\n')
         text = text.replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
         port = self.hooks.server_address[1]
-        text += ('\n[policy]\nforeign_processes = "stop"\nforeign_grace_minutes = 0.05\n'
-                 f'\n[notify.webhook]\nenabled = true\nurl = "http://127.0.0.1:{port}/hook"\ntimeout_seconds = 5\n')
+        text += ('\n[policy]\nforeign_processes = "stop"\nforeign_grace_minutes = 0.05\nno_show_minutes = 0.4\n'
+                 f'\n[notify.webhook]\nenabled = true\nurl = "http://127.0.0.1:{port}/hook"\ntimeout_seconds = 5\n'
+                 f'\n[sftp]\nenabled = true\nport = {free_port()}\nlisten = "127.0.0.1"\n')
         self.config.write_text(text)
 
     # -- the daemon
@@ -273,7 +276,7 @@ class World:
         rng = self.random
         live = [b for b in self.calendar.live() if not b.long]
         action = rng.choice(["create", "create", "move", "shorten", "delete", "recreate", "kill", "refused",
-                             "foreign"])
+                             "foreign", "login"])
         if action == "refused":  # more GPUs than the host has: refused, with the reason, never run
             user = rng.choice(["alice", "bob"])
             start = now().replace(microsecond=0) + timedelta(seconds=rng.randint(-2, 8))
@@ -312,6 +315,8 @@ class World:
                 again = Booked(uid=target.uid, user=target.user, tag=target.tag, start=target.start,
                                end=target.end, text=target.text)
                 self.calendar.create(again)
+        elif action == "login":  # the booker comes and goes (the others are no-shows, released)
+            self.log_in(target)
         elif action == "kill" and target.kills == 0 and target.due(now()):
             info = self._running().get(target.uid)
             if info is not None and info.pid:
@@ -319,6 +324,30 @@ class World:
                 subprocess.run(["podman", "kill", "--signal", "KILL", info.id], capture_output=True,
                                timeout=60, check=False)
         return action
+
+    def log_in(self, booked: Booked) -> bool:
+        """The booker logs into their running booking, runs a command and leaves."""
+        info = self._running().get(booked.uid)
+        if info is None or info.port is None:
+            return False
+        client = try_login(info.port, booked.user, self.keys[booked.user], timeout=10)
+        if client is None:
+            return False
+        try:
+            _, out, _ = client.exec_command("true", timeout=10)
+            out.channel.recv_exit_status()
+        finally:
+            client.close()
+        return True
+
+    def first_login(self, *, timeout: float) -> None:
+        """A booker's first login into a running booking (for the login's crash point)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fresh = [b for b in self.calendar.live() if not b.long and b.due(now())]
+            if any(self.log_in(b) for b in fresh):
+                return
+            time.sleep(1)
 
     def _plant_foreign(self) -> None:
         self.foreign = [p for p in self.foreign if p.poll() is None]
@@ -411,7 +440,10 @@ class World:
             containers = self._containers()
             running = {c.booking_id: c for c in containers if c.running}
             late, left = [], []
+            released = self.released()
             for booked in self.calendar.booked.values():
+                if booked.uid in released:
+                    continue  # a no-show, released: its GPUs went back to the pool (gpubook stops it)
                 if booked.due(at) and booked.uid not in running:
                     since = max(recovered, booked.changed, clock - (at - booked.start).total_seconds())
                     late.append((booked.uid, since + self.due_within))
@@ -439,6 +471,34 @@ class World:
                 break
             time.sleep(0.2)
         self._check_after(run)
+
+    def released(self) -> set[str]:
+        """The bookings gpubook released as no-shows (State's record)."""
+        try:
+            with closing_ro(self.state_db) as db:
+                return {row[0] for row in db.execute("SELECT booking_id FROM releases")}
+        except sqlite3.Error:
+            return set()  # not made yet; the integrity check says if it is broken
+
+    def edit_sshd_config(self) -> None:
+        """The SFTP service's sshd_config changed behind gpubook's back (as a new gpubook's would be):
+        the next check writes it again and tells sshd (HUP)."""
+        path = self.state_db.parent / "sftp" / "etc" / "sshd_config"
+        with suppress(OSError):
+            path.write_text(path.read_text() + "# edited\n")
+
+    def remove_sftp_service(self) -> None:
+        """The SFTP service's container gone (the next daemon starts it again)."""
+        listed = subprocess.run(["podman", "ps", "-a", "-q", "--filter", "label=gpubook.service"], capture_output=True,
+                                text=True, timeout=60, check=False)
+        for container in listed.stdout.split():
+            subprocess.run(["podman", "rm", "-f", container], capture_output=True, timeout=60, check=False)
+
+    def wait_passed(self, *, timeout: float) -> None:
+        """Until the daemon now running has completed a pass (or `timeout` s)."""
+        began = time.monotonic()
+        while time.monotonic() < began + timeout and not self._passed_since(began - 3600):
+            time.sleep(0.1)
 
     def _passed_since(self, recovered: float) -> bool:
         """The daemon now running wrote its status (after a complete pass) since `recovered`."""
@@ -650,8 +710,16 @@ class Injector:
     def _crash(self, fault: Fault, run: Run) -> float:
         world = self.world
         world.kill_daemon()
+        if fault.what.startswith("engine.start_service:"):
+            world.remove_sftp_service()
         daemon = world.start_daemon(crash_at=fault.what)
         assert daemon.process is not None
+        if fault.what.startswith("engine.signal:"):
+            world.wait_passed(timeout=self.reach_timeout)
+            world.edit_sshd_config()
+        if fault.what.startswith("state.record_login:"):
+            world.wait_passed(timeout=self.reach_timeout)
+            world.first_login(timeout=self.reach_timeout)
         try:
             daemon.process.wait(timeout=self.reach_timeout)
         except subprocess.TimeoutExpired:
