@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-crash-points", action="store_true")
     parser.add_argument("--points", default="", help="only these crash points (comma-separated)")
-    parser.add_argument("--longest", type=float, default=60.0, help="the longest a fault lasts, in seconds")
+    parser.add_argument("--longest", type=float, default=20.0, help="the longest a fault lasts, in seconds")
     parser.add_argument("--due-within", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -64,7 +64,7 @@ def main() -> None:
                                  daemon_env=found.clock.env() if found.clock else {},
                                  engine_binary=found.faulty_engine.path)
         world.orphans = lambda: found.faulty_engine.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
-        injector = faults_kit.Injector(world, found, reach_timeout=60)
+        injector = faults_kit.Injector(world, found, reach_timeout=40)
         kinds = found.kinds
         rng = random.Random(seed)
         points = crash_kit.all_points()

@@ -200,7 +200,7 @@ class World:
         url = self.front.base_url + made.url.path
         engine_lines = [f'binary = "{engine_binary}"'] if engine_binary else []
         self.config = write_config(folder, url, keys=self.keys, gpus=gpus, poll_seconds=10, warn_minutes=0.05,
-                                   stale_after_minutes=0.5, notice_seconds=NOTICE_SECONDS,
+                                   stale_after_minutes=0.25, notice_seconds=NOTICE_SECONDS,
                                    restart_backoff_seconds=1, engine_lines=engine_lines, state_dir=state_dir)
         self.gpu_file = folder / "gpus.json"
         fake_gpus.write(self.gpu_file, [{"utilisation": 0} for _ in range(gpus)])
@@ -289,7 +289,7 @@ class World:
             return action
         if action == "create" or not live:
             start = now().replace(microsecond=0) + timedelta(seconds=rng.randint(-2, 8))
-            end = start + timedelta(seconds=rng.randint(20, 45))
+            end = start + timedelta(seconds=rng.randint(20, 90))
             if not self._turnover_fits(start, end):
                 return "full"
             user = rng.choice(["alice", "bob"])
@@ -783,7 +783,11 @@ class Injector:
 
 def campaign(world: World, injector: Injector, faults: list[Fault], *, settle: float = 1.0) -> list[Run]:
     """Each fault in turn: inject, recover, converge, check. The sampler's violations go to the
-    fault under way when they were seen."""
+    fault under way when they were seen. The first waits for the bookers' bookings to run."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(not b.long and b.uid in world._running()
+                                                  for b in world.calendar.live()):
+        time.sleep(0.5)
     runs = []
     for number, fault in enumerate(faults, 1):
         run = Run(fault.name)
