@@ -81,19 +81,12 @@ def main() -> None:
             runs = faults_kit.campaign(world, injector, plan)
         finally:
             world.stop()
-            engine_cleanup(engine)
     print(f"\n{len(runs)} faults in {(time.monotonic() - began) / 60:.1f} min, seed {seed}, "
           f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}; kinds: {', '.join(kinds)}")
     print(faults_kit.table(runs))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(faults_kit.to_json(runs))
-
-
-def engine_cleanup(engine) -> None:  # type: ignore[no-untyped-def]
-    for info in engine.list():
-        if info.booking_id.endswith("@faults"):
-            engine.stop(info.name, 0)
 
 
 if __name__ == "__main__":

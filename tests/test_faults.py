@@ -49,9 +49,6 @@ def world(tmp_path: Path, engine: Engine) -> Iterator[tuple[faults_kit.World, fa
             yield made, injector, seed
         finally:
             made.stop()
-            for info in engine.list():
-                if info.booking_id.endswith("@faults"):
-                    engine.stop(info.name, 0)
 
 
 def test_nothing_is_lost_under_a_sample_of_faults(world: tuple[faults_kit.World, faults_kit.Injector, int]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import secrets
 import sqlite3
 import statistics
 import subprocess
@@ -221,6 +222,7 @@ class World:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._serial = 0
+        self.suffix = f"@faults-{secrets.token_hex(3)}"  # this world's bookings (not the replayed choices)
 
     def _extend_config(self) -> None:
         """The rest of a lab's daemon, so that every part of a pass (and its crash points) runs: the
@@ -252,7 +254,7 @@ class World:
 
     def new_uid(self, prefix: str) -> str:
         self._serial += 1
-        return f"{prefix}-{self._serial}-{self.random.randrange(10**6)}@faults"
+        return f"{prefix}-{self._serial}-{self.random.randrange(10**6)}{self.suffix}"
 
     def book_long(self) -> None:
         for number in range(LONG):
@@ -389,6 +391,9 @@ class World:
             client.close()
         if self.daemon is not None:
             self.daemon.stop()
+        for info in self._containers():  # the daemon leaves them running, as it should
+            self.engine.stop(info.name, 0)
+        self.remove_sftp_service()
         for process in self.foreign:
             process.kill()
         self.hooks.shutdown()
@@ -401,7 +406,7 @@ class World:
 
     def _containers(self) -> list[ContainerInfo]:
         """This world's containers (the account may run others: a test beside it)."""
-        return [c for c in self.engine.list() if c.booking_id.endswith("@faults")]
+        return [c for c in self.engine.list() if c.booking_id.endswith(self.suffix)]
 
     def _running(self) -> dict[str, ContainerInfo]:
         return {c.booking_id: c for c in self._containers() if c.running}
