@@ -16,9 +16,9 @@ import pytest
 
 from tests.kits.clock_step import SteppedClock
 from tests.kits.daemon_kit import (
-    DAEMON_MODULE,
     DaemonProcess,
     book,
+    daemon_test,
     description,
     events,
     running_container,
@@ -101,13 +101,7 @@ def test_a_child_under_the_stepped_clock_can_sleep_and_wait(tmp_path: Path) -> N
     assert (ran.returncode, ran.stdout) == (0, "slept\n"), ran.stderr
 
 
-def _daemon_test(test):  # type: ignore[no-untyped-def]
-    for mark in DAEMON_MODULE:
-        test = mark(test)
-    return test
-
-
-@_daemon_test
+@daemon_test
 def test_a_step_past_a_running_bookings_end_and_back(tmp_path: Path, radicale, engine, keys, cleanup,
                                                      daemons) -> None:
     """The daemon's clock jumps 5 minutes ahead, past the end of a booking that has 2.5 minutes
@@ -150,7 +144,7 @@ def test_a_step_past_a_running_bookings_end_and_back(tmp_path: Path, radicale, e
              timeout=30, daemon=daemon)
 
 
-@_daemon_test
+@daemon_test
 def test_a_step_back_right_after_a_booking_started(tmp_path: Path, radicale, engine, keys, cleanup,
                                                    daemons) -> None:
     """The daemon's clock steps 5 minutes back (and stays there, as a corrected clock does) just

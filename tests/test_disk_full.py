@@ -17,9 +17,9 @@ from gpubook.scheduler.outbox import status_file
 from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status
 from gpubook.scheduler.state import State, StateUnavailable
 from tests.kits.daemon_kit import (
-    DAEMON_MODULE,
     DaemonProcess,
     book,
+    daemon_test,
     description,
     running_container,
     soon,
@@ -107,13 +107,7 @@ def test_the_status_file_on_a_full_disk_is_a_warning_and_leaves_no_half_written_
         assert status_file.write(big, folder)
 
 
-def _daemon_test(test):  # type: ignore[no-untyped-def]
-    for mark in DAEMON_MODULE:
-        test = mark(test)
-    return test
-
-
-@_daemon_test
+@daemon_test
 def test_the_daemon_with_its_state_folder_on_a_full_disk(tmp_path: Path, radicale, engine, keys, cleanup,
                                                         daemons) -> None:
     """A running booking keeps running while the disk is full; a booking due meanwhile fails to

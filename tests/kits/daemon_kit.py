@@ -41,6 +41,13 @@ DAEMON_MODULE = [
 ]
 
 
+def daemon_test(test: T) -> T:
+    """DAEMON_MODULE's marks on one test, in a module whose other tests need no daemon."""
+    for mark in DAEMON_MODULE:
+        test = mark(test)
+    return test
+
+
 # `[engine]` of write_config's `engine`: rootless podman, or udocker (which has only the host's network).
 ENGINE_LINES = {
     "podman": ('name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"'),
