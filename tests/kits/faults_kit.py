@@ -769,12 +769,21 @@ class Injector:
         return time.monotonic()
 
     def _sighup(self, fault: Fault, run: Run) -> float:
+        """SIGHUP with a broken config in the middle of a pass: the pass is held in its `podman ps`
+        (a hung engine command) while the config is broken and the signal comes."""
         world = self.world
         good = world.config.read_text()
+        before = len(self.faulty_engine.hits())
+        self.faulty_engine.arm("hang", verbs=("ps",), count=1)
+        deadline = time.monotonic() + self.reach_timeout
+        while len(self.faulty_engine.hits()) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
         world.config.write_text(good + "\n[daemon]\npoll_seconds = -1\n")  # a second [daemon]: broken
         assert world.daemon is not None
         world.daemon.signal(1)
         time.sleep(fault.seconds)
+        self.faulty_engine.lift()  # the pass goes on
+        time.sleep(1)
         alive = world.daemon.process is not None and world.daemon.process.poll() is None
         world.config.write_text(good)
         if not alive:
