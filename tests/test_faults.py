@@ -24,12 +24,11 @@ from tests.kits.daemon_kit import DAEMON_MODULE
 pytestmark = DAEMON_MODULE
 
 FAULTS = 22
-# Crash points the scenario passes within seconds (bench/faults.py runs every one of them).
-QUICK_POINTS = ("state.set_note:after", "state.log_event:after", "state.container_started:after",
-                "state.container_stopped:after", "state.port_for:after", "state.write_back_done:after",
+# Crash points the scenario passes within seconds whatever the bookers do (a start or a stop needs a
+# free turnover GPU, which bookings of up to 90 s can hold for a minute); bench/faults.py runs all.
+QUICK_POINTS = ("state.set_note:after", "state.log_event:after", "state.write_back_done:after",
                 "state.record_bookings:after", "state.first_seen:after", "state.record_samples:after",
-                "state.slots_decided:after", "engine.start:before", "engine.start:after", "engine.stop:before",
-                "engine.stop:after", "engine.exec:after", "writeback:before", "writeback:after")
+                "state.slots_decided:after", "writeback:before", "writeback:after")
 
 
 @pytest.fixture
