@@ -283,9 +283,7 @@ def _container_actions(info: ContainerInfo, accepted: Accepted | None, *, now: d
                 _restart_check(info.booking_id, now=now, memory=memory, policy=policy)]
     if info.booking_id in memory.released:  # its release was recorded and its stop failed: stop it now
         return [Stop(info.name, info.booking_id, f"{reclaim.RELEASED} as a no-show", policy.stop_grace)]
-    if accepted is not None and accepted.booking.start > now and info.start != accepted.booking.start:
-        # Started for another start: the booking was moved later. One started for this very start
-        # while `now` is before it means the wall clock stepped back: it goes on (pin_running too).
+    if accepted is not None and _moved_later_than(info, accepted.booking, now):
         return _moved_later(info, accepted.booking.end, now=now, memory=memory, policy=policy)
     if accepted is not None:
         return _ending(info, accepted.booking.end, accepted.warn_at, now=now, memory=memory, policy=policy,
@@ -394,6 +392,13 @@ def _start_actions(accepted: Accepted, *, now: datetime, memory: Memory, policy:
     return [Start(accepted, attempt)]
 
 
+def _moved_later_than(info: ContainerInfo, booking: Booking, now: datetime) -> bool:
+    """A running container's booking now starts after `now`, and the container was started for
+    another start: the booking was moved later. One started for this very start while `now` is
+    before it means the wall clock stepped back: it goes on."""
+    return booking.start > now and info.start != booking.start
+
+
 def _host(info: ContainerInfo) -> str:
     return info.host or LOCAL
 
@@ -422,8 +427,7 @@ def pin_running(occurrences: Sequence[Booking | Rejection], actual: Sequence[Con
     held: dict[str, tuple[int, ...]] = {}
     for item in occurrences:
         info = running.get(item.id) if isinstance(item, Booking) else None
-        if info is None or not isinstance(item, Booking) or (now is not None and item.start > now
-                                                             and info.start != item.start):
+        if info is None or not isinstance(item, Booking) or (now is not None and _moved_later_than(info, item, now)):
             result.append(item)
             continue
         held[item.id] = info.gpus
