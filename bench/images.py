@@ -3,6 +3,7 @@ start-to-SSH of a booking whose image was prepared ahead against one whose image
 start; prints the figures.
 
     gpubook-userbench TREE bench/images.py [--runs 3] [--no-overlay]
+    gpubook-userbench TREE bench/images.py --sizes     (the real-size image against the small one)
 
 The registry is Debian's docker-registry on 127.0.0.1 (TLS, htpasswd), as in the tests. Pulls:
 (a) debian-ssh plus one new small layer (the base's layers are in podman's storage already, as on a
@@ -18,20 +19,28 @@ pull at the start would cost correspondingly more).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import secrets
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpubook.runtime import images, overlay_image, ssh  # noqa: E402
-from gpubook.runtime.engines import Engine, container_name, engine_from  # noqa: E402
+from gpubook.runtime.engines import ContainerSpec, Engine, container_name, engine_from  # noqa: E402
+from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
 from gpubook.runtime.errors import Preparing  # noqa: E402
 from gpubook.runtime.templates import Template, get_template, load_template  # noqa: E402
 from gpubook.scheduler.hosts import Booker, StartRequest  # noqa: E402
@@ -88,13 +97,165 @@ def start_to_ssh(host: LocalHost, template: Template, finished: threading.Event,
         host.stop(container_name(booking_id), 0)
 
 
+# --- Real-size images (issue 27): the pull, the first start with gpubook's uidmap (the remapped copy
+# of the image that rootless podman makes when the kernel's overlay has no idmapped mounts for it), the
+# disk each takes, the second start, and the start after a warm-up (a create and rm right after the
+# pull). Each start is `podman create` + `podman start` of `sleep infinity` with the uidmap a booking
+# gets (PodmanEngine.userns_args) and no network, so that the figures are the storage's alone.
+
+DEBUG_WORDS = re.compile(r"idmap|fuse|shift|chown|mount.?program|mapped|copy|template", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class StartCost:
+    create: float  # seconds
+    start: float
+
+
+@dataclass(frozen=True)
+class SizeFigures:
+    image: str
+    size: int  # podman's size of the image, bytes
+    pull: float  # seconds
+    pull_disk: int  # bytes the storage's file system lost in the pull
+    first: StartCost  # the first start after the pull
+    copy_disk: int  # bytes it lost in the first create (the remapped copy)
+    added: tuple[str, ...]  # the layers the first create added to the store: "id parent size"
+    debug: tuple[str, ...]  # podman --log-level=debug lines of the first create about id mapping
+    second: StartCost
+    repull: float  # the pull again, for the warm-up round
+    warm_up: float  # create + rm right after that pull
+    warmed: StartCost  # the booking-like start after the warm-up
+
+
+def booking_userns(engine: PodmanEngine) -> list[str]:
+    """The --uidmap/--gidmap a rootless booking gets (`--uidmap=0:1:N`), from gpubook's own code."""
+    return engine.userns_args(cast(ContainerSpec, _Ids(uid=2001, gid=2001)))
+
+
+@dataclass(frozen=True)
+class _Ids:
+    uid: int
+    gid: int
+
+
+def _podman(engine: PodmanEngine, *args: str, debug: bool = False) -> subprocess.CompletedProcess[str]:
+    argv = [*engine.global_argv(), *(["--log-level=debug"] if debug else []), *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"podman {args[0]}: {done.stderr.strip()[-2000:]}")
+    return done
+
+
+def _free(engine: PodmanEngine) -> int:
+    return shutil.disk_usage(engine.storage_path()).free
+
+
+def _store_layers(engine: PodmanEngine) -> dict[str, dict[str, object]]:
+    """The storage's layers (overlay-layers/layers.json, the account's own file), by id."""
+    path = engine.storage_path() / "overlay-layers" / "layers.json"
+    return {str(layer["id"]): layer for layer in json.loads(path.read_text())}
+
+
+def _layer_bytes(engine: PodmanEngine, layer: str) -> int:
+    """What a layer's diff folder holds (`du` inside podman's namespace: the files are subordinate ids')."""
+    diff = engine.storage_path() / "overlay" / layer / "diff"
+    return int(_podman(engine, "unshare", "du", "-sb", str(diff)).stdout.split()[0])
+
+
+def timed_start(engine: PodmanEngine, image: str, *, debug: bool = False) -> tuple[StartCost, list[str]]:
+    """Create and start a booking-like container of `image`, then remove it; the times and, with
+    `debug`, podman's debug lines of the create about id mapping."""
+    began = time.monotonic()
+    created = _podman(engine, "create", *booking_userns(engine), "--network", "none", image, "sleep", "infinity",
+                      debug=debug)
+    container = created.stdout.strip().splitlines()[-1]
+    middle = time.monotonic()
+    try:
+        _podman(engine, "start", container)
+        cost = StartCost(create=middle - began, start=time.monotonic() - middle)
+    finally:
+        _podman(engine, "rm", "--force", "--time", "0", container)
+    return cost, [line for line in created.stderr.splitlines() if DEBUG_WORDS.search(line)]
+
+
+def warm_up(engine: PodmanEngine, image: str) -> float:
+    """What an image's preparation can do ahead: create a container with the booking's uidmap and
+    remove it (the remapped copy stays with the image)."""
+    began = time.monotonic()
+    container = _podman(engine, "create", *booking_userns(engine), "--network", "none", image,
+                        "true").stdout.strip()
+    _podman(engine, "rm", "--force", container)
+    return time.monotonic() - began
+
+
+def measure_sizes(engine: PodmanEngine, image: str, auth: Path) -> SizeFigures:
+    """Every figure of one image that is in the registry and not in podman's storage; leaves it absent."""
+    registry_kit.remove(engine, image)
+    free = _free(engine)
+    pull = timed_pull(engine, image, auth)
+    pulled = _free(engine)
+    facts = engine.image_facts(image)
+    before = _store_layers(engine)
+    first, debug = timed_start(engine, image, debug=True)
+    copied = _free(engine)
+    added = tuple(f"{layer[:12]} parent {str(entry.get('parent', ''))[:12]} {_layer_bytes(engine, layer) / 1e9:.2f} GB"
+                  for layer, entry in _store_layers(engine).items() if layer not in before)
+    second, _ = timed_start(engine, image)
+    registry_kit.remove(engine, image)
+    repull = timed_pull(engine, image, auth)
+    warm = warm_up(engine, image)
+    warmed, _ = timed_start(engine, image)
+    registry_kit.remove(engine, image)
+    return SizeFigures(image=image, size=facts.size if facts else 0, pull=pull, pull_disk=free - pulled,
+                       first=first, copy_disk=pulled - copied, added=added, debug=tuple(debug[:12]), second=second,
+                       repull=repull, warm_up=warm, warmed=warmed)
+
+
+def print_sizes(figures: list[SizeFigures], userns: list[str]) -> None:
+    def row(what: str, value: Callable[[SizeFigures], str]) -> None:
+        print(f"{what:<44}" + "".join(f"{value(figure):>22}" for figure in figures))
+
+    print("machine: Debian 12 VM, 2 cores, 24 GiB, kernel " + os.uname().release
+          + ", rootless podman 4.3 (overlay, runc); gpubook's uidmap: " + " ".join(userns))
+    row("image", lambda f: f.image.rsplit("/", 1)[-1][:21])
+    row("size (podman), GB", lambda f: f"{f.size / 1e9:.2f}")
+    row("pull, s", lambda f: f"{f.pull:.1f}")
+    row("disk taken by the pull, GB (df)", lambda f: f"{f.pull_disk / 1e9:.2f}")
+    row("first start: create + start, s", lambda f: f"{f.first.create:.2f} + {f.first.start:.2f}")
+    row("disk taken by the first create, GB (df)", lambda f: f"{f.copy_disk / 1e9:.2f}")
+    row("second start: create + start, s", lambda f: f"{f.second.create:.2f} + {f.second.start:.2f}")
+    row("pull again, s", lambda f: f"{f.repull:.1f}")
+    row("warm-up right after it (create + rm), s", lambda f: f"{f.warm_up:.2f}")
+    row("next start after the warm-up, s", lambda f: f"{f.warmed.create:.2f} + {f.warmed.start:.2f}")
+    for figure in figures:
+        print(f"{figure.image}: layers the first create added: " + "; ".join(figure.added))
+        for line in figure.debug:
+            print(f"  debug: {line[:200]}")
+
+
+def sizes(engine: PodmanEngine, base: str) -> None:
+    """The real-size image (bench/real_image.py) and a small one (debian-ssh + a new 100 MB layer)."""
+    from bench.real_image import real_image  # noqa: PLC0415 - only this mode builds it
+
+    with registry_kit.running() as registry:
+        real = real_image(engine, registry)
+        small = pushed_only(engine, registry, base=base, big=True)
+        figures = [measure_sizes(engine, image, registry.auth_file) for image in (real, small)]
+    print_sizes(figures, booking_userns(engine))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-overlay", action="store_true", help="skip the overlay build (apt-get)")
+    parser.add_argument("--sizes", action="store_true", help="the real-size image's costs against a small one's")
     args = parser.parse_args()
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     base = overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    if args.sizes:
+        sizes(cast(PodmanEngine, engine), base)
+        return
     cache = ssh.default_cache_dir()
     removed: list[str] = []
     with registry_kit.running() as registry, tempfile.TemporaryDirectory() as folder:
