@@ -129,8 +129,10 @@ class SizeFigures:
 
 
 def booking_userns(engine: PodmanEngine) -> list[str]:
-    """The --uidmap/--gidmap a rootless booking gets (`--uidmap=0:1:N`), from gpubook's own code."""
-    return engine.userns_args(cast(ContainerSpec, _Ids(uid=2001, gid=2001)))
+    """The --uidmap/--gidmap a rootless booking gets (`--uidmap=0:1:N`), from gpubook's own code; less
+    `--passwd=false`, which podman 4.3's `run` takes and its `create` does not (it is no storage matter)."""
+    args = engine.userns_args(cast(ContainerSpec, _Ids(uid=2001, gid=2001)))
+    return [arg for arg in args if not arg.startswith("--passwd")]
 
 
 @dataclass(frozen=True)
@@ -158,9 +160,23 @@ def _store_layers(engine: PodmanEngine) -> dict[str, dict[str, object]]:
 
 
 def _layer_bytes(engine: PodmanEngine, layer: str) -> int:
-    """What a layer's diff folder holds (`du` inside podman's namespace: the files are subordinate ids')."""
-    diff = engine.storage_path() / "overlay" / layer / "diff"
-    return int(_podman(engine, "unshare", "du", "-sb", str(diff)).stdout.split()[0])
+    """What a layer's folder holds: its diff, and for a remapped copy the flattened, chowned copy of
+    the whole image beside it (diff1); `du` inside podman's namespace, the files being subordinate ids'."""
+    folder = engine.storage_path() / "overlay" / layer
+    return int(_podman(engine, "unshare", "du", "-sb", str(folder)).stdout.split()[0])
+
+
+def _layer_folders(engine: PodmanEngine, layer: str) -> str:
+    folder = engine.storage_path() / "overlay" / layer
+    return " ".join(sorted(_podman(engine, "unshare", "ls", str(folder)).stdout.split()))
+
+
+def forget(engine: PodmanEngine, image: str) -> None:
+    """Remove `image` under every registry address it was pulled from (the tests' registry has a new
+    port each run): an image still present under an old name would make the pull a no-op."""
+    path = image.split("/", 1)[1]
+    names = _podman(engine, "images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+    registry_kit.remove(engine, *[name for name in names if "/" in name and name.split("/", 1)[1] == path])
 
 
 def timed_start(engine: PodmanEngine, image: str, *, debug: bool = False) -> tuple[StartCost, list[str]]:
@@ -176,7 +192,8 @@ def timed_start(engine: PodmanEngine, image: str, *, debug: bool = False) -> tup
         cost = StartCost(create=middle - began, start=time.monotonic() - middle)
     finally:
         _podman(engine, "rm", "--force", "--time", "0", container)
-    return cost, [line for line in created.stderr.splitlines() if DEBUG_WORDS.search(line)]
+    return cost, [line for line in created.stderr.splitlines()
+                  if DEBUG_WORDS.search(line) and "PersistentPreRunE" not in line]
 
 
 def warm_up(engine: PodmanEngine, image: str) -> float:
@@ -191,7 +208,7 @@ def warm_up(engine: PodmanEngine, image: str) -> float:
 
 def measure_sizes(engine: PodmanEngine, image: str, auth: Path) -> SizeFigures:
     """Every figure of one image that is in the registry and not in podman's storage; leaves it absent."""
-    registry_kit.remove(engine, image)
+    forget(engine, image)
     free = _free(engine)
     pull = timed_pull(engine, image, auth)
     pulled = _free(engine)
@@ -199,14 +216,15 @@ def measure_sizes(engine: PodmanEngine, image: str, auth: Path) -> SizeFigures:
     before = _store_layers(engine)
     first, debug = timed_start(engine, image, debug=True)
     copied = _free(engine)
-    added = tuple(f"{layer[:12]} parent {str(entry.get('parent', ''))[:12]} {_layer_bytes(engine, layer) / 1e9:.2f} GB"
+    added = tuple(f"{layer[:12]} (parent {str(entry.get('parent', ''))[:12]}, folders {_layer_folders(engine, layer)}):"
+                  f" {_layer_bytes(engine, layer) / 1e9:.2f} GB"
                   for layer, entry in _store_layers(engine).items() if layer not in before)
     second, _ = timed_start(engine, image)
-    registry_kit.remove(engine, image)
+    forget(engine, image)
     repull = timed_pull(engine, image, auth)
     warm = warm_up(engine, image)
     warmed, _ = timed_start(engine, image)
-    registry_kit.remove(engine, image)
+    forget(engine, image)
     return SizeFigures(image=image, size=facts.size if facts else 0, pull=pull, pull_disk=free - pulled,
                        first=first, copy_disk=pulled - copied, added=added, debug=tuple(debug[:12]), second=second,
                        repull=repull, warm_up=warm, warmed=warmed)

@@ -166,7 +166,7 @@ def main() -> None:
     facts = json.loads(FACTS.read_text()) if FACTS.exists() else {}
     print(f"reference: {reference} (the port changes with each registry run)")
     if facts:
-        print(f"size (podman, when built): {facts['size'] / 1e9:.2f} GB; new layers: "
+        print(f"size (podman, when built): {facts['size'] / 1e9:.2f} GB; its layers, base first: "
               + " ".join(f"{size / 1e9:.2f}" for size in facts["layers"]) + " GB")
     total = sum(layer.compressed for layer in pushed)
     print(f"layers: {len(pushed)}; compressed in the registry: {total / 1e9:.2f} GB: "
