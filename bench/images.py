@@ -14,6 +14,13 @@ does: "at its start" is the time from the first start call (the image absent: Pr
 the probe's SSH login, after the pull; "ahead" from the start call to the login, the image ready.
 Both bookings' images are debian-ssh plus a new 100 MB layer (a real template image is GBs: its
 pull at the start would cost correspondingly more).
+
+--sizes (issue 27): the real-size image of bench/real_image.py (debian-ssh + PyTorch and JAX with their
+CUDA wheels, 11.9 GB, built and pushed once) against debian-ssh + a new 100 MB layer, in one run: the
+pull (gpubook.runtime.images.pull), the first start with gpubook's uidmap (rootless podman 4.3 without
+idmapped overlay mounts makes a flattened, chowned copy of the whole image there), the disk each takes
+(df of the storage's file system, and the copy's own folder), the second start, and the start after a
+warm-up (create + rm with the same uidmap right after a second pull, as preparation can do ahead).
 """
 
 from __future__ import annotations
