@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines import engine_from
+from gpubook.runtime.engines.cli_transport import message_of
 from tests.kits import engine_suite
 from tests.kits.engine_suite import Bookings, EngineBehaviour, owner_for_podman
 
@@ -121,6 +122,17 @@ def test_a_fork_bomb_stops_at_its_own_limit_and_the_daemon_still_starts_bookings
         assert bookings.engine.inspect(second.spec.name) is not None
     finally:
         resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+
+
+def test_a_failed_run_is_told_by_its_error_not_by_the_warning_before_it(image: str) -> None:
+    """On rootless cgroups v1 podman writes "Resource limits are not supported…" before anything
+    else; a run that then fails must be reported by its "Error:" line (a CI run once showed only
+    the warning, three times, for a start that failed for another reason)."""
+    failed = subprocess.run(["podman", "--cgroup-manager", "cgroupfs", "run", "--rm", "--network", "host",
+                             "--pids-limit", "100", image, "/no/such/program"], capture_output=True, text=True)
+    assert failed.returncode != 0
+    message = message_of(failed)
+    assert "/no/such/program" in message and "Resource limits" not in message, (failed.stderr, message)
 
 
 def test_doctor_and_status_say_when_podman_ignores_limits(engine_args: dict, image: str) -> None:
