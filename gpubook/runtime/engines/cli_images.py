@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,8 @@ from pathlib import Path
 from gpubook.runtime import images
 from gpubook.runtime.engines.cli_transport import QUICK_TIMEOUT, CliTransport, message_of
 from gpubook.runtime.engines.spec import permanent
+
+log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
 PROGRESS_SECONDS = 0.5  # how often a pull's downloaded bytes are measured
@@ -99,8 +102,13 @@ class CliImages(CliTransport):
         if progress is None or parent is None:
             yield None
             return
-        parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix="gpubook-pull-", dir=parent))
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix="gpubook-pull-", dir=parent))
+        except OSError as error:  # the pull goes on where the engine puts it, without progress
+            log.warning("no folder for the pull's progress in %s (%s): it shows no progress", parent, error)
+            yield None
+            return
         ended = threading.Event()
 
         def watch() -> None:
