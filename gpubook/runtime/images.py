@@ -206,9 +206,10 @@ def download_size(engine: ImageEngine, image: str, *, mirror: str | None = None,
                   auth_file: Path | None = None) -> int | None:
     """The bytes a pull of `image` downloads: its layers' sizes in the registry's manifest (`skopeo
     inspect --raw`, with podman's own registry settings and the site's credentials; a multi-arch
-    list's entry for this machine), less the layers the engine's store has (`present_blobs`, where
-    it says). None where skopeo is not installed or the registry does not tell (the pull goes on
-    without a total: progress in bytes only)."""
+    list's entry for this machine), less the layers whose content the engine's store has
+    (`present_layers`: by the layer's digest, or by its content's digest from the image's config,
+    as podman reuses them). None where skopeo is not installed or the registry does not tell (the
+    pull goes on without a total: progress in bytes only)."""
     binary = shutil.which("skopeo")
     if binary is None:
         return None
@@ -222,17 +223,26 @@ def download_size(engine: ImageEngine, image: str, *, mirror: str | None = None,
                       and (m.get("platform") or {}).get("architecture") == wanted), None)
         digest = str((entry or {}).get("digest", ""))
         repository = parse_reference(source).repository
-        manifest = _manifest(binary, f"{repository}@{digest}", auth_file) if _DIGEST.fullmatch(digest) else None
+        source = f"{repository}@{digest}"
+        manifest = _manifest(binary, source, auth_file) if _DIGEST.fullmatch(digest) else None
     layers = (manifest or {}).get("layers")
     if not isinstance(layers, list):
         return None
-    present: set[str] = getattr(engine, "present_blobs", set)()
-    return sum(int(layer.get("size") or 0) for layer in layers
-               if isinstance(layer, dict) and layer.get("digest") not in present)
+    present: set[str] = getattr(engine, "present_layers", set)()
+    contents: list[Any] = []
+    if present:  # the layers' content digests, in the same order (the image's config)
+        config = _manifest(binary, source, auth_file, config=True) or {}
+        contents = list((config.get("rootfs") or {}).get("diff_ids") or [])
+    if len(contents) != len(layers):
+        contents = [None] * len(layers)
+    return sum(int(layer.get("size") or 0) for layer, content in zip(layers, contents, strict=True)
+               if isinstance(layer, dict) and layer.get("digest") not in present and content not in present)
 
 
-def _manifest(binary: str, source: str, auth_file: Path | None) -> dict[str, Any] | None:
-    argv = [binary, "inspect", "--raw", *(["--authfile", str(auth_file)] if auth_file else []), f"docker://{source}"]
+def _manifest(binary: str, source: str, auth_file: Path | None, *, config: bool = False) -> dict[str, Any] | None:
+    """The registry's manifest of `source` (or with `config`, its image config), as JSON."""
+    argv = [binary, "inspect", "--raw", *(["--config"] if config else []),
+            *(["--authfile", str(auth_file)] if auth_file else []), f"docker://{source}"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=MANIFEST_TIMEOUT, check=False,
                               stdin=subprocess.DEVNULL)

@@ -288,16 +288,17 @@ class PodmanEngine(CliEngine):
         are applied (podman's default, /var/tmp, may be a small tmpfs)."""
         return self.storage_path().parent / "gpubook-pulls"
 
-    def present_blobs(self) -> set[str]:
-        """The compressed digests of the layers in the store (its overlay-layers/layers.json),
-        which a pull does not download again; empty when it cannot be read."""
+    def present_layers(self) -> set[str]:
+        """The digests (compressed and not) of the layers in the store (its overlay-layers/
+        layers.json): a pull does not download a layer whose content is there; empty when it
+        cannot be read."""
         driver = self.storage_driver or "overlay"
         try:
             layers = json.loads((self.storage_path() / f"{driver}-layers" / "layers.json").read_text())
         except (OSError, ValueError, EngineError):
             return set()
-        return {str(layer["compressed-diff-digest"]) for layer in layers
-                if isinstance(layer, dict) and layer.get("compressed-diff-digest")}
+        return {str(layer[name]) for layer in layers if isinstance(layer, dict)
+                for name in ("compressed-diff-digest", "diff-digest") if layer.get(name)}
 
     def warm(self, image: str) -> None:
         """Pay a first start's cost once, now: rootless podman cannot use idmapped mounts, so the

@@ -149,10 +149,11 @@ class ImagePreparer:
                                                          detail="present (put there since it failed)")
             log.info("template %s: its image is ready (present since it failed)", template.name)
             return overlay_image.run_image(template)
-        if current is not None and current.busy and self._present(template):
+        if current is not None and current.state in (QUEUED, PULLING) and self._present(template):
             # Queued by this very pass (a booking saved after its start) or being refreshed: the
             # booking runs the image already here instead of waiting for the pull; the preparation
-            # goes on for the bookings after it.
+            # goes on for the bookings after it. (Warming or building: it waits for that, the same
+            # cost it would pay at its start.)
             return overlay_image.run_image(template)
         with self._lock:
             current = self._queue_if_due(template, now=now)
