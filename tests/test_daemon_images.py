@@ -187,13 +187,17 @@ def test_a_booking_whose_image_is_not_ready_is_held_with_its_progress_and_starts
         cleanup.extend(["held@test", "later@test"])
         daemon = DaemonProcess(config).start()
         daemons.append(daemon)
+        wait_for("the image's progress in the event before the start",
+                 lambda: " of 15 MB" in description(calendar, "held@test"), timeout=60, interval=0.2, daemon=daemon)
+        while datetime.now(UTC) < start + timedelta(seconds=1):
+            time.sleep(0.05)
         sentence = wait_for(
             "the progress sentence in the held booking's event",
             lambda: next((line for line in description(calendar, "held@test").splitlines()
                           if "preparing image lab-layered: " in line and " of 15 MB, ready about " in line), None),
             timeout=120, interval=0.2, daemon=daemon)
         assert re.search(r"preparing image lab-layered: \d+ of 15 MB, ready about \d\d:\d\d", sentence), sentence
-        assert datetime.now(UTC) >= start and running_container(engine, "held@test") is None
+        assert running_container(engine, "held@test") is None  # held: its start came, its image is not ready
         on_page = wait_for("the held booking on the page, with its progress",
                            lambda: [n for n in _held_notes(_status(state)) if "preparing image lab-layered: " in n],
                            timeout=60, interval=0.2, daemon=daemon)
@@ -201,8 +205,9 @@ def test_a_booking_whose_image_is_not_ready_is_held_with_its_progress_and_starts
         info = wait_for("the container", lambda: running_container(engine, "held@test"), timeout=180,
                         interval=0.05, daemon=daemon)
         seen = datetime.now(UTC)
-        status = _status(state)
-        (row,) = [r for r in status["images"]["preparations"] if r["template"] == "lab-layered"]
+        (row,) = wait_for("the status after the start", lambda: [  # written after the pass that started it
+            r for r in _status(state).get("images", {}).get("preparations", ())
+            if r["template"] == "lab-layered" and r["state"] == "ready"], timeout=60, interval=0.2, daemon=daemon)
         ready = datetime.fromisoformat(row["since"])
         assert row["state"] == "ready" and 15_000_000 <= row["total"] < 15_100_000, row  # debian-ssh's layers: there
         print(f"started {(seen - ready).total_seconds():.2f} s after its image was ready "
