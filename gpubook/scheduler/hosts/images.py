@@ -117,7 +117,7 @@ class ImagePreparer:
         self._states: dict[str, Preparation] = {}
         self._wanted: dict[str, Template] = {}  # booking id → its template (the last pass's)
         self._storage: Path | None = None
-        self._shown: dict[str, tuple[datetime, str]] = {}  # key → the sentence events show, and since when
+        self._shown: dict[str, tuple[datetime, str, str]] = {}  # key → since when events show which sentence, of which step
 
     # -- what the pass and the start call (cheap, never blocking on a pull) --------------------
 
@@ -192,9 +192,9 @@ class ImagePreparer:
             self._shown.pop(key, None)
             return line
         shown = self._shown.get(key)
-        if shown is not None and now - shown[0] < EVENT_REFRESH and shown[1].split(":")[0] == line.split(":")[0]:
-            return shown[1]
-        self._shown[key] = (now, line)
+        if shown is not None and now - shown[0] < EVENT_REFRESH and shown[2] == preparation.state:
+            return shown[1]  # the same step: the sentence shown a moment ago (a new step shows at once)
+        self._shown[key] = (now, line, preparation.state)
         return line
 
     def waiting(self) -> dict[str, str]:
