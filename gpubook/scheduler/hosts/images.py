@@ -117,7 +117,7 @@ class ImagePreparer:
         self._states: dict[str, Preparation] = {}
         self._wanted: dict[str, Template] = {}  # booking id → its template (the last pass's)
         self._storage: Path | None = None
-        self._shown: dict[str, tuple[datetime, str, str]] = {}  # key → since when events show which sentence, of which step
+        self._shown: dict[str, tuple[datetime, str, str]] = {}  # key → since when events show a sentence, its step
 
     # -- what the pass and the start call (cheap, never blocking on a pull) --------------------
 
