@@ -6,8 +6,11 @@ starts at its start with no pull in its way. Real Radicale, rootless podman, `gp
 from __future__ import annotations
 
 import json
+import os
+import re
 import secrets
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubook.runtime import images
 from gpubook.runtime.templates import default_templates_dir
 from tests.kits import daemon_kit, registry_kit
 from tests.kits.daemon_kit import (
@@ -112,3 +116,111 @@ def test_an_image_only_in_a_registry_is_pulled_before_a_booking_accepted_minutes
     # The preparer's own line for each pull ("not armed yet: … pulling" only echoes its state).
     pulls = [line for line in log.splitlines() if f"template lab-ssh: pulling {registry_only_image}" in line]
     assert len(pulls) == 1  # one pull, ahead; the start pulled nothing
+
+
+@pytest.fixture
+def layered_image(engine, registry: Registry) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """debian-ssh plus three layers of 5 MB of random bytes each (nothing to compress), pushed to
+    the registry; its own layers are then removed from podman's store, so a pull downloads them."""
+    local = f"localhost/gpubook-test/layered:{secrets.token_hex(4)}"
+    with tempfile.TemporaryDirectory(prefix="gpubook-layered-") as context:
+        for number in range(3):
+            (Path(context) / f"part{number}").write_bytes(os.urandom(5_000_000))
+        (Path(context) / "Containerfile").write_text(
+            "FROM localhost/gpubook/debian-ssh:12\n" + "".join(f"COPY part{n} /part{n}\n" for n in range(3)))
+        registry_kit.podman(engine, "build", "--quiet", "--tag", local, context)
+    name = f"lab/layered:{secrets.token_hex(4)}"
+    registry_kit.push(engine, registry, local, name)
+    registry_kit.podman(engine, "rmi", local)  # unused, so its own layers go with it
+    remote = f"{registry.address}/{name}"
+    assert not engine.image_exists(remote)
+    yield name
+    registry_kit.remove(engine, remote)
+
+
+def _status(state: Path) -> dict:
+    try:
+        return json.loads((state / "daemon-status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _held_notes(status: dict) -> list[str]:
+    return [segment.get("note", "") for host in status.get("hosts", ()) for lane in host.get("timeline", ())
+            for segment in lane.get("segments", ()) if segment.get("kind") == "held"]
+
+
+def test_a_booking_whose_image_is_not_ready_is_held_with_its_progress_and_starts_when_it_is(
+        tmp_path: Path, radicale, engine, keys, cleanup, daemons, registry: Registry,  # type: ignore[no-untyped-def]
+        layered_image: str) -> None:
+    """Issue 27's hold: the image comes over a slow link (0.4 MB/s: 15 MB in about 40 s) and the
+    booking starts 20 s after it was made. At its start it is held, and its event and the page say
+    "preparing image lab-layered: N of 15 MB, ready about HH:MM"; once the image is ready (pulled,
+    its first start's copy made) the booking starts at once (a pass woken by the preparer: the
+    calendar is polled every 5 minutes). With a free-space floor that is never met, cleanup runs at
+    every preparation: gpubook's old image that nobody needs goes, the image of a booking in 2 hours
+    stays, and so does the one being pulled."""
+    with registry_kit.slowed(registry, 400_000) as slow:
+        image = f"{slow.address}/{layered_image}"
+        templates = tmp_path / "templates"
+        templates.mkdir()
+        shutil.copy(default_templates_dir() / "debian-ssh.toml", templates)
+        (templates / "lab-layered.toml").write_text(f'image = "{image}"\ncuda = "none"\nhas_sshd = true\n')
+        later_image = registry_kit.tiny_image(engine, f"localhost/gpubook-test/later:{secrets.token_hex(4)}",
+                                              base="localhost/gpubook/debian-ssh:12")
+        old_image = registry_kit.tiny_image(engine, f"localhost/gpubook-test/old:{secrets.token_hex(4)}")
+        (templates / "lab-later.toml").write_text(f'image = "{later_image}"\ncuda = "none"\nhas_sshd = true\n')
+        state = tmp_path / "state"
+        ledger = images.Ledger(state / "images.json")  # what gpubook pulled before: both may be removed
+        ledger.add(old_image, kind="pulled", now=datetime.now(UTC) - timedelta(days=3))
+        ledger.add(later_image, kind="pulled", now=datetime.now(UTC) - timedelta(days=2))
+        calendar = radicale.new_calendar()
+        config = daemon_kit.write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=300)
+        with config.open("a") as appended:
+            appended.write(f'\n[templates]\ndir = "{templates}"\n\n[images]\nauth_file = "{slow.auth_file}"\n'
+                           "min_free_gb = 100000\n")
+        start = soon(20)
+        book(calendar, "held@test", user="alice", start=start, end=start + timedelta(minutes=3),
+             description="template: lab-layered\n")
+        book(calendar, "later@test", user="bob", start=start + timedelta(hours=2),
+             end=start + timedelta(hours=3), description="template: lab-later\n")
+        cleanup.extend(["held@test", "later@test"])
+        daemon = DaemonProcess(config).start()
+        daemons.append(daemon)
+        wait_for("the image's progress in the event before the start",
+                 lambda: " of 15 MB" in description(calendar, "held@test"), timeout=60, interval=0.2, daemon=daemon)
+        while datetime.now(UTC) < start + timedelta(seconds=1):
+            time.sleep(0.05)
+        sentence = wait_for(
+            "the progress sentence in the held booking's event",
+            lambda: next((line for line in description(calendar, "held@test").splitlines()
+                          if "preparing image lab-layered: " in line and " of 15 MB, ready about " in line), None),
+            timeout=120, interval=0.2, daemon=daemon)
+        assert re.search(r"preparing image lab-layered: \d+ of 15 MB, ready about \d\d:\d\d", sentence), sentence
+        assert running_container(engine, "held@test") is None  # held: its start came, its image is not ready
+        on_page = wait_for("the held booking on the page, with its progress",
+                           lambda: [n for n in _held_notes(_status(state)) if "preparing image lab-layered: " in n],
+                           timeout=60, interval=0.2, daemon=daemon)
+        assert " of 15 MB" in on_page[0], on_page
+        info = wait_for("the container", lambda: running_container(engine, "held@test"), timeout=180,
+                        interval=0.05, daemon=daemon)
+        seen = datetime.now(UTC)
+        (row,) = wait_for("the status after the start", lambda: [  # written after the pass that started it
+            r for r in _status(state).get("images", {}).get("preparations", ())
+            if r["template"] == "lab-layered" and r["state"] == "ready"], timeout=60, interval=0.2, daemon=daemon)
+        ready = datetime.fromisoformat(row["since"])
+        assert row["state"] == "ready" and 15_000_000 <= row["total"] < 15_100_000, row  # debian-ssh's layers: there
+        print(f"started {(seen - ready).total_seconds():.2f} s after its image was ready "
+              f"({(ready - start).total_seconds():.1f} s after its start); {sentence}")
+        assert (seen - ready).total_seconds() < 25  # woken by the preparer, not the 5-minute poll
+        client = wait_for("SSH login as the booker", lambda: try_login(info.port, "alice", keys["alice"]),
+                          timeout=30, interval=0.05, daemon=daemon)
+        try:
+            assert run(client, "stat -c %s /part0 /part1 /part2")[1].split() == ["5000000"] * 3
+        finally:
+            client.close()
+        log = daemon.log.read_text()
+        assert "template lab-layered: its first start made ready in" in log  # the copy paid ahead
+        assert engine.image_exists(later_image) and engine.image_exists(image)
+        assert not engine.image_exists(old_image), log[-3000:]
+        assert [e.image for e in ledger.entries()] == [later_image, image]

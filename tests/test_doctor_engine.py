@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -114,7 +115,11 @@ def test_doctor_checks_each_allowed_templates_image(tmp_path: Path, engine) -> N
                           '[users.alice]\nuid = 2001\ntemplates = ["p*", "debian-ssh"]\n')
         checks = doctor_module.image_checks(config_module.load(config))
         by_name = {c.name: c for c in checks}
-        assert list(by_name) == ["image made-here", "image debian-ssh", "image present", "image pulled"]  # not other
+        assert list(by_name) == ["image store", "image made-here", "image debian-ssh", "image present",
+                                 "image pulled"]  # not other
+        shown = by_name["image store"]  # issue 27: the store's size and free space
+        assert shown.level == "ok" and shown.detail.startswith(f"{store.storage_path()}: "), shown
+        assert re.search(r": \d+ images, \d+\.\d GB; \d+\.\d GB free of \d+ GB$", shown.detail), shown.detail
         made = by_name["image made-here"]
         assert made.level == "fail" and made.fix == "gpubook templates build made-here"
         assert made.detail.startswith("localhost/gpubook-test/made-here:1 is not in the engine's store and is made "
@@ -125,8 +130,13 @@ def test_doctor_checks_each_allowed_templates_image(tmp_path: Path, engine) -> N
         assert pulled.level == "warn"
         assert "pulls it from the mirror 127.0.0.1:5999/mirror, then registry.invalid:5000" in pulled.detail
         assert pulled.fix == "to have it now, as the daemon's user: podman pull registry.invalid:5000/lab/pulled:1"
+        with config.open("a") as appended:  # a floor the disk is under: doctor says so
+            appended.write("[images]\nmin_free_gb = 100000\n")
+        floor = doctor_module.image_checks(config_module.load(config))[0]
+        assert floor.name == "image store" and floor.level == "fail", floor
+        assert "(gpubook removes its unused images under 100000 GB free): under the floor now" in floor.detail
         config.write_text(config.read_text().replace('template = "made-here"', 'template = "gone"'))
-        [gone, *_] = doctor_module.image_checks(config_module.load(config))
+        [_store, gone, *_] = doctor_module.image_checks(config_module.load(config))
         assert gone.name == "image gone" and gone.level == "fail" and "does not exist" in gone.detail
     finally:
         store.remove_image("localhost/gpubook-test/present:1")

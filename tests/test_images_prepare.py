@@ -8,15 +8,25 @@ The engines are the real PodmanEngine and DockerEngine with only `_process` repl
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from gpubook.runtime import images
 from gpubook.runtime.errors import TemplateError
 from gpubook.runtime.templates import load_template
-from gpubook.scheduler.hosts.images import FAILED, ImagePreparer
+from gpubook.scheduler.hosts.images import (
+    EVENT_REFRESH,
+    FAILED,
+    PULLING,
+    READY,
+    WARMING,
+    ImagePreparer,
+    Preparation,
+)
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
 from gpubook.scheduler.state import State
 from tests.kits.booking_kit import vevent
@@ -173,3 +183,40 @@ def test_an_image_removed_after_it_was_prepared_is_prepared_again_not_failed_for
         preparer.close()
     assert sum("pull" in a for a in engine.answers.argv) == 2
 
+
+
+def test_the_sentence_of_an_image_on_its_way_and_when_it_should_be_ready(tmp_path: Path) -> None:
+    """Issue 27: "preparing image pytorch: 4.1 of 9.3 GB, ready about 10:42" in the bookers' zone;
+    MB under a GB; the estimate is the rate so far for what is left, plus the last preparation's
+    pace after the download; events see a new sentence at most every EVENT_REFRESH."""
+    zone = ZoneInfo("Europe/Paris")
+    began = datetime(2026, 11, 24, 9, 30, tzinfo=UTC)
+    pulling = Preparation("pytorch", "lab/pytorch:1", "lab/pytorch:1", PULLING, began, total=9_300_000_000,
+                          done=4_100_000_000, began=began, ready_about=datetime(2026, 11, 24, 9, 42, tzinfo=UTC))
+    assert pulling.sentence(zone) == "preparing image pytorch: 4.1 of 9.3 GB, ready about 10:42"
+    assert pulling.line(zone) == pulling.sentence(zone)  # the event's line while it is made
+    small = replace(pulling, total=15_000_000, done=6_000_000, ready_about=None)
+    assert small.sentence() == "preparing image pytorch: 6 of 15 MB"
+    assert replace(pulling, state=WARMING).sentence(UTC).startswith(
+        "preparing image pytorch: downloaded, making its first start ready, ready about 09:42")
+    assert replace(pulling, total=None, done=2_500_000_000, ready_about=None).sentence() == \
+        "preparing image pytorch: 2.5 GB downloaded"
+
+    preparer = ImagePreparer(engine=recording(), ledger=images.Ledger(tmp_path / "images.json"), zone=zone)
+    try:
+        preparer.after_download = 0.0
+        assert preparer._estimate(1000, 0, began, now=began + timedelta(seconds=10)) is None  # no rate yet
+        halfway = preparer._estimate(1000, 500, began, now=began + timedelta(minutes=5))
+        assert halfway == began + timedelta(minutes=10)  # as long again for the other half
+        preparer.after_download = 0.01
+        assert preparer._estimate(1000, 1000, began, now=began + timedelta(minutes=5)) == \
+            began + timedelta(minutes=5, seconds=10)  # then the steps after it, at the learned pace
+        first = preparer._shown_line(pulling, now=began)
+        later = replace(pulling, done=4_600_000_000)
+        assert preparer._shown_line(later, now=began + EVENT_REFRESH / 2) == first  # not rewritten yet
+        assert preparer._shown_line(later, now=began + EVENT_REFRESH) == later.sentence(zone)
+        warming = replace(later, state=WARMING)
+        assert preparer._shown_line(warming, now=began + EVENT_REFRESH * 1.1) == warming.sentence(zone)  # a new step
+        assert preparer._shown_line(replace(later, state=READY), now=began + EVENT_REFRESH) == "image: ready"
+    finally:
+        preparer.close()

@@ -256,7 +256,7 @@ def test_a_start_that_keeps_failing_backs_off(tmp_path: Path, state: State) -> N
 
 def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: State) -> None:
     """The overlay build (apt-get, up to an hour) runs in the background: the booking is held with
-    "preparing the image" while the other booking starts."""
+    "preparing image NAME: ..." while the other booking starts."""
     build_may_end = threading.Event()
 
     class SlowBuildEngine:
@@ -299,7 +299,7 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
         passes.run(occurrences, now=NOW, write_back=False)
         assert ("running", "y") in machine.steps
         assert not any(what == "built" for what, _ in machine.steps)  # x's image is still being built
-        assert "preparing the image" in passes.recall.notes.get("x", "")
+        assert passes.recall.notes.get("x", "").startswith("preparing image digits-cuda8: ")
         assert "x" not in passes.recall.failures
         build_may_end.set()
         assert built.wait(HOLD)

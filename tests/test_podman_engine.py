@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+import secrets
 import shutil
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gpubook.runtime.engines import engine_from
-from tests.kits import engine_suite
+from gpubook.runtime.engines.cli_transport import message_of
+from gpubook.runtime.templates import get_template
+from tests.kits import engine_suite, registry_kit, safe_data
 from tests.kits.engine_suite import Bookings, EngineBehaviour, owner_for_podman
 
 pytestmark = [
@@ -121,6 +126,54 @@ def test_a_fork_bomb_stops_at_its_own_limit_and_the_daemon_still_starts_bookings
         assert bookings.engine.inspect(second.spec.name) is not None
     finally:
         resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+
+
+def _mapped_image_layers(engine) -> set[str]:  # type: ignore[no-untyped-def]
+    """The store's layers made for an id map (chowned copies), less the containers' own layers."""
+    store = engine.storage_path()
+    layers = json.loads((store / "overlay-layers" / "layers.json").read_text())
+    containers = json.loads((store / "overlay-containers" / "containers.json").read_text() or "[]")
+    own = {c.get("layer") for c in containers}
+    return {layer["id"] for layer in layers if layer.get("uidmap") and layer["id"] not in own}
+
+
+def test_warm_pays_the_first_starts_chowned_copy_and_a_booking_reuses_it(engine_args: dict, image: str) -> None:
+    """Rootless podman has no idmapped mounts: the first container of an image with the bookings'
+    id map copies its layers chowned to that map (issue 27: seconds per GB). `warm` makes that copy
+    at preparation; a booking's container made after it adds no copy of its own (same map), and
+    warm leaves no container behind."""
+    engine = engine_from(**engine_args)
+    fresh = registry_kit.tiny_image(engine, f"localhost/gpubook-test/warm:{secrets.token_hex(4)}", base=image)
+    try:
+        before = _mapped_image_layers(engine)
+        engine.warm(fresh)  # type: ignore[attr-defined]
+        made = _mapped_image_layers(engine) - before
+        assert made, "warm made no chowned copy"
+        names = subprocess.run([*engine.global_argv(), "ps", "--all", "--format", "{{.Names}}"],  # type: ignore[attr-defined]
+                               capture_output=True, text=True, check=True).stdout.split()
+        assert not [n for n in names if n.startswith("gpubook-warm-")]
+        engine.warm(fresh)  # type: ignore[attr-defined]
+        assert _mapped_image_layers(engine) - before == made  # made once, kept with the image
+        with safe_data.data_root() as data_root:
+            bookings = engine_suite.Bookings(engine, data_root, replace(get_template("debian-ssh"), image=fresh))
+            try:
+                bookings.start()
+                assert _mapped_image_layers(engine) - before == made  # the booking's map is warm's
+            finally:
+                bookings.cleanup()
+    finally:
+        registry_kit.remove(engine, fresh)
+
+
+def test_a_failed_run_is_told_by_its_error_not_by_the_warning_before_it(image: str) -> None:
+    """On rootless cgroups v1 podman writes "Resource limits are not supported…" before anything
+    else; a run that then fails must be reported by its "Error:" line (a CI run once showed only
+    the warning, three times, for a start that failed for another reason)."""
+    failed = subprocess.run(["podman", "--cgroup-manager", "cgroupfs", "run", "--rm", "--network", "host",
+                             "--pids-limit", "100", image, "/no/such/program"], capture_output=True, text=True)
+    assert failed.returncode != 0
+    message = message_of(failed)
+    assert "/no/such/program" in message and "Resource limits" not in message, (failed.stderr, message)
 
 
 def test_doctor_and_status_say_when_podman_ignores_limits(engine_args: dict, image: str) -> None:

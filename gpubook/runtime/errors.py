@@ -38,6 +38,9 @@ class StorageError(GpubookError):
     """A booker's data folders cannot be made or used safely (bad name, missing root, escape)."""
 
 
+PREPARING_IMAGE = "preparing image "  # how a `Preparing` sentence about an image begins
+
+
 class Preparing(GpubookError):
     """Not an error of the booking: something it needs is being made in the background (its image);
     the booking is held with this sentence as its note and started once that is ready."""

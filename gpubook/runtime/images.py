@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import re
+import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gpubook.runtime.errors import EngineError, TemplateError
 
@@ -37,6 +40,8 @@ _REFERENCE = re.compile(
 )
 _MIRROR = re.compile(r"^[a-z0-9][a-z0-9._-]*(?::[0-9]{1,5})?(?:/[a-z0-9][a-z0-9._-]*)*$")
 DEFAULT_REGISTRY = "docker.io"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+MANIFEST_TIMEOUT = 60.0  # seconds for the registry's manifest (skopeo)
 
 REFUSED = "registry refused"
 NOT_FOUND = "not found"
@@ -115,7 +120,8 @@ class ImageEngine(Protocol):
 
     def image_exists(self, image: str) -> bool: ...
 
-    def pull(self, image: str, *, auth_file: Path | None = None) -> None: ...
+    def pull(self, image: str, *, auth_file: Path | None = None,
+             progress: Callable[[int], None] | None = None) -> None: ...
 
     def tag(self, image: str, target: str) -> None: ...
 
@@ -165,7 +171,8 @@ class PullResult:
         return served + "".join(f"; {line}" for line in self.failed)
 
 
-def pull(engine: ImageEngine, image: str, *, mirror: str | None = None, auth_file: Path | None = None) -> PullResult:
+def pull(engine: ImageEngine, image: str, *, mirror: str | None = None, auth_file: Path | None = None,
+         progress: Callable[[int], None] | None = None) -> PullResult:
     """Make `image` present: from the mirror first (if the template names one), then its own
     registry; a pinned digest is verified and the image tagged as its local name. Raises
     PullError naming every source tried and why each failed."""
@@ -182,7 +189,7 @@ def pull(engine: ImageEngine, image: str, *, mirror: str | None = None, auth_fil
     failed: list[tuple[str, PullError]] = []
     for source in sources:
         try:
-            engine.pull(source, auth_file=auth_file)
+            engine.pull(source, auth_file=auth_file, progress=progress)
             _verify(engine, source, reference)
         except PullError as error:
             failed.append((source, error))
@@ -193,6 +200,64 @@ def pull(engine: ImageEngine, image: str, *, mirror: str | None = None, auth_fil
         return PullResult(image=local, source=source, failed=tuple(_failure_line(s, e) for s, e in failed))
     reason = failed[-1][1].reason if len({e.reason for _, e in failed}) == 1 else failed[0][1].reason
     raise PullError(reason, "; ".join(_failure_line(s, e) for s, e in failed))
+
+
+def download_size(engine: ImageEngine, image: str, *, mirror: str | None = None,
+                  auth_file: Path | None = None) -> int | None:
+    """The bytes a pull of `image` downloads: its layers' sizes in the registry's manifest (`skopeo
+    inspect --raw`, with podman's own registry settings and the site's credentials; a multi-arch
+    list's entry for this machine), less the layers whose content the engine's store has
+    (`present_layers`: by the layer's digest, or by its content's digest from the image's config,
+    as podman reuses them). None where skopeo is not installed or the registry does not tell (the
+    pull goes on without a total: progress in bytes only)."""
+    binary = shutil.which("skopeo")
+    if binary is None:
+        return None
+    reference = parse_reference(image)
+    source = reference.pull_name(mirror) if mirror else (image if reference.digest is None else reference.pull_name())
+    manifest = _manifest(binary, source, auth_file)
+    if manifest is not None and "manifests" in manifest:  # a multi-arch list: this machine's entry
+        wanted = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+        entry = next((m for m in manifest["manifests"] if isinstance(m, dict)
+                      and (m.get("platform") or {}).get("os") == "linux"
+                      and (m.get("platform") or {}).get("architecture") == wanted), None)
+        digest = str((entry or {}).get("digest", ""))
+        repository = parse_reference(source).repository
+        source = f"{repository}@{digest}"
+        manifest = _manifest(binary, source, auth_file) if _DIGEST.fullmatch(digest) else None
+    layers = (manifest or {}).get("layers")
+    if not isinstance(layers, list):
+        return None
+    present: set[str] = getattr(engine, "present_layers", set)()
+    contents: list[Any] = []
+    if present:  # the layers' content digests, in the same order (the image's config)
+        config = _manifest(binary, source, auth_file, config=True) or {}
+        contents = list((config.get("rootfs") or {}).get("diff_ids") or [])
+    if len(contents) != len(layers):
+        contents = [None] * len(layers)
+    return sum(int(layer.get("size") or 0) for layer, content in zip(layers, contents, strict=True)
+               if isinstance(layer, dict) and layer.get("digest") not in present and content not in present)
+
+
+def _manifest(binary: str, source: str, auth_file: Path | None, *, config: bool = False) -> dict[str, Any] | None:
+    """The registry's manifest of `source` (or with `config`, its image config), as JSON."""
+    argv = [binary, "inspect", "--raw", *(["--config"] if config else []),
+            *(["--authfile", str(auth_file)] if auth_file else []), f"docker://{source}"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=MANIFEST_TIMEOUT, check=False,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.info("image %s: its manifest could not be read (%s): its pull shows no total", source, error)
+        return None
+    if done.returncode != 0:
+        log.info("image %s: its manifest could not be read (%s): its pull shows no total", source,
+                 (done.stderr.strip().splitlines() or ["skopeo failed"])[-1][:300])
+        return None
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _failure_line(source: str, error: PullError) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import cast
+from zoneinfo import ZoneInfo
 
 import paramiko
 
@@ -167,7 +168,7 @@ def build(config: Config, made: Base, hooks: Hooks, *, previous: Parts | None = 
     monitor = nvml.monitor(config.gpu_monitor)  # loaded once; the config checked that it loads
     images = ImagePreparer(engine=made.engine, ledger=Ledger(made.state_dir / "images.json"),
                            auth_file=config.images.auth_file, min_free_gb=config.images.min_free_gb,
-                           workers=config.images.workers, on_done=hooks.wake)
+                           workers=config.images.workers, zone=ZoneInfo(config.host.timezone), on_done=hooks.wake)
     images.on_pull = hooks.metrics.image_pulled
     backend = backends.make(config, backends.Parts(engine=made.engine, probe_key=made.probe_key, images=images,
                                                    inventory=inventory))

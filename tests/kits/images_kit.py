@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpubook.runtime import images
@@ -57,14 +57,16 @@ class Answers:
 class RecordingPodman(PodmanEngine):
     answers: Answers
 
-    def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    def _process(self, args: Sequence[str], *, timeout: float,
+                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return self.answers.answer(args)
 
 
 class RecordingDocker(DockerEngine):
     answers: Answers
 
-    def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    def _process(self, args: Sequence[str], *, timeout: float,
+                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return self.answers.answer(args)
 
 

@@ -10,6 +10,7 @@ every test session.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -18,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -159,3 +161,61 @@ def remove(engine: Engine, *images: str) -> None:
     for image in images:
         subprocess.run([*engine.global_argv(), "rmi", "--force", image],  # type: ignore[attr-defined]
                        capture_output=True, check=False)
+
+
+@contextmanager
+def slowed(registry: Registry, bytes_per_second: int) -> Iterator[Registry]:
+    """The same registry behind a TCP proxy on another port that sends its answers at most
+    `bytes_per_second` (all connections together: a slow link); TLS passes through untouched, its
+    CA trusted for the proxy's address too. A pull through it takes long enough to be watched."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    upstream = ("127.0.0.1", int(registry.address.rsplit(":", 1)[1]))
+    bucket = threading.Lock()
+    sent_at = [time.monotonic()]  # when the link is free again
+    stop = threading.Event()
+    chunk = 16384
+
+    def pump(source: socket.socket, target: socket.socket, *, slow: bool) -> None:
+        try:
+            while not stop.is_set():
+                data = source.recv(chunk)
+                if not data:
+                    break
+                if slow:
+                    with bucket:
+                        sent_at[0] = max(sent_at[0], time.monotonic()) + len(data) / bytes_per_second
+                        due = sent_at[0]
+                    time.sleep(max(0.0, due - time.monotonic()))
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, target):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(upstream)
+            threading.Thread(target=pump, args=(client, server), kwargs={"slow": False}, daemon=True).start()
+            threading.Thread(target=pump, args=(server, client), kwargs={"slow": True}, daemon=True).start()
+
+    certs = Path.home() / ".config" / "containers" / "certs.d" / address
+    certs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(registry.folder / "ca.crt", certs / "ca.crt")
+    folder = Path(tempfile.mkdtemp(prefix="gpubook-slowed-"))
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield Registry(address=address, folder=registry.folder,
+                       auth_file=_auth_file(folder / "auth.json", address, USER, PASSWORD),
+                       wrong_auth_file=_auth_file(folder / "wrong.json", address, USER, "not-" + PASSWORD))
+    finally:
+        stop.set()
+        listener.close()
+        shutil.rmtree(certs, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)

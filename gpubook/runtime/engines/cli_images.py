@@ -7,14 +7,35 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
+import os
+import shutil
 import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from gpubook.runtime import images
 from gpubook.runtime.engines.cli_transport import QUICK_TIMEOUT, CliTransport, message_of
 from gpubook.runtime.engines.spec import permanent
 
+log = logging.getLogger(__name__)
+
 BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
+PROGRESS_SECONDS = 0.5  # how often a pull's downloaded bytes are measured
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under `folder` (those that vanish meanwhile count nothing)."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
 
 
 class CliImages(CliTransport):
@@ -51,12 +72,15 @@ class CliImages(CliTransport):
         self._call(["import", str(tarball), tag], timeout=BUILD_TIMEOUT)
 
 
-    def pull(self, image: str, *, auth_file: Path | None = None) -> None:
-        """Pull one reference, with the site's credentials; raises PullError with the reason."""
+    def pull(self, image: str, *, auth_file: Path | None = None,
+             progress: Callable[[int], None] | None = None) -> None:
+        """Pull one reference, with the site's credentials; raises PullError with the reason.
+        `progress` is told the bytes downloaded so far, about twice a second, where the engine
+        downloads into a folder of ours (`pull_scratch`)."""
         images.parse_reference(image)  # a reference, never an option
-        with tempfile.TemporaryDirectory(prefix="gpubook-auth-") as folder:
+        with tempfile.TemporaryDirectory(prefix="gpubook-auth-") as folder, self._watched(progress) as env:
             before, after = self.auth_args(auth_file, Path(folder))
-            done = self._process([*before, "pull", *after, "--", image], timeout=BUILD_TIMEOUT)
+            done = self._process([*before, "pull", *after, "--", image], timeout=BUILD_TIMEOUT, env=env)
         if done.returncode != 0:
             message = message_of(done)
             raise images.PullError(images.classify(message), message)
@@ -64,6 +88,41 @@ class CliImages(CliTransport):
     def auth_args(self, auth_file: Path | None, folder: Path) -> tuple[builtins.list[str], builtins.list[str]]:
         """Flags before and after `pull` that name the credentials (auth.json format)."""
         raise NotImplementedError
+
+    def pull_scratch(self) -> Path | None:
+        """A folder on the store's file system where the pull's blobs may be downloaded (TMPDIR
+        of the pull); None where the engine downloads elsewhere (dockerd)."""
+        return None
+
+    @contextmanager
+    def _watched(self, progress: Callable[[int], None] | None) -> Iterator[Mapping[str, str] | None]:
+        """The pull's environment: its downloads in a scratch folder of ours whose size is told
+        to `progress` until the pull ends (then the folder is removed)."""
+        parent = self.pull_scratch() if progress is not None else None
+        if progress is None or parent is None:
+            yield None
+            return
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix="gpubook-pull-", dir=parent))
+        except OSError as error:  # the pull goes on where the engine puts it, without progress
+            log.warning("no folder for the pull's progress in %s (%s): it shows no progress", parent, error)
+            yield None
+            return
+        ended = threading.Event()
+
+        def watch() -> None:
+            while not ended.wait(PROGRESS_SECONDS):
+                progress(folder_bytes(scratch))
+
+        watcher = threading.Thread(target=watch, name="gpubook-pull-progress", daemon=True)
+        watcher.start()
+        try:
+            yield {**os.environ, "TMPDIR": str(scratch)}
+        finally:
+            ended.set()
+            watcher.join()
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def tag(self, image: str, target: str) -> None:
         self._call(["tag", image, target])

@@ -13,7 +13,7 @@ import selectors
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpubook.runtime.checks import Check
@@ -98,7 +98,8 @@ class CliTransport:
             pid=int((raw.get("State") or {}).get("Pid") or 0),
         )
 
-    def _process(self, args: Sequence[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    def _process(self, args: Sequence[str], *, timeout: float,
+                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         argv = [*self.global_argv(), *args]
         try:
             return subprocess.run(
@@ -108,6 +109,7 @@ class CliTransport:
                 timeout=timeout,
                 stdin=subprocess.DEVNULL,
                 check=False,
+                env=env,
             )
         except FileNotFoundError:
             raise permanent(f"{self.name}: {self.binary} is not installed or not on PATH") from None
@@ -195,5 +197,13 @@ def _is_missing(stderr: str) -> bool:
 
 
 def message_of(done: subprocess.CompletedProcess[str]) -> str:
+    """What a failed engine command said: its "Error:" lines when it wrote some (podman and docker
+    write warnings first, such as rootless cgroups v1's "Resource limits are not supported", which
+    must not stand for the error), else all it wrote, with the exit status when that is all."""
     text = (done.stderr or done.stdout).strip()
-    return text.removeprefix("Error: ").strip() or f"exit status {done.returncode}"
+    errors = [line.removeprefix("Error: ").strip() for line in text.splitlines() if line.startswith("Error: ")]
+    if errors:
+        return "; ".join(errors)
+    status = (f"killed by signal {-done.returncode}" if done.returncode < 0
+              else f"exit status {done.returncode}")
+    return f"{text} ({status})" if text else status

@@ -9,6 +9,7 @@ overriding it makes podman refuse a store that was made with another driver.
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import logging
 import os
@@ -90,6 +91,9 @@ def _inner(host: int, base: int, count: int, *, what: str) -> int:
     return host - base + 1
 
 
+WARM_TIMEOUT = 3600.0  # seconds for the copy of an image's layers chowned to the bookings' id map
+
+
 def _subordinate_range(text: str, name: str) -> tuple[int, int]:
     """The host base and count of the line of `podman unshare cat /proc/self/<name>` that starts
     at intermediate id 1 (id 0 is the daemon's own)."""
@@ -120,6 +124,7 @@ class PodmanEngine(CliEngine):
         self.storage_driver = settings.storage_driver
         self.cgroup_manager = options.cgroup_manager
         self._subordinate: SubordinateIds | None = None
+        self._graph_root: Path | None = None
         self._placement: cgroups.Placement | None = None
         self._prepared = False
 
@@ -263,7 +268,56 @@ class PodmanEngine(CliEngine):
         return [], ([] if auth_file is None else ["--authfile", str(auth_file)])
 
     def storage_path(self) -> Path:
-        return Path(self._call(["info", "--format", "{{.Store.GraphRoot}}"]).strip())
+        if self._graph_root is None:
+            self._graph_root = Path(self._call(["info", "--format", "{{.Store.GraphRoot}}"]).strip())
+        return self._graph_root
+
+    def store_usage(self) -> tuple[int, int]:
+        """The store's images: how many, and their bytes (`podman system df`)."""
+        for line in self._call(["system", "df", "--format", "{{json .}}"]).splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and row.get("Type") == "Images":
+                return int(row.get("Total") or 0), int(row.get("Size") or 0)
+        return 0, 0
+
+    def pull_scratch(self) -> Path | None:
+        """Beside the store, on its file system: a pull's blobs land there before their layers
+        are applied (podman's default, /var/tmp, may be a small tmpfs)."""
+        return self.storage_path().parent / "gpubook-pulls"
+
+    def present_layers(self) -> set[str]:
+        """The digests (compressed and not) of the layers in the store (its overlay-layers/
+        layers.json): a pull does not download a layer whose content is there; empty when it
+        cannot be read."""
+        driver = self.storage_driver or "overlay"
+        try:
+            layers = json.loads((self.storage_path() / f"{driver}-layers" / "layers.json").read_text())
+        except (OSError, ValueError, EngineError):
+            return set()
+        return {str(layer[name]) for layer in layers if isinstance(layer, dict)
+                for name in ("compressed-diff-digest", "diff-digest") if layer.get(name)}
+
+    def warm(self, image: str) -> None:
+        """Pay a first start's cost once, now: rootless podman cannot use idmapped mounts, so the
+        first container of an image with the bookings' id map (`userns_args`) makes a copy of the
+        image's layers chowned to it (seconds per GB; podman keeps it with the image for every
+        later container with the same map). A container is created, never started, and removed."""
+        name = "gpubook-warm-" + hashlib.sha256(image.encode()).hexdigest()[:12]
+        self._process(["rm", "--force", "--ignore", name], timeout=QUICK_TIMEOUT)  # a crash's leftover
+        self._call(["create", "--name", name, "--network", "none", "--pull", "never",
+                    *self._map_args(), image, "true"], timeout=WARM_TIMEOUT)
+        self._call(["rm", "--force", name])
+
+    def _map_args(self) -> builtins.list[str]:
+        """The id map every booking's container has (`userns_args`'s, for any booker)."""
+        if os.geteuid() != 0:
+            ids = self._read_subordinate_ids()
+            return [f"--uidmap=0:1:{ids.uid_count}", f"--gidmap=0:1:{ids.gid_count}"]
+        count = CONTAINER_ID_COUNT
+        return [f"--uidmap=0:{ROOTFUL_ID_BASE}:{count}", f"--gidmap=0:{ROOTFUL_ID_BASE}:{count}"]
 
     def image_exists(self, image: str) -> bool:
         return self._process(["image", "exists", image], timeout=QUICK_TIMEOUT).returncode == 0

@@ -82,7 +82,7 @@ def image_checks(loaded: config_module.Config) -> list[Check]:
     exists = getattr(engine, "image_exists", None)
     if exists is None:  # a site's engine plugin that cannot say
         return [Check("template images", True, f"engine {loaded.engine.name} cannot list its images; not checked")]
-    result = []
+    result = [_image_store_check(loaded, engine)] if isinstance(engine, images.ImageEngine) else []
     for name in allowed_templates(loaded, list(templates)):
         template = templates.get(name)
         if template is None:
@@ -330,6 +330,32 @@ def ports_taken_check(loaded: config_module.Config) -> Check:
     if "bookings cannot start" in problem:
         return Check("ssh ports free", False, problem, "stop what listens there, or choose another [ssh] port range")
     return Check("ssh ports free", True, problem)
+
+
+def _image_store_check(loaded: config_module.Config, engine: images.ImageEngine) -> Check:
+    """The engine's image store: its images' size, the free space of its file system, and the floor
+    under which gpubook removes its own unused images ([images] min_free_gb)."""
+    try:
+        path = engine.storage_path()
+        stats = os.statvfs(path)
+    except (GpubookError, OSError) as error:
+        return Check("image store", False, f"cannot read the engine's store: {error}", "see the engine checks above")
+    free, size = stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
+    usage = getattr(engine, "store_usage", None)
+    try:
+        counted = usage() if usage is not None else None
+    except GpubookError:
+        counted = None
+    held = f"{counted[0]} images, {counted[1] / 1e9:.1f} GB; " if counted else ""
+    floor = loaded.images.min_free_gb
+    detail = f"{path}: {held}{free / 1e9:.1f} GB free of {size / 1e9:.0f} GB"
+    if floor:
+        detail += f" (gpubook removes its unused images under {floor:g} GB free)"
+    if floor and free < floor * 1e9:
+        return Check("image store", False, f"{detail}: under the floor now",
+                     "free space on that file system or lower [images] min_free_gb; `gpubook images` lists what "
+                     "gpubook pulled and for which bookings")
+    return Check("image store", True, detail)
 
 
 def checks(config_path: str | None) -> list[Check]:

@@ -6,9 +6,17 @@ call: it only queues). A bounded pool of workers pulls (gpubook/runtime/images.p
 the template's mirror) and builds the overlay (gpubook/runtime/overlay_image.py), one preparation per
 template at a time; a start whose image is not ready yet queues it too (a booking accepted minutes
 before its start) and is held with a note (`Preparing`). A failed pull is tried again after a
-growing delay, never in a loop. Each image's state (queued, pulling, building, ready, failed: why,
-since when) is kept for the event's block ("image: ready" / "image: not ready: <why>"), `gpubook
-status` and `gpubook images`; when something finishes, `on_done` wakes a pass.
+growing delay, never in a loop. Each image's state (queued, pulling, warming, building, ready,
+failed: why, since when) is kept for the event's block ("image: ready" / "image: not ready: <why>"),
+`gpubook status` and `gpubook images`; when something finishes, `on_done` wakes a pass.
+
+A pull is followed as it goes: the bytes to download (the registry's manifest, less the layers the
+store has: images.download_size) and the bytes downloaded so far (the engine's scratch folder), so a
+booking waiting for its image reads "preparing image pytorch: 4.1 of 9.3 GB, ready about 10:42" in
+its event and on the page. "Ready about" is the download's rate so far for what is left, plus the
+time the steps after it (applying the layers, the warm-up) took per downloaded byte the last time
+(a default before). What a first start would pay (rootless podman's copy of the layers chowned to
+the bookings' id map: seconds per GB) is paid here, by the warm-up, never at a booking's start.
 """
 
 from __future__ import annotations
@@ -18,21 +26,24 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
 from gpubook.runtime import images, overlay_image
 from gpubook.runtime.engines import Engine
-from gpubook.runtime.errors import EngineError, GpubookError, Preparing
+from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing
 from gpubook.runtime.templates import Template
 
 log = logging.getLogger(__name__)
 
-QUEUED, PULLING, BUILDING, READY, FAILED = "queued", "pulling", "building", "ready", "failed"
+QUEUED, PULLING, WARMING, BUILDING, READY, FAILED = "queued", "pulling", "warming", "building", "ready", "failed"
 RETRY_FIRST = timedelta(seconds=60)  # after a failed preparation; doubled each time
 RETRY_MOST = timedelta(hours=1)
 GB = 1_000_000_000
+EVENT_REFRESH = timedelta(seconds=15)  # how often a busy preparation's sentence changes in events
+AFTER_DOWNLOAD = 1e-8  # seconds per downloaded byte for what follows the download, before one was measured
+RATE_AFTER = timedelta(seconds=2)  # a download's rate is believed after this long
 
 
 @dataclass(frozen=True)
@@ -49,18 +60,37 @@ class Preparation:
     attempts: int = 0
     retry_at: datetime | None = None
     size: int | None = None  # bytes of the run image, once ready
+    total: int | None = None  # bytes the pull downloads (None: not known)
+    done: int = 0  # bytes downloaded so far
+    began: datetime | None = None  # when the download began
+    downloaded: datetime | None = None  # when it ended
+    ready_about: datetime | None = None  # the estimate, while busy
 
     @property
     def busy(self) -> bool:
-        return self.state in (QUEUED, PULLING, BUILDING)
+        return self.state in (QUEUED, PULLING, WARMING, BUILDING)
 
-    def line(self) -> str | None:
-        """The event block's line: ready, or why not (nothing while it is being made)."""
+    def line(self, zone: tzinfo = UTC) -> str | None:
+        """The event block's line: ready, being made (how far, ready about when), or why not."""
         if self.state == READY:
             return "image: ready"
         if self.state == FAILED:
             return f"image: not ready: {self.why} ({self.image}); gpubook tries again"
-        return None
+        return self.sentence(zone)
+
+    def sentence(self, zone: tzinfo = UTC) -> str:
+        """"preparing image pytorch: 4.1 of 9.3 GB, ready about 10:42" (in `zone`, the bookers')."""
+        if self.state == PULLING and self.total:
+            unit, scale = ("GB", GB) if self.total >= GB else ("MB", 1_000_000)
+            digits = 1 if unit == "GB" else 0
+            where = f"{min(self.done, self.total) / scale:.{digits}f} of {self.total / scale:.{digits}f} {unit}"
+        elif self.state == PULLING:
+            where = f"{self.done / GB:.1f} GB downloaded" if self.done else "downloading"
+        else:
+            where = {QUEUED: "queued", WARMING: "downloaded, making its first start ready",
+                     BUILDING: "building its sshd overlay"}.get(self.state, self.state)
+        about = f", ready about {self.ready_about.astimezone(zone):%H:%M}" if self.ready_about else ""
+        return f"{PREPARING_IMAGE}{self.template}: {where}{about}"
 
 
 def key_of(template: Template) -> str:
@@ -71,9 +101,11 @@ class ImagePreparer:
     """The background preparations of one host's engine."""
 
     def __init__(self, *, engine: Engine, ledger: images.Ledger, auth_file: Path | None = None,
-                 min_free_gb: float = 0.0, workers: int = 2,
+                 min_free_gb: float = 0.0, workers: int = 2, zone: tzinfo = UTC,
                  on_done: Callable[[], None] | None = None) -> None:
         self.engine = engine
+        self.zone = zone  # the bookers' time zone, for "ready about"
+        self.after_download = AFTER_DOWNLOAD  # learned from each preparation
         self.ledger = ledger
         self.auth_file = auth_file
         self.min_free = int(min_free_gb * GB)
@@ -85,6 +117,7 @@ class ImagePreparer:
         self._states: dict[str, Preparation] = {}
         self._wanted: dict[str, Template] = {}  # booking id → its template (the last pass's)
         self._storage: Path | None = None
+        self._shown: dict[str, tuple[datetime, str, str]] = {}  # key → since when events show a sentence, its step
 
     # -- what the pass and the start call (cheap, never blocking on a pull) --------------------
 
@@ -116,16 +149,18 @@ class ImagePreparer:
                                                          detail="present (put there since it failed)")
             log.info("template %s: its image is ready (present since it failed)", template.name)
             return overlay_image.run_image(template)
-        if current is not None and current.busy and self._present(template):
+        if current is not None and current.state in (QUEUED, PULLING) and self._present(template):
             # Queued by this very pass (a booking saved after its start) or being refreshed: the
             # booking runs the image already here instead of waiting for the pull; the preparation
-            # goes on for the bookings after it.
+            # goes on for the bookings after it. (Warming or building: it waits for that, the same
+            # cost it would pay at its start.)
             return overlay_image.run_image(template)
         with self._lock:
             current = self._queue_if_due(template, now=now)
+            shown = self._shown_line(current, now=now)
         if current.state == FAILED:
             raise Preparing(f"image not ready: {current.why}: {current.detail}")
-        raise Preparing(f"preparing the image of template {template.name}: {current.state}")
+        raise Preparing(shown or current.sentence(self.zone))
 
     def recheck(self, template: Template, *, now: datetime | None = None) -> bool:
         """After a start that failed: is the image it was told is ready still there? If not (an
@@ -140,11 +175,33 @@ class ImagePreparer:
                     template.name, overlay_image.run_image(template))
         return False
 
-    def lines(self) -> dict[str, str]:
-        """Booking id → its event's image line (wanted bookings whose image is ready or failed)."""
+    def lines(self, *, now: datetime | None = None) -> dict[str, str]:
+        """Booking id → its event's image line: ready, failed, or the sentence of one being made
+        (changed at most every EVENT_REFRESH: each change is a write of the booker's event)."""
+        now = now or datetime.now(UTC)
         with self._lock:
             found = {b: self._states.get(key_of(t)) for b, t in self._wanted.items()}
-        return {booking: line for booking, p in found.items() if p is not None and (line := p.line())}
+            return {booking: line for booking, p in found.items()
+                    if p is not None and (line := self._shown_line(p, now=now))}
+
+    def _shown_line(self, preparation: Preparation, *, now: datetime) -> str | None:
+        """`preparation.line()`, the one shown last while it is younger than EVENT_REFRESH (under the lock)."""
+        key = f"{preparation.template} {preparation.image}"
+        line = preparation.line(self.zone)
+        if line is None or not preparation.busy:
+            self._shown.pop(key, None)
+            return line
+        shown = self._shown.get(key)
+        if shown is not None and now - shown[0] < EVENT_REFRESH and shown[2] == preparation.state:
+            return shown[1]  # the same step: the sentence shown a moment ago (a new step shows at once)
+        self._shown[key] = (now, line, preparation.state)
+        return line
+
+    def waiting(self) -> dict[str, str]:
+        """Booking id → the live sentence of its image being made (the page's, not throttled)."""
+        with self._lock:
+            found = {b: self._states.get(key_of(t)) for b, t in self._wanted.items()}
+        return {booking: p.sentence(self.zone) for booking, p in found.items() if p is not None and p.busy}
 
     def snapshot(self) -> dict[str, Any]:
         """For `gpubook status` and `gpubook images`: each preparation, its bookings, the disk."""
@@ -157,8 +214,10 @@ class ImagePreparer:
         rows = []
         for item in states:
             row = asdict(item)
-            row.update(since=item.since.isoformat(), retry_at=item.retry_at.isoformat() if item.retry_at else None,
-                       bookings=sorted(b for b, t in wanted.items() if t.name == item.template))
+            row.update({name: value.isoformat() for name in ("since", "retry_at", "began", "downloaded", "ready_about")
+                        if isinstance(value := getattr(item, name), datetime)})
+            row.update(bookings=sorted(b for b, t in wanted.items() if t.name == item.template),
+                       sentence=item.sentence(self.zone) if item.busy else None)
             rows.append(row)
         return {"preparations": rows, "free_bytes": free, "min_free_bytes": self.min_free,
                 "storage": str(self._storage) if self._storage else None}
@@ -182,23 +241,68 @@ class ImagePreparer:
         self._pool.submit(self._prepare, template)
         return queued
 
-    def _set(self, template: Template, **changes: Any) -> Preparation:
+    def _set(self, template: Template, *, keep_since: bool = False, **changes: Any) -> Preparation:
         with self._lock:
             key = key_of(template)
-            changed = replace(self._states[key], since=datetime.now(UTC), **changes)
+            current = self._states[key]
+            changed = replace(current, since=current.since if keep_since else datetime.now(UTC), **changes)
             self._states[key] = changed
             return changed
+
+    def _estimate(self, total: int | None, done: int, began: datetime, *, now: datetime) -> datetime | None:
+        """When the image should be ready: the download's rate so far for what is left, then the
+        steps after it at the last preparation's pace per byte; None before the rate is known."""
+        if total is None:
+            return None
+        elapsed = (now - began).total_seconds()
+        if done >= total:
+            left = 0.0
+        elif done <= 0 or now - began < RATE_AFTER:
+            return None
+        else:
+            left = (total - done) * elapsed / done
+        return now + timedelta(seconds=left + total * self.after_download)
+
+    def _learn(self, ready: Preparation) -> None:
+        """The pace of what followed the download (applying the layers, the warm-up, the overlay)."""
+        if ready.total and ready.total >= 100_000_000 and ready.downloaded is not None:
+            self.after_download = max(0.0, (ready.since - ready.downloaded).total_seconds()) / ready.total
+
+    def _warm(self, template: Template) -> None:
+        """The first start's cost, paid now (the engine's `warm`: podman's chowned copy)."""
+        warm = getattr(self.engine, "warm", None)
+        if warm is None:
+            return
+        with self._lock:
+            current = self._states[key_of(template)]
+        total = current.total or 0
+        began = datetime.now(UTC)
+        left = total * self.after_download - (began - (current.downloaded or began)).total_seconds()
+        self._set(template, state=WARMING, done=total,
+                  ready_about=began + timedelta(seconds=max(0.0, left)) if total else None)
+        image = overlay_image.run_image(template)
+        try:
+            warm(image)
+        except EngineError as error:  # the first start pays it instead; not a reason to hold bookings
+            log.warning("template %s: its first start could not be made ready ahead (%s): the first booking's "
+                        "start pays it", template.name, str(error).splitlines()[0] if str(error) else error)
+            return
+        log.info("template %s: its first start made ready in %.1f s (%s)", template.name,
+                 (datetime.now(UTC) - began).total_seconds(), image)
 
     def _prepare(self, template: Template) -> None:
         try:
             detail = self._pull(template)
+            self._set(template, downloaded=datetime.now(UTC), keep_since=True)
             if not template.has_sshd:
                 self._set(template, state=BUILDING)
                 log.info("template %s: building its sshd overlay in the background", template.name)
                 tag = self._overlay(template)
                 self.ledger.add(tag, kind="overlay")
+            self._warm(template)
             size = self._size(overlay_image.run_image(template))
-            self._set(template, state=READY, detail=detail, why="", retry_at=None, size=size)
+            ready = self._set(template, state=READY, detail=detail, why="", retry_at=None, size=size, ready_about=None)
+            self._learn(ready)
             log.info("template %s: its image is ready (%s)", template.name, detail)
             self._clean()
         except GpubookError as error:
@@ -250,10 +354,20 @@ class ImagePreparer:
             raise images.PullError(images.NOT_FOUND, f"{template.image} is made on this machine, not pulled: "
                                    f"gpubook templates build {template.name}")
         self._clean()
-        self._set(template, state=PULLING)
-        log.info("template %s: pulling %s%s", template.name, template.image,
-                 f" (mirror {template.mirror} first)" if template.mirror else "")
-        result = images.pull(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
+        total = images.download_size(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
+        began = datetime.now(UTC)
+        self._set(template, state=PULLING, total=total, done=0, began=began, downloaded=None,
+                  ready_about=self._estimate(total, 0, began, now=began))
+        log.info("template %s: pulling %s%s%s", template.name, template.image,
+                 f" (mirror {template.mirror} first)" if template.mirror else "",
+                 f" ({total / GB:.2f} GB to download)" if total is not None else "")
+
+        def progress(done: int) -> None:
+            now = datetime.now(UTC)
+            self._set(template, done=done, ready_about=self._estimate(total, done, began, now=now), keep_since=True)
+
+        result = images.pull(engine, template.image, mirror=template.mirror, auth_file=self.auth_file,
+                             progress=progress)
         if result.source:
             self.ledger.add(result.image, kind="pulled", source=result.source)
         return result.sentence(), "pulled" if result.source else "present"

@@ -24,7 +24,7 @@ import paramiko
 from gpubook.runtime import booking, booking_json, engines, jupyter, ssh, storage
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
-from gpubook.runtime.errors import EngineError, Preparing, StorageError
+from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, Preparing, StorageError
 from gpubook.runtime.images import Ledger
 from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.core.topology import ONE_MACHINE
@@ -91,7 +91,7 @@ class LocalHost:
                                           gate=self._gate(spec.name), running=running)
         except EngineError:
             if not self.images.recheck(request.template):
-                raise Preparing(f"preparing the image of template {request.template.name} again: it was "
+                raise Preparing(f"{PREPARING_IMAGE}{request.template.name}: again, it was "
                                 f"removed from the engine's storage after it was prepared") from None
             raise
         lab = jupyter.availability(self.engine, spec.name) if request.template.jupyter else None

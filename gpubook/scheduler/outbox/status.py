@@ -231,6 +231,8 @@ def image_lines(images: Mapping[str, Any] | None, *, sizes: bool = False) -> lis
     lines = [head]
     for item in images["preparations"]:
         state = item["state"] + (f": {item['why']}: {item['detail']}" if item["state"] == "failed" else "")
+        if item.get("sentence"):  # being made: how far, ready about when
+            state = item["sentence"].split(": ", 1)[-1]
         size = f" {item['size'] / 1e9:.2f} GB" if sizes and item.get("size") else ""
         bookings = ", ".join(item.get("bookings") or ()) or "no booking now"
         lines.append(f"  {item['template']:<18} {item['run_image']}{size}  [{state}]  for {bookings}")

@@ -31,15 +31,24 @@ def assemble(*, plan: Plan, actions: Sequence[decide.Action], failures: Mapping[
              sftp: dict[str, Any] | None = None, images: dict[str, Any] | None = None) -> status.Status:
     """One pass's status: `gpus` each host's GPUs, `previous` the last pass's status (its ended runs),
     `sftp` and `images` the services' own snapshots."""
+    held = {**_waiting_for_images(plan, images, now=now), **timeline.held_reasons(actions)}
     return status.Status(
         hosts=status.hosts_status(gpus, plan=plan, now=now, containers=containers, ports=_ports(state),
-                                  held=timeline.held_reasons(actions), records=_records(state), previous=previous),
+                                  held=held, records=_records(state), previous=previous),
         updated=now.isoformat(), pid=os.getpid(), last_poll=status.iso(calendar.last_poll),
         last_poll_ok=status.iso(calendar.last_ok), outage=calendar.outage,
         outage_since=status.iso(calendar.outage_since),
         problems=(*calendar.problems, *(f"{k}: {v}" for k, v in failures.items())),
         counts=status.counts(plan, now=now), findings=status.setup_findings(engine), sftp=sftp, images=images,
         rejected=timeline.rejected_bookings(plan), foreign=_foreign_items(state))
+
+
+def _waiting_for_images(plan: Plan, images: Mapping[str, Any] | None, *, now: datetime) -> dict[str, str]:
+    """The bookings whose start came while their image is being made, with its live sentence
+    ("preparing image pytorch: 4.1 of 9.3 GB, ready about 10:42"): held, on the page too."""
+    started = {accepted.booking.id for accepted in plan.accepted if accepted.booking.start <= now}
+    return {booking: row["sentence"] for row in (images or {}).get("preparations") or ()
+            if row.get("sentence") for booking in row.get("bookings") or () if booking in started}
 
 
 def write(report: status.Status, folder: Path) -> bool:

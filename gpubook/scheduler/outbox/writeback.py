@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo
 
 from gpubook.runtime import cuda, jupyter, ssh
 from gpubook.runtime.engines import ContainerInfo
-from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.errors import PREPARING_IMAGE, GpubookError
 from gpubook.runtime.slurm_step import HOSTFILE
 from gpubook.runtime.templates import Template
 from gpubook.scheduler.core import decide
@@ -202,6 +202,8 @@ class WriteBack:
         else:
             return None
         note = remarks.notes.get(booking.id)
+        if note and note.startswith(PREPARING_IMAGE) and remarks.images.get(booking.id, "").startswith(PREPARING_IMAGE):
+            note = None  # the image line says it, and is the newer of the two
         outcome = outcome.with_note(note) if note else outcome
         line = remarks.policy.get(booking.id)
         outcome = outcome.with_note(line) if line else outcome

@@ -120,13 +120,15 @@ class StorageConfig:
 class ImagesConfig:
     """[images]: template images prepared ahead of their bookings (gpubook/scheduler/hosts/images.py)."""
 
-    prepare_hours: float = setting(24.0, "hours before a booking's start that its image is pulled and its sshd "
-                                   "overlay built", check=checks.not_negative)
+    prepare_hours: float = setting(24.0, "hours before a booking's start that its image is pulled, its sshd "
+                                   "overlay built and its first start's copy made (the booker never waits for "
+                                   "it); such images are never removed by min_free_gb", check=checks.not_negative)
     auth_file: Path | None = setting(None, "registry credentials in auth.json format (podman --authfile; Docker "
                                      "gets it as config.json), mode 0600; None: anonymous pulls", private=True,
                                      sample="auth.json")
     min_free_gb: float = setting(0.0, "free space of the engine's storage, in GB (10^9 bytes), under which "
-                                 "gpubook's unused images are removed oldest first; 0: never",
+                                 "gpubook's unused images (and their chowned copies) are removed oldest first, "
+                                 "before and after each preparation; 0: never",
                                  check=checks.not_negative)
     workers: int = setting(2, "pulls and overlay builds at once", check=checks.positive)
 
