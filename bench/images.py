@@ -183,7 +183,8 @@ def forget(engine: PodmanEngine, image: str) -> None:
     port each run): an image still present under an old name would make the pull a no-op."""
     path = image.split("/", 1)[1]
     names = _podman(engine, "images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
-    registry_kit.remove(engine, *[name for name in names if "/" in name and name.split("/", 1)[1] == path])
+    same = [name for name in names if "/" in name and name.split("/", 1)[1] == path]
+    registry_kit.remove(cast(Engine, engine), *same)
 
 
 def timed_start(engine: PodmanEngine, image: str, *, debug: bool = False) -> tuple[StartCost, list[str]]:
@@ -217,7 +218,7 @@ def measure_sizes(engine: PodmanEngine, image: str, auth: Path) -> SizeFigures:
     """Every figure of one image that is in the registry and not in podman's storage; leaves it absent."""
     forget(engine, image)
     free = _free(engine)
-    pull = timed_pull(engine, image, auth)
+    pull = timed_pull(cast(Engine, engine), image, auth)
     pulled = _free(engine)
     facts = engine.image_facts(image)
     before = _store_layers(engine)
@@ -228,7 +229,7 @@ def measure_sizes(engine: PodmanEngine, image: str, auth: Path) -> SizeFigures:
                   for layer, entry in _store_layers(engine).items() if layer not in before)
     second, _ = timed_start(engine, image)
     forget(engine, image)
-    repull = timed_pull(engine, image, auth)
+    repull = timed_pull(cast(Engine, engine), image, auth)
     warm = warm_up(engine, image)
     warmed, _ = timed_start(engine, image)
     forget(engine, image)
@@ -259,15 +260,16 @@ def print_sizes(figures: list[SizeFigures], userns: list[str]) -> None:
             print(f"  debug: {line[:200]}")
 
 
-def sizes(engine: PodmanEngine, base: str) -> None:
+def sizes(engine: Engine, base: str) -> None:
     """The real-size image (bench/real_image.py) and a small one (debian-ssh + a new 100 MB layer)."""
     from bench.real_image import real_image  # noqa: PLC0415 - only this mode builds it
 
+    podman = cast(PodmanEngine, engine)
     with registry_kit.running() as registry:
         real = real_image(engine, registry)
         small = pushed_only(engine, registry, base=base, big=True)
-        figures = [measure_sizes(engine, image, registry.auth_file) for image in (real, small)]
-    print_sizes(figures, booking_userns(engine))
+        figures = [measure_sizes(podman, image, registry.auth_file) for image in (real, small)]
+    print_sizes(figures, booking_userns(podman))
 
 
 def main() -> None:
@@ -279,7 +281,7 @@ def main() -> None:
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     base = overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     if args.sizes:
-        sizes(cast(PodmanEngine, engine), base)
+        sizes(engine, base)
         return
     cache = ssh.default_cache_dir()
     removed: list[str] = []
