@@ -91,6 +91,7 @@ def _inner(host: int, base: int, count: int, *, what: str) -> int:
     return host - base + 1
 
 
+STORE_DU_TIMEOUT = 120.0  # seconds for measuring the store (doctor)
 WARM_TIMEOUT = 3600.0  # seconds for the copy of an image's layers chowned to the bookings' id map
 
 
@@ -273,15 +274,29 @@ class PodmanEngine(CliEngine):
         return self._graph_root
 
     def store_usage(self) -> tuple[int, int]:
-        """The store's images: how many, and their bytes (`podman system df`)."""
+        """The store: how many images (`podman system df`), and the bytes it takes on disk, the
+        chowned copies of images included (`du` of the store as podman sees it: `podman system
+        df` counts shared layers once per image and no copy)."""
+        count = 0
         for line in self._call(["system", "df", "--format", "{{json .}}"]).splitlines():
             try:
                 row = json.loads(line)
             except ValueError:
                 continue
             if isinstance(row, dict) and row.get("Type") == "Images":
-                return int(row.get("Total") or 0), int(row.get("Size") or 0)
-        return 0, 0
+                count = int(row.get("Total") or 0)
+        du = ["du", "-sb", "--", str(self.storage_path())]
+        if os.geteuid() != 0:  # the copies belong to subordinate ids: read inside podman's namespace
+            done = self._process(["unshare", *du], timeout=STORE_DU_TIMEOUT)
+        else:
+            try:
+                done = subprocess.run(du, capture_output=True, text=True, timeout=STORE_DU_TIMEOUT, check=False)
+            except (OSError, subprocess.TimeoutExpired) as error:
+                raise EngineError(f"du of the store: {error}") from None
+        try:
+            return count, int(done.stdout.split()[0])
+        except (IndexError, ValueError):
+            raise EngineError(f"du of the store: {message_of(done)}") from None
 
     def pull_scratch(self) -> Path | None:
         """Beside the store, on its file system: a pull's blobs land there before their layers
