@@ -4,6 +4,7 @@ start; prints the figures.
 
     gpubook-userbench TREE bench/images.py [--runs 3] [--no-overlay]
     gpubook-userbench TREE bench/images.py --sizes     (the real-size image against the small one)
+    gpubook-userbench TREE bench/images.py --sizes --ahead   (and bookings made 1 min, 5 min, 1 h ahead)
 
 The registry is Debian's docker-registry on 127.0.0.1 (TLS, htpasswd), as in the tests. Pulls:
 (a) debian-ssh plus one new small layer (the base's layers are in podman's storage already, as on a
@@ -20,7 +21,8 @@ CUDA wheels, 11.9 GB, built and pushed once) against debian-ssh + a new 100 MB l
 pull (gpubook.runtime.images.pull), the first start with gpubook's uidmap (rootless podman 4.3 without
 idmapped overlay mounts makes a flattened, chowned copy of the whole image there), the disk each takes
 (df of the storage's file system, and the copy's own folder), the second start, and the start after a
-warm-up (create + rm with the same uidmap right after a second pull, as preparation can do ahead).
+warm-up (create + rm with the same uidmap right after a second pull: PodmanEngine.warm, which the
+image's preparation runs). --ahead: bench/images_ahead.py, for both images.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import images_ahead  # noqa: E402
 from gpubook.runtime import images, overlay_image, ssh  # noqa: E402
 from gpubook.runtime.engines import ContainerSpec, Engine, container_name, engine_from  # noqa: E402
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
@@ -205,12 +208,10 @@ def timed_start(engine: PodmanEngine, image: str, *, debug: bool = False) -> tup
 
 
 def warm_up(engine: PodmanEngine, image: str) -> float:
-    """What an image's preparation can do ahead: create a container with the booking's uidmap and
-    remove it (the remapped copy stays with the image)."""
+    """What the image's preparation does ahead (PodmanEngine.warm): create a container with the
+    bookings' uidmap and remove it (the remapped copy stays with the image)."""
     began = time.monotonic()
-    container = _podman(engine, "create", *booking_userns(engine), "--network", "none", image,
-                        "true").stdout.strip()
-    _podman(engine, "rm", "--force", container)
+    engine.warm(image)
     return time.monotonic() - began
 
 
@@ -260,7 +261,7 @@ def print_sizes(figures: list[SizeFigures], userns: list[str]) -> None:
             print(f"  debug: {line[:200]}")
 
 
-def sizes(engine: Engine, base: str) -> None:
+def sizes(engine: Engine, base: str, *, ahead: bool = False) -> None:
     """The real-size image (bench/real_image.py) and a small one (debian-ssh + a new 100 MB layer)."""
     from bench.real_image import real_image  # noqa: PLC0415 - only this mode builds it
 
@@ -269,7 +270,16 @@ def sizes(engine: Engine, base: str) -> None:
         real = real_image(engine, registry)
         small = pushed_only(engine, registry, base=base, big=True)
         figures = [measure_sizes(podman, image, registry.auth_file) for image in (real, small)]
-    print_sizes(figures, booking_userns(podman))
+        print_sizes(figures, booking_userns(podman))
+        if ahead:
+            print("start → SSH of a booking made ahead of its start, the image only in the registry "
+                  "(gpubook run, Radicale, a fresh daemon and store per booking):", flush=True)
+            for name, image in (("real", real), ("small", small)):
+                for case in images_ahead.cases(engine, image, registry.auth_file,
+                                               forget=lambda image: forget(podman, image)):
+                    print(f"  {name}: {case.line()}", flush=True)
+            forget(podman, real)
+            forget(podman, small)
 
 
 def main() -> None:
@@ -277,11 +287,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-overlay", action="store_true", help="skip the overlay build (apt-get)")
     parser.add_argument("--sizes", action="store_true", help="the real-size image's costs against a small one's")
+    parser.add_argument("--ahead", action="store_true", help="with --sizes: bookings made 1 min, 5 min, 1 h ahead")
     args = parser.parse_args()
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     base = overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     if args.sizes:
-        sizes(engine, base)
+        sizes(engine, base, ahead=args.ahead)
         return
     cache = ssh.default_cache_dir()
     removed: list[str] = []

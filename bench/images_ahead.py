@@ -21,6 +21,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -57,9 +58,10 @@ class Case:
 
 
 def booking_ahead(engine: Engine, image: str, auth_file: Path, *, lead: timedelta, label: str,
-                  moved: bool = False) -> Case:
-    """One booking of a template naming `image` (absent from the store), made `lead` ahead."""
-    registry_kit.remove(engine, image)
+                  forget: Callable[[str], None], moved: bool = False) -> Case:
+    """One booking of a template naming `image`, made `lead` ahead; `forget` removes the image
+    from the store first (under every name it has there)."""
+    forget(image)
     key = paramiko.ECDSAKey.generate(bits=256)
     booking = f"bench-{label.replace(' ', '')}@gpubook"
     with tempfile.TemporaryDirectory(prefix="gpubench-") as name, servers.running(servers.radicale) as radicale:
@@ -153,8 +155,8 @@ def _wait(check, timeout: float, what: str, daemon: DaemonProcess):  # type: ign
     raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}\n{daemon.tail()}")
 
 
-def cases(engine: Engine, image: str, auth_file: Path) -> list[Case]:
+def cases(engine: Engine, image: str, auth_file: Path, *, forget: Callable[[str], None]) -> list[Case]:
     """The three leads for one image, one after the other."""
-    return [booking_ahead(engine, image, auth_file, lead=timedelta(minutes=1), label="1 min"),
-            booking_ahead(engine, image, auth_file, lead=timedelta(minutes=5), label="5 min"),
-            booking_ahead(engine, image, auth_file, lead=timedelta(hours=1), label="1 h", moved=True)]
+    return [booking_ahead(engine, image, auth_file, lead=timedelta(minutes=1), label="1 min", forget=forget),
+            booking_ahead(engine, image, auth_file, lead=timedelta(minutes=5), label="5 min", forget=forget),
+            booking_ahead(engine, image, auth_file, lead=timedelta(hours=1), label="1 h", forget=forget, moved=True)]

@@ -42,7 +42,9 @@ RETRY_FIRST = timedelta(seconds=60)  # after a failed preparation; doubled each 
 RETRY_MOST = timedelta(hours=1)
 GB = 1_000_000_000
 EVENT_REFRESH = timedelta(seconds=15)  # how often a busy preparation's sentence changes in events
-AFTER_DOWNLOAD = 1e-8  # seconds per downloaded byte for what follows the download, before one was measured
+# Seconds per downloaded byte for what follows the download, until a preparation measured it here:
+# bench/results/sizes-2026-11-27 (2 cores): 39 s applying layers + 12-14 s chowned copy for 6.8 GB.
+AFTER_DOWNLOAD = 8e-9
 RATE_AFTER = timedelta(seconds=2)  # a download's rate is believed after this long
 
 
