@@ -57,6 +57,9 @@ class Answers:
 class RecordingPodman(PodmanEngine):
     answers: Answers
 
+    def pull_scratch(self) -> Path | None:
+        return None  # no progress followed: no skopeo asked about registries that are not there
+
     def _process(self, args: Sequence[str], *, timeout: float,
                  env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return self.answers.answer(args)

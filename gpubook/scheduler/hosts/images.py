@@ -356,7 +356,9 @@ class ImagePreparer:
             raise images.PullError(images.NOT_FOUND, f"{template.image} is made on this machine, not pulled: "
                                    f"gpubook templates build {template.name}")
         self._clean()
-        total = images.download_size(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
+        followed = getattr(engine, "pull_scratch", lambda: None)() is not None  # dockerd pulls out of sight
+        total = (images.download_size(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
+                 if followed else None)
         began = datetime.now(UTC)
         self._set(template, state=PULLING, total=total, done=0, began=began, downloaded=None,
                   ready_about=self._estimate(total, 0, began, now=began))
