@@ -220,7 +220,8 @@ def test_a_booking_whose_image_is_not_ready_is_held_with_its_progress_and_starts
         finally:
             client.close()
         log = daemon.log.read_text()
-        assert "template lab-layered: its first start made ready in" in log  # the copy paid ahead
+        warmed = log.index("template lab-layered: its first start made ready in")  # the copy paid ahead
+        assert warmed < log.index("booking held@test: started on GPU"), log[-4000:]  # never before it
         assert engine.image_exists(later_image) and engine.image_exists(image)
         assert not engine.image_exists(old_image), log[-3000:]
         assert [e.image for e in ledger.entries()] == [later_image, image]

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from gpubook.runtime import images
-from gpubook.runtime.errors import TemplateError
+from gpubook.runtime.errors import Preparing, TemplateError
 from gpubook.runtime.templates import load_template
 from gpubook.scheduler.hosts.images import (
     EVENT_REFRESH,
@@ -209,8 +209,11 @@ def test_the_sentence_of_an_image_on_its_way_and_when_it_should_be_ready(tmp_pat
         halfway = preparer._estimate(1000, 500, began, now=began + timedelta(minutes=5))
         assert halfway == began + timedelta(minutes=10)  # as long again for the other half
         preparer.after_download = 0.01
-        assert preparer._estimate(1000, 1000, began, now=began + timedelta(minutes=5)) == \
-            began + timedelta(minutes=5, seconds=10)  # then the steps after it, at the learned pace
+        came = began + timedelta(minutes=5)  # the last byte: unpacking, then the copy, at the learned pace
+        assert preparer._estimate(1000, 1000, began, now=came + timedelta(seconds=7), downloaded=came) == \
+            came + timedelta(seconds=10)
+        assert replace(pulling, done=pulling.total).sentence(zone) == \
+            "preparing image pytorch: 9.3 GB downloaded, unpacking, ready about 10:42"
         first = preparer._shown_line(pulling, now=began)
         later = replace(pulling, done=4_600_000_000)
         assert preparer._shown_line(later, now=began + EVENT_REFRESH / 2) == first  # not rewritten yet
@@ -219,4 +222,37 @@ def test_the_sentence_of_an_image_on_its_way_and_when_it_should_be_ready(tmp_pat
         assert preparer._shown_line(warming, now=began + EVENT_REFRESH * 1.1) == warming.sentence(zone)  # a new step
         assert preparer._shown_line(replace(later, state=READY), now=began + EVENT_REFRESH) == "image: ready"
     finally:
+        preparer.close()
+
+
+def test_a_booking_waits_for_the_warm_up_of_an_image_pulled_a_moment_ago(tmp_path: Path) -> None:
+    """Pulled, present, and its first start's copy being made: a start waits for that copy (it would
+    pay it anyway, beside the preparer's) and is told so; the moment the image is ready it may go.
+    An image that was there before its preparation was queued starts at once."""
+    engine = recording()
+    engine.answers.warm.clear()  # the warm-up's `podman create` holds
+    engine.answers.release.clear()  # and the pull, once podman has named the image
+    engine.answers.tagged_early = True
+    template, done, preparer = lab_preparer(tmp_path, engine)
+    try:
+        preparer.want({"b": template}, now=NOW)
+        while not engine.image_exists(template.image):
+            threading.Event().wait(0.01)
+        with pytest.raises(Preparing, match="^preparing image lab: "):  # present, not yet pulled to the end
+            preparer.ready(template)
+        engine.answers.release.set()
+        wait_until = datetime.now(UTC) + timedelta(seconds=HOLD)
+        while preparer.snapshot()["preparations"][0]["state"] != WARMING:
+            assert datetime.now(UTC) < wait_until, preparer.snapshot()
+            threading.Event().wait(0.01)
+        assert engine.image_exists(template.image)  # pulled
+        with pytest.raises(Preparing, match="^preparing image lab: downloaded, making its first start ready"):
+            preparer.ready(template)
+        engine.answers.warm.set()
+        assert done.acquire(timeout=HOLD)
+        assert preparer.ready(template) == template.image
+        warm = [a for a in engine.answers.argv if a[0] == "create"]
+        assert len(warm) == 1 and "--uidmap=0:1:65536" in warm[0] and warm[0][-2:] == [template.image, "true"]
+    finally:
+        engine.answers.warm.set()
         preparer.close()

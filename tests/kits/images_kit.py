@@ -28,6 +28,9 @@ class Answers:
         self.release = threading.Event()
         self.release.set()
         self.pull_fails: str | None = None  # the engine's error message, or None: pulls work
+        self.tagged_early = False  # the image is present while the pull still runs
+        self.warm = threading.Event()  # the warm-up's `create` waits for it
+        self.warm.set()
         self.auth_seen: list[str] = []
 
     def answer(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -36,6 +39,8 @@ class Answers:
         if "pull" in args:
             if "--config" in args:  # Docker: the credentials exist while the pull runs
                 self.auth_seen.append((Path(args[args.index("--config") + 1]) / "config.json").read_text())
+            if self.tagged_early and not self.pull_fails:  # podman names the image, then ends the pull
+                self.present.add(args[-1])
             self.release.wait(HOLD)
             if self.pull_fails:
                 return subprocess.CompletedProcess(list(args), 125, "", self.pull_fails)
@@ -47,6 +52,10 @@ class Answers:
             found = args[2] in self.present
             data = [{"Id": "abc", "Size": 1000, "RepoDigests": [], "Created": ""}] if found else []
             return subprocess.CompletedProcess(list(args), 0 if found else 1, json.dumps(data), "")
+        if args[0] == "unshare":  # rootless podman's namespace: the daemon user's subordinate ids
+            return subprocess.CompletedProcess(list(args), 0, "0 1000 1\n1 100000 65536\n", "")
+        if args[0] == "create" and args[args.index("--name") + 1].startswith("gpubook-warm-"):
+            self.warm.wait(HOLD)
         if args[0] == "build":
             self.present.add(args[args.index("--tag") + 1])
         if args[0] == "info":

@@ -86,6 +86,8 @@ class Preparation:
             unit, scale = ("GB", GB) if self.total >= GB else ("MB", 1_000_000)
             digits = 1 if unit == "GB" else 0
             where = f"{min(self.done, self.total) / scale:.{digits}f} of {self.total / scale:.{digits}f} {unit}"
+            if self.done >= self.total:  # podman applies the layers before the pull ends
+                where = f"{self.total / scale:.{digits}f} {unit} downloaded, unpacking"
         elif self.state == PULLING:
             where = f"{self.done / GB:.1f} GB downloaded" if self.done else "downloading"
         else:
@@ -151,11 +153,11 @@ class ImagePreparer:
                                                          detail="present (put there since it failed)")
             log.info("template %s: its image is ready (present since it failed)", template.name)
             return overlay_image.run_image(template)
-        if current is not None and current.state in (QUEUED, PULLING) and self._present(template):
-            # Queued by this very pass (a booking saved after its start) or being refreshed: the
-            # booking runs the image already here instead of waiting for the pull; the preparation
-            # goes on for the bookings after it. (Warming or building: it waits for that, the same
-            # cost it would pay at its start.)
+        if current is not None and current.state == QUEUED and self._present(template):
+            # Queued by this very pass (a booking saved after its start) with the image here: the
+            # booking runs it instead of waiting; the preparation goes on for the bookings after
+            # it. (Pulled a moment ago and being warmed or built: it waits for that, which it
+            # would pay at its start anyway, and starts the moment the image is ready.)
             return overlay_image.run_image(template)
         with self._lock:
             current = self._queue_if_due(template, now=now)
@@ -251,19 +253,20 @@ class ImagePreparer:
             self._states[key] = changed
             return changed
 
-    def _estimate(self, total: int | None, done: int, began: datetime, *, now: datetime) -> datetime | None:
+    def _estimate(self, total: int | None, done: int, began: datetime, *, now: datetime,
+                  downloaded: datetime | None = None) -> datetime | None:
         """When the image should be ready: the download's rate so far for what is left, then the
-        steps after it at the last preparation's pace per byte; None before the rate is known."""
+        steps after it at the last preparation's pace per byte (from when the last byte came, once
+        it came); None before the rate is known."""
         if total is None:
             return None
+        after = timedelta(seconds=total * self.after_download)
+        if downloaded is not None:
+            return downloaded + after
         elapsed = (now - began).total_seconds()
-        if done >= total:
-            left = 0.0
-        elif done <= 0 or now - began < RATE_AFTER:
+        if done <= 0 or now - began < RATE_AFTER:
             return None
-        else:
-            left = (total - done) * elapsed / done
-        return now + timedelta(seconds=left + total * self.after_download)
+        return now + timedelta(seconds=max(0, total - done) * elapsed / done) + after
 
     def _learn(self, ready: Preparation) -> None:
         """The pace of what followed the download (applying the layers, the warm-up, the overlay)."""
@@ -295,7 +298,9 @@ class ImagePreparer:
     def _prepare(self, template: Template) -> None:
         try:
             detail = self._pull(template)
-            self._set(template, downloaded=datetime.now(UTC), keep_since=True)
+            with self._lock:
+                downloaded = self._states[key_of(template)].downloaded
+            self._set(template, downloaded=downloaded or datetime.now(UTC), keep_since=True)
             if not template.has_sshd:
                 self._set(template, state=BUILDING)
                 log.info("template %s: building its sshd overlay in the background", template.name)
@@ -366,9 +371,14 @@ class ImagePreparer:
                  f" (mirror {template.mirror} first)" if template.mirror else "",
                  f" ({total / GB:.2f} GB to download)" if total is not None else "")
 
-        def progress(done: int) -> None:
+        def progress(measured: int) -> None:
             now = datetime.now(UTC)
-            self._set(template, done=done, ready_about=self._estimate(total, done, began, now=now), keep_since=True)
+            with self._lock:
+                current = self._states[key_of(template)]
+            done = max(measured, current.done)  # the folder shrinks as podman applies the layers
+            downloaded = current.downloaded or (now if total is not None and done >= total else None)
+            self._set(template, done=done, downloaded=downloaded, keep_since=True,
+                      ready_about=self._estimate(total, done, began, downloaded=downloaded, now=now))
 
         result = images.pull(engine, template.image, mirror=template.mirror, auth_file=self.auth_file,
                              progress=progress)
