@@ -45,6 +45,7 @@ class Case:
     started_after_ready: float | None  # seconds from ready to the container's StartedAt (when held)
     sentences: list[str] = field(default_factory=list)  # the event's progress lines seen after the start
     armed: bool = False
+    estimate: float | None = None  # seconds the first "ready about" after the start was off (later: +)
 
     def line(self) -> str:
         held = (f"held {self.ready:.1f} s, started {self.started_after_ready:.2f} s after ready; "
@@ -54,6 +55,9 @@ class Case:
         if self.sentences:
             seen = f"; event said: {self.sentences[0]!r}" + (
                 f" … {self.sentences[-1]!r}" if len(self.sentences) > 1 else "")
+        if self.estimate is not None:
+            seen += f"; its first 'ready about' after the start was {abs(self.estimate):.0f} s " + (
+                "early" if self.estimate < 0 else "late")
         return f"booked {self.lead} ahead: login {self.login:.2f} s after the start ({held.rstrip('; ')}){seen}"
 
 
@@ -86,22 +90,24 @@ def booking_ahead(engine: Engine, image: str, auth_file: Path, *, lead: timedelt
                 edit(calendar, booking, event_text(booking, user="alice", start=start, end=start + length,
                                                    description="template: bench-image\n"))
             sentences: list[str] = []
+            estimates: list[datetime] = []
             while datetime.now(UTC) < start:
                 time.sleep(0.005)
-            login, armed = _login(state_dir, booking, key, start, daemon, calendar, sentences)
+            login, armed = _login(state_dir, booking, key, start, daemon, calendar, sentences, estimates)
             row = _wait(lambda: _ready_row(state_dir), 120, "the status saying ready", daemon)
             ready = datetime.fromisoformat(row["since"])
             started = _started_at(engine, booking)
             return Case(lead=label, login=login, ready=(ready - start).total_seconds(),
                         started_after_ready=(started - ready).total_seconds() if started else None,
-                        sentences=sentences, armed=armed)
+                        sentences=sentences, armed=armed,
+                        estimate=(ready - estimates[0]).total_seconds() if estimates else None)
         finally:
             daemon.stop()
             engine.stop(container_name(booking), 0)
 
 
 def _login(state_dir: Path, booking: str, key: paramiko.PKey, start: datetime, daemon: DaemonProcess,
-           calendar: object, sentences: list[str]) -> tuple[float, bool]:
+           calendar: object, sentences: list[str], estimates: list[datetime]) -> tuple[float, bool]:
     """Seconds from `start` to the booker's login; whether the container was armed ahead. While it
     waits, the event's progress lines are collected (every 2 s: a calendar read costs)."""
     port, client, looked = None, None, 0.0
@@ -116,6 +122,8 @@ def _login(state_dir: Path, booking: str, key: paramiko.PKey, start: datetime, d
                 found = SENTENCE.findall(description(calendar, booking))  # type: ignore[arg-type]
                 if found and (not sentences or sentences[-1] != found[-1]):
                     sentences.append(found[-1])
+                if not estimates and (about := _estimate(state_dir)) is not None:
+                    estimates.append(about)
             if client is None:
                 time.sleep(0.01)
             if (datetime.now(UTC) - start).total_seconds() > 3600:
@@ -134,6 +142,18 @@ def _ready_row(state_dir: Path) -> dict | None:  # type: ignore[type-arg]
     rows = [r for r in (status.get("images") or {}).get("preparations") or ()
             if r["template"] == "bench-image" and r["state"] == "ready"]
     return rows[0] if rows else None
+
+
+def _estimate(state_dir: Path) -> datetime | None:
+    """The preparation's "ready about" in the status file (to the second), while it is being made."""
+    try:
+        status = json.loads((state_dir / "daemon-status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for row in (status.get("images") or {}).get("preparations") or ():
+        if row["template"] == "bench-image" and row["state"] != "ready" and row.get("ready_about"):
+            return datetime.fromisoformat(row["ready_about"])
+    return None
 
 
 def _started_at(engine: Engine, booking: str) -> datetime | None:
