@@ -115,8 +115,9 @@ def test_doctor_checks_each_allowed_templates_image(tmp_path: Path, engine) -> N
                           '[users.alice]\nuid = 2001\ntemplates = ["p*", "debian-ssh"]\n')
         checks = doctor_module.image_checks(config_module.load(config))
         by_name = {c.name: c for c in checks}
-        assert list(by_name) == ["image store", "image made-here", "image debian-ssh", "image present",
-                                 "image pulled"]  # not other
+        assert list(by_name) == ["image store", "image progress", "image made-here", "image debian-ssh",
+                                 "image present", "image pulled"]  # not other
+        assert by_name["image progress"].level == ("ok" if shutil.which("skopeo") else "warn")
         shown = by_name["image store"]  # issue 27: the store's size and free space
         assert shown.level == "ok" and shown.detail.startswith(f"{store.storage_path()}: "), shown
         assert re.search(r": \d+ images, \d+\.\d GB; \d+\.\d GB free of \d+ GB$", shown.detail), shown.detail
@@ -136,7 +137,7 @@ def test_doctor_checks_each_allowed_templates_image(tmp_path: Path, engine) -> N
         assert floor.name == "image store" and floor.level == "fail", floor
         assert "(gpubook removes its unused images under 100000 GB free): under the floor now" in floor.detail
         config.write_text(config.read_text().replace('template = "made-here"', 'template = "gone"'))
-        [_store, gone, *_] = doctor_module.image_checks(config_module.load(config))
+        [_store, _progress, gone, *_] = doctor_module.image_checks(config_module.load(config))
         assert gone.name == "image gone" and gone.level == "fail" and "does not exist" in gone.detail
     finally:
         store.remove_image("localhost/gpubook-test/present:1")
