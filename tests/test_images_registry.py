@@ -9,6 +9,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -187,12 +188,18 @@ def test_the_download_is_the_layers_the_store_lacks_and_a_pull_tells_how_far_it_
     try:
         total = images.download_size(engine, remote, auth_file=registry.auth_file)  # type: ignore[arg-type]
         assert total is not None and 6_000_000 <= total < 6_050_000, total
+        scratch = engine.pull_scratch()  # type: ignore[attr-defined]
+        dead = scratch / "gpubook-pull-killed" / "storage1"  # a daemon killed mid-pull two hours ago
+        dead.mkdir(parents=True)
+        (dead / "1").write_bytes(b"x" * 1000)
+        os.utime(dead.parent, (time.time() - 7200, time.time() - 7200))
         with registry_kit.slowed(registry, 1_000_000) as slow:
             through = f"{slow.address}/{name}"
             assert images.download_size(engine, through, auth_file=slow.auth_file) == total  # type: ignore[arg-type]
             seen: list[int] = []
             images.pull(engine, through, auth_file=slow.auth_file, progress=seen.append)  # type: ignore[arg-type]
             registry_kit.remove(engine, through)
+        assert not dead.parent.exists() and not list(scratch.glob("gpubook-pull-*"))  # nothing left behind
         assert any(0 < value < total for value in seen), seen  # on its way
         assert max(seen) >= 0.9 * total, (seen, total)  # to the end, and no more than it
         assert max(seen) <= total * 1.01, (seen, total)

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,19 @@ log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
 PROGRESS_SECONDS = 0.5  # how often a pull's downloaded bytes are measured
+
+
+def _remove_dead_pulls(parent: Path) -> None:
+    """The scratch folders of pulls that cannot be running any more (older than a pull's own time
+    limit: their daemon was killed mid-pull), which would hold GBs of blobs for ever."""
+    deadline = time.time() - BUILD_TIMEOUT
+    for folder in parent.glob("gpubook-pull-*"):
+        try:
+            if folder.lstat().st_mtime < deadline:
+                shutil.rmtree(folder)
+                log.info("removed %s: the scratch folder of a pull that ended without its daemon", folder)
+        except OSError as error:
+            log.warning("%s: a dead pull's scratch folder not removed: %s", folder, error)
 
 
 def folder_bytes(folder: Path) -> int:
@@ -104,6 +118,7 @@ class CliImages(CliTransport):
             return
         try:
             parent.mkdir(parents=True, exist_ok=True)
+            _remove_dead_pulls(parent)
             scratch = Path(tempfile.mkdtemp(prefix="gpubook-pull-", dir=parent))
         except OSError as error:  # the pull goes on where the engine puts it, without progress
             log.warning("no folder for the pull's progress in %s (%s): it shows no progress", parent, error)
