@@ -70,7 +70,9 @@ def status() -> Status:
     return Status(hosts=(HostStatus(name="local", gpus=GpuSummary(source="nvml", count=2), running=running),),
                   last_poll="2026-11-22T10:00:00+00:00", last_poll_ok="2026-11-22T09:59:00+00:00",
                   counts={"now": 2, "upcoming": 3, "rejected": 1},
-                  images={"preparations": [{"state": "ready"}, {"state": "ready"}, {"state": "failed"}],
+                  images={"preparations": [{"state": "ready"}, {"state": "ready"}, {"state": "failed"},
+                                           {"state": "pulling", "template": "pytorch", "done": 4_100_000_000,
+                                            "total": 9_300_000_000}],
                           "free_bytes": 5_000_000_000})
 
 
@@ -105,7 +107,8 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
     assert set(families) == {
         "gpubook_bookings", "gpubook_containers_running", "gpubook_gpus", "gpubook_last_poll_timestamp_seconds",
         "gpubook_last_poll_success_timestamp_seconds", "gpubook_calendar_outage", "gpubook_image_preparations",
-        "gpubook_image_storage_free_bytes", "gpubook_booked_gpu_seconds", "gpubook_used_gpu_seconds",
+        "gpubook_image_storage_free_bytes", "gpubook_image_pull_bytes", "gpubook_booked_gpu_seconds",
+        "gpubook_used_gpu_seconds",
         "gpubook_gpu_utilisation_ratio", "gpubook_gpu_memory_used_bytes", "gpubook_gpu_memory_total_bytes",
         "gpubook_start_ssh_seconds", "gpubook_poll_duration_seconds", "gpubook_pass_duration_seconds",
         "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls", "gpubook_released_bookings",
@@ -154,7 +157,9 @@ def test_values_read_at_scrape_time(usage: UsageState) -> None:
     assert value(families["gpubook_gpu_memory_total_bytes"], "gpubook_gpu_memory_total_bytes",
                  host="gpu1", gpu="1", uuid="GPU-bbbb") == 80 * 2**30
     assert {s.labels["state"]: s.value for s in families["gpubook_image_preparations"]} == {
-        "queued": 0, "pulling": 0, "building": 0, "ready": 2, "failed": 1}
+        "queued": 0, "pulling": 1, "warming": 0, "building": 0, "ready": 2, "failed": 1}
+    assert {s.labels["bytes"]: s.value for s in families["gpubook_image_pull_bytes"]
+            if s.labels["template"] == "pytorch"} == {"downloaded": 4_100_000_000, "total": 9_300_000_000}
     assert value(families["gpubook_last_poll_timestamp_seconds"], "gpubook_last_poll_timestamp_seconds") \
         == 1795341600
     # Failed starts by every reason from zero, so rate() sees the first one.

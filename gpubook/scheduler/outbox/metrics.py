@@ -54,7 +54,7 @@ CALENDAR_CAUSES = ("unreachable", "timeout", "auth", "tls", "server", "data", "o
 PULL_OUTCOMES = ("pulled", "present", "refused", "not_found", "no_space", "unreachable", "failed")
 _PULL_WHY = {images.REFUSED: "refused", images.NOT_FOUND: "not_found", images.NO_SPACE: "no_space",
              images.UNREACHABLE: "unreachable", images.FAILED: "failed", "pulled": "pulled", "present": "present"}
-PREPARATION_STATES = ("queued", "pulling", "building", "ready", "failed")
+PREPARATION_STATES = ("queued", "pulling", "warming", "building", "ready", "failed")
 # Start-to-SSH: from the engine start to the probe's login (an armed container: from its opening).
 SSH_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 POLL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -308,6 +308,14 @@ def _image_families(snapshot: Mapping[str, Any] | None) -> Iterator[Metric]:
     for state in PREPARATION_STATES:
         family.add_metric([state], states.count(state))
     yield family
+    pulls = GaugeMetricFamily(f"{PREFIX}_image_pull_bytes", "Bytes of the images being pulled: downloaded so far, "
+                              "and in all where the registry said.", labels=["template", "bytes"])
+    for item in snapshot.get("preparations") or ():
+        if item.get("state") == "pulling":
+            pulls.add_metric([str(item["template"]), "downloaded"], item.get("done") or 0)
+            if item.get("total") is not None:
+                pulls.add_metric([str(item["template"]), "total"], item["total"])
+    yield pulls
     if snapshot.get("free_bytes") is not None:
         yield GaugeMetricFamily(f"{PREFIX}_image_storage_free_bytes", "Free space where the engine keeps images.",
                                 value=snapshot["free_bytes"])
