@@ -201,7 +201,7 @@ def test_the_download_is_the_layers_the_store_lacks_and_a_pull_tells_how_far_it_
             registry_kit.remove(engine, through)
         assert not dead.parent.exists() and not list(scratch.glob("gpubook-pull-*"))  # nothing left behind
         assert any(0 < value < total for value in seen), seen  # on its way
-        assert max(seen) >= 0.9 * total, (seen, total)  # to the end, and no more than it
+        assert max(seen) >= 0.75 * total, (seen, total)  # near the end (sampled twice a second), no more than it
         assert max(seen) <= total * 1.01, (seen, total)
         assert images.download_size(engine, remote, auth_file=registry.auth_file) == total  # type: ignore[arg-type]
     finally:
