@@ -19,6 +19,7 @@ def test_clock_watch_sees_a_step_back_and_nothing_else() -> None:
     assert watch.stepped_back(wall=T0 + timedelta(seconds=5), monotonic=105.0) is None
     assert watch.stepped_back(wall=T0 + timedelta(seconds=9.6), monotonic=110.0) is None  # 0.4 s slewed
     assert watch.stepped_back(wall=T0 + timedelta(hours=3), monotonic=115.0) is None  # a step forward
+    assert watch.forward == timedelta(hours=3, seconds=-14.6)  # told apart (3 h less the 9.6 s read before, 5 s passed)
     assert watch.stepped_back(wall=T0 + timedelta(hours=2), monotonic=120.0) == timedelta(hours=1, seconds=5)
     assert watch.stepped_back(wall=T0 + timedelta(hours=2, seconds=5), monotonic=125.0) is None
 

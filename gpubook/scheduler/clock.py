@@ -15,10 +15,14 @@ class ClockWatch:
     def __init__(self, *, tolerance: float = 1.0) -> None:
         self.tolerance = timedelta(seconds=tolerance)
         self._last: tuple[datetime, float] | None = None
+        self.forward: timedelta | None = None  # the last reading's step forward, if it was one
 
     def stepped_back(self, *, wall: datetime, monotonic: float) -> timedelta | None:
         last, self._last = self._last, (wall, monotonic)
+        self.forward = None
         if last is None:
             return None
         behind = timedelta(seconds=monotonic - last[1]) - (wall - last[0])
+        if -behind > self.tolerance:
+            self.forward = -behind
         return behind if behind > self.tolerance else None

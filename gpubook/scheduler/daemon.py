@@ -303,7 +303,16 @@ class Daemon:
         """Called every few seconds by the main loop with both clocks' readings: on a step back of
         the wall clock, the next poll (which APScheduler keeps in wall-clock time) is now."""
         step = self._clock.stepped_back(wall=wall, monotonic=monotonic)
-        if step is None or not self.scheduler.running:
+        if not self.scheduler.running:
+            return
+        if step is None and self._clock.forward is not None:
+            # Forward (a clock put right after it was behind): APScheduler sleeps the wait it
+            # computed on the old clock, so an end or a start due by now would come that much late.
+            log.warning("the wall clock stepped forward by %s; looking at the bookings now",
+                        duration(self._clock.forward))
+            self._soon()
+            return
+        if step is None:
             return
         message = (f"the wall clock stepped back by {duration(step)}; polling now and every "
                    f"{self.config.daemon.poll_seconds:g} s from here")
