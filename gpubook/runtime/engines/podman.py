@@ -326,12 +326,12 @@ class PodmanEngine(CliEngine):
                     *self._map_args(), image, "true"], timeout=WARM_TIMEOUT)
         self._call(["rm", "--force", name])
 
-    def _map_args(self) -> builtins.list[str]:
-        """The id map every booking's container has (`userns_args`'s, for any booker)."""
+    def _map_args(self, count: int = CONTAINER_ID_COUNT) -> builtins.list[str]:
+        """The id map of bookings' containers (`userns_args`; warm's for any booker); `count`:
+        rootful's size, at least CONTAINER_ID_COUNT."""
         if os.geteuid() != 0:
             ids = self._read_subordinate_ids()
             return [f"--uidmap=0:1:{ids.uid_count}", f"--gidmap=0:1:{ids.gid_count}"]
-        count = CONTAINER_ID_COUNT
         return [f"--uidmap=0:{ROOTFUL_ID_BASE}:{count}", f"--gidmap=0:{ROOTFUL_ID_BASE}:{count}"]
 
     def image_exists(self, image: str) -> bool:
@@ -350,10 +350,9 @@ class PodmanEngine(CliEngine):
         chown'ed to the mapped ids instead (host_owner).
         """
         if os.geteuid() != 0:
-            ids = self._subordinate_ids(spec.uid, spec.gid)
-            return [f"--uidmap=0:1:{ids.uid_count}", f"--gidmap=0:1:{ids.gid_count}", "--passwd=false"]
-        count = max(CONTAINER_ID_COUNT, spec.uid + 1, spec.gid + 1)
-        return [f"--uidmap=0:{ROOTFUL_ID_BASE}:{count}", f"--gidmap=0:{ROOTFUL_ID_BASE}:{count}"]
+            self._subordinate_ids(spec.uid, spec.gid)  # the booker's ids fit in the range
+            return [*self._map_args(), "--passwd=false"]
+        return self._map_args(max(CONTAINER_ID_COUNT, spec.uid + 1, spec.gid + 1))
 
     def service_userns_args(self) -> builtins.list[str]:
         """Root of a service container is the daemon user (rootful: host root), so that the
