@@ -361,7 +361,10 @@ class ImagePreparer:
             raise images.PullError(images.NOT_FOUND, f"{template.image} is made on this machine, not pulled: "
                                    f"gpubook templates build {template.name}")
         self._clean()
-        followed = getattr(engine, "pull_scratch", lambda: None)() is not None  # dockerd pulls out of sight
+        # No registry call for an image already here (each daemon start prepares every upcoming
+        # template's), nor where the pull is not followed (dockerd pulls out of sight).
+        followed = (getattr(engine, "pull_scratch", lambda: None)() is not None
+                    and not engine.image_exists(reference.local_name() if reference.digest else template.image))
         total = (images.download_size(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
                  if followed else None)
         began = datetime.now(UTC)
