@@ -6,7 +6,8 @@ podman and `gpubook run`; the invariants checked after each recovery (tests/kits
 Run as an unprivileged account with rootless podman (the debian-ssh image is built with mmdebstrap
 on first use). The disk-full fault needs a small tmpfs of that account's at $GPUBOOK_TEST_FULL_ROOT
 (`./quickstart test` mounts one for the test account); the clock fault needs Debian's libfaketime.
-Without them those kinds are left out, and the table says which ran.
+Without them those kinds are left out, and the table says which ran. The crash points around the
+image verbs need Debian's docker-registry (a registry to pull from); without it they are not reached.
 
 Prints, per fault kind: runs, how many reached their fault (a crash point the scenario passed, an
 engine command that came), invariant violations (0 is the goal), and the recovery time (median and
@@ -20,6 +21,7 @@ import argparse
 import os
 import platform
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpubook.runtime import overlay_image  # noqa: E402
 from gpubook.runtime.engines import engine_from  # noqa: E402
 from gpubook.runtime.templates import get_template  # noqa: E402
-from tests.kits import crash_kit, faults_kit  # noqa: E402
+from tests.kits import crash_kit, fault_images, faults_kit, registry_kit  # noqa: E402
 from tests.kits.engine_suite import CACHE_DIR, PODMAN  # noqa: E402
 
 
@@ -56,15 +58,16 @@ def main() -> None:
     engine = engine_from(**PODMAN)
     overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="gpubook-faults-") as name, ExitStack() as stack:
+    with tempfile.TemporaryDirectory(prefix="gpubench-faults-") as name, ExitStack() as stack:
         folder = Path(name)
         found = faults_kit.parts(stack, folder, required=False)
-        world = faults_kit.World(folder, engine=engine, seed=seed, due_within=args.due_within,
-                                 state_dir=found.disk / "state" if found.disk else None,
-                                 daemon_env=found.clock.env() if found.clock else {},
-                                 engine_binary=found.faulty_engine.path)
-        world.orphans = lambda: found.faulty_engine.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
-        injector = faults_kit.Injector(world, found, reach_timeout=40)
+        side = None
+        if shutil.which("docker-registry"):  # the image verbs' crash points (tests/kits/fault_images.py)
+            registry = stack.enter_context(registry_kit.running())
+            side = fault_images.ImageSide.make(engine, registry, folder)
+        world = faults_kit.world_from(found, folder, engine=engine, seed=seed, due_within=args.due_within,
+                                      images=side)
+        injector = faults_kit.Injector(world, found, reach_timeout=60)
         kinds = found.kinds
         rng = random.Random(seed)
         points = crash_kit.all_points()

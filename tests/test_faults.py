@@ -38,11 +38,7 @@ def world(tmp_path: Path, engine: Engine) -> Iterator[tuple[faults_kit.World, fa
     with ExitStack() as stack:
         # In CI every kind runs: ./quickstart test mounts the small disk and installs libfaketime.
         found = faults_kit.parts(stack, tmp_path, required=bool(os.environ.get("CI")))
-        made = faults_kit.World(tmp_path, engine=engine, seed=seed, due_within=45,
-                                state_dir=found.disk / "state" if found.disk else None,
-                                daemon_env=found.clock.env() if found.clock else {},
-                                engine_binary=found.faulty_engine.path)
-        made.orphans = lambda: found.faulty_engine.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
+        made = faults_kit.world_from(found, tmp_path, engine=engine, seed=seed, due_within=45)
         injector = faults_kit.Injector(made, found, reach_timeout=60)
         try:
             yield made, injector, seed

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime import images
-from gpubook.runtime.engines import Engine, engine_from
+from gpubook.runtime.engines import Engine, engine_from, podman
 from gpubook.runtime.templates import Template, load_template
 from gpubook.scheduler.hosts.images import FAILED, READY, ImagePreparer
 from tests.kits import registry_kit
@@ -159,6 +159,24 @@ def test_cleanup_removes_only_gpubooks_unused_images_oldest_first(engine: Engine
     finally:
         registry_kit.podman(engine, "rm", "--force", container)
         registry_kit.remove(engine, *names)
+
+
+def test_a_warm_up_cut_short_does_not_keep_its_image_from_the_cleanup(engine: Engine, tmp_path: Path) -> None:
+    """The fault harness's finding: a daemon killed during an image's warm-up (`podman create`,
+    never started) leaves that container behind; it counted as a use, so the image could never be
+    removed to free disk space, its booking long gone."""
+    image = registry_kit.tiny_image(engine, f"localhost/gpubook-test/warmed-{secrets.token_hex(3)}:1")
+    ledger = images.Ledger(tmp_path / "images.json")
+    ledger.add(image, kind="pulled")
+    registry_kit.podman(engine, "create", "--name", podman.warm_name(image), image, "true")  # a cut warm-up's
+    try:
+        removed = images.clean(engine, ledger, keep=set(), min_free=10**12, free=lambda: 0)  # type: ignore[arg-type]
+        assert removed == [image]
+        assert not engine.image_exists(image)  # type: ignore[attr-defined]
+        assert podman.warm_name(image) not in registry_kit.podman(engine, "ps", "--all", "--format", "{{.Names}}")
+    finally:
+        registry_kit.podman(engine, "rm", "--force", "--ignore", podman.warm_name(image))
+        registry_kit.remove(engine, image)
 
 
 def _random_layers(engine: Engine, tag: str, *, base: str, sizes: tuple[int, ...]) -> str:

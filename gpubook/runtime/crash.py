@@ -27,8 +27,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 ENV = "GPUBOOK_CRASH_AT"
-ENGINE_VERBS = ("start", "stop", "exec", "start_service", "signal", "import_rootfs", "build", "pull",
-                "remove_image", "tag")
+# The verbs of the daemon's engine calls that change something. Not `import_rootfs`: only
+# `gpubook templates build` makes an image from a root file system, never the daemon.
+ENGINE_VERBS = ("start", "stop", "exec", "start_service", "signal", "build", "pull", "remove_image", "tag")
 _SPEC = re.compile(r"^(?P<name>[a-z_.]+:(?:before|after))(?:@(?P<count>[1-9][0-9]*))?$")
 
 _armed: tuple[str, int] | None = None

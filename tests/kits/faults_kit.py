@@ -34,7 +34,7 @@ from caldav.lib import error as dav_error
 from gpubook.runtime import crash
 from gpubook.runtime.engines import ContainerInfo, Engine
 from gpubook.scheduler.commands.embedded import free_port
-from tests.kits import disk_full, fake_gpus, servers
+from tests.kits import disk_full, fake_gpus, fault_images, servers
 from tests.kits.clock_step import SteppedClock
 from tests.kits.daemon_kit import DaemonProcess, try_login, write_config
 from tests.kits.faulty_engine import FaultyEngine
@@ -72,6 +72,7 @@ class Booked:
     kills: int = 0
     gpus: str = "1"
     rejected: bool = False  # asks for more GPUs than are free: gpubook must refuse it, and never run it
+    image: bool = False  # booked minutes ahead for its template's image (fault_images); the driver leaves it
 
     def due(self, at: datetime, *, margin: float = 3.0) -> bool:
         """Must run now: not deleted, not refused, started, and not within `margin` s of its end."""
@@ -152,6 +153,11 @@ class Calendar:
         with self.lock:
             return [b for b in self.booked.values() if not b.deleted]
 
+    def all(self) -> list[Booked]:
+        """Every booking made, deleted ones too (a copy: the driver adds bookings meanwhile)."""
+        with self.lock:
+            return list(self.booked.values())
+
     def events(self) -> dict[str, icalendar.Event]:
         found = {}
         for item in self.calendar.events():
@@ -185,8 +191,10 @@ class World:
 
     def __init__(self, folder: Path, *, engine: Engine, seed: int, gpus: int = 4, due_within: float = 10.0,
                  state_dir: Path | None = None, daemon_env: dict[str, str] | None = None,
-                 engine_binary: Path | None = None, log: Callable[[str], None] | None = None) -> None:
+                 engine_binary: Path | None = None, log: Callable[[str], None] | None = None,
+                 images: fault_images.ImageSide | None = None) -> None:
         self.folder, self.engine, self.gpus = folder, engine, gpus
+        self.images = images
         self.random = random.Random(seed)
         self.due_within = due_within
         self.log = log or (lambda line: print(line, flush=True))
@@ -235,6 +243,8 @@ class World:
         text += ('\n[policy]\nforeign_processes = "stop"\nforeign_grace_minutes = 0.05\nno_show_minutes = 0.4\n'
                  f'\n[notify.webhook]\nenabled = true\nurl = "http://127.0.0.1:{port}/hook"\ntimeout_seconds = 5\n'
                  f'\n[sftp]\nenabled = true\nport = {free_port()}\nlisten = "127.0.0.1"\n')
+        if self.images is not None:
+            text += self.images.config_lines()
         self.config.write_text(text)
 
     # -- the daemon
@@ -276,7 +286,7 @@ class World:
     def drive_once(self) -> str:
         """One booker's action, chosen at random; its name."""
         rng = self.random
-        live = [b for b in self.calendar.live() if not b.long]
+        live = [b for b in self.calendar.live() if not b.long and not b.image]
         action = rng.choice(["create", "create", "move", "shorten", "delete", "recreate", "kill", "refused",
                              "foreign", "login"])
         if action == "refused":  # more GPUs than the host has: refused, with the reason, never run
@@ -328,6 +338,33 @@ class World:
                         text=f"Run {tag}, please.\nuser: {user}\ngpus: 1\n")
         self.calendar.create(booked)
         return booked
+
+    def book_image(self, template: str) -> Booked:
+        """A booking of `template` five minutes ahead: what it needs now is its image prepared."""
+        user = self.random.choice(["alice", "bob"])
+        tag = f"i{self.random.randrange(10**6)}"
+        start = now().replace(microsecond=0) + timedelta(minutes=5)
+        booked = Booked(uid=self.new_uid("image"), user=user, tag=tag, start=start, end=start + timedelta(seconds=30),
+                        image=True, text=f"Needs {template}.\nuser: {user}\ngpus: 1\ntemplate: {template}\n")
+        self.calendar.create(booked)
+        return booked
+
+    def stir(self) -> None:
+        """A stop and a start within seconds, as bookers cause them: one running booking cancelled,
+        one booked to start in 12 s (made ahead, then started) with room made for it."""
+        running = self._running()
+        turns = [b for b in self.calendar.live() if not b.long and not b.image]
+        ongoing = [b for b in turns if b.uid in running]
+        if ongoing:
+            self.calendar.delete(self.random.choice(ongoing).uid)
+        start = now().replace(microsecond=0) + timedelta(seconds=12)
+        end = start + timedelta(seconds=40)
+        for booked in sorted(turns, key=lambda b: b.start, reverse=True):
+            if self._turnover_fits(start, end):
+                break
+            if not booked.deleted and booked.start < end + timedelta(seconds=15) and start < booked.end:
+                self.calendar.delete(booked.uid)
+        self.book_turnover(start, end)
 
     def log_in(self, booked: Booked) -> bool:
         """The booker logs into their running booking, runs a command and leaves."""
@@ -396,6 +433,8 @@ class World:
         for info in self._containers():  # the daemon leaves them running, as it should
             self.engine.stop(info.name, 0)
         self.remove_sftp_service()
+        if self.images is not None:
+            self.images.close()
         for process in self.foreign:
             process.kill()
         self.hooks.shutdown()
@@ -448,7 +487,7 @@ class World:
             running = {c.booking_id: c for c in containers if c.running}
             late, left = [], []
             released = self.released()
-            for booked in self.calendar.booked.values():
+            for booked in self.calendar.all():
                 if booked.uid in released:
                     continue  # a no-show, released: its GPUs went back to the pool (gpubook stops it)
                 if booked.due(at) and booked.uid not in running:
@@ -552,7 +591,7 @@ class World:
     def _check_sessions(self, run: Run) -> None:
         """The SSH session to each long booking still answers; one is opened where none is yet."""
         running = self._running()
-        for booked in self.calendar.booked.values():
+        for booked in self.calendar.all():
             if not booked.long:
                 continue
             client = self.sessions.get(booked.uid)
@@ -693,6 +732,18 @@ def parts(stack: ExitStack, folder: Path, *, required: bool) -> Parts:
     return Parts(FaultyEngine(folder / "engine", real="podman"), disk, clock)
 
 
+def world_from(found: Parts, folder: Path, *, engine: Engine, seed: int, due_within: float,
+               images: fault_images.ImageSide | None = None) -> World:
+    """A World with the fault parts found: the state folder on the small disk, the daemon on the
+    steppable clock, podman behind the wrapper (whose unlisted containers the checks look for)."""
+    world = World(folder, engine=engine, seed=seed, due_within=due_within,
+                  state_dir=found.disk / "state" if found.disk else None,
+                  daemon_env=found.clock.env() if found.clock else {},
+                  engine_binary=found.faulty_engine.path, images=images)
+    world.orphans = lambda: found.faulty_engine.orphans(engine.global_argv()[1:])  # type: ignore[attr-defined]
+    return world
+
+
 class Injector:
     """Injects one fault into a World, lifts it, and gives the moment of recovery."""
 
@@ -721,6 +772,8 @@ class Injector:
         world.kill_daemon()
         if fault.what.startswith("engine.start_service:"):
             world.remove_sftp_service()
+        verb = fault_images.verb_of(fault.what)
+        undo = self._image_scene(verb) if verb else world.stir()
         daemon = world.start_daemon(crash_at=fault.what)
         assert daemon.process is not None
         if fault.what.startswith("engine.signal:"):
@@ -733,11 +786,47 @@ class Injector:
             daemon.process.wait(timeout=self.reach_timeout)
         except subprocess.TimeoutExpired:
             run.reached = False
+            world.log(f"{fault.what} not reached in {self.reach_timeout:.0f} s; the daemon's log ends:\n"
+                      + daemon.tail()[-1500:])
         world.kill_daemon()
+        if undo is not None:
+            undo()
         run.restarted = True
         recovered = time.monotonic()
         world.start_daemon()
         return recovered
+
+    def _image_scene(self, verb: str) -> Callable[[], None] | None:
+        """What makes the daemon about to start pass an image verb (fault_images); what undoes it
+        once the point is passed. Without a registry (the CI sample) the point is not reached."""
+        world, side = self.world, self.world.images
+        if side is None:
+            return None
+        if verb != "remove_image":
+            booked = world.book_image(side.template_for(verb))
+            return lambda: world.calendar.delete(booked.uid)
+        # An image of gpubook's that no booking needs: prepared by a daemon, its booking then cancelled;
+        # the next daemon starts under a free-space floor above any disk, with a booking to prepare for.
+        template = side.template_for("pull")
+        booked = world.book_image(template)
+        daemon = world.start_daemon()
+        deadline = time.monotonic() + self.reach_timeout
+        ready = f"template {template}: its image is ready"  # pulled, in the ledger, its warm-up done
+        while ready not in daemon.log.read_text(errors="replace") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if side.run_image(template) not in side.ledger(world.state_db.parent):
+            world.log(f"{side.run_image(template)} not prepared in {self.reach_timeout:.0f} s: nothing to remove")
+        world.calendar.delete(booked.uid)
+        world.kill_daemon()
+        good = world.config.read_text()
+        world.config.write_text(good.replace("[images]\n", f"[images]\nmin_free_gb = {fault_images.HUGE_FLOOR_GB}\n"))
+        wanting = world.book_image("debian-ssh")
+
+        def undo() -> None:
+            world.config.write_text(good)
+            world.calendar.delete(wanting.uid)
+
+        return undo
 
     def _calendar(self, fault: Fault, run: Run) -> float:
         self.world.front.fault(fault.what)
@@ -860,7 +949,7 @@ def wait_until_running(world: World, *, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         running = world._running()
-        if all(b.uid in running for b in world.calendar.booked.values() if b.long):
+        if all(b.uid in running for b in world.calendar.all() if b.long):
             run = Run("setup")
             world._check_sessions(run)
             if len(world.sessions) == LONG:

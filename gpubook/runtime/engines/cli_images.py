@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
 PROGRESS_SECONDS = 0.5  # how often a pull's downloaded bytes are measured
+WARM_PREFIX = "gpubook-warm-"  # a container made only to pay an image's first start ahead (PodmanEngine.warm)
 
 
 def _remove_dead_pulls(parent: Path) -> None:
@@ -154,7 +155,11 @@ class CliImages(CliTransport):
                                  digests=tuple(raw.get("RepoDigests") or ()), created=str(raw.get("Created", "")))
 
     def images_in_use(self) -> set[str]:
-        ids = self._call(["ps", "--all", "--quiet", "--no-trunc"]).split()
+        """The images of the engine's containers, save a warm-up's (never started; one a crash cut
+        short stays behind, and would keep its image from every cleanup)."""
+        listed = [line.split() for line in self._call(["ps", "--all", "--no-trunc", "--format",
+                                                       "{{.ID}} {{.Names}}"]).splitlines()]
+        ids = [fields[0] for fields in listed if fields and not fields[-1].startswith(WARM_PREFIX)]
         if not ids:
             return set()
         done = self._process(["inspect", "--format", "{{.Image}}", *ids], timeout=QUICK_TIMEOUT)

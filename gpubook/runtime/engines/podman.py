@@ -31,6 +31,7 @@ from gpubook.runtime.engines.cli_engine import (
     checked_proc_path,
     message_of,
 )
+from gpubook.runtime.engines.cli_images import WARM_PREFIX
 from gpubook.runtime.engines.spec import LABEL_BOOKING, ContainerSpec, permanent
 from gpubook.runtime.errors import EngineError
 
@@ -57,6 +58,12 @@ _DRIVER_MISMATCH = re.compile(
     r'database (?:storage )?graph driver "(?P<store>[^"]*)" does not match our '
     r'(?:storage )?graph driver "(?P<ours>[^"]*)"'
 )
+
+
+def warm_name(image: str) -> str:
+    """The container `PodmanEngine.warm` makes for `image` (one name per image: a crash's leftover
+    is found again)."""
+    return WARM_PREFIX + hashlib.sha256(image.encode()).hexdigest()[:12]
 
 
 def _has_ipv6() -> bool:
@@ -320,7 +327,7 @@ class PodmanEngine(CliEngine):
         first container of an image with the bookings' id map (`userns_args`) makes a copy of the
         image's layers chowned to it (seconds per GB; podman keeps it with the image for every
         later container with the same map). A container is created, never started, and removed."""
-        name = "gpubook-warm-" + hashlib.sha256(image.encode()).hexdigest()[:12]
+        name = warm_name(image)
         self._process(["rm", "--force", "--ignore", name], timeout=QUICK_TIMEOUT)  # a crash's leftover
         self._call(["create", "--name", name, "--network", "none", "--pull", "never",
                     *self._map_args(), image, "true"], timeout=WARM_TIMEOUT)
@@ -336,6 +343,12 @@ class PodmanEngine(CliEngine):
 
     def image_exists(self, image: str) -> bool:
         return self._process(["image", "exists", image], timeout=QUICK_TIMEOUT).returncode == 0
+
+    def remove_image(self, image: str) -> None:
+        # A warm-up the daemon's death cut short left its container (podman goes on after its
+        # caller dies): no use of the image, but `rmi` refuses while it is there.
+        self._process(["rm", "--force", "--ignore", warm_name(image)], timeout=QUICK_TIMEOUT)
+        super().remove_image(image)
 
     def userns_args(self, spec: ContainerSpec) -> builtins.list[str]:
         """The container's own user namespace: never the daemon's own uid (nor host root).
