@@ -72,24 +72,21 @@ def main() -> None:
         rng = random.Random(seed)
         points = crash_kit.all_points()
         chosen = args.points.split(",") if args.points else points
-        # The random faults first: the crash points then find a world that has been through a lot.
-        plan = [faults_kit.random_fault(rng, kinds=kinds, points=points, longest=args.longest)
-                for _ in range(args.random)]
-        plan += [] if args.no_crash_points else [faults_kit.Fault("crash", p) for p in chosen]
+        # Every crash point first (the list), then the random faults.
+        plan = [] if args.no_crash_points else [faults_kit.Fault("crash", p) for p in chosen]
+        plan += [faults_kit.random_fault(rng, kinds=kinds, points=points, longest=args.longest)
+                 for _ in range(args.random)]
         try:
             world.book_long()
             world.start_daemon()
             faults_kit.wait_until_running(world, timeout=300)
             world.start_threads()
-            runs = faults_kit.campaign(world, injector, plan)
+            runs = faults_kit.campaign(world, injector, plan, out=args.out)
         finally:
             world.stop()
     print(f"\n{len(runs)} faults in {(time.monotonic() - began) / 60:.1f} min, seed {seed}, "
           f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}; kinds: {', '.join(kinds)}")
     print(faults_kit.table(runs))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(faults_kit.to_json(runs))
 
 
 if __name__ == "__main__":

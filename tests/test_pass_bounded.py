@@ -27,7 +27,7 @@ from gpubook.runtime import images
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.runtime.errors import EngineError
 from gpubook.scheduler.apply.ahead import LEAD
-from gpubook.scheduler.apply.memory import START_BACKOFF
+from gpubook.scheduler.apply.memory import START_BACKOFF, STATE_RETRY
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.hosts import Ahead, Booker, Started, StartRequest
@@ -252,6 +252,32 @@ def test_a_start_that_keeps_failing_backs_off(tmp_path: Path, state: State) -> N
     finally:
         passes.close()
     assert tries[-1] <= 3, tries  # 0 s, then 10 s later, then 20 s after that: not 20 tries
+
+
+def test_a_start_failing_on_state_itself_is_tried_again_soon_not_backed_off(tmp_path: Path, state: State) -> None:
+    """The fault harness's full-disk case: while State cannot be written (its disk full, another
+    process holding it), a due booking's start fails each time. That is no fault of the booking's:
+    it is tried again every STATE_RETRY, never after a doubling wait (minutes after five failures),
+    so it starts within seconds of State working again."""
+    config = make_config(tmp_path)
+    machine = Machine()
+    passes = make_pass(config, machine, state)
+    due = event("due", NOW - timedelta(minutes=1), NOW + timedelta(hours=1))
+    now = NOW
+    locker = sqlite3.connect(state.path, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        for _ in range(5):
+            result = passes.run(bookings(config, due, now=now), now=now, write_back=False)
+            assert "due" in result.failures, result.failures
+            assert result.wake_at is not None and now < result.wake_at <= now + STATE_RETRY
+            now = result.wake_at
+        locker.execute("ROLLBACK")
+        passes.run(bookings(config, due, now=now), now=now, write_back=False)
+    finally:
+        locker.close()
+        passes.close()
+    assert ("running", "due") in machine.steps
 
 
 def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: State) -> None:

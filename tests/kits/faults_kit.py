@@ -73,6 +73,7 @@ class Booked:
     gpus: str = "1"
     rejected: bool = False  # asks for more GPUs than are free: gpubook must refuse it, and never run it
     image: bool = False  # booked minutes ahead for its template's image (fault_images); the driver leaves it
+    absent: bool = False  # the booker never logs in: a no-show, released (gpubook stops it)
 
     def due(self, at: datetime, *, margin: float = 3.0) -> bool:
         """Must run now: not deleted, not refused, started, and not within `margin` s of its end."""
@@ -169,6 +170,13 @@ class Calendar:
 # -- the world ---------------------------------------------------------------------------------
 
 
+class QuietServer(ThreadingHTTPServer):
+    """The webhook receiver: a daemon killed mid-request resets its connection, which is no news."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass
+
+
 @dataclass
 class Violation:
     fault: str
@@ -214,7 +222,7 @@ class World:
         self.gpu_file = folder / "gpus.json"
         fake_gpus.write(self.gpu_file, [{"utilisation": 0} for _ in range(gpus)])
         self.daemon_env[fake_gpus.ENV] = str(self.gpu_file)
-        self.hooks = ThreadingHTTPServer(("127.0.0.1", 0), HookHandler)
+        self.hooks = QuietServer(("127.0.0.1", 0), HookHandler)
         self.hooks.received, self.hooks.answer = [], 204  # type: ignore[attr-defined]
         threading.Thread(target=self.hooks.serve_forever, daemon=True).start()
         self._extend_config()
@@ -318,7 +326,7 @@ class World:
             self.calendar.delete(target.uid)
             if target.rejected or self._turnover_fits(target.start, target.end, ignore=target.uid):
                 self.calendar.create(replace(target, deleted=False))
-        elif action == "login":  # the booker comes and goes (the others are no-shows, released)
+        elif action == "login" and not target.absent:  # the booker comes and goes (the others are no-shows)
             self.log_in(target)
         elif action == "kill" and target.kills == 0 and target.due(now()):
             info = self._running().get(target.uid)
@@ -328,13 +336,13 @@ class World:
                                timeout=60, check=False)
         return action
 
-    def book_turnover(self, start: datetime, end: datetime) -> Booked | None:
+    def book_turnover(self, start: datetime, end: datetime, *, absent: bool = False) -> Booked | None:
         """A booker's booking, where it fits (None where it does not)."""
         if not self._turnover_fits(start, end):
             return None
         user = self.random.choice(["alice", "bob"])
         tag = f"t{self.random.randrange(10**6)}"
-        booked = Booked(uid=self.new_uid("turn"), user=user, tag=tag, start=start, end=end,
+        booked = Booked(uid=self.new_uid("turn"), user=user, tag=tag, start=start, end=end, absent=absent,
                         text=f"Run {tag}, please.\nuser: {user}\ngpus: 1\n")
         self.calendar.create(booked)
         return booked
@@ -351,7 +359,8 @@ class World:
 
     def stir(self) -> None:
         """A stop and a start within seconds, as bookers cause them: one running booking cancelled,
-        one booked to start in 12 s (made ahead, then started) with room made for it."""
+        one booked to start in 12 s (made ahead, then started) with room made for it, whose booker
+        never comes (released as a no-show half a minute later)."""
         running = self._running()
         turns = [b for b in self.calendar.live() if not b.long and not b.image]
         ongoing = [b for b in turns if b.uid in running]
@@ -364,7 +373,7 @@ class World:
                 break
             if not booked.deleted and booked.start < end + timedelta(seconds=15) and start < booked.end:
                 self.calendar.delete(booked.uid)
-        self.book_turnover(start, end)
+        self.book_turnover(start, end, absent=True)
 
     def log_in(self, booked: Booked) -> bool:
         """The booker logs into their running booking, runs a command and leaves."""
@@ -896,9 +905,11 @@ class Injector:
         return time.monotonic()
 
 
-def campaign(world: World, injector: Injector, faults: list[Fault], *, settle: float = 1.0) -> list[Run]:
+def campaign(world: World, injector: Injector, faults: list[Fault], *, settle: float = 1.0,
+             out: Path | None = None) -> list[Run]:
     """Each fault in turn: inject, recover, converge, check. The sampler's violations go to the
-    fault under way when they were seen. The first waits for the bookers' bookings to run."""
+    fault under way when they were seen. The first waits for the bookers' bookings to run. `out`:
+    the runs so far as JSON, written after each (a run cut short keeps them)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(not b.long and b.uid in world._running()
                                                   for b in world.calendar.live()):
@@ -912,6 +923,9 @@ def campaign(world: World, injector: Injector, faults: list[Fault], *, settle: f
         world.converge(recovered, run)
         run.violations += world.violations[before:]
         runs.append(run)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(to_json(runs))
         world.log(f"[{number}/{len(faults)}] {fault.name}: reached={run.reached} recovery="
                   f"{'-' if run.recovery is None else f'{run.recovery:.2f} s'} violations={len(run.violations)}")
         time.sleep(settle)

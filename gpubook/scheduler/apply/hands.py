@@ -40,7 +40,7 @@ from gpubook.scheduler.core import decide, reclaim, upkeep
 from gpubook.scheduler.hosts import Host
 from gpubook.scheduler.outbox.metrics import Metrics, start_failure_reason
 from gpubook.scheduler.settings import Config
-from gpubook.scheduler.state import State
+from gpubook.scheduler.state import State, StateUnavailable
 
 
 class Folding(Protocol):
@@ -127,8 +127,9 @@ class Hands:
             self.recall.preparing.pop(booking_id, None)
             before = self.recall.failures.get(booking_id)
             backoff = isinstance(action, decide.Start)
-            failed = (before.after(reason, now=now, permanent=permanent, backoff=backoff) if before
-                      else failure(reason, now=now, permanent=permanent, backoff=backoff))
+            on_state = backoff and isinstance(error, StateUnavailable)  # its disk full: soon again, not later
+            failed = (before.after(reason, now=now, permanent=permanent, backoff=backoff, on_state=on_state)
+                      if before else failure(reason, now=now, permanent=permanent, backoff=backoff, on_state=on_state))
             self.recall.failures[booking_id] = failed
             if failed.delay:
                 retry = f"retry in {int(failed.delay.total_seconds())} s"

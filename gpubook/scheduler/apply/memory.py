@@ -20,6 +20,9 @@ from gpubook.scheduler.state.notes import Notes
 
 PERMANENT_RETRY = timedelta(minutes=5)  # a start that failed for good is tried again after this
 START_BACKOFF = timedelta(seconds=10)  # a failed start's first wait; doubled each time, up to PERMANENT_RETRY
+# A start that failed on State itself (its disk full, another process holding it): no fault of the
+# booking's, so tried again this soon, never backed off; it starts as soon as State works again.
+STATE_RETRY = timedelta(seconds=5)
 PREPARING_RECHECK = timedelta(seconds=30)  # a booking waiting for its image is looked at again at least this often
 
 
@@ -40,17 +43,22 @@ class Failure:
             return self.at + PERMANENT_RETRY
         return self.at + self.delay if self.delay else None
 
-    def after(self, reason: str, *, now: datetime, permanent: bool, backoff: bool) -> Failure:
+    def after(self, reason: str, *, now: datetime, permanent: bool, backoff: bool,
+              on_state: bool = False) -> Failure:
         """The failure that follows this one: with `backoff`, a temporary one waits twice as long."""
-        return failure(reason, now=now, permanent=permanent, backoff=backoff, count=self.count + 1)
+        return failure(reason, now=now, permanent=permanent, backoff=backoff, count=self.count + 1, on_state=on_state)
 
     def waiting(self, now: datetime) -> bool:
         return self.retry_at is not None and now < self.retry_at
 
 
-def failure(reason: str, *, now: datetime, permanent: bool, backoff: bool, count: int = 1) -> Failure:
+def failure(reason: str, *, now: datetime, permanent: bool, backoff: bool, count: int = 1,
+            on_state: bool = False) -> Failure:
     """A start that keeps failing the same temporary way (sshd never answering: 60 s each) backs off,
-    10 s, 20 s, 40 s ... up to PERMANENT_RETRY, instead of costing its time on every pass."""
+    10 s, 20 s, 40 s ... up to PERMANENT_RETRY, instead of costing its time on every pass; one that
+    failed `on_state` is tried again after STATE_RETRY each time."""
+    if on_state:
+        return Failure(reason, now, permanent, delay=STATE_RETRY, count=count)
     delay = min(START_BACKOFF * 2 ** (count - 1), PERMANENT_RETRY) if backoff and not permanent else timedelta(0)
     return Failure(reason, now, permanent, delay=delay, count=count)
 
