@@ -256,3 +256,33 @@ def test_a_booking_waits_for_the_warm_up_of_an_image_pulled_a_moment_ago(tmp_pat
     finally:
         engine.answers.warm.set()
         preparer.close()
+
+
+def test_a_booking_that_starts_on_a_queued_image_makes_its_first_start_alone(tmp_path: Path) -> None:
+    """An image present before its preparation came round (a booking saved after its start): the
+    booking starts at once and makes the first chowned copy itself; the preparation leaves its
+    warm-up out, and a second booking waits for the preparation. A CI run had the warm-up's
+    `podman create` and a booking's `podman run` make the first copy of an image at once, and every
+    later start of it failed ("permission denied" mounting /etc/hosts)."""
+    engine = recording()
+    engine.answers.release.clear()  # the other template's pull holds the only worker
+    other = tmp_path / "other.toml"
+    other.write_text('image = "registry.example/lab/other:1"\ncuda = "none"\nhas_sshd = true\n')
+    template, _, _ = lab_preparer(tmp_path, engine)
+    engine.answers.present.add(template.image)
+    done = threading.Semaphore(0)
+    preparer = ImagePreparer(engine=engine, ledger=images.Ledger(tmp_path / "ledger.json"), workers=1,
+                             on_done=done.release)
+    try:
+        preparer.want({"a": load_template(other), "b": template, "c": template}, now=NOW)
+        assert preparer.ready(template) == template.image  # queued, present: the booking goes
+        with pytest.raises(Preparing, match="^preparing image lab: queued"):
+            preparer.ready(template)  # one first start at a time: the next waits for the preparation
+        engine.answers.release.set()
+        assert done.acquire(timeout=HOLD) and done.acquire(timeout=HOLD)
+        assert preparer.ready(template) == template.image
+        warmed = [a[-2] for a in engine.answers.argv if a[0] == "create"]
+        assert warmed == ["registry.example/lab/other:1"]  # the booking's own start made lab's copy
+    finally:
+        engine.answers.release.set()
+        preparer.close()

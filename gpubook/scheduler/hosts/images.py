@@ -67,6 +67,10 @@ class Preparation:
     began: datetime | None = None  # when the download began
     downloaded: datetime | None = None  # when it ended
     ready_about: datetime | None = None  # the estimate, while busy
+    # A booking started on the image while this was queued: its start makes the first chowned copy,
+    # and the warm-up is left out (two first starts of an image at once, a booking's `podman run`
+    # and the warm-up's `create`, left a copy every later start failed on: "permission denied").
+    first_start_taken: bool = False
 
     @property
     def busy(self) -> bool:
@@ -155,10 +159,14 @@ class ImagePreparer:
             return overlay_image.run_image(template)
         if current is not None and current.state == QUEUED and self._present(template):
             # Queued by this very pass (a booking saved after its start) with the image here: the
-            # booking runs it instead of waiting; the preparation goes on for the bookings after
-            # it. (Pulled a moment ago and being warmed or built: it waits for that, which it
-            # would pay at its start anyway, and starts the moment the image is ready.)
-            return overlay_image.run_image(template)
+            # booking runs it instead of waiting, and pays the first start itself; the preparation
+            # goes on without its warm-up. (Pulled a moment ago and being warmed or built: it waits
+            # for that, which it would pay at its start anyway, and starts when the image is ready.)
+            with self._lock:
+                still = self._states.get(key_of(template))
+                if still is not None and still.state == QUEUED and not still.first_start_taken:  # one taker
+                    self._states[key_of(template)] = replace(still, first_start_taken=True)
+                    return overlay_image.run_image(template)
         with self._lock:
             current = self._queue_if_due(template, now=now)
             shown = self._shown_line(current, now=now)
@@ -278,13 +286,18 @@ class ImagePreparer:
         warm = getattr(self.engine, "warm", None)
         if warm is None:
             return
-        with self._lock:
-            current = self._states[key_of(template)]
-        total = current.total or 0
         began = datetime.now(UTC)
-        left = total * self.after_download - (began - (current.downloaded or began)).total_seconds()
-        self._set(template, state=WARMING, done=total,
-                  ready_about=began + timedelta(seconds=max(0.0, left)) if total else None)
+        with self._lock:  # the check and the state at once: ready() reads and sets it under this lock too
+            current = self._states[key_of(template)]
+            if current.first_start_taken:
+                log.info("template %s: its first start is a booking's own (started while it was queued)",
+                         template.name)
+                return
+            total = current.total or 0
+            left = total * self.after_download - (began - (current.downloaded or began)).total_seconds()
+            self._states[key_of(template)] = replace(
+                current, state=WARMING, done=total, since=began,
+                ready_about=began + timedelta(seconds=max(0.0, left)) if total else None)
         image = overlay_image.run_image(template)
         try:
             warm(image)
