@@ -261,9 +261,9 @@ def test_a_booking_waits_for_the_warm_up_of_an_image_pulled_a_moment_ago(tmp_pat
 def test_a_booking_that_starts_on_a_queued_image_makes_its_first_start_alone(tmp_path: Path) -> None:
     """An image present before its preparation came round (a booking saved after its start): the
     booking starts at once and makes the first chowned copy itself; the preparation leaves its
-    warm-up out, and a second booking waits for the preparation. A CI run had the warm-up's
-    `podman create` and a booking's `podman run` make the first copy of an image at once, and every
-    later start of it failed ("permission denied" mounting /etc/hosts)."""
+    warm-up out, and a second booking waits for the preparation: no two first starts of an image
+    at once (suspected in a CI run where every start failed with "permission denied" mounting
+    /etc/hosts right after the warm-up's `create` and a booking's `run` overlapped)."""
     engine = recording()
     engine.answers.release.clear()  # the other template's pull holds the only worker
     other = tmp_path / "other.toml"
