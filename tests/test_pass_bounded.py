@@ -176,6 +176,36 @@ def test_a_notice_held_up_in_one_container_does_not_delay_another_start(tmp_path
         passes.close()
 
 
+@pytest.mark.parametrize("port_held", [True, False])
+def test_a_start_cut_before_its_record_and_then_cancelled_is_stopped_after_the_notice(
+        tmp_path: Path, state: State, port_held: bool) -> None:
+    """The fault harness's finding: the daemon killed between `podman run` and State's record of the
+    start, and the booking cancelled before it came back. The container runs on the port State gave
+    that start: gpubook's own, so it is warned and stopped after the notice like any cancelled
+    booking, not left to run to the end its labels carry (it held its GPU from the next booking).
+    A container State knows nothing of (no record, no port) is still left to its end."""
+    config = make_config(tmp_path)
+    machine = Machine()
+    info = running("cut", (0,), end=NOW + timedelta(hours=1), port=2200)
+    machine.containers[info.name] = info
+    machine.release_exec.set()  # the notice's exec answers at once
+    if port_held:
+        assert state.port_for("cut", port_min=2200, port_max=2200, now=NOW) == 2200
+    passes = make_pass(config, machine, state)
+    other = event("other", NOW + timedelta(hours=2), NOW + timedelta(hours=3))  # the calendar, read, without "cut"
+    try:
+        result = passes.run(bookings(config, other), now=NOW, write_back=False)
+    finally:
+        machine.release_exec.set()
+        passes.close()
+    warned = [a for a in result.actions if isinstance(a, decide.Warn) and a.booking_id == "cut"]
+    if port_held:
+        assert warned and warned[0].stop_at == NOW + timedelta(seconds=config.daemon.notice_seconds)
+    else:
+        assert not warned
+        assert any(isinstance(a, decide.Recheck) and a.at == info.end for a in result.actions)
+
+
 def test_a_start_still_at_work_is_not_adopted_by_a_later_pass(tmp_path: Path, state: State) -> None:
     """The container of a start whose SSH probe has not answered yet runs already: a later pass must
     leave it to its start, not adopt it (which wrote `running` before SSH answered and, when the

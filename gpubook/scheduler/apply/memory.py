@@ -79,9 +79,11 @@ class Recall:
 
 
 def decide_memory(records: Iterable[ContainerRecord], notes: Notes, *,
-                  released: frozenset[str] = frozenset()) -> decide.Memory:
+                  released: frozenset[str] = frozenset(), ported: frozenset[str] = frozenset()) -> decide.Memory:
     """decide()'s memory from State: each booking's runs, the warnings given, the containers armed,
-    the idle stretches told of, the bookings released as no-shows."""
+    the idle stretches told of, the bookings released as no-shows. `ported`: the bookings holding a
+    port in State, which gpubook took for a start of its own (a start cut short by the daemon's death
+    before its record leaves only that)."""
     runs: dict[str, decide.Runs] = {}
     for record in records:  # in id order: the last record of a booking is its latest run
         before = runs.get(record.booking_id)
@@ -89,7 +91,7 @@ def decide_memory(records: Iterable[ContainerRecord], notes: Notes, *,
             restarts=0 if before is None else before.restarts + 1, running=record.stopped_at is None,
             last_stopped=record.stopped_at, last_reason=record.exit_reason)
     given = {booking_id: decide.Warned(at=w.at, end=w.end, stop_at=w.stop_at) for booking_id, w in notes.warned.items()}
-    return decide.Memory(known=frozenset(runs), warned=given, runs=runs, armed=frozenset(notes.armed),
+    return decide.Memory(known=frozenset(runs) | ported, warned=given, runs=runs, armed=frozenset(notes.armed),
                          released=released, idle_told=dict(notes.idle_told))
 
 

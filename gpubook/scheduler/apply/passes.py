@@ -74,6 +74,7 @@ class World:
     records: dict[int, ContainerRecord]  # by record id, in id order
     releases: dict[str, reclaim.Released] = field(default_factory=dict)  # by booking id: no-shows released
     notes: Notes = field(default_factory=Notes)  # as read at the pass's start
+    ported: frozenset[str] = frozenset()  # the bookings holding a port in State (gpubook started them)
     # The bookings whose lane was at work when this was read: this view of them may be torn (a start
     # recorded between the hosts' listing and State's read, a container listed before its record).
     busy: frozenset[str] = frozenset()
@@ -88,7 +89,7 @@ class World:
         releases = reclaim_apply.read_releases(state, after=releases_after) if releases_after is not None else {}
         found = read_notes(state)  # after the hosts: a note written meanwhile is of a container listed next pass
         return cls(containers=containers, records={r.id: r for r in state.containers()}, releases=releases,
-                   notes=found, lines=dict(found.running_lines))
+                   notes=found, lines=dict(found.running_lines), ported=frozenset(state.ports()))
 
     def fold(self, change: Change) -> None:
         with self.lock:
@@ -274,7 +275,7 @@ class Pass:
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
         released = reclaim.released_ids(occurrences, world.releases)
-        memory = decide_memory(world.records.values(), world.notes, released=released)
+        memory = decide_memory(world.records.values(), world.notes, released=released, ported=world.ported)
         verdicts = reclaim_apply.judge_running(self.config, self.state, plan=plan, running=world.running(),
                                                records=world.records_by_booking(), now=now)
         self.policy_lines = reclaim_apply.event_lines(

@@ -148,7 +148,7 @@ class Runs:
 
 @dataclass(frozen=True)
 class Memory:
-    known: frozenset[str] = frozenset()  # bookings gpubook started a container for
+    known: frozenset[str] = frozenset()  # bookings gpubook started a container for (a record, or a port held)
     warned: Mapping[str, Warned] = field(default_factory=lambda: MappingProxyType({}))
     runs: Mapping[str, Runs] = field(default_factory=lambda: MappingProxyType({}))
     armed: frozenset[str] = frozenset()  # bookings whose container was run ahead of their start
