@@ -73,7 +73,7 @@ class Booked:
     gpus: str = "1"
     rejected: bool = False  # asks for more GPUs than are free: gpubook must refuse it, and never run it
     image: bool = False  # booked minutes ahead for its template's image (fault_images); the driver leaves it
-    absent: bool = False  # the booker never logs in: a no-show, released (gpubook stops it)
+    absent: bool = False  # a crash point's no-show (World.stir): never logged into, left alone by the driver
 
     def due(self, at: datetime, *, margin: float = 3.0) -> bool:
         """Must run now: not deleted, not refused, started, and not within `margin` s of its end."""
@@ -294,7 +294,7 @@ class World:
     def drive_once(self) -> str:
         """One booker's action, chosen at random; its name."""
         rng = self.random
-        live = [b for b in self.calendar.live() if not b.long and not b.image]
+        live = [b for b in self.calendar.live() if not (b.long or b.image or b.absent)]  # a scene's are left alone
         action = rng.choice(["create", "create", "move", "shorten", "delete", "recreate", "kill", "refused",
                              "foreign", "login"])
         if action == "refused":  # more GPUs than the host has: refused, with the reason, never run
@@ -326,7 +326,7 @@ class World:
             self.calendar.delete(target.uid)
             if target.rejected or self._turnover_fits(target.start, target.end, ignore=target.uid):
                 self.calendar.create(replace(target, deleted=False))
-        elif action == "login" and not target.absent:  # the booker comes and goes (the others are no-shows)
+        elif action == "login":  # the booker comes and goes (the others are no-shows, released)
             self.log_in(target)
         elif action == "kill" and target.kills == 0 and target.due(now()):
             info = self._running().get(target.uid)
@@ -357,23 +357,24 @@ class World:
         self.calendar.create(booked)
         return booked
 
-    def stir(self) -> None:
+    def stir(self, *, absent: bool = True, seconds: int = 40) -> None:
         """A stop and a start within seconds, as bookers cause them: one running booking cancelled,
-        one booked to start in 12 s (made ahead, then started) with room made for it, whose booker
-        never comes (released as a no-show half a minute later)."""
+        one of `seconds` booked to start in 12 s (made ahead, then started) with room made for it,
+        whose booker never comes with `absent` (released as a no-show half a minute later; else it
+        is warned of its end, a command run in its container)."""
         running = self._running()
         turns = [b for b in self.calendar.live() if not b.long and not b.image]
         ongoing = [b for b in turns if b.uid in running]
         if ongoing:
             self.calendar.delete(self.random.choice(ongoing).uid)
         start = now().replace(microsecond=0) + timedelta(seconds=12)
-        end = start + timedelta(seconds=40)
+        end = start + timedelta(seconds=seconds)
         for booked in sorted(turns, key=lambda b: b.start, reverse=True):
             if self._turnover_fits(start, end):
                 break
             if not booked.deleted and booked.start < end + timedelta(seconds=15) and start < booked.end:
                 self.calendar.delete(booked.uid)
-        self.book_turnover(start, end, absent=True)
+        self.book_turnover(start, end, absent=absent)
 
     def log_in(self, booked: Booked) -> bool:
         """The booker logs into their running booking, runs a command and leaves."""
@@ -730,7 +731,7 @@ def parts(stack: ExitStack, folder: Path, *, required: bool) -> Parts:
     disk = clock = None
     try:
         disk = stack.enter_context(disk_full.full_folder())
-    except RuntimeError:
+    except (RuntimeError, OSError):  # no small mount, or another account's
         if required:
             raise
     try:
@@ -781,8 +782,12 @@ class Injector:
         world.kill_daemon()
         if fault.what.startswith("engine.start_service:"):
             world.remove_sftp_service()
+        if fault.what.startswith(("state.record_foreign:", "state.foreign_action:")):
+            world._plant_foreign()  # a process outside every booking on a GPU: recorded, then stopped
         verb = fault_images.verb_of(fault.what)
-        undo = self._image_scene(verb) if verb else world.stir()
+        # A command run in a container: a booking warned of its end (a no-show is released unwarned).
+        exec_point = fault.what.startswith("engine.exec:")
+        undo = self._image_scene(verb) if verb else world.stir(absent=not exec_point, seconds=20 if exec_point else 40)
         daemon = world.start_daemon(crash_at=fault.what)
         assert daemon.process is not None
         if fault.what.startswith("engine.signal:"):
