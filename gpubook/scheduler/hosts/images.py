@@ -68,8 +68,8 @@ class Preparation:
     downloaded: datetime | None = None  # when it ended
     ready_about: datetime | None = None  # the estimate, while busy
     # A booking started on the image while this was queued: its start makes the first chowned copy,
-    # and the warm-up is left out (two first starts of an image at once, a booking's `podman run`
-    # and the warm-up's `create`, left a copy every later start failed on: "permission denied").
+    # and the warm-up is left out (never two first starts of an image at once: a booking's `podman
+    # run` and the warm-up's `create`).
     first_start_taken: bool = False
 
     @property
