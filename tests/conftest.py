@@ -11,4 +11,5 @@ pytest_plugins = [
     "tests.plugins.slurm",
     "tests.plugins.lanes",
     "tests.plugins.notify",
+    "tests.plugins.probes",
 ]

@@ -102,6 +102,7 @@ def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale,
          end=soon(600))
     cleanup.append("adopt@test")
     daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
     first = wait_for("the container", lambda: running_container(engine, "adopt@test"), timeout=60, daemon=daemon)
     status_file = tmp_path / "state" / "daemon-status.json"
     for round_number in range(20):

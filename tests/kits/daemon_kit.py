@@ -158,6 +158,9 @@ def as_account(user: str, tree: Path) -> tuple[dict[str, object], dict[str, str]
              "XDG_RUNTIME_DIR": f"/run/user/{entry.pw_uid}", "PYTHONPATH": str(tree)})
 
 
+STARTED: list[DaemonProcess] = []  # every daemon a test started; an autouse fixture stops what outlives it
+
+
 class DaemonProcess:
     """`gpubook run` as a real process; stderr kept in a file for the failure message."""
 
@@ -181,6 +184,7 @@ class DaemonProcess:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL,
                                             cwd=self.tree, **account)  # type: ignore[call-overload]
+        STARTED.append(self)
         return self
 
     def signal(self, number: int) -> None:

@@ -8,7 +8,19 @@ import paramiko
 import pytest
 
 from gpubook.runtime.engines import Engine, container_name
+from tests.kits import daemon_kit
 from tests.kits.daemon_kit import DaemonProcess
+
+
+@pytest.fixture(autouse=True)
+def no_daemon_outlives_its_test() -> Iterator[None]:
+    """A daemon a test started and did not stop (its assertion failed first) is stopped after it: a
+    daemon left running holds the account's lock, and every later daemon test would fail on it."""
+    yield
+    for daemon in daemon_kit.STARTED:
+        if daemon.process is not None and daemon.process.poll() is None:
+            daemon.stop()
+    daemon_kit.STARTED.clear()
 
 
 @pytest.fixture

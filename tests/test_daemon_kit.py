@@ -1,0 +1,63 @@
+"""The test kit's promise that one failed daemon test fails alone: a daemon a test started is
+stopped after the test even when the test failed before it could stop it or hand it to the
+`daemons` fixture (CI on 2026-11-27: test_kill_9_then_restart_adopts_the_same_container failed
+before it listed its first daemon; that daemon held the account's lock, and 33 later daemon tests
+failed on "another gpubook daemon already runs")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+INNER = '''
+import time
+from pathlib import Path
+
+from tests.kits.daemon_kit import DaemonProcess
+
+CONFIG = """[host]\\ntimezone = "UTC"\\n[[calendar]]\\nurl = "http://127.0.0.1:9/cal/"\\n[gpus]\\ncount = 1
+[users.alice]\\nuid = 2001\\n[daemon]\\nstate_dir = "{state}"\\n"""
+
+
+def test_fails_with_its_daemon_running(tmp_path):
+    config = tmp_path / "gpubook.toml"
+    config.write_text(CONFIG.format(state=tmp_path / "state"))
+    daemon = DaemonProcess(config).start()
+    Path("{pid_file}").write_text(str(daemon.process.pid))
+    time.sleep(1)
+    assert daemon.process.poll() is None, daemon.tail()
+    assert False, "the test fails before it stops its daemon"
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.podman
+def test_a_daemon_left_running_by_a_failed_test_is_stopped_after_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    inner = tmp_path / "test_inner.py"
+    inner.write_text(INNER.replace("{pid_file}", str(pid_file)))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "tests.plugins.daemons", "--rootdir", str(tmp_path), str(inner)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pid = int(pid_file.read_text())
+    try:
+        assert "1 failed" in done.stdout, done.stdout + done.stderr
+        assert "the test fails before it stops its daemon" in done.stdout
+        assert not _alive(pid), "the failed test's daemon still runs after its session"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
