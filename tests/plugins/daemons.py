@@ -14,13 +14,15 @@ from tests.kits.daemon_kit import DaemonProcess
 
 @pytest.fixture(autouse=True)
 def no_daemon_outlives_its_test() -> Iterator[None]:
-    """A daemon a test started and did not stop (its assertion failed first) is stopped after it: a
-    daemon left running holds the account's lock, and every later daemon test would fail on it."""
+    """A daemon the test started and did not stop (its assertion failed first) is stopped after it:
+    a daemon left running holds the account's lock, and every later daemon test would fail on it.
+    Daemons of a module's or session's fixture, started before this fixture, are theirs to stop."""
+    before = len(daemon_kit.STARTED)
     yield
-    for daemon in daemon_kit.STARTED:
+    for daemon in daemon_kit.STARTED[before:]:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.stop()
-    daemon_kit.STARTED.clear()
+    del daemon_kit.STARTED[before:]
 
 
 @pytest.fixture
