@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from gpubook.runtime import nvidia
 from gpubook.runtime.engines import ContainerSpec, EngineSettings, ServiceSpec, engine_from, make_engine, register
 from gpubook.runtime.engines.cli_engine import LOG_MAX_SIZE
+from gpubook.runtime.engines.cli_transport import message_of
 from gpubook.runtime.errors import DriverError, EngineError
 from gpubook.runtime.mounts import missing_mount_flags
 from tests.kits import safe_data
@@ -268,3 +270,24 @@ def test_an_engine_without_a_capability_is_told_in_one_sentence_what_is_missing(
     # No IdMapper: containers run on the host's ids, and folders are given away as root gives them.
     assert engines.host_owner(engine, 2001, 2002) == (2001, 2002)  # type: ignore[arg-type]
     assert engines.chown_for(engine) is None  # type: ignore[arg-type]
+
+
+# What podman 4.3 wrote here (2026-11-27) once its pause process was gone while a container it
+# had recorded as running had lost its conmon: no "Error:" line, only logrus's error after a warning.
+LOST_PAUSE = ('time="2026-11-27T08:02:38Z" level=warning msg="\\"/\\" is not a shared mount, this could cause '
+              'issues or missing mounts with rootless containers"\n'
+              'time="2026-11-27T08:02:38Z" level=error msg="invalid internal status, try resetting the pause '
+              'process with \\"podman system migrate\\": could not find any running process: no such process"\n')
+
+
+def test_a_podman_error_logged_without_an_error_line_is_told_by_that_error() -> None:
+    """Before, the whole text came back, the shared-mount warning first: an event said "\\"/\\" is
+    not a shared mount…" for a start that failed because podman's namespace was lost."""
+    failed = subprocess.CompletedProcess(["podman", "import"], 125, stdout="", stderr=LOST_PAUSE)
+    assert message_of(failed) == ('invalid internal status, try resetting the pause process with "podman system '
+                                  'migrate": could not find any running process: no such process (exit status 125)')
+    both = subprocess.CompletedProcess(["podman", "run"], 126, stdout="",
+                                       stderr=LOST_PAUSE + "Error: runc: OCI permission denied\n")
+    assert message_of(both) == "runc: OCI permission denied"  # an "Error:" line still wins
+    plain = subprocess.CompletedProcess(["docker", "run"], 1, stdout="", stderr="no such image\n")
+    assert message_of(plain) == "no such image (exit status 1)"

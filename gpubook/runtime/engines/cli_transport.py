@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import selectors
 import shutil
 import subprocess
@@ -199,11 +200,25 @@ def _is_missing(stderr: str) -> bool:
 def message_of(done: subprocess.CompletedProcess[str]) -> str:
     """What a failed engine command said: its "Error:" lines when it wrote some (podman and docker
     write warnings first, such as rootless cgroups v1's "Resource limits are not supported", which
-    must not stand for the error), else all it wrote, with the exit status when that is all."""
+    must not stand for the error), else its logged errors (podman's `level=error msg="…"`: a lost
+    pause process says "invalid internal status, try resetting the pause process with podman system
+    migrate" only so), else all it wrote; with the exit status where no "Error:" line says it."""
     text = (done.stderr or done.stdout).strip()
     errors = [line.removeprefix("Error: ").strip() for line in text.splitlines() if line.startswith("Error: ")]
     if errors:
         return "; ".join(errors)
     status = (f"killed by signal {-done.returncode}" if done.returncode < 0
               else f"exit status {done.returncode}")
+    logged = [_logged_message(match) for match in _LOGGED_ERROR.finditer(text)]
+    if logged:
+        return f"{'; '.join(logged)} ({status})"
     return f"{text} ({status})" if text else status
+
+
+# logrus's text format, as podman writes its errors before "Error:" (or instead of it):
+# time="…" level=error msg="…" (the message a Go-quoted string).
+_LOGGED_ERROR = re.compile(r'level=(?:error|fatal) msg="((?:[^"\\]|\\.)*)"')
+
+
+def _logged_message(match: re.Match[str]) -> str:
+    return re.sub(r"\\(.)", r"\1", match.group(1))
