@@ -50,7 +50,8 @@ def describe(text: str, user: str | None = None) -> str:
     pause = f"/run/user/{entry.pw_uid}/libpod/tmp/pause.pid"
     try:
         pid = open(pause).read().strip()  # noqa: PTH123, SIM115 - a short read
-        lines.append(f"  pause process {pid}: user ns {os.readlink(f'/proc/{pid}/ns/user')}, "
+        command = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()  # noqa: PTH123, SIM115
+        lines.append(f"  pause process {pid} ({command}): user ns {os.readlink(f'/proc/{pid}/ns/user')}, "
                      f"mount ns {os.readlink(f'/proc/{pid}/ns/mnt')}")
     except OSError as error:
         lines.append(f"  pause process: {error}")
