@@ -9,6 +9,8 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -188,3 +190,61 @@ def test_doctor_and_status_say_when_podman_ignores_limits(engine_args: dict, ima
     assert ignored == (problem is not None) == (not limits.ok), (warned.stderr, limits)
     if ignored:
         assert "cgroups v1" in limits.detail and "cgroups v2" in (limits.fix or "")
+
+
+# What a podman command does first when it starts while the store's overlay folder is no mount
+# point (containers/storage's overlay Init, MakePrivate, before it waits for any store lock):
+# bind-mount the folder over itself, without the mounts beneath it. This one watches (10 s at
+# most, without pause: the window is milliseconds) for a layer mounted under the folder, as an
+# image's chowned copy is while it is made, and does just that then, in podman's own namespaces
+# (entered as the pause process holds them).
+RACER = r"""
+folder="$1"
+end=$(( $(date +%s) + 10 ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  if grep -q " $folder/[0-9a-f]*/merged " /proc/self/mountinfo; then
+    mount --bind "$folder" "$folder" && echo "bound during the copy"
+    exit 0
+  fi
+done
+echo "no layer mounted"
+"""
+
+
+def test_a_podman_command_started_during_a_warm_up_cannot_empty_its_chowned_copy(engine_args: dict,
+                                                                                   image: str) -> None:
+    """The CI failure "open …/merged/etc/hosts: permission denied" at every start of a booking: a
+    podman command that started while `warm` made the image's chowned copy bind-mounted the store's
+    overlay folder over the copy's mount, the copy was chowned empty and recorded complete, and every
+    container of the bookings' map saw the image's files as the daemon user's (not its root's: no
+    /etc/hosts could be made). Every podman command of gpubook runs under the command lock, a
+    warm-up alone: the racer, run under it as gpubook runs its commands and started first, ends
+    before the warm-up may begin (without the lock it bound the folder during the copy, every time)."""
+    engine = engine_from(**engine_args)
+    fresh = registry_kit.tiny_image(engine, f"localhost/gpubook-test/race:{secrets.token_hex(4)}", base=image)
+    folder = engine.storage_path() / "overlay"  # type: ignore[attr-defined]
+    subprocess.run([*engine.global_argv(), "unshare", "true"], check=True, timeout=120)  # type: ignore[attr-defined]
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    pause = (Path(runtime) / "libpod" / "tmp" / "pause.pid").read_text().strip()
+    said: list[str] = []
+
+    def race() -> None:
+        with engine.command_lock(timeout=300):  # type: ignore[attr-defined]
+            said.append(subprocess.run(["nsenter", "-t", pause, "-U", "-m", "--", "sh", "-c", RACER, "racer",
+                                        str(folder)], capture_output=True, text=True, timeout=120).stdout.strip())
+
+    try:
+        racer = threading.Thread(target=race)
+        racer.start()
+        time.sleep(0.5)  # the racer watches (without the lock it would see the copy's mount at once)
+        warming = threading.Thread(target=engine.warm, args=(fresh,))  # type: ignore[attr-defined]
+        warming.start()
+        warming.join(timeout=600)
+        racer.join(timeout=600)
+        assert said == ["no layer mounted"], said
+        inside = subprocess.run([*engine.global_argv(), "run", "--rm", "--network", "none",  # type: ignore[attr-defined]
+                                 *engine._map_args(), fresh, "stat", "-c", "%u", "/etc"],  # type: ignore[attr-defined]
+                                capture_output=True, text=True, timeout=300)
+        assert (inside.returncode, inside.stdout.strip()) == (0, "0"), inside.stderr
+    finally:
+        registry_kit.remove(engine, fresh)

@@ -69,16 +69,16 @@ class RecordingPodman(PodmanEngine):
     def pull_scratch(self) -> Path | None:
         return None  # no progress followed: no skopeo asked about registries that are not there
 
-    def _process(self, args: Sequence[str], *, timeout: float,
-                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def _process(self, args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                 exclusive: bool = False) -> subprocess.CompletedProcess[str]:
         return self.answers.answer(args)
 
 
 class RecordingDocker(DockerEngine):
     answers: Answers
 
-    def _process(self, args: Sequence[str], *, timeout: float,
-                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def _process(self, args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                 exclusive: bool = False) -> subprocess.CompletedProcess[str]:
         return self.answers.answer(args)
 
 

@@ -80,7 +80,8 @@ class CliEngine(CliArgv, CliImages):
             argv = self.run_args(spec)
             argv = [argv[0], "--cidfile", str(cidfile), *argv[1:]]
             try:
-                self._call(argv, timeout=RUN_TIMEOUT)
+                self._call(argv, timeout=RUN_TIMEOUT, exclusive=self.first_use(spec.image, "booking"))
+                self.used(spec.image, "booking")
                 created = cidfile.read_text().strip() if cidfile.exists() else ""
                 # What runs is what the spec says (its labels): read back from the engine only
                 # when it gave no id. One engine process less per start (bookings starting
@@ -162,7 +163,8 @@ class CliEngine(CliArgv, CliImages):
                 return current
             self._remove_leftover(current)
         self.ensure_image(spec.image)
-        self._call(self.service_args(spec), timeout=RUN_TIMEOUT)
+        self._call(self.service_args(spec), timeout=RUN_TIMEOUT, exclusive=self.first_use(spec.image, "service"))
+        self.used(spec.image, "service")
         info = self.inspect_service(spec.name)
         if info is None:
             raise EngineError(f"service {spec.service}: {spec.name} vanished right after its start")

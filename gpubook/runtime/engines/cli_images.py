@@ -68,6 +68,7 @@ class CliImages(CliTransport):
 
 
     def build(self, tag: str, context: Path, *, containerfile: str = "Containerfile") -> None:
+        self.unused(tag)
         # Host network: these machines have no slirp4netns for the unprivileged user.
         self._call(
             [
@@ -84,6 +85,7 @@ class CliImages(CliTransport):
         )
 
     def import_rootfs(self, tarball: Path, tag: str) -> None:
+        self.unused(tag)
         self._call(["import", str(tarball), tag], timeout=BUILD_TIMEOUT)
 
 
@@ -93,6 +95,7 @@ class CliImages(CliTransport):
         `progress` is told the bytes downloaded so far, about twice a second, where the engine
         downloads into a folder of ours (`pull_scratch`)."""
         images.parse_reference(image)  # a reference, never an option
+        self.unused(image)
         with tempfile.TemporaryDirectory(prefix="gpubook-auth-") as folder, self._watched(progress) as env:
             before, after = self.auth_args(auth_file, Path(folder))
             done = self._process([*before, "pull", *after, "--", image], timeout=BUILD_TIMEOUT, env=env)
@@ -141,9 +144,11 @@ class CliImages(CliTransport):
             shutil.rmtree(scratch, ignore_errors=True)
 
     def tag(self, image: str, target: str) -> None:
+        self.unused(target)
         self._call(["tag", image, target])
 
     def remove_image(self, image: str) -> None:
+        self.unused(image)
         self._call(["rmi", image])  # refused while a container uses it
 
     def image_facts(self, image: str) -> images.ImageFacts | None:

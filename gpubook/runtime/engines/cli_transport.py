@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpubook.runtime.checks import Check
@@ -99,19 +100,35 @@ class CliTransport:
             pid=int((raw.get("State") or {}).get("Pid") or 0),
         )
 
-    def _process(self, args: Sequence[str], *, timeout: float,
-                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def command_lock(self, *, exclusive: bool = False, timeout: float = QUICK_TIMEOUT) -> AbstractContextManager[None]:
+        """Held around each engine command: nothing here (podman's: podman.PodmanEngine.command_lock)."""
+        return nullcontext()
+
+    def first_use(self, image: str, kind: str) -> bool:
+        """Whether a container of `image` with the id map of `kind` ("booking", "service") may be the
+        first, which makes the image's chowned copy: such a start runs alone (command_lock). Never here."""
+        return False
+
+    def used(self, image: str, kind: str) -> None:
+        """A container of `image` with the id map of `kind` was made (first_use)."""
+
+    def unused(self, image: str) -> None:
+        """The name `image` is (or may be) another image now: pulled, built, tagged or removed."""
+
+    def _process(self, args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                 exclusive: bool = False) -> subprocess.CompletedProcess[str]:
         argv = [*self.global_argv(), *args]
         try:
-            return subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-                check=False,
-                env=env,
-            )
+            with self.command_lock(exclusive=exclusive, timeout=timeout):
+                return subprocess.run(
+                    argv,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    stdin=subprocess.DEVNULL,
+                    check=False,
+                    env=env,
+                )
         except FileNotFoundError:
             raise permanent(f"{self.name}: {self.binary} is not installed or not on PATH") from None
         except subprocess.TimeoutExpired:
@@ -121,14 +138,16 @@ class CliTransport:
                  keep_end: bool = False) -> tuple[int, str, str]:
         """Run the engine with a deadline, keeping at most `limit` bytes of stdout and of stderr
         (the first ones, or the last with `keep_end`)."""
-        return run_bounded([*self.global_argv(), *args], timeout=timeout, limit=limit, keep_end=keep_end,
-                           what=f"{self.name} {args[0]}",
-                           missing=f"{self.name}: {self.binary} is not installed or not on PATH")
+        with self.command_lock(timeout=timeout):
+            return run_bounded([*self.global_argv(), *args], timeout=timeout, limit=limit, keep_end=keep_end,
+                               what=f"{self.name} {args[0]}",
+                               missing=f"{self.name}: {self.binary} is not installed or not on PATH")
 
     def _call(
-        self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, missing_ok: bool = False
+        self, args: Sequence[str], *, timeout: float = QUICK_TIMEOUT, missing_ok: bool = False,
+        exclusive: bool = False,
     ) -> str:
-        done = self._process(args, timeout=timeout)
+        done = self._process(args, timeout=timeout, exclusive=exclusive)
         if done.returncode != 0 and not (missing_ok and _is_missing(done.stderr)):
             raise EngineError(f"{self.name} {args[0]}: {message_of(done)}")
         return done.stdout

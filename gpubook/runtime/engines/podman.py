@@ -9,6 +9,8 @@ overriding it makes podman refuse a store that was made with another driver.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -18,6 +20,9 @@ import resource
 import shutil
 import socket
 import subprocess
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -100,6 +105,16 @@ def _inner(host: int, base: int, count: int, *, what: str) -> int:
 
 STORE_DU_TIMEOUT = 120.0  # seconds for measuring the store (doctor)
 WARM_TIMEOUT = 3600.0  # seconds for the copy of an image's layers chowned to the bookings' id map
+LOCK_POLL = 0.05  # seconds between tries for the command lock (command_lock)
+COMMAND_LOCK = "gpubook-podman.lock"
+
+
+def command_lock_path() -> Path | None:
+    """The lock file of this user's podman commands (command_lock): in its runtime folder (private,
+    on tmpfs), /run for root; None where there is none (no lock: a host without a runtime folder)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    folder = Path("/run") if os.geteuid() == 0 else Path(runtime)
+    return folder / COMMAND_LOCK if folder.is_dir() and os.access(folder, os.W_OK) else None
 
 
 def _subordinate_range(text: str, name: str) -> tuple[int, int]:
@@ -135,6 +150,8 @@ class PodmanEngine(CliEngine):
         self._graph_root: Path | None = None
         self._placement: cgroups.Placement | None = None
         self._prepared = False
+        self._used: set[tuple[str, str]] = set()  # (image, id map) of containers made (first_use)
+        self._used_lock = threading.Lock()
 
     def engine_checks(self) -> builtins.list[Check]:
         binary = self.binary_check()
@@ -195,8 +212,9 @@ class PodmanEngine(CliEngine):
             return None
         argv = [*self.global_argv(), "unshare", "cat", "/proc/self/mountinfo"]
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-        except (OSError, subprocess.TimeoutExpired) as error:
+            with self.command_lock(timeout=60):
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired, EngineError) as error:
             return Check("data_root", False, f"could not look into rootless podman's mount namespace: {error}",
                          "check `podman unshare true` as this user")
         if done.returncode != 0:
@@ -330,8 +348,53 @@ class PodmanEngine(CliEngine):
         name = warm_name(image)
         self._process(["rm", "--force", "--ignore", name], timeout=QUICK_TIMEOUT)  # a crash's leftover
         self._call(["create", "--name", name, "--network", "none", "--pull", "never",
-                    *self._map_args(), image, "true"], timeout=WARM_TIMEOUT)
+                    *self._map_args(), image, "true"], timeout=WARM_TIMEOUT, exclusive=True)
+        self.used(image, "booking")
         self._call(["rm", "--force", name])
+
+    def first_use(self, image: str, kind: str) -> bool:
+        """Until this process has made a container of `image` with that map (its warm-up, or a start
+        that made the chowned copy itself: a Slurm step, a start before the warm-up, the service)."""
+        with self._used_lock:
+            return (image, kind) not in self._used
+
+    def used(self, image: str, kind: str) -> None:
+        with self._used_lock:
+            self._used.add((image, kind))
+
+    def unused(self, image: str) -> None:
+        with self._used_lock:
+            self._used = {(name, kind) for name, kind in self._used if name != image}
+
+    @contextlib.contextmanager
+    def command_lock(self, *, exclusive: bool = False, timeout: float = QUICK_TIMEOUT) -> Iterator[None]:
+        """Every podman command of this user runs under a shared lock, an image's warm-up under an
+        exclusive one. Making the chowned copy, podman mounts the new layer under the store's
+        overlay folder and chowns it from a helper process; a podman command that starts meanwhile
+        while that folder is no mount point (the last command with nothing mounted unmounted it)
+        bind-mounts the folder over itself, without the mounts beneath, and the helper chowns an
+        empty folder: the copy is recorded complete and empty, and every later booking of the image
+        fails with "open …/merged/etc/hosts: permission denied" (seen in CI; made at will by
+        tests/test_images_prepare.py). Other commands wait for a warm-up, at most their own time."""
+        path = command_lock_path()
+        if path is None:
+            yield
+            return
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise EngineError(f"podman: an image's warm-up (its chowned copy) still runs after "
+                                          f"{timeout:.0f} s; this command waits for it") from None
+                    time.sleep(LOCK_POLL)
+            yield
+        finally:
+            os.close(fd)
 
     def _map_args(self, count: int = CONTAINER_ID_COUNT) -> builtins.list[str]:
         """The id map of bookings' containers (`userns_args`; warm's for any booker); `count`:
