@@ -1,7 +1,7 @@
 """The test kit's promise that one failed daemon test fails alone: a daemon a test started is
 stopped after the test even when the test failed before it could stop it or hand it to the
 `daemons` fixture (CI on 2026-11-27: test_kill_9_then_restart_adopts_the_same_container failed
-before it listed its first daemon; that daemon held the account's lock, and 33 later daemon tests
+before it listed its first daemon; that daemon held the account's lock, and the later daemon tests
 failed on "another gpubook daemon already runs")."""
 
 from __future__ import annotations
