@@ -210,11 +210,9 @@ class PodmanEngine(CliEngine):
         does, or podman runs as root in the host's namespace, or does not run: its own checks say why)."""
         if os.geteuid() == 0:
             return None
-        argv = [*self.global_argv(), "unshare", "cat", "/proc/self/mountinfo"]
         try:
-            with self.command_lock(timeout=60):
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-        except (OSError, subprocess.TimeoutExpired, EngineError) as error:
+            done = self._process(["unshare", "cat", "/proc/self/mountinfo"], timeout=60)
+        except (OSError, EngineError) as error:
             return Check("data_root", False, f"could not look into rootless podman's mount namespace: {error}",
                          "check `podman unshare true` as this user")
         if done.returncode != 0:
@@ -368,14 +366,15 @@ class PodmanEngine(CliEngine):
 
     @contextlib.contextmanager
     def command_lock(self, *, exclusive: bool = False, timeout: float = QUICK_TIMEOUT) -> Iterator[None]:
-        """Every podman command of this user runs under a shared lock, an image's warm-up under an
-        exclusive one. Making the chowned copy, podman mounts the new layer under the store's
-        overlay folder and chowns it from a helper process; a podman command that starts meanwhile
+        """Every podman command of this user runs under a shared lock, one that may make an image's
+        chowned copy (warm, a process's first start: first_use) under an exclusive one. Making the
+        copy, podman mounts the new layer under the store's overlay folder and chowns it from a
+        helper process; a podman command that starts meanwhile
         while that folder is no mount point (the last command with nothing mounted unmounted it)
         bind-mounts the folder over itself, without the mounts beneath, and the helper chowns an
         empty folder: the copy is recorded complete and empty, and every later booking of the image
         fails with "open …/merged/etc/hosts: permission denied" (seen in CI; made at will by
-        tests/test_images_prepare.py). Other commands wait for a warm-up, at most their own time."""
+        tests/test_podman_engine.py). Other commands wait for it, at most their own time."""
         path = command_lock_path()
         if path is None:
             yield
@@ -389,8 +388,8 @@ class PodmanEngine(CliEngine):
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise EngineError(f"podman: an image's warm-up (its chowned copy) still runs after "
-                                          f"{timeout:.0f} s; this command waits for it") from None
+                        raise EngineError(f"podman: a command making an image's chowned copy (its warm-up or first "
+                                          f"start) still runs after {timeout:.0f} s; this one waits for it") from None
                     time.sleep(LOCK_POLL)
             yield
         finally:
