@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.kits import store_probe
+from tests.kits.slurm_kit import DEFAULT_USER
 
 _probed: list[str] = []
 
@@ -20,7 +21,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report: pytest.TestReport = outcome.get_result()
     if not report.failed or _probed:
         return
-    user = os.environ.get("GPUBOOK_SLURM_TEST_USER", "gpubook-test") if os.geteuid() == 0 else None
+    user = DEFAULT_USER if os.geteuid() == 0 else None  # root's tests run podman as that account
     try:
         text = store_probe.describe(report.longreprtext, user)
     except (OSError, KeyError) as error:
