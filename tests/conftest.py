@@ -12,4 +12,5 @@ pytest_plugins = [
     "tests.plugins.lanes",
     "tests.plugins.notify",
     "tests.plugins.probes",
+    "tests.plugins.pause",
 ]

@@ -199,6 +199,36 @@ def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, en
              timeout=30, daemon=daemon)
 
 
+def test_a_container_whose_network_namespace_podman_lost_is_started_again(tmp_path: Path, radicale, engine, keys,
+                                                                         cleanup, daemons) -> None:
+    """CI on 2026-11-27: after podman's pause process ended while a booking's container ran, every
+    pass failed ("podman ps: joining network namespace of container …: unknown FS magic") and no
+    booking started or stopped for the rest of the run. The state is made as a new pause process
+    leaves it (the container's network namespace is no mount in podman's mount namespace); the
+    daemon removes that container and starts the booking again, reachable as before."""
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, restart_backoff_seconds=1)
+    book(calendar, "lost@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("lost@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    first = wait_for("the container", lambda: running_container(engine, "lost@test"), timeout=60, daemon=daemon)
+    wait_for("the start in the log", lambda: any(m.startswith("started") for m in events(tmp_path, "lost@test")),
+             timeout=30, daemon=daemon)
+    podman = engine.global_argv()  # type: ignore[attr-defined]
+    netns = subprocess.run([*podman, "inspect", "--format", "{{.NetworkSettings.SandboxKey}}", first.name],
+                           check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run([*podman, "unshare", "umount", netns], check=True, capture_output=True)
+    wait_for("the daemon's removal", lambda: f"container {first.name} lost its network namespace" in daemon.tail(),
+             timeout=60, daemon=daemon)
+    second = wait_for("a new container", lambda: (c := running_container(engine, "lost@test")) and c.id != first.id
+                      and c, timeout=60, daemon=daemon)
+    assert second.port == first.port
+    client = wait_for("SSH after the restart", lambda: try_login(second.port, "alice", keys["alice"]), timeout=30)
+    client.close()
+    assert "reconcile pass failed" not in daemon.tail()
+
+
 def test_back_to_back_bookings_hand_over_one_gpu(tmp_path: Path, radicale, engine, keys, cleanup,
                                                 daemons) -> None:
     calendar = radicale.new_calendar()

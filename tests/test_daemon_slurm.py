@@ -24,7 +24,8 @@ from gpubook.scheduler.hosts.slurm import parse
 from tests.kits import safe_data, slurm_kit
 from tests.kits.daemon_kit import DaemonProcess, book, cli, description, wait_for
 from tests.kits.engine_suite import new_key
-from tests.kits.slurm_jobs_kit import REPO, jobs, login, podman_as, reservations, run, write_config
+from tests.kits.slurm_jobs_kit import REPO, jobs, login, reservations, run, write_config
+from tests.kits.slurm_kit import podman_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.podman,
               pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]

@@ -195,14 +195,17 @@ def test_doctor_and_status_say_when_podman_ignores_limits(engine_args: dict, ima
 # What a podman command does first when it starts while the store's overlay folder is no mount
 # point (containers/storage's overlay Init, MakePrivate, before it waits for any store lock):
 # bind-mount the folder over itself, without the mounts beneath it. This one watches (10 s at
-# most, without pause: the window is milliseconds) for a layer mounted under the folder, as an
-# image's chowned copy is while it is made, and does just that then, in podman's own namespaces
-# (entered as the pause process holds them).
+# most, without pause: the window is milliseconds) for a layer newly mounted under the folder, as an
+# image's chowned copy is while it is made (a running container's is not new), and does just that
+# then, in podman's own namespaces (entered as the pause process holds them).
 RACER = r"""
 folder="$1"
+before=$(mktemp)
+trap 'rm -f "$before"' EXIT
+grep -o " $folder/[0-9a-f]*/merged " /proc/self/mountinfo > "$before"  # running containers' (not a copy)
 end=$(( $(date +%s) + 10 ))
 while [ "$(date +%s)" -lt "$end" ]; do
-  if grep -q " $folder/[0-9a-f]*/merged " /proc/self/mountinfo; then
+  if grep -o " $folder/[0-9a-f]*/merged " /proc/self/mountinfo | grep -qvxF -f "$before"; then
     mount --bind "$folder" "$folder" && echo "bound during the copy"
     exit 0
   fi

@@ -38,7 +38,8 @@ from gpubook.scheduler.hosts.slurm.host import SlurmHost
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 from tests.kits import slurm_kit
 from tests.kits.engine_suite import key_line, new_key
-from tests.kits.slurm_jobs_kit import ENGINE, PREFIX, AsAccount, JobsOfAccount, accepted, booking, podman_as
+from tests.kits.slurm_jobs_kit import ENGINE, PREFIX, AsAccount, JobsOfAccount, accepted, booking
+from tests.kits.slurm_kit import podman_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.podman,
               pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]

@@ -83,13 +83,6 @@ class JobsOfAccount(SlurmJobs):
         os.chown(path, account.pw_uid, account.pw_gid)
 
 
-def podman_as(user: str, *args: str) -> int:
-    account = pwd.getpwnam(user)
-    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
-                           f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", "podman", *args],
-                          cwd="/tmp", capture_output=True, timeout=60).returncode
-
-
 def write_config(folder: Path, cluster: slurm_kit.Cluster, calendar_url: str, key: paramiko.PKey,
                  data: Path) -> Path:
     low, high = port_range()

@@ -222,18 +222,43 @@ class Cluster:
 
     def _end_jobs(self) -> None:
         """The jobs' processes (slurmstepd, srun, the gpubook steps): they outlive slurmd by design,
-        so a test's cluster would leave them running (and a step's container) for the next tests."""
+        so a test's cluster would leave them running (and a step's container) for the next tests.
+        Podman's own processes started from a step are spared, as Slurm's process tracking
+        (proctrack/linuxproc) spares them: the account's pause process holds the namespaces of all
+        its containers (killed, every later podman command of the account fails), and a conmon is
+        ended with its container (`podman rm`), never alone (its container would run on, unlisted)."""
+        containers: set[str] = set()
         for _ in range(2):  # a step killed while slurmstepd starts another: look twice
-            for pid in _pids_of(self):
+            for pid, container in _pids_of(self):
+                if container is not None:
+                    containers.add(container)
+                    continue
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             time.sleep(0.2)
+        containers.update(c for _, c in _pids_of(self) if c is not None)
+        if containers:
+            podman_as(self.user, "rm", "--force", "--time=0", *sorted(containers))
 
 
-def _pids_of(cluster: Cluster) -> list[int]:
-    """Processes whose environment names this cluster's slurm.conf, or whose command line its folder."""
+def podman_as(user: str, *args: str) -> int:
+    """podman run as `user` (root's tests), its exit status."""
+    account = pwd.getpwnam(user)
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={account.pw_dir}",
+                           f"XDG_RUNTIME_DIR=/run/user/{account.pw_uid}", "podman", *args],
+                          cwd="/tmp", capture_output=True, timeout=60).returncode
+
+
+# Podman's processes that a step may start and that outlive it: they are podman's, not the job's.
+PODMAN_OWN = frozenset({"catatonit", "conmon", "slirp4netns", "rootlessport", "rootlessport-child"})
+
+
+def _pids_of(cluster: Cluster) -> list[tuple[int, str | None]]:
+    """Processes whose environment names this cluster's slurm.conf, or whose command line its folder:
+    (pid, None) for each of the job's own, (pid, container id) for a conmon; podman's pause
+    process and the other processes of podman's (PODMAN_OWN) are left out."""
     marker, found = f"SLURM_CONF={cluster.conf}".encode(), []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -243,8 +268,14 @@ def _pids_of(cluster: Cluster) -> list[int]:
             command = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if marker in environ or str(cluster.root).encode() in command:
-            found.append(int(entry.name))
+        if marker not in environ and str(cluster.root).encode() not in command:
+            continue
+        argv = command.decode(errors="replace").split("\0")
+        if b"_PODMAN_PAUSE=1" in environ or Path(argv[0]).name in PODMAN_OWN:
+            if Path(argv[0]).name == "conmon" and "-c" in argv[:-1]:
+                found.append((int(entry.name), argv[argv.index("-c") + 1]))
+            continue
+        found.append((int(entry.name), None))
     return found
 
 

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,7 +37,7 @@ from gpubook.runtime.engines.cli_engine import (
     message_of,
 )
 from gpubook.runtime.engines.cli_images import WARM_PREFIX
-from gpubook.runtime.engines.spec import LABEL_BOOKING, ContainerSpec, permanent
+from gpubook.runtime.engines.spec import LABEL_BOOKING, ContainerInfo, ContainerSpec, permanent
 from gpubook.runtime.errors import EngineError
 
 if TYPE_CHECKING:
@@ -137,6 +137,19 @@ def _is_missing_network(stderr: str) -> bool:
 cgroup_version = cgroups.cgroup_version  # where it was before runtime.cgroups
 
 
+# What podman 4.3 says once the namespaces that every container of this user was made in are gone:
+# its pause process, which holds them, ended (a `kill`, a Slurm job's end) while a container was
+# recorded running. With none of the containers' conmons left to join instead, every command fails:
+# 'invalid internal status, try resetting the pause process with "podman system migrate"'. Once a new
+# pause process made new namespaces, every `ps` that reads such a container fails: its network
+# namespace was a mount in the old ones ("joining network namespace of container ID: … unknown FS magic").
+_NO_NAMESPACES = "invalid internal status"
+_LOST_NETNS = re.compile(r"joining network namespace of container (?P<id>[0-9a-f]{64}): "
+                         r"retrieving network namespace at \S+: unknown FS magic")
+LOST_LIMIT = 64  # containers with a lost network namespace removed in one listing, at most
+MIGRATE_TIMEOUT = 600.0  # seconds for `podman system migrate` (it stops each container recorded running)
+
+
 class PodmanEngine(CliEngine):
     name = "podman"
     package = "podman"
@@ -152,6 +165,8 @@ class PodmanEngine(CliEngine):
         self._prepared = False
         self._used: set[tuple[str, str]] = set()  # (image, id map) of containers made (first_use)
         self._used_lock = threading.Lock()
+        self._reset_lock = threading.Lock()
+        self._reset_at = float("-inf")  # when `podman system migrate` last ended (monotonic)
 
     def engine_checks(self) -> builtins.list[Check]:
         binary = self.binary_check()
@@ -394,6 +409,64 @@ class PodmanEngine(CliEngine):
             yield
         finally:
             os.close(fd)
+
+    def _process(self, args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                 exclusive: bool = False) -> subprocess.CompletedProcess[str]:
+        """The command, and once more after `podman system migrate` where podman refused it because the
+        namespaces of this user's containers are gone (_NO_NAMESPACES): without that, no podman
+        command of gpubook's would work again, and no booking would start or stop."""
+        started = time.monotonic()
+        done = super()._process(args, timeout=timeout, env=env, exclusive=exclusive)
+        if done.returncode != 0 and _NO_NAMESPACES in done.stderr and self._reset_namespaces(since=started):
+            done = super()._process(args, timeout=timeout, env=env, exclusive=exclusive)
+        return done
+
+    def _reset_namespaces(self, *, since: float) -> bool:
+        """`podman system migrate`, as podman's message says: it stops the containers recorded running
+        (their conmons are gone; their processes may run on, unreachable) and ends the pause process;
+        the next command makes new namespaces. Once for the commands that failed together: one that
+        started before the last reset ended is only run again."""
+        with self._reset_lock:
+            if self._reset_at >= since:
+                return True
+            log.warning("podman: the namespaces of this user's containers are gone (podman's pause process and "
+                        "every conmon ended while containers were recorded running), so podman refuses every "
+                        "command; running `podman system migrate`: it stops those containers, and their bookings "
+                        "start again")
+            done = super()._process(["system", "migrate"], timeout=MIGRATE_TIMEOUT, exclusive=True)
+            self._reset_at = time.monotonic()
+        if done.returncode != 0:
+            log.error("podman system migrate failed: %s", message_of(done))
+            return False
+        return True
+
+    def list(self) -> builtins.list[ContainerInfo]:
+        """gpubook's containers. One whose network namespace podman lost (_LOST_NETNS) is removed
+        first, as no `ps` works while it is there: its booking starts again, as after any death."""
+        removed: builtins.list[str] = []
+        while True:
+            try:
+                return super().list()
+            except EngineError as error:
+                lost = _LOST_NETNS.search(str(error))
+                if lost is None or lost["id"] in removed or len(removed) >= LOST_LIMIT:
+                    raise
+                removed.append(lost["id"])
+            self._remove_lost(removed[-1])
+
+    def _remove_lost(self, container_id: str) -> None:
+        try:
+            raws = self._inspect_raw([container_id], missing_ok=True)  # works: it only logs the error
+        except EngineError:
+            raws = []
+        name = str(raws[0].get("Name", "")).lstrip("/") if raws else ""
+        log.warning("podman: container %s lost its network namespace (podman's pause process ended while it ran, "
+                    "and a new one made new namespaces), and no `podman ps` works while it is there: removing it; "
+                    "its booking starts again", name or container_id[:12])
+        done = super()._process(["rm", "--force", "--time", "0", container_id], timeout=QUICK_TIMEOUT)
+        if done.returncode != 0:
+            raise EngineError(f"podman rm of {name or container_id[:12]} (its network namespace lost): "
+                              f"{message_of(done)}")
 
     def _map_args(self, count: int = CONTAINER_ID_COUNT) -> builtins.list[str]:
         """The id map of bookings' containers (`userns_args`; warm's for any booker); `count`:
