@@ -397,6 +397,9 @@ def _make_network(cluster: Cluster, *, tag: str, octet: int) -> str:
     _run("ip", "addr", "add", f"{ctl_address}/32", "dev", dummy)
     _run("ip", "link", "set", dummy, "up")
     _run("ip", "link", "set", f"gbs{tag}d", "up")
+    forward = Path("/proc/sys/net/ipv4/ip_forward")
+    if forward.read_text().strip() != "1":  # each node has a subnet of its own: they reach each other through here
+        forward.write_text("1\n")  # (a fresh Debian 12 has it off; Docker's daemon turns it on for good too)
     for i, node in enumerate(cluster.nodes, start=1):
         outside, inside = f"gbs{tag}v{i}", f"gbs{tag}p{i}"
         _run("ip", "netns", "add", node.netns)
