@@ -169,19 +169,25 @@ def test_calendar_outage(tmp_path: Path, radicale, engine, keys, cleanup, daemon
     assert any("not started: the calendar data is" in m for m in events(tmp_path, "later@test"))
 
 
-def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, engine, keys, cleanup,
-                                                   daemons) -> None:
+def _started(tmp_path: Path, radicale, engine, keys, cleanup, daemons, booking_id: str):
+    """A booking running now under a daemon that polls every 2 s and restarts a dead container
+    after 1 s: the calendar, the daemon and the container (its start logged)."""
     calendar = radicale.new_calendar()
-    # The death is noticed on the next poll (2 s here); the restart comes after the 1 s back-off.
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, restart_backoff_seconds=1)
-    book(calendar, "dies@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
-    cleanup.append("dies@test")
+    book(calendar, booking_id, user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append(booking_id)
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
-    first = wait_for("the container", lambda: running_container(engine, "dies@test"), timeout=60, daemon=daemon)
-    wait_for("the start in the log", lambda: any(m.startswith("started") for m in events(tmp_path, "dies@test")),
+    wait_for("the container", lambda: running_container(engine, booking_id), timeout=60, daemon=daemon)
+    wait_for("the start in the log", lambda: any(m.startswith("started") for m in events(tmp_path, booking_id)),
              timeout=30, daemon=daemon)
-    first = running_container(engine, "dies@test")
+    return calendar, daemon, running_container(engine, booking_id)
+
+
+def test_container_killed_from_outside_is_restarted(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                   daemons) -> None:
+    # The death is noticed on the next poll (2 s here); the restart comes after the 1 s back-off.
+    calendar, daemon, first = _started(tmp_path, radicale, engine, keys, cleanup, daemons, "dies@test")
     subprocess.run([*engine.global_argv(), "kill", first.name], check=True, capture_output=True)  # type: ignore[attr-defined]
     second = wait_for("a new container", lambda: (c := running_container(engine, "dies@test")) and c.id != first.id
                       and c, timeout=60, daemon=daemon)
@@ -206,15 +212,7 @@ def test_a_container_whose_network_namespace_podman_lost_is_started_again(tmp_pa
     booking started or stopped for the rest of the run. The state is made as a new pause process
     leaves it (the container's network namespace is no mount in podman's mount namespace); the
     daemon removes that container and starts the booking again, reachable as before."""
-    calendar = radicale.new_calendar()
-    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, restart_backoff_seconds=1)
-    book(calendar, "lost@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
-    cleanup.append("lost@test")
-    daemon = DaemonProcess(config).start()
-    daemons.append(daemon)
-    first = wait_for("the container", lambda: running_container(engine, "lost@test"), timeout=60, daemon=daemon)
-    wait_for("the start in the log", lambda: any(m.startswith("started") for m in events(tmp_path, "lost@test")),
-             timeout=30, daemon=daemon)
+    _, daemon, first = _started(tmp_path, radicale, engine, keys, cleanup, daemons, "lost@test")
     podman = engine.global_argv()  # type: ignore[attr-defined]
     netns = subprocess.run([*podman, "inspect", "--format", "{{.NetworkSettings.SandboxKey}}", first.name],
                            check=True, capture_output=True, text=True).stdout.strip()
