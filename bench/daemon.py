@@ -4,6 +4,7 @@
     PYTHONPATH=. python bench/daemon.py idle [--seconds 300] [--web] # `gpubook run`, poll every 30 s
     PYTHONPATH=. python bench/daemon.py plan [--bookings 1000 --gpus 100]
     PYTHONPATH=. python bench/daemon.py adopt [--bookings 8 --rounds 20]   # real Radicale + rootless podman
+    PYTHONPATH=. python bench/daemon.py lost [--bookings 8 --rounds 20]    # real Radicale + rootless podman
 
 latency: bookings made through CalDAV, one after the other; `gpubook run` as a real process; for
 each, the time from the booking's start time to the first successful SSH login of the booker's
@@ -24,6 +25,12 @@ unmeasured start); the events the restarted daemons wrote (the calendar behind a
 gpubook's bytecode is compiled by the first start and read by the next ones, as from an installed
 package (--from-source: compiled at each start, as a source tree under PYTHONDONTWRITEBYTECODE is).
 Target: p95 <= 2 s.
+lost: `gpubook run` with 8 bookings running, then rounds of podman's namespaces lost under them, in
+turn "netns" (each container's network namespace no mount in podman's mount namespace, as a new
+pause process leaves it: every `podman ps` fails) and "pause" (podman's pause process and every
+conmon SIGKILLed: podman refuses every command), each timed from the fault to every booking running
+in a new container (read with podman itself) and to every booker's SSH login answered; the ports
+checked unchanged. The daemon polls every 60 s, restarts a dead container after 1 s.
 """
 
 from __future__ import annotations
@@ -34,12 +41,17 @@ import os
 import platform
 import random
 import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -191,12 +203,15 @@ def _page_url(daemon) -> str:  # type: ignore[no-untyped-def]
 # -- adoption after kill -9 -------------------------------------------------------------------
 
 
-def adopt(count: int, rounds: int, *, from_source: bool = False) -> None:
+@contextmanager
+def _booked(count: int) -> Iterator[SimpleNamespace]:
+    """`count` bookings running now on as many fake GPUs, in a real Radicale (behind a counting front), the
+    debian-ssh image in rootless podman, a config polling every 60 s; the containers removed after."""
     from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
     from gpubook.runtime.templates import get_template
     from tests.kits import fake_gpus, servers
-    from tests.kits.daemon_kit import DaemonProcess, book, soon, write_config
+    from tests.kits.daemon_kit import book, soon, write_config
     from tests.kits.engine_suite import CACHE_DIR
     from tests.kits.front import CountingFront
 
@@ -204,9 +219,6 @@ def adopt(count: int, rounds: int, *, from_source: bool = False) -> None:
     overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     key = paramiko.ECDSAKey.generate(bits=256)
     ids = [f"adopt-{n}@gpubook" for n in range(count)]
-    writes = 0  # the calendar's events written by the restarted daemons (their write-back runs after the pass)
-    figures: list[float] = []
-    phases: list[tuple[float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as name, \
             servers.running(servers.radicale) as radicale:
         folder = Path(name)
@@ -216,12 +228,30 @@ def adopt(count: int, rounds: int, *, from_source: bool = False) -> None:
         fake_gpus.write(gpus, [{"utilisation": 0} for _ in range(count)])
         config = write_config(folder, front.base_url + calendar.url.path, keys={"alice": key}, poll_seconds=60,
                               gpus=count, gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
-        env = {fake_gpus.ENV: str(gpus)}
-        if not from_source:  # as installed: bytecode compiled once (by the first start here, unmeasured), then read
-            env |= {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(folder / "pycache")}
         start, end = soon(0) - timedelta(seconds=1), soon(3600)
         for n, booking_id in enumerate(ids):
             book(calendar, booking_id, user="alice", start=start, end=end, gpus=f"{n},")
+        try:
+            yield SimpleNamespace(engine=engine, key=key, ids=ids, folder=folder, calendar=calendar, front=front,
+                                  config=config, env={fake_gpus.ENV: str(gpus)})
+        finally:
+            front.stop()
+            for booking_id in ids:
+                engine.stop(container_name(booking_id), 0)
+
+
+def adopt(count: int, rounds: int, *, from_source: bool = False) -> None:
+    from tests.kits.daemon_kit import DaemonProcess
+
+    writes = 0  # the calendar's events written by the restarted daemons (their write-back runs after the pass)
+    figures: list[float] = []
+    phases: list[tuple[float, float, float]] = []
+    with _booked(count) as world:
+        engine, ids, folder, calendar, front, config = (world.engine, world.ids, world.folder, world.calendar,
+                                                         world.front, world.config)
+        env = dict(world.env)
+        if not from_source:  # as installed: bytecode compiled once (by the first start here, unmeasured), then read
+            env |= {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(folder / "pycache")}
         status_path = folder / "state" / "daemon-status.json"
         daemon = DaemonProcess(config, env=env).start()
         try:
@@ -257,9 +287,6 @@ def adopt(count: int, rounds: int, *, from_source: bool = False) -> None:
             writes += len(front.requests(since=spawned, method="PUT"))
         finally:
             daemon.stop()
-            front.stop()
-            for booking_id in ids:
-                engine.stop(container_name(booking_id), 0)
     print(f"adoption after kill -9, {count} running bookings, {rounds} rounds, "
           f"{'every module compiled at each start' if from_source else 'bytecode cached'}: spawn → first complete pass "
           f"median {statistics.median(figures):.3f} s, p95 {percentile(figures, 0.95):.3f} s, "
@@ -269,6 +296,103 @@ def adopt(count: int, rounds: int, *, from_source: bool = False) -> None:
         values = [p[index] for p in phases]
         print(f"  {label}: median {statistics.median(values):.3f} s, max {max(values):.3f} s")
     print(f"  events written to the calendar by the restarted daemons: {writes}")
+
+
+def lost(count: int, rounds: int) -> None:
+    """Rounds of podman's namespaces lost under `count` running bookings, one way and the other in
+    turn: "netns", every booking's network namespace unmounted in podman's mount namespace (the state
+    a new pause process leaves: no `podman ps` works); "pause", podman's pause process and every
+    conmon of the account SIGKILLed (podman refuses every command until `podman system migrate`).
+    Each timed from the fault to every booking running in a new container, and to every booker's
+    SSH login answered on the booking's own port."""
+    from tests.kits.daemon_kit import DaemonProcess, try_login
+
+    figures: dict[str, list[tuple[float, float]]] = {"netns": [], "pause": []}
+    with _booked(count) as world:
+        engine = world.engine
+        daemon = DaemonProcess(world.config, env=world.env).start()
+        try:
+            before = _wait_all_running(engine, world.ids, daemon)
+            print(f"  {count} bookings running", flush=True)
+            for number in range(rounds):
+                way = ("netns", "pause")[number % 2]
+                hit = time.monotonic()
+                if way == "netns":
+                    _unmount_netns(engine, list(before.values()))
+                else:
+                    _end_pause_and_conmons()
+                _wait_replaced(engine, {info.id for info in before.values()}, len(world.ids), daemon)
+                running = time.monotonic() - hit
+                for info in before.values():  # the same ports (checked below)
+                    while (client := try_login(info.port, "alice", world.key)) is None:
+                        if time.monotonic() - hit > 180:
+                            raise SystemExit(f"round {number}: no SSH on {info.port} within 180 s\n{daemon.tail()}")
+                        time.sleep(0.1)
+                    client.close()
+                ssh = time.monotonic() - hit
+                after = _wait_all_running(engine, world.ids, daemon)
+                moved = {b: (before[b].port, after[b].port) for b in before if before[b].port != after[b].port}
+                if moved:
+                    raise SystemExit(f"round {number}: ports changed {moved}")
+                figures[way].append((running, ssh))
+                print(f"  round {number} ({way}): every booking running again {running:.2f} s after the fault, "
+                      f"every login answered {ssh:.2f} s after it", flush=True)
+                before = after
+        finally:
+            daemon.stop()
+    for way, label in (("netns", "network namespaces lost"), ("pause", "pause process and conmons killed")):
+        if figures[way]:
+            running, ssh = [f[0] for f in figures[way]], [f[1] for f in figures[way]]
+            print(f"podman's namespaces lost under {count} running bookings ({label}), {len(running)} rounds: "
+                  f"all running again median {statistics.median(running):.2f} s, max {max(running):.2f} s; all "
+                  f"logins answered median {statistics.median(ssh):.2f} s, max {max(ssh):.2f} s")
+
+
+def _wait_replaced(engine, old: set[str], count: int, daemon) -> None:  # type: ignore[no-untyped-def]
+    """Until `count` booking containers run, none of them one of `old`. Read with podman itself (it
+    fails until the daemon mends podman's state), never through gpubook's engine (which would)."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        done = subprocess.run([*engine.global_argv(), "ps", "--filter", "label=gpubook.booking", "--format", "json"],
+                              capture_output=True, text=True, check=False)
+        listed = json.loads(done.stdout or "[]") if done.returncode == 0 else []
+        if len([c for c in listed if c.get("State") == "running" and c.get("Id") not in old]) == count:
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"the bookings were not running again within 180 s\n{daemon.tail()}")
+
+
+def _unmount_netns(engine, infos: list[ContainerInfo]) -> None:  # type: ignore[no-untyped-def]
+    """What a new pause process leaves: the containers' network namespaces are no mounts in podman's."""
+    podman = engine.global_argv()
+    paths = [subprocess.run([*podman, "inspect", "--format", "{{.NetworkSettings.SandboxKey}}", info.id],
+                            capture_output=True, text=True, check=True).stdout.strip() for info in infos]
+    subprocess.run([*podman, "unshare", "umount", *paths], capture_output=True, check=True)
+
+
+def _end_pause_and_conmons() -> None:
+    """SIGKILL podman's pause process and every conmon of this account, and wait for their end."""
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}")
+    pids = [int((runtime / "libpod" / "tmp" / "pause.pid").read_text())]
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == os.getuid() and \
+                    (entry / "cmdline").read_bytes().split(b"\0")[0].endswith(b"conmon"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if all(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z" for pid in pids):
+                return
+        except FileNotFoundError:  # one reaped: look at the others again
+            pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+            if not pids:
+                return
+        time.sleep(0.05)
 
 
 def _wait_all_running(engine, ids: list[str], daemon) -> dict[str, ContainerInfo]:  # type: ignore[no-untyped-def]
@@ -413,10 +537,10 @@ def plan_and_reconcile(count: int, gpus: int, rounds: int = 20) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["latency", "idle", "plan", "adopt", "all"])
+    parser.add_argument("what", choices=["latency", "idle", "plan", "adopt", "lost", "all"])
     parser.add_argument("--bookings", type=int, help="latency: bookings (20); plan: bookings (1000); adopt: running "
                         "bookings (8)")
-    parser.add_argument("--rounds", type=int, default=20, help="adopt: kill -9 and restarts (20)")
+    parser.add_argument("--rounds", type=int, default=20, help="adopt: kill -9 and restarts (20); lost: faults (20)")
     parser.add_argument("--from-source", action="store_true", help="adopt: no bytecode written or read for gpubook "
                         "(a source tree under PYTHONDONTWRITEBYTECODE, as the tests run): every start compiles it")
     parser.add_argument("--gpus", type=int, default=100)
@@ -432,6 +556,8 @@ def main() -> None:
         idle(args.seconds, web=args.web)
     if args.what in ("adopt", "all"):
         adopt(args.bookings or 8, args.rounds, from_source=args.from_source)
+    if args.what == "lost":
+        lost(args.bookings or 8, args.rounds)
 
 
 if __name__ == "__main__":
