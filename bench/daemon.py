@@ -382,26 +382,15 @@ def _unmount_netns(engine, infos: list[ContainerInfo]) -> None:  # type: ignore[
 
 def _end_pause_and_conmons() -> None:
     """SIGKILL podman's pause process and every conmon of this account, and wait for their end."""
+    from tests.kits.daemon_kit import alive
+    from tests.kits.faulty_engine import conmons
+
     runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}")
-    pids = [int((runtime / "libpod" / "tmp" / "pause.pid").read_text())]
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and entry.stat().st_uid == os.getuid() and \
-                    (entry / "cmdline").read_bytes().split(b"\0")[0].endswith(b"conmon"):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
+    pids = [int((runtime / "libpod" / "tmp" / "pause.pid").read_text()), *(c.conmon for c in conmons())]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if all(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z" for pid in pids):
-                return
-        except FileNotFoundError:  # one reaped: look at the others again
-            pids = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-            if not pids:
-                return
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 

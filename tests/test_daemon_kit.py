@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kits.daemon_kit import alive
+
 ROOT = Path(__file__).resolve().parent.parent
 
 INNER = '''
@@ -38,14 +40,6 @@ def test_fails_with_its_daemon_running(tmp_path):
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 @pytest.mark.podman
 def test_a_daemon_left_running_by_a_failed_test_is_stopped_after_it(tmp_path: Path) -> None:
     pid_file = tmp_path / "daemon.pid"
@@ -59,9 +53,9 @@ def test_a_daemon_left_running_by_a_failed_test_is_stopped_after_it(tmp_path: Pa
     try:
         assert "1 failed" in done.stdout, done.stdout + done.stderr
         assert "the test fails before it stops its daemon" in done.stdout
-        assert not _alive(pid), "the failed test's daemon still runs after its session"
+        assert not alive(pid), "the failed test's daemon still runs after its session"
     finally:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, 9)
 
 
@@ -116,7 +110,7 @@ def test_a_test_that_ends_podmans_pause_process_fails_itself_not_the_later_ones(
         subprocess.run([*store, "unshare", "rm", "-rf", str(tmp_path / "store")], env=env, capture_output=True,
                        timeout=120, check=False)
         pid_file = runtime / "libpod" / "tmp" / "pause.pid"
-        if pid_file.exists() and _alive(int(pid_file.read_text())):
+        if pid_file.exists() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), 9)
         shutil.rmtree(runtime, ignore_errors=True)
     assert ["passed" in outcomes["test_leaves_it"], "passed" in outcomes["test_ends_it_on_purpose"],

@@ -25,6 +25,7 @@ import pytest
 
 from gpubook.runtime.engines import Engine, engine_from
 from gpubook.runtime.engines.spec import LABEL_BOOKING
+from tests.kits.daemon_kit import alive
 from tests.kits.engine_suite import PODMAN
 
 pytestmark = [
@@ -92,13 +93,6 @@ def own(monkeypatch: pytest.MonkeyPatch) -> Iterator[Own]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _ended(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def test_a_container_whose_network_namespace_podman_lost_is_removed_and_the_listing_works(
         own: Own, caplog: pytest.LogCaptureFixture) -> None:
     """Its network namespace is a mount in podman's mount namespace; a new pause process's namespaces
@@ -129,7 +123,7 @@ def test_with_the_pause_process_and_every_conmon_ended_podman_is_reset_and_answe
     for pid in ended:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while not all(_ended(pid) for pid in ended) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in ended) and time.monotonic() < deadline:
         time.sleep(0.1)
     refused = own.podman("ps", "--all", check=False)
     assert refused.returncode != 0 and "invalid internal status" in refused.stderr, refused.stderr

@@ -234,6 +234,15 @@ def _bookings_logs() -> str:
     return "\n".join(parts)
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: there, and no zombie (killed and not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def try_login(port: int, user: str, key: paramiko.PKey, *, timeout: float = 3) -> paramiko.SSHClient | None:
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - a fresh container's host key

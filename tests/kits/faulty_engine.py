@@ -158,13 +158,13 @@ def _signal(pid: int) -> None:
 
 
 def _unlisted(real: str, global_args: Sequence[str]) -> list[Orphan]:
-    conmons = _conmons()
+    found = conmons()
     listed = subprocess.run([real, *global_args, "ps", "--all", "--no-trunc", "--format", "{{.ID}}"],
                             capture_output=True, text=True, timeout=120, check=True).stdout.split()
-    return [o for o in conmons if o.id not in listed]
+    return [o for o in found if o.id not in listed]
 
 
-def _conmons() -> list[Orphan]:
+def conmons() -> list[Orphan]:
     """The conmon processes of this account: each names its container (-c ID, -n NAME)."""
     found = []
     for entry in Path("/proc").iterdir():

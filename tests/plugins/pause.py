@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kits.daemon_kit import alive
 from tests.kits.slurm_kit import DEFAULT_USER
 
 
@@ -41,7 +42,7 @@ def pause_process(uid: int, runtime: Path) -> int | None:
     try:
         pid = int((runtime / "libpod" / "tmp" / "pause.pid").read_text().strip())
         proc = Path(f"/proc/{pid}")
-        if proc.stat().st_uid != uid or (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+        if proc.stat().st_uid != uid or not alive(pid):
             return None
         pending = {k: v for k, v in (line.split(":", 1) for line in (proc / "status").read_text().splitlines()
                                      if line.startswith(("SigPnd:", "ShdPnd:")))}
