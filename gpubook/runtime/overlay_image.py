@@ -74,35 +74,41 @@ def build_overlay(engine: Engine, template: Template) -> str:
 
 def build_rootfs_image(engine: Engine, template: Template, *, cache_dir: Path) -> str:
     """Make a template's image locally with mmdebstrap (its [build] recipe), the tarball cached."""
-    recipe = template.build
-    if recipe is None:
+    if template.build is None:
         raise TemplateError(f"{template.path}: build: this template has no [build] recipe")
     if image_present(engine, template.image):
         return template.image
     builder = engines.builder(engine, why=f"template {template.name}'s image from its [build] recipe")
+    builder.import_rootfs(rootfs_tarball(template, cache_dir=cache_dir), template.image)
+    return template.image
+
+
+def rootfs_tarball(template: Template, *, cache_dir: Path) -> Path:
+    """The root file system of a template's [build] recipe as a tarball in `cache_dir/rootfs`, named by
+    the recipe; made with mmdebstrap when it is not there yet."""
+    recipe = template.build
+    if recipe is None:
+        raise TemplateError(f"{template.path}: build: this template has no [build] recipe")
     key = f"{recipe.suite} {recipe.variant} {','.join(sorted(recipe.include))}"
     tarball = cache_dir / "rootfs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.tar"
-    if not tarball.is_file():
-        tarball.parent.mkdir(parents=True, exist_ok=True)
-        partial = tarball.with_suffix(".partial.tar")
-        mode = "root" if os.geteuid() == 0 else "unshare"
-        argv = ["mmdebstrap", f"--mode={mode}", f"--variant={recipe.variant}", "--quiet"]
-        if recipe.include:
-            argv.append("--include=" + ",".join(recipe.include))
-        argv += [recipe.suite, str(partial)]
-        log.info("template %s: building its root file system with mmdebstrap", template.name)
-        done = subprocess.run(
-            argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL
+    if tarball.is_file():
+        return tarball
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    partial = tarball.with_suffix(".partial.tar")
+    mode = "root" if os.geteuid() == 0 else "unshare"
+    argv = ["mmdebstrap", f"--mode={mode}", f"--variant={recipe.variant}", "--quiet"]
+    if recipe.include:
+        argv.append("--include=" + ",".join(recipe.include))
+    argv += [recipe.suite, str(partial)]
+    log.info("template %s: building its root file system with mmdebstrap", template.name)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise EngineError(
+            f"template {template.name}: mmdebstrap failed: {(done.stderr or done.stdout).strip()[-2000:]}"
         )
-        if done.returncode != 0:
-            partial.unlink(missing_ok=True)
-            raise EngineError(
-                f"template {template.name}: mmdebstrap failed: "
-                f"{(done.stderr or done.stdout).strip()[-2000:]}"
-            )
-        partial.replace(tarball)
-    builder.import_rootfs(tarball, template.image)
-    return template.image
+    partial.replace(tarball)
+    return tarball
 
 
 def image_present(engine: Engine, image: str) -> bool:

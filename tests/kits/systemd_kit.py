@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpubook.runtime import overlay_image
 from gpubook.runtime.templates import get_template
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,17 +110,7 @@ def booking_rootfs() -> Path:
     (~/.cache/gpubook/rootfs, named by its recipe), made here with mmdebstrap when missing: the
     booted container has no network, so its account gets this file in its own cache and
     `gpubook templates build debian-ssh` only imports it."""
-    recipe = get_template("debian-ssh").build
-    assert recipe is not None
-    key = f"{recipe.suite} {recipe.variant} {','.join(sorted(recipe.include))}"
-    tarball = Path.home() / ".cache" / "gpubook" / "rootfs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.tar"
-    if not tarball.is_file():
-        tarball.parent.mkdir(parents=True, exist_ok=True)
-        partial = tarball.with_suffix(".partial.tar")
-        _run(["mmdebstrap", "--mode=root", f"--variant={recipe.variant}", "--quiet",
-              "--include=" + ",".join(recipe.include), recipe.suite, str(partial)])
-        partial.replace(tarball)
-    return tarball
+    return overlay_image.rootfs_tarball(get_template("debian-ssh"), cache_dir=Path.home() / ".cache" / "gpubook")
 
 
 def wheelhouse(folder: Path) -> Path:
