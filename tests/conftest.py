@@ -13,4 +13,5 @@ pytest_plugins = [
     "tests.plugins.notify",
     "tests.plugins.probes",
     "tests.plugins.pause",
+    "tests.plugins.lane_health",
 ]

@@ -27,7 +27,7 @@ from tests.kits.engine_suite import new_key
 from tests.kits.slurm_jobs_kit import REPO, jobs, login, reservations, run, write_config
 from tests.kits.slurm_kit import podman_as
 
-pytestmark = [pytest.mark.slurm, pytest.mark.podman,
+pytestmark = [pytest.mark.slurm, pytest.mark.podman, pytest.mark.daemon,
               pytest.mark.skipif(slurm_kit.available() is not None, reason=str(slurm_kit.available()))]
 SSH_LINE = re.compile(r"ssh -p (\d+) alice@(node\d)")
 

@@ -33,7 +33,7 @@ from tests.kits.daemon_kit import (
 )
 
 pytestmark = [
-    pytest.mark.udocker, pytest.mark.caldav, pytest.mark.slow,
+    pytest.mark.udocker, pytest.mark.caldav, pytest.mark.slow, pytest.mark.daemon,
     pytest.mark.skipif(os.geteuid() == 0, reason="udocker runs as a user"),
     pytest.mark.skipif(shutil.which("runc", path="/usr/sbin:/sbin:" + os.environ.get("PATH", "")) is None,
                        reason="udocker's R1 mode needs runc"),

@@ -143,6 +143,7 @@ def test_doctor_checks_each_allowed_templates_image(tmp_path: Path, engine) -> N
         store.remove_image("localhost/gpubook-test/present:1")
 
 
+@pytest.mark.daemon
 @pytest.mark.podman
 @pytest.mark.caldav
 @pytest.mark.slow

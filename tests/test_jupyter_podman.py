@@ -266,6 +266,7 @@ def test_an_image_without_jupyterlab_still_starts_and_says_so(engine: Engine, ss
         bookings.cleanup()
 
 
+@pytest.mark.daemon
 @pytest.mark.caldav
 def test_the_daemon_writes_back_how_to_reach_jupyterlab(engine: Engine, lab_image: str, ssh_image: str,
                                                         radicale, keys, tmp_path: Path) -> None:  # noqa: ANN001

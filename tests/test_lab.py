@@ -25,7 +25,7 @@ from tests.kits.daemon_kit import ROOT, book, child_env
 from tests.kits.servers import FeedServer, Reply
 from tests.kits.web_kit import CHROMEDRIVER, CHROMIUM, browser, rendered, served, web_config
 
-pytestmark = [pytest.mark.caldav, pytest.mark.slow]
+pytestmark = [pytest.mark.caldav, pytest.mark.slow, pytest.mark.daemon]  # the lab fixture runs two daemons
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 HOUR = timedelta(hours=1)

@@ -206,6 +206,7 @@ def _container_addresses(engine: Engine, name: str) -> list[str]:
 # --- known_hosts in the event ------------------------------------------------------------------------
 
 
+@pytest.mark.daemon
 def test_the_events_known_hosts_line_lets_the_booker_in_with_reject_policy(
         tmp_path: Path, radicale: servers.CalendarServer, engine: Engine, image: str) -> None:
     keys = {"alice": paramiko.ECDSAKey.generate(bits=256)}

@@ -36,7 +36,7 @@ from tests.kits.daemon_kit import (
 )
 
 pytestmark = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
+    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow, pytest.mark.daemon,
     pytest.mark.skipif(shutil.which("sftp") is None, reason="OpenSSH's sftp client is not installed"),
 ]
 

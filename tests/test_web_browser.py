@@ -52,6 +52,7 @@ def reloaded_until(driver, what: str, check, *, timeout: float):  # type: ignore
     return wait_for(what, once, timeout=timeout, interval=0.5)
 
 
+@pytest.mark.daemon
 @pytest.mark.podman
 @pytest.mark.caldav
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")

@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 # The marks of a module whose tests run the daemon on rootless podman against a real calendar server
-# (`pytestmark = DAEMON_MODULE`): out of the fast lane, skipped where podman is absent.
+# (`pytestmark = DAEMON_MODULE`): out of the fast lane, skipped where podman is absent, in the flake hunt.
 DAEMON_MODULE = [
-    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
+    pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow, pytest.mark.daemon,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed"),
 ]
 
@@ -55,14 +55,25 @@ ENGINE_LINES = {
 }
 
 
+def lane_ports() -> tuple[int, int]:
+    """The block of booking ports this test lane may use (`GPUBOOK_TEST_PORTS`, "low-high", given by
+    tools/lanes.py: the lanes running side by side never draw the same port), else 20000-31999."""
+    told = os.environ.get("GPUBOOK_TEST_PORTS", "")
+    if told:
+        low, _, high = told.partition("-")
+        return int(low), int(high)
+    return 20000, 31999
+
+
 def port_range(size: int = 20) -> tuple[int, int]:
     """A block of ports that nothing uses now, away from other tests' free_port() picks."""
     import socket
 
+    low, high = lane_ports()
     for _ in range(200):
         # Below the kernel's ephemeral range (32768-60999): no outgoing connection's local port, nor
         # another test's free_port() pick, can take a booking's port between its arming and its start.
-        base = 20000 + secrets.randbelow(3000) * 4
+        base = low + secrets.randbelow((high - low + 1 - size) // 4) * 4
         free = True
         for port in range(base, base + size):
             with socket.socket() as probe:

@@ -13,16 +13,21 @@ from tests.kits.daemon_kit import DaemonProcess
 
 
 @pytest.fixture(autouse=True)
-def no_daemon_outlives_its_test() -> Iterator[None]:
+def no_daemon_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
     """A daemon the test started and did not stop (its assertion failed first) is stopped after it:
     a daemon left running holds the account's lock, and every later daemon test would fail on it.
-    Daemons of a module's or session's fixture, started before this fixture, are theirs to stop."""
+    Daemons of a module's or session's fixture, started before this fixture, are theirs to stop.
+    A test that started one carries the `daemon` marker (the flake hunt's `-m daemon` finds it)."""
     before = len(daemon_kit.STARTED)
     yield
-    for daemon in daemon_kit.STARTED[before:]:
+    started = daemon_kit.STARTED[before:]
+    for daemon in started:
         if daemon.process is not None and daemon.process.poll() is None:
             daemon.stop()
     del daemon_kit.STARTED[before:]
+    if started and request.node.get_closest_marker("daemon") is None:
+        pytest.fail("this test starts `gpubook run` and carries no `daemon` marker (daemon_kit.DAEMON_MODULE "
+                    "or daemon_test): `-m daemon` would miss it", pytrace=False)
 
 
 @pytest.fixture

@@ -1,0 +1,144 @@
+"""The suite's lanes (tools/lanes.py) and the check between modules (tests/plugins/lane_health.py).
+
+The lanes: every module goes to exactly one user lane, the longest first to the least loaded; pytest-
+repeat's ids are folded back for the flake hunt. The check: a module that leaves a listener on the
+lane's ports, or its podman unable to answer, fails at its end, names what is broken, and the lane
+stops there (the next module does not run to fail for it)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tools.lanes import ROOT_PORTS, USER_PORTS, base_id, port_blocks, share_out, split_args
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_module_goes_to_one_lane_and_the_loads_are_even() -> None:
+    seconds = {"a": 100.0, "b": 90.0, "c": 50.0, "d": 40.0, "e": 10.0, "f": 10.0}
+    shares = share_out(sorted([*seconds, "new"]), 3, seconds)
+    placed = [module for share in shares for module in share]
+    assert sorted(placed) == sorted([*seconds, "new"])  # each once
+    loads = [sum(seconds.get(m, 10.0) for m in share) for share in shares]
+    assert max(loads) - min(loads) <= 20.0, shares
+    assert share_out(sorted(seconds), 3, seconds) == share_out(sorted(seconds, reverse=True), 3, seconds)
+
+
+def test_the_lanes_port_blocks_do_not_overlap_and_stay_below_the_ephemeral_range() -> None:
+    blocks = [ROOT_PORTS, *port_blocks(3)]
+    for (low, high), (next_low, _) in zip(blocks, blocks[1:], strict=False):
+        assert low < high < next_low
+    assert blocks[-1][1] <= USER_PORTS[1] < 32768
+
+
+def test_repeat_ids_fold_back_to_the_test() -> None:
+    assert base_id("tests/test_a.py::test_x[1-5]") == "tests/test_a.py::test_x"
+    assert base_id("tests/test_a.py::test_y[podman-3-5]") == "tests/test_a.py::test_y[podman]"
+    assert base_id("tests/test_a.py::test_z[podman]") == "tests/test_a.py::test_z[podman]"
+
+
+def test_own_options_selection_and_pytest_options_are_told_apart() -> None:
+    own, selected, rest = split_args(["--repeat", "5", "-m", "daemon", "tests/test_plan.py", "-x", "-k", "end"])
+    assert (own.repeat, own.markers) == (5, "daemon")
+    assert selected == ["tests/test_plan.py"]
+    assert rest == ["-x", "-k", "end"]
+
+
+INNER_CONFIG = """[tool.pytest.ini_options]
+markers = ["slow: slow", "podman: podman"]
+"""
+INNER_CONFTEST = """
+pytest_plugins = ["tests.plugins.lanes", "tests.plugins.lane_health"]
+
+
+def pytest_configure(config):
+    import tests.plugins.lane_health as health
+    health.PORTS_GRACE_SECONDS = 1.0
+"""
+LEAVES_A_LISTENER = """
+import socket
+import pytest
+
+LEFT = []
+
+@pytest.mark.slow
+def test_leaves_a_listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", {port}))
+    server.listen()
+    LEFT.append(server)
+"""
+BREAKS_PODMAN = """
+import pytest
+
+@pytest.mark.podman
+def test_breaks_podman():
+    pass
+"""
+LATER = """
+import pytest
+
+@pytest.mark.slow
+def test_later():
+    pass
+"""
+
+
+def _inner(tmp_path: Path, first: str, *, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "pyproject.toml").write_text(INNER_CONFIG)
+    (tmp_path / "conftest.py").write_text(INNER_CONFTEST)
+    (tmp_path / "test_a_first.py").write_text(first)
+    (tmp_path / "test_b_later.py").write_text(LATER)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "--rootdir", str(tmp_path),
+                           str(tmp_path / "test_a_first.py"), str(tmp_path / "test_b_later.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+def _free_block() -> tuple[int, int]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return port, port
+
+
+def test_a_module_that_leaves_a_listener_on_the_lanes_ports_stops_the_lane_and_is_named(tmp_path: Path) -> None:
+    low, high = _free_block()
+    done = _inner(tmp_path, LEAVES_A_LISTENER.format(port=low),
+                  env={"GPUBOOK_TEST_LANE": "user9", "GPUBOOK_TEST_PORTS": f"{low}-{high}"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out  # pytest's 'interrupted': the lane stopped
+    assert f"test_a_first.py left lane user9 unfit for the next module: port(s) {low} of the lane's block" in out
+    assert "ERROR at teardown of test_leaves_a_listener" in out
+    assert "PASSED test_b_later.py::test_later" not in out, out  # it did not run
+    assert "lane user9 stopped: test_a_first.py left it broken" in out
+
+
+def test_a_module_after_which_podman_fails_stops_the_lane(tmp_path: Path) -> None:
+    """podman's own words when its pause process ended under a running container (stop 33's CI)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "podman").write_text("#!/bin/sh\necho 'Error: invalid internal status, try resetting the pause "
+                                    "process with \"podman system migrate\"' >&2\nexit 125\n")
+    (bin_dir / "podman").chmod(0o755)
+    done = _inner(tmp_path, BREAKS_PODMAN, env={"PATH": f"{bin_dir}:{os.environ['PATH']}",
+                                               "GPUBOOK_TEST_LANE": "user9", "GPUBOOK_TEST_PORTS": "1-1"})
+    out = done.stdout + done.stderr
+    if os.geteuid() == 0:  # root's lane has no podman of its own to check
+        assert done.returncode == 0, out
+        return
+    assert done.returncode == 2, out  # pytest's 'interrupted': the lane stopped
+    assert "`podman ps` failed (exit 125): Error: invalid internal status" in out
+    assert "PASSED test_b_later.py::test_later" not in out, out
+
+
+def test_a_healthy_lane_runs_every_module(tmp_path: Path) -> None:
+    done = _inner(tmp_path, BREAKS_PODMAN.replace("podman", "slow"), env={"GPUBOOK_TEST_LANE": "user9",
+                                                                        "GPUBOOK_TEST_PORTS": "1-1"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "2 passed" in out
