@@ -62,6 +62,9 @@ class Booking:
     start: datetime | None = None
     gpus: tuple[int, ...] = ()
     gpu: object | None = None
+    # The host's time the entrypoint waits for (GPUBOOK_NOT_BEFORE), where the daemon's clock is told
+    # another time than the host's (tests: gpubook/scheduler/clock.py); None: `start`.
+    not_before: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,9 @@ def booking_spec(template: Template, booking: Booking, files: HostFiles) -> Cont
     )
     if template.jupyter:
         env[jupyter.ENV] = "1"
-    if booking.start is not None:
-        env[NOT_BEFORE] = f"{booking.start.timestamp():.3f}"
+    not_before = booking.not_before or booking.start
+    if not_before is not None:
+        env[NOT_BEFORE] = f"{not_before.timestamp():.3f}"
     overlay = Mount(entrypoint_dir(files.cache_dir), OVERLAY_TARGET, read_only=True)
     key_folder = Mount(files.host_key.folder, HOST_KEY_TARGET, read_only=True)
     card = (Mount(files.card, CARD_TARGET, read_only=True),) if files.card is not None else ()

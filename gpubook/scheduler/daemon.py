@@ -18,7 +18,8 @@
 - Under systemd: READY=1 after the first pass (at most 120 s; until then EXTEND_TIMEOUT_USEC every
   5 s, so a long first pass never meets systemd's 90 s start timeout), WATCHDOG=1, a STATUS line.
   READY=1 waits for the first pass, so that `gpubook status` and systemd agree on what runs.
-- The wall clock stepping back: a poll at once (clock.py). One daemon per state folder and per
+- The wall clock stepping back: a poll at once (clock.py). SIGUSR1: a pass at once on the daemon's
+  clock, which a test may have told a new time (clock.py, `GPUBOOK_CLOCK_FILE`). One daemon per state folder and per
   account (locks.py). The parts it runs on are built by wiring.py, at start and at each reload.
 """
 
@@ -42,8 +43,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import ConfigError, GpubookError
 from gpubook.runtime.nvidia import nvml
+from gpubook.scheduler import clock, wiring
 from gpubook.scheduler import config as config_module
-from gpubook.scheduler import wiring
 from gpubook.scheduler.apply.passes import World
 from gpubook.scheduler.calendars import Freshness, check_interval, duration
 from gpubook.scheduler.clock import ClockWatch
@@ -74,6 +75,8 @@ class Daemon:
         self._checks_failed = 0  # change checks failed in a row (their pace backs off)
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._told = threading.Event()  # SIGUSR1: look at the clock and the bookings now
+        self._nudge = threading.Event()  # a signal came: the main loop's wait ends early
         self._last_pass: datetime | None = None
         self._woken = threading.Event()  # the first pass done, or a signal to stop
         self._clock = ClockWatch()
@@ -112,7 +115,7 @@ class Daemon:
         began = time.monotonic()
         try:
             with self._reading:
-                self.calendar.poll(self.parts.calendars, now=datetime.now(UTC), lock=self._lock,
+                self.calendar.poll(self.parts.calendars, now=clock.now(), lock=self._lock,
                                    failed=self.metrics.calendar_failed)
             self._schedule_check(self.config.daemon.check_seconds)  # just read: the next check in a while
             self.reconcile()
@@ -130,7 +133,7 @@ class Daemon:
             if not self._reading.acquire(blocking=False):
                 return  # the poll reads now (and sets the next check too)
             try:
-                checked = self.calendar.check(self.parts.calendars, now=datetime.now(UTC), lock=self._lock)
+                checked = self.calendar.check(self.parts.calendars, now=clock.now(), lock=self._lock)
                 self._checks_failed = self._checks_failed + 1 if checked.failures else 0
                 # Paced by the server's answers only (a pass holding the lock meanwhile is no cost of
                 # the server's). Nothing to check (ICS feeds only, or not loaded yet): the next poll sets it.
@@ -154,7 +157,7 @@ class Daemon:
     def reconcile(self) -> None:
         """One pass with the bookings known now; schedules the next boundary."""
         with self._lock:
-            now = datetime.now(UTC)
+            now = clock.now()
             calendars, stale_after = self.config.calendars, self.config.daemon.stale_after_minutes
             may_start, stale_reason = self.calendar.fresh(now, stale_after_minutes=stale_after)
             began = time.monotonic()
@@ -183,11 +186,12 @@ class Daemon:
         """A pass now, as a job of its own: the pass running meanwhile replaces only "boundary"."""
         if self.scheduler.running:
             self.scheduler.add_job(self.reconcile, "date", run_date=datetime.now(UTC), id="settled",
-                                   replace_existing=True)
+                                   replace_existing=True)  # the host's now: APScheduler's clock
 
     def _wake_at(self, moment: datetime) -> None:
         if self.scheduler.running:
-            self.scheduler.add_job(self.reconcile, "date", run_date=moment, id="boundary", replace_existing=True)
+            self.scheduler.add_job(self.reconcile, "date", run_date=clock.real(moment), id="boundary",
+                                   replace_existing=True)
 
     # -- signals and the main loop -------------------------------------------------------------
 
@@ -226,18 +230,21 @@ class Daemon:
     def _signal(self, number: int, frame: FrameType | None) -> None:
         if number == signal.SIGHUP:
             self._reload.set()
+        elif number == signal.SIGUSR1:
+            self._told.set()
         else:
             self._stop.set()
             self._woken.set()
+        self._nudge.set()  # the main loop acts now, not at its next turn
 
     def run(self) -> int:
-        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(number, self._signal)
         self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
         self._serve_web()
         self._schedule_watches()
-        self._schedule_polls(first=datetime.now(UTC))
+        self._schedule_polls(first=clock.now())
         first = self.notifier.extend_until(lambda: self._last_pass is not None or self._stop.is_set(),
                                            woken=self._woken) and self._last_pass is not None
         # After a first pass, STATUS= is already its status line (written with daemon-status.json): READY
@@ -245,8 +252,15 @@ class Daemon:
         self.notifier.ready(status=None if first else "started; first pass still running")
         interval = self.notifier.watchdog_interval or 5.0
         try:
-            while not self._stop.wait(min(interval, 5.0)):
-                self._watch_clock(wall=datetime.now(UTC), monotonic=time.monotonic())
+            while not self._stop.is_set():
+                self._nudge.wait(min(interval, 5.0))
+                self._nudge.clear()
+                if self._stop.is_set():
+                    break
+                self._watch_clock(wall=clock.now(), monotonic=time.monotonic())
+                if self._told.is_set():  # SIGUSR1: the clock was told a new time (clock.py)
+                    self._told.clear()
+                    self._soon()
                 if self._reload.is_set():
                     self._reload.clear()
                     self.reload()
@@ -285,18 +299,19 @@ class Daemon:
         at 0). A reload schedules them again, on the reloaded parts."""
         parts, config = self.parts, self.config
         self._every("sftp", parts.sftp.check if parts.sftp is not None else None, config.sftp.check_seconds,
-                    first=datetime.now(UTC))
+                    first=clock.now())
         self._every("sample", parts.sample if config.daemon.sample_seconds > 0 else None,
                     config.daemon.sample_seconds)
 
     def _every(self, job: str, run: Callable[[], object] | None, seconds: float, *,
                first: datetime | None = None) -> None:
-        """Job `job`: `run` every `seconds`, from `first` (else after one interval); none without `run`."""
+        """Job `job`: `run` every `seconds`, from `first` (the daemon's clock; else after one interval);
+        none without `run`."""
         if run is None:
             if self.scheduler.get_job(job) is not None:
                 self.scheduler.remove_job(job)
             return
-        when = {"next_run_time": first} if first is not None else {}
+        when = {"next_run_time": clock.real(first)} if first is not None else {}
         self.scheduler.add_job(run, "interval", seconds=seconds, id=job, replace_existing=True, **when)
 
     def _watch_clock(self, *, wall: datetime, monotonic: float) -> None:

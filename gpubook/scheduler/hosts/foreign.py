@@ -26,12 +26,13 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from gpubook.runtime.engines import ContainerInfo
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.nvidia.nvml import NvmlView
 from gpubook.runtime.nvidia.processes import Attribution, start_ticks
+from gpubook.scheduler import clock
 from gpubook.scheduler.state import ForeignRow, State, StateError
 from gpubook.scheduler.state.foreign import CANNOT, DUE, SPARED, STOPPED
 
@@ -76,7 +77,7 @@ class ForeignWatch:
         self.kills: list[threading.Thread] = []  # SIGKILLs waiting for their moment (tests join them)
 
     def __call__(self, *, now: datetime | None = None) -> Round:
-        now = now or datetime.now(UTC)
+        now = now or clock.now()
         view = self.read()
         if view.driver_version is None:
             return Round(seen=0, changed=())

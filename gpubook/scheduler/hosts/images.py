@@ -34,6 +34,7 @@ from gpubook.runtime import images, overlay_image
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing
 from gpubook.runtime.templates import Template
+from gpubook.scheduler import clock
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class ImagePreparer:
     def ready(self, template: Template, *, now: datetime | None = None) -> str:
         """The image a booking of `template` runs, when ready; else it is queued (if it is not
         yet) and `Preparing` says what it waits for."""
-        now = now or datetime.now(UTC)
+        now = now or clock.now()
         with self._lock:
             current = self._states.get(key_of(template))
             if current is not None and current.state == READY:
@@ -182,7 +183,7 @@ class ImagePreparer:
             return True
         with self._lock:
             self._states.pop(key_of(template), None)
-            self._queue_if_due(template, now=now or datetime.now(UTC))
+            self._queue_if_due(template, now=now or clock.now())
         log.warning("template %s: its image %s is gone since it was prepared; it is prepared again",
                     template.name, overlay_image.run_image(template))
         return False
@@ -190,7 +191,7 @@ class ImagePreparer:
     def lines(self, *, now: datetime | None = None) -> dict[str, str]:
         """Booking id → its event's image line: ready, failed, or the sentence of one being made
         (changed at most every EVENT_REFRESH: each change is a write of the booker's event)."""
-        now = now or datetime.now(UTC)
+        now = now or clock.now()
         with self._lock:
             found = {b: self._states.get(key_of(t)) for b, t in self._wanted.items()}
             return {booking: line for booking, p in found.items()
@@ -257,7 +258,7 @@ class ImagePreparer:
         with self._lock:
             key = key_of(template)
             current = self._states[key]
-            changed = replace(current, since=current.since if keep_since else datetime.now(UTC), **changes)
+            changed = replace(current, since=current.since if keep_since else clock.now(), **changes)
             self._states[key] = changed
             return changed
 
@@ -286,7 +287,7 @@ class ImagePreparer:
         warm = getattr(self.engine, "warm", None)
         if warm is None:
             return
-        began = datetime.now(UTC)
+        began = clock.now()
         with self._lock:  # the check and the state at once: ready() reads and sets it under this lock too
             current = self._states[key_of(template)]
             if current.first_start_taken:
@@ -306,14 +307,14 @@ class ImagePreparer:
                         "start pays it", template.name, str(error).splitlines()[0] if str(error) else error)
             return
         log.info("template %s: its first start made ready in %.1f s (%s)", template.name,
-                 (datetime.now(UTC) - began).total_seconds(), image)
+                 (clock.now() - began).total_seconds(), image)
 
     def _prepare(self, template: Template) -> None:
         try:
             detail = self._pull(template)
             with self._lock:
                 downloaded = self._states[key_of(template)].downloaded
-            self._set(template, downloaded=downloaded or datetime.now(UTC), keep_since=True)
+            self._set(template, downloaded=downloaded or clock.now(), keep_since=True)
             if not template.has_sshd:
                 self._set(template, state=BUILDING)
                 log.info("template %s: building its sshd overlay in the background", template.name)
@@ -380,7 +381,7 @@ class ImagePreparer:
                     and not engine.image_exists(reference.local_name() if reference.digest else template.image))
         total = (images.download_size(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
                  if followed else None)
-        began = datetime.now(UTC)
+        began = clock.now()
         self._set(template, state=PULLING, total=total, done=0, began=began, downloaded=None,
                   ready_about=self._estimate(total, 0, began, now=began))
         log.info("template %s: pulling %s%s%s", template.name, template.image,
@@ -388,7 +389,7 @@ class ImagePreparer:
                  f" ({total / GB:.2f} GB to download)" if total is not None else "")
 
         def progress(measured: int) -> None:
-            now = datetime.now(UTC)
+            now = clock.now()
             with self._lock:
                 current = self._states[key_of(template)]
             done = max(measured, current.done)  # the folder shrinks as podman applies the layers
@@ -408,7 +409,7 @@ class ImagePreparer:
         delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_MOST)
         why = getattr(error, "reason", None) or images.classify(str(error))
         detail = str(error).splitlines()[0][-400:] if str(error) else type(error).__name__
-        retry_at = datetime.now(UTC) + delay
+        retry_at = clock.now() + delay
         self._set(template, state=FAILED, why=why, detail=detail, attempts=attempts, retry_at=retry_at)
         log.warning("template %s: its image is not ready: %s: %s; tried again in %d s", template.name, why,
                     detail, int(delay.total_seconds()))

@@ -26,6 +26,7 @@ from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, Preparing, StorageError
 from gpubook.runtime.images import Ledger
+from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.core.topology import ONE_MACHINE
 from gpubook.scheduler.hosts import Ahead, Host, Started, StartRequest
@@ -132,7 +133,8 @@ class LocalHost:
             template,
             booking.Booking(booking_id=request.booking_id, user=booker.name, uid=booker.uid, gid=booker.gid,
                             ssh_keys=tuple(booker.ssh_keys), port=request.port, end=end,
-                            start=request.start, gpus=request.gpus, gpu=gpu),
+                            start=request.start, gpus=request.gpus, gpu=gpu,
+                            not_before=clock.real(request.start) if request.start is not None else None),
             booking.HostFiles(probe_key=self.probe_key, cache_dir=self.cache_dir, host_key=host_key,
                               folders=folders, card=card))
 

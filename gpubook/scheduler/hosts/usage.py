@@ -22,12 +22,13 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from gpubook.runtime.engines import ContainerInfo
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.nvidia import nvml
 from gpubook.runtime.nvidia.nvml import NvmlView
+from gpubook.scheduler import clock
 from gpubook.scheduler.state import Sample, State, StateError
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class Sampler:
         self._said_no_gpu = False
 
     def __call__(self, *, now: datetime | None = None) -> Round:
-        now = now or datetime.now(UTC)
+        now = now or clock.now()
         # Armed containers (run ahead of their start) hold GPUs but are nobody's time yet.
         containers = [info for info in self.running()
                       if info.running and info.booking_id and (info.start is None or info.start <= now)]

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 
 from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import HOST_NETWORK_RISK, ContainerInfo, EngineSettings
+from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL, Plan
 from gpubook.scheduler.outbox.foreign import status_lines as foreign_lines
 from gpubook.scheduler.outbox.timeline import (
@@ -269,7 +270,7 @@ def running_booking(info: ContainerInfo, *, ports: Mapping[str, int], title: str
     """A container as `gpubook status` shows it; one run ahead of its booking's start says "armed"
     (its SSH opens only at that start), never "running"."""
     state = info.state
-    if info.running and info.start is not None and info.start > datetime.now(UTC):
+    if info.running and info.start is not None and info.start > clock.now():
         state = f"armed: SSH opens at {info.start.astimezone(UTC):%H:%M:%S} UTC"
     return RunningBooking(booking=info.booking_id, user=info.user, gpus=info.gpus, state=state,
                           port=info.port or ports.get(info.booking_id),

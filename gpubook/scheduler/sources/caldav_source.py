@@ -28,7 +28,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
@@ -39,6 +39,7 @@ from caldav.elements import dav
 from caldav.elements.base import ValuedBaseElement
 from caldav.lib import error as dav_error
 
+from gpubook.scheduler import clock
 from gpubook.scheduler.sources import DEFAULT_TIMEOUT, BaseSource, PollStats, RawObject, Snapshot, Writer
 from gpubook.scheduler.sources._http import (
     WireCounter,
@@ -379,7 +380,7 @@ class CaldavSource(BaseSource):
     # -- time range --------------------------------------------------------------------------------
 
     def _poll_time_range(self) -> tuple[str, bool]:
-        now = datetime.now(UTC)
+        now = clock.now()
         past, future = self.window
         found = self._calendar.search(start=now - past, end=now + future, event=True, expand=False)
         self._wire.check_dav_answers(self.url)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from gpubook.scheduler import clock
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -62,7 +63,7 @@ class LogEntry:
 
 def stamp_of(moment: datetime | None) -> float:
     if moment is None:
-        return time.time()
+        return clock.now().timestamp()
     if moment.tzinfo is None:
         raise ValueError(f"a naive datetime has no place in the state database: {moment!r}")
     return moment.timestamp()

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from gpubook.runtime.engines import ContainerInfo, EngineSettings, ExecResult, container_name
 from gpubook.runtime.errors import EngineError, GpubookError
 from gpubook.runtime.slurm_step import StepRequest
+from gpubook.scheduler import clock
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.hosts.slurm.cluster import SlurmError
 from gpubook.scheduler.hosts.slurm.jobs import STOP_MARGIN, Job, JobRequest, NodeResult, SlurmJobs
@@ -48,7 +49,7 @@ class SlurmHost:
 
     def __init__(self, *, name: str, gpus: Sequence[int], jobs: SlurmJobs, engine: EngineSettings,
                  templates_dir: Path | None = None, partition: str = "", start_timeout: float = 120.0,
-                 data_root: Path | None = None, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 data_root: Path | None = None, now: Callable[[], datetime] = clock.now) -> None:
         self.name, self.gpus, self.jobs, self.engine = name, tuple(gpus), jobs, engine
         self.driver_version: str | None = None  # the node's driver is the step's business (it injects it)
         self.templates_dir, self.partition, self.start_timeout, self.now = (templates_dir, partition,

@@ -10,12 +10,13 @@ stands in front of all of it. Nothing here writes: there is no form, no POST, no
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
+from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.web import free_route
@@ -51,7 +52,7 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
 
     def data() -> dict[str, Any]:
         viewer = request.environ.get(USER_KEY)
-        return page_data(status(), viewer=viewer, host_name=host_name, now=datetime.now(UTC),
+        return page_data(status(), viewer=viewer, host_name=host_name, now=clock.now(),
                          live={LOCAL: live()} if live is not None else None, stale_after=stale_after)
 
     @app.get("/")

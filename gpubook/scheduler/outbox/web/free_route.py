@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import datetime
 
 from flask import Response
 
+from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox import free_feed
 from gpubook.scheduler.outbox.status import Status
@@ -60,4 +61,4 @@ def _updated(status: Status | None) -> datetime:
     """DTSTAMP: when the daemon wrote the status (the feed's data is that old)."""
     if status is not None and status.updated:
         return datetime.fromisoformat(status.updated)
-    return datetime.now(UTC)
+    return clock.now()

@@ -6,13 +6,14 @@ month). Every route stands behind the same access.Access as the page; nothing he
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from flask import Flask, Response, abort, jsonify, render_template, request
 
 from gpubook.runtime.errors import GpubookError
+from gpubook.scheduler import clock
 from gpubook.scheduler.outbox.report import BY
 from gpubook.scheduler.outbox.web.access import USER_KEY
 from gpubook.scheduler.outbox.web.lab import Lab, lab_status, lab_usage, usage_path
@@ -57,7 +58,7 @@ def add_lab_routes(app: Flask, *, own: Callable[[], dict[str, Any]], web: WebCon
         return
 
     def merged_status() -> dict[str, Any]:
-        return lab_status(own(), lab.answers(viewer(), "/api/status"), own_label=host_name, now=datetime.now(UTC))
+        return lab_status(own(), lab.answers(viewer(), "/api/status"), own_label=host_name, now=clock.now())
 
     def merged_usage() -> dict[str, Any]:
         start, end, by = _window(request.args, zone)

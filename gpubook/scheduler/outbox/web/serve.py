@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from waitress.server import create_server
 
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.nvidia import nvml
+from gpubook.scheduler import clock
 from gpubook.scheduler.outbox import report
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.web import live
@@ -79,7 +80,7 @@ class WebServer:
 
 def _usage(state: State, *, host_name: str) -> Callable[[datetime, datetime, str], dict[str, Any]]:
     def usage(start: datetime, end: datetime, by: str) -> dict[str, Any]:
-        built = report.build(state, start=start, end=end, now=datetime.now(UTC), by=by, host_name=host_name)
+        built = report.build(state, start=start, end=end, now=clock.now(), by=by, host_name=host_name)
         return report.to_json(built, host_name=host_name)
 
     return usage
