@@ -28,6 +28,7 @@ from tests.kits.daemon_kit import (
     wait_for,
     write_config,
 )
+from tests.kits.told_clock import ToldClock
 
 pytestmark = DAEMON_MODULE
 
@@ -241,16 +242,18 @@ def test_back_to_back_bookings_hand_over_one_gpu(tmp_path: Path, radicale, engin
                                                 daemons) -> None:
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, gpus=1, poll_seconds=60, warn_minutes=0.05)
-    handover = soon(30)  # the first booking runs before it even when the daemon starts slowly (a starved CI VM)
-    book(calendar, "first@test", user="alice", start=soon(0) - timedelta(seconds=1), end=handover, gpus="0,")
+    clock = ToldClock(tmp_path)  # the handover comes when the first booking runs, told to the daemon
+    handover = clock.soon(600)
+    book(calendar, "first@test", user="alice", start=clock.soon(0) - timedelta(seconds=1), end=handover, gpus="0,")
     book(calendar, "second@test", user="bob", start=handover, end=handover + timedelta(seconds=600), gpus="0,")
     cleanup += ["first@test", "second@test"]
-    daemon = DaemonProcess(config).start()
+    daemon = DaemonProcess(config, env=clock.env()).start()
     daemons.append(daemon)
     first = wait_for("the first booking", lambda: running_container(engine, "first@test"), timeout=60,
                      daemon=daemon)
     assert first.gpus == (0,)
     assert running_container(engine, "second@test") is None
+    clock.advance_to(handover, daemon)
     second = wait_for("the second booking", lambda: running_container(engine, "second@test"), timeout=60,
                       interval=0.05, daemon=daemon)
     assert second.gpus == (0,)

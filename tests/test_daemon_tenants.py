@@ -9,7 +9,7 @@ server that turns into a login page), real rootless podman containers, `gpubook 
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 from gpubook.runtime.engines import container_name
@@ -27,6 +27,7 @@ from tests.kits.daemon_kit import (
     wait_for,
     write_config,
 )
+from tests.kits.told_clock import ToldClock
 
 pytestmark = DAEMON_MODULE
 
@@ -67,12 +68,13 @@ def test_a_running_booking_moved_days_later_stops_and_frees_its_gpu(tmp_path: Pa
     her container kept running (for six days) and bob's next booking on that GPU was held."""
     calendar = radicale_server.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, notice_seconds=3)
-    start, end = soon(0) - timedelta(seconds=1), soon(30)
+    clock = ToldClock(tmp_path)  # bob's start comes when alice's old occurrence is gone, told to the daemon
+    start, end = clock.soon(0) - timedelta(seconds=1), clock.soon(300)
     book(calendar, "moved@test", user="alice", start=start, end=end, gpus="0,")
     bob_start = end + timedelta(seconds=2)
     book(calendar, "next@test", user="bob", start=bob_start, end=bob_start + timedelta(seconds=600), gpus="0,")
     cleanup += ["moved@test", "next@test"]
-    daemon = DaemonProcess(config).start()
+    daemon = DaemonProcess(config, env=clock.env()).start()
     daemons.append(daemon)
     wait_for("alice's container", lambda: running_container(engine, "moved@test"), timeout=60, daemon=daemon)
     wait_for("bob's booking accepted", lambda: "accepted:" in description(calendar, "next@test"), timeout=30,
@@ -84,8 +86,9 @@ def test_a_running_booking_moved_days_later_stops_and_frees_its_gpu(tmp_path: Pa
              timeout=20, daemon=daemon)
     wait_for("alice's old occurrence stopped", lambda: engine.inspect(container_name("moved@test")) is None,
              timeout=20, daemon=daemon)
-    assert datetime.now(UTC) < end  # it ended after the notice, not at (or long after) its old end
+    assert clock.now() < end  # it ended after the notice, not at (or long after) its old end
     assert any("moved to a later time" in m for m in events(tmp_path, "moved@test")), events(tmp_path, "moved@test")
+    clock.advance_to(bob_start, daemon)
     bob = wait_for("bob's container on GPU 0", lambda: running_container(engine, "next@test"), timeout=60,
                    daemon=daemon)
     assert bob.gpus == (0,)

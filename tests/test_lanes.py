@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.lanes import ROOT_PORTS, USER_PORTS, base_id, port_blocks, share_out, split_args
+from tools.lanes import ROOT_LANES, ROOT_MARKERS, USER_PORTS, base_id, port_blocks, share_out, split_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,10 +29,21 @@ def test_every_module_goes_to_one_lane_and_the_loads_are_even() -> None:
 
 
 def test_the_lanes_port_blocks_do_not_overlap_and_stay_below_the_ephemeral_range() -> None:
-    blocks = [ROOT_PORTS, *port_blocks(3)]
+    blocks = [*(ports for _, _, ports in ROOT_LANES), *port_blocks(3)]
     for (low, high), (next_low, _) in zip(blocks, blocks[1:], strict=False):
         assert low < high < next_low
     assert blocks[-1][1] <= USER_PORTS[1] < 32768
+
+
+def test_roots_lanes_run_each_root_test_once() -> None:
+    """Every combination of the root markers is in exactly one of root's lanes, and in no user lane."""
+    from itertools import product
+
+    names = ROOT_MARKERS.split(" or ")
+    for values in product([False, True], repeat=len(names)):
+        marks = dict(zip(names, values, strict=True))
+        lanes = [name for name, markers, _ in ROOT_LANES if eval(markers, {}, marks)]  # noqa: S307 - our own
+        assert len(lanes) == (1 if any(values) else 0), (marks, lanes)
 
 
 def test_repeat_ids_fold_back_to_the_test() -> None:

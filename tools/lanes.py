@@ -1,7 +1,9 @@
 """The test suite in lanes side by side: what `./quickstart test` runs once the machine is set up.
 
-- **root's lane**: the tests that need root (markers `docker`, `slurm`, `install`, `systemd`,
-  `rootful`), as root; the Slurm test cluster's podman runs as an account of its own.
+- **root's lanes**: the tests that need root (markers `docker`, `slurm`, `install`, `systemd`,
+  `rootful`), as root, in two lanes: `root` (Docker's and Slurm's: dockerd, the Slurm test cluster,
+  whose podman runs as an account of its own) and `root2` (the install by `gpubook setup`, the
+  systemd-booted unit, rootful podman).
 - **the user lanes**: every other test, as unprivileged accounts (gpubook-test, gpubook-test2, …), one
   per lane, each with its own podman store and pause process, runtime folder (and so its own daemon
   lock), data mounts and block of booking ports. The test modules are shared out among them by their
@@ -16,7 +18,7 @@ then a summary: each lane's time and result, every failed test, the slowest test
 Options after `--` (the rest goes to pytest):
     --repeat N      run each selected test N times (pytest-repeat): the flake hunt
     -m EXPR         only tests matching EXPR, in every lane (and'ed with the lane's own expression)
-    --lane NAME     only this lane (root, user1, user2, …); may be given more than once
+    --lane NAME     only this lane (root, root2, user1, user2, …); may be given more than once
     --record        write the user lanes' module times to tests/durations.json afterwards
 Paths or node ids among the pytest args select what the lanes share out, instead of all of tests/.
 """
@@ -38,12 +40,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 ROOT_MARKERS = "docker or slurm or install or systemd or rootful"
+# Root's two lanes: (name, the tests they run, their block of booking ports). The Slurm tests use fixed
+# ports in 22000-24999 (tests/test_slurm_jobs.py), inside the first block.
+ROOT_LANES = (("root", "docker or slurm", (20000, 24999)),
+              ("root2", "(install or systemd or rootful) and not (docker or slurm)", (25000, 26499)))
 DURATIONS = HERE / "tests" / "durations.json"
 UNKNOWN_SECONDS = 10.0  # a module with no recorded time yet
 # Booking ports (tests/kits/daemon_kit.port_range): below the kernel's ephemeral range (32768-60999),
-# root's lane first (its Slurm tests use fixed ports in 22000-24999), the rest split among the user lanes.
-ROOT_PORTS = (20000, 24999)
-USER_PORTS = (25000, 32499)
+# root's lanes first, the rest split among the user lanes.
+USER_PORTS = (26500, 32499)
 
 
 @dataclass
@@ -104,17 +109,19 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
     files = sorted({m.split("::", 1)[0] for m in modules})
     by_file = {f: [m for m in modules if m.split("::", 1)[0] == f] for f in files}
     shares = share_out(files, len(accounts), seconds)
-    user_markers = f"not ({ROOT_MARKERS})" + (f" and ({own.markers})" if own.markers else "")
-    root_markers = f"({ROOT_MARKERS})" + (f" and ({own.markers})" if own.markers else "")
+    also = f" and ({own.markers})" if own.markers else ""
     repeat = ["--count", str(own.repeat), "--repeat-scope", "session"] if own.repeat > 1 else []
     common = ["-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
               "-o", "junit_log_passing_tests=false", *repeat, *passed]
     ci = os.environ.get("CI", "")
-    lanes = [Lane("root", None, modules, ROOT_PORTS, {
-        **os.environ, "PYTHONPATH": str(HERE), "GPUBOOK_TEST_DATA_ROOT": f"{ns.data_root}-root",
-        "GPUBOOK_TEST_TREE": ns.tree, "GPUBOOK_SLURM_TEST_USER": ns.slurm_account,
-        "GPUBOOK_TEST_LANE": "root", "GPUBOOK_TEST_PORTS": f"{ROOT_PORTS[0]}-{ROOT_PORTS[1]}"})]
-    lanes[0].argv = ["-m", root_markers, "--durations=15", *common, *modules]
+    lanes = []
+    for name, markers, ports in ROOT_LANES:
+        lane = Lane(name, None, modules, ports, {
+            **os.environ, "PYTHONPATH": str(HERE), "GPUBOOK_TEST_DATA_ROOT": f"{ns.data_root}-root",
+            "GPUBOOK_TEST_TREE": ns.tree, "GPUBOOK_SLURM_TEST_USER": ns.slurm_account,
+            "GPUBOOK_TEST_LANE": name, "GPUBOOK_TEST_PORTS": f"{ports[0]}-{ports[1]}"})
+        lane.argv = ["-m", f"({markers}){also}", "--durations=10", *common, *modules]
+        lanes.append(lane)
     for number, (account, share, ports) in enumerate(zip(accounts, shares, port_blocks(len(accounts)), strict=True), 1):
         entry = pwd.getpwnam(account)
         suffix = "" if number == 1 else f"-{number}"
@@ -124,7 +131,7 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
             "GPUBOOK_TEST_DATA_ROOT": ns.data_root + suffix, "GPUBOOK_TEST_FULL_ROOT": ns.full_root + suffix,
             "GPUBOOK_TEST_LANE": f"user{number}", "GPUBOOK_TEST_PORTS": f"{ports[0]}-{ports[1]}", "CI": ci,
             "PYTHONDONTWRITEBYTECODE": "1"})
-        lane.argv = ["-m", user_markers, "--durations=10", *common, *lane.modules]
+        lane.argv = ["-m", f"not ({ROOT_MARKERS}){also}", "--durations=10", *common, *lane.modules]
         lanes.append(lane)
     chosen = [lane for lane in lanes if not own.lane or lane.name in own.lane]
     unknown = set(own.lane) - {lane.name for lane in lanes}
@@ -188,10 +195,23 @@ def last_line(log: Path) -> str:
     return lines[-1].strip("= ") if lines else "(no output)"
 
 
-def wait(lanes: list[Lane]) -> None:
+def where(log: Path) -> str:
+    """The module a lane is at: the last line of its log that starts one."""
+    modules = [line.split(" ", 1)[0] for line in log.read_text(errors="replace").splitlines()
+               if line.startswith("tests/")]
+    return modules[-1] if modules else "collecting"
+
+
+def wait(lanes: list[Lane], *, every: float = 120.0) -> None:
+    """Until every lane is done; a line when one is, and where the others are every `every` seconds."""
     running = list(lanes)
+    said = time.monotonic()
     while running:
         time.sleep(1)
+        if time.monotonic() - said > every:
+            said = time.monotonic()
+            print("quickstart: running: " + ", ".join(f"{lane.name} at {where(lane.log)}" for lane in running),
+                  flush=True)
         for lane in list(running):
             assert lane.process is not None
             rc = lane.process.poll()

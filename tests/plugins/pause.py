@@ -24,11 +24,14 @@ from tests.kits.daemon_kit import alive
 from tests.kits.slurm_kit import DEFAULT_USER
 
 
-def _account() -> tuple[int, Path] | None:
-    """The account whose podman the tests run (root's tests run it as the Slurm kit's account), and
-    its runtime folder."""
+def _account(request: pytest.FixtureRequest) -> tuple[int, Path] | None:
+    """The account whose podman the test runs, and its runtime folder: root's tests run rootless podman
+    only in the Slurm tests, as the Slurm kit's account (root's other lane, running beside them, has
+    none of its own to check)."""
     if os.geteuid() != 0:
         return os.getuid(), Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}")
+    if request.node.get_closest_marker("slurm") is None:
+        return None
     try:
         uid = pwd.getpwnam(DEFAULT_USER).pw_uid
     except KeyError:
@@ -63,7 +66,7 @@ def _started_from(pid: int) -> str:
 
 @pytest.fixture(autouse=True)
 def podman_keeps_its_pause_process(request: pytest.FixtureRequest) -> Iterator[None]:
-    account = _account()
+    account = _account(request)
     before = pause_process(*account) if account else None
     yield
     if account is None or before is None or request.node.get_closest_marker("ends_pause"):
