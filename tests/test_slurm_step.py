@@ -17,6 +17,7 @@ from gpubook.runtime.engines import EngineSettings
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.slurm_step import StepRequest, _prepare, engine_settings_from, granted_gpus
 from gpubook.scheduler.hosts.slurm import Scontrol
+from gpubook.scheduler.hosts.slurm.cluster import SlurmError
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 
 NOW = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
@@ -79,6 +80,37 @@ def test_a_booking_with_a_pending_or_running_job_is_never_submitted_twice(tmp_pa
     jobs = SlurmJobs(scontrol=Listed(log), prefix="gpubook-", shared_dir=tmp_path, user="gpubook")
     assert jobs.submit(JobRequest(step=step(), nodes=1, gpus_per_node=1), now=NOW).job_id == "7"
     assert [argv[0] for argv in log] == ["squeue"]
+
+
+def test_a_job_that_ends_between_the_listing_and_the_cancel_is_cancelled_not_an_error(tmp_path: Path) -> None:
+    """CI of issue 35's lanes: a step that failed on its node ended its job while the host cancelled
+    it; squeue had listed it, scancel answered "Invalid job id specified", and the start failed with
+    that instead of the node's reason. slurmctld's words, as it says them."""
+    log: list[list[str]] = []
+
+    class Ended(Recorded):
+        def __call__(self, *args: str) -> str:
+            self.log.append([self.program, *args])
+            if self.program == "squeue":
+                return "7|gpubook-b1-{}|RUNNING|node1|None\n".format(jobs.name("b1").rsplit("-", 1)[1])
+            if self.program == "scancel":
+                raise SlurmError("error: Kill job error on job id 7: Invalid job id specified")
+            return ""
+
+    jobs = SlurmJobs(scontrol=Ended(log), prefix="gpubook-", shared_dir=tmp_path, user="gpubook")
+    assert jobs.cancel("b1", grace=1) is True
+    assert jobs.cancel("b1") is True
+    assert [argv[0] for argv in log] == ["squeue", "scancel", "squeue", "scancel"]
+
+    class Refused(Ended):
+        def __call__(self, *args: str) -> str:
+            if self.program == "scancel":
+                raise SlurmError("error: Kill job error on job id 7: Access/permission denied")
+            return super().__call__(*args)
+
+    jobs = SlurmJobs(scontrol=Refused([]), prefix="gpubook-", shared_dir=tmp_path, user="gpubook")
+    with pytest.raises(SlurmError, match="permission denied"):
+        jobs.cancel("b1")  # any other refusal is still one
 
 
 def test_a_step_takes_its_gpus_from_slurm_and_refuses_anything_but_indices() -> None:

@@ -278,10 +278,22 @@ class SlurmJobs:
         if job is None:
             return False
         if grace is not None and job.state == "RUNNING":
-            self.scancel("--signal=TERM", job.job_id)
+            if not self._scancel("--signal=TERM", job.job_id):
+                return True
             if self.wait_ended(booking_id, seconds=grace + STOP_MARGIN):
                 return True
-        self.scancel(job.job_id)
+        self._scancel(job.job_id)
+        return True
+
+    def _scancel(self, *args: str) -> bool:
+        """scancel; False when the job ended between squeue's listing and this call (slurmctld no
+        longer knows its id: "Invalid job id specified"), which is what a cancel wants."""
+        try:
+            self.scancel(*args)
+        except SlurmError as error:
+            if GONE_JOB in str(error):
+                return False
+            raise
         return True
 
     def wait_ended(self, booking_id: str, *, seconds: float) -> bool:
@@ -294,6 +306,7 @@ class SlurmJobs:
         return True
 
 
+GONE_JOB = "Invalid job id specified"  # scancel of a job slurmctld has forgotten (it ended)
 HOST_KEY_TYPES = frozenset({"ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
                             "ssh-rsa"})
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
