@@ -137,12 +137,17 @@ def test_calendar_outage(tmp_path: Path, radicale, engine, keys, cleanup, daemon
     calendar = radicale.new_calendar()
     # Data older than 0.1 min (6 s) starts nothing.
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, stale_after_minutes=0.1)
-    book(calendar, "now@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600), gpus="0,")
-    later_start = soon(14)
+    # The later booking's start is told to the daemon once the calendar is down, so that its data is
+    # stale then whatever the load (a start 14 s ahead on the wall clock was once reached with data
+    # 5 s old, and rightly started).
+    clock = ToldClock(tmp_path)
+    book(calendar, "now@test", user="alice", start=clock.soon(0) - timedelta(seconds=1), end=clock.soon(3600),
+         gpus="0,")
+    later_start = clock.soon(600)
     book(calendar, "later@test", user="bob", start=later_start, end=later_start + timedelta(seconds=600),
          gpus="1,")
     cleanup += ["now@test", "later@test"]
-    daemon = DaemonProcess(config).start()
+    daemon = DaemonProcess(config, env=clock.env()).start()
     daemons.append(daemon)
     running = wait_for("the running booking", lambda: running_container(engine, "now@test"), timeout=60,
                        daemon=daemon)
@@ -151,8 +156,12 @@ def test_calendar_outage(tmp_path: Path, radicale, engine, keys, cleanup, daemon
 
     radicale.stop()
     try:
-        wait_for("the later booking's start", lambda: datetime.now(UTC) >= later_start + timedelta(seconds=3),
-                 timeout=30)
+        wait_for("the outage in the log", lambda: any(m.startswith("calendar unreachable") for m in events(tmp_path)),
+                 timeout=30, daemon=daemon)
+        clock.advance_to(later_start + timedelta(seconds=3), daemon)
+        wait_for("the later booking held back", lambda: any("not started: the calendar data is" in m
+                                                            for m in events(tmp_path, "later@test")),
+                 timeout=30, daemon=daemon)
         assert running_container(engine, "later@test") is None  # stale data starts nothing
         assert running_container(engine, "now@test").id == running.id  # unaffected
         time.sleep(2)  # a few failed polls more: still logged once

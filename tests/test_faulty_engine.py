@@ -105,6 +105,12 @@ def test_a_kill_midway_of_run_exits_137_and_podman_cleans_up_after(faulty: Fault
         assert [h.verb for h in faulty.hits()] == ["run", "run"]
     finally:
         podman(engine.global_argv(), "rm", "--force", "--time", "0", name)  # type: ignore[attr-defined]
+        # A `run` killed after conmon started but before podman recorded the container leaves that
+        # conmon (and its `sleep`) running, unlisted: seen in the lanes' first run, under load, where it
+        # failed the three orphan tests after this one. Ended here, by its name.
+        for orphan in faulty.orphans(fake[1:], settle=0):
+            if orphan.name == name:
+                end_orphan(orphan)
 
 
 def test_only_the_armed_verbs_and_count_are_faulted(faulty: FaultyEngine, wrapped: Engine) -> None:
