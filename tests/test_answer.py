@@ -33,6 +33,7 @@ from gpubook.scheduler.sources.caldav_writer import CalendarWriter
 from gpubook.scheduler.state import State
 from tests.kits import servers
 from tests.kits.booking_kit import read, vcalendar
+from tests.kits.daemon_kit import port_range
 from tests.kits.pass_kit import HOLD, NOW, Machine, event, make_pass
 
 HOST = "devbox1"
@@ -41,11 +42,14 @@ HOUR = timedelta(hours=1)
 
 
 def _config(tmp_path: Path, url: str, *, notify: str = "") -> config_module.Config:
+    """The config of these passes; its SSH ports a free block of the lane's (the ports are probed on
+    this host, and the lanes run side by side: a fixed 2200 was once another lane's at that moment)."""
+    low, high = port_range()
     path = tmp_path / "gpubook.toml"
     path.write_text(f'[host]\nname = "{HOST}"\ntimezone = "UTC"\n[[calendar]]\nurl = "{url}"\n'
                     '[engine]\nname = "podman"\n[gpus]\ncount = 2\n'
                     '[defaults]\ntemplate = "debian-ssh"\ngpus = 1\nwarn_minutes = 15\n'
-                    '[ssh]\nport_min = 2200\nport_max = 2299\n'
+                    f'[ssh]\nport_min = {low}\nport_max = {high}\n'
                     '[users.alice]\nuid = 2001\nemail = ["alice@lab.example"]\n[users.bob]\nuid = 2002\n' + notify)
     return config_module.load(path)
 
@@ -471,8 +475,9 @@ def test_answers_are_told_by_default_once_each_across_passes_and_restarts(
             passes.close()
     assert _told(hook_server)[3:] == [("running", "soon", "alice")]
     running = hook_server.received[3][1]
-    assert running["ssh"] == "ssh -p 2200 alice@devbox1"
-    assert running["subject"] == 'gpubook: "alice debian-ssh" is running on devbox1: ssh -p 2200 alice@devbox1'
+    port = config.ssh.port_min
+    assert running["ssh"] == f"ssh -p {port} alice@devbox1"
+    assert running["subject"] == f'gpubook: "alice debian-ssh" is running on devbox1: ssh -p {port} alice@devbox1'
     assert len(smtp_server.received) == 3
 
 

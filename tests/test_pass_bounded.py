@@ -35,6 +35,7 @@ from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.state import State
 from tests.kits import servers
 from tests.kits.booking_kit import vcalendar, vevent
+from tests.kits.daemon_kit import port_range
 from tests.kits.pass_kit import HOLD, NOW, Machine, bookings, event, make_config, make_pass, running
 
 
@@ -186,11 +187,12 @@ def test_a_start_cut_before_its_record_and_then_cancelled_is_stopped_after_the_n
     A container State knows nothing of (no record, no port) is still left to its end."""
     config = make_config(tmp_path)
     machine = Machine()
-    info = running("cut", (0,), end=NOW + timedelta(hours=1), port=2200)
+    port, _ = port_range(1)  # free now, in this lane's block (the state probes it on this host)
+    info = running("cut", (0,), end=NOW + timedelta(hours=1), port=port)
     machine.containers[info.name] = info
     machine.release_exec.set()  # the notice's exec answers at once
     if port_held:
-        assert state.port_for("cut", port_min=2200, port_max=2200, now=NOW) == 2200
+        assert state.port_for("cut", port_min=port, port_max=port, now=NOW) == port
     passes = make_pass(config, machine, state)
     other = event("other", NOW + timedelta(hours=2), NOW + timedelta(hours=3))  # the calendar, read, without "cut"
     try:

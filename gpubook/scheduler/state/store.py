@@ -94,8 +94,6 @@ def _spans(ports: Sequence[int]) -> str:
     return ", ".join(f"{a}–{b}" if a != b else f"{a}" for a, b in spans)
 
 
-PORT_FREED_SECONDS = 10.0  # how long a died container's port may take to be free again (see port_for)
-
 class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     """`State(path)`: open (or create, or recreate) the database; every method is one transaction.
 
@@ -224,14 +222,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         this host, else the lowest port in [port_min, port_max] that no other booking holds and that
         is free on this host (a port found busy is skipped, never fatal) and not `reserved` (the
         SFTP service's, even while it is down). Raises StateError when none is left. The caller
-        releases it when the start fails (`release_port`).
-
-        A booking whose container died gets its last port back (its ssh line stays true) when that port
-        is free within PORT_FREED_SECONDS: the died container's port forwarder exits a moment after it,
-        seconds later on a loaded host. Waited for before the transaction, which it never holds."""
-        last = self._last_ports.get(booking_id)
-        if last is not None and port_min <= last <= port_max:
-            self._freed_soon(last)
+        releases it when the start fails (`release_port`)."""
         with self._transaction("state.port_for") as db:
             row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
             if row is not None:
@@ -240,7 +231,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
                 db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
             taken = {port for (port,) in db.execute("SELECT port FROM ports")} | reserved
             last = self._last_ports.pop(booking_id, None)
-            if last is not None and port_min <= last <= port_max and last not in taken and self._port_probe(last):
+            if last is not None and port_min <= last <= port_max and last not in taken and self._freed_soon(last):
                 db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?)",
                            (booking_id, last, stamp_of(now)))
                 return last
@@ -263,7 +254,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         self._last_ports.update({booking: int(held[booking]) for booking in freed})
         return freed
 
-    def _freed_soon(self, port: int, *, seconds: float = PORT_FREED_SECONDS) -> bool:
+    def _freed_soon(self, port: int, *, seconds: float = 3.0) -> bool:
         """The port a died container held is free, or becomes free within `seconds` (its port
         forwarder exits a moment after the container)."""
         deadline = time.monotonic() + seconds
