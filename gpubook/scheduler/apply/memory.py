@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpubook.scheduler.core import decide
+from gpubook.scheduler.hosts.images import EVENT_REFRESH
 from gpubook.scheduler.state import ContainerRecord, State, StateError
 from gpubook.scheduler.state.notes import Notes
 
@@ -23,7 +24,11 @@ START_BACKOFF = timedelta(seconds=10)  # a failed start's first wait; doubled ea
 # A start that failed on State itself (its disk full, another process holding it): no fault of the
 # booking's, so tried again this soon, never backed off; it starts as soon as State works again.
 STATE_RETRY = timedelta(seconds=5)
-PREPARING_RECHECK = timedelta(seconds=30)  # a booking waiting for its image is looked at again at least this often
+# A booking held for its image is looked at again this often: as often as its event's sentence may change
+# (hosts/images.py EVENT_REFRESH). At 30 s, a hold whose start pass still showed the sentence of the
+# pull's first seconds ("0 of 15 MB", no time yet) kept it until the image was ready: issue 35's lanes
+# and the sequential run both failed test_daemon_images on it.
+PREPARING_RECHECK = EVENT_REFRESH
 
 
 @dataclass(frozen=True)
