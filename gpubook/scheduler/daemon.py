@@ -19,8 +19,8 @@
   5 s, so a long first pass never meets systemd's 90 s start timeout), WATCHDOG=1, a STATUS line.
   READY=1 waits for the first pass, so that `gpubook status` and systemd agree on what runs.
 - The wall clock stepping back: a poll at once (clock.py). SIGUSR1: a pass at once on the daemon's
-  clock, which a test may have told a new time (clock.py, `GPUBOOK_CLOCK_FILE`). One daemon per state folder and per
-  account (locks.py). The parts it runs on are built by wiring.py, at start and at each reload.
+  clock, which a test may have told a new time (clock.py, `GPUBOOK_CLOCK_FILE`). One daemon per state
+  folder and per account (locks.py). The parts it runs on are built by wiring.py, at start and at each reload.
 """
 
 from __future__ import annotations
