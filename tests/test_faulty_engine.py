@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime import booking
-from gpubook.runtime.engines import ContainerInfo, Engine, engine_from
+from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, engine_from
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.templates import get_template
 from tests.kits import safe_data
@@ -221,3 +221,51 @@ def test_a_start_after_a_killed_stop_leaves_no_container_running_unlisted(faulty
             for orphan in faulty.orphans(store, settle=0):
                 end_orphan(orphan)
             bookings.cleanup()
+
+
+
+@pytest.fixture
+def unlisted(faulty: FaultyEngine, wrapped: Engine) -> Iterator[tuple[Bookings, ContainerSpec, ContainerInfo]]:
+    """A booking's container running while podman lists nothing of its name, its port held: as a
+    `podman run` killed midway leaves it (CI of 2026-11-28, the fault sample, seed 540565670), made
+    here as podman 4.3 leaves it after a killed stop and `rm --force`."""
+    store = wrapped.global_argv()[1:]  # type: ignore[attr-defined]
+    with safe_data.data_root() as data_root:
+        bookings = Bookings(wrapped, data_root, get_template("debian-ssh"))
+        try:
+            spec, _ = bookings.spec(key=new_key(), command=("sh", "-c", "trap '' TERM; sleep 600 & wait"))
+            first = booking.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT).info
+            for _ in range(10):  # a kill before podman marked it "stopping" leaves it running: again
+                faulty.arm("kill", verbs=["stop"])
+                with pytest.raises(EngineError, match="exit status 137"):
+                    wrapped.stop(spec.name, 60)
+                left = wrapped.inspect(spec.name)
+                if left is not None and left.state == "stopping":
+                    break
+            assert podman(wrapped.global_argv(), "rm", "--force", "--time", "0", spec.name).returncode == 0  # type: ignore[attr-defined]
+            assert [o.name for o in faulty.orphans(store)] == [spec.name]  # running, unlisted, its port held
+            yield bookings, spec, first
+        finally:
+            for orphan in faulty.orphans(store, settle=0):
+                end_orphan(orphan)
+            bookings.cleanup()
+
+
+def test_a_start_ends_its_container_left_running_unlisted_and_starts_on_its_port(
+        faulty: FaultyEngine, wrapped: Engine, unlisted: tuple[Bookings, ContainerSpec, ContainerInfo]) -> None:
+    """Without gpubook ending it, the start fails: its port is in use, and the booking never runs."""
+    bookings, spec, first = unlisted
+    again = booking.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
+    assert again.info.id != first.id and again.info.port == spec.port
+    assert faulty.orphans(wrapped.global_argv()[1:]) == []  # type: ignore[attr-defined]
+
+
+def test_a_container_left_running_unlisted_is_ended_at_the_second_listing(
+        faulty: FaultyEngine, wrapped: Engine, unlisted: tuple[Bookings, ContainerSpec, ContainerInfo]) -> None:
+    """Its booking deleted meanwhile, never started again: the pass's listings end it (not the first:
+    a `podman run` of another thread may be between its conmon and its record)."""
+    store = wrapped.global_argv()[1:]  # type: ignore[attr-defined]
+    assert wrapped.list() == []
+    assert [o.name for o in faulty.orphans(store, settle=0)] == [unlisted[1].name]
+    assert wrapped.list() == []
+    wait_for("the orphan to end", lambda: not faulty.orphans(store, settle=0), timeout=TIMEOUT)

@@ -40,6 +40,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpubook.runtime.engines.conmon import Monitor
 
 KINDS = ("hang", "kill")
 KILL_WITHIN = 1.5  # seconds: a killed command is killed at a random moment of its first 1.5 s
@@ -63,13 +67,6 @@ class Hit:
     verb: str
     outcome: str
     pid: int  # the wrapper's process
-
-
-@dataclass(frozen=True)
-class Orphan:
-    conmon: int  # the pid of its conmon; the container's command is that process's child
-    id: str
-    name: str
 
 
 class FaultyEngine:
@@ -119,7 +116,7 @@ class FaultyEngine:
         for hold in self.folder.glob("hold-*"):
             hold.unlink(missing_ok=True)
 
-    def orphans(self, global_args: Sequence[str] = (), *, settle: float = 1.0) -> list[Orphan]:
+    def orphans(self, global_args: Sequence[str] = (), *, settle: float = 1.0) -> list[Monitor]:
         """Containers of this account whose conmon runs while podman (with `global_args`, the
         store the engine uses) lists no such container; seen twice `settle` seconds apart (a
         container being removed has its conmon a moment longer)."""
@@ -137,48 +134,20 @@ class FaultyEngine:
         return [Hit(*json.loads(line)) for line in lines if line.strip()]
 
 
-def end_orphan(orphan: Orphan) -> None:
-    """SIGKILL an orphan's command and its conmon (a published port's rootlessport and slirp4netns,
-    children of no one, are not found here)."""
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
-        except OSError:
-            continue
-        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == orphan.conmon:  # its parent pid
-            _signal(int(entry.name))
-    _signal(orphan.conmon)
+def end_orphan(orphan: Monitor) -> None:
+    """SIGKILL an orphan's command and its conmon (gpubook's own, conmon.end)."""
+    from gpubook.runtime.engines import conmon  # not at the top: the wrapper runs this file alone
+
+    conmon.end(orphan)
 
 
-def _signal(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _unlisted(real: str, global_args: Sequence[str]) -> list[Monitor]:
+    from gpubook.runtime.engines import conmon
 
-
-def _unlisted(real: str, global_args: Sequence[str]) -> list[Orphan]:
-    found = conmons()
+    found = conmon.monitors()
     listed = subprocess.run([real, *global_args, "ps", "--all", "--no-trunc", "--format", "{{.ID}}"],
                             capture_output=True, text=True, timeout=120, check=True).stdout.split()
     return [o for o in found if o.id not in listed]
-
-
-def conmons() -> list[Orphan]:
-    """The conmon processes of this account: each names its container (-c ID, -n NAME)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != os.getuid():
-                continue
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:  # ended meanwhile
-            continue
-        if argv and argv[0].endswith("conmon") and "-c" in argv[:-1] and "-n" in argv[:-1]:
-            found.append(Orphan(int(entry.name), argv[argv.index("-c") + 1], argv[argv.index("-n") + 1]))
-    return found
 
 
 def verb_of(args: Sequence[str]) -> str:

@@ -11,11 +11,13 @@ engine module defines for itself, so no engine inherits another's flags.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import logging
 import math
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 
 RUN_TIMEOUT = 300.0  # seconds for `run` (a first start may set up storage)
 EXEC_TIMEOUT = 60.0  # seconds for `exec` when the caller names none (a booker's container may hang it)
+FORWARDER_GRACE = 30.0  # seconds for a port forwarder to exit after its container's conmon was ended
 LOG_READ_LIMIT = 1024 * 1024  # bytes of a container's log that `logs` keeps (its end)
 
 
@@ -71,6 +74,9 @@ class CliEngine(CliArgv, CliImages):
                     f"spec (hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first"
                 )
             self._remove_leftover(current)  # an exited leftover of an earlier start
+        elif self._end_unlisted(spec.name):  # an earlier `run` killed midway, still running
+            # its port forwarder exits a moment after its conmon
+            wait_port_free(spec.port, seconds=FORWARDER_GRACE)
         self._check_port_free(spec)
         self.ensure_image(spec.image)
         self._check_mounts(spec)
@@ -94,6 +100,9 @@ class CliEngine(CliArgv, CliImages):
                 created = cidfile.read_text().strip() if cidfile.exists() else ""
                 if created:
                     self._remove(created)
+                with contextlib.suppress(EngineError):  # the run's own error is the one to tell
+                    if self.inspect(spec.name) is None:  # a `run` killed midway may have left it running
+                        self._end_unlisted(spec.name)
                 raise
         if info is None:
             raise EngineError(
@@ -116,6 +125,11 @@ class CliEngine(CliArgv, CliImages):
         self._remove(name)
         if labels.get(LABEL_BOOKING):
             self.release_network(name)
+
+    def _end_unlisted(self, name: str) -> bool:
+        """End a container of `name` whose processes run while the engine lists none (podman's
+        conmon, conmon.py); True if one was. None here: docker's run under dockerd, which lists them all."""
+        return False
 
     def _remove_leftover(self, current: ContainerInfo) -> None:
         """Remove a container that does not run as it should. One left "stopping" (a `stop` killed
@@ -235,6 +249,15 @@ def mount_problem(mount: Mount) -> str | None:
     if not mount.source.exists():
         return f"mount source {mount.source} does not exist"
     return None
+
+
+def wait_port_free(port: int, *, seconds: float) -> None:
+    """Until nothing binds `port` any more, for at most `seconds` (check_port_free then tells)."""
+    deadline = time.monotonic() + seconds
+    while any(bind_error(address, port) == errno.EADDRINUSE for address in ("0.0.0.0", "::")):  # noqa: S104
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.2)
 
 
 def check_port_free(booking_id: str, port: int) -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from gpubook.runtime import cgroups, network, storage
 from gpubook.runtime.checks import Check
+from gpubook.runtime.engines import conmon
 from gpubook.runtime.engines.cli_engine import (
     LOG_MAX_SIZE,
     QUICK_TIMEOUT,
@@ -37,7 +38,7 @@ from gpubook.runtime.engines.cli_engine import (
     message_of,
 )
 from gpubook.runtime.engines.cli_images import WARM_PREFIX
-from gpubook.runtime.engines.spec import LABEL_BOOKING, ContainerInfo, ContainerSpec, permanent
+from gpubook.runtime.engines.spec import CONTAINER_PREFIX, LABEL_BOOKING, ContainerInfo, ContainerSpec, permanent
 from gpubook.runtime.errors import EngineError
 
 if TYPE_CHECKING:
@@ -167,6 +168,8 @@ class PodmanEngine(CliEngine):
         self._used_lock = threading.Lock()
         self._reset_lock = threading.Lock()
         self._reset_at = float("-inf")  # when `podman system migrate` last ended (monotonic)
+        self._starting: set[str] = set()  # names of containers whose start is in progress (guarded by _used_lock)
+        self._suspects: set[str] = set()  # ids of conmons running unlisted at the last listing (_sweep)
 
     def engine_checks(self) -> builtins.list[Check]:
         binary = self.binary_check()
@@ -446,13 +449,56 @@ class PodmanEngine(CliEngine):
         removed: builtins.list[str] = []
         while True:
             try:
-                return super().list()
+                listed = super().list()
+                self._sweep({info.id for info in listed})
+                return listed
             except EngineError as error:
                 lost = _LOST_NETNS.search(str(error))
                 if lost is None or lost["id"] in removed or len(removed) >= LOST_LIMIT:
                     raise
                 removed.append(lost["id"])
             self._remove_lost(removed[-1])
+
+    def start(self, spec: ContainerSpec) -> ContainerInfo:
+        with self._used_lock:
+            self._starting.add(spec.name)
+        try:
+            return super().start(spec)
+        finally:
+            with self._used_lock:
+                self._starting.discard(spec.name)
+
+    def _sweep(self, listed: set[str]) -> None:
+        """End the containers of gpubook's names running unlisted (conmon.py) whose booking was never
+        started again (deleted meanwhile): one seen at two listings in a row, with no start of its
+        name in progress, and unknown to podman by its id."""
+        with self._used_lock:
+            starting = set(self._starting)
+        root = self.storage_path()
+        seen = [m for m in conmon.monitors() if m.name.startswith(CONTAINER_PREFIX) and m.id not in listed
+                and m.name not in starting and m.in_store(root)]
+        suspects, self._suspects = self._suspects, {m.id for m in seen}
+        for monitor in seen:
+            if monitor.id in suspects:
+                self._end_if_unknown(monitor)
+
+    def _end_unlisted(self, name: str) -> bool:
+        """conmon.py: a `run` killed midway leaves the container running, unlisted, holding the
+        booking's GPUs and port. Only this store's (its bundle under the graph root), only ids
+        that podman does not know."""
+        found = [m for m in conmon.monitors() if m.name == name]
+        if not found:
+            return False
+        root = self.storage_path()
+        return any([self._end_if_unknown(m) for m in found if m.in_store(root)])
+
+    def _end_if_unknown(self, monitor: conmon.Monitor) -> bool:
+        if self._inspect_raw([monitor.id], missing_ok=True):
+            return False
+        log.warning("podman: container %s (%s) runs while podman lists no such container (a `podman run` killed "
+                    "midway): ending it", monitor.name, monitor.id[:12])
+        conmon.end(monitor)
+        return True
 
     def _remove_lost(self, container_id: str) -> None:
         try:

@@ -227,11 +227,14 @@ def booking_id_problem(booking_id: str) -> str | None:
     return None
 
 
+CONTAINER_PREFIX = "gpubook-"  # every booking's container name begins so
+
+
 def container_name(booking_id: str) -> str:
     """A readable, engine-safe name that stays unique for any booking id (UIDs are free text)."""
     readable = re.sub(r"[^a-zA-Z0-9_.-]+", "-", booking_id).strip("-.")[:40]
     digest = hashlib.sha256(booking_id.encode()).hexdigest()[:10]
-    return f"gpubook-{readable}-{digest}" if readable else f"gpubook-{digest}"
+    return f"{CONTAINER_PREFIX}{readable}-{digest}" if readable else f"{CONTAINER_PREFIX}{digest}"
 
 
 def info_from_labels(

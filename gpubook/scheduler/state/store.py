@@ -106,10 +106,12 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     """
 
     def __init__(self, path: str | Path, *, port_probe: Callable[[int], bool] = port_is_free,
-                 busy_timeout: float = 10.0) -> None:
-        """`busy_timeout`: seconds a write waits for another process's transaction before it fails."""
+                 busy_timeout: float = 10.0, port_grace: float = 30.0) -> None:
+        """`busy_timeout`: seconds a write waits for another process's transaction before it fails;
+        `port_grace`: seconds a restart waits for its died container's port to be let go of (only
+        that booking's start waits: starts run in their own lanes)."""
         self.path = Path(path)
-        self.busy_timeout = busy_timeout
+        self.busy_timeout, self.port_grace = busy_timeout, port_grace
         self._port_probe = port_probe
         # The port each booking last held, kept when a pass frees it (its container died): the restart
         # asks for it again, so the booker's ssh line stays right (this process's memory only).
@@ -223,6 +225,13 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         is free on this host (a port found busy is skipped, never fatal) and not `reserved` (the
         SFTP service's, even while it is down). Raises StateError when none is left. The caller
         releases it when the start fails (`release_port`)."""
+        # A restart after a death asks for the port the booking had; the died container's port
+        # forwarder lets go of it only once podman's cleanup of that container has run, which under
+        # load takes seconds. Waited for here, outside the transaction (other threads write meanwhile).
+        last = self._last_ports.pop(booking_id, None)
+        if last is not None and not (port_min <= last <= port_max and last not in reserved
+                                     and self._freed_soon(last, seconds=self.port_grace)):
+            last = None
         with self._transaction("state.port_for") as db:
             row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
             if row is not None:
@@ -230,8 +239,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
                     return int(row[0])
                 db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
             taken = {port for (port,) in db.execute("SELECT port FROM ports")} | reserved
-            last = self._last_ports.pop(booking_id, None)
-            if last is not None and port_min <= last <= port_max and last not in taken and self._freed_soon(last):
+            if last is not None and last not in taken:
                 db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?)",
                            (booking_id, last, stamp_of(now)))
                 return last
@@ -254,9 +262,9 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         self._last_ports.update({booking: int(held[booking]) for booking in freed})
         return freed
 
-    def _freed_soon(self, port: int, *, seconds: float = 3.0) -> bool:
+    def _freed_soon(self, port: int, *, seconds: float) -> bool:
         """The port a died container held is free, or becomes free within `seconds` (its port
-        forwarder exits a moment after the container)."""
+        forwarder exits after podman's cleanup of the container)."""
         deadline = time.monotonic() + seconds
         while not self._port_probe(port):
             if time.monotonic() >= deadline:
