@@ -8,9 +8,15 @@ server that turns into a login page), real rootless podman containers, `gpubook 
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+import caldav
 
 from gpubook.runtime.engines import container_name
 from tests.kits import servers
@@ -18,6 +24,7 @@ from tests.kits.daemon_kit import (
     DAEMON_MODULE,
     DaemonProcess,
     book,
+    child_env,
     description,
     edit,
     event_text,
@@ -30,6 +37,11 @@ from tests.kits.daemon_kit import (
 from tests.kits.told_clock import ToldClock
 
 pytestmark = DAEMON_MODULE
+
+
+def unfolded(ical: str) -> str:
+    """An object's text with its long lines joined again (RFC 5545 folds them at 75 octets)."""
+    return re.sub(r"\r?\n[ \t]", "", ical)
 
 
 def second_calendar(config: Path, url: str) -> None:
@@ -57,7 +69,7 @@ def test_a_copied_uid_leaves_the_running_booking_alone(tmp_path: Path, radicale_
     time.sleep(3 + 3)  # longer than the notice (3 s) plus a poll: a stop would have come by now
     still = running_container(engine, "run@test")
     assert still is not None and still.id == running.id, daemon.tail()
-    assert "already belongs to the event" in description(other, "run@test")
+    assert "already belongs to an event in another calendar" in description(other, "run@test")
     assert "running:" in description(mine, "run@test")
     assert not any("warned" in m or "stopped" in m for m in events(tmp_path, "run@test")), events(tmp_path, "run@test")
 
@@ -136,3 +148,66 @@ def test_one_broken_calendar_stops_and_holds_nothing_in_the_others(tmp_path: Pat
         assert not any(m.startswith("calendar unreachable") for m in messages), messages
     finally:
         feed.stop()
+
+
+def test_a_copy_of_a_daily_bookings_uid_in_another_calendar_never_takes_it_days_later(
+        tmp_path: Path, radicale_server, engine, keys, cleanup, daemons) -> None:
+    """Round 3, H3: bob puts the UID of alice's daily booking into his own calendar. Once the
+    occurrences seen before the copy had left the window (days on), each new occurrence was
+    first seen by both places in one pass: they tied, both were refused, and alice's running
+    occurrence was warned and stopped. The object's own first-seen keeps alice's place first."""
+    mine, other = radicale_server.new_calendar(), radicale_server.new_calendar()
+    config = write_config(tmp_path, str(mine.url), keys=keys, poll_seconds=1)
+    second_calendar(config, str(other.url))
+    clock = ToldClock(tmp_path)
+    start = clock.soon(0) - timedelta(seconds=1)
+    end = start + timedelta(minutes=20)
+    book(mine, "daily@test", user="alice", start=start, end=end, gpus="0,", rrule="FREQ=DAILY;COUNT=30")
+    # two weeks on, past the window (72 h back, 7 days ahead) of every occurrence seen before the copy
+    first, later = (f"daily@test@{start + timedelta(days=n):%Y%m%dT%H%M%SZ}" for n in (0, 14))
+    cleanup += [first, later]
+    daemon = DaemonProcess(config, env=clock.env()).start()
+    daemons.append(daemon)
+    wait_for("alice's first occurrence", lambda: running_container(engine, first), timeout=60, daemon=daemon)
+
+    copy = book(other, "daily@test", user="bob", start=start, end=end, gpus="0,", rrule="FREQ=DAILY;COUNT=30")
+    wait_for("the copy refused in its event", lambda: "already belongs to" in unfolded(copy.load().data), timeout=30,
+             daemon=daemon)
+    clock.advance(14 * 86400, daemon)  # every occurrence now in the window is new to both places
+    running = wait_for("alice's occurrence two weeks on", lambda: running_container(engine, later), timeout=60,
+                       daemon=daemon)
+    assert running.gpus == (0,)
+    written = unfolded(copy.load().data)
+    assert "already belongs to an event in another calendar" in written
+    assert str(mine.url) not in written  # never the other calendar's path (L4)
+    log = events(tmp_path, later)
+    assert not any("more than one place" in m or "warned" in m for m in log), log
+
+
+def test_a_uid_with_a_newline_is_refused_where_the_calendar_is_read(tmp_path: Path, radicale_server, engine, keys,
+                                                                    cleanup, daemons) -> None:
+    """Round 3, M1: `UID:lab-42\\nPROMPT_COMMAND=…` (iCalendar unescapes \\n). The start refused it,
+    but the plan, the page and `gpubook bookings --json` listed it as accepted until then. Now it is
+    refused at reading, with the start's sentence, and never reaches a host."""
+    calendar = radicale_server.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1)
+    uid = "lab-42\nPROMPT_COMMAND=touch /tmp/pwned"
+    text = event_text(uid, user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600), gpus="0,")
+    assert "UID:lab-42\\nPROMPT_COMMAND" in text  # the newline escaped in the file, as a client writes it
+    hostile = caldav.Event(calendar.client, url=calendar.url.join("lab-42.ics"), data=text, parent=calendar)
+    hostile.save()  # at a name of its own: the UID is no URL
+    cleanup.append(uid)
+    listed = subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "bookings", "--json",
+                             "--config", str(config)], capture_output=True, text=True, timeout=120, env=child_env())
+    assert listed.returncode == 0, listed.stderr
+    plan = json.loads(listed.stdout)
+    assert not [a for a in plan["accepted"] if a["uid"].startswith("lab-42")], plan
+    assert [r["reason"] for r in plan["rejected"] if r["uid"].startswith("lab-42")] == [
+        f"booking id {uid!r} is empty or has control characters"]
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    wait_for("the refusal in its event", lambda: "control characters" in unfolded(hostile.load().data),
+             timeout=30, daemon=daemon)
+    assert running_container(engine, uid) is None
+    assert not any(m.startswith("rejected at its start") for m in events(tmp_path, uid))  # refused before
+    assert "\nPROMPT_COMMAND" not in daemon.tail() and "lab-42\\nPROMPT_COMMAND" in daemon.tail()  # one line

@@ -67,7 +67,10 @@ def test_a_uid_with_a_tab_is_refused_before_it_takes_a_port(tmp_path: Path, stat
         passes.close()
     assert ("running", "good") in machine.steps
     assert not any(booking.startswith("tab") for _, booking in machine.steps)  # never reached a host
-    assert any("control characters" in e.message for e in state.events())
+    # refused where the calendar is read (round 3, M1), with the sentence the start gave before
+    refused = bookings(config, hourly, now=NOW)
+    assert refused and all(isinstance(o, Rejection) and "is empty or has control characters" in o.reason
+                           for o in refused)
 
 
 def test_a_failed_start_gives_its_port_back(tmp_path: Path, state: State) -> None:

@@ -6,7 +6,7 @@ import json
 from datetime import datetime, timedelta
 
 from gpubook.scheduler.core.bookings import Booking, Rejection
-from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key, to_json
+from gpubook.scheduler.core.plan import Plan, Slot, place_key, plan, seen_key, to_json
 from tests.kits.booking_kit import (
     CALENDAR,
     GPU1_CALENDAR,
@@ -239,8 +239,43 @@ def test_a_copied_uid_belongs_to_the_event_seen_first() -> None:
                       running={"a": (0,)}, first_seen=seen)
         assert [(a.booking.href, a.gpus) for a in result.accepted] == [(original.href, (0,))]
         assert [(r.href, r.reason) for r in result.rejected] == [
-            (copy.href, f"the UID 'shared' already belongs to the event {original.href}, which gpubook "
-                        "saw first; give each booking its own event")]
+            (copy.href, "the UID 'shared' already belongs to an event in another calendar, which gpubook "
+                        "saw first; give each booking its own event")]  # never its path (round 3, L4)
+    twin = booking("a", uid="shared", user="bob", href=f"{CALENDAR}copy.ics")  # in the same calendar: named
+    result = plan((original, twin), inventory=INVENTORY, config=CONFIG, templates=TEMPLATES, now=NOW,
+                  first_seen={seen_key(original): utc(2026, 11, 20), seen_key(twin): utc(2026, 11, 24)})
+    assert [r.reason for r in result.rejected] == [
+        f"the UID 'shared' already belongs to the event {original.href}, which gpubook saw first; give each "
+        "booking its own event"]
+
+
+def test_a_copy_of_a_repeating_bookings_uid_never_ties_with_it_once_old_occurrences_left_the_window() -> None:
+    """Round 3, H3: mallory copies the UID of alice's daily booking into her own calendar. Ten days
+    later every occurrence in the window was first seen by both places in the same pass: they tied,
+    both were refused, and alice's running occurrence was stopped. The object's own first-seen
+    (place_key) keeps alice's place first; and a place whose occurrence runs keeps the UID even
+    where nothing else tells them apart."""
+    original = booking("a", uid="daily")
+    copy = booking("a", uid="daily", calendar_url=GPU1_CALENDAR, user="bob")
+    same_pass = utc(2026, 11, 24)  # the occurrence entered the window for both at once
+    seen = {seen_key(original): same_pass, seen_key(copy): same_pass,
+            place_key(original): utc(2026, 11, 10), place_key(copy): utc(2026, 11, 12)}
+    result = plan((copy, original), inventory=INVENTORY, config=CONFIG, templates=TEMPLATES, now=NOW,
+                  running={"a": (0,)}, first_seen=seen)
+    assert [a.booking.href for a in result.accepted] == [original.href]
+    assert [r.href for r in result.rejected] == [copy.href]
+    # A tie on every time (the records lost): the place whose accepted occurrence runs keeps it.
+    tied = {key: same_pass for key in seen}
+    slots = {seen_key(original): Slot(seen_at=same_pass, accepted_at=same_pass)}
+    result = plan((copy, original), inventory=INVENTORY, config=CONFIG, templates=TEMPLATES, now=NOW,
+                  running={"a": (0,)}, first_seen=tied, slots=slots)
+    assert [a.booking.href for a in result.accepted] == [original.href]
+    # Nothing at all tells two new objects apart: both refused, as before.
+    result = plan((copy, original), inventory=INVENTORY, config=CONFIG, templates=TEMPLATES, now=NOW,
+                  first_seen=tied)
+    assert result.accepted == () and len(result.rejected) == 2
+    assert all("1 other calendar" in r.reason and "devbox1-gpu1" not in r.reason or r.href == copy.href
+               for r in result.rejected)
 
 
 def test_same_uid_in_two_calendars_is_rejected_everywhere() -> None:

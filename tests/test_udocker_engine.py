@@ -9,12 +9,14 @@ import os
 import subprocess
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from gpubook.runtime.engines import engine_from, udocker
 from gpubook.scheduler.apply.handlers import notice_argv
 from tests.kits.engine_suite import BOOKER, Bookings, EngineBehaviour, _put, connect, new_key, run
+from tests.kits.oci_policy import isolation_problems
 
 pytestmark = [pytest.mark.udocker, pytest.mark.skipif(os.geteuid() == 0, reason="udocker runs as a user")]
 
@@ -136,3 +138,32 @@ def test_dev_shm_has_the_templates_size(bookings: Bookings) -> None:
     assert said.returncode == 0, said
     size_kib = int(said.stdout.splitlines()[-1].split()[1])
     assert size_kib == 300 * 1024, said.stdout
+
+
+def test_a_booker_can_neither_plant_a_set_uid_file_for_host_logins_nor_reach_its_cgroup_tree(
+        bookings: Bookings) -> None:
+    """Round 3, H1: udocker's FileBind folder, in /tmp (0755, the daemon's) and bound read-write at
+    /.bind_host_files, took the booker's set-uid copy of a binary, which any host login then ran as
+    the daemon's account. H2: udocker removes runc's read-only /sys/fs/cgroup, and the host's cgroup
+    tree was writable below /sys (under a systemd user unit its files are the daemon's: freeze or
+    kill the daemon). The spec runc received is checked against the policy, then each from inside."""
+    booking = bookings.start()
+    folder = bookings.engine._folder(booking.spec.name)
+    received = json.loads((folder / "config.json").read_text())  # the bundle's spec, as the wrapper left it
+    policy = json.loads((folder / udocker.POLICY_FILE).read_text())
+    writable = {m["target"] for m in policy["mounts"] if not m["read_only"]} | {"/.bind_host_files"}
+    assert "/data/output" in writable and "/data/input" not in writable
+    assert isolation_problems(received, writable=writable) == []
+    with connect(booking.spec.port, BOOKER, booking.key) as client:
+        status, _, error = run(client, "cp /bin/true /.bind_host_files/planted && chmod 4755 /.bind_host_files/planted")
+        assert status == 0, error  # the booker is the daemon's id: the entrypoint writes /etc/passwd there
+        status, listed, _ = run(client, "ls -A /sys/fs/cgroup")
+        assert status == 0 and listed.strip() == "", f"the host's cgroup tree is visible: {listed}"
+        status, _, _ = run(client, "mkdir /sys/fs/cgroup/x")
+        assert status != 0
+    planted = [p for p in bookings.engine.top.rglob("planted") if "BIND_FILES" in str(p)]
+    assert len(planted) == 1 and planted[0].stat().st_mode & 0o4000  # set-uid, the daemon's ...
+    closed = [p for p in planted[0].parents if p.stat().st_mode & 0o001 == 0]
+    assert closed, f"{planted[0]}: every account can reach it"  # ... but no other account can run it
+    mine = [p for p in Path("/tmp").glob("udocker-*-BIND_FILES") if p.stat().st_uid == os.getuid()]  # noqa: S108
+    assert mine == [], "udocker's FileBind folder is in /tmp, where every account reaches it"

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines import engine_from, udocker
-from gpubook.runtime.engines.udocker_runc import apply_policy, pump
+from gpubook.runtime.engines.udocker_runc import PolicyError, apply_policy, pump
 from gpubook.runtime.errors import EngineError
+from tests.kits.oci_policy import isolation_problems
 
 UDOCKER_SPEC = {  # what `runc spec --rootless` gives, as udocker edits it (R1)
     "process": {"user": {"uid": 0, "gid": 0}, "args": ["/.gpubook/entrypoint.sh"], "cwd": "/",
@@ -20,6 +21,11 @@ UDOCKER_SPEC = {  # what `runc spec --rootless` gives, as udocker edits it (R1)
                                  for k in ("bounding", "effective", "permitted", "ambient", "inheritable")},
                 "noNewPrivileges": False},
     "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+               {"destination": "/sys", "type": "none", "source": "/sys",
+                "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]},
+               {"destination": "/.bind_host_files", "type": "none",
+                "source": "/home/daemon/.udocker/gpubook/tmp/udocker-14429-0f1e-BIND_FILES",
+                "options": ["rbind", "nosuid", "nodev", "rw"]},
                {"destination": "/data/input", "type": "none", "source": "/srv/in", "options": ["rbind", "rw"]}],
     "linux": {"uidMappings": [{"containerID": 0, "hostID": 12345, "size": 1}],
               "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
@@ -31,7 +37,7 @@ POLICY = {"args": ["/.gpubook/entrypoint.sh", "sleep"],
                      {"source": "/srv/out", "target": "/data/output", "read_only": False}],
           "devices": [{"host": "/dev/null", "container": "/dev/nvidia1"}],
           "masked": ["/proc/driver/nvidia/gpus/0000:07:00.0"],
-          "env": [["GPUBOOK_AS_BOOKER", "/.gpubook-host/as-booker"]]}
+          "env": [["GPUBOOK_AS_BOOKER", "/.gpubook-host/as-booker"]], "private": "/home/daemon/.udocker"}
 
 
 def test_the_policy_makes_binds_read_only_and_keeps_one_capability() -> None:
@@ -55,7 +61,7 @@ def test_the_policy_maps_only_the_daemons_id_and_gives_only_the_booked_devices()
     assert linux["gidMappings"] == [{"containerID": 0, "hostID": os.getgid(), "size": 1}]
     assert [d["path"] for d in linux["devices"]] == ["/dev/nvidia1"]
     assert "/proc/driver/nvidia/gpus/0000:07:00.0" in linux["maskedPaths"] and "/proc/kcore" in linux["maskedPaths"]
-    assert {ns["type"] for ns in linux["namespaces"]} == {"pid", "ipc", "uts", "mount", "user"}
+    assert {ns["type"] for ns in linux["namespaces"]} == {"pid", "ipc", "uts", "mount", "user", "cgroup"}
     assert "resources" not in linux
     assert UDOCKER_SPEC["linux"]["uidMappings"][0]["hostID"] == 12345  # the input is not changed
 
@@ -100,3 +106,29 @@ def test_the_policy_gives_dev_shm_the_bookings_size() -> None:
     assert made and "size=1g" in made[0]["options"] and made[0]["type"] == "tmpfs", made
     unchanged = [m for m in apply_policy(config, POLICY)["mounts"] if m["destination"] == "/dev/shm"]
     assert unchanged == [runc_shm]
+
+
+def test_udockers_own_binds_are_read_only_and_the_cgroup_tree_is_hidden() -> None:
+    """Round 3, H2: /sys's read-only bind left the host's cgroup tree writable below it (udocker
+    removes runc's own /sys/fs/cgroup mount). H1: udocker's FileBind folder stays writable (the
+    entrypoint writes /etc/passwd through it) but only from udocker's private folder."""
+    spec = apply_policy(UDOCKER_SPEC, POLICY)
+    assert isolation_problems(spec, writable={"/data/output", "/.bind_host_files"}) == []
+    mounts = {m["destination"]: m for m in spec["mounts"]}
+    assert {"rw", "nosuid", "nodev"} <= set(mounts["/.bind_host_files"]["options"])
+    assert {"ro", "rro", "noexec"} <= set(mounts["/sys"]["options"])
+    assert mounts["/proc"] == UDOCKER_SPEC["mounts"][0]  # the kernel's, as it was
+    # the check itself: udocker's spec as it came fails it
+    found = isolation_problems({**UDOCKER_SPEC, "process": {**UDOCKER_SPEC["process"]}}, writable={"/data/output"})
+    assert any("/sys" in p for p in found) and any("cgroup tree" in p for p in found)
+
+
+def test_udockers_filebind_folder_in_tmp_fails_the_start_with_a_sentence() -> None:
+    """Round 3, H1: in /tmp (udocker's default, TMPDIR) a set-uid file a booker made there was the
+    daemon's account for any host login. The engine points udocker at its private folder; a spec
+    that still names another place is refused, not run."""
+    in_tmp = {**UDOCKER_SPEC, "mounts": [
+        {"destination": "/.bind_host_files", "type": "none", "source": "/tmp/udocker-1-x-BIND_FILES",
+         "options": ["rbind", "nosuid", "nodev", "rw"]}]}
+    with pytest.raises(PolicyError, match=r"/tmp/udocker-1-x-BIND_FILES\) is outside its private folder"):
+        apply_policy(in_tmp, POLICY)

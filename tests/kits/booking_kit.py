@@ -74,14 +74,14 @@ def single(*lines: str, uid: str = "u1", **kwargs: object) -> Booking:
 def booking(id: str, *, user: str = "alice", template: str = "debian-ssh", gpus: int = 1,
             indices: tuple[int, ...] | None = None, start: int = 10, hours: float = 2,
             created: datetime | None = None, dtstamp: datetime | None = None,
-            calendar_url: str = CALENDAR, uid: str | None = None) -> Booking:
+            calendar_url: str = CALENDAR, uid: str | None = None, href: str | None = None) -> Booking:
     """A booking starting `start` hours after midnight UTC on 24 November 2026."""
     begin = utc(2026, 11, 24) + timedelta(hours=start)
     return Booking(id=id, uid=uid or id, user=user, template=template,
                    gpu_count=len(indices) if indices is not None else gpus, gpu_indices=indices,
                    start=begin, end=begin + timedelta(hours=hours), created=created,
                    dtstamp=dtstamp, calendar_url=calendar_url,
-                   href=f"{calendar_url}{uid or id}.ics", summary="")
+                   href=href or f"{calendar_url}{uid or id}.ics", summary="")
 
 
 FEED = """BEGIN:VCALENDAR

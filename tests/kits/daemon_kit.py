@@ -123,7 +123,7 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
 
 
 def event_text(uid: str, *, user: str, start: datetime, end: datetime, gpus: str = "1",
-               description: str = "", summary: str | None = None) -> str:
+               description: str = "", summary: str | None = None, rrule: str | None = None) -> str:
     calendar = icalendar.Calendar()
     calendar.add("prodid", "-//gpubook tests//EN")
     calendar.add("version", "2.0")
@@ -135,14 +135,17 @@ def event_text(uid: str, *, user: str, start: datetime, end: datetime, gpus: str
     event.add("dtstamp", datetime.now(UTC))
     event.add("created", datetime.now(UTC))
     event.add("description", f"{description}user: {user}\ngpus: {gpus}\n")
+    if rrule:
+        event.add("rrule", icalendar.vRecur.from_ical(rrule))
     calendar.add_component(event)
     return calendar.to_ical().decode()
 
 
 def book(calendar: caldav.Calendar, uid: str, *, user: str, start: datetime, end: datetime,
-         gpus: str = "1", description: str = "", summary: str | None = None) -> caldav.Event:
+         gpus: str = "1", description: str = "", summary: str | None = None, rrule: str | None = None
+         ) -> caldav.Event:
     return calendar.save_event(event_text(uid, user=user, start=start, end=end, gpus=gpus,
-                                          description=description, summary=summary))
+                                          description=description, summary=summary, rrule=rrule))
 
 
 def description(calendar: caldav.Calendar, uid: str) -> str:

@@ -106,9 +106,14 @@ class UdockerEngine:
     # --- udocker and runc, argv lists only --------------------------------------------------------
 
     def _env(self, policy: Path | None = None) -> dict[str, str]:
+        # udocker's temporary folders (its FileBind folder, bound into every container) in the
+        # private store, never /tmp: a set-uid file a booker made there was the daemon's on the host,
+        # reachable by every account (round 3, H1).
+        wrapper = self._wrapper()
+        temporary = str(wrapper.parent / "tmp")
         env = {**os.environ, "UDOCKER_DIR": str(self.top), "UDOCKER_TARBALL": "",
-               "UDOCKER_DEFAULT_EXECUTION_MODE": MODE, "UDOCKER_USE_RUNC_EXECUTABLE": str(self._wrapper()),
-               RUNC_ENV: self.runc, "UDOCKER_LOGLEVEL": "2"}
+               "UDOCKER_DEFAULT_EXECUTION_MODE": MODE, "UDOCKER_USE_RUNC_EXECUTABLE": str(wrapper),
+               RUNC_ENV: self.runc, "UDOCKER_LOGLEVEL": "2", "UDOCKER_TMP": temporary, "TMPDIR": temporary}
         env.pop(POLICY_ENV, None)
         if policy is not None:
             env[POLICY_ENV] = str(policy)
@@ -151,6 +156,7 @@ class UdockerEngine:
             temporary.write_text(text)
             temporary.chmod(0o700)
             temporary.replace(path)
+        (path.parent / "tmp").mkdir(mode=0o700, exist_ok=True)
         return path
 
     # --- images -----------------------------------------------------------------------------------
@@ -354,7 +360,8 @@ class UdockerEngine:
             masked = list(spec.gpu.hidden_proc_paths)
         return {"args": [*spec.entrypoint, *spec.command], "mounts": mounts, "devices": devices, "masked": masked,
                 "env": [["GPUBOOK_AS_BOOKER", f"{HELPER_DIR}/{AS_BOOKER}"]], "log": str(folder / LOG_FILE),
-                "log_max": LOG_MAX, "runc_id_file": str(folder / RUNC_ID_FILE), "shm_size": spec.shm_size}
+                "log_max": LOG_MAX, "runc_id_file": str(folder / RUNC_ID_FILE), "shm_size": spec.shm_size,
+                "private": str(self.top)}
 
     def stop(self, name: str, grace: float) -> None:
         """SIGTERM to the container's first process, `grace` seconds, SIGKILL (its whole PID

@@ -40,6 +40,8 @@ UDOCKER_ENV = ("container_ruser", "container_root", "container_uuid", "container
                "container_names", "PS1", "SHLVL", "USERNAME", "USER", "LOGNAME", "HOME")
 CHUNK = 65536
 SHM = "/dev/shm"  # noqa: S108 - the container's own tmpfs, not a host path
+MASKED = ("/sys/fs/cgroup",)  # hidden from every booking (H2): the host's cgroup tree
+FILEBIND = "/.bind_host_files"  # udocker's folder of the host's files it gives a container
 
 
 def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +52,7 @@ def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, An
     linux["uidMappings"] = [{"containerID": 0, "hostID": uid, "size": 1}]
     linux["gidMappings"] = [{"containerID": 0, "hostID": gid, "size": 1}]
     namespaces = [ns for ns in linux.get("namespaces", []) if ns.get("type") != "network"]
-    for wanted in ("pid", "ipc", "uts", "mount", "user"):
+    for wanted in ("pid", "ipc", "uts", "mount", "user", "cgroup"):
         if not any(ns.get("type") == wanted for ns in namespaces):
             namespaces.append({"type": wanted})
     linux["namespaces"] = namespaces
@@ -68,9 +70,10 @@ def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, An
     env = [line for line in process.get("env", []) if line.split("=", 1)[0] not in UDOCKER_ENV]
     process["env"] = [*env, *(f"{name}={value}" for name, value in policy.get("env", []))]
     wanted_targets = {mount["target"] for mount in policy.get("mounts", [])}
-    mounts = [m for m in spec.get("mounts", []) if m.get("destination") not in wanted_targets]
+    mounts = [_held(m, private=policy.get("private")) for m in spec.get("mounts", [])
+              if m.get("destination") not in wanted_targets]
     for mount in policy.get("mounts", []):
-        options = ["rbind", "nosuid", "nodev", "ro" if mount["read_only"] else "rw"]
+        options = ["rbind", "nosuid", "nodev", *(("ro", "rro") if mount["read_only"] else ("rw",))]
         mounts.append({"destination": mount["target"], "type": "none", "source": mount["source"],
                        "options": options})
     if policy.get("shm_size"):
@@ -82,9 +85,38 @@ def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, An
         devices.append({"path": device["container"], "type": "c", "major": os.major(info.st_rdev),
                         "minor": os.minor(info.st_rdev), "fileMode": 0o666, "uid": 0, "gid": 0})
     linux["devices"] = devices
-    linux["maskedPaths"] = [*linux.get("maskedPaths", []), *policy.get("masked", [])]
+    # udocker deletes runc's read-only /sys/fs/cgroup mount: under /sys the host's cgroup tree would
+    # be writable where its files are the daemon's (a user unit's cgroup), so a booker could freeze
+    # or kill the daemon and every booking (round 3, H2). Masked (an empty read-only tmpfs), and a
+    # cgroup namespace of its own.
+    linux["maskedPaths"] = [*linux.get("maskedPaths", []), *MASKED, *policy.get("masked", [])]
     linux.pop("resources", None)  # no cgroup of its own: rootless runc without a delegated tree
     return spec
+
+
+def _held(mount: dict[str, Any], *, private: str | None) -> dict[str, Any]:
+    """A mount of udocker's own, kept: every bind read-only, recursively (/sys's plain read-only bind
+    left its submounts, the host's cgroup tree, writable: round 3, H2), with no set-uid file and no
+    device. One stays writable: udocker's FileBind folder (/.bind_host_files: the container's
+    /etc/passwd and group are links into it, which the entrypoint writes). It was made in /tmp
+    (0755, the daemon's), where a set-uid file a booker made there was the daemon's for every host
+    account (H1): it must lie in udocker's private folder (`private`, 0700), or the start fails."""
+    options = list(mount.get("options") or [])
+    if mount.get("type") not in (None, "none", "bind") and "bind" not in options and "rbind" not in options:
+        return mount  # proc, tmpfs, devpts, mqueue: the kernel's, not the host's files
+    options = [o for o in options if o not in ("rw", "ro", "rro", "suid", "dev")]
+    options += [o for o in ("nosuid", "nodev") if o not in options]
+    if mount.get("destination") == FILEBIND:
+        source = os.path.realpath(str(mount.get("source", "")))
+        if not (private and Path(source).is_relative_to(os.path.realpath(private))):
+            raise PolicyError(f"udocker's folder for {FILEBIND} ({source}) is outside its private folder "
+                              f"({private}), where every account could reach what a booker leaves in it")
+        return {**mount, "options": [*options, "rw"]}
+    return {**mount, "options": [*options, "ro", "rro"]}
+
+
+class PolicyError(Exception):
+    """udocker's spec cannot be made safe: the start fails with this sentence."""
 
 
 def shm_mount(mounts: list[dict[str, Any]], size: str) -> dict[str, Any]:
@@ -119,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         os.execvp(runc, [runc, *args])  # noqa: S606 - argv list; `spec`, `--version`: udocker's own calls
     policy = json.loads(Path(policy_path).read_text())
     config_path = Path(args[args.index("--bundle") + 1]) / "config.json"
-    config_path.write_text(json.dumps(apply_policy(json.loads(config_path.read_text()), policy)))
+    try:
+        config_path.write_text(json.dumps(apply_policy(json.loads(config_path.read_text()), policy)))
+    except PolicyError as refused:
+        Path(policy["log"]).write_text(f"gpubook: {refused}\n")
+        return 1
     Path(policy["runc_id_file"]).write_text(args[-1])  # `run --bundle DIR ID`: how the engine finds it
     read_end, write_end = os.pipe()
     process = subprocess.Popen([runc, *args], stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end)

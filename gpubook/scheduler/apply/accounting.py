@@ -72,8 +72,8 @@ class Bookkeeping:
         """Record what is new and read when gpubook first saw each occurrence (the plan's priority).
         When State cannot be written, the last pass's times stand (what is new counts as seen last)."""
         try:
-            self.seen = self.state.first_seen(map(plan_module.seen_key, occurrences), now=now,
-                                              forget_before=now - plan_module.FIRST_SEEN_KEPT)
+            keys = [*map(plan_module.seen_key, occurrences), *map(plan_module.place_key, occurrences)]
+            self.seen = self.state.first_seen(keys, now=now, forget_before=now - plan_module.FIRST_SEEN_KEPT)
         except StateError as error:
             log.warning("first-seen times are not recorded this pass; the last pass's stand: %s", error)
         return self.seen

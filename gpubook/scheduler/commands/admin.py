@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from gpubook import logsafe
 from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import container_name
 from gpubook.runtime.errors import GpubookError
@@ -42,7 +43,7 @@ def run(config_path: str) -> int:
     """The daemon in the foreground; logs go to stderr (journald adds the time under systemd)."""
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+        logsafe.configure(logging.WARNING, "%(levelname)s %(name)s: %(message)s")
     root.setLevel(logging.INFO)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is expected
     return Daemon(config_module.load(config_path), exclusive=True).run()

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from gpubook import __version__
+from gpubook import __version__, logsafe
 from gpubook.runtime.errors import GpubookError
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2  # `gpubook status` adds 3: no daemon runs (admin.EXIT_NOT_RUNNING)
@@ -343,8 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logsafe.configure(logging.INFO if args.verbose else logging.WARNING, "%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.handler(args))
     except GpubookError as error:

@@ -29,6 +29,7 @@ from zoneinfo import ZoneInfo
 
 import icalendar
 
+from gpubook.runtime.engines.spec import booking_id_problem
 from gpubook.scheduler.core.convention import Refused, request, show, text
 from gpubook.scheduler.core.parsing import Parsed, Problem, error_summary, parse
 from gpubook.scheduler.core.recurrence import (
@@ -219,6 +220,8 @@ def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: st
                          user=user, calendar_url=calendar.url, href=series.href,
                          summary=text(component.get("SUMMARY")))
 
+    if problem := booking_id_problem(occurrence_id):  # where the calendar is read, not only at the start
+        return reject(problem)  # (round 3, M1: the plan and `gpubook bookings` listed it as accepted)
     if duplicate:
         return reject(f"the UID {show(series.uid)} is used by more than one event in this "
                       "calendar, so they cannot be told apart; give each booking its own event")

@@ -138,7 +138,7 @@ def plan(
     where = topology.name or _host_name(next(iter(hosts)), config)
     rejected = [item for item in bookings if isinstance(item, Rejection)]
     candidates = [item for item in bookings if isinstance(item, Booking)]
-    duplicated = _duplicated_uids(bookings, first_seen)
+    duplicated = _duplicated_uids(bookings, first_seen, running=running, slots=slots)
 
     valid: list[tuple[Booking, tuple[int, int]]] = []  # with its shape: (nodes, GPUs on each)
     for booking in candidates:
@@ -238,33 +238,65 @@ def slot_of(booking: Booking) -> str:
     return f"{start}/{end} gpus {gpus} nodes {booking.nodes or ''}"
 
 
-def _duplicated_uids(items: Sequence[Booking | Rejection],
-                     first_seen: Mapping[SeenKey, datetime]) -> dict[str, dict[tuple[str, str], str]]:
+def place_key(item: Booking | Rejection) -> SeenKey:
+    """The key of `first_seen` for a calendar object holding a UID (every occurrence of it): kept
+    while the object is read, so a place's seniority outlives its occurrences in the window (round
+    3, H3: a copy of a repeating booking's UID tied with it once the occurrences seen before the
+    copy had left the window). Its last part cannot be an occurrence id: those have no control
+    character (`Booking.id`, refused at reading)."""
+    return (item.calendar_url, item.href, f"{PLACE_MARK}{item.uid}")
+
+
+PLACE_MARK = "\x1fplace "
+
+
+def _duplicated_uids(items: Sequence[Booking | Rejection], first_seen: Mapping[SeenKey, datetime], *,
+                     running: Mapping[str, tuple[int, ...]], slots: Mapping[SeenKey, Slot],
+                     ) -> dict[str, dict[tuple[str, str], str]]:
     """UIDs held by more than one calendar object (within or across calendars): uid → each refused
-    place (calendar url, href) → why. The place gpubook saw first keeps the UID; when no place was
-    seen strictly first (a tie, or nothing recorded), every place is refused."""
-    places: dict[str, dict[tuple[str, str], datetime]] = defaultdict(dict)
+    place (calendar url, href) → why. One place keeps the UID, in this order: the place whose
+    occurrence runs (accepted there: a copy never touches the running booking); the place gpubook
+    saw first (the object, `place_key`, or its earliest occurrence); the place whose occurrence was
+    accepted first. Only when nothing tells them apart (two new objects in one pass) is every place
+    refused. The sentence never names another calendar's object (round 3, L4)."""
+    ranks: dict[str, dict[tuple[str, str], tuple[int, datetime, datetime]]] = defaultdict(dict)
     for item in items:
-        seen = first_seen.get(seen_key(item), _LATEST)
-        where = places[item.uid]
+        slot = slots.get(seen_key(item))
+        accepted = slot.accepted_at if slot is not None and slot.accepted_at is not None else None
+        rank = (0 if accepted is not None and item.id in running else 1,
+                min(first_seen.get(place_key(item), _LATEST), first_seen.get(seen_key(item), _LATEST)),
+                accepted or _LATEST)
+        where = ranks[item.uid]
         place = (item.calendar_url, item.href)
-        where[place] = min(seen, where.get(place, _LATEST))
+        before = where.get(place, (1, _LATEST, _LATEST))
+        where[place] = (min(rank[0], before[0]), min(rank[1], before[1]), min(rank[2], before[2]))
     refused: dict[str, dict[tuple[str, str], str]] = {}
-    for uid, where in places.items():
+    for uid, where in ranks.items():
         if len(where) < 2:
             continue
-        first = min(where.values())
-        keeper = [place for place, seen in where.items() if seen == first]
-        if first != _LATEST and len(keeper) == 1:
+        best = min(where.values())
+        keeper = [place for place, rank in where.items() if rank == best]
+        if best != (1, _LATEST, _LATEST) and len(keeper) == 1:
             kept = keeper[0]
-            refused[uid] = {place: (f"the UID {uid!r} already belongs to the event {redact_url(kept[1])}, which "
-                                    "gpubook saw first; give each booking its own event")
-                            for place in where if place != kept}
+            refused[uid] = {place: f"the UID {uid!r} already belongs to {_other_event(kept, place)}, which gpubook "
+                                   "saw first; give each booking its own event" for place in where if place != kept}
         else:
-            hrefs = ", ".join(sorted({redact_url(href) for _, href in where}))
             refused[uid] = {place: (f"the UID {uid!r} is used by events in more than one place "
-                                    f"({hrefs}); give each booking its own event") for place in where}
+                                    f"({_other_places(where, place)}); give each booking its own event")
+                            for place in where}
     return refused
+
+
+def _other_event(other: tuple[str, str], place: tuple[str, str]) -> str:
+    """The other place as the refused event's own calendar may read it: its object in that same
+    calendar, else only that it is in another calendar."""
+    return f"the event {redact_url(other[1])}" if other[0] == place[0] else "an event in another calendar"
+
+
+def _other_places(where: Mapping[tuple[str, str], object], place: tuple[str, str]) -> str:
+    same = sorted({redact_url(href) for url, href in where if url == place[0]})
+    others = len({url for url, _ in where if url != place[0]})
+    return ", ".join([*same, *([f"{others} other calendar{'s' if others > 1 else ''}"] if others else [])])
 
 
 def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig],
