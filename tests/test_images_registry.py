@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime import images
-from gpubook.runtime.engines import Engine, engine_from, podman
+from gpubook.runtime.engines import Engine, container_name, engine_from, podman
+from gpubook.runtime.engines.cli_images import LABEL_WARM, WARM_PREFIX
 from gpubook.runtime.templates import Template, load_template
 from gpubook.scheduler.hosts.images import FAILED, READY, ImagePreparer
 from tests.kits import registry_kit
@@ -168,7 +169,8 @@ def test_a_warm_up_cut_short_does_not_keep_its_image_from_the_cleanup(engine: En
     image = registry_kit.tiny_image(engine, f"localhost/gpubook-test/warmed-{secrets.token_hex(3)}:1")
     ledger = images.Ledger(tmp_path / "images.json")
     ledger.add(image, kind="pulled")
-    registry_kit.podman(engine, "create", "--name", podman.warm_name(image), image, "true")  # a cut warm-up's
+    registry_kit.podman(engine, "create", "--name", podman.warm_name(image), "--label", f"{LABEL_WARM}=1", image,
+                        "true")  # a cut warm-up's, as PodmanEngine.warm makes it
     try:
         removed = images.clean(engine, ledger, keep=set(), min_free=10**12, free=lambda: 0)  # type: ignore[arg-type]
         assert removed == [image]
@@ -176,6 +178,26 @@ def test_a_warm_up_cut_short_does_not_keep_its_image_from_the_cleanup(engine: En
         assert podman.warm_name(image) not in registry_kit.podman(engine, "ps", "--all", "--format", "{{.Names}}")
     finally:
         registry_kit.podman(engine, "rm", "--force", "--ignore", podman.warm_name(image))
+        registry_kit.remove(engine, image)
+
+
+def test_a_booking_whose_uid_begins_with_warm_keeps_its_image_in_use(engine: Engine, tmp_path: Path) -> None:
+    """Round 3, L5: warm-ups were told by their name, and `container_name("warm-x")` is
+    "gpubook-warm-x-…": that booking's image counted as unused, and the cleanup removed what it
+    could of it (an image under several names loses its tags while the container runs)."""
+    image = registry_kit.tiny_image(engine, f"localhost/gpubook-test/warmish-{secrets.token_hex(3)}:1")
+    name = container_name(f"warm-{secrets.token_hex(3)}")
+    assert name.startswith(WARM_PREFIX)
+    registry_kit.podman(engine, "create", "--name", name, image, "/gpubook-token")
+    try:
+        image_id = registry_kit.podman(engine, "image", "inspect", "--format", "{{.Id}}", image).strip()
+        assert image_id.removeprefix("sha256:") in engine.images_in_use()  # type: ignore[attr-defined]
+        ledger = images.Ledger(tmp_path / "images.json")
+        ledger.add(image, kind="pulled")
+        assert images.clean(engine, ledger, keep=set(), min_free=10**12, free=lambda: 0) == []  # type: ignore[arg-type]
+        assert engine.image_exists(image)  # type: ignore[attr-defined]
+    finally:
+        registry_kit.podman(engine, "rm", "--force", "--ignore", name)
         registry_kit.remove(engine, image)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,9 +20,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpubook.scheduler.outbox.web import serve
 from gpubook.scheduler.outbox.web.lab import ANSWER_LIMIT, LAB_SECRET_HEADER, LAB_USER_HEADER, Lab
+from gpubook.scheduler.state import State
 from tests.kits import lab_kit
-from tests.kits.daemon_kit import ROOT, book, child_env
+from tests.kits.daemon_kit import ROOT, book, child_env, wait_for
 from tests.kits.servers import FeedServer, Reply
 from tests.kits.web_kit import CHROMEDRIVER, CHROMIUM, browser, rendered, served, web_config
 
@@ -256,3 +259,50 @@ def test_the_lab_page_in_a_browser(lab: Lab2) -> None:
         start = driver.find_element("css selector", 'table.next tr[data-booking="alice-later@gpu2"] time')
         assert start.get_attribute("title") == (NOW + 2 * HOUR).isoformat()
         assert start.text != start.get_attribute("title")  # shown in the browser's words and zone
+
+
+def test_a_malformed_or_trickling_peer_is_one_sentence_never_the_pages_failure(lab: Lab2, tmp_path: Path,
+                                                                                feed: FeedServer) -> None:
+    """Round 3, L3: a peer's time without an offset made /lab fail with HTTP 500 (naive against aware),
+    its `rejections` as a list made /lab/usage fail; a peer sending a byte now and then kept each
+    fetch thread for as long as it liked. A third real page, told of gpu2 and of that peer."""
+    naive = {"hosts": [{"name": "odd", "gpus": {}, "timeline": [
+        {"gpu": 0, "segments": [{"kind": "booked", "start": "2026-11-29T09:00:00", "end": "2026-11-29T17:00:00"}]}]}]}
+    feed.replies["/odd/api/status"] = Reply(body=json.dumps(naive).encode(), headers={"Content-Type": "application/json"})
+    feed.replies["/odd/api/usage"] = Reply(body=json.dumps({"rows": [], "rejections": ["x"]}).encode(),
+                                           headers={"Content-Type": "application/json"})
+
+    def trickle() -> Iterator[bytes]:
+        for _ in range(60):
+            time.sleep(1)
+            yield b" "
+    feed.replies["/slow/api/status"] = Reply(body=trickle, headers={"Content-Type": "application/json"})
+    secret = tmp_path / "lab-secret"
+    secret.write_text(lab_kit.SECRET)
+    secret.chmod(0o600)
+    config = web_config(tmp_path, auth="header", trusted_proxies=["127.0.0.1"], lab_secret_file=str(secret),
+                        lab=[lab.gpu2.url, f"{feed.base_url}/odd", f"{feed.base_url}/slow"])
+    with State(tmp_path / "state.sqlite") as state:
+        server = serve.start(config, status=lambda: None, state=state)  # with this server's usage report
+        try:
+            _malformed_peers_shown(f"http://{server.address}", lab)
+        finally:
+            server.stop()
+
+
+def _malformed_peers_shown(url: str, lab: Lab2) -> None:
+    who = {"X-Forwarded-User": "bob"}
+    page = requests.get(url + "/lab", headers=who, timeout=60)
+    assert page.status_code == 200, page.text[-2000:]
+    view = requests.get(url + "/api/lab", headers=who, timeout=60).json()
+    problems = {s["server"]: s["problem"] for s in view["servers"]}
+    assert problems[lab.gpu2.url.removeprefix("http://")] is None  # the good peer is shown
+    assert any(p and ("took too long to send its answer" in p or "did not answer within" in p)
+               for p in problems.values()), problems
+    # the trickling peer's fetch thread ends at its deadline, not when the peer stops (60 s)
+    wait_for("the lab's fetch threads to end",
+             lambda: not [t for t in threading.enumerate() if t.name.startswith("gpubook-lab")], timeout=30)
+    assert "odd" in hosts(view)  # shown, its naive times left out
+    month = datetime.now(UTC).strftime("%Y-%m")
+    usage = requests.get(url + "/lab/usage", headers=who, params={"month": month}, timeout=60)
+    assert usage.status_code == 200, usage.text[-2000:]

@@ -132,3 +132,23 @@ def test_with_the_pause_process_and_every_conmon_ended_podman_is_reset_and_answe
     assert [(c.id, c.running) for c in listed] == [(container, False)]
     assert "running `podman system migrate`" in caplog.text
     assert own.podman("ps", "--all", "--quiet", "--no-trunc").stdout.split() == [container]
+
+
+def test_a_bookers_words_saying_invalid_internal_status_never_reset_podman(
+        own: Own, caplog: pytest.LogCaptureFixture) -> None:
+    """Round 3, M3: the text was matched anywhere in any failed command's standard error, and `podman
+    system migrate` stops every container of the account. A booker made `podman unshare du` (doctor's
+    store check) print it, naming files "invalid internal status"; an exec's or a build's output can
+    print it too, even at the start of a line."""
+    container = own.booking("working")
+    said = "Error: invalid internal status, try resetting the pause process with \"podman system migrate\""
+    with caplog.at_level(logging.WARNING):
+        done = own.engine._process(  # type: ignore[attr-defined]
+            ["unshare", "sh", "-c", f"echo \"du: cannot access '/s/diff/tmp/invalid internal status/x'\" >&2; "
+                                    f"echo '{said}' >&2; exit 1"], timeout=120)
+        assert done.returncode == 1 and "invalid internal status" in done.stderr
+        done = own.engine._process(  # type: ignore[attr-defined]
+            ["exec", container, "/usr/bin/sh", "-c", f"echo '{said}' >&2; exit 1"], timeout=120)
+        assert done.returncode == 1 and said in done.stderr
+    assert "system migrate`" not in caplog.text
+    assert own.podman("inspect", "--format", "{{.State.Running}}", container).stdout.strip() == "true"

@@ -430,3 +430,32 @@ def test_a_folder_too_big_to_measure_in_time_counts_as_over_quota(engine: Engine
         assert not site.service.status.usage["bob"].over  # bob's few files are measured in time
     finally:
         site.close()
+
+
+def test_a_client_naming_itself_like_sshds_bind_failure_does_not_stop_the_service(
+        engine: Engine, tmp_path: Path) -> None:  # noqa: F811
+    """Round 3, L1: sshd logs "Invalid user NAME from …" with the name a client sent, and the start's
+    check stopped the service on any line holding "Bind to port P on ADDRESS failed: Address already
+    in use". Debian 12's sshd cuts a user name at its first ':' (a BSD auth style), so the name never
+    reaches its log whole here; the check now also reads only lines that begin with sshd's own words
+    (`test_sftp_bind_failures_are_sshds_own_lines`). The real service, the forged names, the check."""
+    site = Site(tmp_path, engine)
+    try:
+        site.check()
+        site.wait_ready()
+        for address in ("::", "0.0.0.0"):  # noqa: S104
+            forged = f"Bind to port {site.port} on {address} failed: Address already in use"
+            client = paramiko.SSHClient()
+            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 - the attacker's client
+            with pytest.raises(paramiko.SSHException):
+                client.connect("127.0.0.1", port=site.port, username=forged, pkey=site.keys["alice"],
+                               allow_agent=False, look_for_keys=False, timeout=5, banner_timeout=5, auth_timeout=5)
+            client.close()
+            wait_for("sshd's log line of that user",
+                     lambda: f"Invalid user Bind to port {site.port} on" in engine.logs(site.name, tail=200),  # noqa: B023
+                     timeout=20)
+        site.service._check_bound(site.settings)  # the start's check, as after every start
+        assert engine.inspect_service(site.name).running
+        assert site.connect("alice") is not None
+    finally:
+        site.close()

@@ -171,8 +171,11 @@ def taken_address(port: int, addresses: Sequence[str]) -> str | None:
 
 def bind_failures(log_text: str, port: int) -> list[str]:
     """The addresses sshd's log says it could not bind `port` on because another process holds it
-    ("Bind to port 2222 on :: failed: Address already in use.")."""
-    found = re.findall(rf"Bind to port {port} on (\S+) failed: Address already in use", log_text)
+    ("Bind to port 2222 on :: failed: Address already in use."), on a line of its own: sshd's
+    "Invalid user NAME from …" carries any name a client sends, that very sentence too, and the
+    service would stop on it (round 3, L1)."""
+    found = re.findall(rf"^Bind to port {port} on (\S+) failed: Address already in use\.?\r?$", log_text,
+                       flags=re.MULTILINE)
     return sorted(set(found))
 
 

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT = 3600.0  # seconds for building an image (apt-get inside)
 PROGRESS_SECONDS = 0.5  # how often a pull's downloaded bytes are measured
+LABEL_WARM = "gpubook.warm"  # "1" on a container made only to pay an image's first start ahead
 WARM_PREFIX = "gpubook-warm-"  # a container made only to pay an image's first start ahead (PodmanEngine.warm)
 
 
@@ -161,14 +162,15 @@ class CliImages(CliTransport):
 
     def images_in_use(self) -> set[str]:
         """The images of the engine's containers, save a warm-up's (never started; one a crash cut
-        short stays behind, and would keep its image from every cleanup)."""
-        listed = [line.split() for line in self._call(["ps", "--all", "--no-trunc", "--format",
-                                                       "{{.ID}} {{.Names}}"]).splitlines()]
-        ids = [fields[0] for fields in listed if fields and not fields[-1].startswith(WARM_PREFIX)]
+        short stays behind, and would keep its image from every cleanup). A warm-up is told by its
+        label, never its name: a booking whose UID begins with "warm-" has a name like one (round 3, L5)."""
+        ids = self._call(["ps", "--all", "--no-trunc", "--quiet"]).split()
         if not ids:
             return set()
-        done = self._process(["inspect", "--format", "{{.Image}}", *ids], timeout=QUICK_TIMEOUT)
-        return {line.strip().removeprefix("sha256:") for line in done.stdout.splitlines() if line.strip()}
+        done = self._process(["inspect", "--format", '{{.Image}} {{index .Config.Labels "' + LABEL_WARM + '"}}',
+                              *ids], timeout=QUICK_TIMEOUT)
+        used = [line.split() for line in done.stdout.splitlines()]
+        return {fields[0].removeprefix("sha256:") for fields in used if fields and fields[1:] != ["1"]}
 
     def storage_path(self) -> Path:
         raise NotImplementedError

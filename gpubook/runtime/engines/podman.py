@@ -37,7 +37,7 @@ from gpubook.runtime.engines.cli_engine import (
     checked_proc_path,
     message_of,
 )
-from gpubook.runtime.engines.cli_images import WARM_PREFIX
+from gpubook.runtime.engines.cli_images import LABEL_WARM, WARM_PREFIX
 from gpubook.runtime.engines.spec import CONTAINER_PREFIX, LABEL_BOOKING, ContainerInfo, ContainerSpec, permanent
 from gpubook.runtime.errors import EngineError
 
@@ -70,6 +70,19 @@ def warm_name(image: str) -> str:
     """The container `PodmanEngine.warm` makes for `image` (one name per image: a crash's leftover
     is found again)."""
     return WARM_PREFIX + hashlib.sha256(image.encode()).hexdigest()[:12]
+
+
+def _pause_alive() -> bool:
+    """Rootless podman's pause process still runs (its pid file names a live process of this account):
+    then podman's namespaces are there, and a refusal saying otherwise is not podman's."""
+    if os.geteuid() == 0:
+        return False  # rootful podman has none
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    try:
+        pid = int(Path(runtime, "libpod", "tmp", "pause.pid").read_text().strip())
+        return pid > 0 and Path(f"/proc/{pid}").stat().st_uid == os.getuid()
+    except (OSError, ValueError):
+        return False
 
 
 def _has_ipv6() -> bool:
@@ -144,7 +157,13 @@ cgroup_version = cgroups.cgroup_version  # where it was before runtime.cgroups
 # 'invalid internal status, try resetting the pause process with "podman system migrate"'. Once a new
 # pause process made new namespaces, every `ps` that reads such a container fails: its network
 # namespace was a mount in the old ones ("joining network namespace of container ID: … unknown FS magic").
-_NO_NAMESPACES = "invalid internal status"
+# podman's own refusal once its pause process is gone ("Error: invalid internal status, try resetting the
+# pause process with \"podman system migrate\": …"), at the start of one of its lines: anywhere else it is
+# text a booker can make a command print (a file name `du` complains of, a build's RUN), and `podman
+# system migrate` stops every container of the account (round 3, M3).
+_NO_NAMESPACES = re.compile(r'^(Error: |time="[^"]*" level=(error|fatal) msg=")invalid internal status', re.MULTILINE)
+# Commands whose standard error carries what runs inside a container or an image's build: never a reason.
+_FOREIGN_STDERR = frozenset({"unshare", "build", "pull", "push", "exec", "logs", "load", "import"})
 _LOST_NETNS = re.compile(r"joining network namespace of container (?P<id>[0-9a-f]{64}): "
                          r"retrieving network namespace at \S+: unknown FS magic")
 LOST_LIMIT = 64  # containers with a lost network namespace removed in one listing, at most
@@ -363,7 +382,7 @@ class PodmanEngine(CliEngine):
         later container with the same map). A container is created, never started, and removed."""
         name = warm_name(image)
         self._process(["rm", "--force", "--ignore", name], timeout=QUICK_TIMEOUT)  # a crash's leftover
-        self._call(["create", "--name", name, "--network", "none", "--pull", "never",
+        self._call(["create", "--name", name, "--label", f"{LABEL_WARM}=1", "--network", "none", "--pull", "never",
                     *self._map_args(), image, "true"], timeout=WARM_TIMEOUT, exclusive=True)
         self.used(image, "booking")
         self._call(["rm", "--force", name])
@@ -420,7 +439,8 @@ class PodmanEngine(CliEngine):
         command of gpubook's would work again, and no booking would start or stop."""
         started = time.monotonic()
         done = super()._process(args, timeout=timeout, env=env, exclusive=exclusive)
-        if done.returncode != 0 and _NO_NAMESPACES in done.stderr and self._reset_namespaces(since=started):
+        if done.returncode != 0 and args and args[0] not in _FOREIGN_STDERR and _NO_NAMESPACES.search(done.stderr) \
+                and not _pause_alive() and self._reset_namespaces(since=started):
             done = super()._process(args, timeout=timeout, env=env, exclusive=exclusive)
         return done
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TextIO, TypeVar
@@ -260,7 +260,8 @@ def merge_usage(reports: Sequence[Any]) -> dict[str, Any]:
                 row[name] += _number(item.get(name))
             if isinstance(item.get("rejected"), int):
                 row["rejected"] = (row["rejected"] or 0) + item["rejected"]
-        for kind, count in (report.get("rejections") or {}).items():
+        kinds = report.get("rejections")
+        for kind, count in (kinds.items() if isinstance(kinds, Mapping) else ()):  # a peer's answer: any shape
             rejections[str(kind)] += _number(count)
         samples = samples or report.get("gpu_samples") is True
     total = {by: "total", **{name: sum(row[name] for row in rows.values()) for name in NUMBERS},

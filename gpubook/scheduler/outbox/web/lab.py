@@ -77,6 +77,23 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedire
                                       urllib.request.HTTPSHandler(context=ssl.create_default_context()))
 
 
+def _read_by(answer: Any, limit: int, *, deadline: float, where: str) -> bytes:
+    """At most `limit` bytes of the answer, all of them by `deadline` (time.monotonic()): each read
+    has the socket's timeout, and a peer sending a byte now and then would keep its fetch thread
+    for as long as it liked (round 3, L3)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        if time.monotonic() > deadline:
+            raise LabFetchError(f"{where} took too long to send its answer; not shown")
+        chunk = answer.read1(min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def fetch_json(base: str, path: str, *, viewer: str | None, secret: str | None,
                timeout: float = TIMEOUT_SECONDS, limit: int = ANSWER_LIMIT) -> Any:
     """GET base+path as `viewer` (the lab secret with their name); LabFetchError naming the server."""
@@ -89,7 +106,7 @@ def fetch_json(base: str, path: str, *, viewer: str | None, secret: str | None,
     request = urllib.request.Request(base.rstrip("/") + path, headers=headers)  # noqa: S310 - http(s) checked
     try:
         with _OPENER.open(request, timeout=timeout) as answer:
-            body = answer.read(limit + 1)
+            body = _read_by(answer, limit + 1, deadline=time.monotonic() + 2 * timeout, where=where)
             kind = answer.headers.get_content_type()
     except urllib.error.HTTPError as error:
         raise LabFetchError(_http_problem(where, error)) from None
@@ -241,6 +258,8 @@ def _free(lanes: Sequence[Mapping[str, Any]], *, now: datetime) -> list[dict[str
                 start, end = datetime.fromisoformat(str(segment["start"])), datetime.fromisoformat(str(segment["end"]))
             except (KeyError, ValueError):
                 continue
+            if start.tzinfo is None or end.tzinfo is None:  # a peer's time without offset: not comparable
+                continue  # (round 3, L3: it made the whole page fail)
             if start <= now < end:
                 busy_now = True
             elif start > now and (next_start is None or start < next_start):
