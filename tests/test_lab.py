@@ -268,7 +268,8 @@ def test_a_malformed_or_trickling_peer_is_one_sentence_never_the_pages_failure(l
     fetch thread for as long as it liked. A third real page, told of gpu2 and of that peer."""
     naive = {"hosts": [{"name": "odd", "gpus": {}, "timeline": [
         {"gpu": 0, "segments": [{"kind": "booked", "start": "2026-11-29T09:00:00", "end": "2026-11-29T17:00:00"}]}]}]}
-    feed.replies["/odd/api/status"] = Reply(body=json.dumps(naive).encode(), headers={"Content-Type": "application/json"})
+    feed.replies["/odd/api/status"] = Reply(body=json.dumps(naive).encode(),
+                                            headers={"Content-Type": "application/json"})
     feed.replies["/odd/api/usage"] = Reply(body=json.dumps({"rows": [], "rejections": ["x"]}).encode(),
                                            headers={"Content-Type": "application/json"})
 
