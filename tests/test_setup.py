@@ -199,7 +199,7 @@ def test_the_data_root_mount() -> None:
     assert plan(own_mount)["data_root mount"].state == "already"
     assert setup_steps.fstab_entry(f"# {line}\n", DATA) is None  # a commented-out line mounts nothing
     wrong_owner = dataclasses.replace(SET_UP, data_root=DataRoot(True, 0, nosuid_nodev=True))
-    assert shell(plan(wrong_owner)["data_root"]) == ["chown gpubook: /srv/gpubook"]
+    assert shell(plan(wrong_owner)["data_root"]) == ["chown -h gpubook: /srv/gpubook"]  # never a link's target
 
 
 def test_storage_conf_and_an_existing_vfs_store() -> None:
@@ -315,3 +315,56 @@ def test_setup_runs_its_doctor_in_the_daemon_leaf_where_the_account_owns_one(tmp
     assert setup.daemon_leaf(os.getuid(), root=tmp_path) == leaf
     assert setup.daemon_leaf(os.getuid() + 1, root=tmp_path) is None  # another account's subtree
     assert setup.daemon_leaf(None, root=tmp_path) is None  # the account does not exist yet (dry run)
+
+
+def test_a_data_root_that_is_a_link_or_under_a_folder_others_control_is_refused(tmp_path: Path) -> None:
+    """Round 3, M5: setup (root, run again after reboots) chowned and mounted what data_root's link
+    pointed to: the account, owning the folder above, swapped data_root for a link to /etc and the
+    next setup gave /etc to it. A scratch tree; the folders above tmp_path are this test's account's,
+    counted as root's where the case is not about their owner."""
+    mine = frozenset({0, os.geteuid()})
+    base = tmp_path / "lab"
+    base.mkdir()
+    base.chmod(0o755)
+    etc = base / "etc"
+    etc.mkdir()
+    home = base / "home"
+    home.mkdir()
+    if os.geteuid() == 0:
+        os.chown(home, 65534, 65534)  # the account's own folder (nobody here; as an account, its own)
+    (home / "data").symlink_to(etc)
+    with pytest.raises(SetupError, match=r"the folder /.* above it is (owned by uid [1-9][0-9]*|writable by others): "):
+        setup.check_input(account=NAME, data_root=str(home / "data"), euid=0, dry_run=False)
+    link = base / "data"
+    link.symlink_to(etc)
+    assert "/lab/data is a symbolic link; give the real path" in str(setup_host.data_root_problem(link, owners=mine))
+    assert "/lab/data is a symbolic link" in str(setup_host.data_root_problem(link / "x", owners=mine))
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # a lab folder any account may write
+    assert "shared above it is writable by others" in str(setup_host.data_root_problem(shared / "d", owners=mine))
+    assert setup_host.data_root_problem(base / "fine", owners=mine) is None
+    with pytest.raises(SetupError, match="symbolic link|above it is (owned|writable)"):  # again before each step
+        setup.facts_for(dataclasses.replace(OPTIONS, data_root=home / "data"), setup_steps.step_data_root)
+    assert etc.stat().st_uid == os.geteuid()  # nothing was given away
+
+
+def test_setup_reads_no_fifo_link_or_endless_file_of_the_accounts(tmp_path: Path) -> None:
+    """Round 3, L6: setup read the account's storage.conf and unit as root: a FIFO there hung it, a
+    link to /dev/zero ate its memory. Each is refused with a sentence; an ordinary file is read."""
+    fifo = tmp_path / "storage.conf"
+    os.mkfifo(fifo)
+    with pytest.raises(SetupError, match="is not a regular file"):
+        setup_host.read_text(fifo)
+    zero = tmp_path / "gpubook.service"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(SetupError, match="is a symbolic link"):
+        setup_host.read_text(zero)
+    big = tmp_path / "big.conf"
+    big.write_bytes(b"#" * (setup_host.READ_LIMIT + 1))
+    with pytest.raises(SetupError, match=f"is larger than {setup_host.READ_LIMIT // 1024} KiB"):
+        setup_host.read_text(big)
+    fine = tmp_path / "fine.conf"
+    fine.write_text('[storage]\ndriver = "overlay"\n')
+    assert setup_host.read_text(fine) == '[storage]\ndriver = "overlay"\n'
+    assert setup_host.read_text(tmp_path / "absent") is None

@@ -46,6 +46,8 @@ def check_input(*, account: str, data_root: str, euid: int, dry_run: bool) -> Pa
     if not path.is_absolute() or path == Path("/") or re.search(r"\s", data_root):
         raise SetupError(f"--data-root {data_root!r} must be an absolute path other than /, without spaces "
                          "(it becomes an /etc/fstab line)")
+    if problem := host.data_root_problem(path):
+        raise SetupError(problem)
     if path.exists() and not path.is_dir():
         raise SetupError(f"--data-root {path} exists and is not a folder")
     return path
@@ -116,6 +118,8 @@ def show(step: Step, *, dry_run: bool) -> None:
 
 def facts_for(options: Options, make: object) -> tuple[Facts, Options]:
     image = options.image if make is steps.step_image or options.dry_run else None
+    if problem := host.data_root_problem(options.data_root):  # again before each step: it may have changed
+        raise SetupError(problem)
     facts = host.read_facts(options.account, options.data_root, image=image)
     home = facts.account.home if facts.account else options.home
     return facts, dataclasses.replace(options, home=home)

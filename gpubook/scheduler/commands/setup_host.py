@@ -8,9 +8,11 @@ root; each prints as the shell command an admin would type (docs/INSTALL.md show
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import shlex
+import stat
 import subprocess
 import tomllib
 from collections.abc import Callable
@@ -29,6 +31,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 SUBTREE_LEAF = "gpubook/daemon"  # gpubook.runtime.cgroups' SUBTREE/DAEMON_LEAF: where the daemon is started
 ACCOUNT_PATH = "/usr/local/bin:/usr/bin:/bin"
 COMMAND_SECONDS = 1800  # the image build (mmdebstrap) is the longest: minutes on a slow mirror
+
+
+READ_LIMIT = 1024 * 1024  # bytes of any one file setup reads (/etc/subuid of a large lab fits)
 
 
 class SetupError(GpubookError):
@@ -76,13 +81,70 @@ class Facts:
     image: bool | None  # the default template's image is in the account's store; None: not looked at
 
 
-def read_text(path: Path) -> str | None:
+def read_text(path: Path, *, limit: int = READ_LIMIT) -> str | None:
+    """A file setup reads (as root, some in the account's home): None when it is not there. Opened
+    without following a final link and without waiting (a FIFO made there hung setup), read only if
+    a regular file, at most `limit` bytes (a link to /dev/zero ate root's memory: round 3, L6)."""
     try:
-        return path.read_text()
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except PermissionError:  # --dry-run as an ordinary user: the account's files are its own
         return None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise SetupError(f"{path} is a symbolic link: setup reads and writes only the file itself; "
+                             "remove the link and run setup again") from None
+        raise SetupError(f"{path} cannot be read: {error.strerror}") from None
+    with os.fdopen(descriptor, "rb") as opened:
+        if not stat.S_ISREG(os.fstat(opened.fileno()).st_mode):
+            raise SetupError(f"{path} is not a regular file (a FIFO, a device or a folder): remove it and run "
+                             "setup again")
+        data = opened.read(limit + 1)
+    if len(data) > limit:
+        raise SetupError(f"{path} is larger than {limit // 1024} KiB: not a file setup wrote; look at it")
+    return data.decode(errors="replace")
+
+
+def data_root_problem(path: Path, *, owners: frozenset[int] = frozenset({0})) -> str | None:
+    """Why setup must not chown and mount `path` (None: it may). setup runs as root and is run
+    again after reboots; whoever can replace `path`, or a folder above it, by a link (to /etc)
+    would get that target chowned to the account and mounted (round 3, M5). So: no component is
+    a link, and every folder above it is root's and writable by nobody else, save a sticky one
+    (/tmp) whose entry below is there already and root's. `owners`: who may own the folders above."""
+    parts = [*reversed(path.parents), path]
+    for index, part in enumerate(parts):
+        try:
+            info = os.lstat(part)
+        except FileNotFoundError:
+            above = parts[index - 1]
+            if os.lstat(above).st_mode & stat.S_ISVTX and os.lstat(above).st_mode & 0o002:
+                return (f"--data-root {path}: {part} is not there yet in {above}, where any account may make it "
+                        f"first (as a link): make {part} as root first, or choose another place")
+            return None  # setup makes the rest, in folders only root can write
+        if stat.S_ISLNK(info.st_mode):
+            return (f"--data-root {path}: {part} is a symbolic link; give the real path (setup would chown and "
+                    "mount what the link points to)")
+        if part == path:
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return f"--data-root {path}: {part} is not a folder"
+        child = parts[index + 1]
+        shared = info.st_mode & 0o022
+        if info.st_uid not in owners or (shared and not (info.st_mode & stat.S_ISVTX and _root_entry(child, owners))):
+            who = f"owned by uid {info.st_uid}" if info.st_uid not in owners else "writable by others"
+            return (f"--data-root {path}: the folder {part} above it is {who}: whoever controls it could "
+                    f"replace {child} by a link (to /etc, say) before setup chowns and mounts it; choose a "
+                    "place whose folders above are root's and writable by root alone")
+    return None
+
+
+def _root_entry(path: Path, owners: frozenset[int]) -> bool:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return info.st_uid in owners and not stat.S_ISLNK(info.st_mode)
 
 
 def account(name: str) -> Account | None:

@@ -139,10 +139,10 @@ def step_data_root(facts: Facts, options: Options) -> Step:
     root, state = options.data_root, facts.data_root
     if not state.exists:
         return Step("data_root", "change", f"make {root}, owned by {options.account}",
-                    (Run(("mkdir", "-p", str(root))), Run(("chown", f"{options.account}:", str(root)))))
+                    (Run(("mkdir", "-p", str(root))), Run(("chown", "-h", f"{options.account}:", str(root)))))
     if facts.account is None or state.owner != facts.account.uid:
         return Step("data_root", "change", f"give {root} to {options.account}",
-                    (Run(("chown", f"{options.account}:", str(root))),))
+                    (Run(("chown", "-h", f"{options.account}:", str(root))),))
     return Step("data_root", "already", f"{root} exists and belongs to {options.account}")
 
 
