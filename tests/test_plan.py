@@ -343,3 +343,14 @@ def test_from_calendar_text_to_plan() -> None:
     assert [(r.id, r.reason) for r in result.rejected] == [
         ("clash", "the GPUs asked for are taken: GPU 1 is booked by alice from 2026-11-24 10:00 "
                   "to 18:00 (CET); GPU 1 is free tomorrow from 18:00 (CET)")]
+
+
+def test_a_refusal_names_the_other_booker_only_in_the_same_calendar() -> None:
+    """Round 3, L4: the refusal is written into the refused event, in its booker's own calendar: a
+    booker of another calendar (per-user calendars) is not named there; one of the same calendar is."""
+    first = booking("a", indices=(1,), created=utc(2026, 11, 1))
+    across = booking("b", user="bob", indices=(1,), calendar_url=GPU1_CALENDAR, created=utc(2026, 11, 2))
+    reason = reasons(run(first, across))["b"]
+    assert reason.startswith("the GPUs asked for are taken: GPU 1 is booked from ") and "alice" not in reason
+    same = booking("c", user="bob", indices=(1,), created=utc(2026, 11, 2))
+    assert reasons(run(first, same))["c"].startswith("the GPUs asked for are taken: GPU 1 is booked by alice from ")

@@ -502,13 +502,19 @@ def _choose(booking: Booking, owned: tuple[int, ...], busy: Mapping[int, _Timeli
                 return tuple(free)  # the lowest free ones: the rest need not be looked at
     if booking.gpu_indices is not None and not blocked:
         return tuple(free)
-    named = "; ".join(f"GPU {gpu} is booked by {other.user} {_when(other, host_tz)}"
+    # The refusal is written into the refused event: another calendar's booker is not named there
+    # (per-user calendars; round 3, L4), one in the same calendar (whose writers all see it) is.
+    named = "; ".join(f"GPU {gpu} is booked{_by(other, booking)} {_when(other, host_tz)}"
                       for gpu in blocked[:3] if (other := busy[gpu].first_conflict(booking)) is not None)
     more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
     if booking.gpu_indices is None:
         return (f"only {len(free)} of the {count} GPUs asked for "
                 f"{'is' if len(free) == 1 else 'are'} free at that time: {named}{more}")
     return f"the GPUs asked for are taken: {named}{more}"
+
+
+def _by(other: Booking, booking: Booking) -> str:
+    return f" by {other.user}" if other.calendar_url == booking.calendar_url else ""
 
 
 class _Offers:
