@@ -21,7 +21,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpubook.scheduler.outbox.web import serve
-from gpubook.scheduler.outbox.web.lab import ANSWER_LIMIT, LAB_SECRET_HEADER, LAB_USER_HEADER, Lab
+from gpubook.scheduler.outbox.web.lab import ANSWER_LIMIT, Lab
+from gpubook.scheduler.outbox.web.lab_sign import LAB_SIGNATURE_HEADER, LAB_USER_HEADER, signed_headers
 from gpubook.scheduler.state import State
 from tests.kits import lab_kit
 from tests.kits.daemon_kit import ROOT, book, child_env, wait_for
@@ -130,13 +131,15 @@ def test_auth_is_kept_on_the_lab_page_and_between_the_servers(lab: Lab2) -> None
         assert lab.gpu1.get(path).status_code == 401
         assert requests.get(lab.gpu1.url + path, auth=("alice", "wrong"), timeout=30).status_code == 401
     status = lab.gpu2.url + "/api/status"
-    # The viewer's name alone is not believed, nor with a wrong secret, nor the secret without a name.
+    # The viewer's name alone is not believed, nor signed with a wrong secret, nor signed without a name.
     assert requests.get(status, headers={LAB_USER_HEADER: "bob"}, timeout=30).status_code == 401
-    wrong = requests.get(status, headers={LAB_SECRET_HEADER: "x" * 32, LAB_USER_HEADER: "bob"}, timeout=30)
-    assert wrong.status_code == 403 and "lab secret is wrong" in wrong.text
-    nameless = requests.get(status, headers={LAB_SECRET_HEADER: lab_kit.SECRET}, timeout=30)
+    wrong = requests.get(status, headers=signed_headers("x" * 32, target="/api/status", viewer="bob"), timeout=30)
+    assert wrong.status_code == 403 and "signature is wrong" in wrong.text
+    nameless = requests.get(status, headers=signed_headers(lab_kit.SECRET, target="/api/status", viewer=None),
+                            timeout=30)
     assert nameless.status_code == 403 and "must name its viewer" in nameless.text
-    right = requests.get(status, headers={LAB_SECRET_HEADER: lab_kit.SECRET, LAB_USER_HEADER: "bob"}, timeout=30)
+    right = requests.get(status, headers=signed_headers(lab_kit.SECRET, target="/api/status", viewer="bob"),
+                         timeout=30)
     assert right.status_code == 200 and right.json()["viewer"] == "bob"
     # A page with another secret is refused by gpu2, and says so on its lab page.
     refused = Lab([lab.gpu2.url], secret="another-secret-0123456789").answers("alice", "/api/status")
@@ -307,3 +310,26 @@ def _malformed_peers_shown(url: str, lab: Lab2) -> None:
     month = datetime.now(UTC).strftime("%Y-%m")
     usage = requests.get(url + "/lab/usage", headers=who, params={"month": month}, timeout=60)
     assert usage.status_code == 200, usage.text[-2000:]
+
+
+def test_a_squatter_on_a_lab_address_gets_no_secret_and_cannot_replay_for_another_view(lab: Lab2) -> None:
+    """Round 3, M2: a page sent the lab secret with every request, in plain http to a loopback
+    address too; whoever listened there (the peer down; [::1] for a peer named `localhost`) got it,
+    and with it was any viewer on every lab server. Now gpu1 asks a squatter on its down address,
+    which records what it gets and replays it at gpu2, for its own view and for another."""
+    squatter = FeedServer().start()
+    try:
+        squatter.replies["/api/status"] = Reply(body=b"{}", headers={"Content-Type": "application/json"})
+        Lab([squatter.base_url], secret=lab_kit.SECRET).answers("alice", "/api/status")
+        (_, path, got), = [r for r in squatter.requests if r[1] == "/api/status"]
+        assert lab_kit.SECRET not in " ".join(f"{k}: {v}" for k, v in got.items())  # never the secret
+        assert got[LAB_USER_HEADER] == "alice" and got[LAB_SIGNATURE_HEADER]
+        status = lab.gpu2.url + "/api/status"
+        replayed = requests.get(status, headers=dict(got), timeout=30)  # the very request: alice's own view
+        assert replayed.status_code == 200 and replayed.json()["viewer"] == "alice"
+        as_bob = requests.get(status, headers={**got, LAB_USER_HEADER: "bob"}, timeout=30)
+        assert as_bob.status_code == 403 and "signature is wrong" in as_bob.text
+        usage = requests.get(lab.gpu2.url + "/api/usage", headers=dict(got), timeout=30)
+        assert usage.status_code == 403  # another path
+    finally:
+        squatter.stop()

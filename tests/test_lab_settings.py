@@ -4,6 +4,7 @@ one), and the sum of several servers' reports. The two-daemon tests are in test_
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from gpubook.scheduler.config import load
 from gpubook.scheduler.outbox.report import merge_usage
 from gpubook.scheduler.outbox.web.access import USER_KEY, Access
 from gpubook.scheduler.outbox.web.lab import Answer, lab_status
+from gpubook.scheduler.outbox.web.lab_sign import SKEW, signed_headers
 from gpubook.scheduler.outbox.web.settings import WebConfig
 from tests.kits.web_kit import web_config
 
@@ -36,6 +38,7 @@ def config_with(tmp_path: Path, web: str, *, secret: str | None = None):  # type
 
 @pytest.mark.parametrize(("address", "problem"), [
     ("http://10.0.0.2:8380", "must be https:// (plain http only to a loopback address)"),
+    ("http://localhost:8381", "not localhost"),  # round 3, M2: ::1 first, where any account may listen
     ("https://alice:pw@gpu2.lab", "must not carry a user or password"),
     ("ftp://gpu2.lab", "must be an http(s):// URL"),
 ])
@@ -72,7 +75,7 @@ def ask(access: Access, **headers: str) -> tuple[str, Any]:
         return []
 
     statuses: list[str] = []
-    environ = {"REQUEST_METHOD": "GET", "REMOTE_ADDR": "10.0.0.5",
+    environ = {"REQUEST_METHOD": "GET", "REMOTE_ADDR": "10.0.0.5", "PATH_INFO": "/api/status",
                **{"HTTP_" + name.upper().replace("-", "_"): value for name, value in headers.items()}}
     access.app = app
     access(environ, lambda status, headers: statuses.append(status))  # type: ignore[arg-type]
@@ -80,23 +83,29 @@ def ask(access: Access, **headers: str) -> tuple[str, Any]:
 
 
 def test_the_secret_names_the_viewer_in_every_mode_and_only_the_right_one(tmp_path: Path) -> None:
-    lab = {"X-Gpubook-Lab-Secret": SECRET, "X-Gpubook-Lab-User": "alice"}
+    def signed(viewer: str | None, *, secret: str = SECRET, target: str = "/api/status", **more: Any) -> dict[str, str]:
+        return {**signed_headers(secret, target=target, viewer=viewer, **more)}
+
     def web(**settings: Any) -> WebConfig:
         return replace(web_config(tmp_path, **settings).web, lab_secret=SECRET)
 
     header = Access(lambda e, s: [], web=web(auth="header", trusted_proxies=["10.0.0.9"]))
-    assert ask(header, **lab) == ("200 OK", "alice")  # not from the proxy, but with the secret
-    assert ask(header, **{"X-Forwarded-User": "alice"})[0] == "403 Forbidden"  # around the proxy, no secret
-    assert ask(header, **{**lab, "X-Gpubook-Lab-Secret": SECRET + "x"})[0] == "403 Forbidden"
-    assert ask(header, **{"X-Gpubook-Lab-Secret": SECRET})[0] == "403 Forbidden"  # nobody named
-    assert ask(header, **{**lab, "X-Gpubook-Lab-User": "not a name"})[0] == "403 Forbidden"
+    assert ask(header, **signed("alice")) == ("200 OK", "alice")  # not from the proxy, but signed
+    assert ask(header, **{"X-Forwarded-User": "alice"})[0] == "403 Forbidden"  # around the proxy, unsigned
+    assert ask(header, **signed("alice", secret=SECRET + "x"))[0] == "403 Forbidden"
+    assert ask(header, **signed(None))[0] == "403 Forbidden"  # nobody named
+    assert ask(header, **signed("not a name"))[0] == "403 Forbidden"
+    assert ask(header, **signed("alice", target="/api/usage"))[0] == "403 Forbidden"  # signed for another path
+    assert ask(header, **signed("alice", now=time.time() - SKEW - 5))[0] == "403 Forbidden"  # stale
+    assert ask(header, **{**signed("alice"), "X-Gpubook-Lab-User": "bob"})[0] == "403 Forbidden"  # another viewer
+    assert ask(header, **{"X-Gpubook-Lab-Secret": SECRET, "X-Gpubook-Lab-User": "alice"})[0] == "403 Forbidden"
     basic = Access(lambda e, s: [], web=web(auth="basic"), users={})
-    assert ask(basic, **lab) == ("200 OK", "alice")
+    assert ask(basic, **signed("alice")) == ("200 OK", "alice")
     assert ask(basic, **{"X-Gpubook-Lab-User": "alice"})[0] == "401 Unauthorized"
     none = Access(lambda e, s: [], web=web())
-    assert ask(none, **{"X-Gpubook-Lab-Secret": SECRET}) == ("200 OK", None)
+    assert ask(none, **signed(None)) == ("200 OK", None)
     unlabbed = Access(lambda e, s: [], web=web_config(tmp_path, auth="basic").web, users={})
-    assert ask(unlabbed, **lab)[0] == "401 Unauthorized"  # no secret here: the headers mean nothing
+    assert ask(unlabbed, **signed("alice"))[0] == "401 Unauthorized"  # no secret here: the headers mean nothing
 
 
 def test_another_servers_answer_is_taken_as_data_only() -> None:

@@ -9,8 +9,8 @@
   or without the header: it went around the proxy).
 
 A request from another server of the lab (its lab page asking this one, web/lab.py) carries the
-lab's shared secret ([web] lab_secret_file) in `LAB_SECRET_HEADER` and its viewer's name in
-`LAB_USER_HEADER` (web/lab.py's): with the right secret the name is believed (whatever the mode), and the answer is
+lab's shared secret ([web] lab_secret_file) as a signature of the request and its viewer's name
+(web/lab_sign.py): with a right signature the name is believed (whatever the mode), and the answer is
 what that viewer would get here directly; a wrong secret is refused; without a name only auth
 "none" answers (a page without a login must not show what this one shows only after one).
 
@@ -39,6 +39,7 @@ import bcrypt
 
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.names import user_name_problem
+from gpubook.scheduler.outbox.web import lab_sign
 from gpubook.scheduler.outbox.web.settings import WebConfig
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 _REMEMBERED = 256  # credentials checked once and remembered (bcrypt costs ~0.1-0.3 s a check)
 _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 _DEFAULT_COST = 5  # `htpasswd -B`'s own default cost
-_LAB_SECRET_KEY = "HTTP_X_GPUBOOK_LAB_SECRET"  # noqa: S105 - LAB_SECRET_HEADER in the WSGI environ
-_LAB_USER_KEY = "HTTP_X_GPUBOOK_LAB_USER"
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ class Access:
 
     def identify(self, environ: WSGIEnvironment) -> str | Refusal | None:
         """The user asking (None: access without a name, auth none), or why they are refused."""
-        if self.lab_secret is not None and _LAB_SECRET_KEY in environ:
+        if self.lab_secret is not None and lab_sign.SIGNATURE_KEY in environ:
             return self._from_lab(environ)
         if self.mode == "header":
             return self._from_proxy(environ)
@@ -164,10 +163,10 @@ class Access:
     def _from_lab(self, environ: WSGIEnvironment) -> str | Refusal | None:
         """Another server's lab page, asking in its viewer's name."""
         assert self.lab_secret is not None
-        if not hmac.compare_digest(str(environ.get(_LAB_SECRET_KEY, "")).strip().encode(), self.lab_secret):
-            log.warning("web: refused a lab request from %s with a wrong lab secret", environ.get("REMOTE_ADDR"))
-            return Refusal("403 Forbidden", "the lab secret is wrong: [web] lab_secret_file differs between servers")
-        user = str(environ.get(_LAB_USER_KEY, "")).strip()
+        user, why = lab_sign.verified_viewer(self.lab_secret, environ)
+        if user is None:
+            log.warning("web: refused a lab request from %s: %s", environ.get("REMOTE_ADDR"), why)
+            return Refusal("403 Forbidden", why)
         if not user:
             return None if self.mode == "none" else Refusal(
                 "403 Forbidden", f"this page has auth {self.mode}: a lab request must name its viewer")

@@ -1,14 +1,14 @@
 """One page for the lab's servers ([web] lab): this page's own data beside each other server's
 `/api/status` (and `/api/usage` for the lab's month), fetched server-side and merged by host.
 
-How the servers trust each other: one secret shared by the lab ([web] lab_secret_file) goes with
-each request, with the name of the viewer this page authenticated (access.py believes the name only
-with the right secret). The other server then answers as it would answer that viewer directly (the
+How the servers trust each other: one secret shared by the lab ([web] lab_secret_file) signs each
+request, with the name of the viewer this page authenticated (lab_sign.py; access.py believes the
+name only with a right signature, and the secret itself never travels). The other server then answers as it would answer that viewer directly (the
 same ssh-line rule, the same refusals), so the lab page never shows more than each server would.
 No password leaves the page it was typed into, and no server needs another's address in its
 trusted_proxies.
 
-Each fetch: a few seconds' timeout, no redirect followed (the secret would go with it), no proxy
+Each fetch: a few seconds' timeout, no redirect followed (the signed request would go with it), no proxy
 from the environment, an answer of at most `ANSWER_LIMIT` bytes, JSON only. A server that fails is
 one sentence on the page, never the page's failure. Answers are kept `CACHE_SECONDS` per viewer
 (never shared between viewers: each one's ssh lines are their own).
@@ -33,6 +33,7 @@ from urllib.parse import urlencode, urlsplit
 
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler.outbox.report import merge_usage
+from gpubook.scheduler.outbox.web.lab_sign import signed_headers
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,6 @@ TIMEOUT_SECONDS = 4.0  # each server's connect and each read; the whole fetch wa
 CACHE_SECONDS = 5.0
 ANSWER_LIMIT = 4 * 1024 * 1024  # a 1000-booking fortnight's /api/status is about 400 kB
 _CACHED = 256  # (viewer, what) entries kept at most
-LAB_SECRET_HEADER = "X-Gpubook-Lab-Secret"  # noqa: S105 - a header's name; the lab's shared secret (access.py checks it)
-LAB_USER_HEADER = "X-Gpubook-Lab-User"  # the viewer this page authenticated
 
 
 class LabFetchError(GpubookError):
@@ -99,10 +98,8 @@ def fetch_json(base: str, path: str, *, viewer: str | None, secret: str | None,
     """GET base+path as `viewer` (the lab secret with their name); LabFetchError naming the server."""
     where = server_label(base)
     headers = {"Accept": "application/json", "User-Agent": "gpubook-lab"}
-    if secret:
-        headers[LAB_SECRET_HEADER] = secret.strip()
-        if viewer:
-            headers[LAB_USER_HEADER] = viewer
+    if secret:  # signed, never sent (lab_sign.py)
+        headers.update(signed_headers(secret, target=path, viewer=viewer))
     request = urllib.request.Request(base.rstrip("/") + path, headers=headers)  # noqa: S310 - http(s) checked
     try:
         with _OPENER.open(request, timeout=timeout) as answer:

@@ -59,18 +59,22 @@ class WebConfig:
                                        lambda url: checks.http_url.problem(url) or _lab_url_problem(url)))
     lab_secret: str | None = setting(None, "read from lab_secret_file (mode 0600): one secret shared by the lab's "
                                      "servers; a page that knows it asks the others in its viewer's name, and a "
-                                     "request carrying it is believed to name its viewer (auth basic or header)",
+                                     "request signed with it is believed to name its viewer (auth basic or "
+                                     "header); the secret itself never travels",
                                      key="lab_secret_file", secret=True, sample="lab-secret")
 
 
 def _lab_url_problem(url: str) -> str | None:
-    """Plain http only to this machine: the lab secret and the viewer's name travel with each request."""
+    """Plain http only to a loopback address written as one: the viewer's name and what the other
+    page answers (their ssh lines) travel with each request. Not `localhost`: Debian resolves it to
+    ::1 first, where any account may listen while the peer listens on 127.0.0.1 (round 3, M2)."""
     parts = urlsplit(url)
     if parts.username is not None or parts.password is not None:
         return "must not carry a user or password (the lab's servers authenticate with lab_secret_file)"
     if parts.scheme == "http" and not _loopback(parts.hostname or ""):
-        return ("must be https:// (plain http only to a loopback address): the lab secret and the viewer's "
-                "name go with each request")
+        hint = " (write 127.0.0.1 or [::1], as the page listens, not localhost)" if parts.hostname == "localhost" else ""
+        return ("must be https:// (plain http only to a loopback address)" + hint + ": the viewer's name and "
+                "their ssh lines go with each request")
     return None
 
 
@@ -78,7 +82,7 @@ def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return host == "localhost"
+        return False
 
 
 def web_problem(web: WebConfig) -> str | None:
