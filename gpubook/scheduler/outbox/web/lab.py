@@ -3,8 +3,9 @@
 
 How the servers trust each other: one secret shared by the lab ([web] lab_secret_file) signs each
 request, with the name of the viewer this page authenticated (lab_sign.py; access.py believes the
-name only with a right signature, and the secret itself never travels). The other server then answers as it would answer that viewer directly (the
-same ssh-line rule, the same refusals), so the lab page never shows more than each server would.
+name only with a right signature, and the secret itself never travels). The other server then
+answers as it would answer that viewer directly (the same ssh-line rule, the same refusals), so the
+lab page never shows more than each server would.
 No password leaves the page it was typed into, and no server needs another's address in its
 trusted_proxies.
 

@@ -51,7 +51,8 @@ def verified_viewer(secret: bytes, environ: Mapping[str, Any], *, now: float | N
     except ValueError:
         return None, "the lab request has no time"
     if abs((time.time() if now is None else now) - at) > SKEW:
-        return None, f"the lab request was signed more than {SKEW} s from this server's time (clocks apart, or replayed)"
+        return None, (f"the lab request was signed more than {SKEW} s from this server's time (clocks apart, "
+                      "or replayed)")
     viewer = str(environ.get(_environ_key(LAB_USER_HEADER), "")).strip()
     query = str(environ.get("QUERY_STRING", ""))
     target = str(environ.get("PATH_INFO", "")) + (f"?{query}" if query else "")

@@ -72,7 +72,8 @@ def _lab_url_problem(url: str) -> str | None:
     if parts.username is not None or parts.password is not None:
         return "must not carry a user or password (the lab's servers authenticate with lab_secret_file)"
     if parts.scheme == "http" and not _loopback(parts.hostname or ""):
-        hint = " (write 127.0.0.1 or [::1], as the page listens, not localhost)" if parts.hostname == "localhost" else ""
+        hint = " (write 127.0.0.1 or [::1], as the page listens, not localhost)" \
+            if parts.hostname == "localhost" else ""
         return ("must be https:// (plain http only to a loopback address)" + hint + ": the viewer's name and "
                 "their ssh lines go with each request")
     return None
