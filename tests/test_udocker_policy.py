@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime.engines import engine_from, udocker
+from gpubook.runtime.engines import engine_from, seccomp, udocker
 from gpubook.runtime.engines.udocker_runc import PolicyError, apply_policy, pump
 from gpubook.runtime.errors import EngineError
 from tests.kits.oci_policy import isolation_problems
@@ -112,7 +112,8 @@ def test_udockers_own_binds_are_read_only_and_the_cgroup_tree_is_hidden() -> Non
     """Round 3, H2: /sys's read-only bind left the host's cgroup tree writable below it (udocker
     removes runc's own /sys/fs/cgroup mount). H1: udocker's FileBind folder stays writable (the
     entrypoint writes /etc/passwd through it) but only from udocker's private folder."""
-    spec = apply_policy(UDOCKER_SPEC, POLICY)
+    made = seccomp.oci_seccomp(seccomp.load_profile(), capabilities=("CAP_SETFCAP",))
+    spec = apply_policy(UDOCKER_SPEC, {**POLICY, "seccomp": made})
     assert isolation_problems(spec, writable={"/data/output", "/.bind_host_files"}) == []
     mounts = {m["destination"]: m for m in spec["mounts"]}
     assert {"rw", "nosuid", "nodev"} <= set(mounts["/.bind_host_files"]["options"])
@@ -132,3 +133,21 @@ def test_udockers_filebind_folder_in_tmp_fails_the_start_with_a_sentence() -> No
          "options": ["rbind", "nosuid", "nodev", "rw"]}]}
     with pytest.raises(PolicyError, match=r"/tmp/udocker-1-x-BIND_FILES\) is outside its private folder"):
         apply_policy(in_tmp, POLICY)
+
+
+def test_a_udocker_booking_gets_podmans_default_seccomp_filter_for_its_one_capability() -> None:
+    """Round 3, L2: runc, given udocker's spec, set no seccomp filter: the kernel's whole surface
+    (bpf, kexec_load, init_module, …). Podman's default profile, filtered for SETFCAP alone on this
+    architecture: the namespace calls the booker's nested namespace needs stay allowed."""
+    profile = seccomp.load_profile()
+    made = seccomp.oci_seccomp(profile, capabilities=("CAP_SETFCAP",), machine="x86_64")
+    assert made["defaultAction"] == "SCMP_ACT_ERRNO" and made["architectures"][0] == "SCMP_ARCH_X86_64"
+    allowed = {name for rule in made["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for name in rule["names"]}
+    assert {"unshare", "clone", "mount", "read", "arch_prctl"} <= allowed  # the nested namespace, amd64's own
+    assert not {"bpf", "perf_event_open", "add_key", "kexec_load", "init_module", "open_by_handle_at"} & allowed
+    assert "arm_fadvise64_64" not in allowed  # another architecture's
+    admin = seccomp.oci_seccomp(profile, capabilities=("CAP_SYS_ADMIN",), machine="x86_64")
+    assert "bpf" in {n for r in admin["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
+    spec = apply_policy(UDOCKER_SPEC, {**POLICY, "seccomp": made})
+    assert spec["linux"]["seccomp"] == made
+    assert "seccomp" not in apply_policy(UDOCKER_SPEC, POLICY)["linux"]  # none asked, none made up

@@ -32,5 +32,7 @@ def isolation_problems(spec: dict[str, Any], *, writable: set[str]) -> list[str]
         problems.append(f"capabilities: {process['capabilities']}")
     if process.get("noNewPrivileges") is not True:
         problems.append("new privileges can be gained")
+    if not (linux.get("seccomp") or {}).get("syscalls"):
+        problems.append("no seccomp filter: the kernel's whole system-call surface is open")
     return problems
 

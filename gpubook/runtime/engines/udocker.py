@@ -43,11 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpubook.runtime.checks import Check
-from gpubook.runtime.engines import HOST_NETWORK_RISK
+from gpubook.runtime.engines import HOST_NETWORK_RISK, seccomp
 from gpubook.runtime.engines.cli_engine import check_port_free, mount_problem
 from gpubook.runtime.engines.cli_transport import EXEC_OUTPUT_LIMIT, QUICK_TIMEOUT, run_bounded
 from gpubook.runtime.engines.spec import ContainerInfo, ContainerSpec, ExecResult, info_from_labels, permanent
-from gpubook.runtime.engines.udocker_runc import POLICY_ENV, RUNC_ENV
+from gpubook.runtime.engines.udocker_runc import KEPT_CAPABILITIES, POLICY_ENV, RUNC_ENV
 from gpubook.runtime.errors import EngineError
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ class UdockerEngine:
         self.binary = settings.binary or _udocker_binary()
         self.runc = settings.runtime or shutil.which("runc", path=_SEARCH_PATH) or "runc"
         self.top = Path(os.environ.get("UDOCKER_DIR") or Path.home() / ".udocker")
+        self._filter: dict[str, Any] | None = None  # the seccomp filter, made once
 
     # --- udocker and runc, argv lists only --------------------------------------------------------
 
@@ -361,7 +362,12 @@ class UdockerEngine:
         return {"args": [*spec.entrypoint, *spec.command], "mounts": mounts, "devices": devices, "masked": masked,
                 "env": [["GPUBOOK_AS_BOOKER", f"{HELPER_DIR}/{AS_BOOKER}"]], "log": str(folder / LOG_FILE),
                 "log_max": LOG_MAX, "runc_id_file": str(folder / RUNC_ID_FILE), "shm_size": spec.shm_size,
-                "private": str(self.top)}
+                "private": str(self.top), "seccomp": self._seccomp()}
+
+    def _seccomp(self) -> dict[str, Any]:
+        if self._filter is None:
+            self._filter = seccomp.oci_seccomp(seccomp.load_profile(), capabilities=KEPT_CAPABILITIES)
+        return self._filter
 
     def stop(self, name: str, grace: float) -> None:
         """SIGTERM to the container's first process, `grace` seconds, SIGKILL (its whole PID

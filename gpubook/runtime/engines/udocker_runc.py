@@ -17,7 +17,9 @@ process, never the container's (no `--hostenv`). The policy gives:
   the booker's uid: without newuidmap an unprivileged user has exactly one id, and runc insists
   that it be root in the container's first namespace;
 - `runc_id_file`: where the runc id udocker chose is written, for the engine's `runc state`;
-- `log`, `log_max`: where the container's output goes, in two files of at most `log_max` bytes.
+- `log`, `log_max`: where the container's output goes, in two files of at most `log_max` bytes;
+- `seccomp`: the system-call filter (podman's default profile for the one capability kept);
+- `private`: udocker's own store, where its FileBind folder must lie.
 
 One capability is kept (SETFCAP, which making the nested namespace needs) and no new privilege
 can be gained.
@@ -40,6 +42,7 @@ UDOCKER_ENV = ("container_ruser", "container_root", "container_uuid", "container
                "container_names", "PS1", "SHLVL", "USERNAME", "USER", "LOGNAME", "HOME")
 CHUNK = 65536
 SHM = "/dev/shm"  # noqa: S108 - the container's own tmpfs, not a host path
+KEPT_CAPABILITIES = ("CAP_SETFCAP",)  # the one capability of a udocker booking's first process
 MASKED = ("/sys/fs/cgroup",)  # hidden from every booking (H2): the host's cgroup tree
 FILEBIND = "/.bind_host_files"  # udocker's folder of the host's files it gives a container
 
@@ -62,7 +65,7 @@ def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, An
     process["terminal"] = False
     # SETFCAP alone: Linux 5.12 on asks it of a process that maps its namespace's uid 0 into a new
     # one (the nested namespace of the booker's uid); the booker's processes there have none.
-    kept = ["CAP_SETFCAP"]
+    kept = list(KEPT_CAPABILITIES)
     process["capabilities"] = {"bounding": kept, "effective": kept, "permitted": kept, "inheritable": [],
                                "ambient": []}
     process["args"] = list(policy["args"])
@@ -91,6 +94,8 @@ def apply_policy(config: dict[str, Any], policy: dict[str, Any]) -> dict[str, An
     # cgroup namespace of its own.
     linux["maskedPaths"] = [*linux.get("maskedPaths", []), *MASKED, *policy.get("masked", [])]
     linux.pop("resources", None)  # no cgroup of its own: rootless runc without a delegated tree
+    if policy.get("seccomp"):  # podman's default filter (engines/seccomp.py); runc had none (round 3, L2)
+        linux["seccomp"] = policy["seccomp"]
     return spec
 
 

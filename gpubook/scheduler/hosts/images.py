@@ -38,6 +38,7 @@ from gpubook.scheduler import clock
 
 log = logging.getLogger(__name__)
 
+PRESENT_WARM_WAIT = 120.0  # seconds a start waits for the warm-up of an image that was here already
 QUEUED, PULLING, WARMING, BUILDING, READY, FAILED = "queued", "pulling", "warming", "building", "ready", "failed"
 RETRY_FIRST = timedelta(seconds=60)  # after a failed preparation; doubled each time
 RETRY_MOST = timedelta(hours=1)
@@ -72,6 +73,7 @@ class Preparation:
     # and the warm-up is left out (never two first starts of an image at once: a booking's `podman
     # run` and the warm-up's `create`).
     first_start_taken: bool = False
+    present: bool = False  # the image was in the store already when its preparation looked
 
     @property
     def busy(self) -> bool:
@@ -123,6 +125,7 @@ class ImagePreparer:
         self.on_pull: Callable[[str], None] | None = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpubook-images")
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # told of every change of a preparation's state
         self._states: dict[str, Preparation] = {}
         self._wanted: dict[str, Template] = {}  # booking id → its template (the last pass's)
         self._storage: Path | None = None
@@ -158,6 +161,20 @@ class ImagePreparer:
                                                          detail="present (put there since it failed)")
             log.info("template %s: its image is ready (present since it failed)", template.name)
             return overlay_image.run_image(template)
+        if current is not None and current.present and current.state in (PULLING, WARMING):
+            # Here before its preparation looked (CI of 2026-11-29: the preparation queued by this very
+            # pass had got that far before the start asked). Before its warm-up the booking takes the
+            # first start, as while queued; during it, it waits for it here (a few seconds: the copy
+            # it would make anyway), not held for a later pass.
+            with self._lock:
+                self._changed.wait_for(lambda: self._states[key_of(template)].state != WARMING,
+                                       timeout=PRESENT_WARM_WAIT)
+                current = self._states[key_of(template)]
+                if current.state == READY:
+                    return current.run_image
+                if current.state in (QUEUED, PULLING) and not current.first_start_taken:
+                    self._states[key_of(template)] = replace(current, first_start_taken=True)
+                    return overlay_image.run_image(template)
         if current is not None and current.state == QUEUED and self._present(template):
             # Queued by this very pass (a booking saved after its start) with the image here: the
             # booking runs it instead of waiting, and pays the first start itself; the preparation
@@ -260,6 +277,7 @@ class ImagePreparer:
             current = self._states[key]
             changed = replace(current, since=current.since if keep_since else clock.now(), **changes)
             self._states[key] = changed
+            self._changed.notify_all()
             return changed
 
     def _estimate(self, total: int | None, done: int, began: datetime, *, now: datetime,
@@ -377,8 +395,10 @@ class ImagePreparer:
         self._clean()
         # No registry call for an image already here (each daemon start prepares every upcoming
         # template's), nor where the pull is not followed (dockerd pulls out of sight).
-        followed = (getattr(engine, "pull_scratch", lambda: None)() is not None
-                    and not engine.image_exists(reference.local_name() if reference.digest else template.image))
+        here = engine.image_exists(reference.local_name() if reference.digest else template.image)
+        if here:
+            self._set(template, present=True, keep_since=True)
+        followed = getattr(engine, "pull_scratch", lambda: None)() is not None and not here
         total = (images.download_size(engine, template.image, mirror=template.mirror, auth_file=self.auth_file)
                  if followed else None)
         began = clock.now()

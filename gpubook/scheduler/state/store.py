@@ -228,14 +228,19 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         # A restart after a death asks for the port the booking had; the died container's port
         # forwarder lets go of it only once podman's cleanup of that container has run, which under
         # load takes seconds. Waited for here, outside the transaction (other threads write meanwhile).
+        # The port may still be held in State (the pass that saw the death frees it only at its end)
+        # or remembered since (`release_ports_except`): either way the restart waits for it. CI of
+        # 2026-11-29: a held port found busy was given up at once, and the restart took the next.
+        held = self._held_port(booking_id)
         last = self._last_ports.pop(booking_id, None)
+        last = held if held is not None else last
         if last is not None and not (port_min <= last <= port_max and last not in reserved
                                      and self._freed_soon(last, seconds=self.port_grace)):
             last = None
         with self._transaction("state.port_for") as db:
             row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
             if row is not None:
-                if self._port_probe(int(row[0])):
+                if int(row[0]) == last or self._port_probe(int(row[0])):
                     return int(row[0])
                 db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
             taken = {port for (port,) in db.execute("SELECT port FROM ports")} | reserved
@@ -250,6 +255,11 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
                     return port
         raise StateError(f"booking {booking_id}: no free SSH port left in {port_min}-{port_max} "
                          f"({len(taken)} held by bookings, the rest in use on this host)")
+
+    def _held_port(self, booking_id: str) -> int | None:
+        with self._transaction("state.held_port") as db:
+            row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
+        return int(row[0]) if row is not None else None
 
     def release_ports_except(self, keep: set[str] | frozenset[str]) -> list[str]:
         """Free the ports of every booking not in `keep` (those with a running container or a start
