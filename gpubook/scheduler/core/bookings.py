@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo
 import icalendar
 
 from gpubook.runtime.engines.spec import booking_id_problem
+from gpubook.scheduler.core import values
 from gpubook.scheduler.core.convention import Refused, request, show, text
 from gpubook.scheduler.core.parsing import Parsed, Problem, error_summary, parse
 from gpubook.scheduler.core.recurrence import (
@@ -215,13 +216,18 @@ def expansion_digest(series: Series) -> str:
 def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: str, start: datetime,
                 end: datetime, duplicate: bool, config: Config, templates: Collection[str],
                 host_tz: tzinfo, calendar: CalendarConfig, topology: Topology) -> Booking | Rejection:
+    unfit = values.problem(component)  # every value the calendar gives, checked before anything reads it
+
     def reject(reason: str, user: str | None = None) -> Rejection:
+        summary = text(component.get("SUMMARY"))
         return Rejection(id=occurrence_id, uid=series.uid, start=start, end=end, reason=reason,
                          user=user, calendar_url=calendar.url, href=series.href,
-                         summary=text(component.get("SUMMARY")))
+                         summary=values.shown(summary) if unfit else summary)
 
     if problem := booking_id_problem(occurrence_id):  # where the calendar is read, not only at the start
         return reject(problem)  # (round 3, M1: the plan and `gpubook bookings` listed it as accepted)
+    if unfit:
+        return reject(unfit)
     if duplicate:
         return reject(f"the UID {show(series.uid)} is used by more than one event in this "
                       "calendar, so they cannot be told apart; give each booking its own event")
