@@ -205,15 +205,7 @@ def test_a_start_after_a_killed_stop_leaves_no_container_running_unlisted(faulty
             # The booker's work ignores SIGTERM (a training writing its checkpoint): the stop waits its grace.
             spec, _ = bookings.spec(key=new_key(), command=("sh", "-c", "trap '' TERM; sleep 600 & wait"))
             booking.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
-            stopping = None
-            for _ in range(10):  # a kill before podman marked it "stopping" leaves it running: again
-                faulty.arm("kill", verbs=["stop"])
-                with pytest.raises(EngineError, match="exit status 137"):
-                    wrapped.stop(spec.name, 60)
-                stopping = wrapped.inspect(spec.name)
-                if stopping is not None and stopping.state == "stopping":
-                    break
-            assert stopping is not None and stopping.state == "stopping"
+            stopping = _stop_killed_midway(faulty, wrapped, spec.name)
             started = wrapped.start(spec)  # the booking due again (moved back, say) before the stop's retry
             assert started.id != stopping.id
             assert faulty.orphans(store) == []  # the old container is not left running, unlisted
@@ -222,6 +214,18 @@ def test_a_start_after_a_killed_stop_leaves_no_container_running_unlisted(faulty
                 end_orphan(orphan)
             bookings.cleanup()
 
+
+
+def _stop_killed_midway(faulty: FaultyEngine, wrapped: Engine, name: str) -> ContainerInfo:
+    """gpubook's stop of `name` killed once podman marked it "stopping" (its command ignores SIGTERM)."""
+    for _ in range(10):  # a kill before podman marked it "stopping" leaves it running: again
+        faulty.arm("kill", verbs=["stop"])
+        with pytest.raises(EngineError, match="exit status 137"):
+            wrapped.stop(name, 60)
+        left = wrapped.inspect(name)
+        if left is not None and left.state == "stopping":
+            return left
+    raise AssertionError(f"{name} was never left stopping: {left}")
 
 
 @pytest.fixture
@@ -235,13 +239,7 @@ def unlisted(faulty: FaultyEngine, wrapped: Engine) -> Iterator[tuple[Bookings, 
         try:
             spec, _ = bookings.spec(key=new_key(), command=("sh", "-c", "trap '' TERM; sleep 600 & wait"))
             first = booking.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT).info
-            for _ in range(10):  # a kill before podman marked it "stopping" leaves it running: again
-                faulty.arm("kill", verbs=["stop"])
-                with pytest.raises(EngineError, match="exit status 137"):
-                    wrapped.stop(spec.name, 60)
-                left = wrapped.inspect(spec.name)
-                if left is not None and left.state == "stopping":
-                    break
+            _stop_killed_midway(faulty, wrapped, spec.name)
             assert podman(wrapped.global_argv(), "rm", "--force", "--time", "0", spec.name).returncode == 0  # type: ignore[attr-defined]
             assert [o.name for o in faulty.orphans(store)] == [spec.name]  # running, unlisted, its port held
             yield bookings, spec, first

@@ -73,10 +73,12 @@ class CliEngine(CliArgv, CliImages):
                     f"booking {spec.booking_id}: {spec.name} already runs with another "
                     f"spec (hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first"
                 )
-            self._remove_leftover(current)  # an exited leftover of an earlier start
-        elif self._end_unlisted(spec.name):  # an earlier `run` killed midway, still running
-            # its port forwarder exits a moment after its conmon
-            wait_port_free(spec.port, seconds=FORWARDER_GRACE)
+            self._remove_leftover(current)  # an exited leftover of an earlier start (a died container)
+        else:
+            self._end_unlisted(spec.name)  # an earlier `run` killed midway, still running
+        # A died container's port forwarder lets go of the booking's port only once that container is
+        # removed (just above, or by the listing that found its namespace lost), a moment later.
+        wait_port_free(spec.port, seconds=FORWARDER_GRACE)
         self._check_port_free(spec)
         self.ensure_image(spec.image)
         self._check_mounts(spec)

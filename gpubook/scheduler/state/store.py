@@ -11,7 +11,6 @@ import shutil
 import socket
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -106,12 +105,10 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     """
 
     def __init__(self, path: str | Path, *, port_probe: Callable[[int], bool] = port_is_free,
-                 busy_timeout: float = 10.0, port_grace: float = 30.0) -> None:
-        """`busy_timeout`: seconds a write waits for another process's transaction before it fails;
-        `port_grace`: seconds a restart waits for its died container's port to be let go of (only
-        that booking's start waits: starts run in their own lanes)."""
+                 busy_timeout: float = 10.0) -> None:
+        """`busy_timeout`: seconds a write waits for another process's transaction before it fails."""
         self.path = Path(path)
-        self.busy_timeout, self.port_grace = busy_timeout, port_grace
+        self.busy_timeout = busy_timeout
         self._port_probe = port_probe
         # The port each booking last held, kept when a pass frees it (its container died): the restart
         # asks for it again, so the booker's ssh line stays right (this process's memory only).
@@ -220,31 +217,26 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
 
     def port_for(self, booking_id: str, *, port_min: int, port_max: int, now: datetime | None = None,
                  reserved: frozenset[int] = frozenset()) -> int:
-        """The booking's SSH port for a start in progress: the one it holds if that is still free on
-        this host, else the lowest port in [port_min, port_max] that no other booking holds and that
-        is free on this host (a port found busy is skipped, never fatal) and not `reserved` (the
-        SFTP service's, even while it is down). Raises StateError when none is left. The caller
-        releases it when the start fails (`release_port`)."""
-        # A restart after a death asks for the port the booking had; the died container's port
-        # forwarder lets go of it only once podman's cleanup of that container has run, which under
-        # load takes seconds. Waited for here, outside the transaction (other threads write meanwhile).
-        # The port may still be held in State (the pass that saw the death frees it only at its end)
-        # or remembered since (`release_ports_except`): either way the restart waits for it. CI of
-        # 2026-11-29: a held port found busy was given up at once, and the restart took the next.
-        held = self._held_port(booking_id)
+        """The booking's SSH port for a start in progress: the one it holds or held last (a restart),
+        else the lowest port in [port_min, port_max] that no other booking holds and that is free on
+        this host (a port found busy is skipped, never fatal) and not `reserved` (the SFTP service's,
+        even while it is down). Raises StateError when none is left. The caller releases it when the
+        start fails (`release_port`): one still busy after the engine's wait fails that start, and
+        the next start gets a free one."""
+        # A restart after a death asks for the port the booking had (still held in State, or remembered
+        # since the pass freed it), busy or not: its died container's port forwarder lets go of it only
+        # once the engine has removed that container, which the engine's start does first, and then
+        # waits for the port (CliEngine.start). CI of 2026-11-29: a wait here, before that removal,
+        # ran out and the restart came on the next port.
         last = self._last_ports.pop(booking_id, None)
-        last = held if held is not None else last
-        if last is not None and not (port_min <= last <= port_max and last not in reserved
-                                     and self._freed_soon(last, seconds=self.port_grace)):
-            last = None
         with self._transaction("state.port_for") as db:
             row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
             if row is not None:
-                if int(row[0]) == last or self._port_probe(int(row[0])):
+                if port_min <= int(row[0]) <= port_max and int(row[0]) not in reserved:
                     return int(row[0])
                 db.execute("DELETE FROM ports WHERE booking_id = ?", (booking_id,))
             taken = {port for (port,) in db.execute("SELECT port FROM ports")} | reserved
-            if last is not None and last not in taken:
+            if last is not None and port_min <= last <= port_max and last not in taken:
                 db.execute("INSERT INTO ports (booking_id, port, allocated_at) VALUES (?, ?, ?)",
                            (booking_id, last, stamp_of(now)))
                 return last
@@ -256,11 +248,6 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         raise StateError(f"booking {booking_id}: no free SSH port left in {port_min}-{port_max} "
                          f"({len(taken)} held by bookings, the rest in use on this host)")
 
-    def _held_port(self, booking_id: str) -> int | None:
-        with self._transaction("state.held_port") as db:
-            row = db.execute("SELECT port FROM ports WHERE booking_id = ?", (booking_id,)).fetchone()
-        return int(row[0]) if row is not None else None
-
     def release_ports_except(self, keep: set[str] | frozenset[str]) -> list[str]:
         """Free the ports of every booking not in `keep` (those with a running container or a start
         in progress): a start that failed, or died, or a container gone, holds none. Gives the
@@ -271,16 +258,6 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
             db.executemany("DELETE FROM ports WHERE booking_id = ?", [(booking,) for booking in freed])
         self._last_ports.update({booking: int(held[booking]) for booking in freed})
         return freed
-
-    def _freed_soon(self, port: int, *, seconds: float) -> bool:
-        """The port a died container held is free, or becomes free within `seconds` (its port
-        forwarder exits after podman's cleanup of the container)."""
-        deadline = time.monotonic() + seconds
-        while not self._port_probe(port):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
-        return True
 
     def adopt_port(self, booking_id: str, port: int, *, now: datetime | None = None) -> None:
         """Record the port a running container already uses (read from its labels after a lost
