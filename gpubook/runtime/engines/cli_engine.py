@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 RUN_TIMEOUT = 300.0  # seconds for `run` (a first start may set up storage)
 EXEC_TIMEOUT = 60.0  # seconds for `exec` when the caller names none (a booker's container may hang it)
+ANY_ADDRESS = ("0.0.0.0", "::")  # noqa: S104 - sshd binds a booking's port on both families
 FORWARDER_GRACE = 30.0  # seconds for a port forwarder to exit after its container's conmon was ended
 LOG_READ_LIMIT = 1024 * 1024  # bytes of a container's log that `logs` keeps (its end)
 
@@ -256,7 +257,7 @@ def mount_problem(mount: Mount) -> str | None:
 def wait_port_free(port: int, *, seconds: float) -> None:
     """Until nothing binds `port` any more, for at most `seconds` (check_port_free then tells)."""
     deadline = time.monotonic() + seconds
-    while any(bind_error(address, port) == errno.EADDRINUSE for address in ("0.0.0.0", "::")):  # noqa: S104
+    while any(bind_error(address, port) == errno.EADDRINUSE for address in ANY_ADDRESS):
         if time.monotonic() >= deadline:
             return
         time.sleep(0.2)
@@ -264,7 +265,7 @@ def wait_port_free(port: int, *, seconds: float) -> None:
 
 def check_port_free(booking_id: str, port: int) -> None:
     """An EngineError unless `port` is free on every address of both families, as sshd binds it."""
-    for address in ("0.0.0.0", "::"):  # noqa: S104
+    for address in ANY_ADDRESS:
         error = bind_error(address, port)
         if error == errno.EADDRINUSE:
             raise EngineError(f"booking {booking_id}: port {port} is already in use on this host")

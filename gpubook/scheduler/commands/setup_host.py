@@ -118,7 +118,8 @@ def data_root_problem(path: Path, *, owners: frozenset[int] = frozenset({0})) ->
             info = os.lstat(part)
         except FileNotFoundError:
             above = parts[index - 1]
-            if os.lstat(above).st_mode & stat.S_ISVTX and os.lstat(above).st_mode & 0o002:
+            mode = os.lstat(above).st_mode
+            if mode & stat.S_ISVTX and mode & 0o002:
                 return (f"--data-root {path}: {part} is not there yet in {above}, where any account may make it "
                         f"first (as a link): make {part} as root first, or choose another place")
             return None  # setup makes the rest, in folders only root can write

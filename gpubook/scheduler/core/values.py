@@ -50,6 +50,9 @@ def _values(prop: object) -> Iterable[str]:
     found: list[str] = []
     for item in items:
         cats = getattr(item, "cats", None)  # CATEGORIES: a list of words
-        found.extend(str(c) for c in cats) if cats is not None else found.append(str(item))
+        if cats is not None:
+            found.extend(str(c) for c in cats)
+        else:
+            found.append(str(item))
         found.extend(str(v) for v in getattr(item, "params", {}).values() if isinstance(v, str))  # CN=…
     return found

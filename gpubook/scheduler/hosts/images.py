@@ -172,8 +172,7 @@ class ImagePreparer:
                 current = self._states[key_of(template)]
                 if current.state == READY:
                     return current.run_image
-                if current.state in (QUEUED, PULLING) and not current.first_start_taken:
-                    self._states[key_of(template)] = replace(current, first_start_taken=True)
+                if self._take_first_start(template, (QUEUED, PULLING)):
                     return overlay_image.run_image(template)
         if current is not None and current.state == QUEUED and self._present(template):
             # Queued by this very pass (a booking saved after its start) with the image here: the
@@ -181,9 +180,7 @@ class ImagePreparer:
             # goes on without its warm-up. (Pulled a moment ago and being warmed or built: it waits
             # for that, which it would pay at its start anyway, and starts when the image is ready.)
             with self._lock:
-                still = self._states.get(key_of(template))
-                if still is not None and still.state == QUEUED and not still.first_start_taken:  # one taker
-                    self._states[key_of(template)] = replace(still, first_start_taken=True)
+                if self._take_first_start(template, (QUEUED,)):
                     return overlay_image.run_image(template)
         with self._lock:
             current = self._queue_if_due(template, now=now)
@@ -191,6 +188,15 @@ class ImagePreparer:
         if current.state == FAILED:
             raise Preparing(f"image not ready: {current.why}: {current.detail}")
         raise Preparing(shown or current.sentence(self.zone))
+
+    def _take_first_start(self, template: Template, states: tuple[str, ...]) -> bool:
+        """(Under the lock.) A booking's start makes the image's first chowned copy itself, and the
+        warm-up is left out: while the preparation is in one of `states`, for one taker only."""
+        current = self._states.get(key_of(template))
+        if current is None or current.state not in states or current.first_start_taken:
+            return False
+        self._states[key_of(template)] = replace(current, first_start_taken=True)
+        return True
 
     def recheck(self, template: Template, *, now: datetime | None = None) -> bool:
         """After a start that failed: is the image it was told is ready still there? If not (an
