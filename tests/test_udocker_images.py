@@ -76,13 +76,20 @@ def udocker(engine: Engine, *args: str, stdin: str | None = None, env: dict[str,
 
 
 def load(engine: Engine, podman: Engine, image: str, folder: Path, *, fmt: str) -> str:
-    """`podman save --format fmt`, then `udocker load -i` (the archive removed: a few hundred MB)."""
+    """`podman save --format fmt`, then `udocker load -i` (the archive removed: a few hundred MB).
+    udocker unpacks the archive in its temporary folder and moves the layers into its store: on one
+    filesystem (a host whose /tmp and homes share a disk) a move keeps a symlink as the link, across two
+    it copies what the link points at. Its temporary folder is put on the store's filesystem, so the
+    test meets the first case whatever disks this machine's /tmp and store are on."""
     archive = folder / f"{fmt}.tar"
     registry_kit.podman(podman, "save", "--format", fmt, "--output", str(archive), image)
+    temporary = engine.top / "admin-tmp"  # type: ignore[attr-defined]
+    temporary.mkdir(exist_ok=True)
     try:
-        return udocker(engine, "load", "-i", str(archive))
+        return udocker(engine, "load", "-i", str(archive), env={"UDOCKER_TMP": str(temporary)})
     finally:
         archive.unlink()
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def booked_token(engine: Engine, image: str) -> str:

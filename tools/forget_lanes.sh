@@ -19,7 +19,8 @@ for user in $(cut -d: -f1 /etc/passwd | grep -E "^($first[0-9]+|${GPUBOOK_SLURM_
 done
 data=${GPUBOOK_TEST_DATA_ROOT:-/srv/gpubook-test-data}
 full=${GPUBOOK_TEST_FULL_ROOT:-/srv/gpubook-test-full}
-for mount in "$data"-* "$full" "$full"-*; do
+udocker=${GPUBOOK_TEST_UDOCKER_ROOT:-/srv/gpubook-test-udocker}
+for mount in "$data"-* "$full" "$full"-* "$udocker" "$udocker"-*; do
   [ -e "$mount" ] || continue
   mountpoint -q "$mount" && umount "$mount"
   rmdir "$mount" 2>/dev/null
