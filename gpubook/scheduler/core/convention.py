@@ -353,11 +353,11 @@ def _name(value: str, *, known: Collection[str], what: str) -> str:
     normal = unicodedata.normalize("NFKC", value)
     close = difflib.get_close_matches(normal[:64].lower(), sorted(known), n=1, cutoff=CLOSE)
     meant = f"; did you mean {close[0]}?" if close else ""
+    if meant and value.isascii() and pattern.fullmatch(value.lower()):
+        raise Refused(f"there is no {what} {show(value)}{meant}")
     if any(unicodedata.category(c).startswith("C") for c in value) or normal != value \
             or not normal.isascii() or not pattern.match(normal):
         raise Refused(f"{what} {show(value)} is not a valid {what} name ({rule}){meant}")
-    if meant:
-        raise Refused(f"there is no {what} {show(value)}{meant}")
     return normal
 
 
