@@ -332,8 +332,9 @@ def _misspelt(word: str, value: str) -> Key | None:
 def _location_gpus(location: str, hosts: Collection[str]) -> str | None:
     """GPU indices named in LOCATION (`gpu 1`, `GPU0,GPU2`, `GPUs 0-3`), as booking systems and
     gpubook's own availability feed write it (`devbox1 GPU 0,1`). A word that is a host's whole name
-    is a name, never a GPU: on the host gpu1, `gpu1 GPU 1` is GPU 1."""
-    names = {host.lower() for host in hosts}
+    is a name, never a GPU: on the host gpu1, `gpu1 GPU 1` is GPU 1. (Only a name that reads as GPU
+    words is skipped: on a host named `gpu` or `1`, `GPU 1` keeps its words.)"""
+    names = {host.lower() for host in hosts if _LOCATION_GPUS.search(host)}
     kept = " ".join(word for word in location.split() if word.strip(_PUNCTUATION).lower() not in names)
     matches = _LOCATION_GPUS.findall(kept)
     if not matches:
