@@ -143,6 +143,7 @@ ROWS = [
     ("title typo", dict(summary="alice gpsu=2"), refused("`gpsu=`", "did you mean `gpus=`?")),
     ("title two users", dict(summary="alice and bob"), refused("more than one user")),
     ("title with a colon after the name", dict(summary="alice: fine-tune"), ok("alice")),
+    ("title key after a colon", dict(summary="alice:gpus=2"), ok("alice", gpus=2)),
     ("title bad count", dict(summary="alice Gpus=all"), refused("gpus= 'all' is neither")),
     ("description wins", dict(summary="alice gpus=2", description="gpus: 0-1"), ok("alice", indices=(0, 1))),
     # Misspelt keys and names.

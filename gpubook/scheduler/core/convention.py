@@ -77,7 +77,7 @@ _SPELLINGS = {spelling: key for key in KEYS for spelling in key.spellings}
 _LINE = re.compile(r"([A-Za-z][A-Za-z_-]{0,31})[ \t]*([:=])(.*)", re.ASCII | re.DOTALL)
 # A `key=value` or `key: value` in the title: a value that ends in a comma goes on over the next
 # word when that is a number (`gpus=0, 2`).
-_TITLE_PAIR = re.compile(r"(?<![^\s,;(\[])([A-Za-z][A-Za-z_-]{0,31})(?:[ \t]*(=)[ \t]*|:([ \t]*))"
+_TITLE_PAIR = re.compile(r"(?<![^\s,;:(\[])([A-Za-z][A-Za-z_-]{0,31})(?:[ \t]*(=)[ \t]*|:([ \t]*))"
                          r"(\S+(?:(?<=,)[ \t]+[0-9]\S*)*)", re.ASCII)
 _COMMENT = re.compile(r"[ \t]#")
 _LOCATION_GPUS = re.compile(
@@ -279,15 +279,19 @@ def _title_values(title: str, *, users: Collection[str],
     found: dict[str, dict[str, str]] = {}  # key -> each value, by how it compares, as first written
     typos: list[str] = []
     used: list[tuple[int, int]] = []  # the spans of the key=value words: what is left are words of their own
-    for match in _TITLE_PAIR.finditer(title):
+    position = 0
+    while (match := _TITLE_PAIR.search(title, position)) is not None:
         word, value = match[1], match[4].rstrip(";:)]")
         key = _SPELLINGS.get(word.lower())
         if key is not None:
             found.setdefault(key.name, {}).setdefault(_compared(value), value)
             used.append(match.span())
-        elif (match[2] or not match[3]) and (meant := _misspelt(word, value)) is not None:
+            position = match.end()
+            continue
+        if (match[2] or not match[3]) and (meant := _misspelt(word, value)) is not None:
             typos.append(f"the title's `{word}{match[2] or ':'}` is not a key gpubook knows; "
                          f"did you mean `{meant.name}=`?")
+        position = match.start(4)  # `alice:gpus=2`: the value may hold a key of its own
     rest: list[str] = []
     position = 0
     for start, end in used:
