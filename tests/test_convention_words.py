@@ -217,6 +217,32 @@ def test_nodes_in_any_spelling_on_a_cluster() -> None:
     assert asked(one) == ok("bob", gpus=16, nodes=2)
 
 
+def test_only_words_that_may_be_close_to_a_key_are_matched_at_all() -> None:
+    """A line of a longer or shorter word costs one failed match: none of them can be close."""
+    import difflib
+
+    from gpubook.scheduler.core.convention import _LONGEST, _SHORTEST, _SPELLINGS, CLOSE
+
+    for spelling in _SPELLINGS:
+        longer = spelling + "x" * (_LONGEST + 1 - len(spelling))
+        assert difflib.SequenceMatcher(None, longer, spelling).ratio() < CLOSE
+        assert all(difflib.SequenceMatcher(None, spelling[:_SHORTEST - 1], s).ratio() < CLOSE for s in _SPELLINGS)
+    longest = max(_SPELLINGS, key=len)
+    assert difflib.SequenceMatcher(None, longest + "x" * (_LONGEST - len(longest)), longest).ratio() >= CLOSE
+
+
+def test_a_description_full_of_other_words_names_a_typo_among_its_first_ones_only() -> None:
+    """Guesses are bounded (MAX_GUESSES), so a hostile description of them costs what it did before."""
+    from gpubook.scheduler.core.convention import MAX_GUESSES
+
+    others = "".join(f"{chr(97 + i // 26)}{chr(97 + i % 26)}q: x\n" for i in range(MAX_GUESSES - 1))
+    config = make_config()
+    named = asked(occurrence(event(description=f"user: bob\n{others}tempalte: x"), config=config))
+    assert "did you mean `template:`?" in str(named)
+    late = asked(occurrence(event(description=f"user: bob\n{others}zzq: x\ntempalte: x"), config=config))
+    assert late == ok("bob")
+
+
 @pytest.mark.parametrize("number", [0, 1, 3, 12])
 @pytest.mark.parametrize("after", ["", " tensorflow-cuda9", " run"])
 def test_one_number_and_a_comma_reads_alike_in_the_title_and_the_description(number: int, after: str) -> None:

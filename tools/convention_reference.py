@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from gpubook.scheduler.core import convention  # noqa: E402 - after the path it is found on
-from gpubook.scheduler.core.convention import CLOSE, KEYS, Refused  # noqa: E402
+from gpubook.scheduler.core.convention import CLOSE, KEYS, MAX_GUESSES, Refused  # noqa: E402
 
 PAGE = ROOT / "docs" / "reference" / "booking-convention.md"
 USERS = ("alice", "bob")
@@ -63,7 +63,8 @@ RULES = f"""
   `template:`?": a word is taken for a key when Python's `difflib` finds it at least {CLOSE:g}
   alike to one of the key's spellings **and** its value is one the key could take (a name, a GPU
   list, a number). So `note: rerun with lr 0.1`, `project: x`, `Goal: train the model` and
-  `https://…` are the booker's own text, ignored without error.
+  `https://…` are the booker's own text, ignored without error. The first {MAX_GUESSES} such
+  words of the description (and of the title) are looked at, and the first misspelt one is named.
 - **A name close to a known one** (`user: Alcie`, `template: pytorch-cuda11`) is refused with
   "did you mean alice?" ({CLOSE:g} alike, the same measure); a name close to none is left to the
   plan, which refuses names that are not configured.

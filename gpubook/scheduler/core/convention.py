@@ -27,6 +27,7 @@ printed by `reference()` from the same table. Pure: no I/O.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import unicodedata
 from collections.abc import Collection, Iterable, Mapping
@@ -43,6 +44,10 @@ from gpubook.scheduler.sources.richtext import description_source, lines
 
 MAX_NODES = 64
 CLOSE = 0.75  # difflib's ratio from which a word is read as a misspelt key, user or template
+# Unknown `word: value` words looked at for a misspelt key, in the description and in the title each:
+# a booking has a few, and a hostile 64 KiB description of them (each occurrence of a series reads
+# it again) must cost about what it did before; like READ_LIMIT, a bound no booker meets.
+MAX_GUESSES = 64
 _ITEM = r"[0-9]{1,3}(?:[ \t]*-[ \t]*[0-9]{1,3})?"  # one GPU index, or a range of them
 _COUNT = re.compile(r"[0-9]{1,3}", re.ASCII)
 _INDICES = re.compile(rf"{_ITEM}(?:[ \t]*,[ \t]*{_ITEM})*[ \t]*,?", re.ASCII)
@@ -71,13 +76,19 @@ KEYS = (
         "only; its GPUs are spread evenly)", "nodes: 2", _COUNT),
 )
 _SPELLINGS = {spelling: key for key in KEYS for spelling in key.spellings}
+# A word that may be a key or a misspelt one: no word shorter or longer can be CLOSE to a spelling
+# (difflib's ratio is at most twice the shorter length over both lengths), so a line of another
+# word costs one failed match, as before the guesses.
+_SHORTEST = math.ceil(CLOSE * min(map(len, _SPELLINGS)) / (2 - CLOSE) - 1e-9)
+_LONGEST = math.floor((2 / CLOSE - 1) * max(map(len, _SPELLINGS)) + 1e-9)
+_WORD = rf"[A-Za-z][A-Za-z_-]{{{_SHORTEST - 1},{_LONGEST - 1}}}"
 
 # One description line with its blanks stripped: anchored, with no pattern after the value, so a
 # line of blanks costs a single scan (a `(.*?)[ \t]*$` cost seconds on 80 KB of them).
-_LINE = re.compile(r"([A-Za-z][A-Za-z_-]{0,31})[ \t]*([:=])(.*)", re.ASCII | re.DOTALL)
+_LINE = re.compile(rf"({_WORD})[ \t]*([:=])(.*)", re.ASCII | re.DOTALL)
 # A `key=value` or `key: value` in the title: a value that ends in a comma goes on over the next
 # word when that is a number (`gpus=0, 2`).
-_TITLE_PAIR = re.compile(r"(?<![^\s,;:(\[])([A-Za-z][A-Za-z_-]{0,31})(?:[ \t]*(=)[ \t]*|:([ \t]*))"
+_TITLE_PAIR = re.compile(rf"(?<![^\s,;:(\[])({_WORD})(?:[ \t]*(=)[ \t]*|:([ \t]*))"
                          r"(\S+(?:(?<=,)[ \t]+[0-9]\S*)*)", re.ASCII)
 _COMMENT = re.compile(r"[ \t]#")
 _LOCATION_GPUS = re.compile(
@@ -254,17 +265,21 @@ def _description_values(description: Iterable[str]) -> tuple[dict[str, str], lis
     """Each key's value in the description's `key: value` lines, and a sentence for each misspelt key."""
     values: dict[str, str] = {}
     typos: list[str] = []
+    guesses = 0
     for line in description:
         match = _LINE.match(line.strip(" \t"))
         if match is None:
             continue
-        word, separator, value = match[1], match[2], _uncommented(match[3])
+        word, separator = match[1], match[2]
         key = _SPELLINGS.get(word.lower())
         if key is None:
-            if (meant := _misspelt(word, value)) is not None:
+            guesses += 1
+            if not typos and guesses <= MAX_GUESSES \
+                    and (meant := _misspelt(word, _uncommented(match[3]))) is not None:
                 typos.append(f"the description's `{word}{separator}` is not a key gpubook knows; "
                              f"did you mean `{meant.name}:`?")
             continue
+        value = _uncommented(match[3])
         if key.name in values and values[key.name] != value:
             raise Refused(f"the description has more than one `{key.name}:` line "
                            f"({show(values[key.name])} and {show(value)}); keep one")
@@ -279,7 +294,7 @@ def _title_values(title: str, *, users: Collection[str],
     found: dict[str, dict[str, str]] = {}  # key -> each value, by how it compares, as first written
     typos: list[str] = []
     used: list[tuple[int, int]] = []  # the spans of the key=value words: what is left are words of their own
-    position = 0
+    guesses = position = 0
     while (match := _TITLE_PAIR.search(title, position)) is not None:
         word, value = match[1], match[4].rstrip(";:)]")
         key = _SPELLINGS.get(word.lower())
@@ -288,7 +303,9 @@ def _title_values(title: str, *, users: Collection[str],
             used.append(match.span())
             position = match.end()
             continue
-        if (match[2] or not match[3]) and (meant := _misspelt(word, value)) is not None:
+        guesses += 1
+        if (match[2] or not match[3]) and not typos and guesses <= MAX_GUESSES \
+                and (meant := _misspelt(word, value)) is not None:
             typos.append(f"the title's `{word}{match[2] or ':'}` is not a key gpubook knows; "
                          f"did you mean `{meant.name}=`?")
         position = match.start(4)  # `alice:gpus=2`: the value may hold a key of its own
