@@ -157,7 +157,7 @@ def request(component: icalendar.Event, *, config: Config, templates: Collection
         user = _owned(component, claimed, owner=owner, config=config) if owner is not None \
             else _booker(component, claimed, config=config)
     except Refused as refused:
-        if words.typos:  # `usr: bob` is why the booking names no user
+        if words.typos and claimed is None:  # `usr: bob` is why the booking names no user
             raise Refused(words.typos[0], refused.user) from None
         raise
     try:
