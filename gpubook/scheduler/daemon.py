@@ -21,6 +21,9 @@
 - The wall clock stepping back: a poll at once (clock.py). SIGUSR1: a pass at once on the daemon's
   clock, which a test may have told a new time (clock.py, `GPUBOOK_CLOCK_FILE`). One daemon per state
   folder and per account (locks.py). The parts it runs on are built by wiring.py, at start and at each reload.
+- Researchers ask it, not the calendar: `gpubook free`, `bookings` and `mine` of any account on the
+  server reach its local socket (outbox/ask_socket.py) and get views of its last status, the same
+  model the page and the free feed read (outbox/asking.py), as their host login may see them.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.base import JobLookupError
@@ -48,7 +51,10 @@ from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import World
 from gpubook.scheduler.calendars import Freshness, check_interval, duration
 from gpubook.scheduler.clock import ClockWatch
-from gpubook.scheduler.outbox import metrics, status, status_file, web
+from gpubook.scheduler.core import policy
+from gpubook.scheduler.core.plan import LOCAL
+from gpubook.scheduler.outbox import asking, metrics, status, status_file, web
+from gpubook.scheduler.outbox.ask_socket import AskServer, Peer
 from gpubook.scheduler.sdnotify import Notifier
 from gpubook.scheduler.state import StateError
 
@@ -82,6 +88,7 @@ class Daemon:
         self._clock = ClockWatch()
         self.last_status: status.Status | None = None  # the last pass's, for the metrics and the web page
         self.web: WebServer | None = None
+        self.asked: AskServer | None = None  # the socket researchers' `gpubook free`, `bookings`, `mine` ask
         self.gpu_view = nvml.CachedView(self._gpu_view)  # one live view for the page and the metrics
         self.metrics = metrics.Metrics(status=lambda: self.last_status, usage=self.state,
                                        users=lambda: self.config.users.keys(), gpus=self.gpu_view.view,
@@ -193,6 +200,18 @@ class Daemon:
             self.scheduler.add_job(self.reconcile, "date", run_date=clock.real(moment), id="boundary",
                                    replace_existing=True)
 
+    def answer(self, request: Mapping[str, Any], who: Peer) -> dict[str, Any]:
+        """One request on the ask socket, from the account `who` (its peer credentials: never
+        anything the request says), answered from the last pass's status as that account may see it."""
+        config = self.config
+        viewer = asking.viewer_of(who.login, config.users)
+        models = {LOCAL: {gpu.index: gpu.name or "" for gpu in self.gpu_view.view().gpus}} \
+            if request.get("model") else {}
+        context = asking.Context(host_name=config.host.name, timezone=config.host.timezone,
+                                 reach_ahead=policy.reach_ahead(config), models=models)
+        log.info("ask: %s from uid %d (%s)", str(request.get("kind"))[:16], who.uid, who.login or "no login")
+        return asking.answer(self.last_status, request, viewer=viewer, context=context, now=clock.now())
+
     # -- signals and the main loop -------------------------------------------------------------
 
     def reload(self) -> bool:
@@ -243,6 +262,7 @@ class Daemon:
         self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
         self._serve_web()
+        self.asked = AskServer(self.answer, event=lambda line: self._event(line, level="error")).start()
         self._schedule_watches()
         self._schedule_polls(first=clock.now())
         first = self.notifier.extend_until(lambda: self._last_pass is not None or self._stop.is_set(),
@@ -270,6 +290,8 @@ class Daemon:
             self.notifier.stopping()
             if self.web is not None:
                 self.web.stop()
+            if self.asked is not None:
+                self.asked.stop()
             self.scheduler.shutdown(wait=True)
             self.parts.close()
             self._event("daemon stopped; containers keep running", level="info")

@@ -15,6 +15,8 @@ from gpubook.runtime.errors import GpubookError
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2  # `gpubook status` adds 3: no daemon runs (admin.EXIT_NOT_RUNNING)
 CONFIG_HELP = ("the daemon's TOML config file (default: $GPUBOOK_CONFIG, else the first that exists of "
                "~/.config/gpubook/gpubook.toml and /etc/gpubook/gpubook.toml)")
+DAEMON_ACCOUNT_HELP = ("the account the gpubook daemon runs as, whose socket is asked and believed (default: "
+                       "$GPUBOOK_DAEMON_ACCOUNT, else the owner of the installed gpubook, else 'gpubook')")
 
 
 def _when(text: str) -> datetime:
@@ -69,14 +71,39 @@ def cmd_config_example(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+OFFLINE_NOTE = ("gpubook: no daemon runs for this config: planned from the calendars alone (no running bookings, "
+                "no earned priority; with a Slurm backend, on this machine's GPUs)")
+
+
 def cmd_bookings(args: argparse.Namespace) -> int:
-    from gpubook.scheduler import calendars, config
+    from gpubook.scheduler.commands import ask
+
+    now = datetime.now(UTC)
+    if args.start and args.end and args.end <= args.start:
+        raise GpubookError(f"--to ({args.end.isoformat()}) must be after --from ({args.start.isoformat()})")
+    request = {"kind": "bookings", "from": args.start.isoformat() if args.start else None,
+               "to": args.end.isoformat() if args.end else None}
+    loaded = ask.admin_config(args.config)
+    found = ask.answer(request, config=loaded, account=args.daemon_account)
+    if found is not None:
+        if args.json:
+            json.dump(found, sys.stdout, indent=2)
+            print()
+        else:
+            ask.print_bookings(found)
+        return EXIT_OK
+    assert loaded is not None  # an admin's config, and no daemon running
+    return _bookings_offline(loaded, args, now=now)
+
+
+def _bookings_offline(loaded, args: argparse.Namespace, *, now: datetime) -> int:  # type: ignore[no-untyped-def]
+    """The admin's plan with no daemon running: read from the calendars (calendars.plan_window)."""
+    from gpubook.scheduler import calendars
     from gpubook.scheduler.core import plan
     from gpubook.scheduler.hosts.backend import topology_of
     from gpubook.scheduler.sources.errors import printable, redact_url
 
-    loaded = config.load(_config_path(args))
-    now = datetime.now(UTC)
+    print(OFFLINE_NOTE, file=sys.stderr)
     start = args.start or now
     end = args.end or start + timedelta(days=7)
     if end <= start:
@@ -95,10 +122,38 @@ def cmd_bookings(args: argparse.Namespace) -> int:
 
 
 def cmd_free(args: argparse.Namespace) -> int:
-    from gpubook.scheduler.commands import free
+    from gpubook.scheduler.commands import ask, free
 
-    return free.run(_config_path(args), gpus=args.gpus, hours=args.hours, model=args.model or "", days=args.days,
-                    ics=args.ics, as_json=args.json)
+    request = {"kind": "free", "gpus": args.gpus, "hours": args.hours, "days": args.days, "model": args.model or ""}
+    loaded = None if args.ics else ask.admin_config(args.config)
+    if args.ics:  # the page's /free.ics, printed: the admin's, from the calendars (the daemon serves its own)
+        return free.run(_config_path(args), gpus=args.gpus, hours=args.hours, model=args.model or "",
+                        days=args.days, ics=True)
+    found = ask.answer(request, config=loaded, account=args.daemon_account)
+    if found is not None:
+        if args.json:
+            json.dump(found, sys.stdout, indent=2)
+            print()
+        else:
+            ask.print_free(found)
+        return EXIT_OK
+    assert loaded is not None
+    print(OFFLINE_NOTE, file=sys.stderr)
+    return free.run(str(loaded.path), gpus=args.gpus, hours=args.hours, model=args.model or "", days=args.days,
+                    as_json=args.json)
+
+
+def cmd_mine(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import ask
+
+    found = ask.answer({"kind": "mine"}, config=ask.admin_config(args.config), account=args.daemon_account)
+    assert found is not None  # `mine` always asks the daemon
+    if args.json:
+        json.dump(found, sys.stdout, indent=2)
+        print()
+    else:
+        ask.print_mine(found)
+    return EXIT_OK
 
 
 def _optional_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -234,20 +289,30 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Callable[[argparse.Namespace], int] | None, help_text: str,
-                parent: argparse._SubParsersAction = commands, *, config: bool = True) -> argparse.ArgumentParser:
+                parent: argparse._SubParsersAction = commands, *, config: bool = True,
+                parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
         sub = parent.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
-                                parents=[with_config] if config else [])
+                                parents=[*([with_config] if config else []), *parents])
         if handler is not None:
             sub.set_defaults(handler=handler)
         return sub
 
-    bookings = command("bookings", cmd_bookings, "show the plan: which booking runs when, on which GPUs")
+    # `bookings`, `free` and `mine` ask the running daemon (any account, no config: its socket).
+    asking = argparse.ArgumentParser(add_help=False)
+    asking.add_argument("--daemon-account", metavar="ACCOUNT", default=None, help=DAEMON_ACCOUNT_HELP)
+    bookings = command("bookings", cmd_bookings, "show the plan as the running daemon decided it: your bookings "
+                       "by name, the others' as busy time (an admin with the config: all)", parents=[asking])
     bookings.add_argument("--from", dest="start", type=_when, help="window start (ISO 8601; default: now)")
     bookings.add_argument("--to", dest="end", type=_when, help="window end (ISO 8601; default: start + 7 days)")
     bookings.add_argument("--json", action="store_true", help="print one JSON object")
 
+    mine = command("mine", cmd_mine, "your own bookings as the running daemon knows them: running (with the ssh "
+                   "line), upcoming, held, ended this week, and refused with why", parents=[asking])
+    mine.add_argument("--json", action="store_true", help="print one JSON object")
+
     free = command("free", cmd_free, "which GPUs are free now and in the coming days, and the next slots that fit "
-                   "a request (read from the calendars); --ics prints the availability calendar the page serves")
+                   "a request (asked of the running daemon); --ics prints the availability calendar the page "
+                   "serves", parents=[asking])
     free.add_argument("--gpus", type=int, default=1, metavar="N", help="the slots must fit N GPUs (default 1)")
     free.add_argument("--hours", type=float, default=1.0, metavar="H", help="for H hours (default 1)")
     free.add_argument("--model", metavar="MODEL", help="only this GPU model's GPUs, as /free/MODEL.ics names it "

@@ -1,8 +1,10 @@
 """`gpubook free`: which GPUs are free, now and in the coming days, and the next slots that fit a
 request; `--ics` prints the availability calendar the page serves at /free.ics (no names).
 
-Read from the calendars as `gpubook bookings` reads them (the plan of the window), so it answers
-without the daemon and with exactly the daemon's decisions."""
+This module is the admin's fallback with no daemon running: read from the calendars as `gpubook
+bookings` reads them then (calendars.plan_window: no running bookings, no earned priority). With a
+daemon running, every account asks it instead (commands/ask.py), and the answer is what the daemon
+decided; the table's words (`free_text`, `moment`) are shared."""
 
 from __future__ import annotations
 
@@ -61,24 +63,24 @@ def run(config_path: str, *, gpus: int, hours: float, model: str = "", days: flo
                            host=loaded.host.name)))
     asked = f"{gpus} GPU{'' if gpus == 1 else 's'} for {hours:g} h"
     print(f"Next slots for {asked}: " + (free.describe(slots, zone=zone, now=now) if slots
-                                         else f"none until {_moment(horizon, zone=zone, now=now)}"))
+                                         else f"none until {moment(horizon, zone=zone, now=now)}"))
     return 0
 
 
 def _table(lanes: Mapping[int, free.Lane], indices: Sequence[int], *, models: Mapping[int, str], zone: tzinfo,
            now: datetime, horizon: datetime, host: str) -> list[str]:
-    lines = [f"Free GPUs of {host}, times in {zone} (bookings read until {_moment(horizon, zone=zone, now=now)}):"]
+    lines = [f"Free GPUs of {host}, times in {zone} (bookings read until {moment(horizon, zone=zone, now=now)}):"]
     if not indices:
         return [*lines, "  no GPU (NVML lists none, and the config sets no [gpus] count)"]
     width = max((len(models.get(index, "")) for index in indices), default=0)
     for index in indices:
         spans = free.free_spans(lanes.get(index), start=now, end=horizon)
         model = f" {models.get(index, ''):<{width}}" if width else ""
-        lines.append(f"  GPU {index}{model}  " + _free_text(spans, zone=zone, now=now, horizon=horizon))
+        lines.append(f"  GPU {index}{model}  " + free_text(spans, zone=zone, now=now, horizon=horizon))
     return [line.rstrip() for line in lines]
 
 
-def _free_text(spans: Sequence[tuple[datetime, datetime]], *, zone: tzinfo, now: datetime,
+def free_text(spans: Sequence[tuple[datetime, datetime]], *, zone: tzinfo, now: datetime,
                horizon: datetime) -> str:
     """"free now → tomorrow 09:00; tomorrow 17:00 → Sat 28 Nov 07:00; from Sat 28 Nov 11:00"."""
     if not spans:
@@ -91,13 +93,13 @@ def _free_text(spans: Sequence[tuple[datetime, datetime]], *, zone: tzinfo, now:
 
 
 def _span(start: datetime, end: datetime, *, zone: tzinfo, now: datetime, horizon: datetime) -> str:
-    begin = "now" if start == now else _moment(start, zone=zone, now=now)
+    begin = "now" if start == now else moment(start, zone=zone, now=now)
     if end >= horizon:
         return f"from {begin}"
-    return f"{begin} → {_moment(end, zone=zone, now=now)}"
+    return f"{begin} → {moment(end, zone=zone, now=now)}"
 
 
-def _moment(moment: datetime, *, zone: tzinfo, now: datetime) -> str:
+def moment(moment: datetime, *, zone: tzinfo, now: datetime) -> str:
     return f"{free.day(moment, zone=zone, now=now)} {moment.astimezone(zone):%H:%M}"
 
 

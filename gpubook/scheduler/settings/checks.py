@@ -93,6 +93,7 @@ notice_kind = Check(f"each one of {', '.join(NOTICE_KINDS)}", _notice_kind)
 timezone = Check("an IANA time zone name", timezone_problem)
 address = Check("an IP address", address_problem)
 positive_when_set = _when_set(positive)
+user_name_when_set = _when_set(user_name)
 
 
 def words(value: Any) -> str:

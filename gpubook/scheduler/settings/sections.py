@@ -83,6 +83,16 @@ class UserConfig:
                                             check=checks.not_negative, sample=0)
     idle_minutes: float | None = setting(None, "this user's [policy] idle_minutes; None: the policy's",
                                          check=checks.not_negative, sample=0)
+    # Who asks `gpubook free`, `bookings` and `mine` on the server is known by their host login
+    # (the socket's peer credentials, outbox/ask_socket.py): this user's bookings are theirs by name.
+    account: str | None = setting(None, "the host login that is this user when they ask the daemon "
+                                  "(gpubook free, bookings, mine on the server); default: the user's name",
+                                  check=checks.user_name_when_set, sample="alice")
+
+    @property
+    def login(self) -> str:
+        """The host login that is this user (`account`, else the user's name)."""
+        return self.account or self.name
 
 
 @dataclass(frozen=True)
