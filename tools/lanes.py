@@ -1,9 +1,9 @@
 """The test suite in lanes side by side: what `./quickstart test` runs once the machine is set up.
 
 - **root's lanes**: the tests that need root (markers `docker`, `slurm`, `install`, `systemd`,
-  `rootful`), as root, in two lanes: `root` (Docker's and Slurm's: dockerd, the Slurm test cluster,
-  whose podman runs as an account of its own) and `root2` (the install by `gpubook setup`, the
-  systemd-booted unit, rootful podman).
+  `rootful`, `accounts`), as root, in two lanes: `root` (Docker's and Slurm's: dockerd, the Slurm test
+  cluster, whose podman runs as an account of its own) and `root2` (the install by `gpubook setup`, the
+  systemd-booted unit, rootful podman, commands run as several host accounts).
 - **the user lanes**: every other test, as unprivileged accounts (gpubook-test, gpubook-test2, …), one
   per lane, each with its own podman store and pause process, runtime folder (and so its own daemon
   lock), data mounts and block of booking ports. The test modules are shared out among them by their
@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-ROOT_MARKERS = "docker or slurm or install or systemd or rootful"
+ROOT_MARKERS = "docker or slurm or install or systemd or rootful or accounts"
 # Root's two lanes: (name, the tests they run, their block of booking ports). The Slurm tests use fixed
 # ports in 22000-24999 (tests/test_slurm_jobs.py), inside the first block.
 ROOT_LANES = (("root", "docker or slurm", (20000, 24999)),
-              ("root2", "(install or systemd or rootful) and not (docker or slurm)", (25000, 26499)))
+              ("root2", "(install or systemd or rootful or accounts) and not (docker or slurm)", (25000, 26499)))
 DURATIONS = HERE / "tests" / "durations.json"
 UNKNOWN_SECONDS = 10.0  # a module with no recorded time yet
 # Booking ports (tests/kits/daemon_kit.port_range): below the kernel's ephemeral range (32768-60999),
