@@ -103,7 +103,6 @@ def _bookings_offline(loaded, args: argparse.Namespace, *, now: datetime) -> int
     from gpubook.scheduler.hosts.backend import topology_of
     from gpubook.scheduler.sources.errors import printable, redact_url
 
-    print(OFFLINE_NOTE, file=sys.stderr)
     start = args.start or now
     end = args.end or start + timedelta(days=7)
     if end <= start:
@@ -118,6 +117,7 @@ def _bookings_offline(loaded, args: argparse.Namespace, *, now: datetime) -> int
             print(f"gpubook: not a booking: {where}: {printable(problem.reason)}", file=sys.stderr)
     else:
         print(calendars.describe_plan(result, timezone=loaded.host.timezone))
+    print(OFFLINE_NOTE, file=sys.stderr)
     return EXIT_OK
 
 
@@ -138,9 +138,10 @@ def cmd_free(args: argparse.Namespace) -> int:
             ask.print_free(found)
         return EXIT_OK
     assert loaded is not None
-    print(OFFLINE_NOTE, file=sys.stderr)
-    return free.run(str(loaded.path), gpus=args.gpus, hours=args.hours, model=args.model or "", days=args.days,
+    done = free.run(str(loaded.path), gpus=args.gpus, hours=args.hours, model=args.model or "", days=args.days,
                     as_json=args.json)
+    print(OFFLINE_NOTE, file=sys.stderr)  # after the answer: a refusal stays one sentence
+    return done
 
 
 def cmd_mine(args: argparse.Namespace) -> int:
