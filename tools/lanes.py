@@ -13,7 +13,8 @@ Every lane writes its whole output to a log of its own, printed when all lanes a
 then a summary: each lane's time and result, every failed test, the slowest tests overall and, with
 `--repeat N`, every test that failed in any of its N runs, with where its log is.
 
-    tools/lanes.py --tree T --accounts a,b,c --slurm-account s --data-root D --full-root F --udocker-root U -- [options] [pytest args]
+    tools/lanes.py --tree T --accounts a,b,c --slurm-account s --data-root D --full-root F \
+        --udocker-root U -- [options] [pytest args]
 
 Options after `--` (the rest goes to pytest):
     --repeat N      run each selected test N times (pytest-repeat): the flake hunt
@@ -305,7 +306,8 @@ def main() -> int:
     parser.add_argument("--slurm-account", required=True, help="the account root's lane runs Slurm's podman as")
     parser.add_argument("--data-root", required=True, help="the first user lane's data tmpfs (others: -2, -3, …)")
     parser.add_argument("--full-root", required=True, help="the first user lane's small tmpfs (others: -2, …)")
-    parser.add_argument("--udocker-root", required=True, help="the first user lane's udocker store, a tmpfs (others: -2, …)")
+    parser.add_argument("--udocker-root", required=True,
+                        help="the first user lane's udocker store, a tmpfs (others: -2, …)")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     ns = parser.parse_args()
     rest = ns.rest[1:] if ns.rest[:1] == ["--"] else ns.rest
