@@ -8,15 +8,20 @@ at work, keeps the booking): its container goes, its event says so, and bob's bo
 for the rest of its slot on its GPU is accepted and starts at once; a restarted daemon does not
 give the slot back. "came" sits idle: alice is told in her terminal and in the event; busy again,
 the event's line goes.
+
+The no-show time is told to the daemon (tests/kits/told_clock.py): ten minutes that never pass on the
+wall clock while the test logs in and waits for containers, then passed at once. With a no-show time of
+seconds on the wall clock, a loaded machine let it pass before the test had logged into "came".
 """
 
 from __future__ import annotations
 
 import sqlite3
 from contextlib import closing
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
+from gpubook.scheduler.apply.reclaim import SETTLE
 from gpubook.scheduler.state import State
 from tests.kits import fake_gpus
 from tests.kits.daemon_kit import (
@@ -26,15 +31,19 @@ from tests.kits.daemon_kit import (
     description,
     run,
     running_container,
-    soon,
     try_login,
     wait_for,
     write_config,
 )
+from tests.kits.told_clock import ToldClock
 
 pytestmark = DAEMON_MODULE
 
 GONE, CAME, BUSY = 6, 5, 4  # GPUs no other daemon test books
+NO_SHOW = timedelta(minutes=10)  # told to the daemon: never reached on the wall clock during the test
+# Longer than the first seconds in which a GPU's use is not yet its booker's (SETTLE, 15 s with this
+# no-show time): within them bob's GPU at work would read as idle.
+IDLE_MINUTES = 0.5
 
 
 def gpus(busy: dict[int, int]) -> list[dict[str, int]]:
@@ -49,14 +58,17 @@ def test_a_no_show_is_released_and_its_slot_booked_again_while_a_booker_who_came
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8,
                           gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
     config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
-                      + "\n[policy]\nno_show_minutes = 0.25\nidle_minutes = 0.15\nidle_percent = 5\n")
-    start = soon(8)
-    end = start + timedelta(seconds=300)  # never reached: the test ends before
+                      + f"\n[policy]\nno_show_minutes = {NO_SHOW.total_seconds() / 60:g}\nidle_minutes = {IDLE_MINUTES}\n"
+                      "idle_percent = 5\n")
+    clock = ToldClock(tmp_path)
+    start = clock.soon(8)
+    end = start + 2 * NO_SHOW  # never reached: the test ends before
     book(calendar, "gone@test", user="alice", start=start, end=end, gpus=f"{GONE},")
     book(calendar, "came@test", user="alice", start=start, end=end, gpus=f"{CAME},")
     book(calendar, "busy@test", user="bob", start=start, end=end, gpus=f"{BUSY},")
     cleanup.extend(["gone@test", "came@test", "busy@test", "rest@test"])
-    daemon = DaemonProcess(config, env={fake_gpus.ENV: str(monitor)}).start()
+    env = {fake_gpus.ENV: str(monitor), **clock.env()}
+    daemon = DaemonProcess(config, env=env).start()
     daemons.append(daemon)
     for booking_id in ("gone@test", "busy@test"):
         wait_for(f"{booking_id}'s container", lambda b=booking_id: running_container(engine, b), timeout=60,
@@ -66,11 +78,19 @@ def test_a_no_show_is_released_and_its_slot_booked_again_while_a_booker_who_came
     client = wait_for("alice's login", lambda: try_login(came.port, "alice", keys["alice"]), timeout=30,
                       daemon=daemon)
     assert run(client, "true")[0] == 0
+    # bob's GPU at work counts only after the first seconds of his booking (SETTLE): seen so, in State,
+    # before the no-show time is passed.
+    with State(tmp_path / "state" / "state.sqlite") as state:
+        wait_for("a busy sample of bob's GPU after its settling", lambda: state.gpu_samples_of(
+            "busy@test", [BUSY], since=start, busy_percent=5, busy_since=start + SETTLE)[0].last_busy,
+            timeout=90, interval=0.5, daemon=daemon)
+    assert "released" not in description(calendar, "gone@test")
+    clock.advance_to(start + NO_SHOW + timedelta(seconds=5), daemon)
 
-    # Released after 15 s: the container goes, the event says why and until when.
+    # Released once the no-show time passed: the container goes, the event says why and until when.
     wait_for("the no-show's container gone", lambda: running_container(engine, "gone@test") is None, timeout=45,
              daemon=daemon)
-    released_at = datetime.now(UTC)
+    released_at = clock.now()
     text = wait_for("the release in the event", lambda: "released: " in (d := description(calendar, "gone@test"))
                     and d, timeout=60, daemon=daemon)
     assert f"nobody logged in and GPU {GONE} stayed under 5 % for" in text
@@ -80,16 +100,16 @@ def test_a_no_show_is_released_and_its_slot_booked_again_while_a_booker_who_came
     assert running_container(engine, "came@test") and running_container(engine, "busy@test")
 
     # The rest of the slot on its GPU is free: bob's booking made now starts at once.
-    book(calendar, "rest@test", user="bob", start=soon(2), end=end, gpus=f"{GONE},")
+    book(calendar, "rest@test", user="bob", start=clock.soon(2), end=end, gpus=f"{GONE},")
     rest = wait_for("bob's container on the freed GPU", lambda: running_container(engine, "rest@test"),
                     timeout=60, daemon=daemon)
     assert rest.gpus == (GONE,) and running_container(engine, "gone@test") is None  # never started again
     bob = wait_for("bob's login", lambda: try_login(rest.port, "bob", keys["bob"]), timeout=30, daemon=daemon)
     assert run(bob, "true")[0] == 0
     bob.close()
-    assert datetime.now(UTC) < end and released_at < end
+    assert clock.now() < end and released_at < end
     daemon.stop()  # the release is State's: a new daemon does not give alice her slot back
-    daemon = DaemonProcess(config, env={fake_gpus.ENV: str(monitor)}).start()
+    daemon = DaemonProcess(config, env=env).start()
     daemons.append(daemon)
 
     # alice came but her GPU sits idle: told in her terminal (the notice file) and in the event.
