@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 import os
 import re
 import selectors
@@ -24,6 +25,8 @@ from gpubook.runtime.errors import EngineError
 
 if TYPE_CHECKING:
     from gpubook.runtime.engines import EngineOptions, EngineSettings
+
+log = logging.getLogger(__name__)
 
 QUICK_TIMEOUT = 60.0  # seconds for commands that should answer at once
 EXEC_OUTPUT_LIMIT = 64 * 1024  # bytes of an exec's stdout and of its stderr kept; the rest is read and dropped
@@ -86,7 +89,11 @@ class CliTransport:
             raise EngineError(f"{self.name} inspect gave unreadable JSON: {error}") from None
 
     def _remove(self, name: str) -> None:
-        self._process(["rm", "--force", name], timeout=QUICK_TIMEOUT)
+        """`rm --force`; one that fails leaves the (stopped) container to the next pass's clearing of
+        dead leftovers, and says why in the log."""
+        done = self._process(["rm", "--force", name], timeout=QUICK_TIMEOUT)
+        if done.returncode != 0 and not _is_missing(done.stderr):
+            log.warning("%s rm %s failed (the next pass clears it): %s", self.name, name, message_of(done))
 
     def _info(self, raw: dict[str, Any]) -> ContainerInfo:
         config = raw.get("Config") or {}
