@@ -109,7 +109,7 @@ def test_a_refusal_names_a_slot_that_is_free_in_the_plan() -> None:
                  booking("alice", gpus=2, start=10, created=utc(2026, 11, 2)),
                  booking("late", user="bob", indices=(2,), start=16, hours=1, created=utc(2026, 11, 3)))
     reason = {r.id: r.reason for r in result.rejected}["alice"]
-    assert reason.startswith("only 0 of the 2 GPUs asked for are free at that time: GPU 0 is booked by bob")
+    assert reason.startswith("none of the 2 GPUs asked for is free at that time: GPU 0 is booked by bob")
     named = slots_named(reason, day=datetime(2026, 11, 24))
     assert named, reason
     gpus, start, end = named[0]

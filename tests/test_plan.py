@@ -118,6 +118,15 @@ def test_a_count_choice_is_stable_when_a_later_booking_appears() -> None:
     assert gpus(first)["a"] == gpus(second)["a"] == (0,)
 
 
+def test_a_count_none_of_which_is_free_is_said_in_words() -> None:
+    """Not "only 0 of the 1 GPUs asked for are free" (issue 37)."""
+    taken = booking("a", user="bob", gpus=4, created=utc(2026, 11, 1))
+    one = reasons(run(taken, booking("b", gpus=1, start=11, created=utc(2026, 11, 2))))["b"]
+    assert one.startswith("the GPU asked for is not free at that time: GPU 0 is booked by bob from "), one
+    two = reasons(run(taken, booking("b", gpus=2, start=11, created=utc(2026, 11, 2))))["b"]
+    assert two.startswith("none of the 2 GPUs asked for is free at that time: GPU 0 is booked by bob from "), two
+
+
 def test_adjacent_bookings_do_not_conflict() -> None:
     result = run(booking("a", indices=(0,), start=10, hours=2),
                  booking("b", indices=(0,), start=12))

@@ -508,9 +508,17 @@ def _choose(booking: Booking, owned: tuple[int, ...], busy: Mapping[int, _Timeli
                       for gpu in blocked[:3] if (other := busy[gpu].first_conflict(booking)) is not None)
     more = f" and {len(blocked) - 3} more" if len(blocked) > 3 else ""
     if booking.gpu_indices is None:
-        return (f"only {len(free)} of the {count} GPUs asked for "
-                f"{'is' if len(free) == 1 else 'are'} free at that time: {named}{more}")
+        return f"{_how_many_free(len(free), count)} at that time: {named}{more}"
     return f"the GPUs asked for are taken: {named}{more}"
+
+
+def _how_many_free(free: int, count: int) -> str:
+    """"only 1 of the 2 GPUs asked for is free", in words a booker reads (not "only 0 of the 1")."""
+    if count == 1:
+        return "the GPU asked for is not free"
+    if free == 0:
+        return f"none of the {count} GPUs asked for is free"
+    return f"only {free} of the {count} GPUs asked for {'is' if free == 1 else 'are'} free"
 
 
 def _by(other: Booking, booking: Booking) -> str:
