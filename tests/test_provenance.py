@@ -281,3 +281,110 @@ def test_a_running_booking_has_no_ended_lines(tmp_path: Path) -> None:
         outcome = WriteBack(config, state).outcome(plan.accepted[0], info, [], remarks=Remarks(
             refused={}, failures={}, notes={}, ended={"x": ("provenance: x", "provenance: y")}), now=NOW)
         assert outcome is not None and not any(line.startswith("provenance") for line in outcome.lines)
+
+
+# -- what NVML tells (a stand-in pynvml: no GPU here) ---------------------------------------------
+
+
+class FakeNvml:
+    """pynvml's calls that `nvml.provenance` makes; GPU 1 refuses the MIG query, as a board without MIG does."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        pass
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        pass
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:  # noqa: N802
+        return b"550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:  # noqa: N802
+        return 12040
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> str:  # noqa: N802
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
+        return f"GPU-{handle:08x}-0000"
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> tuple[int, int]:  # noqa: N802
+        if handle == 1:
+            raise self.NVMLError("Not Supported")
+        return (1, 1)
+
+
+def test_nvml_tells_the_driver_its_cuda_and_each_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpubook.runtime.nvidia import nvml
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", FakeNvml())
+    seen = nvml.provenance([0, 1])
+    assert (seen.driver_version, seen.cuda_driver_version, seen.problem) == ("550.54.15", 12040, None)
+    assert seen.gpus == ((0, "NVIDIA H100 80GB HBM3", "GPU-00000000-0000", True),
+                         (1, "NVIDIA H100 80GB HBM3", "GPU-00000001-0000", None))
+
+
+def test_without_nvml_the_facts_are_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpubook.runtime.nvidia import nvml
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import fails: not installed
+    seen = nvml.provenance([0])
+    assert (seen.driver_version, seen.cuda_driver_version, seen.gpus) == (None, None, ())
+    assert seen.problem and "not installed" in seen.problem
+
+
+# -- what the engine's image inspect tells (LocalHost.provenance) ---------------------------------
+
+
+class InspectingEngine:
+    """Just what LocalHost.provenance asks an engine that inspects images (images.ImageEngine)."""
+
+    name = "podman"
+
+    def __init__(self, env: tuple[str, ...], digests: tuple[str, ...] = ()) -> None:
+        self.env, self.digests = env, digests
+        self.asked: list[str] = []
+
+    def image_facts(self, image: str) -> Any:
+        from gpubook.runtime.images import ImageFacts
+
+        self.asked.append(image)
+        return ImageFacts(id="ab12" * 16, size=1, digests=self.digests, created="", env=self.env)
+
+    def image_exists(self, image: str) -> bool:
+        return True
+
+    def pull(self, image: str, **_: Any) -> None:
+        pass
+
+    def tag(self, image: str, target: str) -> None:
+        pass
+
+    def remove_image(self, image: str) -> None:
+        pass
+
+
+def test_the_start_reads_the_image_and_template_and_leaves_gpus_unknown_without_a_driver(tmp_path: Path) -> None:
+    import paramiko
+
+    from gpubook.runtime.templates import Template
+    from gpubook.scheduler.hosts import Booker
+    from gpubook.scheduler.hosts.local import LocalHost
+
+    engine = InspectingEngine(("CUDA_VERSION=12.4.1", "NV_CUDNN_VERSION=9.1.0.70"), ("nvcr.io/nvidia/x@" + DIGEST,))
+    host = LocalHost(engine=engine, gpus=(0, 1), driver_version=None,  # type: ignore[arg-type]
+                     probe_key=paramiko.ECDSAKey.generate(bits=256), cache_dir=tmp_path)
+    template = Template(name="x", path=tmp_path / "x.toml", image="nvcr.io/nvidia/x:1", cuda="12.4", version="3",
+                        sha256="ef" * 32)
+    request = StartRequest(booking_id="b1", booker=Booker("alice", 2001, 2001), template=template, gpus=(0,),
+                           port=2200, end=END)
+    card = host.provenance(request, started=START)
+    assert engine.asked == ["nvcr.io/nvidia/x:1"]  # the template's own image, not gpubook's overlay of it
+    assert (card.image_id, card.image_digest, card.cuda_image, card.cudnn_image) == (ID, DIGEST, "12.4.1", "9.1.0.70")
+    assert (card.template_version, card.template_sha256, card.started) == ("3", "ef" * 32, START)
+    assert (card.driver, card.cuda_driver, card.gpus, card.mps) == (None, None, (), None)  # no driver: unknown

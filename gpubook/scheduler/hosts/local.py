@@ -160,10 +160,11 @@ class LocalHost:
         declares), the host's driver and the booked GPUs (NVML). A value not known stays None."""
         template = request.template
         notes: list[str] = []
-        facts = None
-        if isinstance(self.engine, images.ImageEngine):
+        facts: images.ImageFacts | None = None
+        inspect = getattr(self.engine, "image_facts", None)  # engines that inspect images (not udocker)
+        if inspect is not None:
             try:
-                facts = self.engine.image_facts(overlay_image.base_image(template))
+                facts = inspect(overlay_image.base_image(template))
             except (GpubookError, OSError, ValueError) as error:
                 notes.append(f"the image could not be inspected: {error}")
         else:
