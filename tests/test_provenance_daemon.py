@@ -12,6 +12,7 @@ import shlex
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from gpubook.runtime import provenance
 from gpubook.runtime.engines import container_name
 from tests.kits.daemon_kit import (
     DAEMON_MODULE,
@@ -39,13 +40,15 @@ def test_the_card_at_the_start_and_at_the_end(tmp_path: Path, radicale, engine, 
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, gpus=2)
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)  # booked for right now
-    end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=75)
+    end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=100)
     book(calendar, "card-a@test", user="alice", start=start, end=end, gpus="0")
     book(calendar, "card-b@test", user="bob", start=start, end=end, gpus="1")
     cleanup.extend(["card-a@test", "card-b@test"])
     facts = engine.image_facts(IMAGE)
     assert facts is not None and facts.id
     image_id = facts.id if ":" in facts.id else f"sha256:{facts.id}"
+    digest = provenance.repo_digest(facts.digests)  # podman may give an imported image a manifest digest too
+    shown = digest or image_id  # what the block's line names
     elsewhere = tmp_path / "elsewhere"  # where bob's planted link points: the daemon's user may write here
     elsewhere.mkdir()
     victim = tmp_path / "victim.txt"  # where alice's planted provenance.json points
@@ -63,6 +66,7 @@ def test_the_card_at_the_start_and_at_the_end(tmp_path: Path, radicale, engine, 
             assert status == 0, text
             card = json.loads(text)["provenance"]
             assert card["image"]["id"] == image_id and card["image"]["reference"] == IMAGE
+            assert card["image"]["digest"] == digest
             assert card["template"]["name"] == "debian-ssh" and len(card["template"]["sha256"]) == 64
             assert card["image"]["cuda"] is None and card["image"]["cudnn"] is None  # debian-ssh declares none
             assert card["gpus"] == [] and card["host"] == {"driver": None, "cuda": None}  # no GPU here: null
@@ -83,7 +87,7 @@ def test_the_card_at_the_start_and_at_the_end(tmp_path: Path, radicale, engine, 
                         timeout=30, daemon=daemon)
         lines = [line.strip() for line in text.splitlines() if line.strip().startswith("provenance:")]
         assert len(lines) == 2, text
-        assert lines[0].startswith(f"provenance: image {image_id[:19]}… (debian-ssh); no GPU"), lines
+        assert lines[0] == f"provenance: image {shown[:19]}… (debian-ssh); no GPU", lines
         assert lines[1].startswith("provenance: ran from "), lines
         assert ("/data/output/.gpubook/provenance.json" in lines[1]) == (uid == "card-a@test"), lines
 
