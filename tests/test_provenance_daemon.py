@@ -41,7 +41,7 @@ def test_the_card_at_the_start_and_at_the_end(tmp_path: Path, radicale, engine, 
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=2, gpus=2)
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)  # booked for right now
     end = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=100)
-    book(calendar, "card-a@test", user="alice", start=start, end=end, gpus="0")
+    book(calendar, "card-a@test", user="alice", start=start, end=end, gpus="1")
     book(calendar, "card-b@test", user="bob", start=start, end=end, gpus="1")
     cleanup.extend(["card-a@test", "card-b@test"])
     facts = engine.image_facts(IMAGE)
@@ -82,7 +82,7 @@ def test_the_card_at_the_start_and_at_the_end(tmp_path: Path, radicale, engine, 
 
     for uid in ("card-a@test", "card-b@test"):
         wait_for(f"the stop of {uid}", lambda uid=uid: engine.inspect(container_name(uid)) is None,
-                 timeout=90, daemon=daemon)
+                 timeout=max(0.0, (end - datetime.now(UTC)).total_seconds()) + 60, daemon=daemon)
         text = wait_for(f"ended in {uid}'s event", lambda uid=uid: _ended(description(calendar, uid)),
                         timeout=30, daemon=daemon)
         lines = [line.strip() for line in text.splitlines() if line.strip().startswith("provenance:")]
