@@ -48,7 +48,7 @@ def test_the_two_lines_say_what_ran_on_what_and_when() -> None:
 
 
 def test_a_cpu_booking_of_a_template_without_cuda_leaves_out_what_it_cannot_know() -> None:
-    """No GPU, no driver, no CUDA declared, an image built here (no registry digest): nothing is
+    """No GPU, no driver, no CUDA declared, an image with no manifest digest recorded: nothing is
     invented; the image id stands for the image."""
     card = Card(booking="b1", user="alice", template="debian-ssh", image="localhost/gpubook/debian-ssh:12",
                 image_id=ID, started=START, ended=END)

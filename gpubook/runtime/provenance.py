@@ -1,7 +1,7 @@
 """A booking's provenance card, for reproducible research: what ran, on what, and when.
 
-The card holds the image (the template's reference, the engine's image id and its registry
-digest), the template (its name, the `version` its admin gave it, the sha256 of its file), the
+The card holds the image (the template's reference, the engine's image id and the manifest digest
+it records), the template (its name, the `version` its admin gave it, the sha256 of its file), the
 host's NVIDIA driver and the CUDA version that driver supports (both from NVML), the CUDA and
 cuDNN versions the image declares (its config's environment: CUDA_VERSION, NV_CUDNN_VERSION or
 CUDNN_VERSION, as NVIDIA's images set them; read from the engine's image inspect, never by running
@@ -9,7 +9,7 @@ anything of the booker's), each booked GPU's model, UUID and MIG mode (NVML), MP
 start and end.
 
 - A value gpubook cannot know is None (JSON null), never guessed: no GPU (a CPU host), a template
-  without CUDA, an image built here (no registry digest), an engine that cannot inspect images.
+  without CUDA, an image whose engine records no manifest digest, an engine that cannot inspect images.
 - Every text is cut to printable ASCII and a bounded length before it goes anywhere: a GPU name, an
   image's environment or a template's version reach a calendar and the booker's terminal.
 - It goes three places: booking.json at the start (what is known then: `Card.to_json`, end null),
@@ -70,7 +70,9 @@ class Card:
     template_version: str | None = None
     template_sha256: str | None = None
     image_id: str | None = None  # the engine's image id ("sha256:..."): the image's config digest
-    image_digest: str | None = None  # the registry's manifest digest ("sha256:..."); None: built or loaded here
+    # The manifest digest the engine records ("sha256:..."): a pulled image's is the registry's; podman
+    # records one for an image built or imported here too; None where the engine records none.
+    image_digest: str | None = None
     cuda_image: str | None = None  # CUDA_VERSION of the image's config
     cudnn_image: str | None = None  # NV_CUDNN_VERSION (or CUDNN_VERSION) of the image's config
     driver: str | None = None  # the host's NVIDIA driver (NVML)
