@@ -242,16 +242,26 @@ def test_the_end_completes_the_card_and_the_ended_block_gets_its_lines(tmp_path:
         occurrences = bookings(config, event("x", NOW, end))
         machine = CardMachine(output)
         passes = make_pass(config, machine, state)
+        written: list[Any] = []
+
+        def send(calendar: object, job: Any) -> None:  # what the calendar lane would write, kept
+            written.append(job.outcome)
+            state.write_back_done(job.item.id, status=job.key, etag=None, at=job.now)
+
+        passes.writeback._send = send  # type: ignore[method-assign]
         try:
             passes.run(occurrences, now=NOW, etags={}, write_back=False)
             for future in list(passes.busy.values()):
                 future.result(HOLD)
             assert "x" in notes.PROVENANCE.read({"provenance": state.notes("provenance")})
-            passes.run(occurrences, now=end, etags={}, write_back=False)
+            passes.run(occurrences, now=end, etags={})  # the stop, and the ended block written after it
             for future in list(passes.busy.values()):
                 future.result(HOLD)
+            assert passes.writeback.settle(HOLD)
         finally:
             passes.close()
+        ended = [outcome for outcome in written if outcome is not None and outcome.status == "ended"]
+        assert ended and all(outcome.lines[-2].startswith("provenance: image") for outcome in ended), written
         assert machine.containers == {}  # stopped, whatever became of the card
         (record,) = state.containers(booking_id="x")
         assert record.stopped_at == end
