@@ -70,9 +70,12 @@ def test_the_booking_inside_its_container_follows_a_later_end_and_the_booker_can
             return json.loads(text)
 
         card = inside()
+        made = card.pop("provenance")  # what its start knew: tests/test_provenance_daemon.py reads it
+        assert made["template"]["name"] == "debian-ssh" and made["end"] is None
         assert card == {"booking": UID, "uid": UID, "title": TITLE, "user": "alice", "start": iso(start),
                         "end": iso(end), "end_epoch": int(end.timestamp()), "gpus": [6, 7],
                         "template": "debian-ssh", "host": "127.0.0.1", "port": info.port}
+        card["provenance"] = made
         status, text = run(client, 'printf "%s|%s|%s" "$GPUBOOK_BOOKING" "$GPUBOOK_END" "$GPUBOOK_GPUS"')
         assert (status, text) == (0, f"{UID}|{iso(end)}|6,7")
         status, text = run(client, "bash -lc 'echo $GPUBOOK_END'")  # a login shell: /etc/profile.d

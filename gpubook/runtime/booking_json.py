@@ -51,6 +51,9 @@ class Card:
     template: str
     host: str
     port: int
+    # What is known of its provenance at the start (runtime/provenance.py): image, template, GPUs,
+    # driver, the start; its end is in /data/output/.gpubook/provenance.json once it ended.
+    provenance: Mapping[str, Any] | None = None
 
     def to_json(self, *, zone: tzinfo | None) -> dict[str, Any]:
         def iso(moment: datetime | None) -> str | None:
@@ -58,7 +61,8 @@ class Card:
 
         return {"booking": self.booking, "uid": self.uid, "title": self.title[:TITLE_KEPT], "user": self.user,
                 "start": iso(self.start), "end": iso(self.end), "end_epoch": int(self.end.timestamp()),
-                "gpus": list(self.gpus), "template": self.template, "host": self.host, "port": self.port}
+                "gpus": list(self.gpus), "template": self.template, "host": self.host, "port": self.port,
+                **({"provenance": dict(self.provenance)} if self.provenance is not None else {})}
 
 
 def card_folder(cache_dir: Path, name: str) -> Path:

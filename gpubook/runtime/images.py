@@ -112,6 +112,7 @@ class ImageFacts:
     size: int  # bytes
     digests: tuple[str, ...]  # "repo@sha256:..." as the engine recorded them
     created: str
+    env: tuple[str, ...] = ()  # the image config's environment, "KEY=VALUE" (CUDA_VERSION, …)
 
 
 @runtime_checkable

@@ -10,10 +10,11 @@ that fails validation is reported with its file and field, and skipped; it never
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ _SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$")
 _CUDA = re.compile(r"^[0-9]+\.[0-9]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*$", re.IGNORECASE)
+_TEMPLATE_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 KEYS = [
     "description",
@@ -40,6 +42,7 @@ KEYS = [
     "build",
     "jupyter",
     "mirror",
+    "version",
 ]
 BUILD_KEYS = ["tool", "suite", "variant", "include"]
 
@@ -72,6 +75,9 @@ class Template:
     # (gpubook/runtime/jupyter.py); an image without JupyterLab still starts, and its event says so
     jupyter: bool = False
     mirror: str | None = None  # a registry (host[/path]) tried first for the image, then its own
+    # The admin's version of the template ("3", "2026-11"): in each booking's provenance card; None: not given.
+    version: str | None = None
+    sha256: str | None = None  # of the template's file as read: the provenance card's exact version
 
 
 @dataclass(frozen=True)
@@ -124,17 +130,17 @@ def get_template(name: str, directory: Path | None = None) -> Template:
 def load_template(path: Path) -> Template:
     """Read and validate one template file; TemplateError lists each problem: `file: field: ...`."""
     try:
-        with path.open("rb") as file:
-            data = tomllib.load(file)
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode())
     except OSError as error:
         raise TemplateError(f"{path}: cannot read: {error.strerror}") from None
-    except tomllib.TOMLDecodeError as error:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise TemplateError(f"{path}: not valid TOML: {error}") from None
     checker = _Checker(path)
     template = checker.template(data)
     if checker.errors or template is None:
         raise TemplateError("\n".join(checker.errors))
-    return template
+    return replace(template, sha256=hashlib.sha256(raw).hexdigest())
 
 
 class _Checker:
@@ -185,6 +191,7 @@ class _Checker:
             build=self.build(data),
             jupyter=self.boolean(data, "jupyter"),
             mirror=self.mirror(data),
+            version=self.version(data),
         )
         if image:
             try:
@@ -192,6 +199,18 @@ class _Checker:
             except TemplateError as error:
                 self.error("image", str(error))
         return None if self.errors else template
+
+    def version(self, data: Mapping[str, Any]) -> str | None:
+        value = data.get("version")
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return str(value)
+        if isinstance(value, str) and _TEMPLATE_VERSION.match(value):
+            return value
+        self.error("version", f"{value!r} is not a version such as 3 or \"2026-11.1\" "
+                              "(letters, digits, '.', '_', '+' and '-', at most 40 characters)")
+        return None
 
     def mirror(self, data: Mapping[str, Any]) -> str | None:
         mirror = self.string(data, "mirror")

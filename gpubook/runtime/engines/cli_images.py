@@ -157,8 +157,11 @@ class CliImages(CliTransport):
         if done.returncode != 0:
             return None
         raw = (json.loads(done.stdout) or [{}])[0]
+        config = raw.get("Config")
+        env = config.get("Env") if isinstance(config, dict) else None
         return images.ImageFacts(id=str(raw.get("Id", "")), size=int(raw.get("Size") or 0),
-                                 digests=tuple(raw.get("RepoDigests") or ()), created=str(raw.get("Created", "")))
+                                 digests=tuple(raw.get("RepoDigests") or ()), created=str(raw.get("Created", "")),
+                                 env=tuple(str(entry) for entry in env) if isinstance(env, list) else ())
 
     def images_in_use(self) -> set[str]:
         """The images of the engine's containers, save a warm-up's (never started; one a crash cut

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +140,40 @@ def _processes(pynvml: Any, handle: Any) -> tuple[GpuProcess, ...]:
                 ),
             )
     return tuple(sorted(seen.values(), key=lambda p: p.pid))
+
+
+@dataclass(frozen=True)
+class ProvenanceFacts:
+    """What a booking's provenance card takes from NVML; None where NVML does not say."""
+
+    driver_version: str | None
+    cuda_driver_version: int | None  # NVML's form: 12040 for CUDA 12.4
+    gpus: tuple[tuple[int, str | None, str | None, bool | None], ...] = ()  # (index, name, UUID, MIG on)
+    problem: str | None = None
+
+
+def provenance(indices: Sequence[int]) -> ProvenanceFacts:
+    """The driver, the CUDA version it supports and the GPUs `indices` (name, UUID, current MIG
+    mode), for a booking's provenance card; never raises (`problem` says why NVML could not be read)."""
+    try:
+        with _session() as pynvml:
+            cuda = _optional(lambda _: int(_cuda_driver(pynvml)), None)
+            gpus = []
+            for index in indices:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                mig = _optional(lambda h: bool(pynvml.nvmlDeviceGetMigMode(h)[0]), handle)
+                gpus.append((index, _optional(lambda h: _text(pynvml.nvmlDeviceGetName(h)), handle),
+                             _optional(lambda h: _text(pynvml.nvmlDeviceGetUUID(h)), handle), mig))
+            return ProvenanceFacts(_text(pynvml.nvmlSystemGetDriverVersion()), cuda, tuple(gpus))
+    except _Unavailable as why:
+        return ProvenanceFacts(None, None, problem=str(why))
+    except Exception as error:
+        return ProvenanceFacts(None, None, problem=f"NVML failed while reading the GPUs ({error})")
+
+
+def _cuda_driver(pynvml: Any) -> Any:
+    getter = getattr(pynvml, "nvmlSystemGetCudaDriverVersion_v2", None) or pynvml.nvmlSystemGetCudaDriverVersion
+    return getter()
 
 
 def read_live() -> NvmlView:

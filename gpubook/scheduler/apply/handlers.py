@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpubook.runtime import cuda
+from gpubook.runtime import cuda, provenance
 from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
@@ -63,6 +64,7 @@ class Change:
     gone: str | None = None  # container name
     records: tuple[ContainerRecord, ...] = ()
     lines: tuple[str, ...] = ()  # what a start adds to its running block (JupyterLab, CUDA limits)
+    ended: tuple[str, ...] = ()  # what a stop adds to its ended block (the provenance lines)
 
 
 NOTHING = Change()
@@ -140,6 +142,7 @@ class StartHandler:
         lines = tuple(start_lines(template, started.jupyter, driver_version=host.driver_version, port=port,
                                   user=user.name, host=where))
         self._note_lines(booking.id, lines, now=now)
+        self._note_provenance(booking.id, started.provenance, now=now)
         self.recall.failures.pop(booking.id, None)
         self.recall.preparing.pop(booking.id, None)
         self.recall.held.pop(booking.id, None)
@@ -172,6 +175,16 @@ class StartHandler:
             notes.RUNNING_LINES.write(self.state, booking_id, lines, at=now)
         except StateError as error:
             self.journal.log.warning("booking %s: its JupyterLab and CUDA lines are not kept: %s", booking_id, error)
+
+    def _note_provenance(self, booking_id: str, card: Mapping[str, Any] | None, *, now: datetime) -> None:
+        """Keep the provenance card its start knew, for its end to complete (a host that keeps none: nothing);
+        a locked database costs the card, never the started booking."""
+        if card is None:
+            return
+        try:
+            notes.PROVENANCE.write(self.state, booking_id, dict(card), at=now)
+        except StateError as error:
+            self.journal.log.warning("booking %s: its provenance card is not kept: %s", booking_id, error)
 
     def _release_port(self, booking_id: str) -> None:
         try:
@@ -215,6 +228,44 @@ def start_request(booking: Booking, user: UserConfig, *, template: Template, gpu
                         uid=booking.uid, title=booking.summary)
 
 
+def finish_provenance(state: State, host: Host, booking_id: str, *, now: datetime, timezone: str,
+                      journal: Journal) -> tuple[str, ...]:
+    """A stopped booking's provenance card, completed with its end: written into the booker's
+    output folder where its host keeps one (`write_provenance`), and its two lines for the ended
+    block (none where its start kept no card). A card that cannot be read or written is logged and
+    costs the booker that card only, never the end of the booking."""
+    try:
+        found = notes.PROVENANCE.read({notes.PROVENANCE.key: state.notes(notes.PROVENANCE.key)})
+    except StateError as error:
+        journal.log.warning("booking %s: its provenance card cannot be read: %s", booking_id, error)
+        return ()
+    if booking_id not in found:
+        return ()
+    try:
+        card = provenance.Card.from_json(found[booking_id]).ended_at(now)
+    except (KeyError, TypeError, ValueError) as error:
+        journal.log.warning("booking %s: its provenance card cannot be read: %s", booking_id, error)
+        return ()
+    kept = False
+    write = getattr(host, "write_provenance", None)
+    if write is not None:
+        try:
+            kept = bool(write(card.user, card))
+        except (GpubookError, OSError, ValueError) as error:
+            journal.log.warning("booking %s: its provenance.json is not written: %s", booking_id, error)
+    return provenance.lines(card, zone=ZoneInfo(timezone), kept=kept)
+
+
+def note_ended(state: State, booking_id: str, lines: tuple[str, ...], *, now: datetime, journal: Journal) -> None:
+    """The ended block's provenance lines, kept (after the stop cleared the booking's notes)."""
+    if not lines:
+        return
+    try:
+        notes.ENDED_LINES.write(state, booking_id, lines, at=now)
+    except StateError as error:
+        journal.log.warning("booking %s: its provenance lines are not kept for its event: %s", booking_id, error)
+
+
 class DisarmHandler:
     """A container run ahead of its booking's start that must not open: removed at once (its SSH
     never opened, so nobody is warned), its port and armed note given back. Nothing is recorded as
@@ -232,8 +283,9 @@ class DisarmHandler:
 
 
 class StopHandler:
-    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal) -> None:
-        self.hosts, self.state, self.journal = hosts, state, journal
+    def __init__(self, *, hosts: Mapping[str, Host], state: State, journal: Journal, timezone: str = "UTC") -> None:
+        """`timezone`: the zone of the times in the booker's provenance card and its lines."""
+        self.hosts, self.state, self.journal, self.timezone = hosts, state, journal, timezone
 
     def __call__(self, action: decide.Stop, *, now: datetime) -> Change:
         """An admin's stop (`gpubook stop`) is recorded before the container goes: a pass of the
@@ -247,15 +299,18 @@ class StopHandler:
         if not admin:
             recorded = record_stop(self.state, name=action.name, booking_id=action.booking_id,
                                    reason=action.reason, now=now)
+        ended = finish_provenance(self.state, self.hosts[action.host], action.booking_id, now=now,
+                                  timezone=self.timezone, journal=self.journal)
         self.state.release_port(action.booking_id)
         self.state.clear_notes(action.booking_id)  # stopped for good: its warning and extension are history
+        note_ended(self.state, action.booking_id, ended, now=now, journal=self.journal)
         self.journal.say(action.booking_id, f"stopped ({action.reason})", now=now)
         self.state.queue_notice(
             kind="ended", booking_id=action.booking_id, user=recorded.user,
             subject="gpubook: your booking ended",
             text=f"gpubook: booking {action.booking_id} ended ({action.reason}); files in /data/output are kept.",
             fields={"reason": action.reason}, at=now)
-        return Change(gone=action.name, records=(recorded,))
+        return Change(gone=action.name, records=(recorded,), ended=ended)
 
 
 class ClearHandler:

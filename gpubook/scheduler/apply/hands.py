@@ -63,7 +63,7 @@ class Hands:
         self.journal = journal = Journal(state, self.recall)
         self.lanes = BookingLanes()
         zone = config.host.timezone
-        self.stop = StopHandler(hosts=hosts, state=state, journal=journal)
+        self.stop = StopHandler(hosts=hosts, state=state, journal=journal, timezone=zone)
         self.handlers: dict[type, Callable[..., Change]] = {
             decide.Start: StartHandler(config, hosts=hosts, state=state, templates=templates, recall=self.recall,
                                        journal=journal, metrics=metrics, address=address),

@@ -80,6 +80,7 @@ class World:
     busy: frozenset[str] = frozenset()
     starting: frozenset[str] = frozenset()  # of those, the ones with a start at work
     lines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # booking id → what its start added
+    ended: dict[str, tuple[str, ...]] = field(default_factory=dict)  # booking id → what its stop added
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # bookings fold in parallel
 
     @classmethod
@@ -89,7 +90,8 @@ class World:
         releases = reclaim_apply.read_releases(state, after=releases_after) if releases_after is not None else {}
         found = read_notes(state)  # after the hosts: a note written meanwhile is of a container listed next pass
         return cls(containers=containers, records={r.id: r for r in state.containers()}, releases=releases,
-                   notes=found, lines=dict(found.running_lines), ported=frozenset(state.ports()))
+                   notes=found, lines=dict(found.running_lines), ended=dict(found.ended_lines),
+                   ported=frozenset(state.ports()))
 
     def fold(self, change: Change) -> None:
         with self.lock:
@@ -101,6 +103,8 @@ class World:
                     self.lines[change.running.booking_id] = change.lines
             for record in change.records:
                 self.records[record.id] = record
+                if change.ended:
+                    self.ended[record.booking_id] = change.ended
 
     def actual(self) -> list[ContainerInfo]:
         with self.lock:
@@ -424,11 +428,11 @@ class Pass:
         waiting = {booking_id: info for booking_id, info in world.running().items()
                    if booking_id not in reportable and info.start is not None and info.start > now}
         with world.lock:
-            lines = dict(world.lines)
+            lines, ended = dict(world.lines), dict(world.ended)
         return Remarks(refused=dict(self.recall.refused),
                        failures={k: f.reason for k, f in dict(self.recall.failures).items()},
                        notes=dict(self.recall.notes), images=images, armed=waiting,
-                       policy=dict(self.policy_lines), lines=lines)
+                       policy=dict(self.policy_lines), lines=lines, ended=ended)
 
     def stop_now(self, booking_id: str, *, now: datetime) -> bool:
         """`gpubook stop`: stop a booking's container at once; it is not started again."""

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 from gpubook.runtime.engines import ContainerInfo
 from gpubook.runtime.errors import GpubookError
-from gpubook.scheduler.apply.handlers import NOTHING, Change, record_stop, tell_terminals
+from gpubook.scheduler.apply.handlers import NOTHING, Change, finish_provenance, note_ended, record_stop, tell_terminals
 from gpubook.scheduler.apply.memory import Journal
 from gpubook.scheduler.core import reclaim
 from gpubook.scheduler.core.plan import Plan
@@ -101,8 +101,11 @@ class ReleaseHandler:
             reclaim.Released(action.booking_id, action.start, action.end, now, action.reason), zone=self.zone)
         self.hosts[action.host].stop(action.name, action.grace)
         record = record_stop(self.state, name=action.name, booking_id=action.booking_id, reason=sentence, now=now)
+        ended = finish_provenance(self.state, self.hosts[action.host], action.booking_id, now=now,
+                                  timezone=str(self.zone), journal=self.journal)
         self.state.release_port(action.booking_id)
         self.state.clear_notes(action.booking_id)
+        note_ended(self.state, action.booking_id, ended, now=now, journal=self.journal)
         self.journal.say(action.booking_id, f"{sentence}; its container stopped, /data/output is kept", now=now)
         if self.metrics is not None:
             self.metrics.released()
@@ -111,7 +114,7 @@ class ReleaseHandler:
             subject="gpubook: your booking was released",
             text=f"gpubook: booking {action.booking_id} was {sentence}. Files in /data/output are kept.",
             fields={"reason": action.reason, "until": action.end.isoformat()}, at=now)
-        return Change(gone=action.name, records=(record,))
+        return Change(gone=action.name, records=(record,), ended=ended)
 
     def _came(self, action: reclaim.Release, *, now: datetime) -> bool:
         """Whether the last look finds the booker logged in (recorded: the next pass judges again)."""

@@ -9,10 +9,10 @@ protocol: the planner, the decision and the stages after it do not change.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpubook.runtime.engines import ContainerInfo, ExecResult
 from gpubook.runtime.jupyter import Availability
@@ -65,6 +65,9 @@ class Started:
     info: ContainerInfo
     seconds_to_ssh: float  # from the start call until SSH let the probe key in
     jupyter: Availability | None = None  # a template with jupyter = true: whether JupyterLab started
+    # Its provenance card as known at the start (runtime/provenance.py's `Card.to_json`, in UTC);
+    # None: this host keeps none (a Slurm node).
+    provenance: Mapping[str, Any] | None = None
 
 
 class Host(Protocol):

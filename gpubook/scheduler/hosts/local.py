@@ -10,22 +10,25 @@ refused otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import datetime, tzinfo
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import paramiko
 
-from gpubook.runtime import booking, booking_json, engines, jupyter, ssh, storage
+from gpubook.runtime import booking, booking_json, engines, images, jupyter, overlay_image, ssh, storage
+from gpubook.runtime import provenance as prov
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
-from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, Preparing, StorageError
+from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing, StorageError
 from gpubook.runtime.images import Ledger
+from gpubook.runtime.provenance_file import write as write_card_file
 from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.core.topology import ONE_MACHINE
@@ -80,7 +83,8 @@ class LocalHost:
     def start(self, request: StartRequest) -> Started:
         """Run the booking's container (an armed one, run ahead with this very spec, is taken as it
         is: the engine sees the same spec hash) and wait until its SSH lets the probe in."""
-        spec = self.spec(request, check_image=not request.armed)
+        card = self.provenance(request, started=clock.now())
+        spec = self.spec(request, check_image=not request.armed, provenance=card)
         # Its armed container, listed by this pass with this very spec: no engine call, the probe only
         # (a container that died since is seen by the probe's check).
         running = (info_from_labels(name=spec.name, id="", state="running", image=spec.image, labels=spec.labels())
@@ -96,7 +100,8 @@ class LocalHost:
                                 f"removed from the engine's storage after it was prepared") from None
             raise
         lab = jupyter.availability(self.engine, spec.name) if request.template.jupyter else None
-        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab)
+        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab,
+                       provenance=card.to_json(zone=UTC))
 
     def arm(self, request: StartRequest) -> ContainerInfo:
         """Before the booking's start: run its container with exactly the spec its start will build
@@ -105,12 +110,13 @@ class LocalHost:
         running with the same spec hash and only probes SSH. A failed run leaves nothing behind."""
         if request.start is None:
             raise EngineError(f"booking {request.booking_id}: no start to arm its container for")
-        spec = self.spec(request)
+        spec = self.spec(request, provenance=self.provenance(request, started=None))
         with self._gate(spec.name):
             info = self.engine.start(spec)
         return replace(info, host=self.name)
 
-    def spec(self, request: StartRequest, *, check_image: bool = True) -> ContainerSpec:
+    def spec(self, request: StartRequest, *, check_image: bool = True,
+             provenance: prov.Card | None = None) -> ContainerSpec:
         """The booking's container, the same whether it is armed ahead or run at its start: its image
         (ready, never pulled here; not asked again for the container armed with it), folders, GPU
         injection, host key and the booking's start."""
@@ -127,7 +133,7 @@ class LocalHost:
                                    mps=self.mps)
         name = container_name(request.booking_id)
         host_key = self._host_key(name)
-        card = self._card(name, request)
+        card = self._card(name, request, provenance)
         end = request.end.astimezone(self.timezone)  # GPUBOOK_END in the zone bookers read
         return booking.booking_spec(
             template,
@@ -138,14 +144,62 @@ class LocalHost:
             booking.HostFiles(probe_key=self.probe_key, cache_dir=self.cache_dir, host_key=host_key,
                               folders=folders, card=card))
 
-    def _card(self, name: str, request: StartRequest) -> Path:
+    def _card(self, name: str, request: StartRequest, provenance: prov.Card | None) -> Path:
         """The booking's booking.json, written anew at each arm and start (its title and end as the
-        calendar has them now); the folder is what the container binds."""
+        calendar has them now, and its provenance as known then); the folder is what the container binds."""
         card = booking_json.Card(booking=request.booking_id, uid=request.uid or request.booking_id,
                                  title=request.title, user=request.booker.name, start=request.start,
                                  end=request.end, gpus=request.gpus, template=request.template.name,
-                                 host=request.address, port=request.port)
+                                 host=request.address, port=request.port,
+                                 provenance=provenance.to_json(zone=self.timezone) if provenance else None)
         return booking_json.write_card(self.cache_dir, name, card, zone=self.timezone)
+
+    def provenance(self, request: StartRequest, *, started: datetime | None) -> prov.Card:
+        """What is known of the booking's provenance at its start: its template and image (the
+        engine's inspect of the template's image: id, registry digest, the CUDA and cuDNN its config
+        declares), the host's driver and the booked GPUs (NVML). A value not known stays None."""
+        template = request.template
+        notes: list[str] = []
+        facts: images.ImageFacts | None = None
+        inspect = getattr(self.engine, "image_facts", None)  # engines that inspect images (not udocker)
+        if inspect is not None:
+            try:
+                facts = inspect(overlay_image.base_image(template))
+            except (GpubookError, OSError, ValueError) as error:
+                notes.append(f"the image could not be inspected: {error}")
+        else:
+            notes.append(f"engine {self.engine.name} does not inspect images: no image id or digest")
+        cuda_image, cudnn_image = prov.image_versions(facts.env) if facts else (None, None)
+        image_id = facts.id if facts and facts.id else None
+        if image_id and ":" not in image_id:
+            image_id = f"sha256:{image_id}"  # podman gives the bare hex
+        pinned = template.image.rpartition("@")[2] if "@" in template.image else None
+        card = prov.Card(booking=request.booking_id, user=request.booker.name, template=template.name,
+                         template_version=template.version, template_sha256=template.sha256, image=template.image,
+                         image_id=image_id, image_digest=pinned or (prov.repo_digest(facts.digests) if facts else None),
+                         cuda_image=cuda_image, cudnn_image=cudnn_image, started=started, notes=tuple(notes))
+        if self.driver_version is None or not request.gpus:
+            return card
+        from gpubook.runtime.nvidia import nvml  # only hosts with a driver need it
+
+        seen = nvml.provenance(request.gpus)
+        gpus = tuple(prov.GpuFacts(index, name, uuid, mig) for index, name, uuid, mig in seen.gpus) or \
+            tuple(prov.GpuFacts(index) for index in request.gpus)
+        return replace(card, driver=seen.driver_version or self.driver_version,
+                       cuda_driver=prov.cuda_driver_text(seen.cuda_driver_version), gpus=gpus, mps=self.mps,
+                       notes=card.notes + ((f"NVML: {seen.problem}",) if seen.problem else ()))
+
+    def write_provenance(self, user: str, card: prov.Card) -> bool:
+        """The ended booking's card as <data_root>/<user>/output/.gpubook/provenance.json, written as
+        the owner of the booker's files without following anything the booker made there
+        (gpubook/runtime/provenance_file.py); False without data folders. Raises ProvenanceFileError."""
+        if self.data_root is None:
+            return False
+        storage.check_user_name(user)
+        output = Path(os.path.realpath(self.data_root)) / user / "output"
+        data = json.dumps(card.to_json(zone=self.timezone), indent=2, ensure_ascii=True).encode() + b"\n"
+        write_card_file(output, data, owner_argv=engines.data_owner_argv(self.engine))
+        return True
 
     def move_end(self, booking_id: str, end: datetime) -> bool:
         """A running booking's agreed later end, written into its booking.json (False: it has none here)."""

@@ -61,6 +61,7 @@ class Remarks:
     armed: Mapping[str, ContainerInfo] = field(default_factory=dict)
     policy: Mapping[str, str] = field(default_factory=dict)  # booking id → its release or idle line (no-shows)
     lines: Mapping[str, Sequence[str]] = field(default_factory=dict)  # booking id → what its start added
+    ended: Mapping[str, Sequence[str]] = field(default_factory=dict)  # booking id → what its stop added (provenance)
 
 
 def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_version: str | None, port: int,
@@ -186,6 +187,8 @@ class WriteBack:
                 download=self._sftp(booking.user)))
             if records[-1].exit_reason == decide.ADMIN_STOP:
                 outcome = outcome.with_note("stopped early by an admin")
+            for provenance_line in remarks.ended.get(booking.id, ()):  # the provenance card's two lines
+                outcome = outcome.with_note(provenance_line)
         elif now < booking.end:
             outcome = self._sftp_known_hosts(block.accepted(
                 gpus=accepted.gpus, template=booking.template, start=booking.start, end=booking.end, timezone=zone,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,13 @@ def _stretches(text: str) -> frozenset[tuple[int, datetime]]:
     return frozenset((int(gpu), _moment(since)) for gpu, since in json.loads(text))
 
 
+def _object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise TypeError("not an object")
+    return value
+
+
 def _lines(text: str) -> tuple[str, ...]:
     lines = json.loads(text)
     if not isinstance(lines, list):
@@ -109,6 +116,12 @@ IDLE_TOLD: Kind[frozenset[tuple[int, datetime]]] = Kind("idle-told", _stretches_
 REMINDED: Kind[datetime] = Kind("reminded", datetime.isoformat, _moment)
 # The lines a start adds to the running block: JupyterLab, CUDA limits (the StartHandler), for the write-back.
 RUNNING_LINES: Kind[tuple[str, ...]] = Kind("running-lines", lambda lines: json.dumps(list(lines)), _lines)
+# A running booking's provenance card as its start knew it (runtime/provenance.py's Card.to_json, in
+# UTC), for its end to complete (the StopHandler); cleared with the others at the stop.
+PROVENANCE: Kind[dict[str, Any]] = Kind("provenance", json.dumps, lambda text: _object(text))
+# The two provenance lines of an ended booking's block (the StopHandler, after its notes are cleared),
+# for the write-back of the ended block.
+ENDED_LINES: Kind[tuple[str, ...]] = Kind("ended-lines", lambda lines: json.dumps(list(lines)), _lines)
 # The answers a booker was told of by notice (outbox/notices.py's Answers): "accepted", "rejected",
 # "running <ssh line>"; each is told once. An event's "accepted" is noted under its UID.
 ANSWERED: Kind[frozenset[str]] = Kind("answered", lambda told: json.dumps(sorted(told)),
@@ -129,10 +142,12 @@ class Notes:
     idle_told: Mapping[str, frozenset[tuple[int, datetime]]] = field(default_factory=_empty)
     reminded: Mapping[str, datetime] = field(default_factory=_empty)
     running_lines: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)
+    ended_lines: Mapping[str, tuple[str, ...]] = field(default_factory=_empty)  # the provenance lines
 
 
 def read(state: _Store) -> Notes:
     """All notes in one query (a StateError is the caller's)."""
     raw = state.all_notes()
     return Notes(armed=ARMED.read(raw), warned=WARNED.read(raw), agreed_end=AGREED_END.read(raw),
-                 idle_told=IDLE_TOLD.read(raw), reminded=REMINDED.read(raw), running_lines=RUNNING_LINES.read(raw))
+                 idle_told=IDLE_TOLD.read(raw), reminded=REMINDED.read(raw), running_lines=RUNNING_LINES.read(raw),
+                 ended_lines=ENDED_LINES.read(raw))
