@@ -86,12 +86,7 @@ def cmd_bookings(args: argparse.Namespace) -> int:
     loaded = ask.admin_config(args.config)
     found = ask.answer(request, config=loaded, account=args.daemon_account)
     if found is not None:
-        if args.json:
-            json.dump(found, sys.stdout, indent=2)
-            print()
-        else:
-            ask.print_bookings(found)
-        return EXIT_OK
+        return _shown(found, as_json=args.json, printer=ask.print_bookings)
     assert loaded is not None  # an admin's config, and no daemon running
     return _bookings_offline(loaded, args, now=now)
 
@@ -131,12 +126,7 @@ def cmd_free(args: argparse.Namespace) -> int:
                         days=args.days, ics=True)
     found = ask.answer(request, config=loaded, account=args.daemon_account)
     if found is not None:
-        if args.json:
-            json.dump(found, sys.stdout, indent=2)
-            print()
-        else:
-            ask.print_free(found)
-        return EXIT_OK
+        return _shown(found, as_json=args.json, printer=ask.print_free)
     assert loaded is not None
     done = free.run(str(loaded.path), gpus=args.gpus, hours=args.hours, model=args.model or "", days=args.days,
                     as_json=args.json)
@@ -149,11 +139,16 @@ def cmd_mine(args: argparse.Namespace) -> int:
 
     found = ask.answer({"kind": "mine"}, config=ask.admin_config(args.config), account=args.daemon_account)
     assert found is not None  # `mine` always asks the daemon
-    if args.json:
+    return _shown(found, as_json=args.json, printer=ask.print_mine)
+
+
+def _shown(found: dict, *, as_json: bool, printer) -> int:  # type: ignore[no-untyped-def]
+    """The daemon's answer, as JSON or as its command prints it."""
+    if as_json:
         json.dump(found, sys.stdout, indent=2)
         print()
     else:
-        ask.print_mine(found)
+        printer(found)
     return EXIT_OK
 
 
