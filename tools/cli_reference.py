@@ -16,6 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from tools import reference_page  # noqa: E402 - after the path it is found on
+
 PAGE = ROOT / "docs" / "reference" / "cli.md"
 
 HEAD = """# Command reference
@@ -97,19 +101,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if argv == ["--write"]:
-        PAGE.write_text(text)
-    elif argv == ["--check"]:
-        if PAGE.read_text() != text:
-            print(f"{PAGE.relative_to(ROOT)} is stale: run python tools/cli_reference.py --write", file=sys.stderr)
-            return 1
-    elif not argv:
-        sys.stdout.write(text)
-    else:
-        print("usage: python tools/cli_reference.py [--write | --check]", file=sys.stderr)
-        return 2
-    return 0
+    return reference_page.main(argv, page=PAGE, render=render, script="tools/cli_reference.py")
 
 
 if __name__ == "__main__":

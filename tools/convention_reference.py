@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from gpubook.scheduler.core import convention  # noqa: E402 - after the path it is found on
 from gpubook.scheduler.core.convention import CLOSE, KEYS, MAX_GUESSES, Refused  # noqa: E402
+from tools import reference_page  # noqa: E402
 
 PAGE = ROOT / "docs" / "reference" / "booking-convention.md"
 USERS = ("alice", "bob")
@@ -153,20 +154,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if argv == ["--write"]:
-        PAGE.write_text(text)
-    elif argv == ["--check"]:
-        if PAGE.read_text() != text:
-            print(f"{PAGE.relative_to(ROOT)} is stale: run python tools/convention_reference.py --write",
-                  file=sys.stderr)
-            return 1
-    elif not argv:
-        sys.stdout.write(text)
-    else:
-        print("usage: python tools/convention_reference.py [--write | --check]", file=sys.stderr)
-        return 2
-    return 0
+    return reference_page.main(argv, page=PAGE, render=render, script="tools/convention_reference.py")
 
 
 if __name__ == "__main__":
