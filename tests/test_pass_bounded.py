@@ -276,6 +276,46 @@ def test_a_start_waits_for_the_stop_that_frees_its_gpu(tmp_path: Path, state: St
     assert machine.steps.index(("stopped", "old")) < machine.steps.index(("start", "new"))
 
 
+def test_a_start_waits_for_the_next_pass_when_the_stop_that_frees_its_gpu_does(tmp_path: Path,
+                                                                             state: State) -> None:
+    """The ended booking still at work (its warning held up in a booker's terminal) when the pass
+    that stops it runs: its stop waits for the next pass, and so does the start on its GPU (CI
+    once saw both bookings run on GPU 0 for a pass)."""
+    config = make_config(tmp_path)
+    machine = Machine(gpus=(0,))
+    ending = NOW + timedelta(minutes=5)  # within warn_minutes: the first pass warns it
+    machine.containers[container_name("old")] = running("old", (0,), end=ending)
+    state.container_started("old", container_name("old"), user="alice", gpu_count=1, at=NOW - timedelta(hours=1))
+    original_stop = machine.stop
+
+    def stop(name: str, grace: float) -> None:
+        original_stop(name, grace)
+        machine.step("stopped", "old")
+
+    machine.stop = stop  # type: ignore[method-assign]
+    passes = make_pass(config, machine, state)
+    passes.patience = 0
+    occurrences = bookings(config, event("old", NOW - timedelta(hours=1), ending),
+                           event("new", ending, ending + timedelta(hours=1), user="bob"))
+    try:
+        passes.run(occurrences, now=NOW, write_back=False)
+        assert machine.exec_began.wait(HOLD)
+        warning = passes.busy["old"]
+        passes.run(occurrences, now=ending + timedelta(seconds=1), write_back=False)
+        for future in [f for b, f in passes.busy.items() if b != "old"]:  # patience 0: what this pass began
+            future.result(HOLD)
+        assert ("start", "new") not in machine.steps, machine.steps  # GPU 0 is still old's
+        machine.release_exec.set()
+        warning.result(HOLD)
+        passes.run(occurrences, now=ending + timedelta(seconds=2), write_back=False)
+        for future in list(passes.busy.values()):
+            future.result(HOLD)
+    finally:
+        machine.release_exec.set()
+        passes.close()
+    assert machine.steps.index(("stopped", "old")) < machine.steps.index(("start", "new"))
+
+
 def test_a_start_that_keeps_failing_backs_off(tmp_path: Path, state: State) -> None:
     config = make_config(tmp_path)
     machine = Machine()

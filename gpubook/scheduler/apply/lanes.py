@@ -3,7 +3,8 @@
 No booking waits on another booking's slow step (a start whose sshd is slow, a notice a booker's
 terminal holds up). A start waits only for the stops and clears that free its GPUs on its host;
 stops and clears are submitted first, so that a start waiting for one never waits for a task
-queued behind it. A booking still at work from an earlier pass is skipped (its port stays held).
+queued behind it. A booking still at work from an earlier pass is skipped (its port stays held),
+and so is a start on the GPUs that booking's skipped stop would free (never two bookings on one GPU).
 The pass (passes.py) waits `patience` seconds for its bookings, then leaves the slow ones to
 finish on their own and is told when each does.
 """
@@ -59,10 +60,20 @@ class BookingLanes:
             groups.setdefault(booking_of(action) or f"?{id(action)}", []).append(action)
         ordered = sorted(groups.items(), key=lambda item: not any(_frees(a) for a in item[1]))
         submitted = []
+        deferred: list[tuple[str, str, frozenset[int]]] = []  # stops left to the next pass: booking, host, GPUs
         for booking_id, group in ordered:
+            waits_on = next((other for other, host, gpus in deferred for s in group if isinstance(s, decide.Start)
+                             and host == s.accepted.host and (not gpus or gpus & frozenset(s.accepted.gpus))), None)
+            if waits_on is not None:
+                # Its GPUs are still held by a booking whose stop waits for the next pass: starting now
+                # would put two bookings on one GPU until then. It starts in that pass, after the stop.
+                log.info("booking %s: its start waits for booking %s to stop, in the next pass", booking_id, waits_on)
+                continue
             future = self._submit(booking_id, group, apply=apply, gpus_of=gpus_of, stale=booking_id in stale)
             if future is not None:
                 submitted.append(future)
+            elif freed := _freed(group, gpus_of):
+                deferred.append((booking_id, *freed))
         return submitted
 
     def _submit(self, booking_id: str, group: list[decide.Action], *, apply: _Apply,
@@ -85,10 +96,8 @@ class BookingLanes:
             self.busy[booking_id] = future
             if starts:
                 self.starting[booking_id] = future
-            freeing = [a for a in group if _frees(a)]
-            if freeing:
-                gpus = frozenset[int]().union(*(gpus_of(a.name) for a in freeing))
-                self.freeing[booking_id] = _Freeing(host=freeing[0].host, gpus=gpus, future=future)
+            if freed := _freed(group, gpus_of):
+                self.freeing[booking_id] = _Freeing(host=freed[0], gpus=freed[1], future=future)
         future.add_done_callback(partial(self._forget, booking_id))
         return future
 
@@ -136,6 +145,14 @@ class BookingLanes:
 def _frees(action: Any) -> TypeGuard[decide.Stop | decide.Clear | decide.Disarm | reclaim.Release]:
     """Whether the action takes a container away (its GPUs free once it is done)."""
     return isinstance(action, (decide.Stop, decide.Clear, decide.Disarm, reclaim.Release))
+
+
+def _freed(group: Sequence[Any], gpus_of: Callable[[str], frozenset[int]]) -> tuple[str, frozenset[int]] | None:
+    """The host and GPUs a booking's actions take a container away from (no GPUs: unknown), if any."""
+    freeing = [a for a in group if _frees(a)]
+    if not freeing:
+        return None
+    return freeing[0].host, frozenset[int]().union(*(gpus_of(a.name) for a in freeing))
 
 
 def _waits_for(start: decide.Start, freeing: _Freeing) -> bool:
