@@ -153,6 +153,7 @@ def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale,
     found = {c["name"]: c for c in json.loads(cli(config, "doctor", "--json").stdout)}
     assert found["udocker mode"]["level"] == "ok", found
     assert found["udocker mode"]["detail"].startswith("udocker R1, the host's runc"), found["udocker mode"]
+    assert found["runc"]["level"] == "ok" and "CVE-2024-21626" in found["runc"]["detail"], found["runc"]
     assert found["engine network"]["level"] == "fail", found["engine network"]
     assert "bookers can reach each other's services" in found["engine network"]["detail"]
     assert 'use podman with [engine] network = "private"' in found["engine network"]["fix"]

@@ -46,6 +46,7 @@ from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import HOST_NETWORK_RISK, seccomp
 from gpubook.runtime.engines.cli_engine import check_port_free, mount_problem
 from gpubook.runtime.engines.cli_transport import EXEC_OUTPUT_LIMIT, QUICK_TIMEOUT, run_bounded
+from gpubook.runtime.engines.runc_version import runc_check
 from gpubook.runtime.engines.spec import ContainerInfo, ContainerSpec, ExecResult, info_from_labels, permanent
 from gpubook.runtime.engines.udocker_runc import KEPT_CAPABILITIES, POLICY_ENV, RUNC_ENV
 from gpubook.runtime.errors import EngineError
@@ -469,6 +470,8 @@ class UdockerEngine:
         checks.append(Check("udocker mode", mode_problem is None,
                             mode_problem or f"{self.mode_line()}; PRoot (P modes) refused", "install runc and allow "
                             "unprivileged user namespaces (kernel.unprivileged_userns_clone = 1), or use podman"))
+        if mode_problem is None:
+            checks.append(runc_check(self.runc))
         checks.append(Check("udocker isolation", True, NO_ROOT))
         return [*checks, HOST_NETWORK_CHECK]
 
