@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
-from gpubook.runtime import booking, engines, ssh, storage
+from gpubook.runtime import booking, engines, slurm_pause, ssh, storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineSettings, container_name, make_engine
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.mounts import Mount
@@ -394,6 +394,10 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
         gpus = granted_gpus(env)
         say(f"step {os.getpid()} of job {env.get('SLURM_JOB_ID', '?')}: preparing booking {request.booking_id}'s "
             f"container on {node} (GPUs {','.join(map(str, gpus)) or 'none'})")
+        if request.engine.name == "podman":  # before its first podman command (round 3, M4)
+            where = slurm_pause.check_outside_jobs(job=env.get("SLURM_JOB_ID"), node=node)
+            if where is not None:
+                say(where)
         made = _prepare(request, folder=folder, node=node, gpus=gpus, env=env)
         clear_leftover(made.engine, made.spec, say=say)
         say(f"starting {made.spec.name} (spec {made.spec.spec_hash}) on port {request.port}")

@@ -120,6 +120,8 @@ class Cluster:
     partition: str
     gpu_type: str
     gpu_files: str = ""  # real-GPU mode: the host's device files ("/dev/nvidia[0-1]"); "": placeholders
+    proctrack: str = "linuxproc"  # "cgroup": each job a cgroup whose processes end with it (the usual setting)
+    prolog: str = ""  # slurm.conf's Prolog, run by slurmd as root before a job's first step ("": none)
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _links: list[str] = field(default_factory=list)
     _namespaces: list[str] = field(default_factory=list)
@@ -281,6 +283,7 @@ def _pids_of(cluster: Cluster) -> list[tuple[int, str | None]]:
 
 def _slurm_conf(cluster: Cluster, *, host: str, ctl_address: str, ctl_port: int, slurmd_port: int) -> str:
     log = cluster.root / "log"
+    prolog = f"\nProlog={cluster.prolog}" if cluster.prolog else ""
     nodes = "\n".join(
         f"NodeName={n.name} NodeAddr={n.address} CPUs=2 RealMemory=1000 Gres=gpu:{cluster.gpu_type}:{n.gpus} "
         "State=UNKNOWN" for n in cluster.nodes)
@@ -303,8 +306,8 @@ SlurmctldLogFile={log}/slurmctld.log
 SlurmdLogFile={log}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=proctrack/{cluster.proctrack}
+TaskPlugin=task/none{prolog}
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
@@ -335,10 +338,11 @@ def _gres_conf(cluster: Cluster) -> str:
 
 
 def make(*, user: str | None = None, nodes: int = 2, gpus: int = 4, gpu_type: str = "a100",
-         real_gpus: int = 0) -> Cluster:
+         real_gpus: int = 0, proctrack: str = "linuxproc", prolog: str = "") -> Cluster:
     """A started cluster (call `stop()`); raises with the daemons' logs when it does not come up.
     `real_gpus`: one node, this host, with its GPUs /dev/nvidia0 ... (the GPU host's mode); `user`:
-    the SlurmUser (default: GPUBOOK_SLURM_TEST_USER, else gpubook-test)."""
+    the SlurmUser (default: GPUBOOK_SLURM_TEST_USER, else gpubook-test); `proctrack`: "cgroup" for
+    jobs tracked by cgroup (on this machine's cgroup v1 freezer); `prolog`: slurm.conf's Prolog."""
     user = user or DEFAULT_USER
     tag, octet = secrets.token_hex(2), 100 + secrets.randbelow(150)
     root = Path(tempfile.mkdtemp(prefix=f"gpubook-slurm-{tag}-"))
@@ -351,7 +355,7 @@ def make(*, user: str | None = None, nodes: int = 2, gpus: int = 4, gpu_type: st
                           for i in range(1, nodes + 1))
         gpu_files = ""
     cluster = Cluster(root=root, conf=root / "slurm.conf", user=user, nodes=node_list, partition="gpu",
-                      gpu_type=gpu_type, gpu_files=gpu_files)
+                      gpu_type=gpu_type, gpu_files=gpu_files, proctrack=proctrack, prolog=prolog)
     try:
         with _machine_lock():  # released once its addresses and ports are taken (its daemons answer)
             if not real_gpus:
@@ -421,7 +425,9 @@ def _configure_and_start(cluster: Cluster, *, ctl_address: str, key: Path) -> No
     root = cluster.root
     _write_conf(cluster, ctl_address=ctl_address)
     (root / "gres.conf").write_text(_gres_conf(cluster))
-    if CGROUP_V2.exists():  # slurmd 22.05 always starts its cgroup plugin; without systemd (the GPU host)
+    if cluster.proctrack == "cgroup" and not CGROUP_V2.exists():
+        (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=yes\n")
+    elif CGROUP_V2.exists():  # slurmd 22.05 always starts its cgroup plugin; without systemd (the GPU host)
         # v2 needs IgnoreSystemd (plain mkdir instead of a scope asked of systemd over dbus) and system.slice
         (root / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
         (CGROUP_V2.parent / "system.slice").mkdir(exist_ok=True)
