@@ -87,6 +87,11 @@ def _no_pause() -> None:
     assert _pause_pid() is None
 
 
+def _job_cgroups(job: str) -> list[Path]:
+    """The cgroups Slurm made for `job` that are still there (v1: under each controller)."""
+    return [path for path in Path("/sys/fs/cgroup").glob(f"**/job_{job}") if path.is_dir()]
+
+
 def _host(cluster: slurm_kit.Cluster, tag: str) -> tuple[SlurmHost, JobsOfAccount, AsAccount]:
     shared = cluster.root / f"shared-{tag}"
     shared.mkdir()
@@ -146,8 +151,10 @@ def test_with_the_prolog_a_booking_outlives_the_end_of_the_first_on_its_node(
         # the first booker ends their booking: Slurm ends their job and every process in its cgroup
         host.stop(first.info.name, 5)
         deadline = time.monotonic() + 60
-        while jobs.name("pause-first") in jobs.jobs():
-            assert time.monotonic() < deadline, f"job {first_job} did not end"
+        while jobs.name("pause-first") in jobs.jobs() or _job_cgroups(first_job):
+            # squeue forgets the job before slurmstepd has ended the processes left in its cgroup
+            # and removed it: only then is the job's end complete
+            assert time.monotonic() < deadline, f"job {first_job} did not end: {_job_cgroups(first_job)}"
             time.sleep(0.5)
         assert _pause_pid() == pause
         listed = {info.name: info for info in host.list()}
