@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tools.lanes import ROOT_LANES, ROOT_MARKERS, USER_PORTS, base_id, port_blocks, share_out, split_args
@@ -153,3 +154,50 @@ def test_a_healthy_lane_runs_every_module(tmp_path: Path) -> None:
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "2 passed" in out
+
+
+INTERRUPTED = """
+import pathlib
+import time
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+
+
+@pytest.fixture
+def started():
+    (HERE / "began").write_text("")
+    yield
+    (HERE / "torn-down").write_text("")  # what a daemon's or a server's fixture does at its end
+
+
+def test_long(started):
+    time.sleep(300)
+"""
+
+
+def test_an_interrupted_run_lets_each_lanes_fixtures_stop_what_they_started(tmp_path: Path) -> None:
+    """quickstart interrupted mid-run (Ctrl-C, SIGTERM): each lane's pytest gets its own SIGINT and tears
+    its fixtures down (before, the lanes ran on and left daemons, Radicale and containers behind)."""
+    from tools.lanes import Lane, interrupt, start
+
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    (tmp_path / "test_long.py").write_text(INTERRUPTED)
+    lane = Lane(name="user9", account=None, modules=[], ports=(1, 1), env={**os.environ, "PYTHONPATH": str(ROOT)},
+                argv=["-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path / "test_long.py")],
+                log=tmp_path / "lane.log")
+    start(lane, python=sys.executable, tree=str(tmp_path))
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "began").exists():
+            assert lane.process is not None and lane.process.poll() is None, lane.log.read_text()
+            assert time.monotonic() < deadline, lane.log.read_text()
+            time.sleep(0.1)
+        interrupt([lane], grace=60)
+    finally:
+        if lane.process is not None and lane.process.poll() is None:
+            lane.process.kill()
+    assert (tmp_path / "torn-down").exists(), lane.log.read_text()
+    assert lane.rc == 2, lane.log.read_text()  # pytest's "interrupted"
+    assert "KeyboardInterrupt" in lane.log.read_text()

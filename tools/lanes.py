@@ -27,10 +27,12 @@ Paths or node ids among the pytest args select what the lanes share out, instead
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -183,9 +185,39 @@ def start(lane: Lane, *, python: str, tree: str) -> None:
                 *(f"{k}={v}" for k, v in lane.env.items()), *pytest]
         cwd = tree
     with lane.log.open("wb") as log:
+        # a session of its own: an interrupt of quickstart reaches the lane through `interrupt`, which
+        # lets its pytest end its tests and fixtures (daemons, servers, containers) before it goes
         lane.process = subprocess.Popen(argv, cwd=cwd, env=lane.env if lane.account is None else None,
-                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
     lane.began = time.monotonic()
+
+
+def interrupt(lanes: list[Lane], *, grace: float = 120.0) -> None:
+    """quickstart interrupted (Ctrl-C, SIGTERM): each running lane's pytest gets SIGINT, as a Ctrl-C
+    of its own, and ends its tests' fixtures, which stop what they started (daemons, Radicale,
+    slurmctld, containers); a lane still there after `grace` seconds is killed with its whole session."""
+    running = [lane for lane in lanes if lane.process is not None and lane.process.poll() is None]
+    for lane in running:
+        assert lane.process is not None
+        print(f"quickstart: interrupting lane {lane.name} (its fixtures stop what they started)", flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(lane.process.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace
+    for lane in running:
+        assert lane.process is not None
+        try:
+            lane.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"quickstart: lane {lane.name} did not end within {grace:.0f} s: killed", flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(lane.process.pid, signal.SIGKILL)
+            lane.process.wait()
+        lane.rc, lane.seconds = lane.process.returncode, time.monotonic() - lane.began
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def minutes(seconds: float) -> str:
@@ -322,7 +354,13 @@ def main() -> int:
               f"{len({m.split('::', 1)[0] for m in lane.modules})} modules, ports {lane.ports[0]}-{lane.ports[1]}; "
               f"log {lane.log}", flush=True)
         start(lane, python=sys.executable, tree=ns.tree)
-    wait(lanes)
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        wait(lanes)
+    except KeyboardInterrupt:
+        interrupt(lanes)
+        print("quickstart test: interrupted", flush=True)
+        return 130
     wall = time.monotonic() - began
     for lane in lanes:
         print(f"\n{'#' * 30} lane {lane.name} ({lane.account or 'root'}) {'#' * 30}", flush=True)
