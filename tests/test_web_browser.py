@@ -17,7 +17,8 @@ import pytest
 import requests
 
 from gpubook.scheduler.commands.embedded import free_port
-from tests.kits.daemon_kit import DaemonProcess, book, child_env, soon, wait_for, write_config
+from tests.kits.daemon_kit import DaemonProcess, book, child_env, wait_for, write_config
+from tests.kits.told_clock import ToldClock
 from tests.kits.web_kit import (
     CHROMEDRIVER,
     CHROMIUM,
@@ -62,12 +63,16 @@ def test_the_page_follows_a_booking_from_booked_to_running_to_ended(tmp_path: Pa
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60)
     port = free_port()
     config.write_text(config.read_text() + f'\n[web]\nenabled = true\nlisten = "127.0.0.1:{port}"\nauth = "none"\n')
-    start = soon(12)
-    end = start + timedelta(seconds=10)
+    # Its start and end are told to the daemon (tests/kits/told_clock.py): on the wall clock a booking
+    # 12 s ahead could already run by the time a loaded machine had the browser up, and was never seen
+    # as booked (the flake hunt caught it once in five).
+    clock = ToldClock(tmp_path)
+    start = clock.soon(600)
+    end = start + timedelta(minutes=10)
     book(calendar, "life@test", user="alice", start=start, end=end)
     book(calendar, "toomany@test", user="bob", start=start, end=end, gpus="5")
     cleanup.append("life@test")
-    daemon = DaemonProcess(config).start()
+    daemon = DaemonProcess(config, env=clock.env()).start()
     daemons.append(daemon)
     url = f"http://127.0.0.1:{port}/"
     wait_for("the daemon's status page", lambda: answers(url), timeout=60, daemon=daemon)
@@ -83,9 +88,9 @@ def test_the_page_follows_a_booking_from_booked_to_running_to_ended(tmp_path: Pa
         assert "this booking asks for 5" in refused.find_element("css selector", "td.reason").text
         assert driver.find_element("id", "zone").text == "Europe/Paris"
 
+        clock.advance_to(start, daemon)
         running = reloaded_until(driver, "the booking drawn as running",
                                  lambda d: segment(d, "life@test", "running"), timeout=60)
-        assert datetime.now(start.tzinfo) >= start - timedelta(seconds=1)
         assert running.text == "alice"
         row = driver.find_element("css selector", 'table.running tr[data-booking="life@test"]')
         assert "alice" in row.text and "debian-ssh" in row.text
@@ -96,6 +101,7 @@ def test_the_page_follows_a_booking_from_booked_to_running_to_ended(tmp_path: Pa
         assert f"{local:%H:%M}" in shown.text or f"{local:%-I:%M}" in shown.text, shown.text
         assert "ssh -p" not in driver.page_source  # auth none: no ssh line for anybody
 
+        clock.advance_to(end + timedelta(seconds=1), daemon)
         reloaded_until(driver, "the booking drawn as ended", lambda d: segment(d, "life@test", "ended"), timeout=60)
         assert not driver.find_elements("css selector", 'table.running tr[data-booking="life@test"]')
 
