@@ -18,7 +18,8 @@ from gpubook.scheduler.directory.settings import DirectoryConfig
 from gpubook.scheduler.directory.users import DirectoryUser, checked, merge
 from gpubook.scheduler.settings import Config
 
-__all__ = ["DirectoryConfig", "DirectoryError", "DirectoryUser", "Snapshot", "cache_path", "fetch", "with_users"]
+__all__ = ["DirectoryConfig", "DirectoryError", "DirectoryUser", "Snapshot", "cache_path", "checked", "fetch", "read",
+           "with_users"]
 
 log = logging.getLogger(__name__)
 CACHE_NAME = "directory.json"
@@ -96,7 +97,9 @@ def with_users(config: Config, snapshot: Snapshot | None = None) -> Config:
     if config.directory is None or config.directory.source != "ldap":
         return config
     snapshot = snapshot or fetch(config)
-    users, problems = merge(snapshot.users, config.users, config.user_overrides)
+    tables = config.users if config.file_users is None else config.file_users
+    users, problems = merge(snapshot.users, tables, config.user_overrides)
     for problem in problems:
         log.warning("%s", problem)
-    return dataclasses.replace(config, users=users, directory_users=frozenset(u.name for u in snapshot.users))
+    return dataclasses.replace(config, users=users, directory_users=frozenset(u.name for u in snapshot.users),
+                               file_users=tables)

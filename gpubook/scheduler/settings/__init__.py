@@ -95,6 +95,7 @@ class Config:
     # [directory] source = "ldap": [users.NAME] tables without a uid (their uid 0 until a directory user fills it)
     user_overrides: Mapping[str, UserConfig] = field(default_factory=dict)
     directory_users: frozenset[str] = frozenset()  # the users that came from the directory
+    file_users: Mapping[str, UserConfig] | None = None  # the [users.NAME] tables, once the directory's were merged
     # Derived when made (so dataclasses.replace keeps it true): each user's effective policy.
     policies: Mapping[str, UserPolicy] = field(init=False, repr=False, compare=False)
 
