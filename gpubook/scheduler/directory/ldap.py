@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import ssl
 from typing import Any
 
@@ -20,14 +21,15 @@ def _connection(settings: DirectoryConfig) -> Any:
     import ldap3  # the optional extra `ldap`
 
     url = settings.url or ""
+    timeout = max(1, math.ceil(settings.timeout_seconds))  # ldap3 packs it into a socket option: whole seconds
     if url.startswith("ldap://") and not settings.start_tls:
         raise DirectoryError(f"{url}: plain ldap:// without start_tls is refused")
     tls = ldap3.Tls(validate=ssl.CERT_REQUIRED, version=ssl.PROTOCOL_TLS_CLIENT,
                     ca_certs_file=str(settings.ca_file) if settings.ca_file else None)
     server = ldap3.Server(url, use_ssl=url.startswith("ldaps://"), tls=tls, get_info=ldap3.NONE,
-                          connect_timeout=settings.timeout_seconds)
+                          connect_timeout=timeout)
     connection = ldap3.Connection(server, user=settings.bind_dn, password=settings.bind_password,
-                                  receive_timeout=settings.timeout_seconds, raise_exceptions=True,
+                                  receive_timeout=timeout, raise_exceptions=True,
                                   read_only=True, auto_bind=ldap3.AUTO_BIND_NONE)
     connection.open()
     if settings.start_tls:

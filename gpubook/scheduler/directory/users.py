@@ -108,7 +108,8 @@ def merge(found: Iterable[DirectoryUser], tables: Mapping[str, UserConfig],
     result: dict[str, UserConfig] = {}
     problems: list[str] = []
     for user in found:
-        table = tables.get(user.name) or overrides.get(user.name) or UserConfig(name=user.name, uid=user.uid)
+        table = (tables.get(user.name) or overrides.get(user.name)
+                 or UserConfig(name=user.name, uid=user.uid, gid=user.gid))
         result[user.name] = dataclasses.replace(
             table, uid=user.uid, gid=user.gid, email=tuple(dict.fromkeys((*user.emails, *table.email))),
             ssh_keys=tuple(dict.fromkeys((*user.ssh_keys, *table.ssh_keys))))
