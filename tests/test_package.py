@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # The modules that exist only for one extra (everything else is the daemon and its commands).
 EXTRA_MODULES = {"gpubook.scheduler.outbox.web": "web", "gpubook.scheduler.commands.web": "web",
-                 "gpubook.scheduler.outbox.report_plots": "report"}
+                 "gpubook.scheduler.outbox.report_plots": "report", "gpubook.scheduler.directory.ldap": "ldap"}
 EXTRA_PACKAGES = sorted({name for _, modules in extras.EXTRAS.values() for name in modules})
 NOT_RUNTIME = {"_typeshed"}  # type-checking-only imports
 

@@ -46,7 +46,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import ConfigError, GpubookError
 from gpubook.runtime.nvidia import nvml
-from gpubook.scheduler import clock, wiring
+from gpubook.scheduler import clock, directory, wiring
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import World
 from gpubook.scheduler.calendars import Freshness, check_interval, duration
@@ -324,6 +324,22 @@ class Daemon:
                     first=clock.now())
         self._every("sample", parts.sample if config.daemon.sample_seconds > 0 else None,
                     config.daemon.sample_seconds)
+        ldap = config.directory is not None and config.directory.source == "ldap"
+        self._every("directory", self._refresh_users if ldap else None,
+                    config.directory.refresh_minutes * 60 if config.directory is not None else 900)
+
+    def _refresh_users(self) -> None:
+        """The directory's users read again (every [directory] refresh_minutes); one that does not answer
+        keeps the last good copy (scheduler.directory), so no running booking loses its user."""
+        new = directory.with_users(self.config)
+        if new.users == self.config.users:
+            return
+        with self._lock:
+            self.parts = wiring.build(new, self.base, self.hooks, previous=self.parts)
+            self.config = new
+        log.warning("users read again from directory %s: %d user(s)", new.directory and new.directory.url,
+                    len(new.users))
+        self._event(f"users read again from the directory: {len(new.users)} user(s)", level="info")
 
     def _every(self, job: str, run: Callable[[], object] | None, seconds: float, *,
                first: datetime | None = None) -> None:

@@ -350,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     command("build", None, "build the image a template runs (local rootfs or SSH overlay)",
             parent=templates_sub).add_argument("name")
 
+    users = command("users", cmd_users, "the users gpubook sees: name, uid, gid, calendar identities, number of "
+                    "SSH keys, and whether each came from the directory or the config file")
+    users.add_argument("--json", action="store_true", help="print one JSON object")
+
     doctor = command("doctor", cmd_doctor, "check driver, devices, engine, templates' images, calendars and "
                      "storage; each problem with its fix (exit 1 if any FAIL; a WARN does not fail)")
     doctor.add_argument("--json", action="store_true", help="print a JSON list of checks (name, level, detail, fix)")
@@ -399,6 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--until-ready", action="store_true",
                       help="stop (and clean up) once your booking answers on SSH, instead of at Ctrl-C")
     return parser
+
+
+def cmd_users(args: argparse.Namespace) -> int:
+    from gpubook.scheduler.commands import users
+
+    return users.run(_config_path(args), as_json=args.json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

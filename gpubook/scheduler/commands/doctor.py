@@ -28,6 +28,7 @@ from gpubook.runtime.nvidia import MPS_PIPE_DIRECTORY
 from gpubook.runtime.templates import Template, load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import wiring
+from gpubook.scheduler.commands import users as users_command
 from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.hosts import sftp as sftp_host
 from gpubook.scheduler.sources import open_source
@@ -381,6 +382,7 @@ def checks(config_path: str | None) -> list[Check]:
         result.extend(image_checks(loaded))
         result.extend(_calendar_checks(loaded))
         result.append(identity_check(loaded))
+        result.append(users_command.directory_check(loaded))
         result.append(_storage_check(loaded))
         if loaded.gpu_mps:
             result.append(mps_check())

@@ -19,6 +19,7 @@ from typing import Any, Literal, overload
 
 from gpubook.runtime import engines
 from gpubook.runtime.errors import ConfigError
+from gpubook.scheduler import directory as users_module
 from gpubook.scheduler.config.reader import Reader
 from gpubook.scheduler.config.sections import FACTS, SECTIONS, read_section, system_timezone
 from gpubook.scheduler.settings import (
@@ -46,6 +47,8 @@ def _sftp_problems(reader: Reader, read: Mapping[str, Any]) -> None:
         reader.error("sftp.enabled", "needs [storage] data_root: the service serves the folders there")
     owners: dict[int, str] = {}
     for user in read["users"].values():
+        if user.uid == 0:
+            continue  # a directory user's limits only: the directory gives its uid
         other = owners.setdefault(user.uid, user.name)
         if other != user.name:
             reader.error(f"users.{user.name}.uid", f"{user.uid} is also users.{other}'s: the SFTP service "
@@ -73,11 +76,13 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         raise ConfigError("\n".join(reader.errors))
     return Config(
         path=path, host=read["host"], calendars=read["calendar"], defaults=read["defaults"],
-        users=read["users"], gpu_count=read["gpus"].count, templates_dir=read["templates"].dir,
+        users={name: user for name, user in read["users"].items() if user.uid != 0},
+        gpu_count=read["gpus"].count, templates_dir=read["templates"].dir,
         engine=read["engine"], storage=read["storage"], ssh=read["ssh"], nvidia=read["nvidia"],
         daemon=read["daemon"], notify=read["notify"], gpu_mps=read["gpus"].mps, policy=read["policy"],
         gpu_monitor=read["gpus"].monitor, sftp=read["sftp"], images=read["images"], web=read["web"],
-        backend=read["backend"],
+        backend=read["backend"], directory=read["directory"],
+        user_overrides={name: user for name, user in read["users"].items() if user.uid == 0},
     )
 
 
@@ -112,8 +117,9 @@ def config_path(given: str | os.PathLike[str] | None = None, *, required: bool =
     return found
 
 
-def load(path: str | os.PathLike[str]) -> Config:
-    """Read and validate a config file; ConfigError says what is wrong, all at once."""
+def load(path: str | os.PathLike[str], *, directory: bool = True) -> Config:
+    """Read and validate a config file; ConfigError says what is wrong, all at once. With [directory]
+    source = "ldap" (and `directory`), the directory's users are read and merged in (scheduler.directory)."""
     path = Path(path)
     try:
         with path.open("rb") as file:
@@ -124,4 +130,5 @@ def load(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return parse(data, path.resolve())
+    parsed = parse(data, path.resolve())
+    return users_module.with_users(parsed) if directory else parsed

@@ -15,6 +15,7 @@ from gpubook.runtime.engines import EngineSettings
 from gpubook.runtime.plugins import load_callable
 from gpubook.scheduler import sources
 from gpubook.scheduler.config.reader import Reader, join, kind_of
+from gpubook.scheduler.directory.settings import SECTION as DIRECTORY
 from gpubook.scheduler.hosts.sftp_settings import SECTION as SFTP
 from gpubook.scheduler.hosts.slurm.settings import SECTION as BACKEND
 from gpubook.scheduler.outbox.settings import SECTION as NOTIFY
@@ -96,6 +97,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("calendar", CalendarConfig, "a calendar whose events book GPUs of this host (one or more); the other "
             "keys a `kind` reads are its own (caldav and ics: username, password_file)", shape="tables"),
     Section("defaults", Defaults, "what a booking gets when it says nothing"),
+    DIRECTORY,
     Section("users", UserConfig, "a user who may book ([users.NAME]); NAME is their account in containers",
             shape="named"),
     GPUS,
@@ -201,7 +203,7 @@ def calendars(reader: Reader, data: Mapping[str, Any], name: str) -> tuple[Calen
     return tuple(found)
 
 
-def _user(reader: Reader, name: str, table: Any) -> UserConfig | None:
+def _user(reader: Reader, name: str, table: Any, *, directory: bool = False) -> UserConfig | None:
     where = f"users.{name}"
     if problem := checks.user_name(name):
         reader.error(where, problem)
@@ -209,14 +211,19 @@ def _user(reader: Reader, name: str, table: Any) -> UserConfig | None:
     if not isinstance(table, Mapping):
         reader.error(where, f"must be a table ([users.{name}]), not {kind_of(table)}")
         return None
-    settings = reader.settings(table, where, UserConfig, given={"name": name})
+    # With a directory, a table may only set a directory user's limits: its uid is the directory's (0 until then).
+    given = {"name": name, "uid": 0} if directory and "uid" not in table else {"name": name}
+    settings = reader.settings(table, where, UserConfig, given=given)
     return UserConfig(**settings) if settings["uid"] is not None else None
 
 
 def users(reader: Reader, data: Mapping[str, Any], name: str) -> dict[str, UserConfig]:
+    """The [users.NAME] tables; with [directory] source = "ldap", those without a uid too (uid 0)."""
     found: dict[str, UserConfig] = {}
+    directory = data.get("directory")
+    from_directory = isinstance(directory, Mapping) and directory.get("source") == "ldap"
     for user_name, table in reader.table(data, name, name).items():
-        if (user := _user(reader, user_name, table)) is not None:
+        if (user := _user(reader, user_name, table, directory=from_directory)) is not None:
             found[user_name] = user
     seen_emails: dict[str, str] = {}
     for user in found.values():

@@ -34,6 +34,7 @@ from gpubook.scheduler.settings.sections import (
 
 if TYPE_CHECKING:
     from gpubook.runtime.engines import EngineSettings
+    from gpubook.scheduler.directory.settings import DirectoryConfig
     from gpubook.scheduler.hosts.sftp_settings import SftpConfig
     from gpubook.scheduler.hosts.slurm.settings import BackendConfig
     from gpubook.scheduler.outbox.settings import NotifyConfig
@@ -90,6 +91,11 @@ class Config:
     gpu_mps: bool = False  # [gpus] mps: bind the MPS pipe folder (shared by every booker)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
+    directory: DirectoryConfig | None = None  # [directory]; None: source = "file", as read by parse()
+    # [directory] source = "ldap": [users.NAME] tables without a uid (their uid 0 until a directory user fills it)
+    user_overrides: Mapping[str, UserConfig] = field(default_factory=dict)
+    directory_users: frozenset[str] = frozenset()  # the users that came from the directory
+    file_users: Mapping[str, UserConfig] | None = None  # the [users.NAME] tables, once the directory's were merged
     # Derived when made (so dataclasses.replace keeps it true): each user's effective policy.
     policies: Mapping[str, UserPolicy] = field(init=False, repr=False, compare=False)
 

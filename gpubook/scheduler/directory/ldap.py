@@ -1,0 +1,91 @@
+"""Reading the group's members from an LDAP directory (ldap3), over LDAPS or StartTLS only."""
+
+from __future__ import annotations
+
+import math
+import ssl
+from typing import Any
+
+from gpubook.runtime.errors import GpubookError
+from gpubook.scheduler.directory.settings import DirectoryConfig
+from gpubook.scheduler.directory.users import RawEntry
+
+GROUP_ATTRIBUTES = ["memberUid", "member", "uniqueMember"]
+
+
+class DirectoryError(GpubookError):
+    """The directory could not be read (temporary: the last good copy is kept)."""
+
+
+def _connection(settings: DirectoryConfig) -> Any:
+    import ldap3  # the optional extra `ldap`
+
+    url = settings.url or ""
+    timeout = max(1, math.ceil(settings.timeout_seconds))  # ldap3 packs it into a socket option: whole seconds
+    if url.startswith("ldap://") and not settings.start_tls:
+        raise DirectoryError(f"{url}: plain ldap:// without start_tls is refused")
+    tls = ldap3.Tls(validate=ssl.CERT_REQUIRED, version=ssl.PROTOCOL_TLS_CLIENT,
+                    ca_certs_file=str(settings.ca_file) if settings.ca_file else None)
+    server = ldap3.Server(url, use_ssl=url.startswith("ldaps://"), tls=tls, get_info=ldap3.NONE,
+                          connect_timeout=timeout)
+    connection = ldap3.Connection(server, user=settings.bind_dn, password=settings.bind_password,
+                                  receive_timeout=timeout, raise_exceptions=True,
+                                  read_only=True, auto_bind=ldap3.AUTO_BIND_NONE)
+    connection.open()
+    if settings.start_tls:
+        connection.start_tls()
+    connection.bind()
+    return connection
+
+
+def _values(attributes: dict[str, Any], name: str) -> list[str]:
+    value = attributes.get(name)
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    return [item.decode() if isinstance(item, bytes) else str(item) for item in items]
+
+
+def _members(connection: Any, group: str) -> tuple[set[str], set[str]]:
+    """The group's memberUid names and member DNs (lowercase)."""
+    connection.search(group, "(objectClass=*)", search_scope="BASE", attributes=GROUP_ATTRIBUTES)
+    if not connection.entries:
+        raise DirectoryError(f"the group {group} was not found")
+    attributes = connection.response[0]["attributes"]
+    names = set(_values(attributes, "memberUid"))
+    dns = {dn.lower().replace(", ", ",") for dn in (*_values(attributes, "member"),
+                                                    *_values(attributes, "uniqueMember"))}
+    return names, dns
+
+
+def read(settings: DirectoryConfig) -> list[RawEntry]:
+    """Every entry of the filter that is a member of the group (all of them without a group)."""
+    import ldap3
+    from ldap3.core.exceptions import LDAPException
+
+    names = [settings.name_attribute, "uidNumber", "gidNumber", *settings.mail_attributes, settings.key_attribute]
+    try:
+        connection = _connection(settings)
+        try:
+            members = _members(connection, settings.group) if settings.group else None
+            found = connection.extend.standard.paged_search(settings.base, settings.user_filter,
+                                                            search_scope=ldap3.SUBTREE, attributes=names,
+                                                            paged_size=500, generator=False)
+        finally:
+            connection.unbind()
+    except LDAPException as error:
+        raise DirectoryError(f"{settings.url}: {type(error).__name__}: {error}") from None
+    entries = []
+    for item in found:
+        if item.get("type") != "searchResEntry":
+            continue
+        attributes = item["attributes"]
+        entry = RawEntry(
+            dn=item["dn"], name=_values(attributes, settings.name_attribute),
+            uid=_values(attributes, "uidNumber"), gid=_values(attributes, "gidNumber"),
+            emails=[v for a in settings.mail_attributes for v in _values(attributes, a)],
+            ssh_keys=_values(attributes, settings.key_attribute))
+        if members is not None and not (set(entry.name) & members[0] or entry.dn.lower() in members[1]):
+            continue
+        entries.append(entry)
+    return entries

@@ -1,0 +1,155 @@
+"""Users from the lab's directory, read from a real slapd (tests/kits/ldap_kit.py) over LDAPS and StartTLS."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpubook.runtime.errors import ConfigError
+from gpubook.scheduler import config, directory
+from gpubook.scheduler.commands import cli
+from gpubook.scheduler.commands.users import directory_check
+from tests.kits import ldap_kit
+
+pytestmark = pytest.mark.ldap
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB6v3b9c0p7s5xXl0bN3cYk2s9mJ0b2cZc8n8kq0tq0Q alice@laptop"
+
+
+@pytest.fixture(scope="module")
+def slapd() -> Iterator[ldap_kit.Slapd]:
+    server = ldap_kit.make()
+    try:
+        server.add("\n".join([
+            ldap_kit.person("alice", 2001, mails=("alice@lab.example", "a.smith@lab.example"), keys=(KEY,)),
+            ldap_kit.person("bob", 2002, gid=3000, mails=("bob@lab.example",), keys=("not a key", KEY)),
+            ldap_kit.person("carol", 2003, mails=("carol@lab.example",)),
+            ldap_kit.person("dave", 2004, mails=("bob@lab.example", "dave@lab.example")),
+            ldap_kit.person("Bad_Name", 2005, mails=("bad@lab.example",)),
+            ldap_kit.posix_group(("alice", "bob", "dave", "Bad_Name")),
+            ldap_kit.names_group((f"uid=carol,ou=people,{ldap_kit.BASE}",), dn=f"cn=carols,ou=groups,{ldap_kit.BASE}"),
+        ]))
+        yield server
+    finally:
+        ldap_kit.remove(server)
+
+
+def write(tmp_path: Path, slapd: ldap_kit.Slapd, *, url: str | None = None, extra: str = "",
+          mode: int = 0o600, group: str = ldap_kit.GROUP, start_tls: bool = False) -> Path:
+    password = slapd.password_file(tmp_path, mode)
+    path = tmp_path / "gpubook.toml"
+    path.write_text(f"""
+[[calendar]]
+url = "http://127.0.0.1:5232/lab/devbox1/"
+
+[daemon]
+state_dir = "{tmp_path / 'state'}"
+
+[directory]
+source = "ldap"
+url = "{url or slapd.ldaps_url}"
+start_tls = {str(start_tls).lower()}
+ca_file = "{slapd.ca_file}"
+bind_dn = "{ldap_kit.ADMIN}"
+password_file = "{password}"
+base = "{ldap_kit.BASE}"
+group = "{group}"
+{extra}""")
+    return path
+
+
+def test_members_over_ldaps(slapd: ldap_kit.Slapd, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        loaded = config.load(write(tmp_path, slapd))
+    assert sorted(loaded.users) == ["alice", "bob", "dave"]  # carol is not in the group; Bad_Name is no name
+    alice, bob = loaded.users["alice"], loaded.users["bob"]
+    assert (alice.uid, alice.gid, alice.email, alice.ssh_keys) == (
+        2001, 2001, ("alice@lab.example", "a.smith@lab.example"), (KEY,))
+    assert (bob.uid, bob.gid, bob.ssh_keys) == (2002, 3000, (KEY,))
+    # dave's copy of bob's address is left out, not dave
+    assert set(loaded.users["dave"].email) | set(bob.email) == {"bob@lab.example", "dave@lab.example"}
+    assert len({*loaded.users["dave"].email, *bob.email}) == 2
+    assert loaded.user_by_email("a.smith@lab.example") is alice
+    text = caplog.text
+    assert "directory user bob: SSH key 1 left out" in text
+    assert "address bob@lab.example left out: it is also" in text
+    assert "Bad_Name" in text and "is not a user name" in text
+
+
+def test_members_over_starttls_and_group_of_names(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
+    loaded = config.load(write(tmp_path, slapd, url=slapd.ldap_url, start_tls=True,
+                               group=f"cn=carols,ou=groups,{ldap_kit.BASE}"))
+    assert list(loaded.users) == ["carol"]
+    assert loaded.users["carol"].email == ("carol@lab.example",)
+
+
+def test_plain_ldap_refused(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="plain ldap://.*start_tls = true"):
+        config.load(write(tmp_path, slapd, url=slapd.ldap_url))
+
+
+def test_password_file_readable_by_others_refused(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"directory.password_file: .* must be readable by its owner only"):
+        config.load(write(tmp_path, slapd, mode=0o644))
+
+
+def test_tables_set_limits_of_directory_users(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
+    loaded = config.load(write(tmp_path, slapd, extra="""
+[users.alice]
+max_gpus = 2
+week_gpu_hours = 10
+
+[users.erin]
+uid = 4000
+email = ["erin@lab.example"]
+
+[users.nobody]
+max_gpus = 1
+"""))
+    alice = loaded.users["alice"]
+    assert (alice.uid, alice.max_gpus, alice.week_gpu_hours, alice.ssh_keys) == (2001, 2, 10, (KEY,))
+    assert loaded.users["erin"].uid == 4000 and "erin" not in loaded.directory_users
+    assert "nobody" not in loaded.users  # no uid, and the directory has no nobody
+
+
+def test_directory_down_keeps_last_good_copy(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    server = ldap_kit.make(tmp_path / "slapd")
+    try:
+        server.add(ldap_kit.person("alice", 2001, mails=("alice@lab.example",), keys=(KEY,))
+                   + "\n" + ldap_kit.posix_group(("alice",)))
+        path = write(tmp_path, server, extra="timeout_seconds = 2")
+        assert list(config.load(path).users) == ["alice"]
+        cache = tmp_path / "state" / directory.CACHE_NAME
+        assert cache.stat().st_mode & 0o777 == 0o600
+        server.stop()
+        with caplog.at_level(logging.ERROR):
+            assert list(config.load(path).users) == ["alice"]  # this process's copy
+            directory._last_good.clear()  # as after a restart: only the cache is left
+            assert list(config.load(path).users) == ["alice"]
+        said = [r for r in caplog.records if "does not answer" in r.getMessage()]
+        assert len(said) == 1, caplog.text
+    finally:
+        ldap_kit.remove(server)
+        directory._down.clear()
+
+
+def test_users_json(slapd: ldap_kit.Slapd, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, slapd, extra='[users.erin]\nuid = 4000\n')
+    assert cli.main(["users", "--config", str(path), "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["users"]}
+    assert rows["alice"] == {"name": "alice", "uid": 2001, "gid": 2001, "keys": 1, "source": "directory",
+                             "identities": ["alice@lab.example", "a.smith@lab.example"]}
+    assert rows["erin"]["source"] == "file"
+
+
+def test_doctor_check(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
+    check = directory_check(config.load(write(tmp_path, slapd)))
+    assert check.level == "warn"
+    assert "3 user(s), 2 with keys, 2 with identities" in check.detail
+    assert "Bad_Name" in check.detail
+    down = directory_check(config.load(write(tmp_path, slapd, url="ldaps://127.0.0.1:1", extra="timeout_seconds = 2")))
+    assert down.level == "fail"
