@@ -37,6 +37,11 @@ olcObjectClasses: ( 1.3.6.1.4.1.24552.500.1.1.2.0 NAME 'ldapPublicKey' SUP top A
 """
 
 
+def _tool(name: str) -> str:
+    """OpenLDAP's server tools live in /usr/sbin, which a test account's PATH does not hold."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])) or name
+
+
 def free_port(low: int = 33000, high: int = 33099, *, skip: tuple[int, ...] = ()) -> int:
     for port in range(low, high + 1):
         if port in skip:
@@ -84,7 +89,7 @@ def _certificates(folder: Path) -> Path:
 
 
 def _config_ldif(folder: Path) -> str:
-    hashed = subprocess.run(["slappasswd", "-s", ADMIN_PASSWORD], capture_output=True, text=True,
+    hashed = subprocess.run([_tool("slappasswd"), "-s", ADMIN_PASSWORD], capture_output=True, text=True,
                             check=True).stdout.strip()
     schemas = "\n".join(f"include: file:///etc/ldap/schema/{name}.ldif" for name in SCHEMAS)
     return f"""dn: cn=config
@@ -152,7 +157,7 @@ class Slapd:
         self.port = free_port()
         self.tls_port = free_port(skip=(self.port,))
         urls = f"{self.ldap_url}/ {self.ldaps_url}/"
-        self.process = subprocess.Popen(["slapd", "-d", "0", "-h", urls, "-F", str(self.folder / "slapd.d")],
+        self.process = subprocess.Popen([_tool("slapd"), "-d", "0", "-h", urls, "-F", str(self.folder / "slapd.d")],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -200,7 +205,7 @@ def make(folder: Path | None = None) -> Slapd:
     (folder / "slapd.d").mkdir(exist_ok=True)
     ca = _certificates(folder)
     (folder / "config.ldif").write_text(_config_ldif(folder))
-    subprocess.run(["slapadd", "-n0", "-F", str(folder / "slapd.d"), "-l", str(folder / "config.ldif")],
+    subprocess.run([_tool("slapadd"), "-n0", "-F", str(folder / "slapd.d"), "-l", str(folder / "config.ldif")],
                    capture_output=True, check=True)
     server = Slapd(folder=folder, port=0, tls_port=0, ca_file=ca)
     server.start()
