@@ -11,6 +11,7 @@ from pathlib import Path
 
 from caldav.lib import error as dav_error
 
+from gpubook.scheduler.apply.ahead import LEAD
 from gpubook.scheduler.state import State
 from tests.kits.daemon_kit import (
     DAEMON_MODULE,
@@ -34,14 +35,17 @@ def test_an_armed_booking_lets_nobody_in_before_its_start(tmp_path: Path, radica
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, gpus=8)
     config.write_text(config.read_text() + "[policy]\nremind_minutes = 10\n")  # the daemon's alarm, too
-    start = soon(18)
+    # Further ahead than the daemon arms (LEAD): it arms at the start minus LEAD, or at its first pass if
+    # that comes later, so the time left to try logins before the start no longer hangs on how fast a
+    # loaded machine starts the daemon (18 s ahead was once too late in a clean-clone run).
+    start = soon(LEAD.total_seconds() + 10)
     book(calendar, "armed@test", user="alice", start=start, end=start + timedelta(seconds=600),
          gpus="7,")  # a GPU no other test's container holds (they share this podman)
     cleanup.append("armed@test")
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
     armed = wait_for("the container run ahead of its start", lambda: running_container(engine, "armed@test"),
-                     timeout=40, interval=0.05, daemon=daemon)
+                     timeout=LEAD.total_seconds() + 40, interval=0.05, daemon=daemon)
     assert armed.start == start and armed.port is not None
     # The port is fixed once armed: the event gives the ssh line before the start (the booker can
     # have their terminal ready), and says it answers from the start.

@@ -5,7 +5,6 @@ openssh-lpk's sshPublicKey), TLS by a CA and server certificate made here, entri
 
 from __future__ import annotations
 
-import datetime
 import os
 import shutil
 import signal
@@ -16,10 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from tests.kits import tls_kit
 
 BASE = "dc=lab,dc=example"
 ADMIN = f"cn=admin,{BASE}"
@@ -53,39 +49,6 @@ def free_port(low: int = 33000, high: int = 33099, *, skip: tuple[int, ...] = ()
                 continue
             return port
     raise RuntimeError(f"no free port in {low}-{high}")
-
-
-def _certificates(folder: Path) -> Path:
-    """A CA (ca.pem) and a server certificate for 127.0.0.1 (server.pem, server.key); returns ca.pem."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpubook test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
-          .not_valid_after(now + datetime.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    import ipaddress
-    server = (x509.CertificateBuilder()
-              .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-              .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
-              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                          x509.DNSName("localhost")]), critical=False)
-              .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-              .sign(ca_key, hashes.SHA256()))
-    (folder / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (folder / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    (folder / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                          serialization.PrivateFormat.PKCS8,
-                                                          serialization.NoEncryption()))
-    (folder / "server.key").chmod(0o600)
-    return folder / "ca.pem"
 
 
 def _config_ldif(folder: Path) -> str:
@@ -203,7 +166,7 @@ def make(folder: Path | None = None) -> Slapd:
     folder = Path(folder or tempfile.mkdtemp(prefix="gpubook-slapd-"))
     (folder / "data").mkdir(parents=True, exist_ok=True)
     (folder / "slapd.d").mkdir(exist_ok=True)
-    ca = _certificates(folder)
+    ca = tls_kit.certificates(folder, ca_name="gpubook test CA")
     (folder / "config.ldif").write_text(_config_ldif(folder))
     subprocess.run([_tool("slapadd"), "-n0", "-F", str(folder / "slapd.d"), "-l", str(folder / "config.ldif")],
                    capture_output=True, check=True)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime
-import ipaddress
 import json
 import secrets
 import shutil
@@ -26,13 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 from gpubook.runtime.engines import Engine
 from gpubook.scheduler.commands.embedded import free_port
+from tests.kits import tls_kit
 from tests.kits.engine_suite import CACHE_DIR
 
 USER, PASSWORD = "lab", "registry-" + secrets.token_hex(6)
@@ -44,29 +38,6 @@ class Registry:
     auth_file: Path  # the right credentials, auth.json format
     wrong_auth_file: Path  # a wrong password for the same registry
     folder: Path
-
-
-def _certificates(folder: Path) -> None:
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpubook test registry CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
-          .not_valid_after(now + datetime.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    (folder / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (folder / "server.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "server.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                          serialization.NoEncryption()))
 
 
 def _auth_file(path: Path, address: str, user: str, password: str) -> Path:
@@ -82,7 +53,7 @@ def running() -> Iterator[Registry]:
     folder = Path(tempfile.mkdtemp(prefix="gpubook-registry-"))
     port = free_port()
     address = f"127.0.0.1:{port}"
-    _certificates(folder)
+    tls_kit.certificates(folder, ca_name="gpubook test registry CA", ca_file="ca.crt", cert_file="server.crt")
     htpasswd = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, text=True, check=True)
     (folder / "htpasswd").write_text(htpasswd.stdout)
     storage = CACHE_DIR / "registry"
