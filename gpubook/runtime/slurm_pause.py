@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpubook.runtime.engines.podman import pause_pid
 from gpubook.runtime.errors import GpubookError
 
 _ANY_JOB = re.compile(r"/job_(\d+)(?:/|$)")
@@ -44,18 +45,6 @@ def job_of(cgroup_text: str) -> str | None:
         found = _ANY_JOB.search(line.split(":", 2)[-1])
         if found:
             return found.group(1)
-    return None
-
-
-def pause_pid(runtime_dir: str | None = None) -> int | None:
-    """The account's rootless pause process, if it runs (its pid file names a live process of ours)."""
-    runtime = runtime_dir or os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
-    try:
-        pid = int(Path(runtime, "libpod", "tmp", "pause.pid").read_text().strip())
-        if pid > 0 and Path(f"/proc/{pid}").stat().st_uid == os.getuid():
-            return pid
-    except (OSError, ValueError):
-        pass
     return None
 
 

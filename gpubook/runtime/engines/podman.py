@@ -72,17 +72,20 @@ def warm_name(image: str) -> str:
     return WARM_PREFIX + hashlib.sha256(image.encode()).hexdigest()[:12]
 
 
-def _pause_alive() -> bool:
-    """Rootless podman's pause process still runs (its pid file names a live process of this account):
-    then podman's namespaces are there, and a refusal saying otherwise is not podman's."""
+def pause_pid() -> int | None:
+    """Rootless podman's pause process, while it runs (its pid file names a live process of this
+    account): then podman's namespaces are there, and a refusal saying otherwise is not podman's.
+    None for rootful podman, which has none."""
     if os.geteuid() == 0:
-        return False  # rootful podman has none
+        return None
     runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
     try:
         pid = int(Path(runtime, "libpod", "tmp", "pause.pid").read_text().strip())
-        return pid > 0 and Path(f"/proc/{pid}").stat().st_uid == os.getuid()
+        if pid > 0 and Path(f"/proc/{pid}").stat().st_uid == os.getuid():
+            return pid
     except (OSError, ValueError):
-        return False
+        pass
+    return None
 
 
 def _has_ipv6() -> bool:
@@ -440,7 +443,7 @@ class PodmanEngine(CliEngine):
         started = time.monotonic()
         done = super()._process(args, timeout=timeout, env=env, exclusive=exclusive)
         if done.returncode != 0 and args and args[0] not in _FOREIGN_STDERR and _NO_NAMESPACES.search(done.stderr) \
-                and not _pause_alive() and self._reset_namespaces(since=started):
+                and pause_pid() is None and self._reset_namespaces(since=started):
             done = super()._process(args, timeout=timeout, env=env, exclusive=exclusive)
         return done
 
