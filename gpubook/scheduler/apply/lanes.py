@@ -62,8 +62,8 @@ class BookingLanes:
         submitted = []
         deferred: list[tuple[str, str, frozenset[int]]] = []  # stops left to the next pass: booking, host, GPUs
         for booking_id, group in ordered:
-            waits_on = next((other for other, host, gpus in deferred for s in group if isinstance(s, decide.Start)
-                             and host == s.accepted.host and (not gpus or gpus & frozenset(s.accepted.gpus))), None)
+            waits_on = next((other for other, host, gpus in deferred for s in group
+                             if isinstance(s, decide.Start) and _holds(s, host, gpus)), None)
             if waits_on is not None:
                 # Its GPUs are still held by a booking whose stop waits for the next pass: starting now
                 # would put two bookings on one GPU until then. It starts in that pass, after the stop.
@@ -156,9 +156,12 @@ def _freed(group: Sequence[Any], gpus_of: Callable[[str], frozenset[int]]) -> tu
 
 
 def _waits_for(start: decide.Start, freeing: _Freeing) -> bool:
-    if freeing.future.done() or freeing.host != start.accepted.host:
-        return False
-    return not freeing.gpus or bool(freeing.gpus & frozenset(start.accepted.gpus))
+    return not freeing.future.done() and _holds(start, freeing.host, freeing.gpus)
+
+
+def _holds(start: decide.Start, host: str, gpus: frozenset[int]) -> bool:
+    """Whether a container on `host` holding `gpus` (empty: unknown, so any) stands in `start`'s way."""
+    return host == start.accepted.host and (not gpus or bool(gpus & frozenset(start.accepted.gpus)))
 
 
 def booking_of(action: Any) -> str | None:
