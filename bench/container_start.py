@@ -30,7 +30,7 @@ import paramiko
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpubook.runtime import booking, overlay_image, ssh, storage  # noqa: E402
+from gpubook.runtime import booking, overlay_image, private, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import Engine, EngineOptions, EngineSettings, container_name, engine_from  # noqa: E402
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
 from gpubook.runtime.templates import Template, get_template  # noqa: E402
@@ -57,7 +57,7 @@ def podman_engine(network: str) -> Engine:
 
 
 def bench(engines: dict[str, Engine], runs: int) -> dict[str, tuple[list[float], list[float]]]:
-    cache = ssh.default_cache_dir()
+    cache = private.default_cache_dir()
     template = get_template("debian-ssh")
     for engine in engines.values():
         overlay_image.build_rootfs_image(engine, template, cache_dir=cache)
@@ -84,7 +84,7 @@ def bench(engines: dict[str, Engine], runs: int) -> dict[str, tuple[list[float],
 def one_start(engine: Engine, template: Template, folders: storage.DataFolders, probe_key: paramiko.PKey,
               booking_id: str) -> tuple[float, float]:
     """One booking started until the probe logs in, then stopped: (seconds to SSH, seconds to stop)."""
-    cache = ssh.default_cache_dir()
+    cache = private.default_cache_dir()
     name = container_name(booking_id)
     host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
     spec = booking.booking_spec(

@@ -48,7 +48,7 @@ from typing import cast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import images_ahead  # noqa: E402
-from gpubook.runtime import images, overlay_image, ssh  # noqa: E402
+from gpubook.runtime import images, overlay_image, private, ssh  # noqa: E402
 from gpubook.runtime.engines import ContainerSpec, Engine, container_name, engine_from  # noqa: E402
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
 from gpubook.runtime.errors import Preparing  # noqa: E402
@@ -294,7 +294,7 @@ def main() -> None:
     if args.sizes:
         sizes(engine, base, ahead=args.ahead)
         return
-    cache = ssh.default_cache_dir()
+    cache = private.default_cache_dir()
     removed: list[str] = []
     with registry_kit.running() as registry, tempfile.TemporaryDirectory() as folder:
         small = [timed_pull(engine, image, registry.auth_file)

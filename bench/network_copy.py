@@ -28,7 +28,7 @@ import paramiko
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.container_start import podman_engine  # noqa: E402
-from gpubook.runtime import booking, overlay_image, ssh, storage  # noqa: E402
+from gpubook.runtime import booking, overlay_image, private, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import Engine, container_name  # noqa: E402
 from gpubook.runtime.templates import get_template  # noqa: E402
 from tests.kits.engine_suite import free_port  # noqa: E402
@@ -39,7 +39,7 @@ MIB = 1 << 20
 def start(engine: Engine, network: str, *, folders: storage.DataFolders, booker_key: paramiko.PKey,
           probe_key: paramiko.PKey) -> tuple[str, int, str]:
     """A running booking of network `network`: (container name, port, known_hosts line)."""
-    cache = ssh.default_cache_dir()
+    cache = private.default_cache_dir()
     booking_id = f"bench-copy-{network}"
     name = container_name(booking_id)
     engine.stop(name, 0)
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--network", nargs="+", default=["host", "private", "private-slirp"],
                         choices=["host", "private", "private-slirp"])
     args = parser.parse_args()
-    cache = ssh.default_cache_dir()
+    cache = private.default_cache_dir()
     engines = {network: podman_engine(network) for network in args.network}
     overlay_image.build_rootfs_image(next(iter(engines.values())), get_template("debian-ssh"), cache_dir=cache)
     probe_key = ssh.load_probe_key(cache / "bench-probe-key")

@@ -244,13 +244,13 @@ def create_ahead(runs: int) -> None:
     """One booking at a time: `run` against `create` ahead and `start` at the start, each from its
     call to the probe's login (the booking's real spec and argv; podman 4.3's `create` has no
     `--passwd`, so it is left out there: the container runs as root 0:0, whose entry exists)."""
-    from gpubook.runtime import booking, ssh, storage
+    from gpubook.runtime import booking, private, ssh, storage
     from gpubook.runtime.engines import container_name, engine_from
     from gpubook.runtime.templates import get_template
     from tests.kits.engine_suite import free_port
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
-    cache = ssh.default_cache_dir()
+    cache = private.default_cache_dir()
     probe = ssh.load_probe_key(cache / "bench-probe-key")
     figures: dict[str, list[float]] = {"run → SSH": [], "create (ahead)": [], "start → SSH": []}
     with tempfile.TemporaryDirectory(prefix="gpubook-bench-") as root:

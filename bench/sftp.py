@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.container_start import podman_engine  # noqa: E402
-from gpubook.runtime import sftp, ssh, storage  # noqa: E402
+from gpubook.runtime import private, sftp, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import Engine  # noqa: E402
 from gpubook.runtime.templates import get_template  # noqa: E402
 from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings  # noqa: E402
@@ -326,7 +326,7 @@ def main() -> None:
     problem = storage.mount_problem(args.data_root)
     if problem is not None:
         raise SystemExit(f"--data-root {args.data_root}: {problem}")
-    cache = ssh.default_cache_dir()
+    cache = private.default_cache_dir()
     image = ssh.build_rootfs_image(podman_engine("private"), get_template("debian-ssh"), cache_dir=cache)
     print(f"machine: Debian 12 VM, 2 cores, 24 GiB; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
           f"load before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)

@@ -14,4 +14,5 @@ pytest_plugins = [
     "tests.plugins.probes",
     "tests.plugins.pause",
     "tests.plugins.lane_health",
+    "tests.plugins.module_queue",
 ]

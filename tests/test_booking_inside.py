@@ -13,7 +13,7 @@ import shlex
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gpubook.runtime import booking_json, ssh
+from gpubook.runtime import booking_json, private
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler.outbox.timeline import short_title
 from tests.kits.daemon_kit import (
@@ -56,7 +56,7 @@ def test_the_booking_inside_its_container_follows_a_later_end_and_the_booker_can
     end = start + timedelta(minutes=30)
     book(calendar, UID, user="alice", start=start, end=end, gpus="6,7", summary=TITLE)
     cleanup.append(UID)
-    host_file = booking_json.card_folder(ssh.default_cache_dir(), container_name(UID)) / booking_json.CARD_FILE
+    host_file = booking_json.card_folder(private.default_cache_dir(), container_name(UID)) / booking_json.CARD_FILE
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
     try:
@@ -132,4 +132,4 @@ def test_the_booking_inside_its_container_follows_a_later_end_and_the_booker_can
         (running,) = json.loads(as_json.stdout)["running"]
         assert (running["booking"], running["title"]) == (UID, TITLE)
     finally:
-        booking_json.forget_card(ssh.default_cache_dir(), container_name(UID))
+        booking_json.forget_card(private.default_cache_dir(), container_name(UID))

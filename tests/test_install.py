@@ -71,8 +71,9 @@ def mounted(path: Path) -> int:
     return points.count(str(path))
 
 
-def remove_everything() -> None:
-    """Undo gpubook setup and the test: each piece only if it is there."""
+def remove_everything(*, keep_venv: bool = False) -> None:
+    """Undo gpubook setup and the test: each piece only if it is there (the installed venv too, unless
+    `keep_venv`: the module's tests share one install of the wheel)."""
     try:
         entry = pwd.getpwnam(ACCOUNT)
     except KeyError:
@@ -100,14 +101,25 @@ def remove_everything() -> None:
         if kept_ids != text:
             path.write_text(kept_ids)
     shutil.rmtree(DATA, ignore_errors=True)
-    shutil.rmtree(PREFIX, ignore_errors=True)
+    if not keep_venv:
+        shutil.rmtree(PREFIX, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The wheel built from this tree and installed into a venv outside the checkout, once for the
+    module: setup and the page's steps only read the venv."""
+    remove_everything()
+    install_wheel(tmp_path_factory.mktemp("install"))
+    yield
+    remove_everything()
 
 
 @pytest.fixture
-def clean_host() -> Iterator[None]:
-    remove_everything()
+def clean_host(installed: None) -> Iterator[None]:
+    remove_everything(keep_venv=True)
     yield
-    remove_everything()
+    remove_everything(keep_venv=True)
     assert mounted(DATA) == 0 and fstab_line(DATA) not in FSTAB.read_text()
     assert _quiet(["id", ACCOUNT]).returncode != 0
 
@@ -186,7 +198,6 @@ def login(port: int, known_hosts: Path, key: paramiko.PKey) -> paramiko.SSHClien
 
 def test_an_admin_install_by_gpubook_setup_runs_a_caldav_booking_to_ssh(clean_host: None, tmp_path: Path,
                                                                           radicale) -> None:
-    install_wheel(tmp_path)
     version = _quiet([str(BINARY), "--version"], cwd="/")
     assert re.fullmatch(r"gpubook \d+\.\d+\.\d+\S*\n", version.stdout), version.stdout + version.stderr
     calendar = radicale.new_calendar()
@@ -291,9 +302,8 @@ def install_md_script(*, systemd: bool, tun_mode: int) -> str:
     return "set -eu\n" + names + "".join(chosen)
 
 
-def test_install_md_by_hand_leaves_gpubook_setup_nothing_to_do_but_the_image(clean_host: None, tmp_path: Path) -> None:
+def test_install_md_by_hand_leaves_gpubook_setup_nothing_to_do_but_the_image(clean_host: None) -> None:
     """The manual page and the command are one procedure: after the page's steps, setup says "already"."""
-    install_wheel(tmp_path)
     statvfs = os.statvfs("/srv")
     assert not statvfs.f_flag & os.ST_NOSUID, "this test expects /srv without nosuid (the bind-mount branch)"
     script = install_md_script(systemd=Path("/run/systemd/system").is_dir(),

@@ -1,7 +1,7 @@
 """JupyterLab in a real booking: reached by the booker through their SSH, by nobody else.
 
 Rootless podman on the host network (the worst case: the container's loopback is the host's), a
-Debian image with sshd and a real JupyterLab (made here: mmdebstrap, then JupyterLab's wheels
+Debian image with sshd and a real JupyterLab (made here: the debian-ssh image, then JupyterLab's wheels
 installed offline from a wheelhouse that `pip download` fills once; both cached), started through
 the host start path (booking.booking_spec + booking.start_booking). The booker forwards the socket with
 OpenSSH's own `ssh -L` and asks JupyterLab's API with and without the token. Hostile: root in another
@@ -30,7 +30,7 @@ from gpubook.runtime import jupyter
 from gpubook.runtime.engines import Engine, container_name, engine_from
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.overlay_image import build_rootfs_image
-from gpubook.runtime.templates import Template, get_template, load_template
+from gpubook.runtime.templates import Template, get_template
 from gpubook.scheduler.commands.embedded import free_port
 from tests.kits import safe_data
 from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config
@@ -43,16 +43,7 @@ pytestmark = [
 ]
 
 LAB_VERSION = "4.2.5"
-LAB_IMAGE = f"localhost/gpubook/test-jupyterlab:{LAB_VERSION}"
-BASE_TEMPLATE = """\
-image = "localhost/gpubook/test-jupyter-base:12"
-cuda = "none"
-has_sshd = true
-[build]
-suite = "bookworm"
-variant = "minbase"
-include = ["openssh-server", "sudo", "python3", "python3-venv"]
-"""
+LAB_IMAGE = f"localhost/gpubook/test-jupyterlab:{LAB_VERSION}-on-debian-ssh"
 PATH = "/opt/jupyter/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Run by root inside another booking's container (same host network): every listening TCP port is
@@ -100,13 +91,14 @@ def _present(engine: Engine, image: str) -> bool:
 
 
 def wheelhouse() -> Path:
-    """JupyterLab's wheels for this Python (Debian 12's, as in the image), downloaded once."""
-    folder = CACHE_DIR / "wheels" / f"jupyterlab-{LAB_VERSION}"
+    """JupyterLab's wheels for this Python (Debian 12's, as in the image), and pip's own (the image has
+    no python3-venv, so no pip: pip runs from its wheel), downloaded once."""
+    folder = CACHE_DIR / "wheels" / f"jupyterlab-{LAB_VERSION}-and-pip"
     if not (folder / ".complete").exists():
         partial = folder.with_name(folder.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(partial),
-                        f"jupyterlab=={LAB_VERSION}"], check=True, timeout=600)
+                        f"jupyterlab=={LAB_VERSION}", "pip"], check=True, timeout=600)
         (partial / ".complete").touch()
         shutil.rmtree(folder, ignore_errors=True)
         partial.replace(folder)
@@ -114,20 +106,20 @@ def wheelhouse() -> Path:
 
 
 @pytest.fixture(scope="module")
-def lab_image(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Debian 12 with sshd, sudo and JupyterLab in /opt/jupyter (on PATH, as NGC's images have it)."""
+def lab_image(engine: Engine, ssh_image: str) -> str:
+    """Debian 12 with sshd, sudo and JupyterLab in /opt/jupyter (on PATH, as NGC's images have it): the
+    debian-ssh image (its root file system made once for the whole run) with a venv made without pip
+    and JupyterLab installed into it by pip run from its wheel, offline."""
     if _present(engine, LAB_IMAGE):
         return LAB_IMAGE
-    folder = tmp_path_factory.mktemp("templates")
-    (folder / "jupyter-base.toml").write_text(BASE_TEMPLATE)
-    base = build_rootfs_image(engine, load_template(folder / "jupyter-base.toml"), cache_dir=CACHE_DIR)
     wheels = wheelhouse()
     name = f"gpubook-test-jupyter-build-{secrets.token_hex(4)}"
     podman = engine.global_argv()
+    install = ("python3 -m venv --without-pip /opt/jupyter && set -- /wheels/pip-*.whl && /opt/jupyter/bin/python "
+               f"\"$1/pip\" install -q --no-index --find-links /wheels jupyterlab=={LAB_VERSION}")
     try:
         subprocess.run([*podman, "run", "--name", name, "--network", "none", "--volume", f"{wheels}:/wheels:ro",
-                        base, "sh", "-c", "python3 -m venv /opt/jupyter && /opt/jupyter/bin/pip install -q "
-                        f"--no-index --find-links /wheels jupyterlab=={LAB_VERSION}"], check=True, timeout=900)
+                        ssh_image, "sh", "-c", install], check=True, timeout=900)
         subprocess.run([*podman, "commit", "-q", "--change", f"ENV PATH={PATH}", name, LAB_IMAGE], check=True,
                        timeout=300)
     finally:

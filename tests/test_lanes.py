@@ -1,12 +1,14 @@
 """The suite's lanes (tools/lanes.py) and the check between modules (tests/plugins/lane_health.py).
 
-The lanes: every module goes to exactly one user lane, the longest first to the least loaded; pytest-
-repeat's ids are folded back for the flake hunt. The check: a module that leaves a listener on the
+The lanes: the user lanes take whole modules from one queue, longest first, each module run by exactly
+one lane with its module fixtures set up and torn down once; pytest-repeat's ids are folded back for
+the flake hunt. The check: a module that leaves a listener on the
 lane's ports, or its podman unable to answer, fails at its end, names what is broken, and the lane
 stops there (the next module does not run to fail for it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -14,19 +16,100 @@ import sys
 import time
 from pathlib import Path
 
-from tools.lanes import ROOT_LANES, ROOT_MARKERS, USER_PORTS, base_id, port_blocks, share_out, split_args
+from tools.lanes import ROOT_LANES, ROOT_MARKERS, USER_PORTS, base_id, port_blocks, queue_order, split_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_module_goes_to_one_lane_and_the_loads_are_even() -> None:
-    seconds = {"a": 100.0, "b": 90.0, "c": 50.0, "d": 40.0, "e": 10.0, "f": 10.0}
-    shares = share_out(sorted([*seconds, "new"]), 3, seconds)
-    placed = [module for share in shares for module in share]
-    assert sorted(placed) == sorted([*seconds, "new"])  # each once
-    loads = [sum(seconds.get(m, 10.0) for m in share) for share in shares]
-    assert max(loads) - min(loads) <= 20.0, shares
-    assert share_out(sorted(seconds), 3, seconds) == share_out(sorted(seconds, reverse=True), 3, seconds)
+QUEUED_MODULE = """
+import os
+import pathlib
+import time
+
+import pytest
+
+LOG = pathlib.Path(os.environ["QUEUE_LOG"])
+
+
+def note(what):
+    with LOG.open("a") as log:
+        log.write(f"{{os.environ['LANE']}} {{what}}\\n")
+
+
+@pytest.fixture(scope="module")
+def module_fixture():
+    note("setup {name}")
+    yield
+    note("teardown {name}")
+
+
+@pytest.mark.parametrize("n", range({tests}))
+def test_it(module_fixture, n):
+    time.sleep({seconds})
+    note("ran {name} " + str(n))
+"""
+
+
+def test_the_lanes_take_each_module_from_one_queue_once(tmp_path: Path) -> None:
+    """Three pytest processes on one queue: every test runs exactly once, each module whole in one lane
+    with its module fixture set up and torn down once there (which lane takes what depends on timing,
+    and is not asserted)."""
+    seconds = {"test_long.py": 100.0, "test_mid.py": 20.0}
+    modules = {"test_long.py": (3, 0.6), "test_mid.py": (2, 0.1), "test_s1.py": (2, 0.05), "test_s2.py": (2, 0.05),
+               "test_s3.py": (1, 0.05), "test_s4.py": (1, 0.05)}
+    for name, (tests, pause) in modules.items():
+        (tmp_path / name).write_text(QUEUED_MODULE.format(name=name, tests=tests, seconds=pause))
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.plugins.module_queue"]\n')
+    queue = tmp_path / "queue"
+    (queue / "claims").mkdir(parents=True)
+    order = queue_order(sorted(modules), seconds)
+    assert order[:2] == ["test_long.py", "test_mid.py"]
+    (queue / "order.json").write_text(json.dumps(order))
+    log = tmp_path / "ran.log"
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
+            f"--module-queue={queue}", *sorted(modules)]
+    lanes = [subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "QUEUE_LOG": str(log), "LANE": f"lane{n}"})
+             for n in range(3)]
+    outputs = [lane.communicate(timeout=120)[0] for lane in lanes]
+    assert [lane.returncode for lane in lanes] == [0, 0, 0], outputs
+    lines = [line.split(" ", 2) for line in log.read_text().splitlines()]
+    ran = [(lane, rest) for lane, what, rest in lines if what == "ran"]
+    expected = sorted(f"{name} {n}" for name, (tests, _) in modules.items() for n in range(tests))
+    assert sorted(rest for _, rest in ran) == expected, lines  # every test once
+    for name in modules:
+        where = {lane for lane, rest in ran if rest.startswith(name + " ")}
+        assert len(where) == 1, (name, lines)  # the module whole in one lane
+        lane = where.pop()
+        assert [line for line in lines if line[2].split()[0] == name] == [[lane, "setup", name], *(
+            [lane, "ran", f"{name} {n}"] for n in range(modules[name][0])), [lane, "teardown", name]], lines
+    assert sorted(path.name for path in (queue / "claims").iterdir()) == sorted(f"{name}@1" for name in modules)
+    passed = [int(output.split(" passed")[0].split()[-1]) for output in outputs if " passed" in output]
+    assert sum(passed) == len(expected), outputs
+
+
+def test_a_repeated_runs_rounds_are_units_of_their_own_first_rounds_first(tmp_path: Path) -> None:
+    """The flake hunt (pytest-repeat, session scope): each round of a module is taken on its own, every
+    module's first round before any second, each in the queue's order."""
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text(QUEUED_MODULE.format(name=name, tests=1, seconds=0))
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.plugins.module_queue"]\n')
+    queue = tmp_path / "queue"
+    (queue / "claims").mkdir(parents=True)
+    (queue / "order.json").write_text(json.dumps(["test_b.py", "test_a.py"]))
+    log = tmp_path / "ran.log"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
+                           f"--module-queue={queue}", "--count", "2", "--repeat-scope", "session",
+                           "test_a.py", "test_b.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "QUEUE_LOG": str(log), "LANE": "lane0"},
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = [line.split(" ", 2)[2] for line in log.read_text().splitlines() if " ran " in line]
+    assert ran == ["test_b.py 0", "test_a.py 0", "test_b.py 0", "test_a.py 0"], ran
+    assert sorted(path.name for path in (queue / "claims").iterdir()) == [
+        "test_a.py@1", "test_a.py@2", "test_b.py@1", "test_b.py@2"]
 
 
 def test_the_lanes_port_blocks_do_not_overlap_and_stay_below_the_ephemeral_range() -> None:

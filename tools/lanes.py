@@ -6,8 +6,9 @@
   systemd-booted unit, rootful podman, commands run as several host accounts).
 - **the user lanes**: every other test, as unprivileged accounts (gpubook-test, gpubook-test2, …), one
   per lane, each with its own podman store and pause process, runtime folder (and so its own daemon
-  lock), data mounts and block of booking ports. The test modules are shared out among them by their
-  recorded times (tests/durations.json), longest first, each to the lane with the least so far.
+  lock), data mounts and block of booking ports. Every user lane collects the same tests and takes
+  whole modules from one queue (tests/plugins/module_queue.py), longest recorded first
+  (tests/durations.json), each the next one not yet taken as soon as it is done with its last.
 
 Every lane writes its whole output to a log of its own, printed when all lanes are done (root's first),
 then a summary: each lane's time and result, every failed test, the slowest tests overall and, with
@@ -70,16 +71,10 @@ class Lane:
     rc: int | None = None
 
 
-def share_out(modules: list[str], lanes: int, seconds: dict[str, float]) -> list[list[str]]:
-    """The modules shared out among `lanes` lanes by their recorded seconds: longest first, each to the
-    lane with the least so far (ties: the lower lane). Deterministic for the same inputs."""
-    shares: list[list[str]] = [[] for _ in range(lanes)]
-    loads = [0.0] * lanes
-    for module in sorted(modules, key=lambda m: (-seconds.get(m, UNKNOWN_SECONDS), m)):
-        lane = min(range(lanes), key=lambda n: (loads[n], n))
-        shares[lane].append(module)
-        loads[lane] += seconds.get(module, UNKNOWN_SECONDS)
-    return [sorted(share) for share in shares]
+def queue_order(modules: list[str], seconds: dict[str, float]) -> list[str]:
+    """The order the user lanes take modules in: longest recorded first (a module with no recorded time
+    counts UNKNOWN_SECONDS), so that the last ones taken are short and the lanes end close together."""
+    return sorted(modules, key=lambda m: (-seconds.get(m, UNKNOWN_SECONDS), m))
 
 
 def split_args(args: list[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
@@ -110,8 +105,11 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
     seconds: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     modules = selected or all_modules()
     files = sorted({m.split("::", 1)[0] for m in modules})
-    by_file = {f: [m for m in modules if m.split("::", 1)[0] == f] for f in files}
-    shares = share_out(files, len(accounts), seconds)
+    queue = out / "queue"  # the user lanes take whole modules from it (tests/plugins/module_queue.py)
+    (queue / "claims").mkdir(parents=True)
+    (queue / "claims").chmod(0o1777)
+    (queue / "order.json").write_text(json.dumps(queue_order(files, seconds)))
+    (queue / "order.json").chmod(0o644)
     also = f" and ({own.markers})" if own.markers else ""
     repeat = ["--count", str(own.repeat), "--repeat-scope", "session"] if own.repeat > 1 else []
     common = ["-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
@@ -125,17 +123,18 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
             "GPUBOOK_TEST_LANE": name, "GPUBOOK_TEST_PORTS": f"{ports[0]}-{ports[1]}"})
         lane.argv = ["-m", f"({markers}){also}", "--durations=10", *common, *modules]
         lanes.append(lane)
-    for number, (account, share, ports) in enumerate(zip(accounts, shares, port_blocks(len(accounts)), strict=True), 1):
+    for number, (account, ports) in enumerate(zip(accounts, port_blocks(len(accounts)), strict=True), 1):
         entry = pwd.getpwnam(account)
         suffix = "" if number == 1 else f"-{number}"
-        lane = Lane(f"user{number}", account, [m for f in share for m in by_file[f]], ports, {
+        lane = Lane(f"user{number}", account, modules, ports, {
             "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": entry.pw_dir, "USER": account, "LOGNAME": account,
             "XDG_RUNTIME_DIR": f"/run/user/{entry.pw_uid}", "PYTHONPATH": ns.tree,
             "GPUBOOK_TEST_DATA_ROOT": ns.data_root + suffix, "GPUBOOK_TEST_FULL_ROOT": ns.full_root + suffix,
             "UDOCKER_DIR": ns.udocker_root + suffix,
             "GPUBOOK_TEST_LANE": f"user{number}", "GPUBOOK_TEST_PORTS": f"{ports[0]}-{ports[1]}", "CI": ci,
             "PYTHONDONTWRITEBYTECODE": "1"})
-        lane.argv = ["-m", f"not ({ROOT_MARKERS}){also}", "--durations=10", *common, *lane.modules]
+        lane.argv = ["-m", f"not ({ROOT_MARKERS}){also}", "--durations=10", f"--module-queue={queue}", *common,
+                     *lane.modules]
         lanes.append(lane)
     chosen = [lane for lane in lanes if not own.lane or lane.name in own.lane]
     unknown = set(own.lane) - {lane.name for lane in lanes}
@@ -152,15 +151,21 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
     return [lane for lane in chosen if lane.modules]
 
 
-def seed_images(accounts: list[str]) -> None:
-    """The debian-ssh template's root file system, made once (as root, mmdebstrap's fastest mode) and
-    copied into each account's cache, where the tests' image fixtures find it: each lane imports it into
-    its own store, and no two lanes run mmdebstrap at once."""
+def seed_rootfs() -> Path:
+    """The debian-ssh template's root file system, made once (as root, mmdebstrap's fastest mode) in
+    root's cache; at once when it is there."""
     from gpubook.runtime.overlay_image import rootfs_tarball
-    from gpubook.runtime.ssh import default_cache_dir
+    from gpubook.runtime.private import default_cache_dir
     from gpubook.runtime.templates import get_template
 
-    made = rootfs_tarball(get_template("debian-ssh"), cache_dir=default_cache_dir())
+    return rootfs_tarball(get_template("debian-ssh"), cache_dir=default_cache_dir())
+
+
+def seed_images(accounts: list[str]) -> None:
+    """The debian-ssh root file system (seed_rootfs) copied into each account's cache, where the tests'
+    image fixtures find it: each lane imports it into its own store, and no two lanes run mmdebstrap at
+    once."""
+    made = seed_rootfs()
     for account in accounts:
         entry = pwd.getpwnam(account)
         target = Path(entry.pw_dir) / ".cache" / "gpubook" / "rootfs" / made.name
@@ -332,6 +337,9 @@ def record(lanes: list[Lane]) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--rootfs-only"]:  # quickstart, while pip installs: the seed's root file system only
+        print(f"quickstart: the debian-ssh root file system: {seed_rootfs()}", flush=True)
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--tree", required=True, help="the tree the user lanes run (readable by them)")
     parser.add_argument("--accounts", required=True, help="the user lanes' accounts, comma-separated")
@@ -350,9 +358,10 @@ def main() -> int:
     began = time.monotonic()
     seed_images([*ns.accounts.split(","), ns.slurm_account])
     for lane in lanes:
-        print(f"quickstart: lane {lane.name} ({lane.account or 'root'}): "
-              f"{len({m.split('::', 1)[0] for m in lane.modules})} modules, ports {lane.ports[0]}-{lane.ports[1]}; "
-              f"log {lane.log}", flush=True)
+        what = (f"{len({m.split('::', 1)[0] for m in lane.modules})} modules" if lane.account is None
+                else "modules from the user lanes' queue")
+        print(f"quickstart: lane {lane.name} ({lane.account or 'root'}): {what}, "
+              f"ports {lane.ports[0]}-{lane.ports[1]}; log {lane.log}", flush=True)
         start(lane, python=sys.executable, tree=ns.tree)
     signal.signal(signal.SIGTERM, _interrupted)
     try:

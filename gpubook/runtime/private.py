@@ -24,6 +24,13 @@ class UnsafePath(GpubookError):
     """A private folder or file that others may write to, or a key that others may read."""
 
 
+def default_cache_dir() -> Path:
+    """The account's own cache (~/.cache/gpubook, or under XDG_CACHE_HOME): probe keys, host keys, root
+    file systems of templates."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpubook"
+
+
 def private_folder(path: Path, *, own: bool = False) -> Path:
     """Make `path` (mode 0700) or check it: ours and readable by others → set to 0700; writable by
     others → UnsafePath with the fix in one sentence; someone else's → UnsafePath with `own`."""

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
-from gpubook.runtime import booking, engines, slurm_pause, ssh, storage
+from gpubook.runtime import booking, engines, private, slurm_pause, ssh, storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineSettings, container_name, make_engine
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.mounts import Mount
@@ -347,7 +347,7 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     name = container_name(booking_id)
     # The node's own cache (the account's ~/.cache/gpubook there): the booking's private host key
     # stays on the node's disk, never on the shared storage.
-    cache_dir = ssh.default_cache_dir()
+    cache_dir = private.default_cache_dir()
     cache_dir.mkdir(parents=True, exist_ok=True)
     folders = _folders(request, engine)
     gpu = _injection(gpus, cache_dir)

@@ -16,7 +16,6 @@ import base64
 import hashlib
 import io
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -111,11 +110,6 @@ def fingerprint(key_line: str) -> str:
     """OpenSSH's SHA256 fingerprint of a public key line ("ssh-ed25519 AAAA...")."""
     blob = base64.b64decode(key_line.split()[1])
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "gpubook"
 
 
 def load_probe_key(path: Path) -> paramiko.PKey:

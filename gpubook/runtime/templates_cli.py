@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gpubook.runtime import overlay_image, ssh
+from gpubook.runtime import overlay_image, private
 from gpubook.runtime.engines import engine_from
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.templates import Template, get_template, load_all
@@ -95,7 +95,7 @@ def build(args: Namespace) -> int:
             storage_driver=getattr(args, "storage_driver", None),
             network=getattr(args, "network", None) or "private",
         )
-        cache = ssh.default_cache_dir()
+        cache = private.default_cache_dir()
         if template.build is not None:
             overlay_image.build_rootfs_image(engine, template, cache_dir=cache)
         if not template.has_sshd:

@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo
 
 import paramiko
 
-from gpubook.runtime import crash, engines, ssh
+from gpubook.runtime import crash, engines, private, ssh
 from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import ContainerInfo, Engine
 from gpubook.runtime.errors import ConfigError
@@ -82,7 +82,7 @@ def base(config: Config, *, engine: Engine | None = None, exclusive: bool = Fals
     folder = private_folder(state_dir(config))
     # 0700 and the daemon's own: the entrypoint every container runs as root, the NVIDIA link
     # folders and the bookings' host keys are made there (issue 22, finding 12).
-    private_folder(ssh.default_cache_dir(), own=True)
+    private_folder(private.default_cache_dir(), own=True)
     locks = (hold_lock(folder), hold_account_lock(folder)) if exclusive else ()
     made = engine or make_engine(config)
     if exclusive and crash.arm() is not None:  # a test's GPUBOOK_CRASH_AT (runtime/crash.py); else nothing

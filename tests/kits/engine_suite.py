@@ -24,7 +24,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import booking, ssh, storage
+from gpubook.runtime import booking, private, ssh, storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
 from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from gpubook.runtime.errors import EngineError, StorageError
@@ -34,7 +34,7 @@ from gpubook.scheduler.commands.embedded import end_process, free_port
 BOOKER = "alice"
 BOOKER_UID = 2001
 BOOKER_GID = 2001
-CACHE_DIR = ssh.default_cache_dir()
+CACHE_DIR = private.default_cache_dir()
 # The engine arguments of the podman suites: rootless podman as these machines run it.
 PODMAN = {"name": "podman", "runtime": "runc", "storage_driver": "overlay"}
 DOCKERD = "/usr/sbin/dockerd"

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from bench.container_start import one_start  # noqa: E402
-from gpubook.runtime import overlay_image, ssh, storage  # noqa: E402
+from gpubook.runtime import overlay_image, private, ssh, storage  # noqa: E402
 from gpubook.runtime.engines import engine_from  # noqa: E402
 from gpubook.runtime.templates import get_template  # noqa: E402
 
@@ -23,7 +23,7 @@ RUNS = 10
 
 engine = engine_from("udocker", network="host")
 template = get_template("debian-ssh")
-cache = ssh.default_cache_dir()
+cache = private.default_cache_dir()
 overlay_image.build_rootfs_image(engine, template, cache_dir=cache)
 probe_key = ssh.load_probe_key(cache / "bench-probe-key")
 creates: list[float] = []

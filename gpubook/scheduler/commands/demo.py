@@ -34,7 +34,7 @@ import caldav
 import paramiko
 from icalendar import Calendar, Event, vCalAddress
 
-from gpubook.runtime import engines, overlay_image, sftp, ssh, storage
+from gpubook.runtime import engines, overlay_image, private, sftp, ssh, storage
 from gpubook.runtime.engines import ContainerInfo, Engine, container_name
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.names import USER_NAME
@@ -248,7 +248,7 @@ def _ensure_image(config: config_module.Config, engine: Engine) -> None:
         return
     print(f"gpubook demo: building the {template.name} image (mmdebstrap, about a minute, once)", flush=True)
     if template.build is not None:
-        overlay_image.build_rootfs_image(engine, template, cache_dir=ssh.default_cache_dir())
+        overlay_image.build_rootfs_image(engine, template, cache_dir=private.default_cache_dir())
     if not template.has_sshd:
         overlay_image.build_overlay(engine, template)
 

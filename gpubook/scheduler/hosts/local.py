@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo
 
 import paramiko
 
-from gpubook.runtime import booking, booking_json, engines, images, jupyter, overlay_image, ssh, storage
+from gpubook.runtime import booking, booking_json, engines, images, jupyter, overlay_image, private, ssh, storage
 from gpubook.runtime import provenance as prov
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
@@ -303,7 +303,7 @@ class LocalBackend(OneMachine):
         host = LocalHost(
             engine=parts.engine, gpus=tuple(gpu.index for gpu in inventory.gpus),
             driver_version=inventory.driver_version if inventory.source == "nvml" else None,
-            probe_key=parts.probe_key, cache_dir=ssh.default_cache_dir(), data_root=config.storage.data_root,
+            probe_key=parts.probe_key, cache_dir=private.default_cache_dir(), data_root=config.storage.data_root,
             persistent_home=config.storage.persistent_home, driver_roots=config.nvidia.driver_roots,
             mps=config.gpu_mps, images=parts.images, parallel_starts=config.daemon.parallel_starts,
             timezone=ZoneInfo(config.host.timezone))

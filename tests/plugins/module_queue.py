@@ -1,0 +1,83 @@
+"""The user lanes' shared queue, `pytest --module-queue DIR` (tools/lanes.py): every user lane collects
+the same tests, then takes whole modules from one queue, longest first, each lane the next module
+no lane has taken yet, as soon as it is done with its last. A lane whose modules ran long no longer
+holds up the run while the others stand idle: the lanes end within about one module of each other,
+whatever the recorded times said (a fresh machine's first image builds make some modules longer).
+
+DIR holds `order.json` (the module paths, longest recorded first; a module not in it goes last) and
+`claims/`, where a lane takes a module by creating its file (O_EXCL: exactly one lane gets it).
+With pytest-repeat's session scope the same module comes once per round: each round is a unit of its
+own, and the first round of every module is taken before any second one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--module-queue", metavar="DIR", default=None,
+                     help="take whole modules from the queue in DIR, shared with other pytest processes")
+
+
+def units(items: list[pytest.Item], order: list[str]) -> list[tuple[str, list[pytest.Item]]]:
+    """The items in runs of one module, each named `module@round`, in the queue's order: by round,
+    then by the module's place in `order` (an unknown module last), then as collected."""
+    runs: list[tuple[str, int, list[pytest.Item]]] = []
+    rounds: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if runs and runs[-1][0] == module:
+            runs[-1][2].append(item)
+            continue
+        rounds[module] = rounds.get(module, 0) + 1
+        runs.append((module, rounds[module], [item]))
+    place = {module: n for n, module in enumerate(order)}
+    ranked = sorted(enumerate(runs), key=lambda pair: (pair[1][1], place.get(pair[1][0], len(order)), pair[0]))
+    return [(f"{module}@{round_}", run) for _, (module, round_, run) in ranked]
+
+
+def claim(folder: Path, unit: str) -> bool:
+    """Whether this process takes `unit`: the first to create its claim file does."""
+    path = folder / "claims" / unit.replace("/", "%")
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    folder = session.config.getoption("--module-queue")
+    if folder is None or session.config.option.collectonly:
+        return None
+    queue = Path(folder)
+    order = json.loads((queue / "order.json").read_text())
+    pending = iter(units(list(session.items), order))
+
+    def take() -> list[pytest.Item]:
+        for unit, run in pending:
+            if claim(queue, unit):
+                return run
+        return []
+
+    current, following = take(), []
+    while current:
+        for n, item in enumerate(current):
+            if n + 1 < len(current):
+                nextitem: pytest.Item | None = current[n + 1]
+            else:  # the next module is taken before the last test: its teardown must know what comes next
+                following = take()
+                nextitem = following[0] if following else None
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            if session.shouldfail:
+                raise session.Failed(session.shouldfail)
+            if session.shouldstop:
+                raise session.Interrupted(session.shouldstop)
+        current = following
+    return True
