@@ -52,7 +52,7 @@ password_file = "{password}"
 base = "{ldap_kit.BASE}"
 group = "{ldap_kit.GROUP}"
 """)
-        base = config.load(path, directory=False)
+        base = config.load(path, directory="none")
         best_wall = best_cpu = float("inf")
         users = 0
         for _ in range(3):

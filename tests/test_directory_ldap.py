@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler import config, directory
 from gpubook.scheduler.commands import cli
-from gpubook.scheduler.commands.users import directory_check
+from gpubook.scheduler.commands.users import directory_check, rows
 from tests.kits import ldap_kit
 
 pytestmark = pytest.mark.ldap
@@ -39,12 +40,13 @@ def slapd() -> Iterator[ldap_kit.Slapd]:
 
 
 def write(tmp_path: Path, slapd: ldap_kit.Slapd, *, url: str | None = None, extra: str = "",
-          mode: int = 0o600, group: str = ldap_kit.GROUP, start_tls: bool = False) -> Path:
+          mode: int = 0o600, group: str = ldap_kit.GROUP, start_tls: bool = False, calendar_user: str = "") -> Path:
     password = slapd.password_file(tmp_path, mode)
     path = tmp_path / "gpubook.toml"
     path.write_text(f"""
 [[calendar]]
 url = "http://127.0.0.1:5232/lab/devbox1/"
+{f'user = "{calendar_user}"' if calendar_user else ""}
 
 [daemon]
 state_dir = "{tmp_path / 'state'}"
@@ -64,7 +66,7 @@ group = "{group}"
 
 def test_members_over_ldaps(slapd: ldap_kit.Slapd, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        loaded = config.load(write(tmp_path, slapd))
+        loaded = config.load(write(tmp_path, slapd), directory="read")
     assert sorted(loaded.users) == ["alice", "bob", "dave"]  # carol is not in the group; Bad_Name is no name
     alice, bob = loaded.users["alice"], loaded.users["bob"]
     assert (alice.uid, alice.gid, alice.email, alice.ssh_keys) == (
@@ -82,7 +84,7 @@ def test_members_over_ldaps(slapd: ldap_kit.Slapd, tmp_path: Path, caplog: pytes
 
 def test_members_over_starttls_and_group_of_names(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
     loaded = config.load(write(tmp_path, slapd, url=slapd.ldap_url, start_tls=True,
-                               group=f"cn=carols,ou=groups,{ldap_kit.BASE}"))
+                               group=f"cn=carols,ou=groups,{ldap_kit.BASE}"), directory="read")
     assert list(loaded.users) == ["carol"]
     assert loaded.users["carol"].email == ("carol@lab.example",)
 
@@ -109,11 +111,24 @@ email = ["erin@lab.example"]
 
 [users.nobody]
 max_gpus = 1
-"""))
+"""), directory="read")
     alice = loaded.users["alice"]
     assert (alice.uid, alice.max_gpus, alice.week_gpu_hours, alice.ssh_keys) == (2001, 2, 10, (KEY,))
     assert loaded.users["erin"].uid == 4000 and "erin" not in loaded.directory_users
     assert "nobody" not in loaded.users  # no uid, and the directory has no nobody
+
+
+def test_a_calendar_of_a_directory_user_needs_no_table(slapd: ldap_kit.Slapd, tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """`[[calendar]] user = "alice"` names a member the directory gives (no [users.alice]); a name neither
+    gives is said once the users are merged (its bookings are refused as any unknown user's)."""
+    with caplog.at_level(logging.WARNING):
+        loaded = config.load(write(tmp_path, slapd, calendar_user="alice"), directory="read")
+    assert loaded.calendars[0].user == "alice" and "alice" in loaded.users
+    assert "calendar[0].user" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        config.load(write(tmp_path, slapd, calendar_user="zed"), directory="read")
+    assert "calendar[0].user 'zed' is neither a member of the directory's group nor a [users] table" in caplog.text
 
 
 def test_directory_down_keeps_last_good_copy(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -122,14 +137,16 @@ def test_directory_down_keeps_last_good_copy(tmp_path: Path, caplog: pytest.LogC
         server.add(ldap_kit.person("alice", 2001, mails=("alice@lab.example",), keys=(KEY,))
                    + "\n" + ldap_kit.posix_group(("alice",)))
         path = write(tmp_path, server, extra="timeout_seconds = 2")
-        assert list(config.load(path).users) == ["alice"]
+        assert list(config.load(path, directory="read").users) == ["alice"]
         cache = tmp_path / "state" / directory.CACHE_NAME
         assert cache.stat().st_mode & 0o777 == 0o600
         server.stop()
         with caplog.at_level(logging.ERROR):
-            assert list(config.load(path).users) == ["alice"]  # this process's copy
+            assert list(config.load(path).users) == ["alice"]  # any other command: the cache, the directory not asked
+            assert not caplog.records, caplog.text
+            assert list(config.load(path, directory="read").users) == ["alice"]  # this process's copy
             directory._last_good.clear()  # as after a restart: only the cache is left
-            assert list(config.load(path).users) == ["alice"]
+            assert list(config.load(path, directory="read").users) == ["alice"]
         said = [r for r in caplog.records if "does not answer" in r.getMessage()]
         assert len(said) == 1, caplog.text
     finally:
@@ -140,10 +157,10 @@ def test_directory_down_keeps_last_good_copy(tmp_path: Path, caplog: pytest.LogC
 def test_users_json(slapd: ldap_kit.Slapd, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, slapd, extra='[users.erin]\nuid = 4000\n')
     assert cli.main(["users", "--config", str(path), "--json"]) == 0
-    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["users"]}
-    assert rows["alice"] == {"name": "alice", "uid": 2001, "gid": 2001, "keys": 1, "source": "directory",
-                             "identities": ["alice@lab.example", "a.smith@lab.example"]}
-    assert rows["erin"]["source"] == "file"
+    listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)["users"]}
+    assert listed["alice"] == {"name": "alice", "uid": 2001, "gid": 2001, "keys": 1, "source": "directory",
+                               "identities": ["alice@lab.example", "a.smith@lab.example"], "left": None}
+    assert listed["erin"]["source"] == "file"
 
 
 def test_doctor_check(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
@@ -153,3 +170,38 @@ def test_doctor_check(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
     assert "Bad_Name" in check.detail
     down = directory_check(config.load(write(tmp_path, slapd, url="ldaps://127.0.0.1:1", extra="timeout_seconds = 2")))
     assert down.level == "fail"
+
+
+def test_a_member_who_leaves_the_group_is_kept_as_departed_for_max_hours(tmp_path: Path) -> None:
+    """bob leaves the group: the next read keeps him, as departed since that read (his running booking
+    runs to its end, core/plan.py refuses the rest), in this process and in the cache after a restart;
+    a read max_hours later forgets him; back in the group, he is a member again."""
+    server = ldap_kit.make(tmp_path / "slapd")
+    directory._last_good.clear()
+    try:
+        server.add("\n".join([ldap_kit.person("alice", 2001, mails=("alice@lab.example",)),
+                              ldap_kit.person("bob", 2002, mails=("bob@lab.example",), keys=(KEY,)),
+                              ldap_kit.posix_group(("alice", "bob"))]))
+        parsed = config.load(write(tmp_path, server, extra="[defaults]\nmax_hours = 24\n"), directory="none")
+        start = datetime(2026, 11, 29, 9, tzinfo=UTC)
+        first = directory.with_users(parsed, directory.fetch(parsed, now=start))
+        assert sorted(first.users) == ["alice", "bob"] and first.departed_users == {}
+        server.modify(f"dn: {ldap_kit.GROUP}\nchangetype: modify\ndelete: memberUid\nmemberUid: bob\n")
+        left = start + timedelta(minutes=5)
+        after = directory.with_users(parsed, directory.fetch(parsed, now=left))
+        assert after.departed_users == {"bob": left} and sorted(after.directory_users) == ["alice"]
+        bob = after.users["bob"]
+        assert (bob.uid, bob.email, bob.ssh_keys) == (2002, ("bob@lab.example",), (KEY,))  # as before
+        assert [(row["name"], row["source"], row["left"]) for row in rows(after)] == [
+            ("alice", "directory", None), ("bob", "departed", left.isoformat())]
+        directory._last_good.clear()  # a restart: the cache still knows when bob left
+        later = directory.with_users(parsed, directory.fetch(parsed, now=left + timedelta(hours=23)))
+        assert later.departed_users == {"bob": left}
+        gone = directory.with_users(parsed, directory.fetch(parsed, now=left + timedelta(hours=24)))
+        assert "bob" not in gone.users and gone.departed_users == {}
+        server.modify(f"dn: {ldap_kit.GROUP}\nchangetype: modify\nadd: memberUid\nmemberUid: bob\n")
+        back = directory.with_users(parsed, directory.fetch(parsed, now=left + timedelta(hours=25)))
+        assert sorted(back.directory_users) == ["alice", "bob"] and back.departed_users == {}
+    finally:
+        ldap_kit.remove(server)
+        directory._last_good.clear()

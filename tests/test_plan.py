@@ -363,3 +363,21 @@ def test_a_refusal_names_the_other_booker_only_in_the_same_calendar() -> None:
     assert reason.startswith("the GPUs asked for are taken: GPU 1 is booked from ") and "alice" not in reason
     same = booking("c", user="bob", indices=(1,), created=utc(2026, 11, 2))
     assert reasons(run(first, same))["c"].startswith("the GPUs asked for are taken: GPU 1 is booked by alice from ")
+
+
+def test_a_user_who_left_the_directorys_group_keeps_a_running_booking_and_no_other() -> None:
+    """Issue 38: bob left the group at 10:15; his running booking runs to its end, his later one and
+    one that had not started are refused with a sentence that says why; alice is not touched."""
+    import dataclasses
+
+    left = dataclasses.replace(CONFIG, departed_users={"bob": utc(2026, 11, 24, 10, 15)})
+    now = utc(2026, 11, 24, 10, 30)
+    items = (booking("runs", user="bob", start=10), booking("later", user="bob", start=14),
+             booking("alices", start=14))
+    result = plan(items, inventory=INVENTORY, config=left, templates=TEMPLATES, now=now, running={"runs": (0,)})
+    assert set(gpus(result)) == {"runs", "alices"}
+    assert reasons(result) == {"later": "bob is no longer among the bookers of devbox1 (not in the directory's group "
+                                        "since 2026-11-24 11:15 CET); only a booking that was running then runs on, to "
+                                        "its end"}
+    # Without the departure, both of bob's bookings are his as before.
+    assert set(gpus(run(*items, running={"runs": (0,)}, now=now))) == {"runs", "later", "alices"}

@@ -218,7 +218,7 @@ class Daemon:
         """SIGHUP: read config and templates again; an invalid config is refused, the old one kept."""
         self.notifier.reloading()
         try:
-            new = config_module.load(self.config.path)
+            new = config_module.load(self.config.path, directory="read")
             wiring.runnable(new)
         except ConfigError as error:
             message = f"reload refused, keeping the running config: {error}"

@@ -154,6 +154,11 @@ class Slapd:
         subprocess.run(["ldapadd", "-x", "-H", self.ldap_url, "-D", ADMIN, "-w", ADMIN_PASSWORD],
                        input=ldif.encode(), capture_output=True, check=True, timeout=120)
 
+    def modify(self, ldif: str) -> None:
+        """Entries changed by ldapmodify as the admin (over ldap:// on the loopback)."""
+        subprocess.run(["ldapmodify", "-x", "-H", self.ldap_url, "-D", ADMIN, "-w", ADMIN_PASSWORD],
+                       input=ldif.encode(), capture_output=True, check=True, timeout=120)
+
     def password_file(self, folder: Path, mode: int = 0o600) -> Path:
         path = folder / "ldap-password"
         path.write_text(ADMIN_PASSWORD + "\n")

@@ -58,26 +58,23 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return None
     queue = Path(folder)
     order = json.loads((queue / "order.json").read_text())
-    pending = iter(units(list(session.items), order))
+    ranked = units(list(session.items), order)
 
-    def take() -> list[pytest.Item]:
-        for unit, run in pending:
-            if claim(queue, unit):
-                return run
-        return []
+    def after(run: list[pytest.Item]) -> pytest.Item | None:
+        """What the last test of `run` is told comes next: a test of another module, whichever (the next
+        module is taken only once this one is done, so that no lane holds one it has not begun), so its
+        module's fixtures end there and the session's stay; pytest ends those when the session does."""
+        return next((other[0] for _, other in ranked if other[0].path != run[0].path),
+                    next((other[0] for _, other in ranked if other is not run), None))
 
-    current, following = take(), []
-    while current:
-        for n, item in enumerate(current):
-            if n + 1 < len(current):
-                nextitem: pytest.Item | None = current[n + 1]
-            else:  # the next module is taken before the last test: its teardown must know what comes next
-                following = take()
-                nextitem = following[0] if following else None
+    for unit, run in ranked:
+        if not claim(queue, unit):
+            continue
+        for n, item in enumerate(run):
+            nextitem = run[n + 1] if n + 1 < len(run) else after(run)
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
             if session.shouldfail:
                 raise session.Failed(session.shouldfail)
             if session.shouldstop:
                 raise session.Interrupted(session.shouldstop)
-        current = following
     return True

@@ -46,7 +46,7 @@ def run(config_path: str) -> int:
         logsafe.configure(logging.WARNING, "%(levelname)s %(name)s: %(message)s")
     root.setLevel(logging.INFO)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is expected
-    return Daemon(config_module.load(config_path), exclusive=True).run()
+    return Daemon(config_module.load(config_path, directory="read"), exclusive=True).run()
 
 
 def daemon_pid(folder: Path, *, locks: Path = PROC_LOCKS) -> int | None:

@@ -45,7 +45,7 @@ def _config_check(given: str | None) -> tuple[Check, config_module.Config | None
                      "run `gpubook doctor --config FILE` with the daemon's config, or put it in one of those "
                      "paths"), None
     try:
-        loaded = config_module.load(path)
+        loaded = config_module.load(path, directory="read")
     except GpubookError as error:
         return Check("config", False, str(error), "correct the lines named above"), None
     return Check("config", True, f"{loaded.path}: {len(loaded.calendars)} calendar(s), "

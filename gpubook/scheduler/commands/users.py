@@ -10,14 +10,21 @@ from gpubook.scheduler import config as config_module
 from gpubook.scheduler import directory
 
 
+def _source(loaded: config_module.Config, name: str) -> str:
+    if name in loaded.departed_users:
+        return "departed"  # left the directory's group: only a booking that ran then runs on
+    return "directory" if name in loaded.directory_users else "file"
+
+
 def rows(loaded: config_module.Config) -> list[dict[str, object]]:
     return [{"name": user.name, "uid": user.uid, "gid": user.gid, "identities": list(user.email),
-             "keys": len(user.ssh_keys), "source": "directory" if name in loaded.directory_users else "file"}
+             "keys": len(user.ssh_keys), "source": _source(loaded, name),
+             "left": left.isoformat() if (left := loaded.departed_users.get(name)) else None}
             for name, user in sorted(loaded.users.items())]
 
 
 def run(config_path: str, *, as_json: bool = False) -> int:
-    listed = rows(config_module.load(config_path))
+    listed = rows(config_module.load(config_path, directory="read"))
     if as_json:
         json.dump({"users": listed}, sys.stdout, indent=2)
         print()

@@ -62,8 +62,10 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     read = {section.name: read_section(reader, data, section) for section in SECTIONS}
     if not reader.errors:
         _sftp_problems(reader, read)
+        from_directory = read["directory"] is not None and read["directory"].source == "ldap"
         for position, calendar in enumerate(read["calendar"]):
-            if calendar.user is not None and calendar.user not in read["users"]:
+            # A directory's member has no table: scheduler.directory says so once its users are merged.
+            if calendar.user is not None and calendar.user not in read["users"] and not from_directory:
                 reader.error(f"calendar[{position}].user", f"{calendar.user!r} is not a user of [users]")
         for section in SECTIONS:
             if section.refusal is not None and (problem := section.refusal(read[section.name])):
@@ -117,9 +119,11 @@ def config_path(given: str | os.PathLike[str] | None = None, *, required: bool =
     return found
 
 
-def load(path: str | os.PathLike[str], *, directory: bool = True) -> Config:
+def load(path: str | os.PathLike[str], *, directory: Literal["read", "cache", "none"] = "cache") -> Config:
     """Read and validate a config file; ConfigError says what is wrong, all at once. With [directory]
-    source = "ldap" (and `directory`), the directory's users are read and merged in (scheduler.directory)."""
+    source = "ldap", the directory's users are merged in (scheduler.directory): `directory` "read" asks
+    the directory (the daemon, `gpubook users`, doctor), "cache" takes the daemon's last copy
+    (`directory.json` in its state folder) without asking it (every other command), "none" neither."""
     path = Path(path)
     try:
         with path.open("rb") as file:
@@ -131,4 +135,6 @@ def load(path: str | os.PathLike[str], *, directory: bool = True) -> Config:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     parsed = parse(data, path.resolve())
-    return users_module.with_users(parsed) if directory else parsed
+    if directory == "none":
+        return parsed
+    return users_module.with_users(parsed, cached=directory == "cache")

@@ -148,7 +148,7 @@ def plan(
         else:
             reason = _static_problem(booking, calendars=calendars, hosts=hosts, config=config,
                                      templates=templates, where=where, placed=placed.get(booking.id),
-                                     one_machine=not topology.spans_nodes)
+                                     one_machine=not topology.spans_nodes, runs=booking.id in running)
         if isinstance(reason, tuple):
             valid.append((booking, reason))
         else:
@@ -302,13 +302,18 @@ def _other_places(where: Mapping[tuple[str, str], object], place: tuple[str, str
 def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig],
                     hosts: Mapping[str, frozenset[int]], config: Config,
                     templates: Collection[str], where: str, placed: Placement | None = None,
-                    one_machine: bool = True) -> str | tuple[int, int]:
+                    one_machine: bool = True, runs: bool = False) -> str | tuple[int, int]:
     """What is wrong with a booking on its own, before looking at other bookings; else its shape
     (how many nodes, how many GPUs on each). A cluster booking that runs (`placed`) has the shape
-    it runs with, whatever its nodes offer now (a node silent for a moment ends no booking)."""
+    it runs with, whatever its nodes offer now (a node silent for a moment ends no booking). A
+    booking of a user who left the directory's group runs on only if it `runs`."""
     user = config.users.get(booking.user)
     if user is None:
         return f"{booking.user!r} is not a known user of {where}"
+    if (left := config.departed_users.get(user.name)) is not None and not runs:
+        return (f"{user.name} is no longer among the bookers of {where} (not in the directory's group since "
+                f"{left.astimezone(ZoneInfo(config.host.timezone)):%Y-%m-%d %H:%M %Z}); only a booking that was "
+                "running then runs on, to its end")
     if booking.template not in templates:
         known = ", ".join(sorted(templates)) or "none"
         return f"there is no template {booking.template!r} on {where} ({known})"

@@ -99,6 +99,30 @@ def checked(entries: Iterable[RawEntry]) -> tuple[list[DirectoryUser], list[str]
     return users, problems
 
 
+def as_user(user: DirectoryUser, tables: Mapping[str, UserConfig], overrides: Mapping[str, UserConfig]) -> UserConfig:
+    """A directory user as gpubook sees them: their [users.NAME] table's limits with the directory's uid,
+    gid, addresses and keys (plus the table's own addresses and keys)."""
+    table = tables.get(user.name) or overrides.get(user.name) or UserConfig(name=user.name, uid=user.uid, gid=user.gid)
+    return dataclasses.replace(table, uid=user.uid, gid=user.gid,
+                               email=tuple(dict.fromkeys((*user.emails, *table.email))),
+                               ssh_keys=tuple(dict.fromkeys((*user.ssh_keys, *table.ssh_keys))))
+
+
+def with_departed(users: Mapping[str, UserConfig], departed: Iterable[DirectoryUser],
+                  tables: Mapping[str, UserConfig], overrides: Mapping[str, UserConfig]) -> dict[str, UserConfig]:
+    """`users` and the directory users who left its group, each as before (their running bookings run
+    to their end): one whose name, uid or an address another user now has is left out."""
+    result = dict(users)
+    uids = {user.uid for user in users.values()}
+    addresses = {address.lower() for user in users.values() for address in user.email}
+    for user in departed:
+        kept = as_user(user, tables, overrides)
+        if user.name in result or kept.uid in uids or any(a.lower() in addresses for a in kept.email):
+            continue
+        result[user.name] = kept
+    return result
+
+
 def merge(found: Iterable[DirectoryUser], tables: Mapping[str, UserConfig],
           overrides: Mapping[str, UserConfig]) -> tuple[dict[str, UserConfig], list[str]]:
     """The users gpubook sees: each directory user with its [users.NAME] table's limits (its uid, gid,
@@ -108,11 +132,7 @@ def merge(found: Iterable[DirectoryUser], tables: Mapping[str, UserConfig],
     result: dict[str, UserConfig] = {}
     problems: list[str] = []
     for user in found:
-        table = (tables.get(user.name) or overrides.get(user.name)
-                 or UserConfig(name=user.name, uid=user.uid, gid=user.gid))
-        result[user.name] = dataclasses.replace(
-            table, uid=user.uid, gid=user.gid, email=tuple(dict.fromkeys((*user.emails, *table.email))),
-            ssh_keys=tuple(dict.fromkeys((*user.ssh_keys, *table.ssh_keys))))
+        result[user.name] = as_user(user, tables, overrides)
     for name in sorted(set(overrides) - set(result)):
         problems.append(f"users.{name}: left out: it has no uid and the directory has no member {name}")
     uids = {user.uid: user.name for user in result.values()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -95,6 +96,9 @@ class Config:
     # [directory] source = "ldap": [users.NAME] tables without a uid (their uid 0 until a directory user fills it)
     user_overrides: Mapping[str, UserConfig] = field(default_factory=dict)
     directory_users: frozenset[str] = frozenset()  # the users that came from the directory
+    # Directory users who left its group, and since when: kept in `users` for [defaults] max_hours after
+    # that, so that a booking of theirs that runs runs to its end; any other booking of theirs is refused.
+    departed_users: Mapping[str, datetime] = field(default_factory=dict)
     file_users: Mapping[str, UserConfig] | None = None  # the [users.NAME] tables, once the directory's were merged
     # Derived when made (so dataclasses.replace keeps it true): each user's effective policy.
     policies: Mapping[str, UserPolicy] = field(init=False, repr=False, compare=False)
