@@ -112,6 +112,26 @@ def test_a_repeated_runs_rounds_are_units_of_their_own_first_rounds_first(tmp_pa
         "test_a.py@1", "test_a.py@2", "test_b.py@1", "test_b.py@2"]
 
 
+def test_a_lane_takes_the_modules_only_it_runs_first(tmp_path: Path) -> None:
+    """Root's lane (`--queue-first docker,slurm`): the marked module before the longer unmarked one."""
+    (tmp_path / "test_long.py").write_text(QUEUED_MODULE.format(name="test_long.py", tests=1, seconds=0))
+    (tmp_path / "test_own.py").write_text("import pytest\npytestmark = pytest.mark.docker\n"
+                                          + QUEUED_MODULE.format(name="test_own.py", tests=1, seconds=0))
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['docker: docker']\n")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.plugins.module_queue"]\n')
+    queue = tmp_path / "queue"
+    (queue / "claims").mkdir(parents=True)
+    (queue / "order.json").write_text(json.dumps(["test_long.py", "test_own.py"]))
+    log = tmp_path / "ran.log"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
+                           f"--module-queue={queue}", "--queue-first=docker,slurm", "test_long.py", "test_own.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "QUEUE_LOG": str(log), "LANE": "root"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = [line.split(" ", 2)[2] for line in log.read_text().splitlines() if " ran " in line]
+    assert ran == ["test_own.py 0", "test_long.py 0"], ran
+
+
 def test_the_lanes_port_blocks_do_not_overlap_and_stay_below_the_ephemeral_range() -> None:
     blocks = [*(ports for _, _, ports in ROOT_LANES), *port_blocks(3)]
     for (low, high), (next_low, _) in zip(blocks, blocks[1:], strict=False):
@@ -119,15 +139,21 @@ def test_the_lanes_port_blocks_do_not_overlap_and_stay_below_the_ephemeral_range
     assert blocks[-1][1] <= USER_PORTS[1] < 32768
 
 
-def test_roots_lanes_run_each_root_test_once() -> None:
-    """Every combination of the root markers is in exactly one of root's lanes, and in no user lane."""
+def test_roots_lanes_collect_every_root_test_and_docker_and_slurm_only_in_root() -> None:
+    """Every combination of the root markers is collected by root's lanes (which take each module once
+    from their queue, as the user lanes do) and by no user lane; Docker's and Slurm's only by `root`,
+    which takes them first (one dockerd, one Slurm test cluster)."""
     from itertools import product
+
+    from tools.lanes import ROOT_FIRST
 
     names = ROOT_MARKERS.split(" or ")
     for values in product([False, True], repeat=len(names)):
         marks = dict(zip(names, values, strict=True))
         lanes = [name for name, markers, _ in ROOT_LANES if eval(markers, {}, marks)]  # noqa: S307 - our own
-        assert len(lanes) == (1 if any(values) else 0), (marks, lanes)
+        assert bool(lanes) == any(values), (marks, lanes)
+        if any(marks[name] for name in ROOT_FIRST.split(",")):
+            assert lanes == ["root"], (marks, lanes)
 
 
 def test_repeat_ids_fold_back_to_the_test() -> None:

@@ -1,8 +1,9 @@
 """The test suite in lanes side by side: what `./quickstart test` runs once the machine is set up.
 
 - **root's lanes**: the tests that need root (markers `docker`, `slurm`, `install`, `systemd`,
-  `rootful`, `accounts`), as root, in two lanes: `root` (Docker's and Slurm's: dockerd, the Slurm test
-  cluster, whose podman runs as an account of its own) and `root2` (the install by `gpubook setup`, the
+  `rootful`, `accounts`), as root, in two lanes taking whole modules from a queue of their own: only
+  `root` takes Docker's and Slurm's (one dockerd, one Slurm test cluster, whose podman runs as an
+  account of its own), and takes them first; both take the rest (the install by `gpubook setup`, the
   systemd-booted unit, rootful podman, commands run as several host accounts).
 - **the user lanes**: every other test, as unprivileged accounts (gpubook-test, gpubook-test2, …), one
   per lane, each with its own podman store and pause process, runtime folder (and so its own daemon
@@ -46,8 +47,11 @@ HERE = Path(__file__).resolve().parents[1]
 ROOT_MARKERS = "docker or slurm or install or systemd or rootful or accounts"
 # Root's two lanes: (name, the tests they run, their block of booking ports). The Slurm tests use fixed
 # ports in 22000-24999 (tests/test_slurm_jobs.py), inside the first block.
-ROOT_LANES = (("root", "docker or slurm", (20000, 24999)),
+ROOT_LANES = (("root", ROOT_MARKERS, (20000, 24999)),
               ("root2", "(install or systemd or rootful or accounts) and not (docker or slurm)", (25000, 26499)))
+# Root's two lanes take whole modules from a queue of their own, as the user lanes do; only `root` takes
+# Docker's and Slurm's (one dockerd, one Slurm test cluster, its fixed ports), and takes them first.
+ROOT_FIRST = "docker,slurm"
 DURATIONS = HERE / "tests" / "durations.json"
 UNKNOWN_SECONDS = 10.0  # a module with no recorded time yet
 # Booking ports (tests/kits/daemon_kit.port_range): below the kernel's ephemeral range (32768-60999),
@@ -105,11 +109,12 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
     seconds: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     modules = selected or all_modules()
     files = sorted({m.split("::", 1)[0] for m in modules})
-    queue = out / "queue"  # the user lanes take whole modules from it (tests/plugins/module_queue.py)
-    (queue / "claims").mkdir(parents=True)
-    (queue / "claims").chmod(0o1777)
-    (queue / "order.json").write_text(json.dumps(queue_order(files, seconds)))
-    (queue / "order.json").chmod(0o644)
+    queue, root_queue = out / "queue", out / "root-queue"  # tests/plugins/module_queue.py
+    for folder in (queue, root_queue):
+        (folder / "claims").mkdir(parents=True)
+        (folder / "claims").chmod(0o1777)
+        (folder / "order.json").write_text(json.dumps(queue_order(files, seconds)))
+        (folder / "order.json").chmod(0o644)
     also = f" and ({own.markers})" if own.markers else ""
     repeat = ["--count", str(own.repeat), "--repeat-scope", "session"] if own.repeat > 1 else []
     common = ["-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
@@ -121,7 +126,9 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
             **os.environ, "PYTHONPATH": str(HERE), "GPUBOOK_TEST_DATA_ROOT": f"{ns.data_root}-root",
             "GPUBOOK_TEST_TREE": ns.tree, "GPUBOOK_SLURM_TEST_USER": ns.slurm_account,
             "GPUBOOK_TEST_LANE": name, "GPUBOOK_TEST_PORTS": f"{ports[0]}-{ports[1]}"})
-        lane.argv = ["-m", f"({markers}){also}", "--durations=10", *common, *modules]
+        first = [f"--queue-first={ROOT_FIRST}"] if name == "root" else []
+        lane.argv = ["-m", f"({markers}){also}", "--durations=10", f"--module-queue={root_queue}", *first, *common,
+                     *modules]
         lanes.append(lane)
     for number, (account, ports) in enumerate(zip(accounts, port_blocks(len(accounts)), strict=True), 1):
         entry = pwd.getpwnam(account)
@@ -325,10 +332,10 @@ def summary(lanes: list[Lane], *, repeat: int, wall: float) -> int:
 
 
 def record(lanes: list[Lane]) -> None:
-    """tests/durations.json: each module's seconds in the user lanes (root's lane runs every module)."""
+    """tests/durations.json: each module's seconds, in whichever lane ran it."""
     seconds: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     measured: dict[str, float] = {}
-    for _, test, took, _ in cases([lane for lane in lanes if lane.account is not None]):
+    for _, test, took, _ in cases(lanes):
         module = test.split("::", 1)[0]
         measured[module] = measured.get(module, 0.0) + took
     seconds.update({module: round(took, 1) for module, took in measured.items()})
@@ -358,8 +365,7 @@ def main() -> int:
     began = time.monotonic()
     seed_images([*ns.accounts.split(","), ns.slurm_account])
     for lane in lanes:
-        what = (f"{len({m.split('::', 1)[0] for m in lane.modules})} modules" if lane.account is None
-                else "modules from the user lanes' queue")
+        what = "modules from root's queue" if lane.account is None else "modules from the user lanes' queue"
         print(f"quickstart: lane {lane.name} ({lane.account or 'root'}): {what}, "
               f"ports {lane.ports[0]}-{lane.ports[1]}; log {lane.log}", flush=True)
         start(lane, python=sys.executable, tree=ns.tree)

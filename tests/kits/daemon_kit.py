@@ -219,22 +219,28 @@ class DaemonProcess:
         return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
 
 
-SLOWEST_LOOK = 0.5  # seconds between two looks, at the most, once a wait has gone on for a while
+# Seconds between two looks, at the most: within a wait's first LONG_WAIT seconds, then after (a wait
+# that long is for a booking's end or a warning, which a second's lateness does not change).
+SLOWEST_LOOK = 0.5
+SLOWEST_LONG_LOOK = 1.0
+LONG_WAIT = 10.0
 
 
 def wait_for(what: str, check: Callable[[], T | None], *, timeout: float, interval: float = 0.1,
              daemon: DaemonProcess | None = None) -> T:
     """`check()` until it gives something true, first every `interval` seconds, then less often (each
-    look a little later, up to SLOWEST_LOOK): a look is often a podman command (75 ms of CPU here),
-    and the lanes running side by side share two cores."""
-    deadline = time.monotonic() + timeout
+    look a little later, up to SLOWEST_LOOK, and SLOWEST_LONG_LOOK once the wait is long): a look is
+    often a podman command (75 ms of CPU here), and the lanes running side by side share two cores."""
+    began = time.monotonic()
+    deadline = began + timeout
     pause = interval
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
         time.sleep(pause)
-        pause = min(max(interval, SLOWEST_LOOK), pause * 1.25)
+        slowest = SLOWEST_LONG_LOOK if time.monotonic() - began > LONG_WAIT else SLOWEST_LOOK
+        pause = min(max(interval, slowest), pause * 1.25)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}\n"
                          + (f"daemon log:\n{daemon.tail()}\n" if daemon else "") + _bookings_logs())
 

@@ -5,7 +5,9 @@ holds up the run while the others stand idle: the lanes end within about one mod
 whatever the recorded times said (a fresh machine's first image builds make some modules longer).
 
 DIR holds `order.json` (the module paths, longest recorded first; a module not in it goes last) and
-`claims/`, where a lane takes a module by creating its file (O_EXCL: exactly one lane gets it).
+`claims/`, where a lane takes a module by creating its file (O_EXCL: exactly one lane gets it). A lane
+may collect modules the others do not (root's lane alone runs Docker's and Slurm's) and take those
+first (`--queue-first docker,slurm`).
 With pytest-repeat's session scope the same module comes once per round: each round is a unit of its
 own, and the first round of every module is taken before any second one.
 """
@@ -22,6 +24,8 @@ import pytest
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--module-queue", metavar="DIR", default=None,
                      help="take whole modules from the queue in DIR, shared with other pytest processes")
+    parser.addoption("--queue-first", metavar="MARKERS", default="",
+                     help="take the modules with a test marked with any of these (comma-separated) first")
 
 
 def units(items: list[pytest.Item], order: list[str]) -> list[tuple[str, list[pytest.Item]]]:
@@ -58,7 +62,10 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return None
     queue = Path(folder)
     order = json.loads((queue / "order.json").read_text())
+    first = [name for name in session.config.getoption("--queue-first").split(",") if name]
     ranked = units(list(session.items), order)
+    if first:  # a stable sort: in the queue's order within each part
+        ranked.sort(key=lambda unit: not any(item.get_closest_marker(name) for item in unit[1] for name in first))
 
     def after(run: list[pytest.Item]) -> pytest.Item | None:
         """What the last test of `run` is told comes next: a test of another module, whichever (the next
