@@ -53,6 +53,7 @@ from gpubook.scheduler.calendars import Freshness, check_interval, duration
 from gpubook.scheduler.clock import ClockWatch
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.plan import LOCAL
+from gpubook.scheduler.directory.settings import EXTERNAL
 from gpubook.scheduler.outbox import asking, metrics, status, status_file, web
 from gpubook.scheduler.outbox.ask_socket import AskServer, Peer
 from gpubook.scheduler.sdnotify import Notifier
@@ -324,21 +325,21 @@ class Daemon:
                     first=clock.now())
         self._every("sample", parts.sample if config.daemon.sample_seconds > 0 else None,
                     config.daemon.sample_seconds)
-        ldap = config.directory is not None and config.directory.source == "ldap"
-        self._every("directory", self._refresh_users if ldap else None,
+        external = config.directory is not None and config.directory.source in EXTERNAL
+        self._every("directory", self._refresh_users if external else None,
                     config.directory.refresh_minutes * 60 if config.directory is not None else 900)
 
     def _refresh_users(self) -> None:
         """The directory's users read again (every [directory] refresh_minutes); one that does not answer
         keeps the last good copy (scheduler.directory), so no running booking loses its user."""
         new = directory.with_users(self.config)
-        if new.users == self.config.users:
+        if (new.users, new.departed_users) == (self.config.users, self.config.departed_users):
             return
         with self._lock:
             self.parts = wiring.build(new, self.base, self.hooks, previous=self.parts)
             self.config = new
-        log.warning("users read again from directory %s: %d user(s)", new.directory and new.directory.url,
-                    len(new.users))
+        source = directory.source_name(new.directory or directory.DirectoryConfig())
+        log.warning("users read again from %s: %d user(s)", source, len(new.users))
         self._event(f"users read again from the directory: {len(new.users)} user(s)", level="info")
 
     def _every(self, job: str, run: Callable[[], object] | None, seconds: float, *,

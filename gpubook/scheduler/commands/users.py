@@ -8,6 +8,7 @@ import sys
 from gpubook.runtime.checks import Check
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import directory
+from gpubook.scheduler.directory.settings import EXTERNAL
 
 
 def _source(loaded: config_module.Config, name: str) -> str:
@@ -39,15 +40,16 @@ def run(config_path: str, *, as_json: bool = False) -> int:
 def directory_check(loaded: config_module.Config, *, shown: int = 3) -> Check:
     """Whether the directory answers, how many users it gave, and its first problems."""
     settings = loaded.directory
-    if settings is None or settings.source != "ldap":
+    if settings is None or settings.source not in EXTERNAL:
         return Check("directory", True, 'source = "file": the users are the [users.NAME] tables')
     try:
         users, problems = directory.checked(directory.read(settings))
     except directory.DirectoryError as error:
-        return Check("directory", False, str(error), "check [directory] url, ca_file, bind_dn and the password "
-                     "file; the daemon keeps the last good copy meanwhile")
-    detail = (f"{settings.url}: {len(users)} user(s), {sum(1 for u in users if u.ssh_keys)} with keys, "
-              f"{sum(1 for u in users if u.emails)} with identities")
+        fix = ("check [directory] group and this host's name service (getent group)" if settings.source == "host"
+               else "check [directory] url, ca_file, bind_dn and the password file")
+        return Check("directory", False, str(error), f"{fix}; the daemon keeps the last good copy meanwhile")
+    detail = (f"{directory.source_name(settings)}: {len(users)} user(s), "
+              f"{sum(1 for u in users if u.ssh_keys)} with keys, {sum(1 for u in users if u.emails)} with identities")
     if problems:
         more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
         return Check("directory", False, f"{detail}; left out: {'; '.join(problems[:shown])}{more}",

@@ -22,6 +22,7 @@ from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler import directory as users_module
 from gpubook.scheduler.config.reader import Reader
 from gpubook.scheduler.config.sections import FACTS, SECTIONS, read_section, system_timezone
+from gpubook.scheduler.directory.settings import EXTERNAL
 from gpubook.scheduler.settings import (
     PASSWORD_ENV,
     CalendarConfig,
@@ -62,7 +63,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     read = {section.name: read_section(reader, data, section) for section in SECTIONS}
     if not reader.errors:
         _sftp_problems(reader, read)
-        from_directory = read["directory"] is not None and read["directory"].source == "ldap"
+        from_directory = read["directory"] is not None and read["directory"].source in EXTERNAL
         for position, calendar in enumerate(read["calendar"]):
             # A directory's member has no table: scheduler.directory says so once its users are merged.
             if calendar.user is not None and calendar.user not in read["users"] and not from_directory:

@@ -15,6 +15,7 @@ from gpubook.runtime.engines import EngineSettings
 from gpubook.runtime.plugins import load_callable
 from gpubook.scheduler import sources
 from gpubook.scheduler.config.reader import Reader, join, kind_of
+from gpubook.scheduler.directory.settings import EXTERNAL as DIRECTORY_SOURCES
 from gpubook.scheduler.directory.settings import SECTION as DIRECTORY
 from gpubook.scheduler.hosts.sftp_settings import SECTION as SFTP
 from gpubook.scheduler.hosts.slurm.settings import SECTION as BACKEND
@@ -218,10 +219,10 @@ def _user(reader: Reader, name: str, table: Any, *, directory: bool = False) -> 
 
 
 def users(reader: Reader, data: Mapping[str, Any], name: str) -> dict[str, UserConfig]:
-    """The [users.NAME] tables; with [directory] source = "ldap", those without a uid too (uid 0)."""
+    """The [users.NAME] tables; with [directory] source = "ldap" or "host", those without a uid too (uid 0)."""
     found: dict[str, UserConfig] = {}
     directory = data.get("directory")
-    from_directory = isinstance(directory, Mapping) and directory.get("source") == "ldap"
+    from_directory = isinstance(directory, Mapping) and directory.get("source") in DIRECTORY_SOURCES
     for user_name, table in reader.table(data, name, name).items():
         if (user := _user(reader, user_name, table, directory=from_directory)) is not None:
             found[user_name] = user

@@ -1,4 +1,5 @@
-"""Users from the lab's directory ([directory] source = "ldap"), merged with the [users.NAME] tables.
+"""Users from the lab's directory ([directory] source = "ldap", or "host": this host's name service),
+merged with the [users.NAME] tables.
 
 The daemon reads the directory when its config is loaded (start, SIGHUP) and every `refresh_minutes`.
 A directory that does not answer keeps the last good copy: the one this process read, else the copy
@@ -19,13 +20,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gpubook.scheduler.directory.ldap import DirectoryError, read
-from gpubook.scheduler.directory.settings import DirectoryConfig
-from gpubook.scheduler.directory.users import DirectoryUser, checked, merge, with_departed
+from gpubook.scheduler.directory import host, ldap
+from gpubook.scheduler.directory.errors import DirectoryError
+from gpubook.scheduler.directory.settings import EXTERNAL, DirectoryConfig
+from gpubook.scheduler.directory.users import DirectoryUser, RawEntry, checked, merge, with_departed
 from gpubook.scheduler.settings import Config
 
 __all__ = ["DirectoryConfig", "DirectoryError", "DirectoryUser", "Snapshot", "cache_path", "cached_snapshot", "checked",
-           "fetch", "read", "with_users"]
+           "fetch", "read", "source_name", "with_users"]
 
 log = logging.getLogger(__name__)
 CACHE_NAME = "directory.json"
@@ -61,6 +63,16 @@ class Roster:
                     if name not in names and now - since < keep}
         departed.update({user.name: (user, now) for user in self.members if user.name not in names})
         return Roster(members, departed)
+
+
+def read(settings: DirectoryConfig) -> list[RawEntry]:
+    """The entries of the configured source (ldap or host)."""
+    return host.read(settings) if settings.source == "host" else ldap.read(settings)
+
+
+def source_name(settings: DirectoryConfig) -> str:
+    """What names the directory in this process's memory and its sentences."""
+    return f"host group {settings.group}" if settings.source == "host" else f"directory {settings.url or ''}"
 
 
 _last_good: dict[str, Roster] = {}
@@ -107,7 +119,7 @@ def _read_cache(path: Path) -> Roster | None:
 def fetch(config: Config, *, now: datetime | None = None) -> Snapshot:
     """The directory's users now, else the last good copy (this process's, else the cache)."""
     settings = config.directory or DirectoryConfig()
-    key = settings.url or ""
+    key = source_name(settings)
     cache = cache_path(config)
     try:
         users, problems = checked(read(settings))
@@ -120,12 +132,12 @@ def fetch(config: Config, *, now: datetime | None = None) -> Snapshot:
             kept, origin = Roster([]), "none"
         if key not in _down:
             _down.add(key)
-            log.error("directory %s does not answer (%s); keeping the %s of %d user(s) until it does",
+            log.error("%s does not answer (%s); keeping the %s of %d user(s) until it does",
                       key, error, "users cached in " + str(cache) if origin == "cache" else origin, len(kept.members))
         return Snapshot(kept.members, [], origin, str(error), kept.departed)
     if key in _down:
         _down.discard(key)
-        log.warning("directory %s answers again: %d user(s)", key, len(users))
+        log.warning("%s answers again: %d user(s)", key, len(users))
     for problem in problems:
         log.warning("%s", problem)
     before = _last_good.get(key) or _read_cache(cache) or Roster([])
@@ -150,7 +162,7 @@ def cached_snapshot(config: Config) -> Snapshot:
 def with_users(config: Config, snapshot: Snapshot | None = None, *, cached: bool = False) -> Config:
     """`config` with the directory's users merged in (unchanged for source = "file"): those of
     `snapshot`, else of the daemon's cache (`cached`), else read now."""
-    if config.directory is None or config.directory.source != "ldap":
+    if config.directory is None or config.directory.source not in EXTERNAL:
         return config
     snapshot = snapshot or (cached_snapshot(config) if cached else fetch(config))
     tables = config.users if config.file_users is None else config.file_users

@@ -6,15 +6,11 @@ import math
 import ssl
 from typing import Any
 
-from gpubook.runtime.errors import GpubookError
+from gpubook.scheduler.directory.errors import DirectoryError
 from gpubook.scheduler.directory.settings import DirectoryConfig
 from gpubook.scheduler.directory.users import RawEntry
 
 GROUP_ATTRIBUTES = ["memberUid", "member", "uniqueMember"]
-
-
-class DirectoryError(GpubookError):
-    """The directory could not be read (temporary: the last good copy is kept)."""
 
 
 def _connection(settings: DirectoryConfig) -> Any:

@@ -1,4 +1,4 @@
-"""[directory]: where gpubook's users come from, declared beside the reader (directory/ldap.py)."""
+"""[directory]: where gpubook's users come from, declared beside the readers (directory/ldap.py, host.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ from typing import Any
 
 from gpubook.scheduler.settings import Section, checks, setting
 
+SOURCES = ("file", "ldap", "host")
+EXTERNAL = ("ldap", "host")  # the sources that give users beside the [users.NAME] tables
+
 
 @dataclass(frozen=True)
 class DirectoryConfig:
-    """[directory]: "file" ([users.NAME] only) or "ldap" (the lab's directory, plus [users.NAME])."""
+    """[directory]: "file" ([users.NAME] only), "ldap" (the lab's directory) or "host" (this host's name
+    service), the last two with [users.NAME] tables for limits."""
 
     source: str = setting("file", '"file": the users are the [users.NAME] tables; "ldap": the members of `group` in '
-                          "the LDAP directory at `url`, with [users.NAME] tables setting their limits",
-                          check=checks.one_of(("file", "ldap")))
+                          'the LDAP directory at `url`; "host": the members of the host group `group` as this '
+                          "host's name service (NSS: /etc/group, SSSD, nslcd) gives them; with [users.NAME] "
+                          "tables setting the limits of either", check=checks.one_of(SOURCES))
     url: str | None = setting(None, "ldaps://HOST[:PORT], or ldap://HOST[:PORT] with start_tls = true",
                               sample="ldaps://ldap.lab.example")
     start_tls: bool = setting(False, "upgrade an ldap:// connection with StartTLS (required for ldap://)")
@@ -28,9 +33,16 @@ class DirectoryConfig:
                                         key="password_file", secret=True, sample="ldap-password")
     base: str = setting("", "the search base of users", sample="dc=lab,dc=example")
     user_filter: str = setting("(objectClass=posixAccount)", "LDAP filter of user entries")
-    group: str | None = setting(None, "DN of the group whose members may book (posixGroup memberUid, "
-                                "groupOfNames member, groupOfUniqueNames uniqueMember); default: every user "
-                                "the filter finds", sample="cn=gpu-users,ou=groups,dc=lab,dc=example")
+    group: str | None = setting(None, "ldap: DN of the group whose members may book (posixGroup memberUid, "
+                                "groupOfNames member, groupOfUniqueNames uniqueMember), default every user the "
+                                "filter finds; host: the group's name (its members and the accounts whose "
+                                "primary group it is)", sample="cn=gpu-users,ou=groups,dc=lab,dc=example")
+    mail_pattern: str | None = setting(None, "host: each user's calendar identity, {user} standing for the "
+                                       "login; default: none (a [users.NAME] table may give them)",
+                                       sample="{user}@lab.example")
+    keys_command: tuple[str, ...] = setting((), "host: the command (argv, {user} standing for the login) whose "
+                                            "output lines are the user's SSH public keys; default: none",
+                                            sample=("/usr/bin/sss_ssh_authorizedkeys", "{user}"))
     name_attribute: str = setting("uid", 'the attribute holding the user\'s name (Active Directory: "sAMAccountName")')
     mail_attributes: tuple[str, ...] = setting(("mail",), "attributes whose values are the user's calendar "
                                                'identities (e-mail addresses; "SMTP:" prefixes are dropped)')
@@ -41,6 +53,14 @@ class DirectoryConfig:
 
 
 def problems(settings: DirectoryConfig) -> Iterable[tuple[str, str]]:
+    if settings.source == "host":
+        if not settings.group:
+            yield "group", 'is required with source = "host": the host group whose members may book'
+        if settings.mail_pattern is not None and "{user}" not in settings.mail_pattern:
+            yield "mail_pattern", "must hold {user}, which stands for the login"
+        if settings.keys_command and not settings.keys_command[0].startswith("/"):
+            yield "keys_command", f"must start with an absolute path, not {settings.keys_command[0]!r}"
+        return
     if settings.source != "ldap":
         return
     if not settings.url:
