@@ -50,6 +50,29 @@ def test_it(module_fixture, n):
 """
 
 
+def _queued_project(tmp_path: Path, modules: dict[str, str], order: list[str]) -> Path:
+    """An inner pytest project of `modules` (name: text) whose runs share one queue; the queue's folder."""
+    for name, text in modules.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['docker: docker']\n")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.plugins.module_queue"]\n')
+    queue = tmp_path / "queue"
+    (queue / "claims").mkdir(parents=True)
+    (queue / "order.json").write_text(json.dumps(order))
+    return queue
+
+
+def _queued_run(tmp_path: Path, queue: Path, *args: str, lane: str) -> list[str]:
+    """One pytest process on the queue; what it ran, in order."""
+    log = tmp_path / "ran.log"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
+                           f"--module-queue={queue}", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "QUEUE_LOG": str(log), "LANE": lane})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [line.split(" ", 2)[2] for line in log.read_text().splitlines() if " ran " in line]
+
+
 def test_the_lanes_take_each_module_from_one_queue_once(tmp_path: Path) -> None:
     """Three pytest processes on one queue: every test runs exactly once, each module whole in one lane
     with its module fixture set up and torn down once there (which lane takes what depends on timing,
@@ -57,15 +80,10 @@ def test_the_lanes_take_each_module_from_one_queue_once(tmp_path: Path) -> None:
     seconds = {"test_long.py": 100.0, "test_mid.py": 20.0}
     modules = {"test_long.py": (3, 0.6), "test_mid.py": (2, 0.1), "test_s1.py": (2, 0.05), "test_s2.py": (2, 0.05),
                "test_s3.py": (1, 0.05), "test_s4.py": (1, 0.05)}
-    for name, (tests, pause) in modules.items():
-        (tmp_path / name).write_text(QUEUED_MODULE.format(name=name, tests=tests, seconds=pause))
-    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.plugins.module_queue"]\n')
-    queue = tmp_path / "queue"
-    (queue / "claims").mkdir(parents=True)
     order = queue_order(sorted(modules), seconds)
     assert order[:2] == ["test_long.py", "test_mid.py"]
-    (queue / "order.json").write_text(json.dumps(order))
+    queue = _queued_project(tmp_path, {name: QUEUED_MODULE.format(name=name, tests=tests, seconds=pause)
+                                       for name, (tests, pause) in modules.items()}, order)
     log = tmp_path / "ran.log"
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
             f"--module-queue={queue}", *sorted(modules)]
@@ -92,21 +110,10 @@ def test_the_lanes_take_each_module_from_one_queue_once(tmp_path: Path) -> None:
 def test_a_repeated_runs_rounds_are_units_of_their_own_first_rounds_first(tmp_path: Path) -> None:
     """The flake hunt (pytest-repeat, session scope): each round of a module is taken on its own, every
     module's first round before any second, each in the queue's order."""
-    for name in ("test_a.py", "test_b.py"):
-        (tmp_path / name).write_text(QUEUED_MODULE.format(name=name, tests=1, seconds=0))
-    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.plugins.module_queue"]\n')
-    queue = tmp_path / "queue"
-    (queue / "claims").mkdir(parents=True)
-    (queue / "order.json").write_text(json.dumps(["test_b.py", "test_a.py"]))
-    log = tmp_path / "ran.log"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
-                           f"--module-queue={queue}", "--count", "2", "--repeat-scope", "session",
-                           "test_a.py", "test_b.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "QUEUE_LOG": str(log), "LANE": "lane0"},
-                          check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    ran = [line.split(" ", 2)[2] for line in log.read_text().splitlines() if " ran " in line]
+    queue = _queued_project(tmp_path, {name: QUEUED_MODULE.format(name=name, tests=1, seconds=0)
+                                       for name in ("test_a.py", "test_b.py")}, ["test_b.py", "test_a.py"])
+    ran = _queued_run(tmp_path, queue, "--count", "2", "--repeat-scope", "session", "test_a.py", "test_b.py",
+                      lane="lane0")
     assert ran == ["test_b.py 0", "test_a.py 0", "test_b.py 0", "test_a.py 0"], ran
     assert sorted(path.name for path in (queue / "claims").iterdir()) == [
         "test_a.py@1", "test_a.py@2", "test_b.py@1", "test_b.py@2"]
@@ -114,21 +121,11 @@ def test_a_repeated_runs_rounds_are_units_of_their_own_first_rounds_first(tmp_pa
 
 def test_a_lane_takes_the_modules_only_it_runs_first(tmp_path: Path) -> None:
     """Root's lane (`--queue-first docker,slurm`): the marked module before the longer unmarked one."""
-    (tmp_path / "test_long.py").write_text(QUEUED_MODULE.format(name="test_long.py", tests=1, seconds=0))
-    (tmp_path / "test_own.py").write_text("import pytest\npytestmark = pytest.mark.docker\n"
-                                          + QUEUED_MODULE.format(name="test_own.py", tests=1, seconds=0))
-    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\nmarkers = ['docker: docker']\n")
-    (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.plugins.module_queue"]\n')
-    queue = tmp_path / "queue"
-    (queue / "claims").mkdir(parents=True)
-    (queue / "order.json").write_text(json.dumps(["test_long.py", "test_own.py"]))
-    log = tmp_path / "ran.log"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
-                           f"--module-queue={queue}", "--queue-first=docker,slurm", "test_long.py", "test_own.py"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "QUEUE_LOG": str(log), "LANE": "root"})
-    assert done.returncode == 0, done.stdout + done.stderr
-    ran = [line.split(" ", 2)[2] for line in log.read_text().splitlines() if " ran " in line]
+    queue = _queued_project(tmp_path, {
+        "test_long.py": QUEUED_MODULE.format(name="test_long.py", tests=1, seconds=0),
+        "test_own.py": "import pytest\npytestmark = pytest.mark.docker\n" + QUEUED_MODULE.format(
+            name="test_own.py", tests=1, seconds=0)}, ["test_long.py", "test_own.py"])
+    ran = _queued_run(tmp_path, queue, "--queue-first=docker,slurm", "test_long.py", "test_own.py", lane="root")
     assert ran == ["test_own.py 0", "test_long.py 0"], ran
 
 
