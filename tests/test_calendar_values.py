@@ -13,6 +13,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 import icalendar
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -52,6 +53,7 @@ def event(name: str, value: str) -> str:
     return calendar.to_ical().decode()
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(PROPERTIES), value=TEXT)
 def test_no_control_character_from_a_calendar_reaches_a_booking_a_refusal_a_file_or_a_log(name: str,

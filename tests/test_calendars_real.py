@@ -178,6 +178,7 @@ def test_outlook_windows_time_zone_names(name: str, uid: str, start: str, end: s
     assert occurrences(name, utc(2000, 1, 1), utc(2030, 1, 1)) == [(uid, start, end)]
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_google_overrides_without_their_series() -> None:
     name = "rie__issue_173_only_modifications_error.ics"
     uid = "_6krj2dhl74q34b9j60sj4b9k8h238b9p6gok2ba68gojgchl6cpj0h1o88_R20231009T130000@google.com"

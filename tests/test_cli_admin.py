@@ -53,6 +53,7 @@ def test_a_host_without_a_cdi_spec_gets_a_warning_not_a_failure(tmp_path: Path) 
     assert gpus._cdi_check([tmp_path]).level == "ok"
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_doctor_json_is_a_list_of_checks_and_keeps_the_exit_code(tmp_path: Path) -> None:
     broken = tmp_path / "gpubook.toml"
     broken.write_text("[[calendar]]\nurl = 'ftp://x'\n")
@@ -65,6 +66,7 @@ def test_doctor_json_is_a_list_of_checks_and_keeps_the_exit_code(tmp_path: Path)
     assert config["level"] == "fail" and "calendar[0].url: must be an http:// or https:// URL" in config["detail"]
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_doctor_without_any_config_says_which_paths_it_tried(tmp_path: Path) -> None:
     if config_module.SYSTEM_CONFIG.exists():
         pytest.skip(f"{config_module.SYSTEM_CONFIG} exists on this machine")
@@ -122,6 +124,7 @@ def test_config_is_taken_before_or_after_any_command(argv: list[str]) -> None:
     assert cli.build_parser().parse_args(argv).config == "F"
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_every_command_that_needs_a_config_finds_the_default_one(tmp_path: Path) -> None:
     """`templates list --config F` failed before (--config went before the sub-command there)."""
     folder = tmp_path / "templates"
@@ -149,6 +152,7 @@ def test_every_command_that_needs_a_config_finds_the_default_one(tmp_path: Path)
 # -- --json on config check and log -------------------------------------------------------------
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_config_check_json_lists_every_problem(tmp_path: Path) -> None:
     good = write_config(tmp_path / "good.toml", state_dir=tmp_path / "state")
     done = gpubook("config", "check", "--json", "--config", str(good))
@@ -166,6 +170,7 @@ def test_config_check_json_lists_every_problem(tmp_path: Path) -> None:
                                   f"{bad}: gpus.count: must be between 0 and 64"]
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_log_json_is_one_object_a_line(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     with State(state_dir / "state.sqlite") as state:

@@ -352,6 +352,7 @@ def spelled(indices: tuple[int, ...], ranges: bool) -> str:
 @given(users=st.lists(NAME, min_size=1, max_size=3, unique=True), template=TEMPLATE,
        gpus=st.one_of(st.integers(min_value=1, max_value=16), GPUS), ranges=st.booleans(),
        form=st.sampled_from(["plain", "google html", "outlook html", "title"]), data=st.data())
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_booking_written_the_way_the_guide_shows_reads_back_as_itself(
         users: list[str], template: str, gpus: int | tuple[int, ...], ranges: bool, form: str,
         data: st.DataObject) -> None:
@@ -370,6 +371,7 @@ def test_a_booking_written_the_way_the_guide_shows_reads_back_as_itself(
     assert asked(one) == expected
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(users=st.lists(NAME, min_size=1, max_size=3, unique=True), host=HOST, gpus=GPUS, data=st.data())
 def test_the_availability_feeds_event_reads_back_as_the_booking_it_shows(

@@ -58,6 +58,7 @@ CONFIG = ('[host]\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/cal
           '[users.alice]\nuid = 2001\n[daemon]\nstate_dir = "{state}"\n')
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_second_gpubook_run_of_the_account_is_refused_naming_the_first(tmp_path: Path) -> None:
     """The real `gpubook run` twice, two state folders, one account."""
     runtime = tmp_path / "runtime"

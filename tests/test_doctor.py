@@ -69,6 +69,7 @@ data_root = "{missing}"
         assert f"ok    data_root: {safe} (nosuid,nodev)" in done.stdout.splitlines()
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_doctor_with_a_broken_config_names_the_fault(tmp_path: Path) -> None:
     config = tmp_path / "gpubook.toml"
     config.write_text("[[calendar]]\nurl = 'ftp://x'\n")

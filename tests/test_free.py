@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -195,6 +196,7 @@ def busy_at(lanes: dict[str, dict[int, free.Busy]], gpu: int, start: datetime, e
 
 @given(lanes=busy_lanes(), count=st.integers(1, 4), hours=st.sampled_from([0.5, 1, 3, 8]),
        after=st.integers(0, 4 * 24))
+@pytest.mark.slow  # a second or more: out of the fast lane
 @settings(max_examples=300, deadline=None)
 def test_each_slot_is_free_and_none_earlier_fits(lanes: dict[str, dict[int, free.Busy]], count: int, hours: float,
                                                   after: int) -> None:

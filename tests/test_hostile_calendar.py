@@ -287,6 +287,7 @@ def test_redact_url_hides_the_password_only() -> None:
     assert printable("a\x1b]0;pwned\x07b\x9bc") == "a\\x1b]0;pwned\\x07b\\x9bc"
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_doctor_does_not_print_a_password_written_into_a_calendar_url(tmp_path: Path) -> None:
     config = tmp_path / "gpubook.toml"
     config.write_text(f'[[calendar]]\nurl = "http://alice:s3cret@127.0.0.1:{servers.free_port()}/cal/"\n'

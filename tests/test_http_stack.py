@@ -39,6 +39,7 @@ DAEMON_HTTP_MODULES = ("gpubook.scheduler.daemon", "gpubook.scheduler.sources.ic
                        "gpubook.scheduler.outbox.notices", "gpubook.scheduler.commands.embedded")
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_the_daemon_never_imports_requests() -> None:
     code = ("import importlib, sys\n"
             f"for name in {DAEMON_HTTP_MODULES!r}: importlib.import_module(name)\n"

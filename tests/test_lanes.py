@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tools.lanes import ROOT_LANES, ROOT_MARKERS, USER_PORTS, base_id, port_blocks, queue_order, split_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +75,7 @@ def _queued_run(tmp_path: Path, queue: Path, *args: str, lane: str) -> list[str]
     return [line.split(" ", 2)[2] for line in log.read_text().splitlines() if " ran " in line]
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_the_lanes_take_each_module_from_one_queue_once(tmp_path: Path) -> None:
     """Three pytest processes on one queue: every test runs exactly once, each module whole in one lane
     with its module fixture set up and torn down once there (which lane takes what depends on timing,
@@ -107,6 +110,7 @@ def test_the_lanes_take_each_module_from_one_queue_once(tmp_path: Path) -> None:
     assert sum(passed) == len(expected), outputs
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_repeated_runs_rounds_are_units_of_their_own_first_rounds_first(tmp_path: Path) -> None:
     """The flake hunt (pytest-repeat, session scope): each round of a module is taken on its own, every
     module's first round before any second, each in the queue's order."""
@@ -119,6 +123,7 @@ def test_a_repeated_runs_rounds_are_units_of_their_own_first_rounds_first(tmp_pa
         "test_a.py@1", "test_a.py@2", "test_b.py@1", "test_b.py@2"]
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_lane_takes_the_modules_only_it_runs_first(tmp_path: Path) -> None:
     """Root's lane (`--queue-first docker,slurm`): the marked module before the longer unmarked one."""
     queue = _queued_project(tmp_path, {
@@ -224,6 +229,7 @@ def _free_block() -> tuple[int, int]:
     return port, port
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_module_that_leaves_a_listener_on_the_lanes_ports_stops_the_lane_and_is_named(tmp_path: Path) -> None:
     low, high = _free_block()
     done = _inner(tmp_path, LEAVES_A_LISTENER.format(port=low),
@@ -236,6 +242,7 @@ def test_a_module_that_leaves_a_listener_on_the_lanes_ports_stops_the_lane_and_i
     assert "lane user9 stopped: test_a_first.py left it broken" in out
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_module_after_which_podman_fails_stops_the_lane(tmp_path: Path) -> None:
     """podman's own words when its pause process ended under a running container (stop 33's CI)."""
     bin_dir = tmp_path / "bin"
@@ -254,6 +261,7 @@ def test_a_module_after_which_podman_fails_stops_the_lane(tmp_path: Path) -> Non
     assert "PASSED test_b_later.py::test_later" not in out, out
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_healthy_lane_runs_every_module(tmp_path: Path) -> None:
     done = _inner(tmp_path, BREAKS_PODMAN.replace("podman", "slow"), env={"GPUBOOK_TEST_LANE": "user9",
                                                                         "GPUBOOK_TEST_PORTS": "1-1"})
@@ -283,6 +291,7 @@ def test_long(started):
 """
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_an_interrupted_run_lets_each_lanes_fixtures_stop_what_they_started(tmp_path: Path) -> None:
     """quickstart interrupted mid-run (Ctrl-C, SIGTERM): each lane's pytest gets its own SIGINT and tears
     its fixtures down (before, the lanes ran on and left daemons, Radicale and containers behind)."""

@@ -9,6 +9,8 @@ import ast
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 KITS = TESTS / "kits"
@@ -43,17 +45,20 @@ def offending(paths: list[Path], wrong: Callable[[str], bool]) -> list[str]:
     return [f"{place} imports {module}" for place, module in found.items()]
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_no_module_imports_a_test_module_or_a_conftest() -> None:
     found = offending(SOURCES, is_test_module)
     assert found == [], "a test module is not a library: move what is shared into tests/kits\n" + "\n".join(found)
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_kits_are_imported_through_the_tests_kits_package_only() -> None:
     tests = [path for path in SOURCES if TESTS in path.parents]  # bench/ puts a kit on sys.path itself
     found = offending(tests, lambda module: module.split(".")[0] in LOOSE_NAMES)
     assert found == [], "import a kit as `from tests.kits.NAME import ...`\n" + "\n".join(found)
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_kits_import_no_plugin_and_plugins_are_imported_by_no_one() -> None:
     others = [path for path in SOURCES if PLUGINS not in path.parents]
     found = offending(others, lambda module: module.startswith("tests.plugins"))

@@ -61,6 +61,7 @@ def _third_party_imports(path: Path) -> set[str]:
     return {n for n in names if n not in sys.stdlib_module_names and n != "gpubook" and n not in NOT_RUNTIME}
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_every_import_is_declared_in_the_base_install_or_its_modules_extra() -> None:
     distributions = importlib.metadata.packages_distributions()
     undeclared = []
@@ -81,6 +82,7 @@ def test_each_extras_modules_come_with_that_extra() -> None:
             assert {_name(d) for d in distributions[module]} & _declared(extra) - _declared(None), (extra, module)
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_the_daemons_modules_import_none_of_the_extras_packages() -> None:
     """Every module but the extras' own, imported together: no Flask, matplotlib, Radicale or requests."""
     modules = sorted(m for m in map(_module_name, (ROOT / "gpubook").rglob("*.py"))
@@ -100,6 +102,7 @@ def test_the_daemons_modules_import_none_of_the_extras_packages() -> None:
     (["report", "--from", "2026-11-01", "--to", "2026-11-02", "--png", "{tmp}/plot.png"], "report", "matplotlib"),
     (["demo", "--plan-only"], "demo", "radicale"),
 ])
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_command_without_its_extra_says_which_to_install(tmp_path: Path, argv: list[str], extra: str,
                                                          hidden: str) -> None:
     argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
@@ -115,6 +118,7 @@ def test_a_command_without_its_extra_says_which_to_install(tmp_path: Path, argv:
     assert not (tmp_path / "plot.png").exists()
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_daemon_serving_the_page_without_the_web_extra_says_so_and_runs_on(tmp_path: Path) -> None:
     """[web] enabled but Flask absent: one logged sentence, no page, and the daemon is still up."""
     code = ("import logging, sys; sys.modules['flask'] = None; logging.basicConfig(format='%(message)s')\n"

@@ -130,6 +130,7 @@ def test_ports_of_bookings_with_no_running_container_are_freed_by_the_next_pass(
 # -- finding 8: state errors -------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_locked_database_fails_each_booking_alone_and_the_pass_goes_on(tmp_path: Path, state: State) -> None:
     config = make_config(tmp_path)
     machine = Machine()
@@ -333,6 +334,7 @@ def test_a_start_that_keeps_failing_backs_off(tmp_path: Path, state: State) -> N
     assert tries[-1] <= 3, tries  # 0 s, then 10 s later, then 20 s after that: not 20 tries
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_start_failing_on_state_itself_is_tried_again_soon_not_backed_off(tmp_path: Path, state: State) -> None:
     """The fault harness's full-disk case: while State cannot be written (its disk full, another
     process holding it), a due booking's start fails each time. That is no fault of the booking's:
@@ -575,6 +577,7 @@ def test_a_start_is_written_back_without_waiting_for_a_slow_sibling(
     assert "running: ssh -p" in line("slow")
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path: Path) -> None:
     """[daemon] parallel_starts bounds the engine's start only: with one slot, a booking whose SSH
     never answers does not keep the next booking's container from starting."""

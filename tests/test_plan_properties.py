@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,6 +69,7 @@ def assert_no_double_booking(result: Plan) -> None:
             assert not (overlap and set(first.gpus) & set(second.gpus)), (first, second)
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 @SETTINGS
 @given(items())
 def test_no_gpu_is_in_two_overlapping_accepted_bookings(
@@ -82,6 +84,7 @@ def test_no_gpu_is_in_two_overlapping_accepted_bookings(
             assert accepted.gpus == accepted.booking.gpu_indices
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 @SETTINGS
 @given(items(), st.randoms(use_true_random=False))
 def test_the_plan_does_not_depend_on_input_order(bookings: list[Booking | Rejection],
@@ -91,6 +94,7 @@ def test_the_plan_does_not_depend_on_input_order(bookings: list[Booking | Reject
     assert make_plan(shuffled) == make_plan(bookings)
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 @SETTINGS
 @given(items())
 def test_every_occurrence_appears_exactly_once(bookings: list[Booking | Rejection]) -> None:
@@ -100,6 +104,7 @@ def test_every_occurrence_appears_exactly_once(bookings: list[Booking | Rejectio
     assert Counter(planned) == Counter(identity(item) for item in bookings)
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 @SETTINGS
 @given(items(), items(prefix="new"), st.data())
 def test_running_bookings_keep_their_gpus(bookings: list[Booking | Rejection],
@@ -117,6 +122,7 @@ def test_running_bookings_keep_their_gpus(bookings: list[Booking | Rejection],
     assert_no_double_booking(second)
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 @SETTINGS
 @given(items(), items(prefix="n"), st.sets(st.integers(0, 24), max_size=5), st.integers(1, 4 * 24))
 def test_no_new_request_or_move_evicts_an_accepted_booking(

@@ -172,6 +172,7 @@ def test_a_window_reaching_past_now_counts_booked_hours_up_to_now(month: Path) -
     assert rows(result)["alice"].no_shows == 0  # a2 has not ended yet
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_the_command_writes_a_table_csv_png_and_html(month: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, month.parent)
     printed: list[str] = []
@@ -230,6 +231,7 @@ def test_a_missing_state_database_is_said_and_not_made(tmp_path: Path, capsys: p
     assert not (tmp_path / "nothing").exists()
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_the_daemon_never_imports_matplotlib() -> None:
     code = ("import sys, gpubook.scheduler.daemon, gpubook.scheduler.commands.cli, "
             "gpubook.scheduler.commands.admin, gpubook.scheduler.outbox.report; "

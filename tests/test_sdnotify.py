@@ -79,6 +79,7 @@ def test_watchdog_interval_is_half_of_watchdog_usec_for_this_process_only() -> N
     assert other.watchdog_interval is None
 
 
+@pytest.mark.slow  # a second or more: out of the fast lane
 def test_a_long_first_pass_extends_systemds_start_timeout_before_ready(tmp_path: Path, path_socket) -> None:
     """The daemon's first pass may outlast systemd's start timeout (90 s by default): while it runs,
     the daemon sends EXTEND_TIMEOUT_USEC; READY=1 follows the pass. The first poll here is held
