@@ -76,7 +76,7 @@ class Lane:
 
 
 def queue_order(modules: list[str], seconds: dict[str, float]) -> list[str]:
-    """The order the user lanes take modules in: longest recorded first (a module with no recorded time
+    """The order the lanes take modules from their queue in: longest recorded first (a module with no recorded time
     counts UNKNOWN_SECONDS), so that the last ones taken are short and the lanes end close together."""
     return sorted(modules, key=lambda m: (-seconds.get(m, UNKNOWN_SECONDS), m))
 

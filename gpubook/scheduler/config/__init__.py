@@ -122,7 +122,7 @@ def config_path(given: str | os.PathLike[str] | None = None, *, required: bool =
 
 def load(path: str | os.PathLike[str], *, directory: Literal["read", "cache", "none"] = "cache") -> Config:
     """Read and validate a config file; ConfigError says what is wrong, all at once. With [directory]
-    source = "ldap", the directory's users are merged in (scheduler.directory): `directory` "read" asks
+    source = "ldap" or "host", the directory's users are merged in (scheduler.directory): `directory` "read" asks
     the directory (the daemon, `gpubook users`, doctor), "cache" takes the daemon's last copy
     (`directory.json` in its state folder) without asking it (every other command), "none" neither."""
     path = Path(path)

@@ -169,11 +169,12 @@ def with_users(config: Config, snapshot: Snapshot | None = None, *, cached: bool
     users, problems = merge(snapshot.users, tables, config.user_overrides)
     for problem in problems:
         log.warning("%s", problem)
-    users = with_departed(users, [user for user, _ in snapshot.departed.values()], tables, config.user_overrides)
+    everyone = with_departed(users, [user for user, _ in snapshot.departed.values()], tables, config.user_overrides)
     for position, calendar in enumerate(config.calendars):
-        if calendar.user is not None and calendar.user not in users and snapshot.origin != "none":
+        if calendar.user is not None and calendar.user not in everyone and snapshot.origin != "none":
             log.warning("calendar[%d].user %r is neither a member of the directory's group nor a [users] table: "
                         "its bookings are refused", position, calendar.user)
-    departed = {name: since for name, (_, since) in snapshot.departed.items() if name in users}
-    return dataclasses.replace(config, users=users, directory_users=frozenset(u.name for u in snapshot.users),
+    # Only those kept as departed: one who left but has a [users.NAME] table with a uid is that file user.
+    departed = {name: since for name, (_, since) in snapshot.departed.items() if name in everyone and name not in users}
+    return dataclasses.replace(config, users=everyone, directory_users=frozenset(u.name for u in snapshot.users),
                                file_users=tables, departed_users=departed)
