@@ -271,3 +271,38 @@ def test_a_container_left_running_unlisted_is_ended_at_the_second_listing(
     assert [o.name for o in faulty.orphans(store, settle=0)] == [unlisted[1].name]
     assert wrapped.list() == []
     wait_for("the orphan to end", lambda: not faulty.orphans(store, settle=0), timeout=TIMEOUT)
+
+
+def buildah(engine: Engine, *args: str) -> subprocess.CompletedProcess[str]:
+    """buildah on the engine's store (its storage.conf, its driver)."""
+    driver = engine.global_argv()[engine.global_argv().index("--storage-driver") + 1]  # type: ignore[attr-defined]
+    return podman(["buildah", "--storage-driver", driver], *args)
+
+
+@pytest.mark.skipif(shutil.which("buildah") is None, reason="buildah is not installed")
+def test_a_start_removes_a_storage_only_container_of_its_name_and_starts(
+        engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    """A `podman run` killed between making its container's storage and recording it in podman's
+    database (CI of 2026-11-29, the fault sample, seed 390558784) leaves a container only the storage
+    knows: every later `run` of the booking failed "the container name … is already in use", retried
+    for ever. Made here as buildah makes its working containers (in the storage only). Another
+    storage-only container, of another name, is left alone."""
+    other = "gpubook-storage-only-" + uuid.uuid4().hex[:8]
+    with safe_data.data_root() as data_root:
+        bookings = Bookings(engine, data_root, get_template("debian-ssh"))
+        try:
+            spec, _ = bookings.spec(key=new_key())
+            engine.ensure_image(spec.image)
+            for name in (spec.name, other):
+                made = buildah(engine, "from", "--name", name, spec.image)
+                assert made.returncode == 0, made.stderr
+            assert engine.inspect(spec.name) is None  # podman's database knows no such container
+            refused = podman(engine.global_argv(), "run", "--rm", "--name", spec.name, spec.image, "true")  # type: ignore[attr-defined]
+            assert refused.returncode != 0 and "already in use" in refused.stderr  # what the booking met
+            started = booking.start_booking(engine, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
+            assert started.info.running and started.info.port == spec.port
+            assert "is in podman's storage but not in its database" in caplog.text
+            assert buildah(engine, "containers", "--format", "{{.ContainerName}}").stdout.split().count(other) == 1
+        finally:
+            bookings.cleanup()
+            buildah(engine, "rm", other)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+REPLAY_PREFIX = "GPUBOOK_FAULT_"  # what a user lane takes from the caller's environment (replaying a sample)
 ROOT_MARKERS = "docker or slurm or install or systemd or rootful or accounts"
 # Root's two lanes: (name, the tests they run, their block of booking ports). The Slurm tests use fixed
 # ports in 22000-24999 (tests/test_slurm_jobs.py), inside the first block.
@@ -120,6 +121,7 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
     common = ["-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
               "-o", "junit_log_passing_tests=false", *repeat, *passed]
     ci = os.environ.get("CI", "")
+    replays = {k: v for k, v in os.environ.items() if k.startswith(REPLAY_PREFIX)}  # e.g. GPUBOOK_FAULT_SEED
     lanes = []
     for name, markers, ports in ROOT_LANES:
         lane = Lane(name, None, modules, ports, {
@@ -139,7 +141,7 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
             "GPUBOOK_TEST_DATA_ROOT": ns.data_root + suffix, "GPUBOOK_TEST_FULL_ROOT": ns.full_root + suffix,
             "UDOCKER_DIR": ns.udocker_root + suffix,
             "GPUBOOK_TEST_LANE": f"user{number}", "GPUBOOK_TEST_PORTS": f"{ports[0]}-{ports[1]}", "CI": ci,
-            "PYTHONDONTWRITEBYTECODE": "1"})
+            "PYTHONDONTWRITEBYTECODE": "1", **replays})
         lane.argv = ["-m", f"not ({ROOT_MARKERS}){also}", "--durations=10", f"--module-queue={queue}", *common,
                      *lane.modules]
         lanes.append(lane)

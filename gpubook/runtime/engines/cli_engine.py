@@ -84,6 +84,26 @@ class CliEngine(CliArgv, CliImages):
         self.ensure_image(spec.image)
         self._check_mounts(spec)
         self.prepare_network(spec)
+        try:
+            info = self._run(spec)
+        except EngineError:
+            try:
+                removed = self._remove_storage_only(spec.name)
+            except EngineError as error:
+                log.warning("booking %s: looking for a storage-only %s failed: %s", spec.booking_id, spec.name, error)
+                removed = False
+            if not removed:
+                raise  # the run's own error is the one to tell
+            info = self._run(spec)  # once more, its name free again
+        if info is None:
+            raise EngineError(
+                f"booking {spec.booking_id}: {spec.name} vanished right after its start"
+            )
+        return info
+
+    def _run(self, spec: ContainerSpec) -> ContainerInfo | None:
+        """`run` the booking's container; on failure remove what this call made, and end a container
+        a `run` killed midway left running unlisted."""
         with tempfile.TemporaryDirectory(prefix="gpubook-run-") as folder:
             cidfile = Path(folder) / "cid"
             argv = self.run_args(spec)
@@ -107,10 +127,6 @@ class CliEngine(CliArgv, CliImages):
                     if self.inspect(spec.name) is None:  # a `run` killed midway may have left it running
                         self._end_unlisted(spec.name)
                 raise
-        if info is None:
-            raise EngineError(
-                f"booking {spec.booking_id}: {spec.name} vanished right after its start"
-            )
         return info
 
     def stop(self, name: str, grace: float) -> None:
@@ -132,6 +148,12 @@ class CliEngine(CliArgv, CliImages):
     def _end_unlisted(self, name: str) -> bool:
         """End a container of `name` whose processes run while the engine lists none (podman's
         conmon, conmon.py); True if one was. None here: docker's run under dockerd, which lists them all."""
+        return False
+
+    def _remove_storage_only(self, name: str) -> bool:
+        """Remove a container of `name` that only the engine's storage knows (a `run` killed between
+        making its storage and recording it), which makes every later `run` of the name fail; True if
+        one was. None here: dockerd makes and records a container in one step."""
         return False
 
     def _remove_leftover(self, current: ContainerInfo) -> None:

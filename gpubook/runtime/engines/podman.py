@@ -515,6 +515,22 @@ class PodmanEngine(CliEngine):
         root = self.storage_path()
         return any([self._end_if_unknown(m) for m in found if m.in_store(root)])
 
+    def _remove_storage_only(self, name: str) -> bool:
+        """A `podman run` killed between making the container's storage and recording it in podman's
+        database leaves a container that only `ps --external` lists ("Storage"; `inspect` and
+        `container exists` know no such name), and every later `run` of its name fails "the container
+        name … is already in use". Only ids of exactly `name` that podman's database does not know."""
+        listed = self._call(["ps", "--all", "--external", "--no-trunc", "--filter", f"name=^{re.escape(name)}$",
+                             "--format", "{{.ID}} {{.Names}}"])
+        found = [line.split()[0] for line in listed.splitlines()
+                 if line.split()[1:] == [name] and not self._inspect_raw([line.split()[0]], missing_ok=True)]
+        for container_id in found:
+            log.warning("podman: container %s (%s) is in podman's storage but not in its database (a `podman run` "
+                        "killed midway), and no container of its name can start while it is there: removing it",
+                        name, container_id[:12])
+            self._call(["rm", "--force", container_id])
+        return bool(found)
+
     def _end_if_unknown(self, monitor: conmon.Monitor) -> bool:
         if self._inspect_raw([monitor.id], missing_ok=True):
             return False
