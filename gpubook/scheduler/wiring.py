@@ -13,7 +13,6 @@ nowhere else.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,15 +43,9 @@ from gpubook.scheduler.outbox import notices, status, status_file
 from gpubook.scheduler.outbox.metrics import Metrics
 from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State
+from gpubook.scheduler.state.folder import state_dir
 
 log = logging.getLogger(__name__)
-
-
-def state_dir(config: Config) -> Path:
-    if config.daemon.state_dir is not None:
-        return config.daemon.state_dir
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "gpubook"
 
 
 def make_engine(config: Config) -> Engine:

@@ -237,6 +237,10 @@ class World:
         self.fault = "setup"
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # The sampler's last listing and when it began (monotonic): converge reads it rather than list
+        # again (each listing is two podman commands; the lanes share two cores).
+        self._listed = threading.Condition()
+        self._latest: tuple[float, list[ContainerInfo]] = (float("-inf"), [])
         self._serial = 0
         self.suffix = f"@faults-{secrets.token_hex(3)}"  # this world's bookings (not the replayed choices)
 
@@ -462,8 +466,24 @@ class World:
     def _running(self) -> dict[str, ContainerInfo]:
         return {c.booking_id: c for c in self._containers() if c.running}
 
+    def _listing_since(self, began: float, *, timeout: float = 5.0) -> list[ContainerInfo]:
+        """This world's containers as listed by a listing begun at `began` or later: the sampler's,
+        or (no sampler running, or none in `timeout` s) one made here."""
+        if not self._threads:
+            time.sleep(0.2)  # no sampler: this caller's own listings, paced
+            return self._containers()
+        with self._listed:
+            if self._listed.wait_for(lambda: self._latest[0] >= began, timeout=timeout):
+                return self._latest[1]
+        return self._containers()
+
     def _sample(self) -> None:
-        running = [c for c in self._containers() if c.running]
+        began = time.monotonic()
+        containers = self._containers()
+        with self._listed:
+            self._latest = (began, containers)
+            self._listed.notify_all()
+        running = [c for c in containers if c.running]
         holders: dict[int, str] = {}
         bookings: dict[str, str] = {}
         ports: dict[int, str] = {}
@@ -493,7 +513,7 @@ class World:
         within due_within s of the later of recovery and its own moment. Then the rest."""
         while True:
             at, clock = now(), time.monotonic()
-            containers = self._containers()
+            containers = self._listing_since(clock)
             running = {c.booking_id: c for c in containers if c.running}
             late, left = [], []
             released = self.released()
@@ -525,7 +545,6 @@ class World:
                                                          "and its grace", into=run.violations)
                 run.recovery = None
                 break
-            time.sleep(0.2)
         self._check_after(run)
 
     def released(self) -> set[str]:

@@ -14,24 +14,25 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from gpubook import logsafe
 from gpubook.runtime import gpus as gpu_inventory
-from gpubook.runtime.engines import container_name
+from gpubook.runtime.engines import container_name, make_engine
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler import config as config_module
-from gpubook.scheduler import wiring
-from gpubook.scheduler.apply.passes import World
 from gpubook.scheduler.core.plan import LOCAL
-from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.locks import LOCK_FILE
 from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, Status, engine_line, setup_findings
 from gpubook.scheduler.outbox.status_file import STATUS_FILE
 from gpubook.scheduler.sources.errors import printable
 from gpubook.scheduler.state import LogEntry, State, port_range_problem
-from gpubook.scheduler.wiring import make_engine, state_dir
+from gpubook.scheduler.state.folder import state_dir
+
+if TYPE_CHECKING:
+    from gpubook.scheduler.wiring import Stopping
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ def run(config_path: str) -> int:
         logsafe.configure(logging.WARNING, "%(levelname)s %(name)s: %(message)s")
     root.setLevel(logging.INFO)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is expected
+    from gpubook.scheduler.daemon import Daemon  # status, stop and log need none of it (each a process of its own)
+
     return Daemon(config_module.load(config_path, directory="read"), exclusive=True).run()
 
 
@@ -102,7 +105,7 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     config = config_module.load(config_path)
     folder = state_dir(config)
     pid = daemon_pid(folder)
-    engine = make_engine(config)
+    engine = make_engine(config.engine)
     live = backends.listed_here(config, engine)  # None: they run elsewhere (a cluster's nodes)
     status_path = folder / STATUS_FILE
     if status_path.is_file():
@@ -136,6 +139,8 @@ def status(config_path: str, *, as_json: bool = False) -> int:
 def stop(config_path: str, booking: str) -> int:
     """Stop a booking's container now; it is not started again; the event says "ended". Built
     through the wiring's `for_stop`: beside a running daemon, nothing of a daemon is made."""
+    from gpubook.scheduler import wiring
+
     parts = wiring.for_stop(config_module.load(config_path))
     try:
         return _stop(parts, booking, now=datetime.now(UTC))
@@ -143,7 +148,9 @@ def stop(config_path: str, booking: str) -> int:
         parts.close()
 
 
-def _stop(parts: wiring.Stopping, booking: str, *, now: datetime) -> int:
+def _stop(parts: Stopping, booking: str, *, now: datetime) -> int:
+    from gpubook.scheduler.apply.passes import World
+
     if problem := parts.passes.refresh_hosts():  # the backend's hosts, read as a pass reads them
         raise GpubookError(problem)
     listed = [c for host in parts.hosts.values() for c in host.list()]
