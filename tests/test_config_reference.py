@@ -63,12 +63,13 @@ def _tables(text: str, heading: str) -> dict[str, str]:
 
 
 def test_no_declared_key_is_missing_from_the_reference_or_the_example() -> None:
-    names = {"calendar": "[calendar]", "users": "users.NAME"}
+    names = {"calendar": "[calendar]", "users": "users.NAME", "groups": "groups.NAME"}
     declared = [pair for section in SECTIONS for pair in _declared(section.cls, names.get(section.name, section.name))]
     assert len(declared) > 100
     page = _tables(DOC.read_text(), r"(?m)^## `\[(.+)\]`$")
     example = _tables(EXAMPLE.read_text(), r"(?m)^\[{1,2}([^\]]+)\]{1,2}$")
-    example = {{"calendar": "[calendar]", "users.alice": "users.NAME"}.get(k, k): v for k, v in example.items()}
+    example = {{"calendar": "[calendar]", "users.alice": "users.NAME", "groups.vision": "groups.NAME"}.get(k, k): v
+               for k, v in example.items()}
     for table, key in declared:
         assert re.search(rf"(?m)^\| `{re.escape(key)}` \|", page.get(table, "")), f"[{table}] {key} not in {DOC}"
         in_example = re.search(rf"(?m)^(# )?{re.escape(key)} = ", example.get(table, ""))

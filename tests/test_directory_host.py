@@ -102,3 +102,26 @@ def test_a_host_source_set_wrong_is_refused_by_name(tmp_path: Path, lines: str, 
                     f"{group}{lines}\n")
     with pytest.raises(ConfigError, match=said.replace("{", r"\{").replace("}", r"\}")):
         config.load(path, directory="none")
+
+
+def test_each_member_carries_the_projects_whose_host_group_has_them(caplog: pytest.LogCaptureFixture) -> None:
+    """[groups.NAME] read through NSS (grp): a project whose host group holds the account (here as its
+    primary group) is the entry's; one whose host group does not exist holds nobody, and says so."""
+    from gpubook.scheduler.directory import host
+    from gpubook.scheduler.directory.settings import DirectoryConfig
+
+    root_group = grp.getgrgid(0).gr_name
+    with caplog.at_level(logging.WARNING):
+        entries = host.read(DirectoryConfig(source="host", group=root_group),
+                            {"ops": root_group, "ghost": "gpubook-no-such-group"})
+    root = next(entry for entry in entries if entry.name == ["root"])
+    assert root.groups == ("ops",)
+    assert "host group 'gpubook-no-such-group' of [groups.ghost] does not exist: nobody is in ghost" in caplog.text
+
+
+@AS_ROOT
+def test_a_members_projects_default_to_the_host_group_of_the_groups_name(tmp_path: Path) -> None:
+    """[groups.NAME] without directory_group is the host group NAME."""
+    extra = f'[groups.{MY_GROUP}]\nmax_gpus = 2\n\n[groups.other]\ndirectory_group = "{MY_GROUP}"\n'
+    loaded = config.load(write(tmp_path, extra=extra), directory="read")
+    assert loaded.groups_of(ME) == (MY_GROUP, "other")

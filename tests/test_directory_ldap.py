@@ -14,7 +14,10 @@ from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler import config, directory
 from gpubook.scheduler.commands import cli
 from gpubook.scheduler.commands.users import directory_check, rows
+from gpubook.scheduler.core.bookings import Booking
+from gpubook.scheduler.core.plan import plan
 from tests.kits import ldap_kit
+from tests.kits.booking_kit import TEMPLATES, raw, read, utc, vcalendar, vevent
 
 pytestmark = pytest.mark.ldap
 
@@ -33,6 +36,10 @@ def slapd() -> Iterator[ldap_kit.Slapd]:
             ldap_kit.person("Bad_Name", 2005, mails=("bad@lab.example",)),
             ldap_kit.posix_group(("alice", "bob", "dave", "Bad_Name")),
             ldap_kit.names_group((f"uid=carol,ou=people,{ldap_kit.BASE}",), dn=f"cn=carols,ou=groups,{ldap_kit.BASE}"),
+            # Projects ([groups.NAME]): a posixGroup beside the bookers' group, and a groupOfNames elsewhere named.
+            ldap_kit.posix_group(("alice", "bob"), dn=f"cn=vision,ou=groups,{ldap_kit.BASE}", gid=5001),
+            ldap_kit.names_group((f"uid=alice,ou=people,{ldap_kit.BASE}",),
+                                 dn=f"cn=nlp-people,ou=groups,{ldap_kit.BASE}"),
         ]))
         yield server
     finally:
@@ -159,7 +166,8 @@ def test_users_json(slapd: ldap_kit.Slapd, tmp_path: Path, capsys: pytest.Captur
     assert cli.main(["users", "--config", str(path), "--json"]) == 0
     listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)["users"]}
     assert listed["alice"] == {"name": "alice", "uid": 2001, "gid": 2001, "keys": 1, "source": "directory",
-                               "identities": ["alice@lab.example", "a.smith@lab.example"], "left": None}
+                               "identities": ["alice@lab.example", "a.smith@lab.example"], "left": None,
+                               "groups": []}
     assert listed["erin"]["source"] == "file"
 
 
@@ -205,3 +213,50 @@ def test_a_member_who_leaves_the_group_is_kept_as_departed_for_max_hours(tmp_pat
     finally:
         ldap_kit.remove(server)
         directory._last_good.clear()
+
+
+PROJECTS = f"""
+[users.bob]
+groups = ["nlp"]
+
+[groups.vision]
+week_gpu_hours = 3
+
+[groups.nlp]
+directory_group = "cn=nlp-people,ou=groups,{ldap_kit.BASE}"
+
+[groups.speech]
+"""
+
+
+def test_projects_from_the_directorys_groups(slapd: ldap_kit.Slapd, tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """vision is cn=vision beside the bookers' group (a posixGroup: memberUid), nlp the groupOfNames its
+    directory_group names (member DNs); speech's group does not exist: nobody is in it, said once. A
+    table's groups come first (bob's nlp), then the directory's in the config's order; the cache keeps them."""
+    path = write(tmp_path, slapd, extra=PROJECTS)
+    with caplog.at_level(logging.WARNING):
+        loaded = config.load(path, directory="read")
+    assert [loaded.groups_of(name) for name in ("alice", "bob", "dave")] == [("vision", "nlp"), ("nlp", "vision"), ()]
+    assert f"the group cn=speech,ou=groups,{ldap_kit.BASE} of [groups.speech] was not found" in caplog.text
+    assert sorted(loaded.users) == ["alice", "bob", "dave"]  # a missing project group takes nobody away
+    assert config.load(path).groups_of("alice") == ("vision", "nlp")  # the daemon's cached copy
+    check = directory_check(loaded)
+    assert "2 in a [groups] group" in check.detail
+
+
+def test_a_group_over_its_quota_is_refused_naming_the_group(slapd: ldap_kit.Slapd, tmp_path: Path) -> None:
+    """Membership from slapd, events through the booking reader, the plan: alice's 2 GPU-hours count
+    against vision (her first group); bob's 2 more for vision would make 4 of its 3."""
+    loaded = config.load(write(tmp_path, slapd, extra=PROJECTS), directory="read")
+    events = vcalendar(
+        vevent("a1", "DTSTART:20261124T090000Z", "DTEND:20261124T110000Z", "SUMMARY:alice gpus=1",
+               "CREATED:20261101T000000Z"),
+        vevent("b1", "DTSTART:20261124T120000Z", "DTEND:20261124T140000Z", "SUMMARY:bob gpus=1 project=vision",
+               "CREATED:20261102T000000Z"))
+    found = read(raw(events), config=loaded).occurrences
+    assert [(b.id, b.project) for b in found if isinstance(b, Booking)] == [("a1", "vision"), ("b1", "vision")]
+    result = plan(found, inventory=(0, 1), config=loaded, templates=TEMPLATES, now=utc(2026, 11, 23, 8))
+    assert [a.booking.id for a in result.accepted] == ["a1"]
+    assert [r.reason for r in result.rejected] == [
+        "group vision has 2 of 3 GPU-hours in the week before this booking ends; this booking needs 2"]

@@ -81,11 +81,15 @@ def test_nodes_spreads_the_gpus_evenly_over_that_many_nodes() -> None:
 
 def test_a_multi_node_booking_takes_only_nodes_with_room_and_counts_in_the_quota() -> None:
     config = cluster_config()
-    config = replace(config, users={**config.users, "bob": replace(config.users["bob"], max_gpus=4)})
-    result = run(booking("first", gpus=3), booking("wide", gpus=4, nodes=2, start=11), booking("over", gpus=6, nodes=2),
-                 config=config)
+    # max_gpus is GPUs at once: a multi-node booking's GPUs on every node count together.
+    config = replace(config, users={**config.users, "bob": replace(config.users["bob"], max_gpus=7)})
+    result = run(booking("first", gpus=3), booking("wide", gpus=4, nodes=2, start=11),  # judged in UID order
+                 booking("x-over", gpus=2, nodes=2), booking("z-huge", gpus=8, nodes=2, start=20), config=config)
     assert placement(result)["wide"] == (("node2", (0, 1)), ("node3", (0, 1)))  # node1 has 1 free then
-    assert reasons(result)["over"] == "bob may book at most 4 GPUs; this booking asks for 6"
+    # 3 + 4 held from 11 to 12, and 2 more asked for: 9 > 7.
+    assert reasons(result)["x-over"] == ("bob may hold at most 7 GPUs at once; their other bookings hold 7 during this "
+                                         "booking's time, and it asks for 2")
+    assert reasons(result)["z-huge"] == "bob may book at most 7 GPUs; this booking asks for 8"
 
 
 def test_impossible_shapes_are_refused_in_one_sentence() -> None:

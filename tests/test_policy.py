@@ -41,7 +41,8 @@ def reasons(result: Plan) -> dict[str, str]:
 
 
 def test_every_quota_is_off_by_default() -> None:
-    assert policy.limits(make_config(), "alice") == policy.Limits()
+    assert policy.limits(make_config(), "bob") == policy.Limits()
+    assert policy.limits(make_config(), "alice") == policy.Limits(max_gpus=2)  # her own [users.alice] max_gpus
     assert policy.reach_back(make_config()) == timedelta(hours=72)
 
 

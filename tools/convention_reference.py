@@ -63,12 +63,21 @@ RULES = f"""
 - **A misspelt key** (`tempalte: x`, `gpsu: 2`, `usr: bob`) is refused with "did you mean
   `template:`?": a word is taken for a key when Python's `difflib` finds it at least {CLOSE:g}
   alike to one of the key's spellings **and** its value is one the key could take (a name, a GPU
-  list, a number). So `note: rerun with lr 0.1`, `project: x`, `Goal: train the model` and
+  list, a number). So `note: rerun with lr 0.1`, `Goal: train the model` and
   `https://…` are the booker's own text, ignored without error. The first {MAX_GUESSES} such
   words of the description (and of the title) are looked at, and the first misspelt one is named.
 - **A name close to a known one** (`user: Alcie`, `template: pytorch-cuda11`) is refused with
   "did you mean alice?" ({CLOSE:g} alike, the same measure); a name close to none is left to the
   plan, which refuses names that are not configured.
+
+## Projects
+
+- `project: vision` names the group (`[groups.NAME]`) the booking counts against; it must be one
+  of the booker's groups, else the booking is refused with their groups. A group name close to a
+  configured one (`project: visoin`) is refused with "did you mean vision?". Without `project:`
+  the booking counts against the booker's first group (none: no group's quotas).
+- Only a server with `[groups.NAME]` tables reads `project:`: without any, `project: x` (and a
+  word close to it) is the booker's own text, as before groups were made.
 
 ## GPUs
 
@@ -105,6 +114,9 @@ EXAMPLES = (
     ("", "user: bob\ngpus: 0-2,5 # not 3 and 4", ""),
     ("", "user: alice\ngpus: 1,", ""),
     ("", "user: alice\nnote: rerun with lr 0.1\nGoal: beat the baseline", ""),
+    ("", "user: alice\nproject: vision", ""),
+    ("alice project=vision gpus=2", "", ""),
+    ("", "user: alice\nprojet: vision", ""),
     ("alice pytorch-cuda12 gpus=2", "", ""),
     ("alice gpus=1,", "", ""),
     ("Bob fine-tuning gpus: 0, 2", "", ""),
@@ -137,8 +149,10 @@ def read_as(title: str, description: str, location: str) -> str:
     else:
         indices = asked.gpus[1]
         gpus = f"GPU{'s' if len(indices) > 1 else ''} {','.join(map(str, indices))}"
+    project = f", project `{words.values['project'].text}` (one of the booker's groups)" \
+        if "project" in words.values else ""
     return (f"user `{user}`" if user else "the organizer's user") + ", " \
-        + (f"template `{asked.template}`" if asked.template else "the default template") + ", " + gpus
+        + (f"template `{asked.template}`" if asked.template else "the default template") + ", " + gpus + project
 
 
 def _cell(text: str) -> str:

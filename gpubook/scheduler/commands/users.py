@@ -19,7 +19,7 @@ def _source(loaded: config_module.Config, name: str) -> str:
 
 def rows(loaded: config_module.Config) -> list[dict[str, object]]:
     return [{"name": user.name, "uid": user.uid, "gid": user.gid, "identities": list(user.email),
-             "keys": len(user.ssh_keys), "source": _source(loaded, name),
+             "keys": len(user.ssh_keys), "source": _source(loaded, name), "groups": list(loaded.groups_of(name)),
              "left": left.isoformat() if (left := loaded.departed_users.get(name)) else None}
             for name, user in sorted(loaded.users.items())]
 
@@ -30,9 +30,10 @@ def run(config_path: str, *, as_json: bool = False) -> int:
         json.dump({"users": listed}, sys.stdout, indent=2)
         print()
         return 0
-    print(f"{'NAME':16} {'UID':>7} {'GID':>7} {'KEYS':>4} {'SOURCE':9} IDENTITIES")
+    print(f"{'NAME':16} {'UID':>7} {'GID':>7} {'KEYS':>4} {'SOURCE':9} {'GROUPS':16} IDENTITIES")
     for row in listed:
         print(f"{row['name']:16} {row['uid']:>7} {row['gid']:>7} {row['keys']:>4} {row['source']:9} "
+              f"{','.join(row['groups']) or '-':16} "  # type: ignore[arg-type]
               f"{', '.join(row['identities']) or '-'}")  # type: ignore[arg-type]
     return 0
 
@@ -43,13 +44,14 @@ def directory_check(loaded: config_module.Config, *, shown: int = 3) -> Check:
     if settings is None or settings.source not in EXTERNAL:
         return Check("directory", True, 'source = "file": the users are the [users.NAME] tables')
     try:
-        users, problems = directory.checked(directory.read(settings))
+        users, problems = directory.checked(directory.read(settings, directory.project_groups(loaded)))
     except directory.DirectoryError as error:
         fix = ("check [directory] group and this host's name service (getent group)" if settings.source == "host"
                else "check [directory] url, ca_file, bind_dn and the password file")
         return Check("directory", False, str(error), f"{fix}; the daemon keeps the last good copy meanwhile")
     detail = (f"{directory.source_name(settings)}: {len(users)} user(s), "
-              f"{sum(1 for u in users if u.ssh_keys)} with keys, {sum(1 for u in users if u.emails)} with identities")
+              f"{sum(1 for u in users if u.ssh_keys)} with keys, {sum(1 for u in users if u.emails)} with identities"
+              + (f", {sum(1 for u in users if u.groups)} in a [groups] group" if loaded.groups else ""))
     if problems:
         more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
         return Check("directory", False, f"{detail}; left out: {'; '.join(problems[:shown])}{more}",

@@ -21,7 +21,7 @@ from gpubook.runtime import engines
 from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler import directory as users_module
 from gpubook.scheduler.config.reader import Reader
-from gpubook.scheduler.config.sections import FACTS, SECTIONS, read_section, system_timezone
+from gpubook.scheduler.config.sections import FACTS, SECTIONS, group_problems, read_section, system_timezone
 from gpubook.scheduler.directory.settings import EXTERNAL
 from gpubook.scheduler.settings import (
     PASSWORD_ENV,
@@ -61,6 +61,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     reader = Reader(path, FACTS)
     reader.unknown(data, "", [section.name for section in SECTIONS])
     read = {section.name: read_section(reader, data, section) for section in SECTIONS}
+    group_problems(reader, read["users"], read["groups"])
     if not reader.errors:
         _sftp_problems(reader, read)
         from_directory = read["directory"] is not None and read["directory"].source in EXTERNAL
@@ -86,6 +87,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         gpu_monitor=read["gpus"].monitor, sftp=read["sftp"], images=read["images"], web=read["web"],
         backend=read["backend"], directory=read["directory"],
         user_overrides={name: user for name, user in read["users"].items() if user.uid == 0},
+        groups=read["groups"],
     )
 
 

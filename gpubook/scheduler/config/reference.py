@@ -194,7 +194,8 @@ def example() -> str:
     for key in keys():
         if key.table != table:
             table = key.table
-            header = {"[calendar]": "[[calendar]]", "users.NAME": "[users.alice]"}.get(table, f"[{table}]")
+            header = {"[calendar]": "[[calendar]]", "users.NAME": "[users.alice]",
+                      "groups.NAME": "[groups.vision]"}.get(table, f"[{table}]")
             lines.append("")
             if key.section is not section:
                 section = key.section

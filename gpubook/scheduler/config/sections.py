@@ -4,6 +4,7 @@ registered here with one line; `[[calendar]]` and `[users.NAME]` have logic of t
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -27,6 +28,7 @@ from gpubook.scheduler.settings import (
     DaemonConfig,
     Defaults,
     GpusSection,
+    GroupConfig,
     HostConfig,
     ImagesConfig,
     NvidiaConfig,
@@ -101,6 +103,8 @@ SECTIONS: tuple[Section, ...] = (
     DIRECTORY,
     Section("users", UserConfig, "a user who may book ([users.NAME]); NAME is their account in containers",
             shape="named"),
+    Section("groups", GroupConfig, "a group of users as a project ([groups.NAME]): its quotas, beside each "
+            "member's (the tighter wins), and where a directory lists its members", shape="named"),
     GPUS,
     Section("templates", TemplatesSection, "the container templates bookings name"),
     ENGINE,
@@ -235,7 +239,36 @@ def users(reader: Reader, data: Mapping[str, Any], name: str) -> dict[str, UserC
     return found
 
 
-SPECIAL: Mapping[str, Callable[[Reader, Mapping[str, Any], str], Any]] = {"calendar": calendars, "users": users}
+def groups(reader: Reader, data: Mapping[str, Any], name: str) -> dict[str, GroupConfig]:
+    """The [groups.NAME] tables, in the file's order."""
+    found: dict[str, GroupConfig] = {}
+    for group_name, table in reader.table(data, name, name).items():
+        where = f"{name}.{group_name}"
+        if problem := checks.group_name(group_name):
+            reader.error(where, problem)
+        elif not isinstance(table, Mapping):
+            reader.error(where, f"must be a table ([{name}.{group_name}]), not {kind_of(table)}")
+        else:
+            found[group_name] = GroupConfig(**reader.settings(table, where, GroupConfig, given={"name": group_name}))
+    return found
+
+
+def group_problems(reader: Reader, users: Mapping[str, UserConfig], known: Mapping[str, GroupConfig]) -> None:
+    """Each user's `groups` must name [groups.NAME] tables, each once."""
+    for user in users.values():
+        for position, group in enumerate(user.groups):
+            where = f"users.{user.name}.groups[{position}]"
+            if group in user.groups[:position]:
+                reader.error(where, f"names the group {group!r} twice")
+            elif group not in known:
+                close = difflib.get_close_matches(group, list(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else \
+                    (f" (the groups: {', '.join(known)})" if known else " (there is no [groups.NAME] table)")
+                reader.error(where, f"{group!r} is not a [groups.NAME] table{hint}")
+
+
+SPECIAL: Mapping[str, Callable[[Reader, Mapping[str, Any], str], Any]] = {"calendar": calendars, "users": users,
+                                                                                 "groups": groups}
 
 
 def read_section(reader: Reader, data: Mapping[str, Any], section: Section) -> Any:

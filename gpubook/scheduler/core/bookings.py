@@ -71,6 +71,7 @@ class Booking:
     href: str
     summary: str = ""
     nodes: int | None = None  # `nodes: K` asked for (a Slurm cluster); None: as few as its GPUs fit on
+    project: str | None = None  # the [groups.NAME] it counts against (`project:`, else the user's first); None: none
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,8 @@ def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: st
         gpu_count=asked.gpu_count, gpu_indices=asked.gpu_indices, start=start, end=end,
         created=_stamp(component.get("CREATED"), host_tz),
         dtstamp=_stamp(component.get("DTSTAMP"), host_tz),
-        calendar_url=calendar.url, href=series.href, summary=text(component.get("SUMMARY")), nodes=asked.nodes)
+        calendar_url=calendar.url, href=series.href, summary=text(component.get("SUMMARY")), nodes=asked.nodes,
+        project=asked.project)
 
 
 def _unknown_timezone(component: icalendar.Event) -> str | None:

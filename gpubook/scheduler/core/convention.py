@@ -4,6 +4,8 @@
 gpus=2`), then GPUs named in LOCATION, then the organizer's e-mail and the config's defaults.
 `gpus:` is always the booking's whole count; `nodes: 2` (a Slurm cluster) spreads it evenly over
 that many nodes (without `gpus:`, each node gets the default count).
+`project: vision` names the group (a [groups.NAME] the booker is in) the booking counts against;
+without it, the booker's first group (Config.groups_of).
 
 Understood, or refused by name, never silently defaulted (issue 37). The title and the description
 follow one grammar: one table of keys (KEYS) and one reader per value, so the same words mean the
@@ -74,8 +76,16 @@ KEYS = (
         "`0-3`, both `0-2,5`; `1,` (a list of one) is GPU 1 alone", "gpus: 0-1", re.compile(r"[0-9][0-9 \t,-]*")),
     Key("nodes", ("nodes", "node"), f"how many nodes the booking spans, 1 to {MAX_NODES} (on a Slurm cluster "
         "only; its GPUs are spread evenly)", "nodes: 2", _COUNT),
+    Key("project", ("project", "projects"), "a group (`[groups.NAME]`) the booker is in, in any case: the booking "
+        "counts against its quotas as well as the booker's; default: the booker's first group (the first of their "
+        "`groups`; with a directory, then the configured groups it lists them in, in the config's order)",
+        "project: vision", re.compile(r"[^\s0-9]\S{0,63}")),
 )
 _SPELLINGS = {spelling: key for key in KEYS for spelling in key.spellings}
+EVERY_KEY = frozenset(key.name for key in KEYS)
+# Without [groups.NAME] tables there is no project to name: `project: x` stays the booker's own text,
+# as it was before groups (a lab's descriptions may hold such lines), and no word is read as its typo.
+WITHOUT_GROUPS = EVERY_KEY - {"project"}
 # A word that may be a key or a misspelt one: no word shorter or longer can be CLOSE to a spelling
 # (difflib's ratio is at most twice the shorter length over both lengths), so a line of another
 # word costs one failed match, as before the guesses.
@@ -104,6 +114,7 @@ class Request:
     gpu_count: int
     gpu_indices: tuple[int, ...] | None
     nodes: int | None = None  # `nodes: K` (a multi-node booking); None: as few as its GPUs fit on
+    project: str | None = None  # the group it counts against; None: the booker is in no group
 
 
 class Refused(Exception):
@@ -151,7 +162,7 @@ def request(component: icalendar.Event, *, config: Config, templates: Collection
     source, as_html = description_source(component)
     words = said(lines(strip_block(source), as_html=as_html), text(component.get("SUMMARY")),
                  text(component.get("LOCATION")), users=config.users, templates=templates,
-                 hosts=(config.host.name,))
+                 hosts=(config.host.name,), keys=EVERY_KEY if config.groups else WITHOUT_GROUPS)
     claimed = user_of(words, config.users)
     try:
         user = _owned(component, claimed, owner=owner, config=config) if owner is not None \
@@ -176,18 +187,36 @@ def request(component: icalendar.Event, *, config: Config, templates: Collection
             elif count % nodes:
                 raise Refused(f"{count} GPUs cannot be spread evenly over {nodes} nodes; ask for a multiple of "
                               f"{nodes} GPUs")
+        project = project_of(words, user, config)
     except Refused as refused:
         raise Refused(refused.reason, user) from None
     return Request(user=user, template=asked.template or config.defaults.template, gpu_count=count,
-                   gpu_indices=indices, nodes=nodes)
+                   gpu_indices=indices, nodes=nodes, project=project)
+
+
+def project_of(words: Said, user: str, config: Config) -> str | None:
+    """The group a booking counts against: the one `project:` names, which must be one of the user's
+    groups, else the user's first group; None when they are in none and name none."""
+    mine = config.groups_of(user)
+    if "project" not in words.values or user not in config.users:  # an unknown user: the plan says so
+        return mine[0] if mine else None
+    value = words.values["project"]
+    named = _name(value.text, known=tuple(config.groups), what="project")
+    if named in mine:
+        return named
+    theirs = f"{user}'s groups are {', '.join(mine)}" if mine else f"{user} is in no group"
+    if named in config.groups:
+        raise Refused(f"{user} is not in the group {named} ({value.where} {show(value.text)}); {theirs}")
+    raise Refused(f"{value.where} {show(value.text)} is not a group; {theirs}")
 
 
 def said(description: Iterable[str], title: str, location: str, *, users: Collection[str],
-         templates: Collection[str], hosts: Collection[str] = ()) -> Said:
+         templates: Collection[str], hosts: Collection[str] = (), keys: Collection[str] = EVERY_KEY) -> Said:
     """The keys an event's description lines, title and location name (the description wins, then
-    the title, then the location's GPUs). `hosts`: names that are never GPU words in the location."""
-    described, typos = _description_values(description)
-    titled, title_typos = _title_values(title, users=users, templates=templates)
+    the title, then the location's GPUs). `hosts`: names that are never GPU words in the location;
+    `keys`: the keys read (another key's words are the booker's text)."""
+    described, typos = _description_values(description, keys)
+    titled, title_typos = _title_values(title, users=users, templates=templates, keys=keys)
     values = {key: Value(value, f"{key}=") for key, value in titled.items()}
     values.update({key: Value(value, f"{key}:") for key, value in described.items()})
     if "gpus" not in values and (located := _location_gpus(location, hosts)) is not None:
@@ -261,7 +290,7 @@ def _organizer_email(component: icalendar.Event) -> str:
     return "" if organizer is None else re.sub(r"(?i)^mailto:", "", str(organizer).strip())
 
 
-def _description_values(description: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+def _description_values(description: Iterable[str], keys: Collection[str]) -> tuple[dict[str, str], list[str]]:
     """Each key's value in the description's `key: value` lines, and a sentence for each misspelt key."""
     values: dict[str, str] = {}
     typos: list[str] = []
@@ -272,10 +301,12 @@ def _description_values(description: Iterable[str]) -> tuple[dict[str, str], lis
             continue
         word, separator = match[1], match[2]
         key = _SPELLINGS.get(word.lower())
+        if key is not None and key.name not in keys:
+            continue
         if key is None:
             guesses += 1
             if not typos and guesses <= MAX_GUESSES \
-                    and (meant := _misspelt(word, _uncommented(match[3]))) is not None:
+                    and (meant := _misspelt(word, _uncommented(match[3]), keys)) is not None:
                 typos.append(f"the description's `{word}{separator}` is not a key gpubook knows; "
                              f"did you mean `{meant.name}:`?")
             continue
@@ -287,8 +318,8 @@ def _description_values(description: Iterable[str]) -> tuple[dict[str, str], lis
     return values, typos
 
 
-def _title_values(title: str, *, users: Collection[str],
-                  templates: Collection[str]) -> tuple[dict[str, str], list[str]]:
+def _title_values(title: str, *, users: Collection[str], templates: Collection[str],
+                  keys: Collection[str] = EVERY_KEY) -> tuple[dict[str, str], list[str]]:
     """The title's short form, e.g. `alice tensorflow-cuda9 gpus=2`: `key=value` words as in the
     description, a known user's or template's name as a word of its own; other words are ignored."""
     found: dict[str, dict[str, str]] = {}  # key -> each value, by how it compares, as first written
@@ -298,6 +329,9 @@ def _title_values(title: str, *, users: Collection[str],
     while (match := _TITLE_PAIR.search(title, position)) is not None:
         word, value = match[1], match[4].rstrip(";:)]")
         key = _SPELLINGS.get(word.lower())
+        if key is not None and key.name not in keys:
+            position = match.end()
+            continue
         if key is not None:
             found.setdefault(key.name, {}).setdefault(_compared(value), value)
             used.append(match.span())
@@ -305,7 +339,7 @@ def _title_values(title: str, *, users: Collection[str],
             continue
         guesses += 1
         if (match[2] or not match[3]) and not typos and guesses <= MAX_GUESSES \
-                and (meant := _misspelt(word, value)) is not None:
+                and (meant := _misspelt(word, value, keys)) is not None:
             typos.append(f"the title's `{word}{match[2] or ':'}` is not a key gpubook knows; "
                          f"did you mean `{meant.name}=`?")
         position = match.start(4)  # `alice:gpus=2`: the value may hold a key of its own
@@ -343,9 +377,10 @@ def _uncommented(value: str) -> str:
     return value if comment is None else value[:comment.start()].rstrip(" \t")
 
 
-def _misspelt(word: str, value: str) -> Key | None:
+def _misspelt(word: str, value: str, keys: Collection[str]) -> Key | None:
     """The key an unknown word was meant for: close to one of its spellings, with a value it could take."""
-    close = difflib.get_close_matches(word.lower(), _SPELLINGS, n=1, cutoff=CLOSE)
+    spellings = [spelling for spelling, key in _SPELLINGS.items() if key.name in keys]
+    close = difflib.get_close_matches(word.lower(), spellings, n=1, cutoff=CLOSE)
     key = _SPELLINGS[close[0]] if close else None
     return key if key is not None and key.shape.fullmatch(value) else None
 
@@ -371,7 +406,7 @@ def _name(value: str, *, known: Collection[str], what: str) -> str:
     if value.isascii() and value.lower() in known:
         return value.lower()
     pattern, rule = (USER_NAME, "lower-case ASCII letters, digits, '_' and '-', starting with a letter") \
-        if what == "user" else (TEMPLATE_NAME, "lower-case ASCII letters, digits, '.', '_' and '-'")
+        if what in ("user", "project") else (TEMPLATE_NAME, "lower-case ASCII letters, digits, '.', '_' and '-'")
     normal = unicodedata.normalize("NFKC", value)
     close = difflib.get_close_matches(normal[:64].lower(), sorted(known), n=1, cutoff=CLOSE)
     meant = f"; did you mean {close[0]}?" if close else ""

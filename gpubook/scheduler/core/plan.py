@@ -9,8 +9,11 @@ Priority is earned by acceptance, never by being seen: an occurrence that was re
 accepted, holds none (an event saved early and refused cannot be moved later onto a booking that
 was accepted in the meantime), and a booking moved to another time or other GPUs is a new request
 that competes after every booking already accepted. Among the new requests of one pass (where
-gpubook observed no order) CREATED, DTSTAMP and then UID break the tie (all three client-written,
-but a forged one can only reorder requests that nobody holds yet), then the occurrence's start.
+gpubook observed no order) the fair-share tie-break goes first: a request whose project (a group with
+a week quota) used the smaller part of that quota in the week before now goes before the others
+(`policy.used_shares`; no project, or one without a week quota, counts as 0). Then CREATED, DTSTAMP
+and UID break the tie (all three client-written, but a forged one can only reorder requests that
+nobody holds yet), then the occurrence's start.
 A booking that asks for a number of GPUs gets the lowest-numbered GPUs of its calendar that are
 free for its whole time, so the choice is the same on every poll while nothing earlier in that
 order changes; a booking accepted before keeps the GPUs it was given while they stay free for it.
@@ -160,7 +163,9 @@ def plan(
     ledger = policy.Ledger(config, now=now, host_tz=host_tz)
     first = next(iter(hosts))
     conflicts: list[tuple[Booking, tuple[int, int], dict[str, tuple[int, ...]], str]] = []
-    for booking, shape in sorted(valid, key=lambda item: _priority(item[0], running, slots)):
+    counted = (booking for booking, _ in valid if booking.id in running or _held(booking, slots))
+    shares = policy.used_shares(config, counted, now=now) if config.groups else {}
+    for booking, shape in sorted(valid, key=lambda item: _priority(item[0], running, slots, shares)):
         calendar = calendars[booking.calendar_url]
         owned = {name: _owned(calendar, present) for name, present in hosts.items()}
         record = slots.get(seen_key(booking))
@@ -323,9 +328,8 @@ def _static_problem(booking: Booking, *, calendars: Mapping[str, CalendarConfig]
     calendar = calendars.get(booking.calendar_url)
     if calendar is None:
         return f"the calendar {redact_url(booking.calendar_url)} is not configured on {where}"
-    if user.max_gpus is not None and booking.gpu_count > user.max_gpus:
-        return (f"{user.name} may book at most {_gpus_text(user.max_gpus)}; "
-                f"this booking asks for {booking.gpu_count}")
+    if (most := config.policy_for(user.name).max_gpus) and booking.gpu_count > most:
+        return f"{user.name} may book at most {_gpus_text(most)}; this booking asks for {booking.gpu_count}"
     if one_machine:  # one host then (the plan kept the first)
         shape = _local_shape(booking, calendar, next(iter(hosts.values())), where)
     elif placed:
@@ -383,21 +387,29 @@ def _owned(calendar: CalendarConfig, present: frozenset[int]) -> tuple[int, ...]
     return tuple(sorted(present if calendar.gpus is None else present & set(calendar.gpus)))
 
 
+def _held(booking: Booking, slots: Mapping[SeenKey, Slot]) -> bool:
+    """Whether gpubook accepted the booking before, at the slot it asks for now."""
+    record = slots.get(seen_key(booking))
+    return record is not None and record.accepted_at is not None
+
+
 def _priority(booking: Booking, running: Mapping[str, tuple[int, ...]],
-              slots: Mapping[SeenKey, Slot]) -> tuple[Any, ...]:
+              slots: Mapping[SeenKey, Slot], shares: Mapping[str, float]) -> tuple[Any, ...]:
     # Every field takes part so that equal keys only come from equal bookings: input order can
     # never decide. Accepted bookings keep the order gpubook gave them (time, then rank in that
-    # pass); CREATED and DTSTAMP only order the new requests (see the docstring).
+    # pass); among the new requests, the project that used the least of its share goes first (the
+    # fair-share tie-break, docs/guides/operate.md), then CREATED and DTSTAMP (see the docstring).
     record = slots.get(seen_key(booking))
     held = (record.accepted_at, record.rank) if record is not None and record.accepted_at is not None else (_LATEST, 0)
-    return (booking.id not in running, *held, booking.created or _LATEST, booking.dtstamp or _LATEST,
+    share = shares.get(booking.project, 0.0) if booking.project is not None else 0.0
+    return (booking.id not in running, *held, share, booking.created or _LATEST, booking.dtstamp or _LATEST,
             booking.uid, booking.start, *_order(booking))
 
 
 def _order(item: Booking | Rejection) -> tuple[Any, ...]:
     if isinstance(item, Booking):
         return (item.start, item.id, item.end, item.calendar_url, item.href, item.user,
-                item.template, item.gpu_count, item.gpu_indices or (), item.summary)
+                item.template, item.gpu_count, item.gpu_indices or (), item.summary, item.project or "")
     return (item.start, item.id, item.end, item.calendar_url, item.href, item.reason)
 
 

@@ -17,12 +17,21 @@ unchanged config the same bookings pass on every poll. When an admin lowers a qu
 bookings keep running and the others are judged again in that order: what no longer fits is
 rejected (a booking that ended is then no longer counted; rejections of ended bookings are not
 written back).
+
+GPUs at once (`max_gpus`): at no moment may the user's accepted bookings hold more GPUs together; a
+booking asking for more on its own is refused by the plan before it gets here.
+
+Groups as projects: a booking counts against its project (`Booking.project`, a [groups.NAME]) as
+well as its user, and each group has the same quotas over every booking of the group (`week_gpu_hours`,
+`max_gpus`, `max_future_bookings`; no `max_days_ahead`). A booking must fit both; the refusal names
+every limit it is over, the user's first ("group vision has 38 of 40 GPU-hours in the week before this
+booking ends; this booking needs 4"). A running booking counts against its group as against its user.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 
@@ -38,22 +47,33 @@ _HOUR = timedelta(hours=1)
 
 @dataclass(frozen=True)
 class Limits:
-    """One user's quotas; None: no limit."""
+    """One user's or group's quotas; None: no limit."""
 
     week_gpu_hours: float | None = None
     max_days_ahead: float | None = None
     max_future_bookings: int | None = None
+    max_gpus: int | None = None
 
 
 def limits(config: Config, user: str) -> Limits:
     """The user's quotas (their effective policy, resolved when the config was read); 0 means no limit."""
     own = config.policy_for(user)
     return Limits(week_gpu_hours=own.week_gpu_hours or None, max_days_ahead=own.max_days_ahead or None,
-                  max_future_bookings=int(own.max_future_bookings) or None)
+                  max_future_bookings=int(own.max_future_bookings) or None, max_gpus=int(own.max_gpus) or None)
+
+
+def group_limits(config: Config, group: str) -> Limits:
+    """A group's quotas ([groups.NAME]; none for a name that is not one); 0 means no limit."""
+    own = config.groups.get(group)
+    if own is None:
+        return Limits()
+    return Limits(week_gpu_hours=own.week_gpu_hours or None, max_future_bookings=own.max_future_bookings or None,
+                  max_gpus=own.max_gpus or None)
 
 
 def any_week_quota(config: Config) -> bool:
-    return bool(config.policy.week_gpu_hours) or any(p.week_gpu_hours for p in config.policies.values())
+    return bool(config.policy.week_gpu_hours) or any(p.week_gpu_hours for p in config.policies.values()) \
+        or any(g.week_gpu_hours for g in config.groups.values())
 
 
 def reach_back(config: Config) -> timedelta:
@@ -83,23 +103,40 @@ class _Held:
         return overlap * self.gpus if overlap > timedelta(0) else timedelta(0)
 
 
+@dataclass(frozen=True)
+class _Holder:
+    """Whose quotas a check is about, as its sentence names them."""
+
+    name: str  # "alice", or "group vision"
+    their: str  # "their", or "the group's"
+    theirs: str  # "theirs", or "the group's"
+
+
 class Ledger:
-    """Each user's accepted bookings, in the order the plan accepted them."""
+    """Each user's and each group's accepted bookings, in the order the plan accepted them."""
 
     def __init__(self, config: Config, *, now: datetime, host_tz: tzinfo) -> None:
         self.config = config
         self.now = now
         self.host_tz = host_tz
         self.held: dict[str, list[_Held]] = defaultdict(list)
+        self.group_held: dict[str, list[_Held]] = defaultdict(list)
         self.limits: dict[str, Limits] = {}
+        self.group_quota: dict[str, Limits] = {}
 
     def _limits(self, user: str) -> Limits:
         if user not in self.limits:
             self.limits[user] = limits(self.config, user)
         return self.limits[user]
 
+    def _group_limits(self, group: str) -> Limits:
+        if group not in self.group_quota:
+            self.group_quota[group] = group_limits(self.config, group)
+        return self.group_quota[group]
+
     def problem(self, booking: Booking, *, first_seen: datetime | None) -> str | None:
-        """Why `booking` is over one of its user's quotas (None: it is within them).
+        """Why `booking` is over one of its user's or its project's quotas (None: it is within them);
+        over both, both are named, the user's first.
 
         `first_seen`: when gpubook first saw it ask for its time and GPUs (None: now; a move is a
         new request)."""
@@ -110,27 +147,43 @@ class Ledger:
             if ahead > quota.max_days_ahead:
                 return (f"{booking.user} may book at most {_number(quota.max_days_ahead)} days ahead; this "
                         f"booking starts {_number(ahead)} days after gpubook first saw it at this time")
-        if quota.max_future_bookings is not None and booking.start > self.now:
-            future = sum(1 for held in self.held[booking.user] if held.start > self.now)
-            if future >= quota.max_future_bookings:
-                return (f"{booking.user} may hold at most {quota.max_future_bookings} "
-                        f"{'booking' if quota.max_future_bookings == 1 else 'bookings'} that have not "
-                        f"started; {future} {'is' if future == 1 else 'are'} held already")
-        if quota.week_gpu_hours is not None:
-            return self._week_problem(booking, quota.week_gpu_hours)
-        return None
+        over = [self._over(booking, quota, self.held[booking.user], _Holder(booking.user, "their", "theirs"))]
+        if booking.project is not None:
+            over.append(self._over(booking, self._group_limits(booking.project), self.group_held[booking.project],
+                                   _Holder(f"group {booking.project}", "the group's", "the group's")))
+        found = [problem for problem in over if problem is not None]
+        return "; and ".join(found) if found else None
 
     def add(self, booking: Booking, *, gpus: Collection[int] | None = None) -> None:
         """Count an accepted booking (a running one too: it is never judged, but it counts)."""
         count = len(gpus) if gpus is not None else booking.gpu_count
-        self.held[booking.user].append(_Held(booking.start, booking.end, count))
+        held = _Held(booking.start, booking.end, count)
+        self.held[booking.user].append(held)
+        if booking.project is not None:
+            self.group_held[booking.project].append(held)
 
-    def _week_problem(self, booking: Booking, quota_hours: float) -> str | None:
+    def _over(self, booking: Booking, quota: Limits, held: list[_Held], holder: _Holder) -> str | None:
+        """The first of `quota`'s limits that `booking` would go over, beside `held`."""
+        if quota.max_future_bookings is not None and booking.start > self.now:
+            future = sum(1 for item in held if item.start > self.now)
+            if future >= quota.max_future_bookings:
+                return (f"{holder.name} may hold at most {quota.max_future_bookings} "
+                        f"{'booking' if quota.max_future_bookings == 1 else 'bookings'} that have not "
+                        f"started; {future} {'is' if future == 1 else 'are'} held already")
+        if quota.max_gpus is not None:
+            peak = _peak(held, booking.start, booking.end)
+            if peak + booking.gpu_count > quota.max_gpus:
+                return (f"{holder.name} may hold at most {_gpus(quota.max_gpus)} at once; {holder.their} other "
+                        f"bookings hold {peak} during this booking's time, and it asks for {booking.gpu_count}")
+        if quota.week_gpu_hours is not None:
+            return self._week_problem(booking, quota.week_gpu_hours, held, holder)
+        return None
+
+    def _week_problem(self, booking: Booking, quota_hours: float, held: list[_Held], holder: _Holder) -> str | None:
         quota = timedelta(hours=quota_hours)
         new = _Held(booking.start, booking.end, booking.gpu_count)
-        held = self.held[booking.user]
-        # The weeks this booking reaches into: its own, then those of the user's accepted bookings
-        # that end after its start and less than a week after its end, earliest first.
+        # The weeks this booking reaches into: its own, then those of the accepted bookings that
+        # end after its start and less than a week after its end, earliest first.
         ends = [booking.end, *sorted({h.end for h in held if booking.start < h.end < booking.end + WEEK
                                        and h.end != booking.end})]
         for end in ends:
@@ -139,10 +192,38 @@ class Ledger:
             needs = new.within(since, end)
             if used + needs > quota:
                 where = "in the week before this booking ends" if end == booking.end else \
-                    f"in the week before {_moment(end, self.host_tz)} (the end of another booking of theirs)"
-                return (f"{booking.user} has {_hours(used)} of {_number(quota_hours)} GPU-hours {where}; "
+                    f"in the week before {_moment(end, self.host_tz)} (the end of another booking of {holder.theirs})"
+                return (f"{holder.name} has {_hours(used)} of {_number(quota_hours)} GPU-hours {where}; "
                         f"this booking needs {_hours(needs)}")
         return None
+
+
+def used_shares(config: Config, counted: Iterable[Booking], *, now: datetime) -> dict[str, float]:
+    """The fair-share tie-break's figure of each group with a week quota (its share): the GPU-hours
+    its `counted` bookings (those running or accepted before this pass) held in the week before
+    `now`, over `week_gpu_hours`. A group without a week quota has no share and is not listed."""
+    used: dict[str, timedelta] = defaultdict(timedelta)
+    since = now - WEEK
+    for booking in counted:
+        if booking.project is not None and booking.project in config.groups:
+            used[booking.project] += _Held(booking.start, booking.end, booking.gpu_count).within(since, now)
+    return {name: used[name] / timedelta(hours=group.week_gpu_hours)
+            for name, group in config.groups.items() if group.week_gpu_hours}
+
+
+def _peak(held: list[_Held], start: datetime, end: datetime) -> int:
+    """The most GPUs `held` hold together at any moment between `start` and `end`."""
+    changes = sorted((moment, step) for item in held if item.start < end and start < item.end
+                     for moment, step in ((max(item.start, start), item.gpus), (item.end, -item.gpus)))
+    peak = now = 0
+    for _, step in changes:  # at one moment an end (negative step) sorts before a start
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def _hours(amount: timedelta) -> str:

@@ -27,7 +27,7 @@ from gpubook.scheduler.directory.users import DirectoryUser, RawEntry, checked, 
 from gpubook.scheduler.settings import Config
 
 __all__ = ["DirectoryConfig", "DirectoryError", "DirectoryUser", "Snapshot", "cache_path", "cached_snapshot", "checked",
-           "fetch", "read", "source_name", "with_users"]
+           "fetch", "project_groups", "read", "source_name", "with_users"]
 
 log = logging.getLogger(__name__)
 CACHE_NAME = "directory.json"
@@ -65,9 +65,25 @@ class Roster:
         return Roster(members, departed)
 
 
-def read(settings: DirectoryConfig) -> list[RawEntry]:
-    """The entries of the configured source (ldap or host)."""
-    return host.read(settings) if settings.source == "host" else ldap.read(settings)
+def read(settings: DirectoryConfig, projects: Mapping[str, str] | None = None) -> list[RawEntry]:
+    """The entries of the configured source (ldap or host), each with the `projects` ([groups.NAME] →
+    the directory's group) that list it."""
+    projects = projects or {}
+    return host.read(settings, projects) if settings.source == "host" else ldap.read(settings, projects)
+
+
+def project_groups(config: Config) -> dict[str, str]:
+    """Each [groups.NAME]'s group in the directory: its `directory_group`, else for "host" the host
+    group NAME, for "ldap" cn=NAME beside [directory] group (under its base without one)."""
+    settings = config.directory or DirectoryConfig()
+    if settings.source == "host":
+        beside = ""
+    elif settings.group and "," in settings.group:
+        beside = "," + settings.group.split(",", 1)[1]
+    else:
+        beside = f",{settings.base}" if settings.base else ""
+    return {name: group.directory_group or (name if settings.source == "host" else f"cn={name}{beside}")
+            for name, group in config.groups.items()}
 
 
 def source_name(settings: DirectoryConfig) -> str:
@@ -122,7 +138,7 @@ def fetch(config: Config, *, now: datetime | None = None) -> Snapshot:
     key = source_name(settings)
     cache = cache_path(config)
     try:
-        users, problems = checked(read(settings))
+        users, problems = checked(read(settings, project_groups(config)))
     except DirectoryError as error:
         kept = _last_good.get(key)
         origin = "last good copy"

@@ -12,6 +12,7 @@ import grp
 import logging
 import pwd
 import subprocess
+from collections.abc import Mapping
 
 from gpubook.scheduler.directory.errors import DirectoryError
 from gpubook.scheduler.directory.settings import DirectoryConfig
@@ -19,6 +20,7 @@ from gpubook.scheduler.directory.users import RawEntry
 from gpubook.scheduler.settings import checks
 
 log = logging.getLogger(__name__)
+_NO_PROJECTS: Mapping[str, str] = {}
 
 
 def members(group: str) -> list[pwd.struct_passwd]:
@@ -57,8 +59,22 @@ def keys(settings: DirectoryConfig, login: str) -> list[str]:
     return [line.strip() for line in done.stdout.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def read(settings: DirectoryConfig) -> list[RawEntry]:
-    """Every member of the host group `group`, as the LDAP reader gives its entries."""
+def _project_members(projects: Mapping[str, str]) -> dict[str, set[str]]:
+    """Each project's logins, by its [groups.NAME]; a host group that does not exist has none (said)."""
+    found: dict[str, set[str]] = {}
+    for name, group in projects.items():
+        try:
+            found[name] = {account.pw_name for account in members(group)}
+        except DirectoryError:
+            log.warning("host group %r of [groups.%s] does not exist: nobody is in %s", group, name, name)
+            found[name] = set()
+    return found
+
+
+def read(settings: DirectoryConfig, projects: Mapping[str, str] = _NO_PROJECTS) -> list[RawEntry]:
+    """Every member of the host group `group`, as the LDAP reader gives its entries, each with the
+    `projects` ([groups.NAME] → host group name) whose host group has them, in their order."""
+    listed = _project_members(projects)
     entries = []
     for account in members(settings.group or ""):
         login = account.pw_name
@@ -66,5 +82,6 @@ def read(settings: DirectoryConfig) -> list[RawEntry]:
         emails = [settings.mail_pattern.replace("{user}", login)] if settings.mail_pattern and valid else []
         entries.append(RawEntry(dn=f"host account {login}", name=[login], uid=[str(account.pw_uid)],
                                 gid=[str(account.pw_gid)], emails=emails,
-                                ssh_keys=keys(settings, login) if valid else []))
+                                ssh_keys=keys(settings, login) if valid else [],
+                                groups=tuple(name for name, logins in listed.items() if login in logins)))
     return entries

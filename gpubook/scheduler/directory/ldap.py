@@ -1,16 +1,22 @@
-"""Reading the group's members from an LDAP directory (ldap3), over LDAPS or StartTLS only."""
+"""Reading the group's members from an LDAP directory (ldap3), over LDAPS or StartTLS only, and which
+of the configured [groups.NAME] (projects) each member is in."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import ssl
+from collections.abc import Mapping
 from typing import Any
 
 from gpubook.scheduler.directory.errors import DirectoryError
 from gpubook.scheduler.directory.settings import DirectoryConfig
 from gpubook.scheduler.directory.users import RawEntry
 
+log = logging.getLogger(__name__)
 GROUP_ATTRIBUTES = ["memberUid", "member", "uniqueMember"]
+_NO_PROJECTS: Mapping[str, str] = {}
 
 
 def _connection(settings: DirectoryConfig) -> Any:
@@ -54,8 +60,28 @@ def _members(connection: Any, group: str) -> tuple[set[str], set[str]]:
     return names, dns
 
 
-def read(settings: DirectoryConfig) -> list[RawEntry]:
-    """Every entry of the filter that is a member of the group (all of them without a group)."""
+def _projects(connection: Any, projects: Mapping[str, str]) -> dict[str, tuple[set[str], set[str]]]:
+    """Each project's members (memberUid names, member DNs), by its [groups.NAME]; a group that is not
+    found has none (said), so one wrong DN never takes the directory's users away."""
+    from ldap3.core.exceptions import LDAPNoSuchObjectResult
+
+    found: dict[str, tuple[set[str], set[str]]] = {}
+    for name, dn in projects.items():
+        try:
+            found[name] = _members(connection, dn)
+        except (DirectoryError, LDAPNoSuchObjectResult):
+            log.warning("directory: the group %s of [groups.%s] was not found: nobody is in %s", dn, name, name)
+            found[name] = (set(), set())
+    return found
+
+
+def _is_member(entry: RawEntry, members: tuple[set[str], set[str]]) -> bool:
+    return bool(set(entry.name) & members[0]) or entry.dn.lower().replace(", ", ",") in members[1]
+
+
+def read(settings: DirectoryConfig, projects: Mapping[str, str] = _NO_PROJECTS) -> list[RawEntry]:
+    """Every entry of the filter that is a member of the group (all of them without a group), each with
+    the `projects` ([groups.NAME] → the LDAP group's DN) whose group lists it, in their order."""
     import ldap3
     from ldap3.core.exceptions import LDAPException
 
@@ -64,6 +90,7 @@ def read(settings: DirectoryConfig) -> list[RawEntry]:
         connection = _connection(settings)
         try:
             members = _members(connection, settings.group) if settings.group else None
+            listed = _projects(connection, projects)
             found = connection.extend.standard.paged_search(settings.base, settings.user_filter,
                                                             search_scope=ldap3.SUBTREE, attributes=names,
                                                             paged_size=500, generator=False)
@@ -81,7 +108,8 @@ def read(settings: DirectoryConfig) -> list[RawEntry]:
             uid=_values(attributes, "uidNumber"), gid=_values(attributes, "gidNumber"),
             emails=[v for a in settings.mail_attributes for v in _values(attributes, a)],
             ssh_keys=_values(attributes, settings.key_attribute))
-        if members is not None and not (set(entry.name) & members[0] or entry.dn.lower() in members[1]):
+        if members is not None and not _is_member(entry, members):
             continue
-        entries.append(entry)
+        entries.append(dataclasses.replace(entry, groups=tuple(name for name, group in listed.items()
+                                                              if _is_member(entry, group))))
     return entries

@@ -23,6 +23,7 @@ class DirectoryUser:
     emails: tuple[str, ...]
     ssh_keys: tuple[str, ...]
     dn: str = ""
+    groups: tuple[str, ...] = ()  # the [groups.NAME] whose directory group lists them, in the config's order
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -30,7 +31,8 @@ class DirectoryUser:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DirectoryUser:
         return cls(name=str(data["name"]), uid=int(data["uid"]), gid=int(data["gid"]),
-                   emails=tuple(data["emails"]), ssh_keys=tuple(data["ssh_keys"]), dn=str(data.get("dn", "")))
+                   emails=tuple(data["emails"]), ssh_keys=tuple(data["ssh_keys"]), dn=str(data.get("dn", "")),
+                   groups=tuple(map(str, data.get("groups", ()))))
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class RawEntry:
     gid: list[str]
     emails: list[str]
     ssh_keys: list[str]
+    groups: tuple[str, ...] = ()  # the [groups.NAME] whose directory group lists this entry
 
 
 def _number(values: list[str]) -> int | None:
@@ -95,17 +98,19 @@ def checked(entries: Iterable[RawEntry]) -> tuple[list[DirectoryUser], list[str]
             else:
                 keys.append(key.strip())
         users.append(DirectoryUser(name=name, uid=uid, gid=gid, emails=tuple(emails), ssh_keys=tuple(keys),
-                                   dn=entry.dn))
+                                   dn=entry.dn, groups=entry.groups))
     return users, problems
 
 
 def as_user(user: DirectoryUser, tables: Mapping[str, UserConfig], overrides: Mapping[str, UserConfig]) -> UserConfig:
     """A directory user as gpubook sees them: their [users.NAME] table's limits with the directory's uid,
-    gid, addresses and keys (plus the table's own addresses and keys)."""
+    gid, addresses and keys (plus the table's own addresses and keys), and the table's groups, then the
+    directory's."""
     table = tables.get(user.name) or overrides.get(user.name) or UserConfig(name=user.name, uid=user.uid, gid=user.gid)
     return dataclasses.replace(table, uid=user.uid, gid=user.gid,
                                email=tuple(dict.fromkeys((*user.emails, *table.email))),
-                               ssh_keys=tuple(dict.fromkeys((*user.ssh_keys, *table.ssh_keys))))
+                               ssh_keys=tuple(dict.fromkeys((*user.ssh_keys, *table.ssh_keys))),
+                               groups=tuple(dict.fromkeys((*table.groups, *user.groups))))
 
 
 def with_departed(users: Mapping[str, UserConfig], departed: Iterable[DirectoryUser],

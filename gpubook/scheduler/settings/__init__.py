@@ -23,6 +23,7 @@ from gpubook.scheduler.settings.sections import (
     DaemonConfig,
     Defaults,
     GpusSection,
+    GroupConfig,
     HostConfig,
     ImagesConfig,
     NvidiaConfig,
@@ -42,7 +43,8 @@ if TYPE_CHECKING:
     from gpubook.scheduler.outbox.web.settings import WebConfig
 
 __all__ = [
-    "PASSWORD_ENV", "CalendarConfig", "Check", "Config", "DaemonConfig", "Defaults", "GpusSection", "HostConfig",
+    "PASSWORD_ENV", "CalendarConfig", "Check", "Config", "DaemonConfig", "Defaults", "GpusSection", "GroupConfig",
+    "HostConfig",
     "ImagesConfig", "NvidiaConfig", "PolicyConfig", "Section", "SshConfig", "StorageConfig", "TemplatesSection",
     "UserConfig", "UserPolicy", "checks", "key_of", "setting",
 ]
@@ -56,6 +58,7 @@ class UserPolicy:
     week_gpu_hours: float = 0.0
     max_days_ahead: float = 0.0
     max_future_bookings: int = 0
+    max_gpus: int = 0
     remind_minutes: float = 0.0
     no_show_minutes: float = 0.0
     idle_minutes: float = 0.0
@@ -100,6 +103,8 @@ class Config:
     # that, so that a booking of theirs that runs runs to its end; any other booking of theirs is refused.
     departed_users: Mapping[str, datetime] = field(default_factory=dict)
     file_users: Mapping[str, UserConfig] | None = None  # the [users.NAME] tables, once the directory's were merged
+    # [groups.NAME], in the file's order: projects with quotas of their own (gpubook/scheduler/core/policy.py)
+    groups: Mapping[str, GroupConfig] = field(default_factory=dict)
     # Derived when made (so dataclasses.replace keeps it true): each user's effective policy.
     policies: Mapping[str, UserPolicy] = field(init=False, repr=False, compare=False)
 
@@ -110,6 +115,12 @@ class Config:
     def policy_for(self, user: str) -> UserPolicy:
         """`user`'s effective policy; [policy]'s for a name that is not in [users]."""
         return self.policies.get(user) or user_policy(self.policy, None)
+
+    def groups_of(self, user: str) -> tuple[str, ...]:
+        """The configured groups `user` is in, their first one first (the project of a booking that
+        names none): a file user's `groups` as listed; a directory user's table's, then the directory's."""
+        own = self.users.get(user)
+        return tuple(name for name in own.groups if name in self.groups) if own is not None else ()
 
     def user_by_email(self, email: str) -> UserConfig | None:
         wanted = email.strip().lower().removeprefix("mailto:")

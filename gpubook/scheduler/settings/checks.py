@@ -25,6 +25,8 @@ uid = Check("between 1 and 2147483647 (not root)",
 at_least_one = Check("at least 1", lambda v: None if v >= 1 else "must be at least 1")
 user_name = Check(f"a user name: {USER_NAME_RULE}", user_name_problem)
 template_name = Check(f"a template name: {TEMPLATE_NAME_RULE}", template_name_problem)
+group_name = Check(f"a group name: {USER_NAME_RULE}", lambda name: None if user_name_problem(name) is None
+                   else f"is not a valid group name ({USER_NAME_RULE})")
 
 
 def one_of(choices: Iterable[str]) -> Check:

@@ -66,9 +66,15 @@ class UserConfig:
                    sample=1000)
     ssh_keys: tuple[str, ...] = setting((), "public key lines", check=checks.ssh_key, example=(
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB6v3b9c0p7s5xXl0bN3cYk2s9mJ0b2cZc8n8kq0tq0Q alice@laptop",))
-    max_gpus: int | None = setting(None, "GPUs at once; None: no per-user limit beyond the calendar's",
-                                   check=checks.at_least_one, example=2)
+    max_gpus: int | None = setting(None, "GPUs this user's accepted bookings hold at once (at any moment); "
+                                   "default: [policy]'s; 0: no limit for this user", check=checks.not_negative,
+                                   example=2)
     templates: tuple[str, ...] = setting(("*",), "fnmatch patterns of allowed templates")
+    # Groups as projects (gpubook/scheduler/core/policy.py): the first is the project of a booking that names none.
+    groups: tuple[str, ...] = setting((), "the [groups.NAME] this user books for, their first one the project of "
+                                      "a booking that names none (`project:`); with a directory, these come "
+                                      "first, then the configured groups the directory lists them in",
+                                      check=checks.group_name, example=("vision",))
     # Quotas of this user; None: [policy]'s; 0: no limit for this user (gpubook/scheduler/core/policy.py).
     week_gpu_hours: float | None = setting(None, "GPU-hours in any rolling week; default: [policy]'s",
                                            check=checks.not_negative, sample=80)
@@ -203,6 +209,8 @@ class PolicyConfig:
                                     "at most; 0: no limit", check=checks.not_negative)
     max_future_bookings: int = setting(0, "bookings not started yet that one user may hold at once; 0: no limit",
                                        check=checks.not_negative)
+    max_gpus: int = setting(0, "GPUs one user's accepted bookings may hold at once (at any moment; a single booking "
+                            "asking for more is refused outright); 0: no limit", check=checks.not_negative)
     remind_minutes: float = setting(0.0, "alarm in the accepted booking's event and a reminder notice, in "
                                     "minutes before the start; 0: off", check=checks.not_negative)
     # No-shows and idle GPUs (gpubook/scheduler/core/reclaim.py), off by default; [users.NAME] may override the minutes.
@@ -222,3 +230,24 @@ class PolicyConfig:
                                      "foreign_grace_minutes)", check=checks.one_of(FOREIGN_ACTIONS))
     foreign_grace_minutes: float = setting(5.0, 'minutes between the notice and the stop, with "stop"',
                                            check=checks.not_negative)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupConfig:
+    """[groups.NAME]: a group of users as a project, with quotas of its own beside each member's
+    (gpubook/scheduler/core/policy.py): a booking is judged against both, and the tighter wins."""
+
+    name: str  # the [groups.NAME] key: what `project:` names
+    week_gpu_hours: float = setting(0.0, "GPU-hours the group's accepted bookings may hold in any rolling week (the "
+                                    "7 days before the end of each of them); 0: no limit", check=checks.not_negative,
+                                    sample=400)
+    max_gpus: int = setting(0, "GPUs the group's accepted bookings may hold at once (at any moment); 0: no limit",
+                            check=checks.not_negative, sample=4)
+    max_future_bookings: int = setting(0, "bookings not started yet that the group may hold at once; 0: no limit",
+                                       check=checks.not_negative, sample=10)
+    directory_group: str | None = setting(None, "with [directory] source = \"ldap\": the DN of the LDAP group "
+                                          "(posixGroup memberUid, groupOfNames member, groupOfUniqueNames "
+                                          "uniqueMember) whose members are in this group, default cn=NAME beside "
+                                          "[directory] group (else under its base); with source = \"host\": the "
+                                          "host group's name, default NAME. Unused with source = \"file\"",
+                                          sample="cn=vision,ou=groups,dc=lab,dc=example")
