@@ -78,3 +78,24 @@ def test_a_bad_request_is_one_sentence(request_: dict) -> None:
 def test_before_the_first_pass_the_answer_says_so() -> None:
     with pytest.raises(asking.AskError, match="first pass"):
         asking.answer(None, {"kind": "mine"}, viewer=asking.Viewer(), context=CONTEXT, now=NOW)
+
+
+def test_mine_shows_each_bookings_project(capsys: pytest.CaptureFixture[str]) -> None:
+    """The project travels from the plan's segment to `gpubook mine`'s answer and its printed row."""
+    from dataclasses import replace
+
+    from gpubook.scheduler.commands.ask import print_mine
+
+    base = status()
+    host = base.hosts[0]
+    lanes = tuple(replace(lane, segments=tuple(replace(s, project="vision") if s.user == "bob" else s
+                                               for s in lane.segments)) for lane in host.timeline)
+    with_project = replace(base, hosts=(replace(host, timeline=lanes),))
+    bob = asking.answer(with_project, {"kind": "mine"}, viewer=asking.Viewer(users=frozenset({"bob"})),
+                        context=CONTEXT, now=NOW)
+    assert [b["project"] for b in bob["bookings"]] == ["vision"]
+    print_mine(bob)
+    assert "bob secret  project vision  [booked]" in capsys.readouterr().out
+    alice = asking.answer(with_project, {"kind": "mine"}, viewer=asking.Viewer(users=frozenset({"alice"})),
+                          context=CONTEXT, now=NOW)
+    assert [b["project"] for b in alice["bookings"]] == [None]  # counted against no group

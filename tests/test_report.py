@@ -289,3 +289,21 @@ def test_json_gives_the_tables_rows_and_nothing_else_on_stdout(month: Path, tmp_
     assert data["gpu_samples"] is True
     assert capsys.readouterr().err == f"wrote {tmp_path / 'r.csv'}\n"  # stdout stays one JSON object
     assert (tmp_path / "r.csv").is_file()
+
+
+def test_by_project_counts_each_booking_against_the_group_it_was_planned_for(tmp_path: Path) -> None:
+    """The project recorded with each accepted booking (schema 10); none: its own row. A booking
+    recorded again with another project moves to it."""
+    with State(tmp_path / "state.sqlite") as state:
+        def row(booking_id: str, user: str, project: str, gpus: tuple[int, ...], day: int) -> BookedRow:
+            return BookedRow(booking_id=booking_id, user=user, template="debian-ssh", host="devbox1", gpus=gpus,
+                             start=at(11, day, 9), end=at(11, day, 13), project=project)
+
+        state.record_bookings(accepted=[row("v1", "alice", "vision", (0, 1), 2), row("v2", "bob", "nlp", (2,), 3),
+                                        row("n1", "carol", "", (3,), 4)], rejected=[], now=at(11, 1), complete=True)
+        state.record_bookings(accepted=[row("v2", "bob", "vision", (2,), 3)], rejected=[], now=at(11, 1, 1),
+                              complete=False)
+        result = report.build(state, start=START, end=END, now=NOW, by="project")
+    # vision: 4 h x 2 GPUs + 4 h x 1 GPU = 12; no project: carol's 4 h x 1 GPU.
+    assert {r.key: (r.bookings, r.booked_hours, r.rejected) for r in result.rows} == {
+        "vision": (2, 12.0, None), report.NO_PROJECT: (1, 4.0, None)}

@@ -43,7 +43,8 @@ class Accounting:
 
 def booked(plan: Plan) -> list[BookedRow]:
     return [BookedRow(booking_id=a.booking.id, user=a.booking.user, template=a.booking.template, host=a.host,
-                      gpus=a.gpus, start=a.booking.start, end=a.booking.end) for a in plan.accepted]
+                      gpus=a.gpus, start=a.booking.start, end=a.booking.end, project=a.booking.project or "")
+            for a in plan.accepted]
 
 
 def rejected(plan: Plan) -> list[RejectedRow]:

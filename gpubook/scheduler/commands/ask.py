@@ -147,8 +147,9 @@ def _row(item: Mapping[str, Any], *, zone: ZoneInfo, several_hosts: bool) -> str
         return f"{head} busy"
     title = short_title(str(item.get("title") or "")) or printable(str(item["id"]))
     note = f": {printable(str(item['note']))}" if item.get("note") else ""
+    project = f"project {printable(str(item['project']))}  " if item.get("project") else ""
     return (f"{head} {printable(str(item['user'])):<12} {printable(str(item['template'])):<18} {title}  "
-            f"[{item['state']}{note}]")
+            f"{project}[{item['state']}{note}]")
 
 
 def _rejected(rows: Sequence[Mapping[str, Any]], *, zone: ZoneInfo, title: str) -> list[str]:

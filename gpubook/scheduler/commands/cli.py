@@ -381,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--from", dest="start", required=True, metavar="DATE",
                         help="window start: a date (midnight in [host] timezone) or an ISO 8601 time")
     report.add_argument("--to", dest="end", required=True, metavar="DATE", help="window end (not included)")
-    report.add_argument("--by", choices=("user", "gpu", "template"), default="user", help="one row per (default: user)")
+    report.add_argument("--by", choices=("user", "gpu", "template", "project"), default="user",
+                        help="one row per (default: user); project: per [groups.NAME] a booking counted against")
     report.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
     report.add_argument("--png", metavar="FILE", help="write the plots (GPU-hours per user per week, "
                         "utilisation per GPU) as a PNG")

@@ -1,4 +1,4 @@
-"""`gpubook report --from DATE --to DATE [--by user|gpu|template] [--csv F] [--png F] [--html F]`:
+"""`gpubook report --from DATE --to DATE [--by user|gpu|template|project] [--csv F] [--png F] [--html F]`:
 GPU-hours booked and used, the idle share, no-shows and rejected requests over a window, from the
 daemon's state database (read only: the report never starts a database of its own).
 

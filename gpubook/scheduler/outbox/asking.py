@@ -129,7 +129,7 @@ def segments(status: Status) -> list[dict[str, Any]]:
                 row = joined.setdefault(key, {"host": host.name, "booking": segment.booking, "user": segment.user,
                                               "state": segment.kind, "start": segment.start, "end": segment.end,
                                               "template": segment.template, "title": segment.title,
-                                              "note": segment.note, "gpus": []})
+                                              "note": segment.note, "project": segment.project, "gpus": []})
                 row["gpus"].append(lane.gpu)
     rows = sorted(joined.values(), key=lambda r: (r["start"], r["host"], r["booking"]))
     for row in rows:
@@ -143,7 +143,7 @@ def _shown(row: Mapping[str, Any], *, viewer: Viewer, context: Context) -> dict[
         return {"own": True, "id": row["booking"], "user": row["user"], "title": row["title"],
                 "template": row["template"], "state": row["state"], "note": row["note"],
                 "host": _host_name(row["host"], context), "gpus": row["gpus"], "start": row["start"],
-                "end": row["end"]}
+                "end": row["end"], "project": row.get("project") or None}
     return {"own": False, "state": "busy", "host": _host_name(row["host"], context), "gpus": row["gpus"],
             "start": row["start"], "end": row["end"]}
 

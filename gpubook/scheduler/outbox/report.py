@@ -24,7 +24,8 @@ from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.sources.errors import printable
 from gpubook.scheduler.state import BookedRow, RejectedRow, SampleSum, State
 
-BY = ("user", "gpu", "template")
+BY = ("user", "gpu", "template", "project")
+NO_PROJECT = "(no project)"  # the row of bookings that counted against no [groups.NAME]
 DAY = timedelta(days=1)
 WEEK = timedelta(days=7)
 T = TypeVar("T", BookedRow, SampleSum)
@@ -120,7 +121,7 @@ def _rows(by: str, booked: Sequence[BookedRow], sums: Sequence[SampleSum], no_sh
         if s.booking_id is None:
             continue
         row = by_id.get(s.booking_id)
-        key = f"{s.host}:{s.gpu}" if by == "gpu" else getattr(row, by) if row is not None else UNRECORDED
+        key = f"{s.host}:{s.gpu}" if by == "gpu" else _keys(by, row)[0] if row is not None else UNRECORDED
         used[key] += s.used_hours
     refused = Counter(r.user or "?" for r in rejections) if by == "user" else Counter[str]()
     keys = sorted(set(bookings) | set(used) | set(refused))
@@ -132,6 +133,8 @@ def _rows(by: str, booked: Sequence[BookedRow], sums: Sequence[SampleSum], no_sh
 def _keys(by: str, booking: BookedRow) -> tuple[str, ...]:
     if by == "gpu":
         return tuple(f"{booking.host}:{gpu}" for gpu in booking.gpus)
+    if by == "project":
+        return (booking.project or NO_PROJECT,)
     return (booking.user if by == "user" else booking.template,)
 
 

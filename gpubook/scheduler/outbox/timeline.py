@@ -36,6 +36,7 @@ class Segment:
     template: str = ""
     note: str = ""  # held: why; ended: how it ended ("ended", "died: exit 137", ...)
     title: str = ""  # the event's SUMMARY, as the calendar has it (kept_title): shown escaped, shortened
+    project: str = ""  # the [groups.NAME] the booking counts against, where the plan has it; "": none
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
             kind, note = "held", held[booking.id]
         put(accepted.gpus, Segment(kind=kind, booking=booking.id, user=booking.user, start=_iso(booking.start),
                                    end=_iso(booking.end), template=booking.template, note=note,
-                                   title=kept_title(booking.summary)))
+                                   title=kept_title(booking.summary), project=booking.project or ""))
     planned = {a.booking.id for a in plan.accepted if a.host == host}
     for info in running.values():  # running, though gone from the plan (being stopped, or its end moved)
         placed[info.booking_id] = info.gpus

@@ -209,6 +209,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE foreign_processes ADD COLUMN repeats INTEGER NOT NULL DEFAULT 0;
     """,
+    # 10: each accepted booking's project (its [groups.NAME]; '' for none), for `gpubook report --by project`.
+    # Bookings recorded before have none until a pass records them again.
+    """
+    ALTER TABLE usage_bookings ADD COLUMN project TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 

@@ -31,6 +31,7 @@ class BookedRow:
     gpus: tuple[int, ...]
     start: datetime
     end: datetime
+    project: str = ""  # the [groups.NAME] it counted against; "": none
 
     def hours_between(self, start: datetime, end: datetime) -> float:
         """Its booked GPU-hours inside [start, end)."""
@@ -96,7 +97,7 @@ class UsageRecords:
         stamp = stamp_of(now)
         with self._transaction("state.record_bookings") as db:
             db.executemany(_UPSERT_BOOKING, [(b.booking_id, b.user, b.template, b.host, ",".join(map(str, b.gpus)),
-                                              len(b.gpus), stamp_of(b.start), stamp_of(b.end), stamp)
+                                              len(b.gpus), stamp_of(b.start), stamp_of(b.end), stamp, b.project)
                                              for b in accepted])
             db.executemany(_UPSERT_REJECTION, [(r.booking_id, r.user, r.reason, stamp_of(r.start), stamp_of(r.end),
                                                 stamp) for r in rejected])
@@ -107,11 +108,11 @@ class UsageRecords:
 
     def booked_between(self, start: datetime, end: datetime) -> list[BookedRow]:
         """Accepted bookings overlapping [start, end), by start."""
-        rows = self._query("SELECT booking_id, user, template, host, gpus, start_at, end_at FROM usage_bookings "
-                           "WHERE start_at < ? AND end_at > ? ORDER BY start_at, booking_id",
+        rows = self._query("SELECT booking_id, user, template, host, gpus, start_at, end_at, project FROM "
+                           "usage_bookings WHERE start_at < ? AND end_at > ? ORDER BY start_at, booking_id",
                            (stamp_of(end), stamp_of(start)))
         return [BookedRow(booking_id=i, user=u, template=t, host=h, gpus=_gpus(g), start=moment_of(s),  # type: ignore[arg-type]
-                          end=moment_of(e)) for i, u, t, h, g, s, e in rows]  # type: ignore[arg-type]
+                          end=moment_of(e), project=p) for i, u, t, h, g, s, e, p in rows]  # type: ignore[arg-type]
 
     def rejections_between(self, start: datetime, end: datetime) -> list[RejectedRow]:
         """Rejected requests whose time starts in [start, end), by start."""
@@ -196,13 +197,14 @@ class UsageRecords:
 
 
 _UPSERT_BOOKING = (
-    "INSERT INTO usage_bookings (booking_id, user, template, host, gpus, gpu_count, start_at, end_at, seen_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (booking_id) DO UPDATE SET user = excluded.user, "
+    "INSERT INTO usage_bookings (booking_id, user, template, host, gpus, gpu_count, start_at, end_at, seen_at, "
+    "project) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (booking_id) DO UPDATE SET user = excluded.user, "
     "template = excluded.template, host = excluded.host, gpus = excluded.gpus, gpu_count = excluded.gpu_count, "
-    "start_at = excluded.start_at, end_at = excluded.end_at, seen_at = excluded.seen_at "
+    "start_at = excluded.start_at, end_at = excluded.end_at, seen_at = excluded.seen_at, project = excluded.project "
     # an unchanged row is not written again (seen_at says when it last changed)
-    "WHERE (user, template, host, gpus, start_at, end_at) IS NOT "
-    "(excluded.user, excluded.template, excluded.host, excluded.gpus, excluded.start_at, excluded.end_at)")
+    "WHERE (user, template, host, gpus, start_at, end_at, project) IS NOT "
+    "(excluded.user, excluded.template, excluded.host, excluded.gpus, excluded.start_at, excluded.end_at, "
+    "excluded.project)")
 _UPSERT_REJECTION = (
     "INSERT INTO usage_rejections (booking_id, user, reason, start_at, end_at, first_seen) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (booking_id) DO UPDATE SET user = excluded.user, reason = excluded.reason, "

@@ -100,7 +100,7 @@ def add_lab_routes(app: Flask, *, own: Callable[[], dict[str, Any]], web: WebCon
 
 def _window(args: Any, zone: ZoneInfo) -> tuple[datetime, datetime, str]:
     """?month=YYYY-MM (default: this month, in the host's zone) or ?from=…&to=… (dates or ISO
-    times), and ?by=user|gpu|template."""
+    times), and ?by=user|gpu|template|project."""
     by = args.get("by", "user")
     if by not in BY:
         raise BadQuery(f"by={by[:40]!r} is not one of {', '.join(BY)}")
