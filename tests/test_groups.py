@@ -303,3 +303,27 @@ def test_without_groups_a_project_line_is_the_bookers_own_text() -> None:
         assert isinstance(found, Booking) and found.project is None, found
     found = _read("", summary="alice project=x", cfg=cfg)
     assert isinstance(found, Booking) and found.project is None, found
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_groups_running_weeks_are_the_sums_a_naive_count_gives(seed: int) -> None:
+    """The ledger keeps each accepted end's week as bookings are added (linear, not quadratic: a group
+    holds hundreds); after every add it equals the plain sum over every booking held."""
+    import random
+
+    from gpubook.scheduler.core.policy import WEEK, _Account, _Held
+
+    rng = random.Random(seed)
+    account, held = _Account(weekly=True), []
+    for _ in range(200):
+        start = NOW + timedelta(minutes=30 * rng.randrange(-20 * 48, 20 * 48))
+        item = _Held(start, start + timedelta(hours=rng.choice([0.5, 1, 4, 24, 72])), rng.choice([1, 2, 4]))
+        account.add(item, now=NOW)
+        held.append(item)
+        end = rng.choice(held).end
+        assert account.week[end] == sum((h.within(end - WEEK, end) for h in held), timedelta(0))
+        since = NOW + timedelta(hours=rng.randrange(-500, 500))
+        assert sorted(account.overlapping(since, since + WEEK), key=id) == \
+            sorted((h for h in held if h.start < since + WEEK and h.end > since), key=id)
+    assert all(account.week[h.end] == sum((o.within(h.end - WEEK, h.end) for o in held), timedelta(0)) for h in held)
+    assert account.future == sum(1 for h in held if h.start > NOW)

@@ -30,6 +30,7 @@ booking ends; this booking needs 4"). A running booking counts against its group
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -112,6 +113,48 @@ class _Holder:
     theirs: str  # "theirs", or "the group's"
 
 
+class _Account:
+    """One user's or group's accepted bookings, kept so that each check looks only at the bookings of
+    the weeks it concerns: sorted by start (with the longest's length, so the bookings that reach into
+    a window are found by bisection), and with a week quota, each accepted end's week used so far
+    (updated as each booking is added), so a group of hundreds of bookings costs linear time, not
+    quadratic (bench/plan_groups.py)."""
+
+    def __init__(self, *, weekly: bool) -> None:
+        self.starts: list[datetime] = []
+        self.held: list[_Held] = []  # in the order of `starts`
+        self.longest = timedelta(0)
+        self.future = 0  # bookings not started at the ledger's `now`
+        self.weekly = weekly
+        self.ends: list[datetime] = []  # the distinct ends, sorted (weekly only)
+        self.week: dict[datetime, timedelta] = {}  # each end → GPU-time held in the week before it
+
+    def overlapping(self, since: datetime, until: datetime) -> list[_Held]:
+        low = bisect.bisect_left(self.starts, since - self.longest)
+        high = bisect.bisect_left(self.starts, until)
+        return [item for item in self.held[low:high] if item.end > since]
+
+    def used(self, since: datetime, until: datetime) -> timedelta:
+        return sum((item.within(since, until) for item in self.overlapping(since, until)), timedelta(0))
+
+    def reached(self, item: _Held) -> list[datetime]:
+        """The accepted ends whose week `item` reaches into (after its start, less than a week after its end)."""
+        return self.ends[bisect.bisect_right(self.ends, item.start):bisect.bisect_left(self.ends, item.end + WEEK)]
+
+    def add(self, item: _Held, *, now: datetime) -> None:
+        if self.weekly:
+            for end in self.reached(item):
+                self.week[end] += item.within(end - WEEK, end)
+        at = bisect.bisect_right(self.starts, item.start)
+        self.starts.insert(at, item.start)
+        self.held.insert(at, item)
+        self.longest = max(self.longest, item.end - item.start)
+        self.future += item.start > now
+        if self.weekly and item.end not in self.week:
+            bisect.insort(self.ends, item.end)
+            self.week[item.end] = self.used(item.end - WEEK, item.end)
+
+
 class Ledger:
     """Each user's and each group's accepted bookings, in the order the plan accepted them."""
 
@@ -119,19 +162,21 @@ class Ledger:
         self.config = config
         self.now = now
         self.host_tz = host_tz
-        self.held: dict[str, list[_Held]] = defaultdict(list)
-        self.group_held: dict[str, list[_Held]] = defaultdict(list)
+        self.accounts: dict[str, _Account] = {}
+        self.group_accounts: dict[str, _Account] = {}
         self.limits: dict[str, Limits] = {}
         self.group_quota: dict[str, Limits] = {}
 
     def _limits(self, user: str) -> Limits:
         if user not in self.limits:
             self.limits[user] = limits(self.config, user)
+            self.accounts[user] = _Account(weekly=self.limits[user].week_gpu_hours is not None)
         return self.limits[user]
 
     def _group_limits(self, group: str) -> Limits:
         if group not in self.group_quota:
             self.group_quota[group] = group_limits(self.config, group)
+            self.group_accounts[group] = _Account(weekly=self.group_quota[group].week_gpu_hours is not None)
         return self.group_quota[group]
 
     def problem(self, booking: Booking, *, first_seen: datetime | None) -> str | None:
@@ -147,9 +192,10 @@ class Ledger:
             if ahead > quota.max_days_ahead:
                 return (f"{booking.user} may book at most {_number(quota.max_days_ahead)} days ahead; this "
                         f"booking starts {_number(ahead)} days after gpubook first saw it at this time")
-        over = [self._over(booking, quota, self.held[booking.user], _Holder(booking.user, "their", "theirs"))]
+        over = [self._over(booking, quota, self.accounts[booking.user], _Holder(booking.user, "their", "theirs"))]
         if booking.project is not None:
-            over.append(self._over(booking, self._group_limits(booking.project), self.group_held[booking.project],
+            group_quota = self._group_limits(booking.project)
+            over.append(self._over(booking, group_quota, self.group_accounts[booking.project],
                                    _Holder(f"group {booking.project}", "the group's", "the group's")))
         found = [problem for problem in over if problem is not None]
         return "; and ".join(found) if found else None
@@ -158,37 +204,39 @@ class Ledger:
         """Count an accepted booking (a running one too: it is never judged, but it counts)."""
         count = len(gpus) if gpus is not None else booking.gpu_count
         held = _Held(booking.start, booking.end, count)
-        self.held[booking.user].append(held)
+        self._limits(booking.user)
+        self.accounts[booking.user].add(held, now=self.now)
         if booking.project is not None:
-            self.group_held[booking.project].append(held)
+            self._group_limits(booking.project)
+            self.group_accounts[booking.project].add(held, now=self.now)
 
-    def _over(self, booking: Booking, quota: Limits, held: list[_Held], holder: _Holder) -> str | None:
-        """The first of `quota`'s limits that `booking` would go over, beside `held`."""
+    def _over(self, booking: Booking, quota: Limits, account: _Account, holder: _Holder) -> str | None:
+        """The first of `quota`'s limits that `booking` would go over, beside `account`'s bookings."""
         if quota.max_future_bookings is not None and booking.start > self.now:
-            future = sum(1 for item in held if item.start > self.now)
+            future = account.future
             if future >= quota.max_future_bookings:
                 return (f"{holder.name} may hold at most {quota.max_future_bookings} "
                         f"{'booking' if quota.max_future_bookings == 1 else 'bookings'} that have not "
                         f"started; {future} {'is' if future == 1 else 'are'} held already")
         if quota.max_gpus is not None:
-            peak = _peak(held, booking.start, booking.end)
+            peak = _peak(account.overlapping(booking.start, booking.end), booking.start, booking.end)
             if peak + booking.gpu_count > quota.max_gpus:
                 return (f"{holder.name} may hold at most {_gpus(quota.max_gpus)} at once; {holder.their} other "
                         f"bookings hold {peak} during this booking's time, and it asks for {booking.gpu_count}")
         if quota.week_gpu_hours is not None:
-            return self._week_problem(booking, quota.week_gpu_hours, held, holder)
+            return self._week_problem(booking, quota.week_gpu_hours, account, holder)
         return None
 
-    def _week_problem(self, booking: Booking, quota_hours: float, held: list[_Held], holder: _Holder) -> str | None:
+    def _week_problem(self, booking: Booking, quota_hours: float, account: _Account,
+                      holder: _Holder) -> str | None:
         quota = timedelta(hours=quota_hours)
         new = _Held(booking.start, booking.end, booking.gpu_count)
         # The weeks this booking reaches into: its own, then those of the accepted bookings that
         # end after its start and less than a week after its end, earliest first.
-        ends = [booking.end, *sorted({h.end for h in held if booking.start < h.end < booking.end + WEEK
-                                       and h.end != booking.end})]
+        ends = [booking.end, *(end for end in account.reached(new) if end != booking.end)]
         for end in ends:
             since = end - WEEK
-            used = sum((h.within(since, end) for h in held), timedelta(0))
+            used = account.week[end] if end in account.week else account.used(since, end)
             needs = new.within(since, end)
             if used + needs > quota:
                 where = "in the week before this booking ends" if end == booking.end else \
