@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gpubook.scheduler.core import free
 from tests.kits import ask_kit
 from tests.kits.daemon_kit import DAEMON_MODULE, DaemonProcess, book, wait_for
 
@@ -46,7 +47,7 @@ def asked(radicale_server, tmp_path_factory) -> Iterator[dict]:  # type: ignore[
     env = ask_kit.researcher_env(folder / "home", GPUBOOK_DAEMON_ACCOUNT=ask_kit.login())
     try:
         wait_for("the daemon's answer naming both bookings", lambda: _both_planned(env), timeout=60, daemon=daemon)
-        yield {"env": env, "daemon": daemon, "folder": folder}
+        yield {"env": env, "daemon": daemon, "folder": folder, "calendar": calendar}
     finally:
         daemon.stop()
 
@@ -86,6 +87,36 @@ def test_free_answers_from_the_daemons_plan(asked: dict) -> None:
     assert all(datetime.fromisoformat(s["start"]) + timedelta(hours=4) <= DAY + timedelta(hours=10)
                or datetime.fromisoformat(s["start"]) >= DAY + timedelta(hours=14) for s in answer["slots"])
     assert "bob" not in done.stdout and "alice" not in json.dumps(answer["hosts"])
+
+
+def test_a_refusal_offers_the_free_time_gpubook_free_shows(asked: dict) -> None:
+    """One plan: a booking refused for a clash names the next slots that fit it, and `gpubook free`
+    for the same request shows that very time, to the minute (both GPUs free from 14:00, when bob's
+    booking ends). The refusal is alice's own (`mine`); asked as alice, free names nobody."""
+    start, end = DAY + timedelta(hours=11), DAY + timedelta(hours=13)
+    book(asked["calendar"], "alice-clash@test", user="alice", start=start, end=end, gpus="2")
+    refused = wait_for("alice's clash refused", lambda: next((r for r in json.loads(ask_kit.gpubook(
+        "mine", "--json", env=asked["env"]).stdout or "{}").get("rejected", []) if r["id"] == "alice-clash@test"),
+        None), timeout=60, daemon=asked["daemon"])
+    done = ask_kit.gpubook("free", "--gpus", "2", "--hours", "2", "--json", env=asked["env"])
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    after = [s for s in answer["slots"] if datetime.fromisoformat(s["start"]) >= start]
+    assert after and datetime.fromisoformat(after[0]["start"]) == DAY + timedelta(hours=14), answer["slots"]
+    assert [gpus for _, gpus in after[0]["placement"]] == [[0, 1]]
+    for gpu in answer["hosts"][0]["gpus"]:  # each GPU's free time begins again at 14:00
+        assert DAY + timedelta(hours=14) in [datetime.fromisoformat(span[0]) for span in gpu["free"]], gpu
+    slot = free.Slot(start=datetime.fromisoformat(after[0]["start"]),
+                     end=datetime.fromisoformat(after[0]["end"]) if after[0]["end"] else None,
+                     placement=(("127.0.0.1", (0, 1)),))
+    offered = free.describe([slot], zone=UTC, now=datetime.now(UTC))
+    assert offered.split(";")[0].removesuffix(" (UTC)") in refused["reason"], (offered, refused["reason"])
+    assert "14:00" in refused["reason"] and "GPUs 0,1 are free" in refused["reason"], refused["reason"]
+    text = ask_kit.gpubook("free", "--gpus", "2", "--hours", "2", env=asked["env"])
+    assert text.returncode == 0 and text.stdout.count(f"{free.day(slot.start, zone=UTC, now=datetime.now(UTC))} "
+                                                      "14:00") >= 2, text.stdout  # both GPUs' rows
+    shown = json.dumps([answer["hosts"], answer["slots"]])  # (the answer names its asker, alice, as "viewer")
+    assert "alice" not in shown and "bob" not in shown
 
 
 def test_a_request_naming_another_user_gets_the_askers_own_view(asked: dict) -> None:

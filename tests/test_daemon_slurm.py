@@ -9,6 +9,7 @@ mistaken for dead bookings."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -20,6 +21,7 @@ import caldav
 import pytest
 
 from gpubook.runtime.engines import container_name
+from gpubook.scheduler.core import free
 from gpubook.scheduler.hosts.slurm import parse
 from tests.kits import safe_data, slurm_kit
 from tests.kits.daemon_kit import DaemonProcess, book, cli, description, wait_for
@@ -78,6 +80,19 @@ def test_bookings_run_on_the_cluster_through_slurm(cluster: slurm_kit.Cluster, d
         assert {k: v.nodes for k, v in by_booking.items()} == {
             "one": ("node1",), "pair": ("node1", "node2"), "later": ("node1",)}, held
         assert jobs(cluster) == {}  # nothing runs before its start
+        # A whole node asked for while no node has 4 GPUs free: refused, with the next slots that fit; and
+        # `gpubook free` (asked of the daemon) shows that very time, on that node, to the minute: one plan.
+        book(calendar, "solo@test", user="alice", start=start, end=end, gpus="4")
+        reason = wait_for("solo's refusal with its offer", lambda: (t := description(calendar, "solo@test"))
+                          and "4 GPUs on node" in t and t, timeout=60, daemon=daemon)
+        asked = cli(config, "free", "--gpus", "4", "--hours", "1", "--json", user=cluster.user, tree=REPO)
+        assert asked.returncode == 0, asked.stderr
+        after = [s for s in json.loads(asked.stdout)["slots"] if datetime.fromisoformat(s["start"]) >= start]
+        assert after and datetime.fromisoformat(after[0]["start"]) == end, (asked.stdout, reason)
+        first = free.Slot(start=end, end=datetime.fromisoformat(after[0]["end"]) if after[0]["end"] else None,
+                          placement=tuple((host, tuple(gpus)) for host, gpus in after[0]["placement"]))
+        offered = free.describe([first], zone=UTC, now=datetime.now(UTC), one_host=False)
+        assert offered.removesuffix(" (UTC)") in " ".join(reason.split()), (offered, reason)
         # At the start: the jobs run, the events give each node's ssh line.
         one = wait_for("one's ssh line", lambda: SSH_LINE.search(description(calendar, "one@test")),
                        timeout=90, daemon=daemon)

@@ -157,3 +157,20 @@ def test_a_running_booking_stays_when_its_nodes_offer_nothing_for_now() -> None:
                  placed={"wide": placed})
     assert placement(result) == {"wide": placed}
     assert reasons(result)["new"].startswith("the booking asks for 1 GPU; the cluster's nodes have at most 0")
+
+
+def test_a_multi_node_booking_is_busy_time_on_each_of_its_nodes() -> None:
+    """The status's GPU timelines (which the page, the free feed and `gpubook free` read) show a
+    booking spread over two nodes on both: the second node's GPUs were shown free (a clean run of
+    test_daemon_slurm: `gpubook free` offered node2 at once while the refusal, from the plan, said
+    it was held)."""
+    from gpubook.scheduler.outbox.timeline import gpu_timelines
+
+    result = run(booking("wide", gpus=6, nodes=2), booking("one"))
+    assert placement(result)["wide"] == (("node1", (1, 2, 3)), ("node2", (0, 1, 2)))
+    busy = {node: {lane.gpu: [s.booking for s in lane.segments]
+                   for lane in gpu_timelines(result, host=node, gpus=gpus, now=NOW)}
+            for node, gpus in NODES.items()}
+    assert busy["node1"] == {0: ["one"], 1: ["wide"], 2: ["wide"], 3: ["wide"]}
+    assert busy["node2"] == {0: ["wide"], 1: ["wide"], 2: ["wide"], 3: []}
+    assert busy["node3"] == {0: [], 1: []}

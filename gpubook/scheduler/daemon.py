@@ -56,6 +56,7 @@ from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.directory.settings import EXTERNAL
 from gpubook.scheduler.outbox import asking, metrics, status, status_file, web
 from gpubook.scheduler.outbox.ask_socket import AskServer, Peer
+from gpubook.scheduler.outbox.web.directory_login import login_names
 from gpubook.scheduler.sdnotify import Notifier
 from gpubook.scheduler.state import StateError
 
@@ -245,7 +246,11 @@ class Daemon:
             self.web.stop()
         self.web = web.serve_daemon_page(self.config, status=lambda: self.last_status, metrics=self.metrics,
                                          gpus=self.gpu_view, event=lambda line: self._event(line, level="error"),
-                                         state=self.state)
+                                         state=self.state, members=self._page_users)
+
+    def _page_users(self) -> frozenset[str]:
+        """The names the page's auth "ldap" lets in: the users now (the directory is read again)."""
+        return login_names(self.config)
 
     def _signal(self, number: int, frame: FrameType | None) -> None:
         if number == signal.SIGHUP:

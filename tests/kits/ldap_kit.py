@@ -1,7 +1,10 @@
 """A private OpenLDAP server for the directory tests: Debian's slapd run as the current user on
-127.0.0.1 (ldap:// with StartTLS and ldaps://, ports from 33000-33099), its cn=config made fresh by
-`slapadd -n0` (mdb backend in a temporary folder, the core, cosine, nis and inetorgperson schemas and
-openssh-lpk's sshPublicKey), TLS by a CA and server certificate made here, entries loaded by ldapadd."""
+127.0.0.1 (ldap:// with StartTLS and ldaps://, ports from 33000-33099, or the range LOW-HIGH in
+$GPUBOOK_TEST_LDAP_PORTS), its cn=config made fresh by `slapadd -n0` (mdb backend in a temporary
+folder, the core, cosine, nis and inetorgperson schemas and openssh-lpk's sshPublicKey), TLS by a CA
+and server certificate made here, entries loaded by ldapadd. It allows an "unauthenticated bind" (a
+DN without a password, `olcAllows: bind_anon_dn`), as Active Directory and many servers do: the
+page's login must refuse an empty password itself."""
 
 from __future__ import annotations
 
@@ -38,7 +41,13 @@ def _tool(name: str) -> str:
     return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])) or name
 
 
-def free_port(low: int = 33000, high: int = 33099, *, skip: tuple[int, ...] = ()) -> int:
+PORTS_ENV = "GPUBOOK_TEST_LDAP_PORTS"
+
+
+def free_port(low: int | None = None, high: int | None = None, *, skip: tuple[int, ...] = ()) -> int:
+    """The first free 127.0.0.1 port of low-high (default: $GPUBOOK_TEST_LDAP_PORTS, else 33000-33099)."""
+    first, _, last = os.environ.get(PORTS_ENV, "33000-33099").partition("-")
+    low, high = low or int(first), high or int(last)
     for port in range(low, high + 1):
         if port in skip:
             continue
@@ -59,6 +68,7 @@ def _config_ldif(folder: Path) -> str:
 objectClass: olcGlobal
 cn: config
 olcPidFile: {folder}/slapd.pid
+olcAllows: bind_anon_dn
 olcTLSCACertificateFile: {folder}/ca.pem
 olcTLSCertificateFile: {folder}/server.pem
 olcTLSCertificateKeyFile: {folder}/server.key
@@ -200,11 +210,13 @@ def remove(server: Slapd) -> None:
 
 
 def person(name: str, uid: int, *, mails: tuple[str, ...] = (), keys: tuple[str, ...] = (),
-           gid: int | None = None) -> str:
+           gid: int | None = None, password: str | None = None) -> str:
+    """A posixAccount entry; `password`: its userPassword (cleartext, which slapd binds against)."""
     lines = [f"dn: uid={name},ou=people,{BASE}", "objectClass: inetOrgPerson", "objectClass: posixAccount",
              "objectClass: ldapPublicKey", f"uid: {name}", f"cn: {name}", f"sn: {name}",
              f"uidNumber: {uid}", f"gidNumber: {gid if gid is not None else uid}", f"homeDirectory: /home/{name}",
-             *(f"mail: {mail}" for mail in mails), *(f"sshPublicKey: {key}" for key in keys)]
+             *(f"mail: {mail}" for mail in mails), *(f"sshPublicKey: {key}" for key in keys),
+             *([f"userPassword: {password}"] if password is not None else [])]
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,15 @@ def _sftp_problems(reader: Reader, read: Mapping[str, Any]) -> None:
                          f"ends a removed or over-quota user's sessions by uid")
 
 
+def _web_problems(reader: Reader, read: Mapping[str, Any]) -> None:
+    """[web] against [directory]: auth "ldap" checks a password by a bind to the directory's server."""
+    source = read["directory"].source if read["directory"] is not None else "file"
+    if read["web"].auth == "ldap" and source != "ldap":
+        reader.error("web.auth", f'"ldap" checks the page\'s passwords by a bind to the lab\'s directory: it needs '
+                     f'[directory] source = "ldap" with its url, base and group (this config has source = '
+                     f'"{source}")')
+
+
 def parse(data: Mapping[str, Any], path: Path) -> Config:
     """Validate parsed TOML; raise ConfigError listing every problem."""
     reader = Reader(path, FACTS)
@@ -64,6 +73,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     group_problems(reader, read["users"], read["groups"])
     if not reader.errors:
         _sftp_problems(reader, read)
+        _web_problems(reader, read)
         from_directory = read["directory"] is not None and read["directory"].source in EXTERNAL
         for position, calendar in enumerate(read["calendar"]):
             # A directory's member has no table: scheduler.directory says so once its users are merged.

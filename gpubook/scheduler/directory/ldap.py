@@ -1,8 +1,10 @@
 """Reading the group's members from an LDAP directory (ldap3), over LDAPS or StartTLS only, and which
-of the configured [groups.NAME] (projects) each member is in."""
+of the configured [groups.NAME] (projects) each member is in; and checking one user's password by a
+bind as that user (the page's auth "ldap", web/directory_login.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -19,7 +21,8 @@ GROUP_ATTRIBUTES = ["memberUid", "member", "uniqueMember"]
 _NO_PROJECTS: Mapping[str, str] = {}
 
 
-def _connection(settings: DirectoryConfig) -> Any:
+def _connection(settings: DirectoryConfig, *, as_user: tuple[str, str] | None = None) -> Any:
+    """A bound connection: as gpubook's own bind_dn, or `as_user` (DN, password) and nothing else."""
     import ldap3  # the optional extra `ldap`
 
     url = settings.url or ""
@@ -30,13 +33,19 @@ def _connection(settings: DirectoryConfig) -> Any:
                     ca_certs_file=str(settings.ca_file) if settings.ca_file else None)
     server = ldap3.Server(url, use_ssl=url.startswith("ldaps://"), tls=tls, get_info=ldap3.NONE,
                           connect_timeout=timeout)
-    connection = ldap3.Connection(server, user=settings.bind_dn, password=settings.bind_password,
+    user, password = as_user if as_user is not None else (settings.bind_dn, settings.bind_password)
+    connection = ldap3.Connection(server, user=user, password=password,
                                   receive_timeout=timeout, raise_exceptions=True,
                                   read_only=True, auto_bind=ldap3.AUTO_BIND_NONE)
-    connection.open()
-    if settings.start_tls:
-        connection.start_tls()
-    connection.bind()
+    try:
+        connection.open()
+        if settings.start_tls:
+            connection.start_tls()
+        connection.bind()
+    except Exception:
+        with contextlib.suppress(Exception):  # the error to raise is the first one
+            connection.unbind()  # closes the socket: a refused bind (a wrong password at a login) leaves none open
+        raise
     return connection
 
 
@@ -113,3 +122,45 @@ def read(settings: DirectoryConfig, projects: Mapping[str, str] = _NO_PROJECTS) 
         entries.append(dataclasses.replace(entry, groups=tuple(name for name, group in listed.items()
                                                               if _is_member(entry, group))))
     return entries
+
+
+def escaped(value: str) -> str:
+    """`value` as a literal in an LDAP filter (RFC 4515): its `\\`, `*`, `(`, `)` and NUL as \\XX."""
+    return "".join(f"\\{ord(c):02x}" if c in "\\*()\0" else c for c in value)
+
+
+def login_filter(settings: DirectoryConfig, name: str) -> str:
+    """The filter finding the one entry named `name` among the directory's users."""
+    return f"(&{settings.user_filter}({settings.name_attribute}={escaped(name)}))"
+
+
+def password_matches(settings: DirectoryConfig, name: str, password: str) -> bool:
+    """Whether `password` is the directory password of the user `name`: their entry found with gpubook's
+    own bind (one entry of the filter whose name attribute is `name` exactly), then a bind as that entry
+    with `password`, on a connection of its own. An empty password is refused before any bind: a simple
+    bind with a DN and no password is an "unauthenticated" bind, which many servers let succeed.
+    DirectoryError: the directory did not answer (or refused gpubook's own bind)."""
+    from ldap3 import SUBTREE
+    from ldap3.core.exceptions import LDAPException, LDAPOperationResult, LDAPSizeLimitExceededResult
+
+    if not password or not name:
+        return False
+    try:
+        connection = _connection(settings)
+        try:
+            connection.search(settings.base, login_filter(settings, name), search_scope=SUBTREE,
+                              attributes=[settings.name_attribute], size_limit=2)
+            found = [item for item in connection.response or () if item.get("type") == "searchResEntry"]
+        except LDAPSizeLimitExceededResult:
+            found = []  # more than one entry of that name: none of them is believed
+        finally:
+            connection.unbind()
+        if len(found) != 1 or name not in _values(found[0]["attributes"], settings.name_attribute):
+            return False
+        try:
+            _connection(settings, as_user=(found[0]["dn"], password)).unbind()
+        except LDAPOperationResult:  # a wrong password; a locked or disabled account (the server's answer)
+            return False
+    except LDAPException as error:
+        raise DirectoryError(f"{settings.url}: {type(error).__name__}: {error}") from None
+    return True

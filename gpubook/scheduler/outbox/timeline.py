@@ -85,9 +85,11 @@ def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
 
     for accepted in plan.accepted:
         booking = accepted.booking
-        if accepted.host != host:
+        # A multi-node booking holds GPUs on each of its nodes: the first (`host`) and the `others`.
+        on = next((gpus for name, gpus in accepted.placement if name == host), None)
+        if on is None:
             continue
-        placed[booking.id] = accepted.gpus
+        placed[booking.id] = on
         info = running.get(booking.id)
         if booking.end <= now and info is None:
             continue  # over: its container record (below) shows it as ended
@@ -96,10 +98,10 @@ def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
             kind = "running"
         elif booking.id in held:
             kind, note = "held", held[booking.id]
-        put(accepted.gpus, Segment(kind=kind, booking=booking.id, user=booking.user, start=_iso(booking.start),
-                                   end=_iso(booking.end), template=booking.template, note=note,
-                                   title=kept_title(booking.summary), project=booking.project or ""))
-    planned = {a.booking.id for a in plan.accepted if a.host == host}
+        put(on, Segment(kind=kind, booking=booking.id, user=booking.user, start=_iso(booking.start),
+                        end=_iso(booking.end), template=booking.template, note=note,
+                        title=kept_title(booking.summary), project=booking.project or ""))
+    planned = {a.booking.id for a in plan.accepted if any(name == host for name, _ in a.placement)}
     for info in running.values():  # running, though gone from the plan (being stopped, or its end moved)
         placed[info.booking_id] = info.gpus
         if info.booking_id not in planned and info.end is not None:

@@ -6,7 +6,7 @@ Imported only where the page is served (Flask stays out of a daemon that does no
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from gpubook import extras
@@ -24,10 +24,11 @@ log = logging.getLogger(__name__)
 
 
 def serve_daemon_page(config: Config, *, status: Callable[[], Status | None], metrics: Metrics,
-                      gpus: nvml.CachedView, event: Callable[[str], None], state: State | None = None
-                      ) -> WebServer | None:
+                      gpus: nvml.CachedView, event: Callable[[str], None], state: State | None = None,
+                      members: Callable[[], Collection[str]] | None = None) -> WebServer | None:
     """The daemon's page, when [web] enabled (with /metrics when [web] metrics). A page that cannot
-    start costs the page, never the bookings: said in the log and through `event`, and None."""
+    start costs the page, never the bookings: said in the log and through `event`, and None.
+    `members`: gpubook's users now (the directory is read again while the page runs)."""
     if not config.web.enabled:
         return None
     try:
@@ -40,7 +41,7 @@ def serve_daemon_page(config: Config, *, status: Callable[[], Status | None], me
 
     try:
         mounts = {"/metrics": metrics_module.wsgi_app(metrics)} if config.web.metrics else None
-        return serve.start(config, status=status, mounts=mounts, gpus=gpus, state=state)
+        return serve.start(config, status=status, mounts=mounts, gpus=gpus, state=state, members=members)
     except GpubookError as error:
         _not_started(error, event)
         return None

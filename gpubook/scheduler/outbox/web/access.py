@@ -7,6 +7,9 @@
 - "header": a reverse proxy authenticated the user and names them in `trusted_header`; the header
   is believed only from `trusted_proxies` (a request from anywhere else is refused outright, with
   or without the header: it went around the proxy).
+- "ldap": HTTP basic auth checked by a bind to the lab's directory as that user ([directory]
+  source = "ldap"; web/directory_login.py), for gpubook's users only; a directory that does not
+  answer is a 503, not a refusal.
 
 A request from another server of the lab (its lab page asking this one, web/lab.py) carries the
 lab's shared secret ([web] lab_secret_file) as a signature of the request and its viewer's name
@@ -29,8 +32,9 @@ import logging
 import re
 import secrets
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,10 +44,13 @@ import bcrypt
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.names import user_name_problem
 from gpubook.scheduler.outbox.web import lab_sign
+from gpubook.scheduler.outbox.web.directory_login import REMEMBER_SECONDS, DirectoryLogin, Down
 from gpubook.scheduler.outbox.web.settings import WebConfig
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+    from gpubook.scheduler.directory.settings import DirectoryConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +63,7 @@ _DEFAULT_COST = 5  # `htpasswd -B`'s own default cost
 
 @dataclass(frozen=True)
 class Refusal:
-    status: str  # "401 Unauthorized", "403 Forbidden", "405 Method Not Allowed"
+    status: str  # "401 Unauthorized", "403 Forbidden", "405 Method Not Allowed", "503 Service Unavailable"
     text: str
     challenge: bool = False  # send WWW-Authenticate: Basic
 
@@ -105,9 +112,13 @@ def _networks(texts: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.I
 
 
 class Access:
-    """The middleware: `Access(app, web=WebConfig)`; refuses, or passes on with the user known."""
+    """The middleware: `Access(app, web=WebConfig)`; refuses, or passes on with the user known.
+    Auth "ldap" takes `directory` ([directory]) and `members`, gpubook's users now (the names a
+    login may have)."""
 
-    def __init__(self, app: WSGIApplication, *, web: WebConfig, users: Mapping[str, bytes] | None = None) -> None:
+    def __init__(self, app: WSGIApplication, *, web: WebConfig, users: Mapping[str, bytes] | None = None,
+                 directory: DirectoryConfig | None = None,
+                 members: Callable[[], Collection[str]] | None = None) -> None:
         self.app = app
         self.mode = web.auth
         if users is None and web.auth == "basic":
@@ -116,11 +127,15 @@ class Access:
             users = read_htpasswd(web.htpasswd_file)
         self.users = dict(users or {})
         self.dummy = dummy_hash(self.users) if web.auth == "basic" else b""
+        self.login: DirectoryLogin | None = None
+        if web.auth == "ldap":
+            self.login = DirectoryLogin(directory, members=members or (lambda: ()))
         self.header_key = "HTTP_" + web.trusted_header.upper().replace("-", "_")
         self.proxies = _networks(web.trusted_proxies)
         self.lab_secret = web.lab_secret.strip().encode() if web.lab_secret else None
         self._key = secrets.token_bytes(32)
-        self._known: dict[bytes, str] = {}  # a keyed digest of checked credentials → the user
+        # A keyed digest of checked credentials → the user and until when (time.monotonic) it is believed.
+        self._known: dict[bytes, tuple[str, float]] = {}
         self._lock = threading.Lock()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -140,7 +155,7 @@ class Access:
             return self._from_lab(environ)
         if self.mode == "header":
             return self._from_proxy(environ)
-        if self.mode == "basic":
+        if self.mode in ("basic", "ldap"):
             return self._from_password(environ.get("HTTP_AUTHORIZATION", ""))
         return None
 
@@ -175,7 +190,9 @@ class Access:
         return user
 
     def _from_password(self, header: str) -> str | Refusal:
-        denied = Refusal("401 Unauthorized", "log in with your gpubook page user name and password", challenge=True)
+        denied = Refusal("401 Unauthorized", "log in with your lab account's user name and password"
+                         if self.login is not None else "log in with your gpubook page user name and password",
+                         challenge=True)
         scheme, _, encoded = header.partition(" ")
         if scheme.lower() != "basic":
             return denied
@@ -187,17 +204,30 @@ class Access:
             return denied
         digest = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
         with self._lock:
-            if self._known.get(digest) == user:
-                return user
-        hashed = self.users.get(user)
-        # The dummy check makes an unknown user cost what a known one does (no user-name oracle).
-        if not bcrypt.checkpw(password.encode(), hashed or self.dummy) or hashed is None:
+            known = self._known.get(digest)
+        remembered = known is not None and known[0] == user and (self.login is None or user in self.login.members())
+        if remembered and known is not None and time.monotonic() < known[1]:
+            return user
+        if self.login is not None:
+            checked = self.login.check(user, password)
+            if isinstance(checked, Down):
+                if remembered:  # accepted by the directory before, and it cannot say otherwise now
+                    return user
+                return Refusal("503 Service Unavailable", "the lab's directory, which checks this page's passwords, "
+                               "does not answer; try again in a few minutes")
+            until = time.monotonic() + REMEMBER_SECONDS
+        else:
+            hashed = self.users.get(user)
+            # The dummy check makes an unknown user cost what a known one does (no user-name oracle).
+            checked = bcrypt.checkpw(password.encode(), hashed or self.dummy) and hashed is not None
+            until = float("inf")
+        if not checked:
             log.warning("web: a wrong user name or password for %r", user[:64])
             return denied
         with self._lock:
             if len(self._known) >= _REMEMBERED:
                 self._known.clear()
-            self._known[digest] = user
+            self._known[digest] = (user, until)
         return user
 
 

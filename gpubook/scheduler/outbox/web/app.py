@@ -9,7 +9,7 @@ stands in front of all of it. Nothing here writes: there is no form, no POST, no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,8 @@ from gpubook.scheduler.outbox.web.settings import WebConfig
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIApplication
 
+    from gpubook.scheduler.directory.settings import DirectoryConfig
+
 # The page runs only its own script and style; it may not be framed, and it posts nowhere.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -42,9 +44,11 @@ SECURITY_HEADERS = {
 def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name: str,
                live: Callable[[], LiveGpus] | None = None, mounts: Mapping[str, WSGIApplication] | None = None,
                users: Mapping[str, bytes] | None = None, stale_after: timedelta = timedelta(minutes=5),
-               usage: Usage | None = None, timezone: str = "UTC") -> Flask:
+               usage: Usage | None = None, timezone: str = "UTC", directory: DirectoryConfig | None = None,
+               members: Callable[[], Collection[str]] | None = None) -> Flask:
     """`status`: the last Status (None before the first pass); `live`: this host's NVML reading
     (None: not shown); `users`: the basic-auth table (default: read from web.htpasswd_file);
+    `directory`, `members`: auth "ldap"'s directory and gpubook's users now (access.Access);
     `stale_after`: a status older than this is flagged (the daemon may be down); `usage`: this
     server's report for /api/usage (None: not served); the lab's routes: web/lab_page.py."""
     app = Flask(__name__, static_folder="static", template_folder="templates")
@@ -83,5 +87,6 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
     inner: WSGIApplication = app.wsgi_app
     if mounts:
         inner = DispatcherMiddleware(inner, dict(mounts))
-    app.wsgi_app = Access(inner, web=web, users=users)  # type: ignore[method-assign]
+    app.wsgi_app = Access(inner, web=web, users=users, directory=directory,  # type: ignore[method-assign]
+                          members=members)
     return app

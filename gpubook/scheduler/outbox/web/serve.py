@@ -8,7 +8,7 @@ import functools
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -24,6 +24,7 @@ from gpubook.scheduler.outbox import report
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.web import live
 from gpubook.scheduler.outbox.web.app import create_app
+from gpubook.scheduler.outbox.web.directory_login import login_names
 from gpubook.scheduler.outbox.web.settings import web_problem
 from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State
@@ -88,10 +89,11 @@ def _usage(state: State, *, host_name: str) -> Callable[[datetime, datetime, str
 
 def start(config: Config, *, status: Callable[[], Status | None],
           mounts: Mapping[str, WSGIApplication] | None = None, gpus: nvml.CachedView | None = None,
-          state: State | None = None) -> WebServer:
+          state: State | None = None, members: Callable[[], Collection[str]] | None = None) -> WebServer:
     """Serve the page on [web] listen in a daemon thread; ConfigError when it must not start.
     `gpus`: the live NVML view to show (the daemon passes the one its metrics read; else its own);
-    `state`: the daemon's State, whose report /api/usage serves (None: not served)."""
+    `state`: the daemon's State, whose report /api/usage serves (None: not served); `members`:
+    gpubook's users now, the names auth "ldap" lets log in (default: those of `config`)."""
     web = config.web
     if problem := web_problem(web):
         raise ConfigError(problem)
@@ -99,7 +101,8 @@ def start(config: Config, *, status: Callable[[], Status | None],
                      live=functools.partial(live.of, gpus or nvml.CachedView()), mounts=mounts,
                      stale_after=timedelta(seconds=max(300.0, 3 * config.daemon.poll_seconds)),
                      usage=_usage(state, host_name=config.host.name) if state is not None else None,
-                     timezone=config.host.timezone)
+                     timezone=config.host.timezone, directory=config.directory,
+                     members=members or (lambda: login_names(config)))
     host, _, port = web.listen.rpartition(":")
     try:
         # threads=4: a few browsers at once; the page is small. No trusted_proxy: REMOTE_ADDR stays the

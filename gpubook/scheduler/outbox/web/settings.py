@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from gpubook.scheduler.settings import Check, Section, checks, setting
 
-WEB_AUTH = ("none", "basic", "header")
+WEB_AUTH = ("none", "basic", "header", "ldap")
 
 
 def _listen_problem(value: str) -> str | None:
@@ -36,10 +36,11 @@ class WebConfig:
                           "one, logged); with auth none only a loopback address",
                           check=Check("ADDRESS:PORT", _listen_problem))
     # Not "none" by default: every local account can reach a loopback port (issue 22, finding 10).
-    auth: str = setting("basic", '"basic" (HTTP basic auth against htpasswd_file, bcrypt entries), "header" '
-                        '(a reverse proxy\'s trusted_header, from trusted_proxies only) or "none" (every local '
-                        'account sees every booking; loopback only, and only when written here)',
-                        check=checks.one_of(WEB_AUTH))
+    auth: str = setting("basic", '"basic" (HTTP basic auth against htpasswd_file, bcrypt entries), "ldap" (HTTP '
+                        "basic auth checked by a bind as that user to the lab's directory: [directory] source "
+                        '"ldap", gpubook\'s users only), "header" (a reverse proxy\'s trusted_header, from '
+                        'trusted_proxies only) or "none" (every local account sees every booking; loopback only, '
+                        "and only when written here)", check=checks.one_of(WEB_AUTH))
     htpasswd_file: Path | None = setting(None, "user:bcrypt-hash lines (htpasswd -B) for auth basic, mode 0600",
                                          private=True, sample="htpasswd")
     trusted_header: str = setting("X-Forwarded-User", "the header naming the logged-in user, set by the proxy",
