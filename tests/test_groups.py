@@ -17,7 +17,7 @@ from gpubook.runtime.errors import ConfigError
 from gpubook.scheduler.config import Config, parse
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking, Rejection
-from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key
+from gpubook.scheduler.core.plan import Plan, Slot, plan, seen_key, to_json
 from tests.kits.booking_kit import CALENDAR, TEMPLATES, raw, read, utc, vcalendar, vevent
 
 NOW = utc(2026, 11, 23, 8)  # a Monday
@@ -262,6 +262,8 @@ def test_a_group_over_its_quota_is_refused_naming_the_group_from_the_calendar() 
     assert verdicts(result) == {
         "a1": "ok", "a2": "ok",  # a2 counts against nlp, which has no quota
         "b1": "group vision has 2 of 3 GPU-hours in the week before this booking ends; this booking needs 2"}
+    # `gpubook bookings --json` names each accepted booking's project.
+    assert {row["id"]: row["project"] for row in to_json(result)["accepted"]} == {"a1": "vision", "a2": "nlp"}
 
 
 # -- the fair-share tie-break --------------------------------------------------------------------

@@ -210,7 +210,8 @@ def to_json(plan: Plan) -> dict[str, Any]:
             {"id": a.booking.id, "uid": a.booking.uid, "user": a.booking.user, "gpus": list(a.gpus),
              "template": a.booking.template, "start": a.booking.start.isoformat(),
              "end": a.booking.end.isoformat(),
-             **({"nodes": {name: list(gpus) for name, gpus in a.placement}} if a.others or a.host != LOCAL else {})}
+             **({"nodes": {name: list(gpus) for name, gpus in a.placement}} if a.others or a.host != LOCAL else {}),
+             **({"project": a.booking.project} if a.booking.project is not None else {})}
             for a in plan.accepted
         ],
         "rejected": [
