@@ -329,3 +329,25 @@ def test_a_groups_running_weeks_are_the_sums_a_naive_count_gives(seed: int) -> N
             sorted((h for h in held if h.start < since + WEEK and h.end > since), key=id)
     assert all(account.week[h.end] == sum((o.within(h.end - WEEK, h.end) for o in held), timedelta(0)) for h in held)
     assert account.future == sum(1 for h in held if h.start > NOW)
+
+
+def test_an_ended_booking_keeps_its_project_in_the_status() -> None:
+    """The status's timelines: a planned booking carries its project; one that ended and left the
+    plan keeps the project the previous status knew (as its title), so `gpubook mine` still shows it."""
+    from gpubook.scheduler.outbox.status import GpuSummary, Status, hosts_status
+    from gpubook.scheduler.state.records import ContainerRecord
+
+    cfg = config()
+    now = utc(2026, 11, 24, 18)
+    first = plan((booking("done", start=10), booking("next", project="nlp", start=20)), inventory=(0,), config=cfg,
+                 templates=TEMPLATES, now=utc(2026, 11, 24, 9))
+    record = ContainerRecord(id=1, booking_id="done", name="gpubook-done", user="alice", gpu_count=1,
+                             started_at=utc(2026, 11, 24, 10), stopped_at=utc(2026, 11, 24, 12), exit_reason="ended",
+                             restarts=0)
+    summaries = {"local": GpuSummary(source="config", count=1)}
+    before = hosts_status(summaries, plan=first, now=utc(2026, 11, 24, 11))
+    previous = Status(hosts=before, updated=utc(2026, 11, 24, 11).isoformat())
+    later = plan((booking("next", project="nlp", start=20),), inventory=(0,), config=cfg, templates=TEMPLATES, now=now)
+    hosts = hosts_status(summaries, plan=later, now=now, records=[record], previous=previous)
+    segments = {s.booking: (s.kind, s.project) for lane in hosts[0].timeline for s in lane.segments}
+    assert segments == {"done": ("ended", "vision"), "next": ("booked", "nlp")}

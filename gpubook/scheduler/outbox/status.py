@@ -153,6 +153,11 @@ class Status:
             known.update((r.booking, r.title) for r in host.running if r.title)
         return known
 
+    def projects(self) -> dict[str, str]:
+        """Booking id → its project, as the daemon's last pass knew them (an ended booking keeps its own)."""
+        return {s.booking: s.project for host in self.hosts for lane in host.timeline for s in lane.segments
+                if s.project}
+
     def render(self, timezone: str) -> list[str]:
         zone = ZoneInfo(timezone)
 
@@ -308,15 +313,18 @@ def hosts_status(summaries: Mapping[str, GpuSummary], *, plan: Plan, now: dateti
     running there; `held`, `records` and `previous` as `timeline.gpu_timelines` takes them (the
     previous status's timelines keep placing bookings that ended and left the calendar window)."""
     titles = {a.booking.id: kept_title(a.booking.summary) for a in plan.accepted}
-    if previous is not None:  # a booking gone from the calendar keeps the title it had
+    projects = {a.booking.id: a.booking.project for a in plan.accepted if a.booking.project is not None}
+    if previous is not None:  # a booking gone from the calendar keeps the title and project it had
         titles = previous.titles() | titles
+        projects = previous.projects() | projects
     running = _by_host([info for info in containers if info.running], ports=ports or {}, titles=titles)
     before = {h.name: gpus_of(h.timeline) for h in previous.hosts} if previous is not None else {}
     return tuple(HostStatus(name=name, gpus=gpus, running=running.get(name, ()),
                             next=next_bookings(plan, now=now, host=name),
                             timeline=gpu_timelines(plan, host=name, gpus=gpus.gpu_indices, now=now,
                                                    containers=containers, held=held, records=records,
-                                                   known_gpus=before.get(name), titles=titles))
+                                                   known_gpus=before.get(name), titles=titles,
+                                                   projects=projects))
                  for name, gpus in summaries.items())
 
 

@@ -66,14 +66,17 @@ def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
                   containers: Iterable[ContainerInfo] = (), held: Mapping[str, str] | None = None,
                   records: Iterable[ContainerRecord] = (),
                   known_gpus: Mapping[str, tuple[int, ...]] | None = None,
-                  titles: Mapping[str, str] | None = None) -> tuple[GpuTimeline, ...]:
+                  titles: Mapping[str, str] | None = None,
+                  projects: Mapping[str, str] | None = None) -> tuple[GpuTimeline, ...]:
     """One timeline per GPU of `host`. `held`: booking id → the Hold's reason this pass;
     `records`: State's container records (those stopped in the last week become "ended");
     `known_gpus`: booking id → its GPUs where neither the plan nor a container says any more
     (the previous status's timelines), for an ended booking that has left the calendar window;
-    `titles`: booking id → its title where the plan has it no more (the previous status's)."""
+    `titles`, `projects`: booking id → its title, its project where the plan has it no more (the
+    previous status's)."""
     held = held or {}
     titles = titles or {}
+    projects = projects or {}
     lanes: dict[int, list[Segment]] = {gpu: [] for gpu in gpus}
     running = {info.booking_id: info for info in containers
                if info.running and (info.host or LOCAL) == host}
@@ -107,7 +110,7 @@ def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
         if info.booking_id not in planned and info.end is not None:
             put(info.gpus, Segment(kind="running", booking=info.booking_id, user=info.user,
                                    start=_iso(info.start or now), end=_iso(info.end), template=info.template,
-                                   title=titles.get(info.booking_id, "")))
+                                   title=titles.get(info.booking_id, ""), project=projects.get(info.booking_id, "")))
     for record in records:
         stopped = record.stopped_at
         if stopped is None or stopped < now - PAST or record.booking_id not in placed:
@@ -115,7 +118,8 @@ def gpu_timelines(plan: Plan, *, host: str, gpus: Sequence[int], now: datetime,
         put(placed[record.booking_id], Segment(kind="ended", booking=record.booking_id, user=record.user,
                                                start=_iso(record.started_at), end=_iso(stopped),
                                                note=record.exit_reason or "",
-                                               title=titles.get(record.booking_id, "")))
+                                               title=titles.get(record.booking_id, ""),
+                                               project=projects.get(record.booking_id, "")))
     return tuple(GpuTimeline(gpu=gpu, segments=tuple(sorted(lanes[gpu], key=lambda s: (s.start, s.kind))))
                  for gpu in sorted(lanes))
 
