@@ -317,6 +317,53 @@ def test_a_start_waits_for_the_next_pass_when_the_stop_that_frees_its_gpu_does(t
     assert machine.steps.index(("stopped", "old")) < machine.steps.index(("start", "new"))
 
 
+def test_a_start_waits_while_another_bookings_start_at_work_takes_its_gpu(tmp_path: Path, state: State) -> None:
+    """The fault sample's finding (seed 441597265, a clean-clone run): a booking's start at work (its
+    `podman run`, slow on a loaded host), then its event deleted and another booking given its GPU.
+    The container of the first is not listed yet, so the plan and the world both say GPU 0 is free:
+    the second started on it, and both ran on GPU 0 until the first's notice ended. The second's
+    start now waits for a pass that sees the first running (and warns and stops it)."""
+    config = make_config(tmp_path)
+    began, finish = threading.Event(), threading.Event()
+
+    class Slow(Machine):
+        def start(self, request: StartRequest) -> Started:
+            if request.booking_id == "first":
+                self.step("start", "first")
+                began.set()
+                finish.wait(HOLD)  # `podman run` at work: nothing listed yet
+                info = running("first", request.gpus, end=request.end, port=request.port)
+                self.containers[info.name] = info
+                self.step("running", "first")
+                return Started(info=info, seconds_to_ssh=0.0)
+            return super().start(request)
+
+    machine = Slow(gpus=(0,))
+    machine.release_exec.set()  # the notice to the deleted booking's container answers at once
+    passes = make_pass(config, machine, state)
+    passes.patience = 0
+    first = event("first", NOW - timedelta(seconds=1), NOW + timedelta(hours=1))
+    second = event("second", NOW - timedelta(seconds=1), NOW + timedelta(hours=1), user="bob")
+    try:
+        passes.run(bookings(config, first), now=NOW, write_back=False)
+        assert began.wait(HOLD)
+        passes.run(bookings(config, second), now=NOW + timedelta(seconds=1), write_back=False)
+        for future in [f for b, f in passes.busy.items() if b != "first"]:
+            future.result(HOLD)
+        assert ("start", "second") not in machine.steps, machine.steps  # GPU 0 is being taken by first
+        finish.set()
+        passes.busy["first"].result(HOLD)
+        result = passes.run(bookings(config, second), now=NOW + timedelta(seconds=2), write_back=False)
+        for future in list(passes.busy.values()):
+            future.result(HOLD)
+        assert ("start", "second") not in machine.steps, machine.steps
+        assert any(isinstance(a, decide.Hold) and a.booking_id == "second" and "still used by first" in a.reason
+                   for a in result.actions), result.actions
+    finally:
+        finish.set()
+        passes.close()
+
+
 def test_a_start_that_keeps_failing_backs_off(tmp_path: Path, state: State) -> None:
     config = make_config(tmp_path)
     machine = Machine()

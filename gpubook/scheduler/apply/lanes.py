@@ -4,7 +4,8 @@ No booking waits on another booking's slow step (a start whose sshd is slow, a n
 terminal holds up). A start waits only for the stops and clears that free its GPUs on its host;
 stops and clears are submitted first, so that a start waiting for one never waits for a task
 queued behind it. A booking still at work from an earlier pass is skipped (its port stays held),
-and so is a start on the GPUs that booking's skipped stop would free (never two bookings on one GPU).
+and so is a start on the GPUs that booking's skipped stop would free, or that another booking's
+start at work takes (never two bookings on one GPU).
 The pass (passes.py) waits `patience` seconds for its bookings, then leaves the slow ones to
 finish on their own and is told when each does.
 """
@@ -47,6 +48,7 @@ class BookingLanes:
         self.busy: dict[str, Future[None]] = {}  # booking id → its actions at work
         self.freeing: dict[str, _Freeing] = {}  # booking id → its stop or clear at work
         self.starting: dict[str, Future[None]] = {}  # booking id → its start at work (`starts_at_work`)
+        self.start_places: dict[str, frozenset[tuple[str, int]]] = {}  # booking id → (host, GPU) its start takes
 
     def dispatch(self, actions: Sequence[decide.Action], *, apply: _Apply,
                  gpus_of: Callable[[str], frozenset[int]], stale: Collection[str] = ()) -> list[Future[None]]:
@@ -62,6 +64,14 @@ class BookingLanes:
         submitted = []
         deferred: list[tuple[str, str, frozenset[int]]] = []  # stops left to the next pass: booking, host, GPUs
         for booking_id, group in ordered:
+            starting = self._starting_on(_places(group), besides=booking_id)
+            if starting is not None:
+                # Another booking's start at work takes these GPUs (it began in an earlier pass, its booking
+                # since deleted or moved, so this pass's plan gave them away): its container is not listed
+                # yet, and starting now would put two bookings on one GPU. The next pass sees it, and its stop.
+                log.info("booking %s: its start waits for booking %s's start at work on its GPUs, for the next "
+                         "pass", booking_id, starting)
+                continue
             waits_on = next((other for other, host, gpus in deferred for s in group
                              if isinstance(s, decide.Start) and _holds(s, host, gpus)), None)
             if waits_on is not None:
@@ -96,6 +106,7 @@ class BookingLanes:
             self.busy[booking_id] = future
             if starts:
                 self.starting[booking_id] = future
+                self.start_places[booking_id] = _places(starts)
             if freed := _freed(group, gpus_of):
                 self.freeing[booking_id] = _Freeing(host=freed[0], gpus=freed[1], future=future)
         future.add_done_callback(partial(self._forget, booking_id))
@@ -116,9 +127,18 @@ class BookingLanes:
                 del self.busy[booking_id]
             if self.starting.get(booking_id) is future:
                 del self.starting[booking_id]
+                self.start_places.pop(booking_id, None)
             freeing = self.freeing.get(booking_id)
             if freeing is not None and freeing.future is future:
                 del self.freeing[booking_id]
+
+    def _starting_on(self, places: frozenset[tuple[str, int]], *, besides: str) -> str | None:
+        """Another booking whose start at work takes any of `places`, if one does."""
+        if not places:
+            return None
+        with self._lock:
+            return next((other for other, taken in self.start_places.items()
+                         if other != besides and taken & places and not self.starting[other].done()), None)
 
     def wait_patiently(self, pending: Sequence[Future[None]], *, patience: float,
              on_late: Callable[[Future[None]], None]) -> None:
@@ -157,6 +177,12 @@ def _freed(group: Sequence[Any], gpus_of: Callable[[str], frozenset[int]]) -> tu
 
 def _waits_for(start: decide.Start, freeing: _Freeing) -> bool:
     return not freeing.future.done() and _holds(start, freeing.host, freeing.gpus)
+
+
+def _places(group: Sequence[Any]) -> frozenset[tuple[str, int]]:
+    """Every (host, GPU) the group's starts take, on each node of a multi-node booking."""
+    return frozenset((host, gpu) for a in group if isinstance(a, decide.Start)
+                     for host, gpus in a.accepted.placement for gpu in gpus)
 
 
 def _holds(start: decide.Start, host: str, gpus: frozenset[int]) -> bool:
