@@ -20,12 +20,12 @@ import os
 import platform
 import random
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.quota import best
 from gpubook.scheduler.config import Config, parse
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import BookingReader
@@ -77,15 +77,6 @@ def event(number: int, rng: random.Random, gpus: int) -> str:
         lines.append("RRULE:FREQ=DAILY;COUNT=30")
     lines += ["END:VEVENT", "END:VCALENDAR", ""]
     return "\r\n".join(lines)
-
-
-def best(runs: int, work: Any) -> tuple[float, float, Any]:
-    timings = []
-    for _ in range(runs):
-        wall, cpu = time.perf_counter(), time.process_time()
-        result = work()
-        timings.append((time.perf_counter() - wall, time.process_time() - cpu))
-    return (*min(timings), result)
 
 
 def kinds(result: Plan) -> dict[str, int]:
