@@ -533,8 +533,8 @@ class PodmanEngine(CliEngine):
         name … is already in use". Only ids of exactly `name` that podman's database does not know."""
         listed = self._call(["ps", "--all", "--external", "--no-trunc", "--filter", f"name=^{re.escape(name)}$",
                              "--format", "{{.ID}} {{.Names}}"])
-        found = [line.split()[0] for line in listed.splitlines()
-                 if line.split()[1:] == [name] and not self._inspect_raw([line.split()[0]], missing_ok=True)]
+        found = [fields[0] for fields in map(str.split, listed.splitlines())
+                 if fields[1:] == [name] and not self._inspect_raw([fields[0]], missing_ok=True)]
         for container_id in found:
             log.warning("podman: container %s (%s) is in podman's storage but not in its database (a `podman run` "
                         "killed midway), and no container of its name can start while it is there: removing it",
