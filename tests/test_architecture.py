@@ -12,6 +12,7 @@ the spec hands the container, so the probe LocalHost waits on is the real one.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -36,13 +37,14 @@ from gpubook.runtime.engines import (
 )
 from gpubook.runtime.templates import load_all
 from gpubook.scheduler import config as config_module
+from gpubook.scheduler import hosts as hosts_module
 from gpubook.scheduler import sources
 from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.calendars import Calendars
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.core.topology import Topology
-from gpubook.scheduler.hosts import Started, StartRequest
+from gpubook.scheduler.hosts import Arms, KeepsProvenance, MovesEnd, PreparesAhead, Started, StartRequest
 from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.hosts.backend import NOTHING_SAMPLED, HostGpus, Reserved, Sampling
 from gpubook.scheduler.hosts.local import LocalHost, OneMachine
@@ -335,8 +337,10 @@ class FakeBackend:
         return None
 
 
-def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, registered: object) -> None:
+def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, registered: object,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     backends.register("fake", f"{__name__}:FakeBackend")  # the one registration line for a backend
+    caplog.set_level(logging.INFO, logger="gpubook.scheduler.apply.passes")
     try:
         config = _config(tmp_path, backend="fake")  # read from the file: the registry says what "fake" is
         backend = backends.make(config, cast(backends.Parts, None))  # what the daemon's wiring calls
@@ -347,6 +351,9 @@ def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, reg
         reading = Calendars(config, topology=backend.topology).read(now=NOW)
         with State(tmp_path / "state.sqlite") as state:
             passes = Pass(config, backend=backend, state=state, templates=load_all(None))
+            # Its nodes have the required doors only: the pass says once what each missing one means.
+            said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hosts node-a, node-b")]
+            assert said == [f"hosts node-a, node-b (FakeNode): {instead}" for _, instead in hosts_module.OPTIONAL]
             result = passes.run(reading.occurrences, now=NOW, etags=reading.etags)
             passes.close()
             port = state.ports()["wide"]
@@ -412,3 +419,32 @@ def test_the_pure_core_imports_only_what_its_allow_list_names() -> None:
         assert not check.kept
         assert check.metadata["offences"] == [{"importer": "gpubook.scheduler.core.plan", "imported": forbidden,
                                                "lines": [1]}]
+
+
+class DoorlessNode(FakeNode):
+    """A node whose author forgot `exec`."""
+
+    exec = None  # type: ignore[assignment]
+
+
+def test_a_host_without_a_required_door_is_refused_in_one_sentence_and_the_optional_doors_are_declared(
+        tmp_path: Path, registered: object) -> None:
+    backends.register("fake", f"{__name__}:FakeBackend")
+    try:
+        config = _config(tmp_path, backend="fake")
+        backend = backends.make(config, cast(backends.Parts, None))
+        assert isinstance(backend, FakeBackend)
+        backend.hosts["node-b"] = DoorlessNode("node-b")  # type: ignore[assignment]
+        with State(tmp_path / "state.sqlite") as state, pytest.raises(config_module.ConfigError) as refused:
+            Pass(config, backend=backend, state=state, templates=load_all(None))
+        assert str(refused.value) == (
+            "host 'node-b' (DoorlessNode) is not a gpubook Host: it lacks exec (every host has list, start, stop, "
+            "exec and inspect, and a name, gpus and driver_version)")
+    finally:
+        backends.backends.unregister("fake")
+        FakeBackend.made.clear()
+    # The real hosts: the optional doors are declared by the Protocols, checked structurally.
+    from gpubook.scheduler.hosts.slurm.host import SlurmHost
+    assert all(issubclass(LocalHost, door) for door in (Arms, MovesEnd, KeepsProvenance, PreparesAhead))
+    assert all(callable(getattr(SlurmHost, door, None)) for door in hosts_module.REQUIRED)
+    assert not any(issubclass(SlurmHost, door) for door in (Arms, MovesEnd, KeepsProvenance, PreparesAhead))

@@ -44,7 +44,7 @@ from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import TemplateSet
 from gpubook.scheduler.apply.handlers import port_for, start_request, usable_template
 from gpubook.scheduler.core import plan as plan_module
-from gpubook.scheduler.hosts import Ahead, Booker, Host, StartRequest
+from gpubook.scheduler.hosts import Ahead, Arms, Booker, Host, PreparesAhead, StartRequest
 from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State, StateError, notes
 
@@ -106,7 +106,7 @@ class Preparation:
             if armable and templates is not None and booking.id not in present and booking.id not in self.tried \
                     and booking.id not in self.arming and booking.start - now >= ARM_MARGIN:
                 arm = self._armable(accepted, plan, containers, templates=templates, host=host, now=now)
-            first = booking.id not in self.prepared and getattr(host, "prepare", None) is not None
+            first = booking.id not in self.prepared and isinstance(host, PreparesAhead)
             if not first and arm is None:
                 continue
             self.prepared.setdefault(booking.id, accepted.host)
@@ -141,7 +141,7 @@ class Preparation:
                  *, templates: TemplateSet, host: Host, now: datetime) -> _Arm | None:
         """The booking's arm, or None while it may not be armed (checked again by the next pass)."""
         booking = accepted.booking
-        if self.state is None or getattr(host, "arm", None) is None or booking_id_problem(booking.id):
+        if self.state is None or not isinstance(host, Arms) or booking_id_problem(booking.id):
             return None
         template, _ = usable_template(templates, booking.template, driver_version=host.driver_version)
         user = self.config.users[booking.user]
@@ -159,9 +159,9 @@ class Preparation:
                     user=user.name)
 
     def _prepare(self, host: Host, ahead: Ahead | None, arm: _Arm | None, now: datetime) -> None:
-        if ahead is not None:
+        if ahead is not None and isinstance(host, PreparesAhead):
             try:
-                host.prepare(ahead)  # type: ignore[attr-defined]
+                host.prepare(ahead)
             except (GpubookError, OSError) as error:  # its start makes them again and says what fails
                 log.warning("booking %s: its folders and host key are not made ahead: %s", ahead.booking_id, error)
             except Exception:  # a defect: logged, and the lane goes on
@@ -183,7 +183,9 @@ class Preparation:
             return
         request = replace(arm.request, port=port)
         try:
-            host.arm(request)  # type: ignore[attr-defined]
+            if not isinstance(host, Arms):  # _armable arms none of these
+                raise GpubookError(f"booking {booking_id}: host {host.name} runs no container ahead")
+            host.arm(request)
         except Preparing as waiting:  # its image: tried again by a later pass
             if arm.request.start is not None:
                 self.waiting[booking_id] = arm.request.start
@@ -219,11 +221,10 @@ class Preparation:
 
     def _unprepare(self, host_name: str, booking_id: str) -> None:
         host = self.hosts.get(host_name)
-        unprepare = getattr(host, "unprepare", None)
-        if unprepare is None:
+        if not isinstance(host, PreparesAhead):
             return
         try:
-            unprepare(booking_id)
+            host.unprepare(booking_id)
         except (GpubookError, OSError) as error:
             log.warning("booking %s: what was made ahead for it stays: %s", booking_id, error)
         except Exception:  # a defect: logged, and the lane goes on

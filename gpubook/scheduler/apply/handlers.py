@@ -21,7 +21,7 @@ from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply.memory import Journal, Recall
 from gpubook.scheduler.core import decide, upkeep
 from gpubook.scheduler.core.bookings import Booking
-from gpubook.scheduler.hosts import Booker, Host, StartRequest
+from gpubook.scheduler.hosts import Booker, Host, KeepsProvenance, MovesEnd, StartRequest
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics
 from gpubook.scheduler.outbox.writeback import start_lines
@@ -247,10 +247,9 @@ def finish_provenance(state: State, host: Host, booking_id: str, *, now: datetim
         journal.log.warning("booking %s: its provenance card cannot be read: %s", booking_id, error)
         return ()
     kept = False
-    write = getattr(host, "write_provenance", None)
-    if write is not None:
+    if isinstance(host, KeepsProvenance):
         try:
-            kept = bool(write(card.user, card))
+            kept = bool(host.write_provenance(card.user, card))
         except (GpubookError, OSError, ValueError) as error:
             journal.log.warning("booking %s: its provenance.json is not written: %s", booking_id, error)
     return provenance.lines(card, zone=ZoneInfo(timezone), kept=kept)
@@ -414,11 +413,10 @@ def tell_inside(hosts: Iterable[Host], booking_id: str, end: datetime, *, journa
     """The booking's new end into its booking.json, on whichever host keeps one (`move_end`); a
     failed write costs the booker that file's news (logged), never the end itself."""
     for host in hosts:
-        move_end = getattr(host, "move_end", None)
-        if move_end is None:
+        if not isinstance(host, MovesEnd):
             continue
         try:
-            if move_end(booking_id, end):
+            if host.move_end(booking_id, end):
                 return
         except (GpubookError, OSError, ValueError) as error:
             journal.log.warning("booking %s: its booking.json does not show its end %s: %s", booking_id,

@@ -35,6 +35,7 @@ from functools import partial
 from zoneinfo import ZoneInfo
 
 from gpubook.runtime.engines import ContainerInfo, booker_digest, container_name
+from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply import reclaim as reclaim_apply
 from gpubook.scheduler.apply.accounting import Bookkeeping
@@ -47,9 +48,8 @@ from gpubook.scheduler.core import decide, reclaim, upkeep
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy as policy_module
 from gpubook.scheduler.core.bookings import Booking, Rejection
-from gpubook.scheduler.hosts import Host
+from gpubook.scheduler.hosts import HasImages, Host, doors, required_problem
 from gpubook.scheduler.hosts.backend import Backend
-from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.outbox import notices as notices_module
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics
@@ -151,6 +151,18 @@ class Told:
     etags: Mapping[str, str | None] = field(default_factory=dict)  # event href → its ETag as read
 
 
+def checked_hosts(hosts: Mapping[str, Host], *, known: Mapping[str, Host] | None = None) -> Mapping[str, Host]:
+    """The backend's hosts, each with the required doors (else a ConfigError in one sentence); the
+    optional doors a new host lacks are logged once, one sentence each."""
+    for name, host in hosts.items():
+        problem = required_problem(name, host)
+        if problem is not None:
+            raise ConfigError(problem)
+    for sentence in doors({name: host for name, host in hosts.items() if known is None or name not in known}):
+        log.info("%s", sentence)
+    return hosts
+
+
 class Pass:
     """The daemon's hands and memory for one `run` per pass: the handlers and their lanes (`hands`),
     what is made ahead (`ahead`), the pass's own records (`books`), the outbox (`delivery`)."""
@@ -163,7 +175,7 @@ class Pass:
         start; `logged_in`: a last look for the booker's login in a container's log before a release."""
         self.backend = backend
         self.config = config
-        self.hosts = dict(backend.hosts)  # the handlers share this dict: `refresh_hosts` updates it in place
+        self.hosts = dict(checked_hosts(backend.hosts))  # the handlers share this dict: `refresh_hosts` updates it
         self.state = state
         self.templates = templates
         self.hands = Hands(config, hosts=self.hosts, state=state, templates=templates, metrics=metrics,
@@ -238,7 +250,7 @@ class Pass:
         """The backend's hosts read again, this pass's ("" or why they could not be read: nothing
         starts). Also for `gpubook stop`, which reads the hosts as a pass does."""
         problem = self.backend.refresh()
-        for name, host in self.backend.hosts.items():
+        for name, host in checked_hosts(self.backend.hosts, known=self.hosts).items():
             self.hosts[name] = host
         return problem
 
@@ -317,9 +329,8 @@ class Pass:
             if template is not None and booking.start <= horizon and booking.end > now and booking.id not in running:
                 wanted.setdefault(accepted.host, {})[booking.id] = template
         for name, host in self.hosts.items():
-            preparer = getattr(host, "images", None)  # a capability: hosts without one start as they are
-            if isinstance(preparer, ImagePreparer):
-                preparer.want(wanted.get(name, {}), now=now)
+            if isinstance(host, HasImages):  # hosts without the door start with the images as they are
+                host.images.want(wanted.get(name, {}), now=now)
 
     def plan(self, occurrences: Sequence[Booking | Rejection], actual: Sequence[ContainerInfo], *,
              now: datetime, releases: Mapping[str, reclaim.Released] | None = None) -> plan_module.Plan:
@@ -423,8 +434,7 @@ class Pass:
         """`reportable`: the running containers a booker may be sent to (`_reportable`); the others
         still before their start are armed, and their ssh lines go into the accepted block."""
         images = {booking: line for host in self.hosts.values()
-                  if isinstance(preparer := getattr(host, "images", None), ImagePreparer)
-                  for booking, line in preparer.lines().items()}
+                  if isinstance(host, HasImages) for booking, line in host.images.lines().items()}
         waiting = {booking_id: info for booking_id, info in world.running().items()
                    if booking_id not in reportable and info.start is not None and info.start > now}
         with world.lock:
