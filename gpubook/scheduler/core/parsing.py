@@ -98,8 +98,9 @@ def _read_calendar(text: str, problem: _ProblemSink) -> icalendar.Calendar:
 
 
 def _drop_alarms(text: str) -> str:
-    lines = Contentlines.from_ical(text)
-    kept, depth = [], 0
+    lines = Contentlines.from_ical(text)  # type: ignore[no-untyped-call]  # icalendar leaves it unannotated
+    kept: list[str] = []
+    depth = 0
     for line in lines:
         upper = str(line).upper()
         if upper.startswith("BEGIN:VALARM"):
@@ -111,7 +112,7 @@ def _drop_alarms(text: str) -> str:
     return "\r\n".join(str(line) for line in kept if str(line)) + "\r\n"
 
 
-def _series(uid: str | None, href: str, group: list[icalendar.Event], timezones: list,
+def _series(uid: str | None, href: str, group: list[icalendar.Event], timezones: list[icalendar.Timezone],
             problem: _ProblemSink) -> Series | None:
     master = next((c for c in group if "RECURRENCE-ID" not in c), None)
     title = text(group[0].get("SUMMARY"))

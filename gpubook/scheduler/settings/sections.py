@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpubook.scheduler.settings import checks
-from gpubook.scheduler.settings.declare import setting
+from gpubook.scheduler.settings.declare import Check, setting
 
 PASSWORD_ENV = "GPUBOOK_CALENDAR_PASSWORD"  # noqa: S105 - the variable's name, not a secret
 IDENTITIES = ("description", "organizer")
@@ -218,7 +218,7 @@ class PolicyConfig:
                                      "idle_percent this many minutes after its start is released (its GPUs go "
                                      "back to the pool for the rest of its time); 0: off", check=checks.not_negative)
     idle_percent: float = setting(5.0, "a GPU under this utilisation (percent) counts as idle",
-                                  check=checks.Check("more than 0 and at most 100", lambda v: None if 0 < v <= 100
+                                  check=Check("more than 0 and at most 100", lambda v: None if 0 < v <= 100
                                                      else "must be more than 0 and at most 100"))
     idle_minutes: float = setting(0.0, "a booking's GPU idle this many minutes in a row: its booker is told "
                                   "(event, terminal, notice); 0: off", check=checks.not_negative)

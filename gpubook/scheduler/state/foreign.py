@@ -14,13 +14,13 @@ row's end is.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from gpubook.scheduler.state.records import moment_of, stamp_of
+from gpubook.scheduler.state.records import Row, moment, moment_of, stamp_of
 
 # ForeignRow.action's forms: a stop due at, done at (ISO times); why not stoppable, why spared
 DUE, STOPPED, CANNOT, SPARED = "due ", "stopped ", "cannot: ", "spared: "
@@ -63,7 +63,7 @@ class ForeignRecords:
     if TYPE_CHECKING:
         def _transaction(self, point: str) -> AbstractContextManager[sqlite3.Connection]: ...
 
-        def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
+        def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[Row]: ...
 
     def record_foreign(self, seen: Sequence[ForeignRow], *, host: str, now: datetime,
                        window: timedelta = timedelta(0)) -> list[ForeignRow]:
@@ -154,8 +154,8 @@ def _repeat_action(old: str, new: str) -> str:
     return new if old.startswith(STOPPED) or not old else old
 
 
-def _rows(rows: object) -> list[ForeignRow]:
+def _rows(rows: Iterable[Row]) -> list[ForeignRow]:
     return [ForeignRow(host=h, gpu=g, pid=p, started=s, user=u, command=c, booking_id=b, container=k,
-                       first_seen=moment_of(f), last_seen=moment_of(seen), gone_at=moment_of(gone),  # type: ignore[arg-type]
+                       first_seen=moment(f), last_seen=moment(seen), gone_at=moment_of(gone),
                        action=a or "", repeats=r or 0)
-            for h, g, p, s, u, c, b, k, f, seen, gone, a, r in rows]  # type: ignore[attr-defined]
+            for h, g, p, s, u, c, b, k, f, seen, gone, a, r in rows]

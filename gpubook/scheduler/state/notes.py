@@ -128,7 +128,7 @@ ANSWERED: Kind[frozenset[str]] = Kind("answered", lambda told: json.dumps(sorted
                                       lambda text: frozenset(_lines(text)))
 
 
-def _empty() -> Mapping:  # type: ignore[type-arg]
+def _empty() -> Mapping[str, Any]:
     return MappingProxyType({})
 
 

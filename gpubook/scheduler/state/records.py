@@ -70,12 +70,22 @@ def stamp_of(moment: datetime | None) -> float:
 
 
 def moment_of(stamp: float | None) -> datetime | None:
+    """A nullable column's time (None: NULL)."""
     return None if stamp is None else datetime.fromtimestamp(stamp, UTC)
 
 
+def moment(stamp: float) -> datetime:
+    """A NOT NULL column's time."""
+    return datetime.fromtimestamp(stamp, UTC)
 
-def container(row: tuple) -> ContainerRecord:
+
+# A row as sqlite3 gives it: its columns' types are the schema's (schema.py), not Python's to check.
+Row = tuple[Any, ...]
+
+
+
+def container(row: Row) -> ContainerRecord:
     id_, booking, name, user, gpus, started, stopped, reason, restarts = row
     return ContainerRecord(id=id_, booking_id=booking, name=name, user=user, gpu_count=gpus,
-                           started_at=moment_of(started), stopped_at=moment_of(stopped),  # type: ignore[arg-type]
+                           started_at=moment(started), stopped_at=moment_of(stopped),
                            exit_reason=reason, restarts=restarts)

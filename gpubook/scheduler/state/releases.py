@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from gpubook.scheduler.state.records import moment_of, stamp_of
+from gpubook.scheduler.state.records import Row, moment, moment_of, stamp_of
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class ReleaseRecords:
     if TYPE_CHECKING:
         def _transaction(self, point: str) -> AbstractContextManager[sqlite3.Connection]: ...
 
-        def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
+        def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[Row]: ...
 
     def record_release(self, booking_id: str, *, start: datetime, end: datetime, at: datetime, reason: str) -> None:
         """Record a release; a booking released again (moved, then a no-show again) gets the new one."""
@@ -56,7 +56,7 @@ class ReleaseRecords:
         """booking id → its release (of bookings whose time ends after `ending_after`, where given)."""
         rows = self._query("SELECT booking_id, start_at, end_at, at, reason FROM releases WHERE end_at > ?",
                            (stamp_of(ending_after) if ending_after is not None else float("-inf"),))
-        return {booking: ReleaseRow(booking_id=booking, start=moment_of(s), end=moment_of(e), at=moment_of(a),  # type: ignore[arg-type]
+        return {booking: ReleaseRow(booking_id=booking, start=moment(s), end=moment(e), at=moment(a),
                                     reason=reason) for booking, s, e, a, reason in rows}
 
     def gpu_samples_of(self, booking_id: str, gpus: Sequence[int], *, since: datetime,

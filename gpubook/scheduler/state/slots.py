@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gpubook.scheduler.state.records import moment_of, stamp_of
+from gpubook.scheduler.state.records import moment, moment_of, stamp_of
 
 Key = tuple[str, str, str]  # (calendar url, object href, occurrence id)
 Placement = tuple[tuple[str, tuple[int, ...]], ...]  # (host, its GPU indices) for each node
@@ -75,8 +75,8 @@ class SlotRecords:
                            "WHERE calendar_url = ? AND href = ? AND booking_id = ?", list(refused))
 
 
-def _row(columns: list[object]) -> SlotRow:
+def _row(columns: Sequence[Any]) -> SlotRow:
     slot, seen, accepted, rank, placement = columns
     nodes = tuple((str(host), tuple(int(gpu) for gpu in gpus)) for host, gpus in json.loads(str(placement)))
-    return SlotRow(slot=str(slot), seen_at=moment_of(seen), accepted_at=moment_of(accepted),  # type: ignore[arg-type]
-                   rank=int(rank), placement=nodes)  # type: ignore[call-overload]
+    return SlotRow(slot=str(slot), seen_at=moment(seen), accepted_at=moment_of(accepted),
+                   rank=int(rank), placement=nodes)

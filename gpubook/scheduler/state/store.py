@@ -26,8 +26,10 @@ from gpubook.scheduler.state.records import (
     ContainerRecord,
     LogEntry,
     Notice,
+    Row,
     WriteBack,
     container,
+    moment,
     moment_of,
     stamp_of,
 )
@@ -204,7 +206,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
             raise self._unavailable(error) from None
         crash.point(f"{point}:after")
 
-    def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]:
+    def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[Row]:
         try:
             return self._db().execute(sql, parameters).fetchall()
         except sqlite3.Error as error:
@@ -343,7 +345,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         if not rows:
             return None
         booking, status, etag, written_at = rows[0]
-        return WriteBack(booking_id=booking, status=status, etag=etag, written_at=moment_of(written_at))  # type: ignore[arg-type]
+        return WriteBack(booking_id=booking, status=status, etag=etag, written_at=moment(written_at))
 
     # -- per-booking notes (apply memory) --- ---------------------------------------------------
 
@@ -408,7 +410,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     def pending_notices(self) -> list[Notice]:
         rows = self._query("SELECT id, at, kind, booking_id, user, subject, text, fields FROM outbox "
                            "WHERE delivered_at IS NULL ORDER BY id")
-        return [Notice(id=i, at=moment_of(at), kind=k, booking_id=b, user=u, subject=s, text=x,  # type: ignore[arg-type]
+        return [Notice(id=i, at=moment(at), kind=k, booking_id=b, user=u, subject=s, text=x,
                        fields=json.loads(f)) for i, at, k, b, u, s, x, f in rows]
 
     def notice_delivered(self, notice_id: int, *, at: datetime | None = None) -> bool:
@@ -442,7 +444,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         if limit is not None:
             sql += " LIMIT ?"
             parameters.append(limit)
-        return [LogEntry(id=i, at=moment_of(at), booking_id=b, level=lv, message=m)  # type: ignore[arg-type]
+        return [LogEntry(id=i, at=moment(at), booking_id=b, level=lv, message=m)
                 for i, at, b, lv, m in self._query(sql, tuple(parameters))]
 
 

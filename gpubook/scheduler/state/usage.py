@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from gpubook.scheduler.state.records import moment_of, stamp_of
+from gpubook.scheduler.state.records import Row, moment, moment_of, stamp_of
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class UsageRecords:
     if TYPE_CHECKING:
         def _transaction(self, point: str) -> AbstractContextManager[sqlite3.Connection]: ...
 
-        def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
+        def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[Row]: ...
 
     # -- what the passes saw ---------------------------------------------------------------------
 
@@ -111,15 +111,15 @@ class UsageRecords:
         rows = self._query("SELECT booking_id, user, template, host, gpus, start_at, end_at, project FROM "
                            "usage_bookings WHERE start_at < ? AND end_at > ? ORDER BY start_at, booking_id",
                            (stamp_of(end), stamp_of(start)))
-        return [BookedRow(booking_id=i, user=u, template=t, host=h, gpus=_gpus(g), start=moment_of(s),  # type: ignore[arg-type]
-                          end=moment_of(e), project=p) for i, u, t, h, g, s, e, p in rows]  # type: ignore[arg-type]
+        return [BookedRow(booking_id=i, user=u, template=t, host=h, gpus=_gpus(g), start=moment(s),
+                          end=moment(e), project=p) for i, u, t, h, g, s, e, p in rows]
 
     def rejections_between(self, start: datetime, end: datetime) -> list[RejectedRow]:
         """Rejected requests whose time starts in [start, end), by start."""
         rows = self._query("SELECT booking_id, user, reason, start_at, end_at, first_seen FROM usage_rejections "
                            "WHERE start_at >= ? AND start_at < ? ORDER BY start_at, booking_id",
                            (stamp_of(start), stamp_of(end)))
-        return [RejectedRow(booking_id=i, user=u, reason=r, start=moment_of(s), end=moment_of(e),  # type: ignore[arg-type]
+        return [RejectedRow(booking_id=i, user=u, reason=r, start=moment(s), end=moment(e),
                             first_seen=moment_of(f)) for i, u, r, s, e, f in rows]
 
     # -- samples -------------------------------------------------------------------------------
