@@ -89,7 +89,7 @@ def one_start(engine: Engine, template: Template, folders: storage.DataFolders, 
     host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
     spec = booking.booking_spec(
         template,
-        booking.Booking(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(), port=free_port(),
+        booking.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(), port=free_port(),
                         end=datetime.now(UTC) + timedelta(hours=1)),
         booking.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
     try:

@@ -46,7 +46,7 @@ def start(engine: Engine, network: str, *, folders: storage.DataFolders, booker_
     host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
     spec = booking.booking_spec(
         get_template("debian-ssh"),
-        booking.Booking(booking_id=booking_id, user="alice", uid=2001, gid=2001,
+        booking.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001,
                         ssh_keys=(f"{booker_key.get_name()} {booker_key.get_base64()} bench",), port=free_port(),
                         end=datetime.now(UTC) + timedelta(hours=1)),
         booking.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))

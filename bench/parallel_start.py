@@ -263,7 +263,7 @@ def create_ahead(runs: int) -> None:
                 key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
                 spec = booking.booking_spec(
                     get_template("debian-ssh"),
-                    booking.Booking(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(),
+                    booking.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(),
                                     port=free_port(), end=datetime.now(UTC) + timedelta(hours=1)),
                     booking.HostFiles(probe_key=probe, cache_dir=cache, host_key=key, folders=folders))
                 argv = engine.run_args(spec)  # type: ignore[attr-defined]

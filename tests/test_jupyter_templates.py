@@ -85,7 +85,7 @@ def test_booking_spec_asks_the_entrypoint_for_jupyter_only_when_the_template_doe
     probe = ssh.load_probe_key(tmp_path / "probe")
     key = ssh.HostKey(folder=tmp_path, public="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJZ")
     folders = DataFolders(user="alice", input=tmp_path, output=tmp_path, home=None)
-    booked = runtime_booking.Booking(booking_id="b1", user="alice", uid=2001, gid=2001, ssh_keys=(), port=2201,
+    booked = runtime_booking.Tenancy(booking_id="b1", user="alice", uid=2001, gid=2001, ssh_keys=(), port=2201,
                                      end=NOW)
     files = runtime_booking.HostFiles(probe_key=probe, cache_dir=tmp_path, host_key=key, folders=folders)
     specs = [runtime_booking.booking_spec(template, booked, files)

@@ -48,8 +48,9 @@ BOOKING_ENV, END_ENV, GPUS_ENV = "GPUBOOK_BOOKING", "GPUBOOK_END", "GPUBOOK_GPUS
 
 
 @dataclass(frozen=True)
-class Booking:
-    """One booking as its container sees it: whose (the booker's account and keys), when and where
+class Tenancy:
+    """One booking as its container sees it (the core's `Booking` is the calendar's; this is the
+    runtime's, named apart): whose (the booker's account and keys), when and where
     (its port, its start and end) and on which GPUs (`gpu`: their injection, runtime.nvidia's)."""
 
     booking_id: str
@@ -107,7 +108,7 @@ def entrypoint_dir(cache_dir: Path) -> Path:
 
 
 
-def booking_spec(template: Template, booking: Booking, files: HostFiles) -> ContainerSpec:
+def booking_spec(template: Template, booking: Tenancy, files: HostFiles) -> ContainerSpec:
     """The container for one booking of `template`: overlay entrypoint, data folders, keys.
 
     `booking.start`, the booking's start, goes in as GPUBOOK_NOT_BEFORE (epoch seconds): the

@@ -356,7 +356,7 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     probe = booking_probe_key(cache_dir, name)
     spec = booking.booking_spec(
         template,
-        booking.Booking(booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
+        booking.Tenancy(booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
                         ssh_keys=tuple(request.ssh_keys), port=request.port, end=request.end, gpus=gpus, gpu=gpu),
         booking.HostFiles(probe_key=probe, cache_dir=cache_dir, host_key=host_key, folders=folders))
     if request.multi_node:  # MPI/NCCL programs find the other nodes in the hostfile

@@ -161,7 +161,7 @@ class Bookings:
                                         owner=self.engine.host_owner(0, 0), chown=self.engine.chown)
         spec = booking.booking_spec(
             template,
-            booking.Booking(booking_id=booking_id, user=user, uid=uid, gid=uid, ssh_keys=(key_line(key),),
+            booking.Tenancy(booking_id=booking_id, user=user, uid=uid, gid=uid, ssh_keys=(key_line(key),),
                             port=port or free_port(), end=datetime.now(UTC) + timedelta(hours=1), gpus=(0, 1)),
             booking.HostFiles(probe_key=self.probe_key, cache_dir=CACHE_DIR, host_key=host_key, folders=folders),
         )

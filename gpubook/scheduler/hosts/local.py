@@ -137,7 +137,7 @@ class LocalHost:
         end = request.end.astimezone(self.timezone)  # GPUBOOK_END in the zone bookers read
         return booking.booking_spec(
             template,
-            booking.Booking(booking_id=request.booking_id, user=booker.name, uid=booker.uid, gid=booker.gid,
+            booking.Tenancy(booking_id=request.booking_id, user=booker.name, uid=booker.uid, gid=booker.gid,
                             ssh_keys=tuple(booker.ssh_keys), port=request.port, end=end,
                             start=request.start, gpus=request.gpus, gpu=gpu,
                             not_before=clock.real(request.start) if request.start is not None else None),
