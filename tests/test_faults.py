@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime.engines import Engine
+from gpubook.runtime.engines import LABEL_BOOKING, LABEL_PORT, ContainerInfo, Engine, info_from_labels
 from tests.kits import faults_kit
 from tests.kits.daemon_kit import DAEMON_MODULE
 
@@ -65,3 +65,17 @@ def test_nothing_is_lost_under_a_sample_of_faults(world: tuple[faults_kit.World,
     assert len(runs) >= 20
     crashes = [run for run in runs if run.fault.startswith("crash:")]
     assert all(run.reached for run in crashes), [run.fault for run in crashes if not run.reached]
+
+
+def test_a_port_disagreement_is_one_state_held_across_the_listing() -> None:
+    """The check after each fault: State's port read before and after the listing."""
+    def running(booking_id: str, port: int) -> ContainerInfo:
+        return info_from_labels(name=f"c-{booking_id}", id="i", state="running", image="x",
+                                labels={LABEL_BOOKING: booking_id, LABEL_PORT: str(port)})
+
+    listed = [running("a", 2201), running("b", 2202), running("c", 2203)]
+    # a: State held 2205 all along (a violation); b: its port changed across the listing (stopped and
+    # started again: no proof); c: State agrees.
+    found = faults_kit.port_disagreements(listed, before={"a": 2205, "b": 2202, "c": 2203},
+                                          after={"a": 2205, "b": 2206, "c": 2203})
+    assert found == ["a runs on 2201, State holds 2205"]

@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -191,6 +191,15 @@ class Run:
     recovery: float | None = None  # seconds from recovery to every due booking running
     restarted: bool = False  # the daemon was restarted: recovery also waits for its first complete pass
     violations: list[Violation] = field(default_factory=list)
+
+
+def port_disagreements(containers: Iterable[ContainerInfo], *, before: Mapping[str, int],
+                       after: Mapping[str, int]) -> list[str]:
+    """Running containers on another port than State held for their booking both before and after
+    their listing (a port that changed in between: the booking stopped and started again, no proof)."""
+    return [f"{info.booking_id} runs on {info.port}, State holds {held}" for info in containers
+            if info.running and info.port is not None
+            and (held := after.get(info.booking_id)) not in (None, info.port) and before.get(info.booking_id) == held]
 
 
 class World:
@@ -588,6 +597,9 @@ class World:
             and pid == self.daemon.process.pid and written >= recovered
 
     def _check_after(self, run: Run) -> None:
+        # State's ports before the listing and again after it (_check_state): a booking stopped and started
+        # again in between (a turnover booking: a new port) shows its old container with the new port held.
+        before = self._state_ports()
         containers = self._containers()
         per_booking: dict[str, int] = {}
         for info in containers:
@@ -598,11 +610,21 @@ class World:
         for orphan in self.orphans():
             self._violate("one GPU, one container", f"a container runs unlisted by the engine: {orphan}",
                           into=run.violations)
-        self._check_state(run, containers)
+        self._check_state(run, containers, before=before)
         self._check_sessions(run)
         self._check_calendar(run)
 
-    def _check_state(self, run: Run, containers: list[ContainerInfo]) -> None:
+    def _state_ports(self) -> dict[str, int]:
+        """booking id → the port State holds for it ({} where State cannot be read: _check_state says so)."""
+        try:
+            with closing_ro(self.state_db) as db:
+                return dict(db.execute("SELECT booking_id, port FROM ports").fetchall())
+        except sqlite3.Error:
+            return {}
+
+    def _check_state(self, run: Run, containers: list[ContainerInfo], *, before: Mapping[str, int]) -> None:
+        """`containers`: a listing made after `before` (State's ports then) and before this read of State:
+        a running container on another port than State held all along is a violation."""
         try:
             with closing_ro(self.state_db) as db:
                 verdict = db.execute("PRAGMA integrity_check").fetchone()[0]
@@ -612,10 +634,8 @@ class World:
             return
         if verdict != "ok":
             self._violate("state database sound", f"integrity_check: {verdict}", into=run.violations)
-        for info in containers:
-            if info.running and info.port is not None and ports.get(info.booking_id) not in (None, info.port):
-                self._violate("one port, one booking", f"{info.booking_id} runs on {info.port}, State "
-                                                       f"holds {ports[info.booking_id]}", into=run.violations)
+        for detail in port_disagreements(containers, before=before, after=ports):
+            self._violate("one port, one booking", detail, into=run.violations)
 
     def _check_sessions(self, run: Run) -> None:
         """The SSH session to each long booking still answers; one is opened where none is yet."""
