@@ -38,6 +38,14 @@ class _Freeing:
     future: Future[None]
 
 
+@dataclass(frozen=True)
+class _Starting:
+    """A booking's start at work: the (host, GPU) places it takes, which no other start may take meanwhile."""
+
+    places: frozenset[tuple[str, int]]
+    future: Future[None]
+
+
 
 class BookingLanes:
     """One lane per booking: its actions run in order in one task of the pool."""
@@ -47,8 +55,7 @@ class BookingLanes:
         self._lock = threading.RLock()
         self.busy: dict[str, Future[None]] = {}  # booking id → its actions at work
         self.freeing: dict[str, _Freeing] = {}  # booking id → its stop or clear at work
-        self.starting: dict[str, Future[None]] = {}  # booking id → its start at work (`starts_at_work`)
-        self.start_places: dict[str, frozenset[tuple[str, int]]] = {}  # booking id → (host, GPU) its start takes
+        self.starting: dict[str, _Starting] = {}  # booking id → its start at work (`starts_at_work`)
 
     def dispatch(self, actions: Sequence[decide.Action], *, apply: _Apply,
                  gpus_of: Callable[[str], frozenset[int]], stale: Collection[str] = ()) -> list[Future[None]]:
@@ -105,8 +112,7 @@ class BookingLanes:
             future = self.pool.submit(self._run_group, group, needs, apply)
             self.busy[booking_id] = future
             if starts:
-                self.starting[booking_id] = future
-                self.start_places[booking_id] = _places(starts)
+                self.starting[booking_id] = _Starting(places=_places(starts), future=future)
             if freed := _freed(group, gpus_of):
                 self.freeing[booking_id] = _Freeing(host=freed[0], gpus=freed[1], future=future)
         future.add_done_callback(partial(self._forget, booking_id))
@@ -125,9 +131,9 @@ class BookingLanes:
         with self._lock:
             if self.busy.get(booking_id) is future:
                 del self.busy[booking_id]
-            if self.starting.get(booking_id) is future:
+            starting = self.starting.get(booking_id)
+            if starting is not None and starting.future is future:
                 del self.starting[booking_id]
-                self.start_places.pop(booking_id, None)
             freeing = self.freeing.get(booking_id)
             if freeing is not None and freeing.future is future:
                 del self.freeing[booking_id]
@@ -137,8 +143,8 @@ class BookingLanes:
         if not places:
             return None
         with self._lock:
-            return next((other for other, taken in self.start_places.items()
-                         if other != besides and taken & places and not self.starting[other].done()), None)
+            return next((other for other, start in self.starting.items()
+                         if other != besides and start.places & places and not start.future.done()), None)
 
     def wait_patiently(self, pending: Sequence[Future[None]], *, patience: float,
              on_late: Callable[[Future[None]], None]) -> None:
@@ -155,7 +161,7 @@ class BookingLanes:
         """The bookings whose start is at work: until it is recorded, only its own write-back
         (woken by its lane) knows what to say; a pass's world has its container without its record."""
         with self._lock:
-            return {booking_id for booking_id, future in self.starting.items() if not future.done()}
+            return {booking_id for booking_id, start in self.starting.items() if not start.future.done()}
 
     def close(self) -> None:
         """Wait for the bookings at work; queued ones are dropped."""
