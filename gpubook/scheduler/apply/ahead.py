@@ -182,9 +182,8 @@ class Preparation:
             log.info("booking %s: not armed ahead (%s); it starts at its start", booking_id, error)
             return
         request = replace(arm.request, port=port)
+        assert isinstance(host, Arms)  # noqa: S101 - _armable gives no arm for a host without the door
         try:
-            if not isinstance(host, Arms):  # _armable arms none of these
-                raise GpubookError(f"booking {booking_id}: host {host.name} runs no container ahead")
             host.arm(request)
         except Preparing as waiting:  # its image: tried again by a later pass
             if arm.request.start is not None:

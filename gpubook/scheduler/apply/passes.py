@@ -152,13 +152,14 @@ class Told:
 
 
 def checked_hosts(hosts: Mapping[str, Host], *, known: Mapping[str, Host] | None = None) -> Mapping[str, Host]:
-    """The backend's hosts, each with the required doors (else a ConfigError in one sentence); the
-    optional doors a new host lacks are logged once, one sentence each."""
+    """The backend's hosts, each one not `known` as that very object checked for the required doors
+    (else a ConfigError in one sentence); the optional doors a host of a new name lacks are logged
+    once, one sentence each. A pass's refresh finds the same objects: nothing is checked again."""
+    known = known or {}
     for name, host in hosts.items():
-        problem = required_problem(name, host)
-        if problem is not None:
+        if known.get(name) is not host and (problem := required_problem(name, host)) is not None:
             raise ConfigError(problem)
-    for sentence in doors({name: host for name, host in hosts.items() if known is None or name not in known}):
+    for sentence in doors({name: host for name, host in hosts.items() if name not in known}):
         log.info("%s", sentence)
     return hosts
 
