@@ -16,7 +16,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar, cast
@@ -337,42 +337,45 @@ class FakeBackend:
         return None
 
 
-def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, registered: object,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture
+def fake_backend(registered: object) -> Iterator[None]:
     backends.register("fake", f"{__name__}:FakeBackend")  # the one registration line for a backend
+    yield
+    backends.backends.unregister("fake")
+    FakeBackend.made.clear()
+
+
+def test_a_registered_backend_runs_a_pass_with_the_real_plan(tmp_path: Path, fake_backend: None,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="gpubook.scheduler.apply.passes")
-    try:
-        config = _config(tmp_path, backend="fake")  # read from the file: the registry says what "fake" is
-        backend = backends.make(config, cast(backends.Parts, None))  # what the daemon's wiring calls
-        assert isinstance(backend, FakeBackend) and backends.topology_of(config) is FakeBackend.topology
-        start, end = NOW - timedelta(minutes=1), NOW + timedelta(hours=2)
-        FakeSource.events["wide"] = _event("wide", start, end, description="gpus: 4\\nnodes: 2")
-        FakeSource.events["picky"] = _event("picky", start, end, description="gpus: 0,1")
-        reading = Calendars(config, topology=backend.topology).read(now=NOW)
-        with State(tmp_path / "state.sqlite") as state:
-            passes = Pass(config, backend=backend, state=state, templates=load_all(None))
-            # Its nodes have the required doors only: the pass says once what each missing one means.
-            said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hosts node-a, node-b")]
-            assert said == [f"hosts node-a, node-b (FakeNode): {instead}" for _, instead in hosts_module.OPTIONAL]
-            result = passes.run(reading.occurrences, now=NOW, etags=reading.etags)
-            passes.close()
-            port = state.ports()["wide"]
-        # The real plan spread the booking over both nodes (the topology), the backend reserved that
-        # placement, the first node started it with the whole placement, the booker is sent to the
-        # backend's address; the GPU indices were refused by the convention (the topology again).
-        assert [type(a).__name__ for a in result.actions] == ["Start"]
-        assert backend.reserved == [{"wide": ("node-a", "node-b")}]
-        assert [r.placement for r in backend.hosts["node-a"].requests] == [(("node-a", (0, 1)), ("node-b", (0, 1)))]
-        assert backend.hosts["node-b"].requests == []
-        written = dict(FakeWriter.written)
-        assert written["wide"].status == "running"
-        assert f"ssh -p {port} alice@node-a.fake.example" in written["wide"].lines
-        assert f"also on node-b: ssh -p {port} alice@node-b.fake.example" in written["wide"].lines
-        assert written["picky"].status == "rejected"
-        assert "asks for a number of GPUs (gpus: 2), not GPU indices" in written["picky"].lines[0]
-    finally:
-        backends.backends.unregister("fake")
-        FakeBackend.made.clear()
+    config = _config(tmp_path, backend="fake")  # read from the file: the registry says what "fake" is
+    backend = backends.make(config, cast(backends.Parts, None))  # what the daemon's wiring calls
+    assert isinstance(backend, FakeBackend) and backends.topology_of(config) is FakeBackend.topology
+    start, end = NOW - timedelta(minutes=1), NOW + timedelta(hours=2)
+    FakeSource.events["wide"] = _event("wide", start, end, description="gpus: 4\\nnodes: 2")
+    FakeSource.events["picky"] = _event("picky", start, end, description="gpus: 0,1")
+    reading = Calendars(config, topology=backend.topology).read(now=NOW)
+    with State(tmp_path / "state.sqlite") as state:
+        passes = Pass(config, backend=backend, state=state, templates=load_all(None))
+        # Its nodes have the required doors only: the pass says once what each missing one means.
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hosts node-a, node-b")]
+        assert said == [f"hosts node-a, node-b (FakeNode): {instead}" for _, instead in hosts_module.OPTIONAL]
+        result = passes.run(reading.occurrences, now=NOW, etags=reading.etags)
+        passes.close()
+        port = state.ports()["wide"]
+    # The real plan spread the booking over both nodes (the topology), the backend reserved that
+    # placement, the first node started it with the whole placement, the booker is sent to the
+    # backend's address; the GPU indices were refused by the convention (the topology again).
+    assert [type(a).__name__ for a in result.actions] == ["Start"]
+    assert backend.reserved == [{"wide": ("node-a", "node-b")}]
+    assert [r.placement for r in backend.hosts["node-a"].requests] == [(("node-a", (0, 1)), ("node-b", (0, 1)))]
+    assert backend.hosts["node-b"].requests == []
+    written = dict(FakeWriter.written)
+    assert written["wide"].status == "running"
+    assert f"ssh -p {port} alice@node-a.fake.example" in written["wide"].lines
+    assert f"also on node-b: ssh -p {port} alice@node-b.fake.example" in written["wide"].lines
+    assert written["picky"].status == "rejected"
+    assert "asks for a number of GPUs (gpus: 2), not GPU indices" in written["picky"].lines[0]
 
 
 def test_a_backend_the_registry_does_not_know_is_refused_by_the_config_in_one_sentence(tmp_path: Path,
@@ -428,21 +431,16 @@ class DoorlessNode(FakeNode):
 
 
 def test_a_host_without_a_required_door_is_refused_in_one_sentence_and_the_optional_doors_are_declared(
-        tmp_path: Path, registered: object) -> None:
-    backends.register("fake", f"{__name__}:FakeBackend")
-    try:
-        config = _config(tmp_path, backend="fake")
-        backend = backends.make(config, cast(backends.Parts, None))
-        assert isinstance(backend, FakeBackend)
-        backend.hosts["node-b"] = DoorlessNode("node-b")  # type: ignore[assignment]
-        with State(tmp_path / "state.sqlite") as state, pytest.raises(config_module.ConfigError) as refused:
-            Pass(config, backend=backend, state=state, templates=load_all(None))
-        assert str(refused.value) == (
-            "host 'node-b' (DoorlessNode) is not a gpubook Host: it lacks exec (every host has list, start, stop, "
-            "exec and inspect, and a name, gpus and driver_version)")
-    finally:
-        backends.backends.unregister("fake")
-        FakeBackend.made.clear()
+        tmp_path: Path, fake_backend: None) -> None:
+    config = _config(tmp_path, backend="fake")
+    backend = backends.make(config, cast(backends.Parts, None))
+    assert isinstance(backend, FakeBackend)
+    backend.hosts["node-b"] = DoorlessNode("node-b")  # type: ignore[assignment]
+    with State(tmp_path / "state.sqlite") as state, pytest.raises(config_module.ConfigError) as refused:
+        Pass(config, backend=backend, state=state, templates=load_all(None))
+    assert str(refused.value) == (
+        "host 'node-b' (DoorlessNode) is not a gpubook Host: it lacks exec (every host has list, start, stop, "
+        "exec and inspect, and a name, gpus and driver_version)")
     # The real hosts: the optional doors are declared by the Protocols, checked structurally.
     from gpubook.scheduler.hosts.slurm.host import SlurmHost
     assert all(issubclass(LocalHost, door) for door in (Arms, MovesEnd, KeepsProvenance, PreparesAhead))
