@@ -273,6 +273,35 @@ def test_a_container_left_running_unlisted_is_ended_at_the_second_listing(
     wait_for("the orphan to end", lambda: not faulty.orphans(store, settle=0), timeout=TIMEOUT)
 
 
+def test_gpubooks_other_containers_are_known_from_the_listing_itself(
+        engine: Engine, image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SFTP service and an image's warm-up run under gpubook's names without a booking's label:
+    the sweep knows them from the listing (one `ps` of every container), so listing costs no
+    `inspect` each and no `podman info` (before: both on every listing after the first, 600 inspects
+    in a warm run of the suite), and they run on."""
+    name = "gpubook-sftp-" + uuid.uuid4().hex[:8]
+    argv = engine.global_argv()  # type: ignore[attr-defined]
+    ran = podman(argv, "run", "--detach", "--network", "none", "--name", name, "--label", "gpubook.service=sftp",
+                 image, "sleep", "600")
+    assert ran.returncode == 0, ran.stderr
+    try:
+        commands: list[list[str]] = []
+        process = engine._process  # type: ignore[attr-defined]
+
+        def recorded(args, **kwargs):  # type: ignore[no-untyped-def]
+            commands.append(list(args))
+            return process(args, **kwargs)
+
+        monkeypatch.setattr(engine, "_process", recorded)
+        for _ in range(3):
+            assert name not in {info.name for info in engine.list()}
+        assert [verb_of(c) for c in commands] == ["ps"] * 3, commands
+        state = podman(argv, "container", "inspect", "--format", "{{.State.Status}}", name)
+        assert state.stdout.strip() == "running", state.stderr
+    finally:
+        podman(argv, "rm", "--force", "--time", "0", name)
+
+
 def buildah(engine: Engine, *args: str) -> subprocess.CompletedProcess[str]:
     """buildah on the engine's store (its storage.conf, its driver)."""
     driver = engine.global_argv()[engine.global_argv().index("--storage-driver") + 1]  # type: ignore[attr-defined]

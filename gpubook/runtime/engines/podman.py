@@ -489,8 +489,8 @@ class PodmanEngine(CliEngine):
         removed: builtins.list[str] = []
         while True:
             try:
-                listed = self._ps()
-                self._sweep({info.id for info in listed})
+                listed, known = self._ps()
+                self._sweep(known)
                 return listed
             except EngineError as error:
                 lost = _LOST_NETNS.search(str(error))
@@ -499,20 +499,23 @@ class PodmanEngine(CliEngine):
                 removed.append(lost["id"])
             self._remove_lost(removed[-1])
 
-    def _ps(self) -> builtins.list[ContainerInfo]:
-        """gpubook's containers in one command: podman's `ps --format json` carries each one's name,
-        id, state, image, labels and pid, all `inspect` would add (Docker's needs the inspect after
-        it, CliEngine.list). A listing is the commonest engine command of a daemon (each pass) and of
-        the tests' waits: one command instead of two."""
-        out = self._call(["ps", "--all", "--no-trunc", "--format", "json", "--filter", f"label={LABEL_BOOKING}"])
+    def _ps(self) -> tuple[builtins.list[ContainerInfo], set[str]]:
+        """gpubook's containers, and the id of every container podman knows, in one command: podman's
+        `ps --format json` carries each one's name, id, state, image, labels and pid, all `inspect`
+        would add (Docker's needs the inspect after it, CliEngine.list). A listing is the commonest
+        engine command of a daemon (each pass) and of the tests' waits: one command instead of two.
+        Unfiltered, so that the sweep knows gpubook's other containers (the SFTP service, an image's
+        warm-up: named like bookings, labelled otherwise) without an `inspect` each per listing."""
+        out = self._call(["ps", "--all", "--no-trunc", "--format", "json"])
         try:
-            rows = json.loads(out or "[]")
+            rows = json.loads(out or "[]") or []
         except ValueError as error:
             raise EngineError(f"{self.name}: its container listing is not JSON: {error}") from None
-        return [info_from_labels(name=(row.get("Names") or [""])[0], id=row.get("Id") or "",
-                                 state=row.get("State") or "unknown", image=row.get("Image") or "",
-                                 labels=dict(row.get("Labels") or {}), pid=int(row.get("Pid") or 0))
-                for row in rows or ()]
+        listed = [info_from_labels(name=(row.get("Names") or [""])[0], id=row.get("Id") or "",
+                                   state=row.get("State") or "unknown", image=row.get("Image") or "",
+                                   labels=labels, pid=int(row.get("Pid") or 0))
+                  for row in rows if LABEL_BOOKING in (labels := dict(row.get("Labels") or {}))]
+        return listed, {row.get("Id") or "" for row in rows}
 
     def start(self, spec: ContainerSpec) -> ContainerInfo:
         with self._used_lock:
