@@ -18,7 +18,7 @@ from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.core.topology import CLUSTER
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.hosts.backend import NOTHING_SAMPLED, HostGpus, Sampling
-from gpubook.scheduler.state import State
+from gpubook.scheduler.state import State, notes
 from tests.kits.pass_kit import DEAD_URL, HOLD, NOW, Machine, bookings, event
 
 
@@ -127,8 +127,9 @@ def test_a_refused_reservation_holds_its_booking_with_slurms_sentence(tmp_path: 
         finally:
             passes.close()
         said = [e.message for e in state.events(booking_id="a")]
+        held = notes.read(state).held
     assert [s for s in node1.steps if s[0] == "start"] == [("start", "b")]
-    assert passes.recall.notes["a"] == cluster.refuse["a"]  # the event's note
+    assert held["a"] == cluster.refuse["a"]  # the event's note
     assert any(cluster.refuse["a"] in line for line in said), said
 
 
@@ -146,6 +147,7 @@ def test_a_silent_controller_starts_nothing_and_ends_nothing(tmp_path: Path) -> 
             passes.run(bookings(passes.config, first, second, now=later), now=later, write_back=False)
         finally:
             passes.close()
+        held = notes.read(state).held
     assert [s for s in node1.steps if s[0] == "start"] == [("start", "first")]
     assert list(node1.containers) == [container_name("first")]  # the running one is not stopped
-    assert passes.recall.notes["second"] == cluster.problem
+    assert held["second"] == cluster.problem

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from caldav.lib import error as dav_error
 
 from gpubook.runtime.engines import container_name
+from gpubook.scheduler.commands import admin
 from gpubook.scheduler.state import State
 from tests.kits.daemon_kit import (
     DAEMON_MODULE,
@@ -314,7 +317,8 @@ def test_user_edit_during_write_back_survives(tmp_path: Path, radicale, engine, 
     assert "user: alice" in str(component["DESCRIPTION"])
 
 
-def test_status_stop_and_log_commands(tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+def test_status_stop_and_log_commands(tmp_path: Path, radicale, engine, keys, cleanup, daemons,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1)
     book(calendar, "admin@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
@@ -337,8 +341,24 @@ def test_status_stop_and_log_commands(tmp_path: Path, radicale, engine, keys, cl
     text = cli(config, "status")
     assert "admin@test" in text.stdout and f"port {info.port}" in text.stdout
 
-    done = cli(config, "stop", "admin@test")
-    assert done.returncode == 0, done.stderr
+    # `gpubook stop` as its command runs it, here in this process: it starts no thread pool and no
+    # thread of gpubook's (no Pass, no lanes, no write-back lane: it writes the event itself), beside
+    # the running daemon. Its HTTP client's keepalive watchers (urllib3-future starts one per
+    # connection pool, the daemon's too) are the library's own.
+    started: list[tuple[str, str]] = []
+    start_thread = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        target = getattr(thread, "_target", None)
+        started.append((thread.name, getattr(target, "__module__", "") or type(thread).__module__))
+        start_thread(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    assert admin.stop(str(config), "admin@test") == 0
+    monkeypatch.undo()
+    ours = [(name, module) for name, module in started
+            if module.startswith(("gpubook", "concurrent.futures", "apscheduler")) or name.startswith("gpubook")]
+    assert ours == [] and all(module.startswith("urllib3") for _, module in started), started
     assert engine.inspect(info.name) is None
     # `gpubook stop` writes "ended" itself; a pass of the running daemon that began before the stop
     # may write its older view once more, and the next pass puts "ended" back.

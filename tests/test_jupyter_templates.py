@@ -129,13 +129,13 @@ def start_and_block(tmp_path: Path, host: Lab, template: str) -> tuple[str, ...]
     templates = load_all()
     recall = Recall()
     handler = StartHandler(config, hosts={LOCAL: host}, state=state, templates=templates, recall=recall,
-                           journal=Journal(state, recall))
+                           journal=Journal(state))
     booking = Booking(id="b1", uid="b1", user="alice", template=template, gpu_count=1, gpu_indices=None,
                       start=NOW, end=NOW + timedelta(hours=2), created=None, dtstamp=None,
                       calendar_url="http://127.0.0.1:9/lab/devbox1/", href="b1.ics", summary="")
     accepted = Accepted(booking=booking, gpus=(0,), warn_at=NOW + timedelta(hours=1))
     change = handler(decide.Start(accepted), now=NOW)
-    assert change.running is not None and booking.id not in recall.refused
+    assert change.running is not None and state.note(booking.id, notes.REFUSED.key) is None
     outcome = WriteBack(config, state).outcome(accepted, change.running, None,
                                                remarks=Remarks(refused={}, failures={}, notes={}), now=NOW,
                                                extra=state.notes(notes.RUNNING_LINES.key))
@@ -172,13 +172,13 @@ def test_a_cuda_12_booking_on_a_470_driver_is_refused_at_its_start(tmp_path: Pat
     state = State(tmp_path / "state.sqlite")
     recall = Recall()
     handler = StartHandler(config, hosts={LOCAL: Lab(None, driver_version="470.256.02")}, state=state,
-                           templates=load_all(), recall=recall, journal=Journal(state, recall))
+                           templates=load_all(), recall=recall, journal=Journal(state))
     booking = Booking(id="b2", uid="b2", user="alice", template="pytorch-cuda12", gpu_count=1, gpu_indices=None,
                       start=NOW, end=NOW + timedelta(hours=2), created=None, dtstamp=None,
                       calendar_url="http://127.0.0.1:9/lab/devbox1/", href="b2.ics", summary="")
     handler(decide.Start(Accepted(booking=booking, gpus=(0,), warn_at=NOW)), now=NOW)
-    assert recall.refused["b2"] == ("the template needs CUDA 12.9, which needs NVIDIA driver 525.60.13 or newer; "
-                                    "this host has 470.256.02")
+    assert state.note("b2", notes.REFUSED.key) == ("the template needs CUDA 12.9, which needs NVIDIA driver "
+                                                   "525.60.13 or newer; this host has 470.256.02")
 
 
 def test_start_lines_never_hold_a_token() -> None:
@@ -204,7 +204,7 @@ def test_a_starts_own_write_back_carries_its_jupyter_line(tmp_path: Path) -> Non
     state = State(tmp_path / "state.sqlite")
     recall = Recall()
     handler = StartHandler(config, hosts={LOCAL: Lab(jupyter.Availability(True))}, state=state,
-                           templates=load_all(), recall=recall, journal=Journal(state, recall))
+                           templates=load_all(), recall=recall, journal=Journal(state))
     booking = Booking(id="b1", uid="b1", user="alice", template="pytorch-cuda12", gpu_count=1, gpu_indices=None,
                       start=NOW, end=NOW + timedelta(hours=2), created=None, dtstamp=None,
                       calendar_url="http://127.0.0.1:9/lab/devbox1/", href="b1.ics", summary="")
@@ -212,9 +212,8 @@ def test_a_starts_own_write_back_carries_its_jupyter_line(tmp_path: Path) -> Non
     change = handler(decide.Start(accepted), now=NOW)
     writeback = _Captured(config, state)
     writeback.written = []
-    remarks = Remarks(refused={}, failures={}, notes={}, lines={booking.id: change.lines})
-    writeback.wake(booking, read=lambda: writeback.outcome_of(accepted, info=change.running, records=None,
-                                                              remarks=remarks, now=NOW), etag=None, now=NOW)
+    assert change.running is not None
+    writeback.wake(accepted, containers=[change.running], etag=None, now=NOW)  # it reads State's records and notes
     assert writeback.settle(10)
     ((lines),) = writeback.written
     assert any(line.startswith("jupyter: ssh -N -L 8888:/run/gpubook/jupyter/socket") for line in lines)

@@ -32,7 +32,7 @@ from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.hosts import Ahead, Booker, Started, StartRequest
 from gpubook.scheduler.hosts.images import ImagePreparer
-from gpubook.scheduler.state import State
+from gpubook.scheduler.state import State, notes
 from tests.kits import servers
 from tests.kits.booking_kit import vcalendar, vevent
 from tests.kits.daemon_kit import port_range
@@ -453,7 +453,7 @@ def test_an_image_being_built_holds_only_its_own_booking(tmp_path: Path, state: 
         passes.run(occurrences, now=NOW, write_back=False)
         assert ("running", "y") in machine.steps
         assert not any(what == "built" for what, _ in machine.steps)  # x's image is still being built
-        assert passes.recall.notes.get("x", "").startswith("preparing image digits-cuda8: ")
+        assert notes.read(state).held.get("x", "").startswith("preparing image digits-cuda8: ")
         assert "x" not in passes.recall.failures
         build_may_end.set()
         assert built.wait(HOLD)

@@ -18,7 +18,7 @@ import pytest
 
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.scheduler.apply.handlers import AdoptHandler, ExtendHandler, RemindHandler
-from gpubook.scheduler.apply.memory import Journal, Recall
+from gpubook.scheduler.apply.memory import Journal
 from gpubook.scheduler.config import Config, parse
 from gpubook.scheduler.core import upkeep
 from gpubook.scheduler.core.bookings import Booking
@@ -155,7 +155,7 @@ def _config(*, notify: bool = True) -> Config:
 def test_the_handlers_record_what_the_next_decision_reads(tmp_path: Path) -> None:
     config = _config()
     with State(tmp_path / "state.sqlite") as state:
-        journal = Journal(state, Recall())
+        journal = Journal(state)
         plan = _plan(_booking("a", start=NOW - timedelta(hours=1)), _booking("r", start=START))
         actual = [_container("a", port=2242)]
         (adopt,) = upkeep.adoptions(plan, actual, recorded=(), busy=(), now=NOW)

@@ -13,7 +13,7 @@ nowhere else.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,9 +30,14 @@ from gpubook.runtime.images import Ledger
 from gpubook.runtime.nvidia import nvml
 from gpubook.runtime.private import private_folder
 from gpubook.runtime.templates import TemplateSet, load_all
-from gpubook.scheduler.apply.passes import Pass, PassResult
+from gpubook.scheduler.apply.handlers import StopHandler
+from gpubook.scheduler.apply.memory import Journal
+from gpubook.scheduler.apply.passes import Pass, PassResult, checked_hosts
 from gpubook.scheduler.calendars import Calendars, Freshness
-from gpubook.scheduler.core.plan import LOCAL
+from gpubook.scheduler.core import decide
+from gpubook.scheduler.core import plan as plan_module
+from gpubook.scheduler.core.bookings import Booking, Rejection
+from gpubook.scheduler.core.plan import LOCAL, Plan
 from gpubook.scheduler.hosts import Host, usage
 from gpubook.scheduler.hosts import backend as backends
 from gpubook.scheduler.hosts import sftp as sftp_host
@@ -41,6 +46,7 @@ from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.locks import hold_account_lock, hold_lock
 from gpubook.scheduler.outbox import notices, status, status_file
 from gpubook.scheduler.outbox.metrics import Metrics
+from gpubook.scheduler.outbox.writeback import WriteBack
 from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State
 from gpubook.scheduler.state.folder import state_dir
@@ -216,28 +222,57 @@ def _sftp(config: Config, made: Base, templates: TemplateSet, images: ImagePrepa
     return current
 
 
-@dataclass(frozen=True)
+@dataclass
 class Stopping:
-    """What `gpubook stop` runs on."""
+    """What `gpubook stop` runs on: the backend's hosts, State, the stop handler, the write-back (in
+    this thread) and the notices. No Pass: no lanes, no handlers but the stop's, no thread pool."""
 
     config: Config
     state: State
-    passes: Pass
+    backend: backends.Backend
+    hosts: dict[str, Host]  # the stop handler's: `refresh_hosts` updates it
+    stopper: StopHandler
+    writeback: WriteBack
+    templates: TemplateSet
     calendars: Calendars
+    notices: Callable[[notices.Message], None] | None
 
-    @property
-    def hosts(self) -> Mapping[str, Host]:
-        return self.passes.hosts
+    def refresh_hosts(self) -> str:
+        """The backend's hosts read again, as a pass reads them ("" or why they could not be read)."""
+        problem = self.backend.refresh()
+        self.hosts.update(checked_hosts(self.backend.hosts, known=self.hosts))
+        return problem
+
+    def stop_now(self, booking_id: str, *, now: datetime) -> bool:
+        """Stop a booking's container at once; it is not started again (its record says an admin
+        stopped it, before the container goes); its notice delivered before this returns."""
+        name = engines.container_name(booking_id)
+        host = next((h for h in self.hosts.values() if h.inspect(name) is not None), None)
+        if host is None:
+            return False
+        self.stopper(decide.Stop(name, booking_id, decide.ADMIN_STOP, self.config.engine.stop_grace_seconds,
+                                 host.name), now=now)
+        notices.deliver_pending(self.state, self.notices, now=now)
+        return True
+
+    def plan(self, occurrences: Sequence[Booking | Rejection], *, now: datetime) -> Plan:
+        """The stopped booking's place in the plan, for its event's ended block (nothing runs for it)."""
+        return plan_module.plan(occurrences, inventory={name: host.gpus for name, host in self.hosts.items()},
+                                config=self.config, now=now, topology=self.backend.topology,
+                                templates=frozenset(self.templates.templates) | frozenset(self.templates.errors))
+
+    def containers(self) -> list[ContainerInfo]:
+        return [info for host in self.hosts.values() for info in host.list()]
 
     def close(self) -> None:
-        self.passes.close()
+        self.writeback.close()
         self.state.close()
 
 
 def for_stop(config: Config) -> Stopping:
     """The parts that stop one booking's container and write its event, beside a running daemon:
-    the engine, State, the backend's hosts and the pass's stop and write-back; no GPU is probed and
-    nothing is scheduled, prepared or served."""
+    the engine, State, the backend's hosts, the stop handler and the write-back; no GPU is probed
+    and nothing is scheduled, prepared or served."""
     runnable(config)
     folder = private_folder(state_dir(config))
     engine = make_engine(config)
@@ -246,10 +281,13 @@ def for_stop(config: Config) -> Stopping:
         engine=engine, probe_key=ssh.load_probe_key(folder / "probe-key"),
         images=ImagePreparer(engine=engine, ledger=Ledger(folder / "images.json")),
         inventory=gpu_inventory.Inventory("none", None, problem="not read: a stop places nothing")))
-    passes = Pass(config, backend=backend, state=state, templates=load_all(config.templates_dir),
-                  notices=notices.Notices.from_config(config))
-    passes.writeback.sftp_host_key = lambda: _public_key(_sftp_etc(folder))  # the running service's, if any
-    return Stopping(config=config, state=state, passes=passes, calendars=Calendars(config, topology=backend.topology))
+    hosts = dict(checked_hosts(backend.hosts))
+    writeback = WriteBack(config, state, address=backend.address, inline=True)
+    writeback.sftp_host_key = lambda: _public_key(_sftp_etc(folder))  # the running service's, if any
+    stopper = StopHandler(hosts=hosts, state=state, journal=Journal(state), timezone=config.host.timezone)
+    return Stopping(config=config, state=state, backend=backend, hosts=hosts, stopper=stopper, writeback=writeback,
+                    templates=load_all(config.templates_dir), calendars=Calendars(config, topology=backend.topology),
+                    notices=notices.Notices.from_config(config))
 
 
 def _public_key(etc_dir: Path) -> str:

@@ -38,7 +38,7 @@ class Delivery:
         self._delivery = self._lane.submit(self._deliver, now)
 
     def notices_now(self, now: datetime) -> None:
-        """The notices queued so far, delivered before this returns (`gpubook stop`)."""
+        """The notices queued so far, delivered before this returns."""
         notices_module.deliver_pending(self.state, self.notices, now=now)
 
     def _deliver(self, now: datetime) -> None:

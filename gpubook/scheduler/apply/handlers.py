@@ -18,7 +18,7 @@ from gpubook.runtime import cuda, provenance
 from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
-from gpubook.scheduler.apply.memory import Journal, Recall
+from gpubook.scheduler.apply.memory import Journal, Recall, failure
 from gpubook.scheduler.core import decide, upkeep
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.hosts import Booker, Host, KeepsProvenance, MovesEnd, StartRequest
@@ -63,8 +63,10 @@ class Change:
     running: ContainerInfo | None = None
     gone: str | None = None  # container name
     records: tuple[ContainerRecord, ...] = ()
-    lines: tuple[str, ...] = ()  # what a start adds to its running block (JupyterLab, CUDA limits)
-    ended: tuple[str, ...] = ()  # what a stop adds to its ended block (the provenance lines)
+    # What a start adds to its running block (JupyterLab, CUDA limits) and a stop to its ended block (the
+    # provenance lines), as the handler noted them in State for the write-back (state/notes.py).
+    lines: tuple[str, ...] = ()
+    ended: tuple[str, ...] = ()
 
 
 NOTHING = Change()
@@ -97,15 +99,15 @@ class StartHandler:
     def __call__(self, action: decide.Start, *, now: datetime) -> Change:
         accepted = action.accepted
         booking = accepted.booking
-        failure = self.recall.failures.get(booking.id)
-        if booking.id in self.recall.refused or (failure is not None and failure.waiting(now)):
+        last = self.recall.failures.get(booking.id)
+        if last is not None and last.waiting(now):  # failed or refused: its retry is not due
             return NOTHING
         problem = booking_id_problem(booking.id)  # before anything is taken for it (a port)
         if problem:
-            self._refuse(booking.id, problem)
+            self._refuse(booking.id, problem, now=now)
             return NOTHING
         host = self.hosts[accepted.host]
-        template = self._template(booking, host)
+        template = self._template(booking, host, now=now)
         if template is None:
             return NOTHING
         user = self.config.users[booking.user]
@@ -145,7 +147,7 @@ class StartHandler:
         self._note_provenance(booking.id, started.provenance, now=now)
         self.recall.failures.pop(booking.id, None)
         self.recall.preparing.pop(booking.id, None)
-        self.recall.held.pop(booking.id, None)
+        self._told_started(booking.id)
         again = f" (restart {action.attempt} after it died)" if action.attempt else ""
         nodes = f" (and {', '.join(name for name, _ in accepted.others)})" if accepted.others else ""
         self.journal.say(booking.id, f"started{again} on GPU {','.join(map(str, accepted.gpus)) or '-'}{nodes}, "
@@ -160,10 +162,18 @@ class StartHandler:
         except StateError as error:  # an open record outweighs the note (decide); a failed start clears again
             self.journal.log.warning("booking %s: its armed note stays: %s", booking_id, error)
 
-    def _template(self, booking: Booking, host: Host) -> Template | None:
+    def _told_started(self, booking_id: str) -> None:
+        """It runs: why it was refused, failed or held is history (its event says "running")."""
+        try:
+            for kind in (notes.REFUSED, notes.FAILED, notes.HELD):
+                kind.clear(self.state, booking_id)
+        except StateError as error:  # the pass clears a held note of a booking no longer held
+            self.journal.log.warning("booking %s: its notes of before its start stay: %s", booking_id, error)
+
+    def _template(self, booking: Booking, host: Host, *, now: datetime) -> Template | None:
         template, problem = usable_template(self.templates, booking.template, driver_version=host.driver_version)
         if template is None:
-            self._refuse(booking.id, problem)
+            self._refuse(booking.id, problem, now=now)
         return template
 
     def _note_lines(self, booking_id: str, lines: tuple[str, ...], *, now: datetime) -> None:
@@ -192,11 +202,14 @@ class StartHandler:
         except StateError as error:  # the next pass frees it (ports of bookings not running)
             self.journal.log.warning("booking %s: its port stays held until the next pass: %s", booking_id, error)
 
-    def _refuse(self, booking_id: str, reason: str) -> None:
-        self.recall.refused[booking_id] = reason
-        if self.metrics is not None:
+    def _refuse(self, booking_id: str, reason: str, *, now: datetime) -> None:
+        """Refused at its start: its event says why (a State note, kept across a restart); it is tried
+        again after PERMANENT_RETRY (an admin may mend its template meanwhile), told and counted once."""
+        self.recall.failures[booking_id] = failure(reason, now=now, permanent=True, backoff=False)
+        told = self.journal.tell(notes.REFUSED, booking_id, reason, f"rejected at its start: {reason}", now=now,
+                                 level="warning")
+        if told and self.metrics is not None:
             self.metrics.start_failed(reason="refused")
-        self.journal.say(booking_id, f"rejected at its start: {reason}", now=None, level="warning")
 
 
 def usable_template(templates: TemplateSet, name: str, *, driver_version: str | None) -> tuple[Template | None, str]:
@@ -301,7 +314,7 @@ class StopHandler:
         ended = finish_provenance(self.state, self.hosts[action.host], action.booking_id, now=now,
                                   timezone=self.timezone, journal=self.journal)
         self.state.release_port(action.booking_id)
-        self.state.clear_notes(action.booking_id)  # stopped for good: its warning and extension are history
+        notes.clear_history(self.state, action.booking_id)  # stopped for good: its warning and extension
         note_ended(self.state, action.booking_id, ended, now=now, journal=self.journal)
         self.journal.say(action.booking_id, f"stopped ({action.reason})", now=now)
         self.state.queue_notice(
@@ -355,13 +368,13 @@ class WarnHandler:
 
 
 class HoldHandler:
-    def __init__(self, *, recall: Recall, journal: Journal) -> None:
-        self.recall, self.journal = recall, journal
+    def __init__(self, *, journal: Journal) -> None:
+        self.journal = journal
 
     def __call__(self, action: decide.Hold, *, now: datetime) -> Change:
-        if self.recall.held.get(action.booking_id) != action.reason:
-            self.recall.held[action.booking_id] = action.reason
-            self.journal.say(action.booking_id, f"not started: {action.reason}", now=now, level="warning")
+        """Why it waits goes into its event (its host answers "tentative"), written and logged once."""
+        self.journal.tell(notes.HELD, action.booking_id, action.reason, f"not started: {action.reason}", now=now,
+                          level="warning")
         return NOTHING
 
 

@@ -40,7 +40,7 @@ from gpubook.scheduler.core import decide, reclaim, upkeep
 from gpubook.scheduler.hosts import Host
 from gpubook.scheduler.outbox.metrics import Metrics, start_failure_reason
 from gpubook.scheduler.settings import Config
-from gpubook.scheduler.state import State, StateUnavailable
+from gpubook.scheduler.state import State, StateError, StateUnavailable, notes
 
 
 class Folding(Protocol):
@@ -59,8 +59,9 @@ class Hands:
                  address: Callable[[str], str] | None = None) -> None:
         """`address`: where a booker logs in to a booking on a host (the backend's)."""
         self.metrics = metrics
+        self.state = state
         self.recall = Recall()
-        self.journal = journal = Journal(state, self.recall)
+        self.journal = journal = Journal(state)
         self.lanes = BookingLanes()
         zone = config.host.timezone
         self.stop = StopHandler(hosts=hosts, state=state, journal=journal, timezone=zone)
@@ -71,7 +72,7 @@ class Hands:
             decide.Clear: ClearHandler(hosts=hosts, state=state, journal=journal),
             decide.Disarm: DisarmHandler(hosts=hosts, state=state, journal=journal),
             decide.Warn: WarnHandler(hosts=hosts, state=state, journal=journal, timezone=zone),
-            decide.Hold: HoldHandler(recall=self.recall, journal=journal),
+            decide.Hold: HoldHandler(journal=journal),
             reclaim.Release: reclaim_apply.ReleaseHandler(hosts=hosts, state=state, journal=journal, timezone=zone,
                                                           logged_in=logged_in, metrics=metrics),
             reclaim.IdleNotice: reclaim_apply.IdleHandler(hosts=hosts, state=state, journal=journal),
@@ -109,8 +110,7 @@ class Hands:
         except Preparing as waiting:  # not a failure: held with a note until its image is ready
             if booking_id:
                 self.recall.preparing[booking_id] = now + PREPARING_RECHECK
-                self.recall.notes[booking_id] = str(waiting)
-                self.journal.note(booking_id, str(waiting), now=now)
+                self.journal.tell(notes.HELD, booking_id, str(waiting), str(waiting), now=now)
         except (GpubookError, OSError, paramiko.SSHException) as error:
             self._failed(action, booking_id, error, now=now, failures=failures)
 
@@ -133,7 +133,15 @@ class Hands:
             self.recall.failures[booking_id] = failed
             if failed.delay:
                 retry = f"retry in {int(failed.delay.total_seconds())} s"
+            self._tell_failed(booking_id, notes.Failed(reason, failed.retry_at), now=now)
         self.journal.say(booking_id, f"{what} failed: {reason}; {retry}", now=now, level="error", detail=str(error))
+
+    def _tell_failed(self, booking_id: str, failed: notes.Failed, *, now: datetime) -> None:
+        """Why it failed, for its event (a State note: a restart keeps it); the log line is the caller's."""
+        try:
+            notes.FAILED.write(self.state, booking_id, failed, at=now)
+        except StateError as error:  # a start that failed on State itself: its log line says why
+            self.journal.log.warning("booking %s: why it failed is not in its event yet: %s", booking_id, error)
 
     def close(self) -> None:
         self.lanes.close()

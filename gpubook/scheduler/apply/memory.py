@@ -1,10 +1,11 @@
 """What the apply stage remembers: per booking, in this process, and in State across restarts.
 
-`Recall` is this process's memory between passes (a failed start and when to retry it, a booking
-refused for good, the hold or note last logged): losing it on a restart only means one more log
-line. What must survive a restart (a warning given, an end extension granted) is a State note
-(gpubook/scheduler/state/notes.py); `decide_memory` turns State's records and the pass's notes into
-decide()'s plain `Memory`.
+`Recall` is this process's memory between passes, and only of timing: when a failed or refused start
+is tried again, when a booking held for its image is looked at again. Losing it on a restart only
+means one try sooner. What the booker was told (why a start was refused or failed, a hold, the plan's
+sentence) and what must survive a restart (a warning given, an end extension granted) are State
+notes (gpubook/scheduler/state/notes.py); `decide_memory` turns State's records and the pass's notes
+into decide()'s plain `Memory`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.hosts.images import EVENT_REFRESH
 from gpubook.scheduler.state import ContainerRecord, State, StateError
-from gpubook.scheduler.state.notes import Notes
+from gpubook.scheduler.state.notes import Kind, Notes
+
+T = TypeVar("T")
 
 PERMANENT_RETRY = timedelta(minutes=5)  # a start that failed for good is tried again after this
 START_BACKOFF = timedelta(seconds=10)  # a failed start's first wait; doubled each time, up to PERMANENT_RETRY
@@ -70,11 +74,9 @@ def failure(reason: str, *, now: datetime, permanent: bool, backoff: bool, count
 
 @dataclass
 class Recall:
-    failures: dict[str, Failure] = field(default_factory=dict)  # booking id → its last failure
-    refused: dict[str, str] = field(default_factory=dict)  # booking id → why it can never start
-    held: dict[str, str] = field(default_factory=dict)  # booking id → the hold reason last logged
-    notes: dict[str, str] = field(default_factory=dict)  # booking id → this pass's note for its event
-    logged_notes: dict[str, str] = field(default_factory=dict)  # booking id → the note last logged
+    """When each booking may be tried again (the threads of the bookings' lanes change these)."""
+
+    failures: dict[str, Failure] = field(default_factory=dict)  # booking id → its last failure (or refusal)
     preparing: dict[str, datetime] = field(default_factory=dict)  # booking id → when to look at it again
 
     def retries(self) -> list[datetime]:
@@ -103,9 +105,8 @@ def decide_memory(records: Iterable[ContainerRecord], notes: Notes, *,
 class Journal:
     """Log lines about a named booking, each also kept in State's event log."""
 
-    def __init__(self, state: State, recall: Recall, logger_name: str = "gpubook.scheduler.apply") -> None:
+    def __init__(self, state: State, logger_name: str = "gpubook.scheduler.apply") -> None:
         self.state = state
-        self.recall = recall
         self.log = logging.getLogger(logger_name)
 
     def say(self, booking_id: str | None, message: str, *, now: datetime | None, level: str = "info",
@@ -118,8 +119,16 @@ class Journal:
         except StateError as error:
             self.log.warning("booking %s: this line is not in the event log: %s", booking_id or "-", error)
 
-    def note(self, booking_id: str, message: str, *, now: datetime) -> None:
-        """A note for the booking's event, logged once while it stays the same."""
-        if self.recall.logged_notes.get(booking_id) != message:
-            self.recall.logged_notes[booking_id] = message
-            self.say(booking_id, message, now=now)
+    def tell(self, kind: Kind[T], booking_id: str, value: T, message: str, *, now: datetime,
+             level: str = "info") -> bool:
+        """An outcome note for the booking's event, written and logged once while it stays the same
+        (whether it was new); a database that cannot be written costs the note until the next try,
+        never the booking's action."""
+        try:
+            changed = kind.put(self.state, booking_id, value, at=now)
+        except StateError as error:
+            self.log.warning("booking %s: its event's %s note waits for a later pass: %s", booking_id, kind.key, error)
+            changed = True
+        if changed:
+            self.say(booking_id, message, now=now, level=level)
+        return changed

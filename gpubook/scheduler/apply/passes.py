@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from zoneinfo import ZoneInfo
 
-from gpubook.runtime.engines import ContainerInfo, booker_digest, container_name
+from gpubook.runtime.engines import ContainerInfo, booker_digest
 from gpubook.runtime.errors import ConfigError
 from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply import reclaim as reclaim_apply
@@ -53,10 +53,9 @@ from gpubook.scheduler.hosts.backend import Backend
 from gpubook.scheduler.outbox import notices as notices_module
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics
-from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
+from gpubook.scheduler.outbox.writeback import WriteBack, reportable
 from gpubook.scheduler.settings import Config
-from gpubook.scheduler.sources import block
-from gpubook.scheduler.state import ContainerRecord, State
+from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
 from gpubook.scheduler.state.notes import Notes
 from gpubook.scheduler.state.notes import read as read_notes
 
@@ -79,8 +78,6 @@ class World:
     # recorded between the hosts' listing and State's read, a container listed before its record).
     busy: frozenset[str] = frozenset()
     starting: frozenset[str] = frozenset()  # of those, the ones with a start at work
-    lines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # booking id → what its start added
-    ended: dict[str, tuple[str, ...]] = field(default_factory=dict)  # booking id → what its stop added
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # bookings fold in parallel
 
     @classmethod
@@ -90,8 +87,7 @@ class World:
         releases = reclaim_apply.read_releases(state, after=releases_after) if releases_after is not None else {}
         found = read_notes(state)  # after the hosts: a note written meanwhile is of a container listed next pass
         return cls(containers=containers, records={r.id: r for r in state.containers()}, releases=releases,
-                   notes=found, lines=dict(found.running_lines), ended=dict(found.ended_lines),
-                   ported=frozenset(state.ports()))
+                   notes=found, ported=frozenset(state.ports()))
 
     def fold(self, change: Change) -> None:
         with self.lock:
@@ -99,12 +95,8 @@ class World:
                 self.containers.pop(change.gone, None)
             if change.running is not None:
                 self.containers[change.running.name] = change.running
-                if change.lines:
-                    self.lines[change.running.booking_id] = change.lines
             for record in change.records:
                 self.records[record.id] = record
-                if change.ended:
-                    self.ended[record.booking_id] = change.ended
 
     def actual(self) -> list[ContainerInfo]:
         with self.lock:
@@ -186,8 +178,8 @@ class Pass:
         self.delivery = Delivery(config, state, notices, address=backend.address)
         self.ahead = Preparation(config, hosts=self.hosts, state=state)  # folders, host keys, containers ahead
         self.ahead.on_armed = self._settled_late  # its ssh line goes into the event before the start
-        self.policy_lines: dict[str, str] = {}  # booking id → its release or idle line, for its event
         self.patience = PATIENCE
+        self._policy_lines: dict[str, str] = {}  # booking id → its release or idle line, as this pass judged
         self.on_settled: Callable[[], None] | None = None  # told when a booking's work outlasted its pass
 
     @property
@@ -236,6 +228,7 @@ class Pass:
         self._prepare_images(plan, world, now=now)
         held = self._reserve(plan, now=now) if told.may_start else {}
         actions = self._decide(plan, world, occurrences, now=now, told=told, held=held)
+        self._tell(plan, world, actions, now=now, at_work=at_work)
         result = PassResult(plan=plan, actions=actions, world=world)
         written = partial(self._wake_writeback, world=world, now=now, etags=told.etags) if write_back else None
         self._apply(result, world, now=now, written=written)
@@ -249,7 +242,7 @@ class Pass:
 
     def refresh_hosts(self) -> str:
         """The backend's hosts read again, this pass's ("" or why they could not be read: nothing
-        starts). Also for `gpubook stop`, which reads the hosts as a pass does."""
+        starts). `gpubook stop` reads them the same way (wiring.py's Stopping)."""
         problem = self.backend.refresh()
         for name, host in checked_hosts(self.backend.hosts, known=self.hosts).items():
             self.hosts[name] = host
@@ -291,20 +284,34 @@ class Pass:
         """decide() on the plan and what runs, with State's memory and the judge's verdicts."""
         wanted = {a.booking.id for a in plan.accepted}
         self.recall.preparing = {k: t for k, t in dict(self.recall.preparing).items() if k in wanted}
+        self.recall.failures = {k: f for k, f in dict(self.recall.failures).items() if k in wanted}
         released = reclaim.released_ids(occurrences, world.releases)
         memory = decide_memory(world.records.values(), world.notes, released=released, ported=world.ported)
         verdicts = reclaim_apply.judge_running(self.config, self.state, plan=plan, running=world.running(),
                                                records=world.records_by_booking(), now=now)
-        self.policy_lines = reclaim_apply.event_lines(
+        self._policy_lines = reclaim_apply.event_lines(
             verdicts, {k: v for k, v in world.releases.items() if k in released}, config=self.config)
-        actions = decide.decide(plan, world.actual(), now=now, memory=memory,
-                                policy=self.policy(), may_start=told.may_start, stale_reason=told.stale_reason,
-                                stale_calendars=told.stale, complete=told.complete, verdicts=verdicts,
-                                held=held, bookers=self._bookers(plan))
-        for action in actions:  # why a held booking waits goes into its event (its host answers "tentative")
-            if isinstance(action, decide.Hold):
-                self.recall.notes[action.booking_id] = action.reason
-        return actions
+        return decide.decide(plan, world.actual(), now=now, memory=memory,
+                             policy=self.policy(), may_start=told.may_start, stale_reason=told.stale_reason,
+                             stale_calendars=told.stale, complete=told.complete, verdicts=verdicts,
+                             held=held, bookers=self._bookers(plan))
+
+    def _tell(self, plan: plan_module.Plan, world: World, actions: Sequence[decide.Action], *, now: datetime,
+              at_work: set[str]) -> None:
+        """The outcome notes this pass owns, written where they changed (state/notes.py): each booking's
+        release or idle line; a hold, a refusal or a failure cleared once the booking is held no more
+        (and not waiting for its image) or has left the plan. A booking at work keeps its notes: its
+        lane may be writing them. Why a held booking waits is its HoldHandler's to write."""
+        keep = {a.booking.id for a in plan.accepted} | at_work
+        held = {a.booking_id for a in actions if isinstance(a, decide.Hold)} | set(self.recall.preparing) | at_work
+        found = world.notes
+        try:
+            notes.POLICY.sync(self.state, self._policy_lines, found.policy, at=now)
+            notes.HELD.sync(self.state, {}, found.held, keep=held)
+            notes.REFUSED.sync(self.state, {}, found.refused, keep=keep)
+            notes.FAILED.sync(self.state, {}, found.failed, keep=keep)
+        except StateError as error:
+            log.warning("the bookings' events keep their notes until a later pass: %s", error)
 
     def _wake_at(self, result: PassResult, world: World, *, now: datetime, told: Told,
                  also: datetime | None) -> datetime | None:
@@ -322,7 +329,7 @@ class Pass:
         queues: the pulls and builds run in its own workers, never in the pass). An armed booking
         is still wanted: its start checks its image again."""
         horizon = now + timedelta(hours=self.config.images.prepare_hours)
-        running = self._reportable(world, now=now)
+        running = reportable(world.actual(), world.records_by_booking(), world.armed(), now=now)
         wanted: dict[str, dict[str, Template]] = {}
         for accepted in plan.accepted:
             booking = accepted.booking
@@ -368,10 +375,18 @@ class Pass:
                                                 topology=self.backend.topology),
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
         self.books.decided(result, now=now)
-        self.recall.notes = {**pinned.notes, **refused}
-        for booking_id, note in self.recall.notes.items():
-            self.hands.journal.note(booking_id, note, now=now)
+        self._note({**pinned.notes, **refused}, known.note, now=now)
         return result, upkeep.extensions(granted)
+
+    def _note(self, wanted: Mapping[str, str], had: Mapping[str, str], *, now: datetime) -> None:
+        """The plan's sentence for each booking's event, written and logged where it changed."""
+        try:
+            changed = notes.NOTE.sync(self.state, wanted, had, at=now)
+        except StateError as error:
+            log.warning("the bookings' events keep their notes until a later pass: %s", error)
+            return
+        for booking_id in changed:
+            self.hands.journal.say(booking_id, wanted[booking_id], now=now)
 
     def _bookers(self, plan: plan_module.Plan) -> dict[str, str]:
         """Who each accepted booking's container would let in now: an armed one must match."""
@@ -396,65 +411,25 @@ class Pass:
     def _wake_writeback(self, action: decide.Start, *, world: World, now: datetime,
                         etags: Mapping[str, str | None]) -> None:
         """A start's outcome (its ssh line, or why it failed) is recorded: its calendar's deliverer
-        reads and writes it at once, so a booker never waits for the bookings starting beside theirs."""
-        booking = action.accepted.booking
-        self.writeback.wake(booking, read=partial(self._outcome, action.accepted, world=world, now=now),
-                            etag=etags.get(booking.href), now=now)
-
-    def _outcome(self, accepted: plan_module.Accepted, *, world: World, now: datetime) -> block.Outcome | None:
-        reportable = self._reportable(world, now=now)
-        return self.writeback.outcome_of(accepted, info=reportable.get(accepted.booking.id),
-                                         records=world.records_by_booking().get(accepted.booking.id),
-                                         remarks=self._remarks(world, reportable, now=now), now=now)
+        reads it from State and writes it at once, so a booker never waits for the bookings starting
+        beside theirs."""
+        self.writeback.wake(action.accepted, containers=world.actual(), etag=etags.get(action.accepted.booking.href),
+                            now=now)
 
     def write_back(self, plan: plan_module.Plan, world: World, *, now: datetime,
                    etags: Mapping[str, str | None]) -> None:
-        """Every booking's outcome but those of the starts at work when `world` was read or still at
-        work now: their starts' own write-back says those (`_wake_writeback`). This world may list a
-        started container before its record is made (a restart would lose its "started again" line,
-        a first start its JupyterLab line) or lack a record made since ("accepted" over "running")."""
-        # Before the world is read below: a start of this pass done by now has folded its record into it.
+        """The image lines noted, then every booking's outcome written but those of the starts at work
+        when `world` was read or still at work now: their starts' own write-back says those
+        (`_wake_writeback`)."""
+        # Before the containers are taken below: a start of this pass done by now has folded its container.
         leave = world.starting | self.hands.lanes.starts_at_work()
-        reportable = self._reportable(world, now=now)
-        self.writeback.write(plan, running=reportable, records=world.records_by_booking(),
-                             remarks=self._remarks(world, reportable, now=now), now=now, etags=etags, leave=leave)
-
-    @staticmethod
-    def _reportable(world: World, *, now: datetime) -> dict[str, ContainerInfo]:
-        """The running containers a booker may be sent to: an armed one (run ahead of its start)
-        counts only once its start recorded it (its SSH probe answered)."""
-        # Through the World's lock: starts beside this one fold their records meanwhile.
-        armed = world.armed()
-        open_runs = {booking_id for booking_id, records in world.records_by_booking().items()
-                     if any(r.stopped_at is None for r in records)}
-        return {booking_id: info for booking_id, info in world.running().items()
-                if booking_id in open_runs
-                or not ((info.start is not None and info.start > now) or booking_id in armed)}
-
-    def _remarks(self, world: World, reportable: Mapping[str, ContainerInfo], *, now: datetime) -> Remarks:
-        """`reportable`: the running containers a booker may be sent to (`_reportable`); the others
-        still before their start are armed, and their ssh lines go into the accepted block."""
         images = {booking: line for host in self.hosts.values()
                   if isinstance(host, HasImages) for booking, line in host.images.lines().items()}
-        waiting = {booking_id: info for booking_id, info in world.running().items()
-                   if booking_id not in reportable and info.start is not None and info.start > now}
-        with world.lock:
-            lines, ended = dict(world.lines), dict(world.ended)
-        return Remarks(refused=dict(self.recall.refused),
-                       failures={k: f.reason for k, f in dict(self.recall.failures).items()},
-                       notes=dict(self.recall.notes), images=images, armed=waiting,
-                       policy=dict(self.policy_lines), lines=lines, ended=ended)
-
-    def stop_now(self, booking_id: str, *, now: datetime) -> bool:
-        """`gpubook stop`: stop a booking's container at once; it is not started again."""
-        name = container_name(booking_id)
-        host = next((h for h in self.hosts.values() if h.inspect(name) is not None), None)
-        if host is None:
-            return False
-        self.hands.stop(decide.Stop(name, booking_id, decide.ADMIN_STOP, self.config.engine.stop_grace_seconds,
-                                    host.name), now=now)  # recorded before the container goes
-        self.delivery.notices_now(now)
-        return True
+        try:
+            notes.IMAGE.sync(self.state, images, world.notes.image, at=now)
+        except StateError as error:
+            log.warning("the image lines wait for a later pass: %s", error)
+        self.writeback.write(plan, containers=world.actual(), now=now, etags=etags, leave=leave)
 
     def close(self) -> None:
         """Wait for the bookings at work (queued ones are dropped), the write-back and the notices."""

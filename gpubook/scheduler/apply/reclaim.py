@@ -104,7 +104,7 @@ class ReleaseHandler:
         ended = finish_provenance(self.state, self.hosts[action.host], action.booking_id, now=now,
                                   timezone=str(self.zone), journal=self.journal)
         self.state.release_port(action.booking_id)
-        self.state.clear_notes(action.booking_id)
+        notes.clear_history(self.state, action.booking_id)
         note_ended(self.state, action.booking_id, ended, now=now, journal=self.journal)
         self.journal.say(action.booking_id, f"{sentence}; its container stopped, /data/output is kept", now=now)
         if self.metrics is not None:

@@ -149,23 +149,19 @@ def stop(config_path: str, booking: str) -> int:
 
 
 def _stop(parts: Stopping, booking: str, *, now: datetime) -> int:
-    from gpubook.scheduler.apply.passes import World
-
-    if problem := parts.passes.refresh_hosts():  # the backend's hosts, read as a pass reads them
+    if problem := parts.refresh_hosts():  # the backend's hosts, read as a pass reads them
         raise GpubookError(problem)
-    listed = [c for host in parts.hosts.values() for c in host.list()]
-    matches = [c for c in listed if booking in (c.booking_id, c.name)]
+    matches = [c for c in parts.containers() if booking in (c.booking_id, c.name)]
     if not matches:
         raise GpubookError(f"no running container for booking {booking!r} (see gpubook status)")
     info = matches[0]
-    parts.passes.stop_now(info.booking_id, now=now)
+    parts.stop_now(info.booking_id, now=now)
     print(f"stopped {container_name(info.booking_id)} (booking {info.booking_id})")
     try:
         reading = parts.calendars.read(now=now)
-        parts.passes.refresh_hosts()  # the container gone: its host read again (a cluster's job cancelled)
-        plan = parts.passes.plan([o for o in reading.occurrences if o.id == info.booking_id], [], now=now)
-        world = World.read(list(parts.hosts.values()), parts.state)
-        parts.passes.write_back(plan, world, now=now, etags=reading.etags)
+        parts.refresh_hosts()  # the container gone: its host read again (a cluster's job cancelled)
+        plan = parts.plan([o for o in reading.occurrences if o.id == info.booking_id], now=now)
+        parts.writeback.write(plan, containers=parts.containers(), now=now, etags=reading.etags)
     except GpubookError as error:
         print(f"gpubook: the calendar was not updated ({error}); the daemon writes it on its next pass",
               file=sys.stderr)

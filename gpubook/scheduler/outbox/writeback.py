@@ -1,8 +1,10 @@
 """Calendar write-back: each booking's recorded outcome, written into its event.
 
 After a pass, the outcome of every booking in the window is read from what was recorded (the
-plan, the containers the pass saw or started, State's start/stop records, the pass's notes) and
-written through the calendar's writer where its source has one (CalDAV yes, ICS feeds no). A
+plan, the containers the pass saw or started, State's start/stop records and its outcome notes:
+gpubook/scheduler/state/notes.py) and written through the calendar's writer where its source has one
+(CalDAV yes, ICS feeds no). The write-back's inputs are State and a plain list of containers: it
+never calls back into the apply stage, and a restart loses nothing the booker was told. A
 write whose content and event ETag match the last one recorded is skipped, so calling this on
 every pass costs nothing while nothing changes. A source that cannot write (an ICS feed) gives
 no writer, and its bookings are only planned.
@@ -13,7 +15,8 @@ timeout. A hung calendar server therefore holds only its own calendar's write-ba
 pass, a start, or another calendar's events. A booking with a write still queued gets only its
 newest outcome written. A start does not wait for its pass either: its lane records the start and
 wakes its calendar's deliverer (`wake`), which reads the recorded outcome in its own thread at once,
-so a booker never waits for the other bookings that start with theirs.
+so a booker never waits for the other bookings that start with theirs. `gpubook stop` writes in its
+own thread (`inline`): one event, and no thread pool for it.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
+from functools import partial
 from zoneinfo import ZoneInfo
 
 from gpubook.runtime import cuda, jupyter, ssh
@@ -43,6 +47,8 @@ from gpubook.scheduler.sources import EventRef, Writer, block, open_writer
 from gpubook.scheduler.sources.alarm import Reminder
 from gpubook.scheduler.sources.attendee import Resource
 from gpubook.scheduler.state import ContainerRecord, State, StateError
+from gpubook.scheduler.state.notes import Notes
+from gpubook.scheduler.state.notes import read as read_notes
 
 log = logging.getLogger(__name__)
 READING = "reading"  # `sending`'s mark while a woken start's outcome is read
@@ -50,7 +56,7 @@ READING = "reading"  # `sending`'s mark while a woken start's outcome is read
 
 @dataclass(frozen=True)
 class Remarks:
-    """What the apply stage has to say about bookings beyond State's records."""
+    """What State's notes say about bookings beyond their records (`remarks_of`), as `outcome` reads it."""
 
     refused: Mapping[str, str]  # booking id → why it can never start
     failures: Mapping[str, str]  # booking id → why its start failed (for a note once it is due)
@@ -62,6 +68,36 @@ class Remarks:
     policy: Mapping[str, str] = field(default_factory=dict)  # booking id → its release or idle line (no-shows)
     lines: Mapping[str, Sequence[str]] = field(default_factory=dict)  # booking id → what its start added
     ended: Mapping[str, Sequence[str]] = field(default_factory=dict)  # booking id → what its stop added (provenance)
+
+
+def reportable(containers: Sequence[ContainerInfo], records: Mapping[str, Sequence[ContainerRecord]],
+               armed: Collection[str], *, now: datetime) -> dict[str, ContainerInfo]:
+    """The running containers a booker may be sent to, by booking id: an armed one (run ahead of its
+    start) counts only once its start recorded it (its SSH probe answered)."""
+    open_runs = {booking_id for booking_id, runs in records.items() if any(r.stopped_at is None for r in runs)}
+    return {info.booking_id: info for info in containers if info.running and info.booking_id
+            and (info.booking_id in open_runs
+                 or not ((info.start is not None and info.start > now) or info.booking_id in armed))}
+
+
+def remarks_of(found: Notes, containers: Sequence[ContainerInfo], reported: Mapping[str, ContainerInfo], *,
+               now: datetime) -> Remarks:
+    """The remarks State's notes make; `reported`: the running containers a booker may be sent to
+    (`reportable`): the others still before their start are armed, and their ssh lines go into the
+    accepted block."""
+    waiting = {info.booking_id: info for info in containers if info.running and info.booking_id
+               and info.booking_id not in reported and info.start is not None and info.start > now}
+    return Remarks(refused=dict(found.refused), failures={k: f.reason for k, f in found.failed.items()},
+                   notes={**found.note, **found.held}, images=dict(found.image), armed=waiting,
+                   policy=dict(found.policy), lines=dict(found.running_lines), ended=dict(found.ended_lines))
+
+
+def by_booking(records: Iterable[ContainerRecord]) -> dict[str, list[ContainerRecord]]:
+    """Each booking's runs, in id order."""
+    grouped: dict[str, list[ContainerRecord]] = {}
+    for record in sorted(records, key=lambda r: r.id):
+        grouped.setdefault(record.booking_id, []).append(record)
+    return grouped
 
 
 def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_version: str | None, port: int,
@@ -87,7 +123,7 @@ class _Job:
     outcome: block.Outcome | None  # None: read by the deliverer (`read`)
     key: str  # status and digest, as recorded once written
     now: datetime
-    read: Callable[[], block.Outcome | None] | None = None  # a woken start's outcome, read when delivered
+    read: Callable[[], block.Outcome | None] | None = None  # a woken start's outcome, read from State when delivered
     etag: str | None = None
 
 
@@ -106,10 +142,12 @@ def event_ref(item: Booking | Rejection) -> EventRef:
 class WriteBack:
     """Writes outcomes into the configured calendars; one writer per writable calendar, reused."""
 
-    def __init__(self, config: Config, state: State, *, address: Callable[[str], str] | None = None) -> None:
+    def __init__(self, config: Config, state: State, *, address: Callable[[str], str] | None = None,
+                 inline: bool = False) -> None:
         """`address`: where a booker logs in to a container on a host (the backend's; None: this
-        server, `[host] name`)."""
+        server, `[host] name`); `inline`: each write in the caller's thread (`gpubook stop`), no lanes."""
         self.config = config
+        self.inline = inline
         self.address = address or (lambda host: config.host.name)
         self.state = state
         self.writers: dict[str, Writer] = {}  # by calendar URL; each used only in its lane
@@ -121,11 +159,18 @@ class WriteBack:
         self.sftp_host_key: Callable[[], str] = lambda: ""
         self.answers = Answers(config, state)  # each answer's notice, once
 
-    def write(self, plan: Plan, *, running: Mapping[str, ContainerInfo],
-              records: Mapping[str, Sequence[ContainerRecord]], remarks: Remarks, now: datetime,
+    def write(self, plan: Plan, *, containers: Sequence[ContainerInfo], now: datetime,
               etags: Mapping[str, str | None], leave: Collection[str] = ()) -> None:
-        """`leave`: bookings whose start is at work; their start's own write-back (`wake`) says
-        what they are, from the record it made."""
+        """Every booking's outcome, from State and `containers` (what the hosts run, as the pass saw it
+        and its actions changed it). `leave`: bookings whose start is at work; their start's own
+        write-back (`wake`) says what they are, from the record it made."""
+        try:
+            records, found = by_booking(self.state.containers()), read_notes(self.state)
+        except StateError as error:
+            log.warning("the write-back waits for a later pass: %s", error)
+            return
+        running = reportable(containers, records, found.armed, now=now)
+        remarks = remarks_of(found, containers, running, now=now)
         items: list[tuple[Booking | Rejection, block.Outcome]] = []
         seen = self._foreign_lines([a.booking.id for a in plan.accepted])
         for rejection in plan.rejected:
@@ -142,20 +187,30 @@ class WriteBack:
         for item, outcome in items:
             self._write(item, outcome, etag=etags.get(item.href), now=now)
 
-    def wake(self, booking: Booking, *, read: Callable[[], block.Outcome | None], etag: str | None,
+    def wake(self, accepted: Accepted, *, containers: Sequence[ContainerInfo], etag: str | None,
              now: datetime) -> None:
         """A start's outcome is recorded (its SSH answered, or it failed): its calendar's deliverer
-        reads it (`read`) and writes it at once, not after its pass waited for its slower siblings.
-        The pass's write afterwards finds the same outcome and skips it."""
+        reads it from State (with `containers`, what the hosts run now) and writes it at once, not
+        after its pass waited for its slower siblings. The pass's write afterwards finds the same
+        outcome and skips it."""
+        booking = accepted.booking
         calendar = self._calendar(booking)
         if calendar is not None:
+            read = partial(self._recorded, accepted, list(containers), now=now)
             self._queue(calendar, _Job(item=booking, outcome=None, key="", now=now, read=read, etag=etag))
 
-    def outcome_of(self, accepted: Accepted, *, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
-                   remarks: Remarks, now: datetime) -> block.Outcome | None:
-        """One booking's outcome, with the processes seen on its GPUs read now."""
-        return self.outcome(accepted, info, records, remarks=remarks, now=now,
-                            foreign=self._foreign_lines([accepted.booking.id]))
+    def _recorded(self, accepted: Accepted, containers: Sequence[ContainerInfo], *,
+                  now: datetime) -> block.Outcome | None:
+        """One booking's outcome as State records it now, with the processes seen on its GPUs."""
+        booking_id = accepted.booking.id
+        try:
+            records, found = by_booking(self.state.containers(booking_id=booking_id)), read_notes(self.state)
+        except StateError as error:
+            raise GpubookError(str(error)) from None
+        running = reportable(containers, records, found.armed, now=now)
+        return self.outcome(accepted, running.get(booking_id), records.get(booking_id),
+                            remarks=remarks_of(found, containers, running, now=now), now=now,
+                            foreign=self._foreign_lines([booking_id]))
 
     def outcome(self, accepted: Accepted, info: ContainerInfo | None, records: Sequence[ContainerRecord] | None,
                 *, remarks: Remarks, now: datetime, extra: Mapping[str, str] | None = None,
@@ -336,11 +391,15 @@ class WriteBack:
             self.queued[job.item.id] = job
             if waiting:  # the lane's task for it takes this newer outcome
                 return
-            lane = self.lanes.get(calendar.url)
-            if lane is None:
+            if self.inline:
+                lane = None
+            elif (lane := self.lanes.get(calendar.url)) is None:
                 lane = self.lanes[calendar.url] = ThreadPoolExecutor(max_workers=1,
                                                                       thread_name_prefix="gpubook-writeback")
-        lane.submit(self._deliver, calendar, job.item.id)
+        if lane is None:
+            self._deliver(calendar, job.item.id)
+        else:
+            lane.submit(self._deliver, calendar, job.item.id)
 
     def _deliver(self, calendar: CalendarConfig, booking_id: str) -> None:
         with self._lock:

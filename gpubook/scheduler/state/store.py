@@ -355,10 +355,21 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
                        "ON CONFLICT (booking_id, key) DO UPDATE SET value = excluded.value, at = excluded.at",
                        (booking_id, key, value, stamp_of(at)))
 
-    def clear_notes(self, booking_id: str) -> None:
-        """Forget a booking's notes once its container is stopped for good."""
+    def put_notes(self, key: str, values: Mapping[str, str], *, clear: Collection[str] = (),
+                  at: datetime | None = None) -> None:
+        """Notes of one key for many bookings, and others of that key cleared, in one transaction."""
+        with self._transaction("state.put_notes") as db:
+            db.executemany("INSERT INTO booking_notes (booking_id, key, value, at) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT (booking_id, key) DO UPDATE SET value = excluded.value, at = excluded.at",
+                           [(booking_id, key, value, stamp_of(at)) for booking_id, value in values.items()])
+            db.executemany("DELETE FROM booking_notes WHERE booking_id = ? AND key = ?",
+                           [(booking_id, key) for booking_id in clear])
+
+    def clear_notes(self, booking_id: str, *, keep: Collection[str] = ()) -> None:
+        """Forget a booking's notes once its container is stopped for good, but those of the keys in `keep`."""
         with self._transaction("state.clear_notes") as db:
-            db.execute("DELETE FROM booking_notes WHERE booking_id = ?", (booking_id,))
+            db.execute("DELETE FROM booking_notes WHERE booking_id = ? AND key NOT IN (SELECT value FROM json_each(?))",
+                       (booking_id, json.dumps(list(keep))))
 
     def clear_note(self, booking_id: str, key: str) -> None:
         with self._transaction("state.clear_note") as db:
@@ -367,6 +378,11 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
     def notes(self, key: str) -> dict[str, str]:
         """booking id → value of every note called `key`."""
         return dict(self._query("SELECT booking_id, value FROM booking_notes WHERE key = ?", (key,)))
+
+    def note(self, booking_id: str, key: str) -> str | None:
+        """One booking's note called `key` (None: it has none)."""
+        found = self._query("SELECT value FROM booking_notes WHERE booking_id = ? AND key = ?", (booking_id, key))
+        return str(found[0][0]) if found else None
 
     def all_notes(self) -> dict[str, dict[str, str]]:
         """key → booking id → value, every note in one query (notes.py reads them typed)."""
