@@ -158,7 +158,7 @@ def _fetch(href: str) -> str:
 
 def _write(config: Config, state: State, plan: Plan, now: datetime) -> None:
     writeback = WriteBack(config, state)
-    writeback.write(plan, running={}, records={}, remarks=NO_REMARKS, now=now, etags={})
+    writeback.write(plan, containers=[], now=now, etags={})
     assert writeback.settle(timeout=30)
     writeback.close()
 

@@ -9,7 +9,7 @@ starting together those queued on 2 cores for seconds. A host that can make them
 that went away before its start gets `unprepare` (its host key removed).
 
 Then the container itself is run ahead ("armed", a host's `arm`): with exactly the spec its start
-builds (the same function, hosts/local.py `spec`), so at the start the pass finds it listed with
+builds (the same function, hosts/start.py `spec`), so at the start the pass finds it listed with
 the same spec hash and only the SSH probe is left (no engine call). Its entrypoint makes the
 account and keys and then waits for the booking's start (GPUBOOK_NOT_BEFORE) before sshd,
 JupyterLab or the template's command run: nobody logs in and nothing of the booker's runs before
@@ -42,9 +42,8 @@ from functools import partial
 from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import TemplateSet
-from gpubook.scheduler.apply.handlers import port_for, start_request, usable_template
 from gpubook.scheduler.core import plan as plan_module
-from gpubook.scheduler.hosts import Ahead, Arms, Booker, Host, PreparesAhead, StartRequest
+from gpubook.scheduler.hosts import Ahead, Arms, Booker, Host, PreparesAhead, StartRequest, start
 from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import State, StateError, notes
 
@@ -143,7 +142,7 @@ class Preparation:
         booking = accepted.booking
         if self.state is None or not isinstance(host, Arms) or booking_id_problem(booking.id):
             return None
-        template, _ = usable_template(templates, booking.template, driver_version=host.driver_version)
+        template, _ = start.usable_template(templates, booking.template, driver_version=host.driver_version)
         user = self.config.users[booking.user]
         if template is None:
             return None  # its start refuses it, with the reason in its event
@@ -155,7 +154,7 @@ class Preparation:
                      and gpus & set(other.gpus) for other in plan.accepted)
         if held or before:
             return None  # the GPUs are someone else's until then (back-to-back bookings start at their start)
-        return _Arm(request=start_request(booking, user, template=template, gpus=accepted.gpus, port=0),
+        return _Arm(request=start.request(booking, user, template=template, gpus=accepted.gpus, port=0),
                     user=user.name)
 
     def _prepare(self, host: Host, ahead: Ahead | None, arm: _Arm | None, now: datetime) -> None:
@@ -176,7 +175,7 @@ class Preparation:
         booking_id = arm.request.booking_id
         self.waiting.pop(booking_id, None)
         try:
-            port = port_for(self.config, self.state, booking_id, now=now)
+            port = start.port_for(self.config, self.state, booking_id, now=now)
             notes.ARMED.write(self.state, booking_id, port, at=now)  # before the run: a restart still knows
         except (GpubookError, OSError) as error:
             log.info("booking %s: not armed ahead (%s); it starts at its start", booking_id, error)

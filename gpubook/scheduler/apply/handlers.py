@@ -14,18 +14,18 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpubook.runtime import cuda, provenance
+from gpubook.runtime import provenance
 from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
 from gpubook.runtime.templates import Template, TemplateSet
 from gpubook.scheduler.apply.memory import Journal, Recall, failure
 from gpubook.scheduler.core import decide, upkeep
 from gpubook.scheduler.core.bookings import Booking
-from gpubook.scheduler.hosts import Booker, Host, KeepsProvenance, MovesEnd, StartRequest
+from gpubook.scheduler.hosts import Host, KeepsProvenance, MovesEnd, start
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics
 from gpubook.scheduler.outbox.writeback import start_lines
-from gpubook.scheduler.settings import Config, UserConfig
+from gpubook.scheduler.settings import Config
 from gpubook.scheduler.state import ContainerRecord, State, StateError, notes
 
 # A constant script; the message is its $1, never part of the script (nothing from a calendar
@@ -118,9 +118,9 @@ class StartHandler:
             port = action.port
             self.state.adopt_port(booking.id, port, now=now)
         else:
-            port = port_for(self.config, self.state, booking.id, now=now)
+            port = start.port_for(self.config, self.state, booking.id, now=now)
         try:
-            started = host.start(replace(start_request(booking, user, template=template, gpus=accepted.gpus,
+            started = host.start(replace(start.request(booking, user, template=template, gpus=accepted.gpus,
                                                        port=port), armed=action.armed,
                                          address=self.address(accepted.host),
                                          placement=accepted.placement if accepted.others else ()))
@@ -171,7 +171,8 @@ class StartHandler:
             self.journal.log.warning("booking %s: its notes of before its start stay: %s", booking_id, error)
 
     def _template(self, booking: Booking, host: Host, *, now: datetime) -> Template | None:
-        template, problem = usable_template(self.templates, booking.template, driver_version=host.driver_version)
+        template, problem = start.usable_template(self.templates, booking.template,
+                                                 driver_version=host.driver_version)
         if template is None:
             self._refuse(booking.id, problem, now=now)
         return template
@@ -210,35 +211,6 @@ class StartHandler:
                                  level="warning")
         if told and self.metrics is not None:
             self.metrics.start_failed(reason="refused")
-
-
-def usable_template(templates: TemplateSet, name: str, *, driver_version: str | None) -> tuple[Template | None, str]:
-    """The template a booking names, if it exists and suits the host's driver; else None and why
-    (the start refuses the booking with that sentence; an arm ahead simply leaves it to the start)."""
-    template = templates.templates.get(name)
-    if template is None:
-        problem = templates.errors.get(name, f"there is no template {name!r}")
-        return None, f"the template {name} cannot be used: {problem.splitlines()[0]}"
-    if driver_version is not None and template.cuda:
-        reason = cuda.check_cuda(template.cuda, driver_version)
-        if reason:
-            return None, reason
-    return template, ""
-
-
-def port_for(config: Config, state: State, booking_id: str, *, now: datetime) -> int:
-    """The booking's SSH port (held, or the lowest free one), never the SFTP service's."""
-    sftp = config.sftp
-    return state.port_for(booking_id, port_min=config.ssh.port_min, port_max=config.ssh.port_max, now=now,
-                          reserved=frozenset({sftp.port}) if sftp.enabled else frozenset())
-
-
-def start_request(booking: Booking, user: UserConfig, *, template: Template, gpus: tuple[int, ...],
-                  port: int) -> StartRequest:
-    """What a host gets to start (or arm) a booking: one function, so both build the same spec."""
-    return StartRequest(booking_id=booking.id, booker=Booker(user.name, user.uid, user.gid, user.ssh_keys),
-                        template=template, gpus=gpus, port=port, end=booking.end, start=booking.start,
-                        uid=booking.uid, title=booking.summary)
 
 
 def finish_provenance(state: State, host: Host, booking_id: str, *, now: datetime, timezone: str,

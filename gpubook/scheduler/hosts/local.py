@@ -26,23 +26,16 @@ from gpubook.runtime import booking, booking_json, engines, images, jupyter, ove
 from gpubook.runtime import provenance as prov
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
-from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing, StorageError
+from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing
 from gpubook.runtime.images import Ledger
 from gpubook.runtime.provenance_file import write as write_card_file
 from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.core.topology import ONE_MACHINE
-from gpubook.scheduler.hosts import Ahead, Host, Started, StartRequest
+from gpubook.scheduler.hosts import Ahead, Host, Started, StartRequest, start
 from gpubook.scheduler.hosts.backend import NOTHING_HELD, HostGpus, Parts, Reserved, Sampling
 from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.settings import Config
-
-
-class _NoFolders(storage.DataFolders):
-    """No [storage] data_root: bookings get no input/output folders."""
-
-    def mounts(self) -> tuple:  # type: ignore[override]
-        return ()
 
 
 class LocalHost:
@@ -117,42 +110,8 @@ class LocalHost:
 
     def spec(self, request: StartRequest, *, check_image: bool = True,
              provenance: prov.Card | None = None) -> ContainerSpec:
-        """The booking's container, the same whether it is armed ahead or run at its start: its image
-        (ready, never pulled here; not asked again for the container armed with it), folders, GPU
-        injection, host key and the booking's start."""
-        booker, template = request.booker, request.template
-        # The folders first: a data_root refused for its mount is the admin's to fix, whatever the image.
-        folders = self._folders(booker.name, booker.uid, booker.gid)
-        if check_image:  # Preparing until pulled and built in the background (never here)
-            self.images.ready(template)
-        gpu = None
-        if self.driver_version is not None and request.gpus:
-            from gpubook.runtime import nvidia  # only hosts with a driver need it
-
-            gpu = nvidia.injection(request.gpus, extra_roots=self.driver_roots, cache_dir=self.cache_dir,
-                                   mps=self.mps)
-        name = container_name(request.booking_id)
-        host_key = self._host_key(name)
-        card = self._card(name, request, provenance)
-        end = request.end.astimezone(self.timezone)  # GPUBOOK_END in the zone bookers read
-        return booking.booking_spec(
-            template,
-            booking.Tenancy(booking_id=request.booking_id, user=booker.name, uid=booker.uid, gid=booker.gid,
-                            ssh_keys=tuple(booker.ssh_keys), port=request.port, end=end,
-                            start=request.start, gpus=request.gpus, gpu=gpu,
-                            not_before=clock.real(request.start) if request.start is not None else None),
-            booking.HostFiles(probe_key=self.probe_key, cache_dir=self.cache_dir, host_key=host_key,
-                              folders=folders, card=card))
-
-    def _card(self, name: str, request: StartRequest, provenance: prov.Card | None) -> Path:
-        """The booking's booking.json, written anew at each arm and start (its title and end as the
-        calendar has them now, and its provenance as known then); the folder is what the container binds."""
-        card = booking_json.Card(booking=request.booking_id, uid=request.uid or request.booking_id,
-                                 title=request.title, user=request.booker.name, start=request.start,
-                                 end=request.end, gpus=request.gpus, template=request.template.name,
-                                 host=request.address, port=request.port,
-                                 provenance=provenance.to_json(zone=self.timezone) if provenance else None)
-        return booking_json.write_card(self.cache_dir, name, card, zone=self.timezone)
+        """The booking's container, the same whether it is armed ahead or run at its start (hosts/start.py)."""
+        return start.spec(self, request, check_image=check_image, provenance=provenance)
 
     def provenance(self, request: StartRequest, *, started: datetime | None) -> prov.Card:
         """What is known of the booking's provenance at its start: its template and image (the
@@ -205,11 +164,6 @@ class LocalHost:
         """A running booking's agreed later end, written into its booking.json (False: it has none here)."""
         return booking_json.move_end(self.cache_dir, container_name(booking_id), end, zone=self.timezone)
 
-    def _host_key(self, name: str) -> ssh.HostKey:
-        """The booking's host key, handed to the host ids of its container's root."""
-        return ssh.booking_host_key(self.cache_dir, name, owner=engines.host_owner(self.engine, 0, 0),
-                                    chown=engines.chown_for(self.engine))
-
     @contextmanager
     def _gate(self, name: str) -> Iterator[None]:
         """One engine start per container at a time (an arm still at work when its start comes is
@@ -222,9 +176,8 @@ class LocalHost:
     def prepare(self, ahead: Ahead) -> None:
         """Before the start: the booker's folders and the booking's host key (each a `podman
         unshare chown` the first time, rootless), so that at the start only the container is made."""
-        booker = ahead.booker
-        self._folders(booker.name, booker.uid, booker.gid)
-        self._host_key(container_name(ahead.booking_id))
+        start.folders(self, ahead.booker)
+        start.host_key(self, container_name(ahead.booking_id))
 
     def unprepare(self, booking_id: str) -> None:
         """A booking gone or moved away before its start: its host key goes, unless a container of
@@ -243,16 +196,6 @@ class LocalHost:
 
     def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         return self.engine.exec(name, argv, timeout=timeout)
-
-    def _folders(self, user: str, uid: int, gid: int) -> storage.DataFolders:
-        if self.data_root is None:
-            return _NoFolders(user=user, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
-        problem = storage.mount_problem(self.data_root)
-        if problem is not None:  # checked at every start: a remount may drop the flags
-            raise StorageError(problem)
-        owner_uid, owner_gid = engines.host_owner(self.engine, uid, gid)
-        return storage.prepare(self.data_root, user, uid=owner_uid, gid=owner_gid, home=self.persistent_home,
-                               chown=engines.chown_for(self.engine))
 
 
 class OneMachine:
