@@ -265,8 +265,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--benches", default=",".join(DEFAULT_BENCHES),
                         help=f"comma-separated, of {', '.join(BENCHES)} (default: all)")
     parser.add_argument("--account", help="run the benches as this account (when run as root)")
-    parser.add_argument("--python", default="/opt/gpubook-dev/venv/bin/python",
-                        help="the interpreter the benches run with (/opt/gpubook-dev/venv/bin/python)")
+    parser.add_argument("--python", default="/opt/gpubook/venv/bin/python",
+                        help="the interpreter the benches run with (/opt/gpubook/venv/bin/python)")
     parser.add_argument("--data-root",
                         help="a nosuid,nodev folder the account owns (GPUBOOK_TEST_DATA_ROOT)")
     parser.add_argument("--noise", choices=["old", "both"], default="old",
