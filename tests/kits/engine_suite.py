@@ -29,7 +29,7 @@ from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, contai
 from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from gpubook.runtime.errors import EngineError, StorageError
 from gpubook.runtime.templates import Template
-from gpubook.scheduler.commands.embedded import end_process, free_port
+from gpubook.scheduler.commands.embedded import end_process
 
 BOOKER = "alice"
 BOOKER_UID = 2001
@@ -84,6 +84,15 @@ def private_dockerd(*, bridge: bool = False) -> Iterator[str]:
         shutil.rmtree(home, ignore_errors=True)
         if bridge:  # dockerd leaves its bridge behind
             subprocess.run(["ip", "link", "delete", "docker0"], capture_output=True, check=False)
+
+
+def lane_port() -> int:
+    """A booking's port from this lane's block, below the kernel's ephemeral range: a port bound by
+    `free_port()` and let go could be any outgoing connection's before the container publishes it
+    (a clean-clone run: Docker's proxy found its port 53857 in use)."""
+    from tests.kits.daemon_kit import port_range
+
+    return port_range(1)[0]
 
 
 def _wait_for_dockerd(address: str, daemon: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -162,7 +171,7 @@ class Bookings:
         spec = booking.booking_spec(
             template,
             booking.Tenancy(booking_id=booking_id, user=user, uid=uid, gid=uid, ssh_keys=(key_line(key),),
-                            port=port or free_port(), end=datetime.now(UTC) + timedelta(hours=1), gpus=(0, 1)),
+                            port=port or lane_port(), end=datetime.now(UTC) + timedelta(hours=1), gpus=(0, 1)),
             booking.HostFiles(probe_key=self.probe_key, cache_dir=CACHE_DIR, host_key=host_key, folders=folders),
         )
         self.names.append(spec.name)
@@ -361,7 +370,7 @@ class EngineBehaviour:
 
         racer = Racing(engine.settings, EngineOptions(global_args=engine.global_args))
         with pytest.raises(EngineError):
-            racer.start(replace(booking.spec, port=free_port()))
+            racer.start(replace(booking.spec, port=lane_port()))
         after = engine.inspect(booking.spec.name)
         assert after is not None and after.running and after.id == booking.ready.info.id
 
