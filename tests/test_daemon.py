@@ -20,6 +20,7 @@ from gpubook.scheduler.state import State
 from tests.kits.daemon_kit import (
     DAEMON_MODULE,
     DaemonProcess,
+    assert_warned,
     book,
     cli,
     description,
@@ -69,26 +70,7 @@ def test_booking_runs_from_start_to_end(tmp_path: Path, radicale, engine, keys, 
         wait_for("the ssh line in the event", lambda: line in description(calendar, "life@test"), timeout=10,
                  daemon=daemon)
         assert run(client, "echo result > /data/output/result.txt")[0] == 0
-        shell = client.invoke_shell(term="xterm")
-        opened = datetime.now(UTC)
-        if opened < end - timedelta(seconds=6):  # before the warning: it comes to this terminal
-            shell.settimeout(1.0)
-            seen = b""
-            deadline = time.monotonic() + 20
-            while b"this booking ends at" not in seen and time.monotonic() < deadline:
-                try:
-                    seen += shell.recv(4096)
-                except TimeoutError:
-                    pass
-            assert b"this booking ends at" in seen, seen[-500:]
-        else:  # a loaded machine logged in after the warning (a clean-clone run: 16.6 s after the start):
-            # it went to the terminals open then, and stays in /run/gpubook/notice for later sessions
-            def notice() -> str | None:
-                text = run(client, "cat /run/gpubook/notice 2>/dev/null")[1]
-                return text if "this booking ends at" in text else None
-
-            said = wait_for("the warning in /run/gpubook/notice", notice, timeout=20, daemon=daemon)
-            assert said.startswith("gpubook: this booking ends at"), said
+        assert_warned(client, warn_at=end - timedelta(seconds=6), daemon=daemon)
         warned_at = datetime.now(UTC)
         assert warned_at < end
     finally:

@@ -20,6 +20,7 @@ from gpubook.runtime.engines import container_name
 from gpubook.scheduler.state import State
 from tests.kits.daemon_kit import (
     DaemonProcess,
+    assert_warned,
     book,
     cli,
     description,
@@ -71,16 +72,7 @@ def test_booking_runs_from_start_to_end(tmp_path: Path, radicale, engine, keys, 
         assert run(client, "id -un")[1].strip() == "alice"
         assert run(client, "echo result > /data/output/result.txt")[0] == 0
         assert run(client, "test -d /data/input && ! touch /data/input/x")[0] == 0  # input is read-only
-        shell = client.invoke_shell(term="xterm")
-        shell.settimeout(1.0)
-        seen = b""
-        deadline = time.monotonic() + 25
-        while b"this booking ends at" not in seen and time.monotonic() < deadline:
-            try:
-                seen += shell.recv(4096)
-            except TimeoutError:
-                pass
-        assert b"this booking ends at" in seen, seen[-500:]
+        assert_warned(client, warn_at=end - timedelta(seconds=6), daemon=daemon, timeout=25)
         assert datetime.now(UTC) < end
     finally:
         client.close()

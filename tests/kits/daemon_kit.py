@@ -309,6 +309,33 @@ def run(client: paramiko.SSHClient, command: str) -> tuple[int, str]:
     return status, stdout.read().decode()
 
 
+def assert_warned(client: paramiko.SSHClient, *, warn_at: datetime, daemon: DaemonProcess | None = None,
+                  timeout: float = 20) -> None:
+    """The booker is told that the booking ends soon (the WarnHandler's notice, due at `warn_at`): on a
+    shell opened before then, the notice comes to its terminal; a shell opened later (a loaded machine
+    that logged in late: a clean-clone run, 16.6 s after the start) finds it in /run/gpubook/notice,
+    which the notice leaves for sessions that log in after it."""
+    shell = client.invoke_shell(term="xterm")
+    if datetime.now(UTC) < warn_at:
+        shell.settimeout(1.0)
+        seen = b""
+        deadline = time.monotonic() + timeout
+        while b"this booking ends at" not in seen and time.monotonic() < deadline:
+            try:
+                seen += shell.recv(4096)
+            except TimeoutError:
+                pass
+        assert b"this booking ends at" in seen, seen[-500:]
+        return
+
+    def notice() -> str | None:
+        text = run(client, "cat /run/gpubook/notice 2>/dev/null")[1]
+        return text if "this booking ends at" in text else None
+
+    said = wait_for("the warning in /run/gpubook/notice", notice, timeout=timeout, daemon=daemon)
+    assert said.startswith("gpubook: this booking ends at"), said
+
+
 def soon(seconds: float) -> datetime:
     """A whole second `seconds` from now (calendar times have no fractions)."""
     return (datetime.now(UTC) + timedelta(seconds=seconds + 1)).replace(microsecond=0)
