@@ -527,14 +527,9 @@ def forget_probe_key(cache_dir: Path, name: str) -> None:
     (cache_dir / "probe-keys" / name).unlink(missing_ok=True)
 
 
-class _NoFolders(storage.DataFolders):
-    def mounts(self) -> tuple:  # type: ignore[override]
-        return ()
-
-
 def _folders(request: StepRequest, engine: Engine) -> storage.DataFolders:
     if request.data_root is None:
-        return _NoFolders(user=request.user, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
+        return storage.no_folders(request.user)
     problem = storage.mount_problem(request.data_root)
     if problem is not None:
         raise GpubookError(problem)

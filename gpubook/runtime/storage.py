@@ -54,6 +54,17 @@ class DataFolders:
         return tuple(mounts)
 
 
+class NoFolders(DataFolders):
+    """No data root configured: a booking gets no input, output or home folder."""
+
+    def mounts(self) -> tuple[Mount, ...]:
+        return ()
+
+
+def no_folders(user: str) -> DataFolders:
+    return NoFolders(user=user, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
+
+
 def check_user_name(user: str) -> str:
     if not USER_NAME.fullmatch(user):
         raise StorageError(

@@ -52,13 +52,6 @@ class Place(Protocol):
     images: ImagePreparer
 
 
-class _NoFolders(storage.DataFolders):
-    """No [storage] data_root: bookings get no input/output folders."""
-
-    def mounts(self) -> tuple:  # type: ignore[override]
-        return ()
-
-
 def usable_template(templates: TemplateSet, name: str, *, driver_version: str | None) -> tuple[Template | None, str]:
     """The template a booking names, if it exists and suits the host's driver; else None and why
     (the start refuses the booking with that sentence; an arm ahead simply leaves it to the start)."""
@@ -92,7 +85,7 @@ def folders(place: Place, booker: Booker) -> storage.DataFolders:
     """The booker's data folders, made (owned by the booker's ids as the engine maps them) on a data
     root whose mount is nosuid,nodev, checked at every start (a remount may drop the flags)."""
     if place.data_root is None:
-        return _NoFolders(user=booker.name, input=Path("/nonexistent"), output=Path("/nonexistent"), home=None)
+        return storage.no_folders(booker.name)
     problem = storage.mount_problem(place.data_root)
     if problem is not None:
         raise StorageError(problem)
