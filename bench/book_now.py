@@ -172,9 +172,9 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # logins tried before sshd listens are expected
 
-    from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
-    from gpubook.runtime.templates import get_template
+    from gpubook.runtime.templates import overlay_image
+    from gpubook.runtime.templates.catalog import get_template
     from tests.kits.engine_suite import CACHE_DIR
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")

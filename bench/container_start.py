@@ -30,10 +30,13 @@ import paramiko
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpubook.runtime import booking, overlay_image, private, ssh, storage  # noqa: E402
+from gpubook.runtime import private  # noqa: E402
+from gpubook.runtime.booking import launch, ssh
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import Engine, EngineOptions, EngineSettings, container_name, engine_from  # noqa: E402
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
-from gpubook.runtime.templates import Template, get_template  # noqa: E402
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import Template, get_template  # noqa: E402
 from tests.kits.engine_suite import DOCKER, free_port, private_dockerd  # noqa: E402
 
 
@@ -87,13 +90,13 @@ def one_start(engine: Engine, template: Template, folders: storage.DataFolders, 
     cache = private.default_cache_dir()
     name = container_name(booking_id)
     host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
-    spec = booking.booking_spec(
+    spec = launch.booking_spec(
         template,
-        booking.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(), port=free_port(),
+        launch.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(), port=free_port(),
                         end=datetime.now(UTC) + timedelta(hours=1)),
-        booking.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
+        launch.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
     try:
-        ready = booking.start_booking(engine, spec, probe_key=probe_key, timeout=60)
+        ready = launch.start_booking(engine, spec, probe_key=probe_key, timeout=60)
         began = time.monotonic()
         engine.stop(spec.name, 10)
         stopped = time.monotonic() - began

@@ -84,9 +84,9 @@ def machine() -> str:
 
 
 def latency(count: int) -> None:
-    from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
-    from gpubook.runtime.templates import get_template
+    from gpubook.runtime.templates import overlay_image
+    from gpubook.runtime.templates.catalog import get_template
     from tests.kits import servers
     from tests.kits.daemon_kit import DaemonProcess, book, soon, try_login, write_config
     from tests.kits.engine_suite import CACHE_DIR
@@ -210,9 +210,9 @@ def _page_url(daemon) -> str:  # type: ignore[no-untyped-def]
 def _booked(count: int) -> Iterator[SimpleNamespace]:
     """`count` bookings running now on as many fake GPUs, in a real Radicale (behind a counting front), the
     debian-ssh image in rootless podman, a config polling every 60 s; the containers removed after."""
-    from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
-    from gpubook.runtime.templates import get_template
+    from gpubook.runtime.templates import overlay_image
+    from gpubook.runtime.templates.catalog import get_template
     from tests.kits import fake_gpus, servers
     from tests.kits.daemon_kit import book, soon, write_config
     from tests.kits.engine_suite import CACHE_DIR

@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpubook.runtime import overlay_image  # noqa: E402
 from gpubook.runtime.engines import engine_from  # noqa: E402
-from gpubook.runtime.templates import get_template  # noqa: E402
+from gpubook.runtime.templates import overlay_image  # noqa: E402
+from gpubook.runtime.templates.catalog import get_template  # noqa: E402
 from tests.kits import crash_kit, fault_images, faults_kit, registry_kit  # noqa: E402
 from tests.kits.engine_suite import CACHE_DIR, PODMAN  # noqa: E402
 

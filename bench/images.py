@@ -18,7 +18,7 @@ pull at the start would cost correspondingly more).
 
 --sizes (issue 27): the real-size image of bench/real_image.py (debian-ssh + PyTorch and JAX with their
 CUDA wheels, 11.9 GB, built and pushed once) against debian-ssh + a new 100 MB layer, in one run: the
-pull (gpubook.runtime.images.pull), the first start with gpubook's uidmap (rootless podman 4.3 without
+pull (gpubook.runtime.templates.images.pull), the first start with gpubook's uidmap (rootless podman 4.3 without
 idmapped overlay mounts makes a flattened, chowned copy of the whole image there), the disk each takes
 (df of the storage's file system, and the copy's own folder), the second start, and the start after a
 warm-up (create + rm with the same uidmap right after a second pull: PodmanEngine.warm, which the
@@ -48,11 +48,13 @@ from typing import cast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import images_ahead  # noqa: E402
-from gpubook.runtime import images, overlay_image, private, ssh  # noqa: E402
+from gpubook.runtime import private  # noqa: E402
+from gpubook.runtime.booking import ssh
 from gpubook.runtime.engines import ContainerSpec, Engine, container_name, engine_from  # noqa: E402
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
 from gpubook.runtime.errors import Preparing  # noqa: E402
-from gpubook.runtime.templates import Template, get_template, load_template  # noqa: E402
+from gpubook.runtime.templates import images, overlay_image
+from gpubook.runtime.templates.catalog import Template, get_template, load_template  # noqa: E402
 from gpubook.scheduler.hosts import Booker, StartRequest  # noqa: E402
 from gpubook.scheduler.hosts.images import ImagePreparer  # noqa: E402
 from gpubook.scheduler.hosts.local import LocalHost  # noqa: E402

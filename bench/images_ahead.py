@@ -29,7 +29,7 @@ from pathlib import Path
 import paramiko
 
 from gpubook.runtime.engines import Engine, container_name
-from gpubook.runtime.templates import default_templates_dir
+from gpubook.runtime.templates.catalog import default_templates_dir
 from gpubook.scheduler.state import State
 from tests.kits import registry_kit, servers
 from tests.kits.daemon_kit import DaemonProcess, book, description, edit, event_text, soon, try_login, write_config

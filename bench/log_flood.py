@@ -31,9 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kits"))  # the kit, whichever tree is tested
 import log_flood_kit  # noqa: E402
 
-from gpubook.runtime import overlay_image  # noqa: E402 - the tree's own (PYTHONPATH), as are the tests' kits
 from gpubook.runtime.engines import engine_from  # noqa: E402
-from gpubook.runtime.templates import get_template  # noqa: E402
+from gpubook.runtime.templates import overlay_image  # noqa: E402 - the tree's own (PYTHONPATH), as are the tests' kits
+from gpubook.runtime.templates.catalog import get_template  # noqa: E402
 from tests.kits import engine_suite, safe_data  # noqa: E402
 from tests.kits.engine_suite import Bookings  # noqa: E402
 

@@ -28,9 +28,12 @@ import paramiko
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.container_start import podman_engine  # noqa: E402
-from gpubook.runtime import booking, overlay_image, private, ssh, storage  # noqa: E402
+from gpubook.runtime import private  # noqa: E402
+from gpubook.runtime.booking import launch, ssh
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import Engine, container_name  # noqa: E402
-from gpubook.runtime.templates import get_template  # noqa: E402
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import get_template  # noqa: E402
 from tests.kits.engine_suite import free_port  # noqa: E402
 
 MIB = 1 << 20
@@ -44,13 +47,13 @@ def start(engine: Engine, network: str, *, folders: storage.DataFolders, booker_
     name = container_name(booking_id)
     engine.stop(name, 0)
     host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
-    spec = booking.booking_spec(
+    spec = launch.booking_spec(
         get_template("debian-ssh"),
-        booking.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001,
+        launch.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001,
                         ssh_keys=(f"{booker_key.get_name()} {booker_key.get_base64()} bench",), port=free_port(),
                         end=datetime.now(UTC) + timedelta(hours=1)),
-        booking.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
-    booking.start_booking(engine, spec, probe_key=probe_key, timeout=60)
+        launch.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
+    launch.start_booking(engine, spec, probe_key=probe_key, timeout=60)
     return name, spec.port, ssh.known_hosts_line(host="127.0.0.1", port=spec.port, host_key=host_key.public)
 
 

@@ -244,9 +244,11 @@ def create_ahead(runs: int) -> None:
     """One booking at a time: `run` against `create` ahead and `start` at the start, each from its
     call to the probe's login (the booking's real spec and argv; podman 4.3's `create` has no
     `--passwd`, so it is left out there: the container runs as root 0:0, whose entry exists)."""
-    from gpubook.runtime import booking, private, ssh, storage
+    from gpubook.runtime import private
+    from gpubook.runtime.booking import launch, ssh
+    from gpubook.runtime.data import storage
     from gpubook.runtime.engines import container_name, engine_from
-    from gpubook.runtime.templates import get_template
+    from gpubook.runtime.templates.catalog import get_template
     from tests.kits.engine_suite import free_port
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
@@ -261,11 +263,11 @@ def create_ahead(runs: int) -> None:
                 booking_id = f"ahead-{mode}-{number}"
                 name = container_name(booking_id)
                 key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
-                spec = booking.booking_spec(
+                spec = launch.booking_spec(
                     get_template("debian-ssh"),
-                    booking.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(),
+                    launch.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(),
                                     port=free_port(), end=datetime.now(UTC) + timedelta(hours=1)),
-                    booking.HostFiles(probe_key=probe, cache_dir=cache, host_key=key, folders=folders))
+                    launch.HostFiles(probe_key=probe, cache_dir=cache, host_key=key, folders=folders))
                 argv = engine.run_args(spec)  # type: ignore[attr-defined]
                 try:
                     if mode == "ahead":
@@ -321,9 +323,9 @@ def main() -> None:
         create_ahead(args.create_ahead)
         return
 
-    from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
-    from gpubook.runtime.templates import get_template
+    from gpubook.runtime.templates import overlay_image
+    from gpubook.runtime.templates.catalog import get_template
     from tests.kits.engine_suite import CACHE_DIR
 
     overlay_image.build_rootfs_image(engine_from("podman", runtime="runc", storage_driver="overlay"),

@@ -142,9 +142,9 @@ def pass_record(folder: Path, count: int = 1000) -> None:
 
 
 def podman_logs(args: argparse.Namespace) -> None:
-    from gpubook.runtime import overlay_image
     from gpubook.runtime.engines import engine_from
-    from gpubook.runtime.templates import get_template
+    from gpubook.runtime.templates import overlay_image
+    from gpubook.runtime.templates.catalog import get_template
     from tests.kits.engine_suite import CACHE_DIR
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")

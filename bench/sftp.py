@@ -46,9 +46,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.container_start import podman_engine  # noqa: E402
-from gpubook.runtime import private, sftp, ssh, storage  # noqa: E402
+from gpubook.runtime import private  # noqa: E402
+from gpubook.runtime.booking import ssh
+from gpubook.runtime.data import sftp, storage
 from gpubook.runtime.engines import Engine  # noqa: E402
-from gpubook.runtime.templates import get_template  # noqa: E402
+from gpubook.runtime.templates.catalog import get_template  # noqa: E402
 from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings  # noqa: E402
 from tests.kits import safe_data  # noqa: E402
 

@@ -5,7 +5,7 @@ asserts nothing.
 
 Run as the daemon's account (rootless podman set up), FOLDER on a data tmpfs of that account. It
 makes FILES empty files (default 1,000,000: 1,000 folders of 1,000, os.open in a loop), then
-measures them the way the service does (gpubook.runtime.sftp.measure: `podman unshare` + the walk
+measures them the way the service does (gpubook.runtime.data.sftp.measure: `podman unshare` + the walk
 as a child process): once with no practical bound (the full walk's wall time, and the child's
 CPU time from getrusage), once with BOUND_SECONDS (default 20, [sftp] measure_seconds' default:
 how far a bounded walk gets), and the walk in-process for comparison (no podman unshare). The
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpubook.runtime import sftp, usage_walk
+from gpubook.runtime.data import sftp, usage_walk
 from gpubook.runtime.engines import EngineSettings, make_engine
 
 

@@ -7,10 +7,10 @@ own network namespaces) and the account gpubook-test with rootless podman and th
 image (built once, as in tests/test_slurm_jobs.py). Each round, one booking:
 
 - through Slurm: its reservation made (not timed), then `SlurmHost.start`: sbatch into the
-  reservation, Slurm starts the job, srun runs `runtime.slurm_step` on node2, which starts the
+  reservation, Slurm starts the job, srun runs `runtime.slurm.step` on node2, which starts the
   container and logs in over SSH with its probe key, then writes its result; timed until
   `start` returns (it polls the shared folder every 0.5 s, so figures carry up to 0.5 s of that).
-- without Slurm: `python -m gpubook.runtime.slurm_step` run directly as the account (same engine code,
+- without Slurm: `python -m gpubook.runtime.slurm.step` run directly as the account (same engine code,
   same container, same probe), timed until its result file appears (polled every 0.05 s).
 
 Each line also gives the step's own engine-start-to-SSH time (`seconds_to_ssh` in the result).
@@ -31,8 +31,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpubook.runtime.engines import container_name
-from gpubook.runtime.slurm_step import StepRequest
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.slurm.step import StepRequest
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.slurm import SlurmCluster
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
@@ -73,7 +73,7 @@ def without_slurm(folder: Path, user: str, booking_id: str, port: int) -> tuple[
            "PATH=/usr/local/bin:/usr/bin:/bin", "SLURMD_NODENAME=local", "CUDA_VISIBLE_DEVICES=0,1"]
     began = time.monotonic()
     process = subprocess.Popen(["runuser", "-u", user, "--", "env", *env, sys.executable, "-m",
-                                "gpubook.runtime.slurm_step", str(folder / "request.json")], cwd="/tmp")
+                                "gpubook.runtime.slurm.step", str(folder / "request.json")], cwd="/tmp")
     result = folder / "result-local.json"
     while not result.exists():
         if process.poll() is not None:

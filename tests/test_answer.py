@@ -21,7 +21,7 @@ import requests
 
 from gpubook.runtime.engines import container_name
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.templates import load_all
+from gpubook.runtime.templates.catalog import load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.core.bookings import Booking, Rejection

@@ -24,7 +24,8 @@ from typing import ClassVar, cast
 import paramiko
 import pytest
 
-from gpubook.runtime import booking, engines, ssh
+from gpubook.runtime import engines
+from gpubook.runtime.booking import launch, ssh
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import (
     ContainerInfo,
@@ -35,7 +36,7 @@ from gpubook.runtime.engines import (
     container_name,
     info_from_labels,
 )
-from gpubook.runtime.templates import load_all
+from gpubook.runtime.templates.catalog import load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import hosts as hosts_module
 from gpubook.scheduler import sources
@@ -77,7 +78,7 @@ class _Container:
     """A booking's "container": an SSH server on the booking's port, with the host key the spec binds."""
 
     def __init__(self, spec: ContainerSpec) -> None:
-        [folder] = [m.source for m in spec.mounts if m.target == booking.HOST_KEY_TARGET]
+        [folder] = [m.source for m in spec.mounts if m.target == launch.HOST_KEY_TARGET]
         self.host_key = paramiko.Ed25519Key.from_private_key_file(str(folder / ssh.HOST_KEY_FILE))
         self.spec = spec
         self.listener = socket.create_server(("127.0.0.1", spec.port))

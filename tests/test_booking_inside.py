@@ -13,7 +13,8 @@ import shlex
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gpubook.runtime import booking_json, private
+from gpubook.runtime import private
+from gpubook.runtime.booking import booking_json
 from gpubook.runtime.engines import container_name
 from gpubook.scheduler.outbox.timeline import short_title
 from tests.kits.daemon_kit import (

@@ -1,4 +1,4 @@
-"""booking.json on the host (gpubook/runtime/booking_json.py), hostile to what may be planted where
+"""booking.json on the host (gpubook/runtime/booking/booking_json.py), hostile to what may be planted where
 it is written: the daemon writes through a fresh file and a rename, never through a symlink, and
 refuses a folder that is not its own."""
 
@@ -13,8 +13,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpubook.runtime import booking_json
-from gpubook.runtime.booking_json import Card, CardError
+from gpubook.runtime.booking import booking_json
+from gpubook.runtime.booking.booking_json import Card, CardError
 
 START = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 CARD = Card(booking="b@test", uid="b@test", title='Run "x"\x1b[31m\u00e9', user="alice", start=START,

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpubook.logsafe import OneLineFormatter
-from gpubook.runtime.booking_json import Card
+from gpubook.runtime.booking.booking_json import Card
 from gpubook.scheduler.core import values
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from tests.kits.booking_kit import raw, read

@@ -14,10 +14,11 @@ from typing import ClassVar
 
 import pytest
 
-from gpubook.runtime import engines, gpus
+from gpubook.runtime import engines
 from gpubook.runtime.checks import Check, format_checks
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.runtime.errors import ConfigError
+from gpubook.runtime.nvidia import gpus
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import admin, cli
 from gpubook.scheduler.locks import LOCK_FILE

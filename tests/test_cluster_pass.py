@@ -87,7 +87,7 @@ def make(tmp_path: Path, cluster: Cluster, state: State) -> Pass:
 
 
 def _templates():  # type: ignore[no-untyped-def]
-    from gpubook.runtime.templates import load_all
+    from gpubook.runtime.templates.catalog import load_all
 
     return load_all(None)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import images
-from gpubook.runtime.templates import default_templates_dir
+from gpubook.runtime.templates import images
+from gpubook.runtime.templates.catalog import default_templates_dir
 from tests.kits import daemon_kit, registry_kit
 from tests.kits.daemon_kit import (
     DAEMON_MODULE,

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from gpubook.runtime.engines import ContainerInfo, booker_digest, container_name
-from gpubook.runtime.templates import load_all
+from gpubook.runtime.templates.catalog import load_all
 from gpubook.scheduler.apply.ahead import Preparation
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.decide import Disarm, Memory, Recheck, Runs, Start, Stop, Warn, decide

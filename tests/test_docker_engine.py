@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import storage
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.mounts import Mount, missing_mount_flags

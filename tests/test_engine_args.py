@@ -251,8 +251,9 @@ class CoreOnly:
 def test_an_engine_without_a_capability_is_told_in_one_sentence_what_is_missing(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from gpubook.runtime import engines, overlay_image
-    from gpubook.runtime.templates import get_template
+    from gpubook.runtime import engines
+    from gpubook.runtime.templates import overlay_image
+    from gpubook.runtime.templates.catalog import get_template
     from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings
 
     engine = CoreOnly()

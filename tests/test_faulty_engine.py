@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import booking
+from gpubook.runtime.booking import launch
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, engine_from
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates.catalog import get_template
 from tests.kits import safe_data
 from tests.kits.daemon_kit import wait_for
 from tests.kits.engine_suite import PODMAN, Bookings, new_key
@@ -208,7 +208,7 @@ def test_a_start_after_a_killed_stop_leaves_no_container_running_unlisted(faulty
         try:
             # The booker's work ignores SIGTERM (a training writing its checkpoint): the stop waits its grace.
             spec, _ = bookings.spec(key=new_key(), command=("sh", "-c", "trap '' TERM; sleep 600 & wait"))
-            booking.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
+            launch.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
             stopping = _stop_killed_midway(faulty, wrapped, spec.name)
             started = wrapped.start(spec)  # the booking due again (moved back, say) before the stop's retry
             assert started.id != stopping.id
@@ -242,7 +242,7 @@ def unlisted(faulty: FaultyEngine, wrapped: Engine) -> Iterator[tuple[Bookings, 
         bookings = Bookings(wrapped, data_root, get_template("debian-ssh"))
         try:
             spec, _ = bookings.spec(key=new_key(), command=("sh", "-c", "trap '' TERM; sleep 600 & wait"))
-            first = booking.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT).info
+            first = launch.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT).info
             _stop_killed_midway(faulty, wrapped, spec.name)
             assert podman(wrapped.global_argv(), "rm", "--force", "--time", "0", spec.name).returncode == 0  # type: ignore[attr-defined]
             assert [o.name for o in faulty.orphans(store)] == [spec.name]  # running, unlisted, its port held
@@ -257,7 +257,7 @@ def test_a_start_ends_its_container_left_running_unlisted_and_starts_on_its_port
         faulty: FaultyEngine, wrapped: Engine, unlisted: tuple[Bookings, ContainerSpec, ContainerInfo]) -> None:
     """Without gpubook ending it, the start fails: its port is in use, and the booking never runs."""
     bookings, spec, first = unlisted
-    again = booking.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
+    again = launch.start_booking(wrapped, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
     assert again.info.id != first.id and again.info.port == spec.port
     assert faulty.orphans(wrapped.global_argv()[1:]) == []  # type: ignore[attr-defined]
 
@@ -328,7 +328,7 @@ def test_a_start_removes_a_storage_only_container_of_its_name_and_starts(
             assert engine.inspect(spec.name) is None  # podman's database knows no such container
             refused = podman(engine.global_argv(), "run", "--rm", "--name", spec.name, spec.image, "true")  # type: ignore[attr-defined]
             assert refused.returncode != 0 and "already in use" in refused.stderr  # what the booking met
-            started = booking.start_booking(engine, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
+            started = launch.start_booking(engine, spec, probe_key=bookings.probe_key, timeout=TIMEOUT)
             assert started.info.running and started.info.port == spec.port
             assert "is in podman's storage but not in its database" in caplog.text
             assert buildah(engine, "containers", "--format", "{{.ContainerName}}").stdout.split().count(other) == 1

@@ -325,7 +325,7 @@ def test_bookings_output_escapes_control_characters() -> None:
     config = make_config()
     expansion = read(raw(vcalendar(vevent("e1", START, END_LINE, "SUMMARY:alice \x1b[2Jwiped\x1b]0;x\x07"),
                                    vevent("e2\x1b[31m", START, END_LINE, "SUMMARY:nobody"))), config=config)
-    from gpubook.runtime import gpus as gpu_inventory
+    from gpubook.runtime.nvidia import gpus as gpu_inventory
     from gpubook.scheduler.core import plan as plan_module
 
     inventory = gpu_inventory.inventory(static_count=2)

@@ -15,9 +15,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpubook.runtime import images
 from gpubook.runtime.errors import Preparing, TemplateError
-from gpubook.runtime.templates import load_template
+from gpubook.runtime.templates import images
+from gpubook.runtime.templates.catalog import load_template
 from gpubook.scheduler.hosts.images import (
     EVENT_REFRESH,
     FAILED,

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import images
 from gpubook.runtime.engines import Engine, container_name, engine_from, podman
 from gpubook.runtime.engines.cli_images import LABEL_WARM, WARM_PREFIX
-from gpubook.runtime.templates import Template, load_template
+from gpubook.runtime.templates import images
+from gpubook.runtime.templates.catalog import Template, load_template
 from gpubook.scheduler.hosts.images import FAILED, READY, ImagePreparer
 from tests.kits import registry_kit
 from tests.kits.registry_kit import Registry

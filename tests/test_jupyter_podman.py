@@ -26,11 +26,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
-from gpubook.runtime import jupyter
+from gpubook.runtime.booking import jupyter
 from gpubook.runtime.engines import Engine, container_name, engine_from
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.overlay_image import build_rootfs_image
-from gpubook.runtime.templates import Template, get_template
+from gpubook.runtime.templates.catalog import Template, get_template
+from gpubook.runtime.templates.overlay_image import build_rootfs_image
 from gpubook.scheduler.commands.embedded import free_port
 from tests.kits import safe_data
 from tests.kits.daemon_kit import DaemonProcess, book, description, soon, try_login, wait_for, write_config

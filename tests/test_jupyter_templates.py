@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import booking as runtime_booking
-from gpubook.runtime import cuda, jupyter, ssh
+from gpubook.runtime.booking import jupyter, launch, ssh
 from gpubook.runtime.engines import ContainerInfo, ExecResult, container_name
-from gpubook.runtime.templates import load_all, load_template
+from gpubook.runtime.nvidia import cuda
+from gpubook.runtime.templates.catalog import load_all, load_template
 from gpubook.scheduler.apply.handlers import StartHandler
 from gpubook.scheduler.apply.memory import Journal, Recall
 from gpubook.scheduler.core import decide
@@ -79,16 +79,16 @@ def test_jupyter_must_be_true_or_false(tmp_path: Path) -> None:
 
 
 def test_booking_spec_asks_the_entrypoint_for_jupyter_only_when_the_template_does(tmp_path: Path) -> None:
-    from gpubook.runtime.storage import DataFolders
+    from gpubook.runtime.data.storage import DataFolders
 
     torch = load_all().templates["pytorch-cuda12"]
     probe = ssh.load_probe_key(tmp_path / "probe")
     key = ssh.HostKey(folder=tmp_path, public="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJZ")
     folders = DataFolders(user="alice", input=tmp_path, output=tmp_path, home=None)
-    booked = runtime_booking.Tenancy(booking_id="b1", user="alice", uid=2001, gid=2001, ssh_keys=(), port=2201,
+    booked = launch.Tenancy(booking_id="b1", user="alice", uid=2001, gid=2001, ssh_keys=(), port=2201,
                                      end=NOW)
-    files = runtime_booking.HostFiles(probe_key=probe, cache_dir=tmp_path, host_key=key, folders=folders)
-    specs = [runtime_booking.booking_spec(template, booked, files)
+    files = launch.HostFiles(probe_key=probe, cache_dir=tmp_path, host_key=key, folders=folders)
+    specs = [launch.booking_spec(template, booked, files)
              for template in (torch, replace(torch, jupyter=False))]
     assert (jupyter.ENV, "1") in specs[0].env
     assert jupyter.ENV not in dict(specs[1].env)

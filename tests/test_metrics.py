@@ -20,13 +20,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from gpubook.runtime.booking.ssh import ForeignHostKey
 from gpubook.runtime.errors import EngineError, StorageError, TemplateError
-from gpubook.runtime.images import Ledger, PullError
 from gpubook.runtime.nvidia import nvml
 from gpubook.runtime.nvidia.model import Gpu
 from gpubook.runtime.nvidia.nvml import NvmlView
-from gpubook.runtime.ssh import ForeignHostKey
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates.catalog import get_template
+from gpubook.runtime.templates.images import Ledger, PullError
 from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.outbox import metrics

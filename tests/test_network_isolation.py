@@ -23,11 +23,11 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import ssh
+from gpubook.runtime.booking import ssh
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, EngineSettings
 from gpubook.runtime.engines.podman import PodmanEngine
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler.commands.embedded import free_port
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.local import LocalHost

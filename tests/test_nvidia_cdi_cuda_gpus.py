@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import cuda, gpus, nvidia
+from gpubook.runtime import nvidia
 from gpubook.runtime.checks import format_checks
 from gpubook.runtime.errors import DriverError
-from gpubook.runtime.nvidia import cdi
+from gpubook.runtime.nvidia import cdi, cuda, gpus
 from tests.kits.nvidia_fake_driver import VERSION, device_nodes, driver_libraries, executable, proc_driver
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime import nvidia
-from gpubook.runtime.elf import read_elf
 from gpubook.runtime.engines import engine_from
 from gpubook.runtime.errors import DriverError, EngineError
+from gpubook.runtime.nvidia.elf import read_elf
 from tests.kits import safe_data
 from tests.kits.nvidia_fake_driver import (
     EM_386,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import overlay_image
 from gpubook.runtime.engines import Engine, engine_from
-from gpubook.runtime.templates import load_template
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import load_template
 from tests.kits.engine_suite import CACHE_DIR, Bookings, connect, run
 
 pytestmark = [

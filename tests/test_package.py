@@ -209,7 +209,7 @@ def test_the_wheel_carries_the_license_and_everything_the_daemon_reads_at_run_ti
     names = set(zipfile.ZipFile(wheel).namelist())
     assert f"gpubook-{__version__}.dist-info/licenses/LICENSE" in names
     shipped = ["gpubook/config/gpubook.example.toml", "gpubook/systemd/gpubook.service",
-               "gpubook/runtime/overlay/entrypoint.sh", "gpubook/runtime/overlay/gpubook-booking",
+               "gpubook/runtime/booking/overlay/entrypoint.sh", "gpubook/runtime/booking/overlay/gpubook-booking",
                *(f"gpubook/templates/{p.name}" for p in (ROOT / "gpubook" / "templates").glob("*.toml")),
                *(str(p.relative_to(ROOT)) for p in (ROOT / "gpubook/scheduler/outbox/web").glob("*/*.*")
                  if p.parent.name != "__pycache__")]  # the page's files (its bytecode is made where it runs)

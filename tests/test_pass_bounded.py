@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import images
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.runtime.errors import EngineError
+from gpubook.runtime.templates import images
 from gpubook.scheduler.apply.ahead import LEAD
 from gpubook.scheduler.apply.memory import START_BACKOFF, STATE_RETRY
 from gpubook.scheduler.core import decide
@@ -630,7 +630,7 @@ def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path:
     never answers does not keep the next booking's container from starting."""
     import paramiko
 
-    from gpubook.runtime import booking as runtime_booking
+    from gpubook.runtime.booking import launch
     from gpubook.runtime.engines import ContainerSpec
     from tests.kits.daemon_kit import IdleEngine
 
@@ -660,7 +660,7 @@ def test_the_start_gate_is_not_held_while_a_booking_waits_for_its_sshd(tmp_path:
 
     def start(booking_id: str) -> None:
         try:
-            runtime_booking.start_booking(engine, spec(booking_id), probe_key=key, timeout=HOLD, gate=gate)
+            launch.start_booking(engine, spec(booking_id), probe_key=key, timeout=HOLD, gate=gate)
         except EngineError as error:
             errors[booking_id] = str(error)
 
@@ -711,7 +711,7 @@ def test_local_host_makes_the_host_key_ahead_and_removes_it_when_the_booking_goe
     its start leaves no key behind."""
     import paramiko
 
-    from gpubook.runtime import ssh
+    from gpubook.runtime.booking import ssh
     from gpubook.scheduler.hosts.local import LocalHost
     from tests.kits.daemon_kit import IdleEngine
 

@@ -18,7 +18,7 @@ import pytest
 
 from gpubook.runtime.engines import engine_from
 from gpubook.runtime.engines.cli_transport import message_of
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates.catalog import get_template
 from tests.kits import engine_suite, registry_kit, safe_data
 from tests.kits.engine_suite import Bookings, EngineBehaviour, owner_for_podman
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import ssh
+from gpubook.runtime.booking import ssh
 from gpubook.runtime.private import UnsafePath
 from gpubook.scheduler.outbox.status_file import STATUS_FILE
 from gpubook.scheduler.state import State

@@ -12,10 +12,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpubook.runtime import provenance
-from gpubook.runtime.provenance import Card, GpuFacts
-from gpubook.runtime.provenance_file import ProvenanceFileError, main, write, write_into
-from gpubook.runtime.templates import load_template
+from gpubook.runtime.booking import provenance
+from gpubook.runtime.booking.provenance import Card, GpuFacts
+from gpubook.runtime.booking.provenance_file import ProvenanceFileError, main, write, write_into
+from gpubook.runtime.templates.catalog import load_template
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
 from gpubook.scheduler.state import State, notes
@@ -361,7 +361,7 @@ class InspectingEngine:
         self.asked: list[str] = []
 
     def image_facts(self, image: str) -> Any:
-        from gpubook.runtime.images import ImageFacts
+        from gpubook.runtime.templates.images import ImageFacts
 
         self.asked.append(image)
         return ImageFacts(id="ab12" * 16, size=1, digests=self.digests, created="", env=self.env)
@@ -382,7 +382,7 @@ class InspectingEngine:
 def test_the_start_reads_the_image_and_template_and_leaves_gpus_unknown_without_a_driver(tmp_path: Path) -> None:
     import paramiko
 
-    from gpubook.runtime.templates import Template
+    from gpubook.runtime.templates.catalog import Template
     from gpubook.scheduler.hosts import Booker
     from gpubook.scheduler.hosts.local import LocalHost
 

@@ -12,7 +12,7 @@ import shlex
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from gpubook.runtime import provenance
+from gpubook.runtime.booking import provenance
 from gpubook.runtime.engines import container_name
 from tests.kits.daemon_kit import (
     DAEMON_MODULE,

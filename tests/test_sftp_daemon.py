@@ -18,7 +18,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import sftp
+from gpubook.runtime.data import sftp
 from gpubook.runtime.engines import Engine, container_name
 from gpubook.scheduler.commands.embedded import free_port
 from tests.kits import sftp_kit

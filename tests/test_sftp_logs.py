@@ -3,7 +3,7 @@ is in tests/test_sftp_service.py)."""
 
 from __future__ import annotations
 
-from gpubook.runtime.sftp import bind_failures
+from gpubook.runtime.data.sftp import bind_failures
 
 
 def test_sftp_bind_failures_are_sshds_own_lines() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import sftp
+from gpubook.runtime.data import sftp
 from gpubook.runtime.engines import Engine
 from gpubook.scheduler.commands.embedded import free_port
 from gpubook.scheduler.hosts.sftp import SftpService, SftpSettings

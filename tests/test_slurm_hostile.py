@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines import EngineSettings
-from gpubook.runtime.slurm_step import StepRequest
+from gpubook.runtime.slurm.step import StepRequest
 from gpubook.scheduler.hosts.slurm import Scontrol, SlurmCluster, SlurmError
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
 from tests.kits import slurm_kit

@@ -27,11 +27,11 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import ssh
+from gpubook.runtime.booking import ssh
 from gpubook.runtime.engines import container_name
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.slurm_step import StepRequest
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.slurm.step import StepRequest
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.slurm import SlurmCluster, SlurmUnreachable
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
@@ -201,9 +201,9 @@ def test_a_start_that_fails_on_the_node_says_why_and_leaves_no_job(cluster: slur
 
 
 def _step_pids(folder: Path) -> list[int]:
-    """The processes of a booking's step (`python -m gpubook.runtime.slurm_step FOLDER/request.json`),
+    """The processes of a booking's step (`python -m gpubook.runtime.slurm.step FOLDER/request.json`),
     not the srun that started it."""
-    wanted = [b"gpubook.runtime.slurm_step", str(folder / "request.json").encode()]
+    wanted = [b"gpubook.runtime.slurm.step", str(folder / "request.json").encode()]
     found = []
     for entry in Path("/proc").iterdir():
         try:

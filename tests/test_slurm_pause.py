@@ -6,7 +6,7 @@ account's rootless podman keeps one pause process per node, holding the user nam
 containers there. Before the fix, the first booking's step started it inside its own job's cgroup,
 so the end of that job (its booker deletes the event) ended the pause process and with it the
 namespaces of every other booking on the node. Now a step in a job cgroup refuses to start while the
-pause process is missing or inside a job, and Slurm's Prolog (`python -m gpubook.runtime.slurm_pause
+pause process is missing or inside a job, and Slurm's Prolog (`python -m gpubook.runtime.slurm.pause
 ACCOUNT`, as root, outside the job) starts it before the step: then a second booking outlives the
 end of the first, its container the same one, and SSH still answers in it.
 """
@@ -28,8 +28,8 @@ import pytest
 
 from gpubook.runtime.engines import container_name
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.slurm_pause import job_of
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.slurm.pause import job_of
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.slurm import SlurmCluster
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
@@ -52,7 +52,7 @@ def tracked() -> Iterator[slurm_kit.Cluster]:
     folder.chmod(0o755)
     script = folder / "prolog.sh"
     script.write_text(f"#!/bin/sh\n[ -e {folder}/on ] || exit 0\n"
-                      f"PYTHONPATH={REPO} exec {sys.executable} -m gpubook.runtime.slurm_pause "
+                      f"PYTHONPATH={REPO} exec {sys.executable} -m gpubook.runtime.slurm.pause "
                       f"{slurm_kit.DEFAULT_USER} 2>>{folder}/prolog.log\n")
     script.chmod(0o755)
     try:
@@ -130,7 +130,7 @@ def test_a_step_in_a_job_cgroup_refuses_to_start_the_pause_process_in_its_job(
         host.start(request)
     said = str(refused.value)
     assert "podman's pause process of this account does not run on node1" in said, said
-    assert "this step runs in the cgroup of job" in said and "python -m gpubook.runtime.slurm_pause" in said, said
+    assert "this step runs in the cgroup of job" in said and "python -m gpubook.runtime.slurm.pause" in said, said
     assert _pause_pid() is None  # the step ran no podman command: nothing started in its job
 
 

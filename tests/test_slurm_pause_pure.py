@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpubook.runtime import slurm_pause
-from gpubook.runtime.slurm_pause import job_of, prolog
+from gpubook.runtime.slurm import pause as slurm_pause
+from gpubook.runtime.slurm.pause import job_of, prolog
 
 V1 = "12:freezer:/slurm/uid_1010/job_42/step_0\n11:memory:/user.slice\n0::/user.slice/session-3.scope\n"
 V2 = "0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_0\n"

@@ -15,7 +15,7 @@ import pytest
 
 from gpubook.runtime.engines import EngineSettings
 from gpubook.runtime.errors import GpubookError
-from gpubook.runtime.slurm_step import StepRequest, _prepare, engine_settings_from, granted_gpus
+from gpubook.runtime.slurm.step import StepRequest, _prepare, engine_settings_from, granted_gpus
 from gpubook.scheduler.hosts.slurm import Scontrol
 from gpubook.scheduler.hosts.slurm.cluster import SlurmError
 from gpubook.scheduler.hosts.slurm.jobs import JobRequest, SlurmJobs
@@ -63,7 +63,7 @@ def test_a_hostile_booking_id_reaches_neither_the_script_nor_sbatch_as_anything_
     assert lines[0] == "#!/bin/sh" and all(line.startswith("#") for line in lines[1:-1])
     assert shlex.split(lines[-1]) == ["exec", "srun", "--kill-on-bad-exit=1", "--chdir=/",
                                       "/opt/gpubook venv/bin/python",
-                                      "-P", "-m", "gpubook.runtime.slurm_step", str(folder / "request.json")]
+                                      "-P", "-m", "gpubook.runtime.slurm.step", str(folder / "request.json")]
     assert json.loads((folder / "request.json").read_text())["booking_id"] == HOSTILE_ID  # data, never code
 
 
@@ -131,7 +131,7 @@ def _other_value(name: str, hint: object, default: object) -> object:
                                      bool: not default, int: 777, float: 2.5}
     if kind not in samples:
         raise AssertionError(f"EngineSettings.{name}: no sample value of type {kind} here; add one, and make sure "
-                             f"runtime.slurm_step carries it to the step")
+                             f"runtime.slurm.step carries it to the step")
     return samples[kind]
 
 
@@ -210,7 +210,7 @@ def test_a_step_refuses_a_request_it_was_not_written_to_run(tmp_path: Path, chan
 
 def test_slurms_gres_indices_are_read_as_nvidia_smis_through_the_device_minors() -> None:
     from gpubook.runtime.nvidia.model import Gpu
-    from gpubook.runtime.slurm_step import nvidia_indices
+    from gpubook.runtime.slurm.step import nvidia_indices
 
     # nvidia-smi's order (PCI bus) against the minors: GPU 0 is /dev/nvidia1, GPU 1 is /dev/nvidia0.
     crossed = (Gpu(index=0, minor=1, bus_id="0000:01:00.0"), Gpu(index=1, minor=0, bus_id="0000:02:00.0"))
@@ -242,7 +242,7 @@ def _order(folder: Path, token: str, argv: list[str]) -> Path:
 
 
 def test_the_step_runs_the_daemons_orders_and_answers_them(tmp_path: Path) -> None:
-    from gpubook.runtime.slurm_step import serve_execs
+    from gpubook.runtime.slurm.step import serve_execs
 
     folder = tmp_path / "job"
     folder.mkdir(mode=0o755)
@@ -260,7 +260,7 @@ def test_orders_anybody_could_have_written_are_not_run(tmp_path: Path) -> None:
     (it would run as root in a booker's container)."""
     import os
 
-    from gpubook.runtime.slurm_step import serve_execs
+    from gpubook.runtime.slurm.step import serve_execs
 
     open_folder = tmp_path / "open"
     open_folder.mkdir()
@@ -297,7 +297,7 @@ def test_results_anybody_could_have_written_are_refused_and_a_host_key_is_one_pa
 
     import paramiko
 
-    from gpubook.runtime import ssh
+    from gpubook.runtime.booking import ssh
     from gpubook.scheduler.hosts.slurm.jobs import SlurmJobs
 
     key = paramiko.ECDSAKey.generate()

@@ -9,10 +9,10 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import storage
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import engine_from
 from gpubook.runtime.errors import StorageError
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.hosts.local import LocalHost
 from tests.kits import safe_data

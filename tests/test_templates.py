@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import templates_cli
 from gpubook.runtime.errors import TemplateError
-from gpubook.runtime.templates import get_template, load_all, load_template, template_names
+from gpubook.runtime.templates import cli as templates_cli
+from gpubook.runtime.templates.catalog import get_template, load_all, load_template, template_names
 
 SHIPPED = {
     "tensorflow-cuda9",

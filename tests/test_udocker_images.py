@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import images, overlay_image
 from gpubook.runtime.engines import Engine, engine_from
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.templates import get_template, load_template
+from gpubook.runtime.templates import images, overlay_image
+from gpubook.runtime.templates.catalog import get_template, load_template
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import doctor
 from gpubook.scheduler.hosts.images import FAILED, READY, ImagePreparer

@@ -163,9 +163,9 @@ def plan(ns: argparse.Namespace, own: argparse.Namespace, selected: list[str], p
 def seed_rootfs() -> Path:
     """The debian-ssh template's root file system, made once (as root, mmdebstrap's fastest mode) in
     root's cache; at once when it is there."""
-    from gpubook.runtime.overlay_image import rootfs_tarball
     from gpubook.runtime.private import default_cache_dir
-    from gpubook.runtime.templates import get_template
+    from gpubook.runtime.templates.catalog import get_template
+    from gpubook.runtime.templates.overlay_image import rootfs_tarball
 
     return rootfs_tarball(get_template("debian-ssh"), cache_dir=default_cache_dir())
 

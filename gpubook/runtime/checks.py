@@ -1,6 +1,6 @@
 """`gpubook doctor`'s findings: one `Check` per thing looked at, each problem with its fix.
 
-Neutral ground: the driver checks (runtime.gpus), the engine preflights (runtime.engines) and the
+Neutral ground: the driver checks (runtime.nvidia.gpus), the engine preflights (runtime.engines) and the
 scheduler's own checks all return `Check`s, and none of them needs the others to do so.
 
 A check is ok, WARN or FAIL. A WARN is a check that did not pass but that gpubook works without

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from gpubook.runtime import gpus as gpu_inventory
-from gpubook.runtime.templates import template_names
+from gpubook.runtime.nvidia import gpus as gpu_inventory
+from gpubook.runtime.templates.catalog import template_names
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.bookings import Booking, BookingReader, Rejection

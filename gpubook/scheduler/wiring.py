@@ -22,14 +22,15 @@ from zoneinfo import ZoneInfo
 
 import paramiko
 
-from gpubook.runtime import crash, engines, private, ssh
-from gpubook.runtime import gpus as gpu_inventory
+from gpubook.runtime import crash, engines, private
+from gpubook.runtime.booking import ssh
 from gpubook.runtime.engines import ContainerInfo, Engine
 from gpubook.runtime.errors import ConfigError
-from gpubook.runtime.images import Ledger
+from gpubook.runtime.nvidia import gpus as gpu_inventory
 from gpubook.runtime.nvidia import nvml
 from gpubook.runtime.private import private_folder
-from gpubook.runtime.templates import TemplateSet, load_all
+from gpubook.runtime.templates.catalog import TemplateSet, load_all
+from gpubook.runtime.templates.images import Ledger
 from gpubook.scheduler.apply.handlers import StopHandler
 from gpubook.scheduler.apply.memory import Journal
 from gpubook.scheduler.apply.passes import Pass, PassResult, checked_hosts

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime import nvidia, storage
+from gpubook.runtime import nvidia
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import Engine, engine_from
 from gpubook.runtime.errors import EngineError
 from tests.kits import hostroot, safe_data, servers

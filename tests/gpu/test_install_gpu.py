@@ -47,7 +47,7 @@ import paramiko
 import pytest
 
 import gpubook
-from gpubook.runtime import storage
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import Engine, container_name, engine_from
 from gpubook.runtime.nvidia.model import Gpu
 from tests.kits import booker, hostroot, servers

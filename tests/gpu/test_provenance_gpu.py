@@ -19,7 +19,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import provenance
+from gpubook.runtime.booking import provenance
 from gpubook.runtime.engines import Engine, container_name
 from gpubook.runtime.nvidia.model import Gpu
 from tests.kits import servers

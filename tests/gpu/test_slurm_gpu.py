@@ -4,7 +4,7 @@ mode), end to end with gpubook's own Slurm backend.
 
 SlurmCluster.sync makes the booking's advance reservation; SlurmHost.start submits its job into it
 asking for 1 GPU (of 2 on a 2-GPU host: "exactly its GPUs" then means something); the job's step
-(runtime.slurm_step) starts the container with rootful podman and the host driver injected for the
+(runtime.slurm.step) starts the container with rootful podman and the host driver injected for the
 GPU Slurm granted. The booker logs in over SSH (paramiko, only the host key the step reported) and
 must see exactly that GPU: `nvidia-smi -L` lists the UUID the host's NVML gives the granted
 /dev/nvidiaN, a CUDA kernel (tests/gpu/cudacheck.c) runs on it and sees 1 device, the other GPU's
@@ -43,7 +43,7 @@ import pytest
 from gpubook.runtime.engines import Engine, EngineSettings, container_name, engine_from
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.nvidia.model import Gpu
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.hosts import Booker, StartRequest
@@ -59,7 +59,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slurm,
 
 BUNDLE, TEMPLATE, IMAGE, TEMPLATE_TOML, ULIMITS = (hostroot.BUNDLE, hostroot.SSHD_TEMPLATE, hostroot.SSHD_IMAGE,
                                                   hostroot.SSHD_TEMPLATE_TOML, hostroot.ULIMITS)
-# The step's engine (runtime.slurm_step reads these): rootful podman, runc, overlay, the host network.
+# The step's engine (runtime.slurm.step reads these): rootful podman, runc, overlay, the host network.
 STEP_ENGINE = EngineSettings(name="podman", runtime="runc", storage_driver="overlay", network="host",
                              ulimits=tuple(ULIMITS))
 PREFIX = "gpubook-"

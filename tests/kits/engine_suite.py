@@ -24,11 +24,13 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpubook.runtime import booking, private, ssh, storage
+from gpubook.runtime import private
+from gpubook.runtime.booking import launch, ssh
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
 from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from gpubook.runtime.errors import EngineError, StorageError
-from gpubook.runtime.templates import Template
+from gpubook.runtime.templates.catalog import Template
 from gpubook.scheduler.commands.embedded import end_process
 
 BOOKER = "alice"
@@ -140,7 +142,7 @@ class Booking:
     spec: ContainerSpec
     folders: storage.DataFolders
     key: paramiko.PKey
-    ready: booking.Ready
+    ready: launch.Ready
 
 
 class Bookings:
@@ -168,11 +170,11 @@ class Bookings:
         booking_id = f"test-{secrets.token_hex(4)}@gpubook"
         host_key = ssh.booking_host_key(CACHE_DIR, container_name(booking_id),
                                         owner=self.engine.host_owner(0, 0), chown=self.engine.chown)
-        spec = booking.booking_spec(
+        spec = launch.booking_spec(
             template,
-            booking.Tenancy(booking_id=booking_id, user=user, uid=uid, gid=uid, ssh_keys=(key_line(key),),
+            launch.Tenancy(booking_id=booking_id, user=user, uid=uid, gid=uid, ssh_keys=(key_line(key),),
                             port=port or lane_port(), end=datetime.now(UTC) + timedelta(hours=1), gpus=(0, 1)),
-            booking.HostFiles(probe_key=self.probe_key, cache_dir=CACHE_DIR, host_key=host_key, folders=folders),
+            launch.HostFiles(probe_key=self.probe_key, cache_dir=CACHE_DIR, host_key=host_key, folders=folders),
         )
         self.names.append(spec.name)
         return spec, folders
@@ -180,7 +182,7 @@ class Bookings:
     def start(self, *, command: tuple[str, ...] = ()) -> Booking:
         key = new_key()
         spec, folders = self.spec(key=key, command=command)
-        ready = booking.start_booking(self.engine, spec, probe_key=self.probe_key, timeout=60)
+        ready = launch.start_booking(self.engine, spec, probe_key=self.probe_key, timeout=60)
         return Booking(spec=spec, folders=folders, key=key, ready=ready)
 
     def cleanup(self) -> None:

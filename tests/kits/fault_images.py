@@ -24,9 +24,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpubook.runtime import overlay_image
 from gpubook.runtime.engines import Engine
-from gpubook.runtime.templates import default_templates_dir, load_template
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import default_templates_dir, load_template
 from tests.kits import registry_kit
 from tests.kits.registry_kit import Registry
 

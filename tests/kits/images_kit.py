@@ -10,11 +10,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpubook.runtime import images
 from gpubook.runtime.engines import EngineOptions, EngineSettings
 from gpubook.runtime.engines.docker import DockerEngine
 from gpubook.runtime.engines.podman import PodmanEngine
-from gpubook.runtime.templates import Template, load_template
+from gpubook.runtime.templates import images
+from gpubook.runtime.templates.catalog import Template, load_template
 from gpubook.scheduler.hosts.images import ImagePreparer
 from tests.kits.pass_kit import HOLD
 

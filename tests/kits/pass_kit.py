@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from gpubook.runtime.engines import ContainerInfo, ExecResult, container_name
-from gpubook.runtime.templates import load_all
+from gpubook.runtime.templates.catalog import load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.apply.passes import Pass
 from gpubook.scheduler.core.bookings import Booking, Rejection

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpubook.runtime import storage
+from gpubook.runtime.data import storage
 
 MOUNT = Path(os.environ.get("GPUBOOK_TEST_DATA_ROOT", "/srv/gpubook-test-data"))
 

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpubook.runtime import overlay_image
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import get_template
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path.home() / ".cache" / "gpubook" / "systemd"

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpubook.runtime import overlay_image
 from gpubook.runtime.engines import Engine, engine_from
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import get_template
 from tests.kits import safe_data
 from tests.kits.engine_suite import CACHE_DIR, PODMAN, Bookings
 

@@ -22,7 +22,7 @@ def account_image() -> None:
     """The debian-ssh image in the account's own podman storage (cached: a no-op once built)."""
     as_account(slurm_kit.DEFAULT_USER, "from gpubook.runtime import overlay_image; "
                "from gpubook.runtime.engines import engine_from; "
-               "from gpubook.runtime.templates import get_template; "
+               "from gpubook.runtime.templates.catalog import get_template; "
                "from tests.kits.engine_suite import CACHE_DIR, PODMAN; "
                "overlay_image.build_rootfs_image(engine_from(**PODMAN), get_template('debian-ssh'), "
                "cache_dir=CACHE_DIR)")

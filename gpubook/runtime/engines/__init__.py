@@ -2,7 +2,7 @@
 the engine's labels, and engines take argv lists only (nothing reaches a shell).
 
 `Engine` is what every engine must do to run a booking; what only some can do is a capability
-(`Builder`, `ServiceRunner`, `IdMapper`, and runtime.images' `ImageEngine`) that callers test with
+(`Builder`, `ServiceRunner`, `IdMapper`, and runtime.templates.images' `ImageEngine`) that callers test with
 `isinstance`, saying in one sentence what is missing where one is needed.
 
 Adding an engine (udocker, Apptainer) is one module here and one `register` line below; a site may
@@ -108,7 +108,7 @@ class Engine(Protocol):
     The seven verbs of a booking's life (start, stop, list, inspect, exec, logs) and doctor's
     `preflight` (its own network checks included), plus `name` (the word logs and doctor use) and
     `ensure_image`: a start needs its image present, and only the engine can say whether it is
-    (pulling and cleaning go further, behind `runtime.images.ImageEngine`). What only some engines
+    (pulling and cleaning go further, behind `runtime.templates.images.ImageEngine`). What only some engines
     can do is a capability below, which callers test with `isinstance`.
     """
 

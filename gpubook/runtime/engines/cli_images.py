@@ -1,5 +1,5 @@
 """The CLI engines' images: present or pulled before a start (`ensure_image`), built and imported
-(the Builder capability), and what runtime/images.py drives for registries (pull with the site's
+(the Builder capability), and what runtime/templates/images.py drives for registries (pull with the site's
 credentials, tag, remove, facts, images in use, the store's path).
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpubook.runtime import images
 from gpubook.runtime.engines.cli_transport import QUICK_TIMEOUT, CliTransport, message_of
 from gpubook.runtime.engines.spec import permanent
+from gpubook.runtime.templates import images
 
 log = logging.getLogger(__name__)
 

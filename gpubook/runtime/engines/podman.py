@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpubook.runtime import cgroups, network, storage
+from gpubook.runtime import cgroups, network
 from gpubook.runtime.checks import Check
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import conmon
 from gpubook.runtime.engines.cli_engine import (
     LOG_MAX_SIZE,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpubook.runtime.elf import EM_AARCH64, EM_PPC64, EM_X86_64
+from gpubook.runtime.nvidia.elf import EM_AARCH64, EM_PPC64, EM_X86_64
 
 # In the container the libraries live where nvidia-docker 1 put its driver volume: images of
 # the CUDA 8/9 era (nvidia/cuda, TensorFlow, DIGITS) already carry

@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpubook.runtime.elf import ET_DYN, ET_EXEC
 from gpubook.runtime.errors import DriverError
 from gpubook.runtime.nvidia import nvml
 from gpubook.runtime.nvidia.catalog import (
@@ -31,6 +30,7 @@ from gpubook.runtime.nvidia.catalog import (
     Arch,
 )
 from gpubook.runtime.nvidia.devices import control_devices, ipc_binds, list_gpus, mps_bind, proc_gpus
+from gpubook.runtime.nvidia.elf import ET_DYN, ET_EXEC
 from gpubook.runtime.nvidia.folders import binary_dirs, library_dirs, read_ld_cache
 from gpubook.runtime.nvidia.model import Driver, DriverFile
 from gpubook.runtime.nvidia.paths import arch_matches, host_arch, resolve, under

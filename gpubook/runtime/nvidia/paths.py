@@ -11,9 +11,9 @@ import os
 import platform
 from pathlib import Path
 
-from gpubook.runtime.elf import ElfFormatError, read_elf
 from gpubook.runtime.errors import DriverError
 from gpubook.runtime.nvidia.catalog import ARCHITECTURES, Arch
+from gpubook.runtime.nvidia.elf import ElfFormatError, read_elf
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from functools import partial
 
 from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
-from gpubook.runtime.templates import TemplateSet
+from gpubook.runtime.templates.catalog import TemplateSet
 from gpubook.scheduler.core import plan as plan_module
 from gpubook.scheduler.hosts import Ahead, Arms, Booker, Host, PreparesAhead, StartRequest, start
 from gpubook.scheduler.settings import Config

@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpubook.runtime import provenance
+from gpubook.runtime.booking import provenance
 from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
-from gpubook.runtime.templates import Template, TemplateSet
+from gpubook.runtime.templates.catalog import Template, TemplateSet
 from gpubook.scheduler.apply.memory import Journal, Recall, failure
 from gpubook.scheduler.core import decide, upkeep
 from gpubook.scheduler.core.bookings import Booking

@@ -20,7 +20,7 @@ import paramiko
 
 from gpubook.runtime.engines import ContainerInfo
 from gpubook.runtime.errors import GpubookError, Preparing
-from gpubook.runtime.templates import TemplateSet
+from gpubook.runtime.templates.catalog import TemplateSet
 from gpubook.scheduler.apply import reclaim as reclaim_apply
 from gpubook.scheduler.apply.handlers import (
     AdoptHandler,

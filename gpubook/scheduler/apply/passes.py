@@ -36,7 +36,7 @@ from zoneinfo import ZoneInfo
 
 from gpubook.runtime.engines import ContainerInfo, booker_digest
 from gpubook.runtime.errors import ConfigError
-from gpubook.runtime.templates import Template, TemplateSet
+from gpubook.runtime.templates.catalog import Template, TemplateSet
 from gpubook.scheduler.apply import reclaim as reclaim_apply
 from gpubook.scheduler.apply.accounting import Bookkeeping
 from gpubook.scheduler.apply.ahead import Preparation

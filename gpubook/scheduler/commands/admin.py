@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from gpubook import logsafe
-from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import container_name, make_engine
 from gpubook.runtime.errors import GpubookError
+from gpubook.runtime.nvidia import gpus as gpu_inventory
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.hosts import backend as backends

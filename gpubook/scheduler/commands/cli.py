@@ -161,8 +161,7 @@ def _optional_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
-    from gpubook.runtime import gpus
-    from gpubook.runtime.nvidia import cdi
+    from gpubook.runtime.nvidia import cdi, gpus
 
     loaded = _optional_config(args)
     if args.gpus_command == "cdi":
@@ -171,8 +170,9 @@ def cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def cmd_templates(args: argparse.Namespace) -> int:
-    from gpubook.runtime import cuda, templates_cli
-    from gpubook.runtime.templates import load_all
+    from gpubook.runtime.nvidia import cuda
+    from gpubook.runtime.templates import cli as templates_cli
+    from gpubook.runtime.templates.catalog import load_all
 
     loaded = _optional_config(args)
     if loaded is not None:

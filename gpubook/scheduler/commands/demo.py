@@ -34,11 +34,14 @@ import caldav
 import paramiko
 from icalendar import Calendar, Event, vCalAddress
 
-from gpubook.runtime import engines, overlay_image, private, sftp, ssh, storage
+from gpubook.runtime import engines, private
+from gpubook.runtime.booking import ssh
+from gpubook.runtime.data import sftp, storage
 from gpubook.runtime.engines import ContainerInfo, Engine, container_name
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.names import USER_NAME
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler import calendars as calendars_module
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import wiring

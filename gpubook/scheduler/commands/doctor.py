@@ -1,6 +1,6 @@
 """`gpubook doctor`: every check an admin needs before trusting gpubook, each problem with its fix.
 
-The driver and device checks come from gpubook.runtime.gpus and the engine's from its own preflight; this
+The driver and device checks come from gpubook.runtime.nvidia.gpus and the engine's from its own preflight; this
 module adds the config, the templates and their images, the calendars and the data folders. Each check is
 ok, WARN (not passed, but gpubook works without it) or FAIL; exit status 1 if any FAILed, else 0.
 """
@@ -19,13 +19,16 @@ from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
 
-from gpubook.runtime import engines, gpus, images, overlay_image, sftp, ssh, storage
+from gpubook.runtime import engines
+from gpubook.runtime.booking import ssh
 from gpubook.runtime.checks import Check, exit_status, format_checks
+from gpubook.runtime.data import sftp, storage
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import EngineError, GpubookError
 from gpubook.runtime.mounts import missing_mount_flags
-from gpubook.runtime.nvidia import MPS_PIPE_DIRECTORY
-from gpubook.runtime.templates import Template, load_all
+from gpubook.runtime.nvidia import MPS_PIPE_DIRECTORY, gpus
+from gpubook.runtime.templates import images, overlay_image
+from gpubook.runtime.templates.catalog import Template, load_all
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler import wiring
 from gpubook.scheduler.commands import users as users_command

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from gpubook.runtime import images
+from gpubook.runtime.templates import images
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.outbox.status import image_lines
 from gpubook.scheduler.outbox.status_file import STATUS_FILE

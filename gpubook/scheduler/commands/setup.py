@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpubook.runtime import cgroups
 from gpubook.runtime.errors import GpubookError
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.commands import setup_host as host
 from gpubook.scheduler.commands import setup_steps as steps

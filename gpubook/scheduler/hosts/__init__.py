@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from gpubook.runtime.booking.jupyter import Availability
 from gpubook.runtime.engines import ContainerInfo, ExecResult
-from gpubook.runtime.jupyter import Availability
-from gpubook.runtime.templates import Template
+from gpubook.runtime.templates.catalog import Template
 
 if TYPE_CHECKING:
-    from gpubook.runtime.provenance import Card
+    from gpubook.runtime.booking.provenance import Card
     from gpubook.scheduler.hosts.images import ImagePreparer
 
 
@@ -74,7 +74,7 @@ class Started:
     info: ContainerInfo
     seconds_to_ssh: float  # from the start call until SSH let the probe key in
     jupyter: Availability | None = None  # a template with jupyter = true: whether JupyterLab started
-    # Its provenance card as known at the start (runtime/provenance.py's `Card.to_json`, in UTC);
+    # Its provenance card as known at the start (runtime/booking/provenance.py's `Card.to_json`, in UTC);
     # None: this host keeps none (a Slurm node).
     provenance: Mapping[str, Any] | None = None
 

@@ -19,10 +19,10 @@ from typing import Protocol, runtime_checkable
 
 import paramiko
 
-from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.checks import Check
 from gpubook.runtime.engines import ContainerInfo, Engine
 from gpubook.runtime.errors import ConfigError
+from gpubook.runtime.nvidia import gpus as gpu_inventory
 from gpubook.runtime.plugins import Registry
 from gpubook.scheduler.core.plan import Accepted
 from gpubook.scheduler.core.topology import Topology

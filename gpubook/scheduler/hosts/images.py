@@ -2,8 +2,8 @@
 background, hours before the start, so that a start never waits for a pull or an `apt-get`.
 
 Each pass hands `want` the accepted bookings that start within `[images] prepare_hours` (one cheap
-call: it only queues). A bounded pool of workers pulls (gpubook/runtime/images.py: credentials, digests,
-the template's mirror) and builds the overlay (gpubook/runtime/overlay_image.py), one preparation per
+call: it only queues). A bounded pool of workers pulls (gpubook/runtime/templates/images.py: credentials, digests,
+the template's mirror) and builds the overlay (gpubook/runtime/templates/overlay_image.py), one preparation per
 template at a time; a start whose image is not ready yet queues it too (a booking accepted minutes
 before its start) and is held with a note (`Preparing`). A failed pull is tried again after a
 growing delay, never in a loop. Each image's state (queued, pulling, warming, building, ready,
@@ -30,10 +30,10 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
-from gpubook.runtime import images, overlay_image
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing
-from gpubook.runtime.templates import Template
+from gpubook.runtime.templates import images, overlay_image
+from gpubook.runtime.templates.catalog import Template
 from gpubook.scheduler import clock
 
 log = logging.getLogger(__name__)

@@ -22,13 +22,16 @@ from zoneinfo import ZoneInfo
 
 import paramiko
 
-from gpubook.runtime import booking, booking_json, engines, images, jupyter, overlay_image, private, ssh, storage
-from gpubook.runtime import provenance as prov
+from gpubook.runtime import engines, private
+from gpubook.runtime.booking import booking_json, jupyter, launch, ssh
+from gpubook.runtime.booking import provenance as prov
+from gpubook.runtime.booking.provenance_file import write as write_card_file
 from gpubook.runtime.checks import Check
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
 from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing
-from gpubook.runtime.images import Ledger
-from gpubook.runtime.provenance_file import write as write_card_file
+from gpubook.runtime.templates import images, overlay_image
+from gpubook.runtime.templates.images import Ledger
 from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.core.topology import ONE_MACHINE
@@ -85,7 +88,7 @@ class LocalHost:
         if running is None and request.armed:
             self.images.ready(request.template)
         try:
-            ready = booking.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
+            ready = launch.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
                                           gate=self._gate(spec.name), running=running)
         except EngineError:
             if not self.images.recheck(request.template):
@@ -151,7 +154,7 @@ class LocalHost:
     def write_provenance(self, user: str, card: prov.Card) -> bool:
         """The ended booking's card as <data_root>/<user>/output/.gpubook/provenance.json, written as
         the owner of the booker's files without following anything the booker made there
-        (gpubook/runtime/provenance_file.py); False without data folders. Raises ProvenanceFileError."""
+        (gpubook/runtime/booking/provenance_file.py); False without data folders. Raises ProvenanceFileError."""
         if self.data_root is None:
             return False
         storage.check_user_name(user)

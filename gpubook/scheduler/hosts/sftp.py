@@ -1,6 +1,6 @@
 """The SFTP data service of the local host: one always-on container beside the bookings.
 
-OpenSSH's sshd with internal-sftp (gpubook/runtime/sftp.py writes its files): every configured user, with
+OpenSSH's sshd with internal-sftp (gpubook/runtime/data/sftp.py writes its files): every configured user, with
 the same keys as their bookings, gets `input/`, `output/` (and `home/`) of `<data_root>/<user>`
 at any time, chrooted there, with no shell and nothing forwarded. The daemon calls `check()` every
 `[sftp] check_seconds`: it makes the users' folders (so they can upload before a first booking),
@@ -23,11 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpubook.runtime import engines, sftp, storage
+from gpubook.runtime import engines
+from gpubook.runtime.data import sftp, storage
 from gpubook.runtime.engines import ContainerInfo, Engine, ServiceSpec
 from gpubook.runtime.errors import GpubookError, TemplateError
 from gpubook.runtime.mounts import Mount
-from gpubook.runtime.templates import Template, TemplateSet
+from gpubook.runtime.templates.catalog import Template, TemplateSet
 from gpubook.scheduler.settings import Config
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ take the first three; the local host (hosts/local.py) the rest, for its start an
 5. `gpus`: the injection of the host's NVIDIA driver for exactly the booked GPUs;
 6. `host_key`: the booking's own SSH host key;
 7. `card`: its booking.json (what the booker reads inside);
-8. `spec`: the container's spec (`runtime/booking.py`'s `booking_spec` over the runtime's `Tenancy`),
-   which `runtime/booking.py`'s `start_booking` runs on the engine.
+8. `spec`: the container's spec (`runtime/booking/launch.py`'s `booking_spec` over the runtime's `Tenancy`),
+   which `runtime/booking/launch.py`'s `start_booking` runs on the engine.
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import paramiko
 
-from gpubook.runtime import booking, booking_json, cuda, engines, ssh, storage
-from gpubook.runtime import provenance as prov
+from gpubook.runtime import engines
+from gpubook.runtime.booking import booking_json, launch, ssh
+from gpubook.runtime.booking import provenance as prov
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import ContainerSpec, Engine, container_name
 from gpubook.runtime.errors import StorageError
-from gpubook.runtime.templates import Template, TemplateSet
+from gpubook.runtime.nvidia import cuda
+from gpubook.runtime.templates.catalog import Template, TemplateSet
 from gpubook.scheduler import clock
 from gpubook.scheduler.hosts import Booker, StartRequest
 from gpubook.scheduler.settings import Config, UserConfig
@@ -135,11 +138,11 @@ def spec(place: Place, request: StartRequest, *, check_image: bool = True,
     key = host_key(place, name)
     written = card(place, name, request, provenance)
     end = request.end.astimezone(place.timezone)  # GPUBOOK_END in the zone bookers read
-    return booking.booking_spec(
+    return launch.booking_spec(
         template,
-        booking.Tenancy(booking_id=request.booking_id, user=booker.name, uid=booker.uid, gid=booker.gid,
+        launch.Tenancy(booking_id=request.booking_id, user=booker.name, uid=booker.uid, gid=booker.gid,
                         ssh_keys=tuple(booker.ssh_keys), port=request.port, end=end,
                         start=request.start, gpus=request.gpus, gpu=injection,
                         not_before=clock.real(request.start) if request.start is not None else None),
-        booking.HostFiles(probe_key=place.probe_key, cache_dir=place.cache_dir, host_key=key,
+        launch.HostFiles(probe_key=place.probe_key, cache_dir=place.cache_dir, host_key=key,
                           folders=made, card=written))

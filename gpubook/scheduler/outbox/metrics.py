@@ -34,10 +34,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpubook.runtime import images
+from gpubook.runtime.booking.ssh import ForeignHostKey
 from gpubook.runtime.errors import DriverError, EngineError, GpubookError, StorageError, TemplateError
 from gpubook.runtime.nvidia.nvml import MIB, NvmlView
-from gpubook.runtime.ssh import ForeignHostKey
+from gpubook.runtime.templates import images
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.sources.errors import redact_urls
@@ -175,7 +175,7 @@ class Metrics:
 
     @_guarded
     def image_pulled(self, outcome: str) -> None:
-        """The image preparer's hook: "pulled", "present", or a failed pull's reason (runtime.images)."""
+        """The image preparer's hook: "pulled", "present", or a failed pull's reason (runtime.templates.images)."""
         self.image_pulls.labels(outcome=_PULL_WHY.get(outcome, "failed")).inc()
 
 

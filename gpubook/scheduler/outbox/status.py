@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpubook.runtime import gpus as gpu_inventory
 from gpubook.runtime.engines import HOST_NETWORK_RISK, ContainerInfo, EngineSettings
+from gpubook.runtime.nvidia import gpus as gpu_inventory
 from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL, Plan
 from gpubook.scheduler.outbox.foreign import status_lines as foreign_lines

@@ -32,11 +32,12 @@ from datetime import UTC, date, datetime
 from functools import partial
 from zoneinfo import ZoneInfo
 
-from gpubook.runtime import cuda, jupyter, ssh
+from gpubook.runtime.booking import jupyter, ssh
 from gpubook.runtime.engines import ContainerInfo
 from gpubook.runtime.errors import PREPARING_IMAGE, GpubookError
-from gpubook.runtime.slurm_step import HOSTFILE
-from gpubook.runtime.templates import Template
+from gpubook.runtime.nvidia import cuda
+from gpubook.runtime.slurm.step import HOSTFILE
+from gpubook.runtime.templates.catalog import Template
 from gpubook.scheduler.core import decide
 from gpubook.scheduler.core.bookings import Booking, Rejection
 from gpubook.scheduler.core.plan import Accepted, Plan
@@ -104,7 +105,7 @@ def start_lines(template: Template, lab: jupyter.Availability | None, *, driver_
                 user: str, host: str) -> list[str]:
     """What a start adds to the booking's running block: how to reach its JupyterLab (or why there is
     none), and the limits of a CUDA version run through minor version compatibility. The token is
-    not among them: the calendar is read by the whole lab (gpubook/runtime/jupyter.py)."""
+    not among them: the calendar is read by the whole lab (gpubook/runtime/booking/jupyter.py)."""
     lines = []
     if template.jupyter and lab is not None and lab.started:
         lines.append(f"jupyter: {jupyter.forward_line(port=port, user=user, host=host)}")

@@ -167,7 +167,7 @@ IDLE_TOLD: Kind[frozenset[tuple[int, datetime]]] = Kind("idle-told", _stretches_
 REMINDED: Kind[datetime] = Kind("reminded", datetime.isoformat, _moment)
 # The lines a start adds to the running block: JupyterLab, CUDA limits (the StartHandler), for the write-back.
 RUNNING_LINES: Kind[tuple[str, ...]] = Kind("running-lines", lambda lines: json.dumps(list(lines)), _lines)
-# A running booking's provenance card as its start knew it (runtime/provenance.py's Card.to_json, in
+# A running booking's provenance card as its start knew it (runtime/booking/provenance.py's Card.to_json, in
 # UTC), for its end to complete (the StopHandler); cleared with the others at the stop.
 PROVENANCE: Kind[dict[str, Any]] = Kind("provenance", json.dumps, lambda text: _object(text))
 # The two provenance lines of an ended booking's block (the StopHandler, after its notes are cleared),

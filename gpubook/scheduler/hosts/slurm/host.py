@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpubook.runtime.engines import ContainerInfo, EngineSettings, ExecResult, container_name
 from gpubook.runtime.errors import EngineError, GpubookError
-from gpubook.runtime.slurm_step import StepRequest
+from gpubook.runtime.slurm.step import StepRequest
 from gpubook.scheduler import clock
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.hosts.slurm.cluster import SlurmError

@@ -4,7 +4,7 @@ cancelled at its stop.
 The job is named like the booking's reservation (prefix + hashed booking id): `squeue` by that
 name finds it after a restart, so a booking's job is never submitted twice while one is pending
 or running. Its folder under `[backend] shared_dir` (seen by every node) holds the request the
-job's steps read (`runtime.slurm_step`), the script, Slurm's log and each node's result (where
+job's steps read (`runtime.slurm.step`), the script, Slurm's log and each node's result (where
 SSH answers). The script is made by gpubook from validated values only: quoted paths and the
 interpreter; the request is JSON. sbatch gets an argv list: `--reservation`, `--nodes`,
 `--ntasks-per-node=1`, `--gres=gpu:N` (Slurm confines the job to N GPUs per node) and `--time`
@@ -32,7 +32,7 @@ import paramiko
 
 from gpubook.runtime.engines import ExecResult
 from gpubook.runtime.errors import EngineError
-from gpubook.runtime.slurm_step import (
+from gpubook.runtime.slurm.step import (
     EXEC_POLL,
     StepRequest,
     UnsafeFile,
@@ -129,9 +129,9 @@ class SlurmJobs:
         # -P and / (sbatch --chdir): the step's imports come from gpubook's install only, never from
         # the job folder or whatever folder a node starts it in.
         write_atomic(script, "#!/bin/sh\n# gpubook: one step per node runs the booking's container "
-                      "(runtime.slurm_step)\n"
+                      "(runtime.slurm.step)\n"
                       f"exec srun --kill-on-bad-exit=1 --chdir=/ {shlex.quote(self.python)} -P -m "
-                      f"gpubook.runtime.slurm_step {shlex.quote(str(folder / 'request.json'))}\n")
+                      f"gpubook.runtime.slurm.step {shlex.quote(str(folder / 'request.json'))}\n")
         minutes = max(1, math.ceil((step.end - now).total_seconds() / 60)) + GRACE_MINUTES
         # --no-requeue: a job whose node failed ends (gpubook sees the death and places the booking
         # again), rather than waiting in its reservation for a node that may not come back.
@@ -246,7 +246,7 @@ class SlurmJobs:
 
     def exec(self, booking_id: str, node: str, argv: Sequence[str], *, timeout: float) -> ExecResult:
         """`argv` in the booking's container on `node`, asked of that node's step through the job
-        folder (runtime.slurm_step.serve_execs) and waited for at most `timeout` seconds."""
+        folder (runtime.slurm.step.serve_execs) and waited for at most `timeout` seconds."""
         folder = self.folder(booking_id)
         token = secrets.token_hex(8)
         asked = folder / f"exec-{node}-{token}.json"

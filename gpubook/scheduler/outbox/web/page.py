@@ -21,7 +21,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpubook.runtime import ssh
+from gpubook.runtime.booking import ssh
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import HostStatus, RunningBooking, Status
 from gpubook.scheduler.outbox.timeline import short_title

@@ -11,7 +11,7 @@ the node with it, which a booker can do at will.
 So, before its first podman command, a step whose job has a cgroup of its own (`/job_<id>/` in
 /proc/self/cgroup) makes sure the pause process runs, and outside every job's cgroup; if it does not,
 the step refuses to start, with a sentence naming the fix. The fix is Slurm's Prolog, which slurmd
-runs as root, outside the job, before it: `python -m gpubook.runtime.slurm_pause ACCOUNT` starts the
+runs as root, outside the job, before it: `python -m gpubook.runtime.slurm.pause ACCOUNT` starts the
 account's pause process there (`podman unshare true` as the account) when the job is the account's,
 and does nothing for anyone else's. On nodes whose tracking has no cgroup per job
 (proctrack/linuxproc, proctrack/pgid) podman's pause process, re-parented once its podman exits, is
@@ -67,13 +67,13 @@ def check_outside_jobs(*, job: str | None, node: str) -> str | None:
             f"podman's pause process of this account does not run on {node}, and this step runs in the cgroup of "
             f"job {job}: its first podman command would start it there, and the end of this job would end it, "
             f"with every other booking's containers on {node}; start it outside the jobs with Slurm's Prolog "
-            f"(python -m gpubook.runtime.slurm_pause {_account()}; {PROLOG_DOC})")
+            f"(python -m gpubook.runtime.slurm.pause {_account()}; {PROLOG_DOC})")
     holder = job_of(_cgroup_of(pid))
     if holder is not None:
         raise PauseInJob(
             f"podman's pause process of this account on {node} (pid {pid}) runs in the cgroup of job {holder}: "
             f"the end of that job would end it, with every booking's containers on {node}; start it outside the "
-            f"jobs with Slurm's Prolog (python -m gpubook.runtime.slurm_pause {_account()}; {PROLOG_DOC})")
+            f"jobs with Slurm's Prolog (python -m gpubook.runtime.slurm.pause {_account()}; {PROLOG_DOC})")
     return f"podman's pause process (pid {pid}) runs outside every job"
 
 
@@ -110,11 +110,11 @@ def prolog(account: str, *, environ: dict[str, str] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Slurm's Prolog: `python -m gpubook.runtime.slurm_pause ACCOUNT`. It always exits 0: a failing
+    """Slurm's Prolog: `python -m gpubook.runtime.slurm.pause ACCOUNT`. It always exits 0: a failing
     Prolog drains the node for every job; a step that still finds no pause process says why."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m gpubook.runtime.slurm_pause ACCOUNT (in Slurm's Prolog, as root)", file=sys.stderr)
+        print("usage: python -m gpubook.runtime.slurm.pause ACCOUNT (in Slurm's Prolog, as root)", file=sys.stderr)
         return 0
     try:
         print(f"gpubook prolog: {prolog(args[0])}", file=sys.stderr)

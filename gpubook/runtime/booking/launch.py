@@ -1,14 +1,14 @@
 """One booking's container: its spec (the template, the "local overlay" entrypoint, the booker's
 account and keys, data folders, GPUs) and its start, which waits for SSH to let the probe in.
 
-- Images without sshd/sudo run as a derived image with them (gpubook/runtime/overlay_image.py builds it).
+- Images without sshd/sudo run as a derived image with them (gpubook/runtime/templates/overlay_image.py builds it).
 - At start a read-only bind-mounted entrypoint (overlay/entrypoint.sh) makes the account, keys,
   sudo and sshd on the booking's port; then the template's command (and JupyterLab, for a template
-  with jupyter = true: gpubook/runtime/jupyter.py) runs as the booker.
-- The booking's SSH host key, the probe key and the probe itself are gpubook/runtime/ssh.py's.
+  with jupyter = true: gpubook/runtime/booking/jupyter.py) runs as the booker.
+- The booking's SSH host key, the probe key and the probe itself are gpubook/runtime/booking/ssh.py's.
 - The booking as the booker sees it inside: GPUBOOK_BOOKING, GPUBOOK_END (ISO 8601, the end at the
   container's start) and GPUBOOK_GPUS in the environment, and /run/gpubook/booking.json with the
-  overlay's `gpubook-booking` command, kept up to date (gpubook/runtime/booking_json.py).
+  overlay's `gpubook-booking` command, kept up to date (gpubook/runtime/booking/booking_json.py).
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import paramiko
 
-from gpubook.runtime import jupyter
-from gpubook.runtime.booking_json import CARD_TARGET, gpus_text
+from gpubook.runtime.booking import jupyter
+from gpubook.runtime.booking.booking_json import CARD_TARGET, gpus_text
+from gpubook.runtime.booking.ssh import HostKey, probe_key_line, wait_ready
+from gpubook.runtime.data.storage import DataFolders, check_user_name
 from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, booker_digest
 from gpubook.runtime.errors import EngineError
 from gpubook.runtime.mounts import Mount
-from gpubook.runtime.overlay_image import run_image
-from gpubook.runtime.ssh import HostKey, probe_key_line, wait_ready
-from gpubook.runtime.storage import DataFolders, check_user_name
-from gpubook.runtime.templates import Template
+from gpubook.runtime.templates.catalog import Template
+from gpubook.runtime.templates.overlay_image import run_image
 
 log = logging.getLogger(__name__)
 

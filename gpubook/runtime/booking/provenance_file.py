@@ -5,7 +5,7 @@ The booker is root in their container and owns `<data_root>/<user>/output`: they
 as a symlink to any file. So nothing here follows a path the booker could have made:
 
 - the output folder is opened with O_DIRECTORY|O_NOFOLLOW (`<data_root>/<user>` above it is the
-  daemon's: gpubook/runtime/storage.py); everything below is reached by its descriptor (dir_fd);
+  daemon's: gpubook/runtime/data/storage.py); everything below is reached by its descriptor (dir_fd);
 - `.gpubook` is made there, or opened with O_DIRECTORY|O_NOFOLLOW: a symlink or a file by that
   name is refused, and so is a real folder owned by anyone but the output folder's owner;
 - the card goes into a fresh file of a random name (O_CREAT|O_EXCL|O_NOFOLLOW), given to the
@@ -18,7 +18,7 @@ Rootless podman's daemon cannot write in a booker's folder (it belongs to a subo
 runs this module as a program as the owner of every booker's file (`podman unshare`, root of its
 user namespace), the card on standard input:
 
-    python -P -m gpubook.runtime.provenance_file OUTPUT_FOLDER < card.json
+    python -P -m gpubook.runtime.booking.provenance_file OUTPUT_FOLDER < card.json
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpubook.runtime.booking.provenance import FILE, FOLDER
 from gpubook.runtime.errors import GpubookError
-from gpubook.runtime.provenance import FILE, FOLDER
 
 MAX_BYTES = 64 * 1024  # a card is a few hundred bytes; more on standard input is not a card
 WRITE_TIMEOUT = 30.0  # seconds the program may take (podman unshare's start included)
@@ -120,7 +120,7 @@ def write(output: Path, data: bytes, *, owner_argv: Sequence[str] | None) -> Non
     if not owner_argv:
         write_into(output, data)
         return
-    argv = [*owner_argv, sys.executable, "-P", "-m", "gpubook.runtime.provenance_file", str(output)]
+    argv = [*owner_argv, sys.executable, "-P", "-m", "gpubook.runtime.booking.provenance_file", str(output)]
     try:
         done = subprocess.run(argv, input=data, capture_output=True, timeout=WRITE_TIMEOUT, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -133,7 +133,7 @@ def write(output: Path, data: bytes, *, owner_argv: Sequence[str] | None) -> Non
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m gpubook.runtime.provenance_file OUTPUT_FOLDER < card.json", file=sys.stderr)
+        print("usage: python -m gpubook.runtime.booking.provenance_file OUTPUT_FOLDER < card.json", file=sys.stderr)
         return 2
     data = sys.stdin.buffer.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:

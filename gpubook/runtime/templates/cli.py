@@ -15,10 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gpubook.runtime import overlay_image, private
+from gpubook.runtime import private
 from gpubook.runtime.engines import engine_from
 from gpubook.runtime.errors import GpubookError
-from gpubook.runtime.templates import Template, get_template, load_all
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import Template, get_template, load_all
 
 
 def _folder(args: Namespace) -> Path | None:

@@ -4,7 +4,7 @@ Run by the SFTP service's quota check as the owner of every booker's file (rootl
 of its user namespace, through `podman unshare`), so that no folder a booker closed with
 `chmod 700` hides what it holds. As a program it prints one JSON object:
 
-    python -P -m gpubook.runtime.usage_walk --seconds 20 [--stop-bytes N] [--stop-files N] FOLDER
+    python -P -m gpubook.runtime.data.usage_walk --seconds 20 [--stop-bytes N] [--stop-files N] FOLDER
 
 It never follows a symlink and counts each hard-linked inode once. It stops at the time bound, or
 as soon as a figure is past its `--stop-*` limit (the user is over quota already: walking on would
@@ -71,7 +71,7 @@ def walk(folder: str, *, seconds: float, stop_bytes: int | None = None, stop_fil
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpubook.runtime.usage_walk", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="python -m gpubook.runtime.data.usage_walk", allow_abbrev=False)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--stop-bytes", type=int)
     parser.add_argument("--stop-files", type=int)

@@ -27,12 +27,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpubook.runtime.booking.ssh import host_key_pair
+from gpubook.runtime.data.usage_walk import Measure
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.names import USER_NAME
 from gpubook.runtime.ports import bind_error
 from gpubook.runtime.private import write_private
-from gpubook.runtime.ssh import host_key_pair
-from gpubook.runtime.usage_walk import Measure
 
 ETC_TARGET = "/etc/gpubook-sftp"
 DATA_TARGET = "/srv/gpubook-data"
@@ -295,7 +295,8 @@ def measure(folder: Path, *, owner_argv: Sequence[str] | None, seconds: float, s
     the engine's way to become it (rootless podman: `podman unshare`; [] when the daemon is that
     owner already). None: nothing can; the walk runs as the daemon's user, and whatever it cannot
     read makes the measure incomplete (a lower bound), never a silent 0."""
-    argv = [*(owner_argv or ()), sys.executable, "-P", "-m", "gpubook.runtime.usage_walk", "--seconds", f"{seconds:g}",
+    argv = [*(owner_argv or ()), sys.executable, "-P", "-m", "gpubook.runtime.data.usage_walk",
+            "--seconds", f"{seconds:g}",
             *(["--stop-bytes", str(stop_bytes)] if stop_bytes is not None else []),
             *(["--stop-files", str(stop_files)] if stop_files is not None else []), "--", str(folder)]
     try:

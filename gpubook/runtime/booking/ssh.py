@@ -1,7 +1,7 @@
 """A booking's SSH: its host key, the daemon's probe key, and the readiness probe.
 
 (The container itself, with the overlay entrypoint that makes the account and runs sshd, is
-gpubook/runtime/booking.py's.)
+gpubook/runtime/booking/launch.py's.)
 - gpubook makes each booking's SSH host key itself (ed25519, kept mode 600 under the cache folder,
   bound read-only into the container), so it knows the key before sshd runs: the probe trusts only
   that key, and the booker gets it as a known_hosts line, with no trust on first use.

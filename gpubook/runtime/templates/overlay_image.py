@@ -6,7 +6,7 @@
   the booking, so no pass and no start waits for an `apt-get`.
 - A template with a [build] recipe gets its image made here with mmdebstrap (the tarball cached).
 
-gpubook/runtime/ssh.py starts the booking on the image `run_image` names.
+gpubook/runtime/booking/ssh.py starts the booking on the image `run_image` names.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from gpubook.runtime import engines, images
+from gpubook.runtime import engines
 from gpubook.runtime.engines import Engine
 from gpubook.runtime.errors import EngineError, TemplateError
-from gpubook.runtime.templates import Template
+from gpubook.runtime.templates import images
+from gpubook.runtime.templates.catalog import Template
 
 log = logging.getLogger(__name__)
 

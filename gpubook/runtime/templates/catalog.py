@@ -2,7 +2,7 @@
 
 A template names an image, its CUDA version, environment, extra read-only mounts, a command, shm
 size and memory, whether the image already has sshd and sudo (else gpubook builds a derived image
-with them, see gpubook/runtime/overlay_image.py), and whether gpubook starts JupyterLab inside. A template
+with them, see gpubook/runtime/templates/overlay_image.py), and whether gpubook starts JupyterLab inside. A template
 that fails validation is reported with its file and field, and skipped; it never stops the others.
 `template_names` and `default_templates_dir` keep their signatures: the scheduler's plan uses them.
 """
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpubook.runtime import images
 from gpubook.runtime.errors import TemplateError
 from gpubook.runtime.mounts import Mount
 from gpubook.runtime.names import TEMPLATE_NAME
+from gpubook.runtime.templates import images
 
 _SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$")
 _CUDA = re.compile(r"^[0-9]+\.[0-9]+$")
@@ -72,7 +72,7 @@ class Template:
     memory: str | None = None
     build: BuildRecipe | None = None
     # gpubook starts JupyterLab inside as the booker, on a unix socket only the booker's SSH reaches
-    # (gpubook/runtime/jupyter.py); an image without JupyterLab still starts, and its event says so
+    # (gpubook/runtime/booking/jupyter.py); an image without JupyterLab still starts, and its event says so
     jupyter: bool = False
     mirror: str | None = None  # a registry (host[/path]) tried first for the image, then its own
     # The admin's version of the template ("3", "2026-11"): in each booking's provenance card; None: not given.
@@ -90,7 +90,7 @@ class TemplateSet:
 
 def default_templates_dir() -> Path:
     """The templates shipped with gpubook (package data: the same in a checkout and an installed wheel)."""
-    return Path(__file__).resolve().parents[1] / "templates"
+    return Path(__file__).resolve().parents[2] / "templates"
 
 
 def template_names(directory: Path | None = None) -> frozenset[str]:

@@ -51,7 +51,7 @@ class Card:
     template: str
     host: str
     port: int
-    # What is known of its provenance at the start (runtime/provenance.py): image, template, GPUs,
+    # What is known of its provenance at the start (runtime/booking/provenance.py): image, template, GPUs,
     # driver, the start; its end is in /data/output/.gpubook/provenance.json once it ended.
     provenance: Mapping[str, Any] | None = None
 

@@ -1,17 +1,17 @@
 """One Slurm job step of a booking: start the booking's container on this node, say where SSH is,
-and keep it until the booking's end (`python -m gpubook.runtime.slurm_step REQUEST.json`).
+and keep it until the booking's end (`python -m gpubook.runtime.slurm.step REQUEST.json`).
 
 The daemon (gpubook/scheduler/hosts/slurm/jobs.py) writes the request from validated values only and
 submits a job into the booking's reservation; Slurm runs this on each allocated node (one task
 per node), as the daemon's account, with the GPUs it granted in SLURM_STEP_GPUS / SLURM_JOB_GPUS
 (the node's own indices) or CUDA_VISIBLE_DEVICES. The container is made by the same code as on
-the local backend (runtime.booking.booking_spec, runtime.engines, the NVIDIA injection where the node
+the local backend (runtime.booking.launch.booking_spec, runtime.engines, the NVIDIA injection where the node
 has a driver), for exactly those GPUs; its SSH host key is made in the node's own cache, never on
 the shared storage. The step proves SSH answers with a probe key of its own,
 then writes `result-<node>.json` (node, port, host key) next to the request: the daemon reads it
 from the shared folder, and asks its commands for the container there too (`serve_execs`).
 SIGTERM (scancel, or Slurm's time limit) or the booking's end stops and removes the container;
-nothing is left behind by a failed start (booking.start_booking removes it; a SIGTERM during the start
+nothing is left behind by a failed start (launch.start_booking removes it; a SIGTERM during the start
 ends the start and removes it too).
 
 A start again after one whose step was killed (Slurm's SIGKILL after KillWait, a node that stopped
@@ -46,12 +46,15 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
-from gpubook.runtime import booking, engines, private, slurm_pause, ssh, storage
+from gpubook.runtime import engines, private
+from gpubook.runtime.booking import launch, ssh
+from gpubook.runtime.data import storage
 from gpubook.runtime.engines import ContainerSpec, Engine, EngineSettings, container_name, make_engine
 from gpubook.runtime.errors import GpubookError
 from gpubook.runtime.mounts import Mount
 from gpubook.runtime.private import write_private
-from gpubook.runtime.templates import get_template
+from gpubook.runtime.slurm import pause as slurm_pause
+from gpubook.runtime.templates.catalog import get_template
 
 if TYPE_CHECKING:
     from gpubook.runtime.nvidia.model import Gpu
@@ -354,11 +357,11 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     host_key = ssh.booking_host_key(cache_dir, name, owner=engines.host_owner(engine, 0, 0),
                                     chown=engines.chown_for(engine))
     probe = booking_probe_key(cache_dir, name)
-    spec = booking.booking_spec(
+    spec = launch.booking_spec(
         template,
-        booking.Tenancy(booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
+        launch.Tenancy(booking_id=booking_id, user=request.user, uid=request.uid, gid=request.gid,
                         ssh_keys=tuple(request.ssh_keys), port=request.port, end=request.end, gpus=gpus, gpu=gpu),
-        booking.HostFiles(probe_key=probe, cache_dir=cache_dir, host_key=host_key, folders=folders))
+        launch.HostFiles(probe_key=probe, cache_dir=cache_dir, host_key=host_key, folders=folders))
     if request.multi_node:  # MPI/NCCL programs find the other nodes in the hostfile
         hostfile = folder / "hostfile"
         write_atomic(hostfile, "".join(f"{address} slots={len(gpus) or 1}\n"
@@ -401,7 +404,7 @@ def run(request_path: Path, *, env: dict[str, str]) -> int:
         made = _prepare(request, folder=folder, node=node, gpus=gpus, env=env)
         clear_leftover(made.engine, made.spec, say=say)
         say(f"starting {made.spec.name} (spec {made.spec.spec_hash}) on port {request.port}")
-        ready = booking.start_booking(made.engine, made.spec, probe_key=made.probe, timeout=90)
+        ready = launch.start_booking(made.engine, made.spec, probe_key=made.probe, timeout=90)
         starting.clear()
     except (GpubookError, _Stopped) as error:
         starting.clear()
@@ -565,7 +568,7 @@ def nvidia_indices(granted: tuple[int, ...], gpus: Sequence[Gpu]) -> tuple[int, 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m gpubook.runtime.slurm_step REQUEST.json", file=sys.stderr)
+        print("usage: python -m gpubook.runtime.slurm.step REQUEST.json", file=sys.stderr)
         return 2
     try:
         return run(Path(args[0]), env=dict(os.environ))

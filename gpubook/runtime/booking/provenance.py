@@ -14,7 +14,7 @@ start and end.
   image's environment or a template's version reach a calendar and the booker's terminal.
 - It goes three places: booking.json at the start (what is known then: `Card.to_json`, end null),
   the event's ended block in two lines (`lines`), and /data/output/.gpubook/provenance.json at the
-  end (gpubook/runtime/provenance_file.py writes it without following a booker's symlink).
+  end (gpubook/runtime/booking/provenance_file.py writes it without following a booker's symlink).
 """
 
 from __future__ import annotations

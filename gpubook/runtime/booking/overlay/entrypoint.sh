@@ -14,7 +14,7 @@
 #   6. forwards SIGTERM to all, so a stop gives the booker's work its grace period.
 # It also links the booking's booking.json and the gpubook-booking command where bookers look;
 # GPUBOOK_BOOKING, GPUBOOK_END and GPUBOOK_GPUS go on to the booker's SSH sessions.
-# Inputs come from the environment (GPUBOOK_*), set by gpubook/runtime/ssh.py.
+# Inputs come from the environment (GPUBOOK_*), set by gpubook/runtime/booking/ssh.py.
 set -eu
 
 say() { echo "gpubook-entrypoint: $*" >&2; }
@@ -30,7 +30,7 @@ mkdir -p "$state/keys"
 chmod 755 "$state" "$state/keys"
 
 # The booking, for the booker's scripts: booking.json is gpubook's, kept up to date on the host and
-# bound read-only at /.gpubook-booking (gpubook/runtime/booking_json.py); linked where bookers look,
+# bound read-only at /.gpubook-booking (gpubook/runtime/booking/booking_json.py); linked where bookers look,
 # beside the overlay's `gpubook-booking` command, which reads it.
 if [ -f /.gpubook-booking/booking.json ]; then
   ln -sfn /.gpubook-booking/booking.json "$state/booking.json"
@@ -131,7 +131,7 @@ fi
 printf '%s\n' "${GPUBOOK_KEYS:-}" > "$state/keys/$user"
 chmod 644 "$state/keys/$user"
 
-# --- JupyterLab (templates with jupyter = true; gpubook/runtime/jupyter.py) ------------------------------
+# --- JupyterLab (templates with jupyter = true; gpubook/runtime/booking/jupyter.py) ------------------------------
 # Decided before sshd starts, so the daemon can read the outcome once SSH answers. It listens on a
 # unix socket in a folder only the booker may enter, never on TCP: on the host network this
 # container's loopback is the host's. The token is made here, passed in the environment (argv is

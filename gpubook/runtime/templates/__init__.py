@@ -1,0 +1,1 @@
+"""Container templates and their images: template files, registry pulls, the sshd/sudo overlay image."""
