@@ -219,10 +219,13 @@ def permanent(message: str) -> EngineError:
     return error
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def booking_id_problem(booking_id: str) -> str | None:
     """None for a booking id a container can carry in its labels, else the sentence saying why not.
     Checked before anything is taken for a start (its SSH port), so a bad UID costs nothing."""
-    if not booking_id or any(ord(c) < 32 or c == "\x7f" for c in booking_id):
+    if not booking_id or _CONTROL.search(booking_id):
         return f"booking id {booking_id!r} is empty or has control characters"
     return None
 

@@ -165,6 +165,8 @@ class Finder:
         self._gaps: dict[tuple[str, int], list[tuple[float, float]]] = {}
         self._windows: dict[tuple[str, int, float], _Windows] = {}
         self._starts_of: dict[tuple[tuple[tuple[str, tuple[int, ...]], ...], float], list[float]] = {}
+        self._lanes_of: dict[tuple[tuple[tuple[str, tuple[int, ...]], ...], float],
+                             dict[tuple[str, int], _Windows]] = {}
 
     def gaps(self, host: str, gpu: int) -> list[tuple[float, float]]:
         """The GPU's free stretches from the origin to the horizon."""
@@ -185,8 +187,10 @@ class Finder:
                    last_start: datetime | None = None, limit: int = SHOWN) -> list[Slot]:
         """As the module's `next_slots`, with `after` not before this finder's origin."""
         duration = request.duration.total_seconds()
-        lanes = {(host, gpu): self.windows(host, gpu, duration)
-                 for host, gpus in request.among.items() for gpu in gpus}
+        among = (tuple((host, tuple(gpus)) for host, gpus in request.among.items()), duration)
+        if (lanes := self._lanes_of.get(among)) is None:  # a plan's refusals ask the same GPUs again and again
+            lanes = self._lanes_of[among] = {(host, gpu): self.windows(host, gpu, duration)
+                                             for host, gpus in request.among.items() for gpu in gpus}
         now = not_before.timestamp() if not_before is not None else None
         latest = last_start.timestamp() if last_start is not None else None
         first = max(after.timestamp(), now - duration) if now is not None else after.timestamp()

@@ -7,6 +7,7 @@ sentence naming the property; its text is never shown raw (the refusal's summary
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import icalendar
@@ -25,16 +26,22 @@ LIMITS: dict[str, tuple[int, str]] = {
 }
 
 
+# The control characters each value refuses (all of U+0000-U+001F and U+007F but those it allows), one
+# compiled search per value: a character loop in Python cost a calendar of 1,000 events 0.3 s a read.
+_CONTROL = {allowed: re.compile("[" + "".join(re.escape(chr(code)) for code in [*range(32), 0x7F]
+                                              if chr(code) not in allowed) + "]")
+            for allowed in {allowed for _, allowed in LIMITS.values()}}
+
+
 def problem(component: icalendar.Event) -> str | None:
     """The sentence refusing `component` for one of its values, None when every one is fine."""
     for name, (limit, allowed) in LIMITS.items():
         for value in _values(component.get(name)):
             if len(value) > limit:
                 return f"the event's {name} is longer than {limit} characters; shorten it"
-            bad = next((c for c in value if (ord(c) < 32 or ord(c) == 0x7F) and c not in allowed), None)
-            if bad is not None:
-                return (f"the event's {name} holds a control character (U+{ord(bad):04X}), which gpubook passes "
-                        "nowhere; remove it")
+            if (bad := _CONTROL[allowed].search(value)) is not None:
+                return (f"the event's {name} holds a control character (U+{ord(bad.group()):04X}), which gpubook "
+                        "passes nowhere; remove it")
     return None
 
 
