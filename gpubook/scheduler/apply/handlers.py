@@ -15,12 +15,11 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from gpubook.runtime.booking import provenance
-from gpubook.runtime.engines import ContainerInfo, booking_id_problem, container_name
+from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.runtime.errors import GpubookError, Preparing
-from gpubook.runtime.templates.catalog import Template, TemplateSet
+from gpubook.runtime.templates.catalog import TemplateSet
 from gpubook.scheduler.apply.memory import Journal, Recall, failure
 from gpubook.scheduler.core import decide, upkeep
-from gpubook.scheduler.core.bookings import Booking
 from gpubook.scheduler.hosts import Host, KeepsProvenance, MovesEnd, start
 from gpubook.scheduler.outbox import reminders
 from gpubook.scheduler.outbox.metrics import Metrics
@@ -102,27 +101,19 @@ class StartHandler:
         last = self.recall.failures.get(booking.id)
         if last is not None and last.waiting(now):  # failed or refused: its retry is not due
             return NOTHING
-        problem = booking_id_problem(booking.id)  # before anything is taken for it (a port)
-        if problem:
-            self._refuse(booking.id, problem, now=now)
-            return NOTHING
         host = self.hosts[accepted.host]
-        template = self._template(booking, host, now=now)
-        if template is None:
+        # An armed container (run ahead of the start) already publishes its port: the same spec needs it.
+        prepared = start.prepare(self.config, self.state, self.templates, booking, gpus=accepted.gpus,
+                                 driver_version=host.driver_version, port=action.port, now=now)
+        if isinstance(prepared, str):  # refused before anything was taken for it (a port)
+            self._refuse(booking.id, prepared, now=now)
             return NOTHING
-        user = self.config.users[booking.user]
         # The port is held only while this start is in progress and then by the running container:
         # a start that fails in any way gives it back.
-        # An armed container (run ahead of the start) already publishes its port: the same spec needs it.
-        if action.port is not None:
-            port = action.port
-            self.state.adopt_port(booking.id, port, now=now)
-        else:
-            port = start.port_for(self.config, self.state, booking.id, now=now)
+        template, user, port = prepared.template, self.config.users[booking.user], prepared.port
+        where = self.address(accepted.host)
         try:
-            started = host.start(replace(start.request(booking, user, template=template, gpus=accepted.gpus,
-                                                       port=port), armed=action.armed,
-                                         address=self.address(accepted.host),
+            started = host.start(replace(prepared, armed=action.armed, address=where,
                                          placement=accepted.placement if accepted.others else ()))
         except Preparing:
             if not action.armed:  # an armed container keeps running (and holding its port) meanwhile
@@ -140,7 +131,6 @@ class StartHandler:
         gpus = [gpu for _, on_node in accepted.placement for gpu in on_node]
         record = self.state.container_started(booking.id, started.info.name, user=user.name,
                                               gpu_count=len(gpus), at=now)
-        where = self.address(accepted.host)
         lines = tuple(start_lines(template, started.jupyter, driver_version=host.driver_version, port=port,
                                   user=user.name, host=where))
         self._note_lines(booking.id, lines, now=now)
@@ -169,13 +159,6 @@ class StartHandler:
                 kind.clear(self.state, booking_id)
         except StateError as error:  # the pass clears a held note of a booking no longer held
             self.journal.log.warning("booking %s: its notes of before its start stay: %s", booking_id, error)
-
-    def _template(self, booking: Booking, host: Host, *, now: datetime) -> Template | None:
-        template, problem = start.usable_template(self.templates, booking.template,
-                                                 driver_version=host.driver_version)
-        if template is None:
-            self._refuse(booking.id, problem, now=now)
-        return template
 
     def _note_lines(self, booking_id: str, lines: tuple[str, ...], *, now: datetime) -> None:
         """Keep what the start adds to the running block (JupyterLab, CUDA limits) for the write-back;

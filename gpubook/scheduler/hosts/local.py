@@ -16,26 +16,24 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import paramiko
 
 from gpubook.runtime import engines, private
-from gpubook.runtime.booking import booking_json, jupyter, launch, ssh
+from gpubook.runtime.booking import booking_json, ssh
 from gpubook.runtime.booking import provenance as prov
 from gpubook.runtime.booking.provenance_file import write as write_card_file
 from gpubook.runtime.checks import Check
 from gpubook.runtime.data import storage
-from gpubook.runtime.engines import ContainerInfo, ContainerSpec, Engine, ExecResult, container_name, info_from_labels
-from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing
-from gpubook.runtime.templates import images, overlay_image
+from gpubook.runtime.engines import ContainerInfo, Engine, ExecResult, container_name
 from gpubook.runtime.templates.images import Ledger
-from gpubook.scheduler import clock
 from gpubook.scheduler.core.plan import LOCAL, Accepted
 from gpubook.scheduler.core.topology import ONE_MACHINE
-from gpubook.scheduler.hosts import Ahead, Host, Started, StartRequest, start
+from gpubook.scheduler.hosts import Ahead, Host
+from gpubook.scheduler.hosts import start as start_steps
 from gpubook.scheduler.hosts.backend import NOTHING_HELD, HostGpus, Parts, Reserved, Sampling
 from gpubook.scheduler.hosts.images import ImagePreparer
 from gpubook.scheduler.settings import Config
@@ -76,80 +74,13 @@ class LocalHost:
         info = self.engine.inspect(name)
         return None if info is None else replace(info, host=self.name)
 
-    def start(self, request: StartRequest) -> Started:
-        """Run the booking's container (an armed one, run ahead with this very spec, is taken as it
-        is: the engine sees the same spec hash) and wait until its SSH lets the probe in."""
-        card = self.provenance(request, started=clock.now())
-        spec = self.spec(request, check_image=not request.armed, provenance=card)
-        # Its armed container, listed by this pass with this very spec: no engine call, the probe only
-        # (a container that died since is seen by the probe's check).
-        running = (info_from_labels(name=spec.name, id="", state="running", image=spec.image, labels=spec.labels())
-                   if request.armed and request.armed == spec.spec_hash else None)
-        if running is None and request.armed:
-            self.images.ready(request.template)
-        try:
-            ready = launch.start_booking(self.engine, spec, probe_key=self.probe_key, host=self.probe_address,
-                                          gate=self._gate(spec.name), running=running)
-        except EngineError:
-            if not self.images.recheck(request.template):
-                raise Preparing(f"{PREPARING_IMAGE}{request.template.name}: again, it was "
-                                f"removed from the engine's storage after it was prepared") from None
-            raise
-        lab = jupyter.availability(self.engine, spec.name) if request.template.jupyter else None
-        return Started(info=replace(ready.info, host=self.name), seconds_to_ssh=ready.seconds, jupyter=lab,
-                       provenance=card.to_json(zone=UTC))
-
-    def arm(self, request: StartRequest) -> ContainerInfo:
-        """Before the booking's start: run its container with exactly the spec its start will build
-        (`spec`), with no probe. Its entrypoint makes the account and keys and then waits for
-        `request.start` before sshd or anything of the booker's runs; at the start, `start` finds it
-        running with the same spec hash and only probes SSH. A failed run leaves nothing behind."""
-        if request.start is None:
-            raise EngineError(f"booking {request.booking_id}: no start to arm its container for")
-        spec = self.spec(request, provenance=self.provenance(request, started=None))
-        with self._gate(spec.name):
-            info = self.engine.start(spec)
-        return replace(info, host=self.name)
-
-    def spec(self, request: StartRequest, *, check_image: bool = True,
-             provenance: prov.Card | None = None) -> ContainerSpec:
-        """The booking's container, the same whether it is armed ahead or run at its start (hosts/start.py)."""
-        return start.spec(self, request, check_image=check_image, provenance=provenance)
-
-    def provenance(self, request: StartRequest, *, started: datetime | None) -> prov.Card:
-        """What is known of the booking's provenance at its start: its template and image (the
-        engine's inspect of the template's image: id, registry digest, the CUDA and cuDNN its config
-        declares), the host's driver and the booked GPUs (NVML). A value not known stays None."""
-        template = request.template
-        notes: list[str] = []
-        facts: images.ImageFacts | None = None
-        inspect = getattr(self.engine, "image_facts", None)  # engines that inspect images (not udocker)
-        if inspect is not None:
-            try:
-                facts = inspect(overlay_image.base_image(template))
-            except (GpubookError, OSError, ValueError) as error:
-                notes.append(f"the image could not be inspected: {error}")
-        else:
-            notes.append(f"engine {self.engine.name} does not inspect images: no image id or digest")
-        cuda_image, cudnn_image = prov.image_versions(facts.env) if facts else (None, None)
-        image_id = facts.id if facts and facts.id else None
-        if image_id and ":" not in image_id:
-            image_id = f"sha256:{image_id}"  # podman gives the bare hex
-        pinned = template.image.rpartition("@")[2] if "@" in template.image else None
-        card = prov.Card(booking=request.booking_id, user=request.booker.name, template=template.name,
-                         template_version=template.version, template_sha256=template.sha256, image=template.image,
-                         image_id=image_id, image_digest=pinned or (prov.repo_digest(facts.digests) if facts else None),
-                         cuda_image=cuda_image, cudnn_image=cudnn_image, started=started, notes=tuple(notes))
-        if self.driver_version is None or not request.gpus:
-            return card
-        from gpubook.runtime.nvidia import nvml  # only hosts with a driver need it
-
-        seen = nvml.provenance(request.gpus)
-        gpus = tuple(prov.GpuFacts(index, name, uuid, mig) for index, name, uuid, mig in seen.gpus) or \
-            tuple(prov.GpuFacts(index) for index in request.gpus)
-        return replace(card, driver=seen.driver_version or self.driver_version,
-                       cuda_driver=prov.cuda_driver_text(seen.cuda_driver_version), gpus=gpus, mps=self.mps,
-                       notes=card.notes + ((f"NVML: {seen.problem}",) if seen.problem else ()))
+    # A start, an arm, their spec and provenance card are put together in hosts/start.py, whose
+    # functions are these methods (the host is their `Place`): a start goes from the handler
+    # straight into the one module that assembles it.
+    start = start_steps.run
+    arm = start_steps.arm
+    spec = start_steps.spec
+    provenance = start_steps.provenance
 
     def write_provenance(self, user: str, card: prov.Card) -> bool:
         """The ended booking's card as <data_root>/<user>/output/.gpubook/provenance.json, written as
@@ -168,7 +99,7 @@ class LocalHost:
         return booking_json.move_end(self.cache_dir, container_name(booking_id), end, zone=self.timezone)
 
     @contextmanager
-    def _gate(self, name: str) -> Iterator[None]:
+    def gate(self, name: str) -> Iterator[None]:
         """One engine start per container at a time (an arm still at work when its start comes is
         waited for, so the start finds its container), and at most `parallel_starts` in all."""
         with self._locks_lock:
@@ -179,8 +110,8 @@ class LocalHost:
     def prepare(self, ahead: Ahead) -> None:
         """Before the start: the booker's folders and the booking's host key (each a `podman
         unshare chown` the first time, rootless), so that at the start only the container is made."""
-        start.folders(self, ahead.booker)
-        start.host_key(self, container_name(ahead.booking_id))
+        start_steps.folders(self, ahead.booker)
+        start_steps.host_key(self, container_name(ahead.booking_id))
 
     def unprepare(self, booking_id: str) -> None:
         """A booking gone or moved away before its start: its host key goes, unless a container of

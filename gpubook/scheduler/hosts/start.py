@@ -1,36 +1,48 @@
 """One start, one place: everything a booking's container is put together from, in the order a
-start takes it. The StartHandler (apply/handlers.py) and the arm ahead of a start (apply/ahead.py)
-take the first three; the local host (hosts/local.py) the rest, for its start and its arm alike:
+start takes it. The StartHandler (apply/handlers.py) calls `prepare` (the first three) once; the arm
+ahead of a start (apply/ahead.py) takes the same three one by one; the local host (hosts/local.py)
+calls `run` for a start and `arm` for an arm, which take the rest:
 
 1. `usable_template`: the template the booking names, if its host's driver can run it;
 2. `port_for`: its SSH port (held, or the lowest free one; State keeps it);
 3. `request`: what the host gets (`StartRequest`: the booker, template, GPUs, port, start and end);
-4. `folders`: the booker's data folders (only on a nosuid,nodev data root);
-5. `gpus`: the injection of the host's NVIDIA driver for exactly the booked GPUs;
-6. `host_key`: the booking's own SSH host key;
-7. `card`: its booking.json (what the booker reads inside);
-8. `spec`: the container's spec (`runtime/booking/launch.py`'s `booking_spec` over the runtime's `Tenancy`),
-   which `runtime/booking/launch.py`'s `start_booking` runs on the engine.
+4. `provenance`: the booking's provenance card as known at its start (image, driver, GPUs);
+5. `folders`: the booker's data folders (only on a nosuid,nodev data root);
+6. `gpus`: the injection of the host's NVIDIA driver for exactly the booked GPUs;
+7. `host_key`: the booking's own SSH host key;
+8. `card`: its booking.json (what the booker reads inside);
+9. `spec`: the container's spec (`runtime/booking/launch.py`'s `booking_spec` over the runtime's `Tenancy`),
+   which `runtime/booking/launch.py`'s `start_booking` runs on the engine, with the SSH probe after it.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, tzinfo
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import paramiko
 
 from gpubook.runtime import engines
-from gpubook.runtime.booking import booking_json, launch, ssh
+from gpubook.runtime.booking import booking_json, jupyter, launch, ssh
 from gpubook.runtime.booking import provenance as prov
 from gpubook.runtime.data import storage
-from gpubook.runtime.engines import ContainerSpec, Engine, container_name
-from gpubook.runtime.errors import StorageError
+from gpubook.runtime.engines import (
+    ContainerInfo,
+    ContainerSpec,
+    Engine,
+    booking_id_problem,
+    container_name,
+    info_from_labels,
+)
+from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing, StorageError
 from gpubook.runtime.nvidia import cuda
+from gpubook.runtime.templates import images, overlay_image
 from gpubook.runtime.templates.catalog import Template, TemplateSet
 from gpubook.scheduler import clock
-from gpubook.scheduler.hosts import Booker, StartRequest
+from gpubook.scheduler.hosts import Booker, Started, StartRequest
 from gpubook.scheduler.settings import Config, UserConfig
 from gpubook.scheduler.state import State
 
@@ -43,7 +55,9 @@ if TYPE_CHECKING:
 class Place(Protocol):
     """What a host puts a start together with (hosts/local.py's LocalHost is one)."""
 
+    name: str
     engine: Engine
+    probe_address: str
     cache_dir: Path
     probe_key: paramiko.PKey
     data_root: Path | None
@@ -53,6 +67,28 @@ class Place(Protocol):
     mps: bool
     timezone: tzinfo | None
     images: ImagePreparer
+
+    def gate(self, name: str) -> AbstractContextManager[None]:
+        """One engine start per container at a time, and a bounded number in all."""
+        ...
+
+
+def prepare(config: Config, state: State, templates: TemplateSet, booking: Booking, *, gpus: tuple[int, ...],
+            driver_version: str | None, port: int | None, now: datetime) -> StartRequest | str:
+    """The start's first three steps, for the StartHandler: the request its host gets, or the sentence
+    refusing the booking. Nothing is taken for a refused booking: its id and template are checked
+    before its port is (`port`: the port its armed container already publishes, adopted)."""
+    problem = booking_id_problem(booking.id)
+    if problem:
+        return problem
+    template, problem = usable_template(templates, booking.template, driver_version=driver_version)
+    if template is None:
+        return problem
+    if port is not None:
+        state.adopt_port(booking.id, port, now=now)
+    else:
+        port = port_for(config, state, booking.id, now=now)
+    return request(booking, config.users[booking.user], template=template, gpus=gpus, port=port)
 
 
 def usable_template(templates: TemplateSet, name: str, *, driver_version: str | None) -> tuple[Template | None, str]:
@@ -146,3 +182,76 @@ def spec(place: Place, request: StartRequest, *, check_image: bool = True,
                         not_before=clock.real(request.start) if request.start is not None else None),
         launch.HostFiles(probe_key=place.probe_key, cache_dir=place.cache_dir, host_key=key,
                           folders=made, card=written))
+
+
+def provenance(place: Place, request: StartRequest, *, started: datetime | None) -> prov.Card:
+    """What is known of the booking's provenance at its start: its template and image (the engine's
+    inspect of the template's image: id, registry digest, the CUDA and cuDNN its config declares),
+    the host's driver and the booked GPUs (NVML). A value not known stays None."""
+    template = request.template
+    notes: list[str] = []
+    facts: images.ImageFacts | None = None
+    inspect = getattr(place.engine, "image_facts", None)  # engines that inspect images (not udocker)
+    if inspect is not None:
+        try:
+            facts = inspect(overlay_image.base_image(template))
+        except (GpubookError, OSError, ValueError) as error:
+            notes.append(f"the image could not be inspected: {error}")
+    else:
+        notes.append(f"engine {place.engine.name} does not inspect images: no image id or digest")
+    cuda_image, cudnn_image = prov.image_versions(facts.env) if facts else (None, None)
+    image_id = facts.id if facts and facts.id else None
+    if image_id and ":" not in image_id:
+        image_id = f"sha256:{image_id}"  # podman gives the bare hex
+    pinned = template.image.rpartition("@")[2] if "@" in template.image else None
+    card = prov.Card(booking=request.booking_id, user=request.booker.name, template=template.name,
+                     template_version=template.version, template_sha256=template.sha256, image=template.image,
+                     image_id=image_id, image_digest=pinned or (prov.repo_digest(facts.digests) if facts else None),
+                     cuda_image=cuda_image, cudnn_image=cudnn_image, started=started, notes=tuple(notes))
+    if place.driver_version is None or not request.gpus:
+        return card
+    from gpubook.runtime.nvidia import nvml  # only hosts with a driver need it
+
+    seen = nvml.provenance(request.gpus)
+    gpus = tuple(prov.GpuFacts(index, name, uuid, mig) for index, name, uuid, mig in seen.gpus) or \
+        tuple(prov.GpuFacts(index) for index in request.gpus)
+    return replace(card, driver=seen.driver_version or place.driver_version,
+                   cuda_driver=prov.cuda_driver_text(seen.cuda_driver_version), gpus=gpus, mps=place.mps,
+                   notes=card.notes + ((f"NVML: {seen.problem}",) if seen.problem else ()))
+
+
+def run(place: Place, request: StartRequest) -> Started:
+    """Run the booking's container (an armed one, run ahead with this very spec, is taken as it is:
+    the engine sees the same spec hash) and wait until its SSH lets the probe in."""
+    card = provenance(place, request, started=clock.now())
+    built = spec(place, request, check_image=not request.armed, provenance=card)
+    # Its armed container, listed by this pass with this very spec: no engine call, the probe only
+    # (a container that died since is seen by the probe's check).
+    running = (info_from_labels(name=built.name, id="", state="running", image=built.image, labels=built.labels())
+               if request.armed and request.armed == built.spec_hash else None)
+    if running is None and request.armed:
+        place.images.ready(request.template)
+    try:
+        ready = launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
+                                     gate=place.gate(built.name), running=running)
+    except EngineError:
+        if not place.images.recheck(request.template):
+            raise Preparing(f"{PREPARING_IMAGE}{request.template.name}: again, it was "
+                            f"removed from the engine's storage after it was prepared") from None
+        raise
+    lab = jupyter.availability(place.engine, built.name) if request.template.jupyter else None
+    return Started(info=replace(ready.info, host=place.name), seconds_to_ssh=ready.seconds, jupyter=lab,
+                   provenance=card.to_json(zone=UTC))
+
+
+def arm(place: Place, request: StartRequest) -> ContainerInfo:
+    """Before the booking's start: run its container with exactly the spec its start will build
+    (`spec`), with no probe. Its entrypoint makes the account and keys and then waits for
+    `request.start` before sshd or anything of the booker's runs; at the start, `run` finds it running
+    with the same spec hash and only probes SSH. A failed run leaves nothing behind."""
+    if request.start is None:
+        raise EngineError(f"booking {request.booking_id}: no start to arm its container for")
+    built = spec(place, request, provenance=provenance(place, request, started=None))
+    with place.gate(built.name):
+        info = place.engine.start(built)
+    return replace(info, host=place.name)
