@@ -20,7 +20,7 @@ def cluster() -> Iterator[slurm_kit.Cluster]:
 @pytest.fixture(scope="module")
 def account_image() -> None:
     """The debian-ssh image in the account's own podman storage (cached: a no-op once built)."""
-    as_account(slurm_kit.DEFAULT_USER, "from gpubook.runtime import overlay_image; "
+    as_account(slurm_kit.DEFAULT_USER, "from gpubook.runtime.templates import overlay_image; "
                "from gpubook.runtime.engines import engine_from; "
                "from gpubook.runtime.templates.catalog import get_template; "
                "from tests.kits.engine_suite import CACHE_DIR, PODMAN; "
