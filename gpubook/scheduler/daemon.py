@@ -38,6 +38,7 @@ from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.base import JobLookupError
@@ -54,10 +55,13 @@ from gpubook.scheduler.clock import ClockWatch
 from gpubook.scheduler.core import policy
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.directory.settings import EXTERNAL
-from gpubook.scheduler.outbox import asking, metrics, status, status_file, web
+from gpubook.scheduler.outbox import asking, desk, metrics, status, status_file, web
 from gpubook.scheduler.outbox.ask_socket import AskServer, Peer
 from gpubook.scheduler.outbox.web.directory_login import login_names
 from gpubook.scheduler.sdnotify import Notifier
+from gpubook.scheduler.settings import CalendarConfig
+from gpubook.scheduler.sources import open_writer
+from gpubook.scheduler.sources.caldav_writer import CalendarWriter
 from gpubook.scheduler.state import StateError
 
 if TYPE_CHECKING:
@@ -96,6 +100,9 @@ class Daemon:
                                        users=lambda: self.config.users.keys(), gpus=self.gpu_view.view,
                                        host_name=lambda: self.config.host.name)
         self._world: World | None = None  # the containers as the last pass saw them (the sampler reads them)
+        # `gpubook book`, `extend`, `end`, `cancel` on the socket: events written into the booker's calendar
+        self.desk = desk.Desk(lambda: self.config, writer=self._writer_for, mine=self._mine, nudge=self._check_now,
+                              where=self._where, clock=clock.now, zone=ZoneInfo(config.host.timezone))
         self.hooks = wiring.Hooks(metrics=self.metrics, gpu_view=self.gpu_view, wake=self._soon, event=self._event,
                                   running=lambda: self._world.actual() if self._world is not None else [])
         wiring.runnable(config)
@@ -190,6 +197,7 @@ class Daemon:
                                                              previous=self.last_status, now=now)
             self.notifier.status(report.line())
             status_file.write(report, self.base.state_dir)
+        self.desk.passed()
 
     def _soon(self) -> None:
         """A pass now, as a job of its own: the pass running meanwhile replaces only "boundary"."""
@@ -212,7 +220,39 @@ class Daemon:
         context = asking.Context(host_name=config.host.name, timezone=config.host.timezone,
                                  reach_ahead=policy.reach_ahead(config), models=models)
         log.info("ask: %s from uid %d (%s)", str(request.get("kind"))[:16], who.uid, who.login or "no login")
+        if request.get("kind") in desk.KINDS:
+            return self.desk.answer(request, viewer, login=who.login or str(who.uid))
         return asking.answer(self.last_status, request, viewer=viewer, context=context, now=clock.now())
+
+    def _mine(self, viewer: asking.Viewer) -> dict[str, Any]:
+        """The asker's own bookings in the last pass's status (the desk's answers)."""
+        context = asking.Context(host_name=self.config.host.name, timezone=self.config.host.timezone,
+                                 reach_ahead=policy.reach_ahead(self.config))
+        return asking.answer(self.last_status, {"kind": "mine"}, viewer=viewer, context=context, now=clock.now())
+
+    def _where(self, booking_id: str) -> tuple[str, str, str] | None:
+        """The event of a booking as the last read knew it: (href, calendar URL, UID)."""
+        for item in self.calendar.occurrences:
+            if item.id == booking_id and item.href:
+                return item.href, item.calendar_url, item.uid
+        return None
+
+    def _writer_for(self, calendar: CalendarConfig) -> CalendarWriter:
+        """The calendar's writer, for the desk's new events and changes (CalDAV's only)."""
+        writer = open_writer(calendar, timezone=self.config.host.timezone)
+        if not isinstance(writer, CalendarWriter):
+            raise asking.AskError(f"gpubook cannot write into the calendar {calendar.url}: book in your calendar")
+        return writer
+
+    def _check_now(self) -> None:
+        """The desk wrote an event: read the calendars now (a change check, else a poll), not at the next tick."""
+        if not self.scheduler.running:
+            return
+        if self.config.daemon.check_seconds > 0:
+            self._schedule_check(0)
+        else:
+            self.scheduler.add_job(self.poll, "date", run_date=datetime.now(UTC), id="desk-poll",
+                                   replace_existing=True)
 
     # -- signals and the main loop -------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler import config as config_module
 from gpubook.scheduler.core import free as free_core
 from gpubook.scheduler.core import policy
-from gpubook.scheduler.outbox import asking
+from gpubook.scheduler.outbox import asking, desk
 from gpubook.scheduler.outbox.ask_socket import NoDaemon, NotBelieved, ask
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.status_file import STATUS_FILE
@@ -65,11 +65,11 @@ def daemon_account(given: str | None, *, environ: Mapping[str, str] | None = Non
                            f"ACCOUNT (or set ${ACCOUNT_ENV})") from None
 
 
-def from_daemon(request: Mapping[str, Any], *, account: str | None) -> dict[str, Any]:
+def from_daemon(request: Mapping[str, Any], *, account: str | None, timeout: float = 60.0) -> dict[str, Any]:
     """The running daemon's answer over its socket; a sentence (GpubookError) for each way it fails."""
     entry = daemon_account(account)
     try:
-        answer = ask(request, uid=entry.pw_uid)
+        answer = ask(request, uid=entry.pw_uid, timeout=timeout)
     except NoDaemon:
         raise NoDaemonError(f"no gpubook daemon is running for account {entry.pw_name} (nothing answers on its "
                             "socket): ask the admin to start it") from None
@@ -233,3 +233,8 @@ def print_free(answer: Mapping[str, Any]) -> None:
         else f"none until {moment(horizon, zone=zone, now=now)}"
     lines.append(f"Next slots for {what}: {found}")
     print("\n".join(line.rstrip() for line in lines))
+
+
+def print_desk(answer: Mapping[str, Any]) -> None:
+    """`gpubook book`, `extend`, `end` and `cancel`: the booking's answer, its ssh line first."""
+    print("\n".join(printable(line) for line in desk.shown(answer)))

@@ -142,6 +142,27 @@ def cmd_mine(args: argparse.Namespace) -> int:
     return _shown(found, as_json=args.json, printer=ask.print_mine)
 
 
+def cmd_desk(args: argparse.Namespace) -> int:
+    """`gpubook book`, `extend`, `end`, `cancel`: the daemon writes the booker's calendar and answers
+    once its pass has (exit 1: refused)."""
+    from gpubook.scheduler.commands import ask
+    from gpubook.scheduler.outbox import desk
+
+    request: dict[str, object] = {"kind": args.command}
+    if args.command == "book":
+        request |= {"gpus": args.gpus, "hours": args.hours, "at": args.at, "template": args.template,
+                    "title": args.title}
+    else:
+        request["id"] = args.id or ""
+    if args.command == "extend":
+        request["by"] = args.by
+    if args.as_user:
+        request["as"] = args.as_user
+    found = ask.from_daemon(request, account=args.daemon_account, timeout=desk.WAIT_SECONDS + 30)
+    _shown(found, as_json=args.json, printer=ask.print_desk)
+    return EXIT_PROBLEM if found.get("state") == "refused" else EXIT_OK
+
+
 def _shown(found: dict, *, as_json: bool, printer) -> int:  # type: ignore[no-untyped-def]
     """The daemon's answer, as JSON or as its command prints it."""
     if as_json:
@@ -305,6 +326,31 @@ def build_parser() -> argparse.ArgumentParser:
     mine = command("mine", cmd_mine, "your own bookings as the running daemon knows them: running (with the ssh "
                    "line), upcoming, held, ended this week, and refused with why", parents=[asking])
     mine.add_argument("--json", action="store_true", help="print one JSON object")
+
+    # `book`, `extend`, `end`, `cancel`: the daemon writes the asker's calendar (issue 40; outbox/desk.py).
+    desk_options = argparse.ArgumentParser(add_help=False)
+    desk_options.add_argument("--as", dest="as_user", metavar="NAME", help="the gpubook user to act as, where "
+                              "your login is several")
+    desk_options.add_argument("--json", action="store_true", help="print one JSON object")
+    book = command("book", cmd_desk, "book GPUs without a calendar program: the daemon writes the booking into "
+                   "your calendar and prints its answer (the ssh line, or why not and the next free slots); exit "
+                   "1 when refused", parents=[asking, desk_options])
+    book.add_argument("--gpus", type=int, default=1, metavar="N", help="how many GPUs (default 1)")
+    book.add_argument("--hours", default="1", metavar="LENGTH", help="how long: 4, 2h, 90m, 1h30m (default 1 hour)")
+    book.add_argument("--at", default="now", metavar="WHEN", help="when it starts: now (the default), now+2h, "
+                      "14:00, 'tomorrow 09:00', '2026-12-01 09:00' (the server's time zone)")
+    book.add_argument("--template", metavar="NAME", help="the template (default: the config's)")
+    book.add_argument("--title", default="", help="the event's title (default: 'USER GPU booking')")
+    extend = command("extend", cmd_desk, "make one of your bookings longer: its event's end moves (refused, and "
+                     "left as it was, where the GPUs are booked after it)", parents=[asking, desk_options])
+    extend.add_argument("by", metavar="LENGTH", help="how much longer: 2h, 30m, 1h30m")
+    extend.add_argument("id", nargs="?", help="the booking (default: your one running booking)")
+    end = command("end", cmd_desk, "end one of your running bookings now: its event ends now, the container "
+                  "stops and your outputs are kept", parents=[asking, desk_options])
+    end.add_argument("id", nargs="?", help="the booking (default: your one running booking)")
+    cancel = command("cancel", cmd_desk, "cancel one of your bookings: its event is deleted from your calendar",
+                     parents=[asking, desk_options])
+    cancel.add_argument("id", help="the booking, as `gpubook mine` shows it")
 
     free = command("free", cmd_free, "which GPUs are free now and in the coming days, and the next slots that fit "
                    "a request (asked of the running daemon); --ics prints the availability calendar the page "

@@ -16,8 +16,9 @@ asks, with no config and no secret, and gets the view its host login may see (ou
 - **Bounds**: a request is one JSON line of at most MAX_REQUEST bytes, read within READ_SECONDS;
   at most MAX_CONNECTIONS served at once, MAX_PER_UID of one account, each on its own thread
   apart from the passes; an answer is written within WRITE_SECONDS or dropped. The request
-  names only what to ask (kind, and gpus, hours, days, model, from, to): nothing of it reaches a
-  shell or a file name.
+  names only what to ask (kind, and gpus, hours, days, model, from, to; for `book`, `extend`, `end`
+  and `cancel` also at, template, title, id, by, as: outbox/desk.py): nothing of it reaches a shell
+  or a file name.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 
 from caldav.calendarobjectresource import Event as DavEvent
 from caldav.collection import Calendar as DavCalendar
@@ -105,6 +106,58 @@ class CalendarWriter:
             return None
         crash.point("writeback:after")
         return WriteResult(written=True, reason="written", etag=event.etag, attempts=attempt)
+
+    # -- the desk's writes (outbox/desk.py): a new event, a new end, a deletion ------------------------
+
+    def create(self, uid: str, text: bytes) -> str:
+        """A new event in this calendar, never over another (If-None-Match); its href."""
+        try:
+            event = self._calendar().save_event(text.decode(), no_overwrite=True)
+            if not isinstance(event, DavEvent):  # caldav's hint includes its async client's coroutine
+                raise CalendarError(f"the new event {uid}: caldav answered {type(event).__name__}, not an event")
+        except dav_error.DAVError as failure:
+            raise CalendarError(f"the new event {uid} could not be written: {type(failure).__name__} "
+                                f"{_reason(failure)}") from None
+        except OSError as failure:
+            raise CalendarError(f"the new event {uid} could not be written: {cause(failure)}") from None
+        return str(event.url)
+
+    def change_end(self, href: str, end: datetime) -> None:
+        """The event's DTEND moved to `end` (a conditional PUT: a booker's edit meanwhile is read again)."""
+        for attempt in range(1, self.attempts + 1):
+            event = DavEvent(client=self._client, url=href, parent=self._calendar())
+            try:
+                event.load(multiget_fallback=False)
+                with event.edit_icalendar_instance() as ical:
+                    component = next(c for c in ical.walk("VEVENT"))
+                    start = component.decoded("DTSTART")
+                    if isinstance(start, datetime) and start.tzinfo is not None:
+                        end = end.astimezone(start.tzinfo)
+                    component.pop("DURATION", None)
+                    component.pop("DTEND", None)
+                    component.add("DTEND", end)
+                event.save(increase_seqno=False, only_this_recurrence=False, precondition="etag")
+                return
+            except (dav_error.ETagMismatchError, dav_error.ScheduleTagMismatchError):
+                time.sleep(self.retry_delay * attempt)
+            except dav_error.DAVError as failure:
+                raise CalendarError(f"{href}: the new end could not be written: {type(failure).__name__} "
+                                    f"{_reason(failure)}") from None
+            except OSError as failure:
+                raise CalendarError(f"{href}: the new end could not be written: {cause(failure)}") from None
+        raise CalendarError(f"{href}: changed on the server {self.attempts} times while gpubook wrote its end")
+
+    def delete(self, href: str) -> None:
+        """The event gone from the calendar (already gone: nothing to do)."""
+        try:
+            DavEvent(client=self._client, url=href, parent=self._calendar()).delete()
+        except dav_error.NotFoundError:
+            return
+        except dav_error.DAVError as failure:
+            raise CalendarError(f"{href}: the event could not be deleted: {type(failure).__name__} "
+                                f"{_reason(failure)}") from None
+        except OSError as failure:
+            raise CalendarError(f"{href}: the event could not be deleted: {cause(failure)}") from None
 
     def _modify(self, event: DavEvent, ref: EventRef, outcome: Outcome) -> bool | None:
         """Apply the outcome to the event as read (the step between the GET and the conditional PUT)."""
