@@ -18,6 +18,10 @@ share of one core) and the requests it sent to the calendar server per minute, b
 
 Targets (issue 24): login <= 3 s after the save, worst of 20; idle CPU <= 1 %; per minute, no more
 than one small request per check and calendar, plus the poll's.
+
+`--via terminal` (issue 40): each booking is made by `gpubook book --gpus 1` run in a shell on the
+server instead (the account's login is alice's), timed from the command's start to the booker's
+first SSH login on the port of the ssh line it printed, and to the answer printed.
 """
 
 from __future__ import annotations
@@ -89,13 +93,36 @@ def save(calendar, booking_id: str, *, start: datetime, end: datetime) -> int:  
     raise SystemExit(f"{booking_id}: the server answered 423 Locked 100 times")
 
 
-def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: paramiko.PKey) -> dict:
+def book_from_terminal(env: dict[str, str]) -> tuple[str, int, float]:
+    """`gpubook book --gpus 1` for now, as a researcher types it in a shell on the server: (the
+    booking's id, its SSH port from the ssh line printed, the seconds until the answer was printed)."""
+    import json
+    import re
+
+    from tests.kits import ask_kit
+
+    began = time.monotonic()
+    done = ask_kit.gpubook("book", "--gpus", "1", "--hours", f"{BOOKING_SECONDS / 60:g}m", "--json", env=env,
+                           timeout=120)
+    printed = time.monotonic() - began
+    if done.returncode != 0:
+        raise SystemExit(f"gpubook book failed (exit {done.returncode}): {done.stdout} {done.stderr}")
+    answer = json.loads(done.stdout)
+    found = re.fullmatch(r"ssh -p (\d+) \S+", str(answer.get("ssh", "")))
+    if found is None:
+        raise SystemExit(f"gpubook book printed no ssh line: {answer}")
+    return str(answer["id"]), int(found.group(1)), printed
+
+
+def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: paramiko.PKey,
+               via: str = "calendar") -> dict:
     from tests.kits import servers
     from tests.kits.daemon_kit import DaemonProcess, try_login, write_config
     from tests.kits.front import CountingFront
 
     make = servers.radicale if kind == "radicale" else servers.xandikos
     figures: list[float] = []
+    answered: list[float] = []  # --via terminal: `gpubook book` run → its answer printed
     ids: list[str] = []
     locked = 0
     with tempfile.TemporaryDirectory(prefix="gpubook-book-now-") as folder, servers.running(make) as server:
@@ -107,6 +134,12 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
             url = front.base_url + calendar.url.path
             config = write_config(Path(folder), url, keys={"alice": key, "bob": paramiko.ECDSAKey.generate(bits=256)},
                                   poll_seconds=60, gpus=count + 4)  # one GPU each: none refused for want of one
+            from tests.kits import ask_kit
+
+            env = ask_kit.researcher_env(Path(folder) / "home", GPUBOOK_DAEMON_ACCOUNT=ask_kit.login())
+            if via == "terminal":  # this account's login is alice's: `gpubook book` books as her
+                config.write_text(config.read_text().replace(
+                    "[users.alice]\n", f'[users.alice]\naccount = "{ask_kit.login()}"\n'))
             daemon = DaemonProcess(config).start()
             state_path = Path(folder) / "state" / "state.sqlite"
             status = Path(folder) / "state" / "daemon-status.json"
@@ -118,13 +151,17 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
             with State(state_path) as state:
                 for n in range(count):
                     time.sleep(1 + random.random())  # noqa: S311 - a phase, not a secret
-                    booking_id = f"now-{n}@bench"
-                    ids.append(booking_id)
-                    now = datetime.now(UTC).replace(microsecond=0)
                     began = time.monotonic()
-                    locked += save(calendar, booking_id, start=now - timedelta(seconds=30),
-                                   end=now + timedelta(seconds=BOOKING_SECONDS))
                     client = port = None
+                    if via == "terminal":
+                        booking_id, port, printed = book_from_terminal(env)
+                        answered.append(printed)
+                    else:
+                        booking_id = f"now-{n}@bench"
+                        now = datetime.now(UTC).replace(microsecond=0)
+                        locked += save(calendar, booking_id, start=now - timedelta(seconds=30),
+                                       end=now + timedelta(seconds=BOOKING_SECONDS))
+                    ids.append(booking_id)
                     while client is None:
                         port = port or state.ports().get(booking_id)
                         client = try_login(port, "alice", key, timeout=2) if port else None
@@ -159,8 +196,8 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
             for booking_id in ids:
                 engine.stop(container_name(booking_id), 0)
     own, children = after[0] - before[0], after[1] - before[1]
-    return {"server": kind, "logins": figures, "locked": locked, "idle_wall": wall, "cpu_own": own,
-            "cpu_children": children, "per_minute": {m: n * 60 / wall for m, n in sorted(sent.items())}}
+    return {"server": kind, "logins": figures, "answered": answered, "locked": locked, "idle_wall": wall,
+            "cpu_own": own, "cpu_children": children, "per_minute": {m: n * 60 / wall for m, n in sorted(sent.items())}}
 
 
 def main() -> None:
@@ -169,6 +206,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=40)
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--servers", default="radicale,xandikos")
+    parser.add_argument("--via", choices=("calendar", "terminal"), default="calendar",
+                        help="how each booking is made: saved into the calendar (a PUT, as a calendar program "
+                        "does) or `gpubook book` in a shell on the server (issue 40)")
     args = parser.parse_args()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # logins tried before sshd listens are expected
 
@@ -181,13 +221,19 @@ def main() -> None:
     overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     key = paramiko.ECDSAKey.generate(bits=256)
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}")
-    print(f"saved (PUT) → booker's first SSH login, {args.count} bookings, {args.events}-event calendar, default "
+    made = "saved (PUT)" if args.via == "calendar" else "`gpubook book` run"
+    print(f"{made} → booker's first SSH login, {args.count} bookings, {args.events}-event calendar, default "
           "[daemon] settings (poll_seconds 60, check_seconds 1), target worst <= 3 s; then idle, nothing "
           "changing (target daemon CPU <= 1 % of one core)")
     for kind in args.servers.split(","):
-        result = one_server(kind, count=args.count, events=args.events, idle_seconds=args.idle_seconds, key=key)
+        result = one_server(kind, count=args.count, events=args.events, idle_seconds=args.idle_seconds, key=key,
+                            via=args.via)
         logins = result["logins"]
-        print(f"{kind}: login median {statistics.median(logins):.2f} s, worst {max(logins):.2f} s, "
+        if result["answered"]:
+            answered = result["answered"]
+            print(f"{kind}: `gpubook book` → its ssh line printed: median {statistics.median(answered):.2f} s, "
+                  f"worst {max(answered):.2f} s, best {min(answered):.2f} s")
+        print(f"{kind} ({args.via}): login median {statistics.median(logins):.2f} s, worst {max(logins):.2f} s, "
               f"best {min(logins):.2f} s ({result['locked']} saves answered 423 Locked and sent again)")
         wall, own, children = result["idle_wall"], result["cpu_own"], result["cpu_children"]
         requests = ", ".join(f"{method} {rate:.1f}" for method, rate in result["per_minute"].items()) or "none"

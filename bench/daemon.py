@@ -140,7 +140,7 @@ def latency(count: int) -> None:
 # -- idle --------------------------------------------------------------------------------------
 
 
-def idle(seconds: float, *, web: bool = False) -> None:
+def idle(seconds: float, *, web: bool = False, check_seconds: float | None = None) -> None:
     from tests.kits import servers
     from tests.kits.daemon_kit import DaemonProcess, book, write_config
 
@@ -150,6 +150,8 @@ def idle(seconds: float, *, web: bool = False) -> None:
             servers.running(servers.radicale) as radicale:
         calendar = radicale.new_calendar()
         config = write_config(Path(folder), str(calendar.url), keys={"alice": key}, poll_seconds=30)
+        if check_seconds is not None:  # the change check's pace (0: none, polls only, as v0.2.0 did)
+            config.write_text(config.read_text().replace("[daemon]\n", f"[daemon]\ncheck_seconds = {check_seconds}\n"))
         if web:  # the status page served by the daemon, asked for once a second meanwhile (a browser's tab)
             config.write_text(config.read_text() + '\n[web]\nenabled = true\nlisten = "127.0.0.1:0"\n')
         tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
@@ -545,6 +547,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=300.0, help="idle: how long to measure (300)")
     parser.add_argument("--web", action="store_true", help="idle: with [web] enabled, the page asked every 15 s")
+    parser.add_argument("--check-seconds", type=float, default=None, help="idle: [daemon] check_seconds (default: "
+                        "the config's, a change check every second; 0: none, as before issue 24)")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     if args.what in ("plan", "all"):
@@ -552,7 +556,7 @@ def main() -> None:
     if args.what in ("latency", "all"):
         latency(args.bookings or 20)
     if args.what in ("idle", "all"):
-        idle(args.seconds, web=args.web)
+        idle(args.seconds, web=args.web, check_seconds=args.check_seconds)
     if args.what in ("adopt", "all"):
         adopt(args.bookings or 8, args.rounds, from_source=args.from_source)
     if args.what == "lost":
