@@ -168,6 +168,26 @@ def test_outlook_x_alt_desc_is_read_when_description_is_empty() -> None:
     assert plain_wins.user == "carol"
 
 
+def test_markup_a_tag_scanner_misread_is_read_as_a_browser_shows_it() -> None:
+    """Issue 41's three cases: an attribute value holding `>` (a link's title), a comment holding a
+    tag, and the Word header Outlook writes into X-ALT-DESC (its conditional comments and `<xml>`
+    settings, whose `96` a regular-expression scanner left as a line of its own)."""
+    titled = single(START, END_LINE, 'DESCRIPTION:<a title="a>b" href="https://x.example/">user: bob</a><br>gpus: 2')
+    assert (titled.user, titled.gpu_count) == ("bob", 2)
+    commented = single(START, END_LINE, "DESCRIPTION:<p>user: <!-- <br> -->bob</p><p>gpus: 2</p>")
+    assert (commented.user, commented.gpu_count) == ("bob", 2)  # split at the <br>, "user:" named nobody
+    word = ("X-ALT-DESC;FMTTYPE=text/html:<html xmlns:o=\"urn:schemas-microsoft-com:office:office\"><head>"
+            "<meta name=Generator content=\"Microsoft Word 15 (filtered medium)\"><!--[if gte mso 9]><xml>"
+            "<o:OfficeDocumentSettings><o:AllowPNG/><o:PixelsPerInch>96</o:PixelsPerInch>"
+            "</o:OfficeDocumentSettings></xml><![endif]--><style><!-- p.MsoNormal {margin:0cm} --></style></head>"
+            "<body lang=EN-GB><div class=WordSection1><p class=MsoNormal>user: bob<o:p></o:p></p>"
+            "<p class=MsoNormal>gpus: 2<o:p></o:p></p></div></body></html>")
+    outlook = single(START, END_LINE, "DESCRIPTION:", word)
+    assert (outlook.user, outlook.gpu_count) == ("bob", 2)
+    shown = [line.strip() for line in lines(word.split(":", 1)[1], as_html=True) if line.strip()]
+    assert shown == ["user: bob", "gpus: 2"]  # no "96", no style
+
+
 def test_plain_text_with_angle_brackets_stays_plain() -> None:
     booking = single(START, END_LINE, "DESCRIPTION:user: bob\\nmail me: <bob@lab.example>\\ngpus: 2")
     assert (booking.user, booking.gpu_count) == ("bob", 2)
