@@ -188,6 +188,15 @@ def test_markup_a_tag_scanner_misread_is_read_as_a_browser_shows_it() -> None:
     assert shown == ["user: bob", "gpus: 2"]  # no "96", no style
 
 
+@pytest.mark.parametrize("markup", ["<![" * 20000, "<a " * 20000, "<a b='" * 10000, "<!--" * 16000,
+                                    "<div>" * 13000 + "user: bob"])
+def test_hostile_markup_is_read_to_its_limit_without_an_error(markup: str) -> None:
+    """Markup a calendar writer chose (html.parser raised on the first and took 31 s on the second):
+    read as lines, whatever they are, up to READ_LIMIT."""
+    shown = lines("<br>" + markup, as_html=True)
+    assert isinstance(shown, list) and all("<a b=" not in line for line in shown)
+
+
 def test_plain_text_with_angle_brackets_stays_plain() -> None:
     booking = single(START, END_LINE, "DESCRIPTION:user: bob\\nmail me: <bob@lab.example>\\ngpus: 2")
     assert (booking.user, booking.gpu_count) == ("bob", 2)
