@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -470,6 +471,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PROBLEM
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `gpubook free | head`: the reader left. No traceback, and none at exit either: Python's own
+        # flush of stdout would meet the closed pipe again (the recipe of the signal module's docs).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PROBLEM
 
 
 if __name__ == "__main__":
