@@ -30,10 +30,11 @@ from typing import Any, ParamSpec, Protocol, runtime_checkable
 from wsgiref.types import WSGIApplication
 
 import paramiko
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, disable_created_metrics, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpubook import __version__
 from gpubook.runtime.booking.ssh import ForeignHostKey
 from gpubook.runtime.errors import DriverError, EngineError, GpubookError, StorageError, TemplateError
 from gpubook.runtime.nvidia.nvml import MIB, NvmlView
@@ -139,6 +140,9 @@ class Metrics:
                                      "the kind of error.", ["reason"], registry=self.registry)
         self.image_pulls = Counter(f"{PREFIX}_image_pulls", "Template images pulled ahead of their bookings, by "
                                    "outcome (present: nothing to pull).", ["outcome"], registry=self.registry)
+        # gpubook_build_info{version="…"} 1: which gpubook answers (a dashboard's join key after an upgrade)
+        self.build = Info(f"{PREFIX}_build", "The running gpubook's version.", registry=self.registry)
+        self.build.info({"version": __version__})
         self.releases = Counter(f"{PREFIX}_released_bookings", "Running bookings released as no-shows (nobody "
                                 "logged in, GPUs idle) or, with [policy] idle_action = \"release\", as idle.",
                                 registry=self.registry)
