@@ -108,7 +108,8 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
     assert set(families) == {
         "gpubook_bookings", "gpubook_containers_running", "gpubook_gpus", "gpubook_last_poll_timestamp_seconds",
         "gpubook_last_poll_success_timestamp_seconds", "gpubook_calendar_outage", "gpubook_image_preparations",
-        "gpubook_image_storage_free_bytes", "gpubook_image_pull_bytes", "gpubook_booked_gpu_seconds",
+        "gpubook_image_storage_free_bytes", "gpubook_image_pull_downloaded_bytes", "gpubook_image_pull_size_bytes",
+        "gpubook_booked_gpu_seconds", "gpubook_gpu_booking_info",
         "gpubook_used_gpu_seconds",
         "gpubook_gpu_utilisation_ratio", "gpubook_gpu_memory_used_bytes", "gpubook_gpu_memory_total_bytes",
         "gpubook_start_ssh_seconds", "gpubook_poll_duration_seconds", "gpubook_pass_duration_seconds",
@@ -161,8 +162,16 @@ def test_values_read_at_scrape_time(usage: UsageState) -> None:
                  host="gpu1", gpu="1", uuid="GPU-bbbb") == 80 * 2**30
     assert {s.labels["state"]: s.value for s in families["gpubook_image_preparations"]} == {
         "queued": 0, "pulling": 1, "warming": 0, "building": 0, "ready": 2, "failed": 1}
-    assert {s.labels["bytes"]: s.value for s in families["gpubook_image_pull_bytes"]
-            if s.labels["template"] == "pytorch"} == {"downloaded": 4_100_000_000, "total": 9_300_000_000}
+    # Downloaded and in all: two families (a sum over one `bytes` label meant nothing; issue 41).
+    assert value(families["gpubook_image_pull_downloaded_bytes"], "gpubook_image_pull_downloaded_bytes",
+                 template="pytorch") == 4_100_000_000
+    assert value(families["gpubook_image_pull_size_bytes"], "gpubook_image_pull_size_bytes",
+                 template="pytorch") == 9_300_000_000
+    # The join for dcgm-exporter's series: each GPU of a running booking with its UUID and booker (an armed
+    # one, whose SSH is still closed, is nobody's yet).
+    assert [(s.labels, s.value) for s in families["gpubook_gpu_booking_info"]] == [
+        ({"host": "gpu1", "gpu": "0", "uuid": "GPU-aaaa", "user": "alice", "booking": "a@lab"}, 1)]
+    assert {s.labels["host"] for s in bookings} == {"gpu1"}
     assert value(families["gpubook_last_poll_timestamp_seconds"], "gpubook_last_poll_timestamp_seconds") \
         == 1795341600
     # Failed starts by every reason from zero, so rate() sees the first one.
@@ -365,7 +374,7 @@ def test_the_grafana_dashboard_names_only_metrics_the_registry_exposes(usage: Us
     assert named and named <= exposed, named - exposed
     wanted = ("gpubook_gpu_utilisation_ratio", "gpubook_gpu_memory_used_bytes", "gpubook_bookings",
               "gpubook_booked_gpu_seconds_total", "gpubook_used_gpu_seconds_total", "gpubook_calendar_errors_total",
-              "gpubook_poll_duration_seconds_bucket", "gpubook_failed_starts_total")
+              "gpubook_poll_duration_seconds_bucket", "gpubook_failed_starts_total", "gpubook_gpu_booking_info")
     assert set(wanted) <= named
     assert any("histogram_quantile" in e and "gpubook_start_ssh_seconds_bucket" in e for e in dashboard_exprs())
 

@@ -210,19 +210,20 @@ class _Collector(Collector):
         report = self.status()
         if report is None:
             return
+        name = self.host_name()
         bookings = GaugeMetricFamily(f"{PREFIX}_bookings", "Bookings at the last pass by state: now (its time is "
-                                     "now), upcoming, rejected; armed and running (containers).", labels=["state"])
+                                     "now), upcoming, rejected; armed and running (containers); `host`: the "
+                                     "daemon's [host] name.", labels=["host", "state"])
         running = [item for host in report.hosts for item in host.running]
         armed = sum(1 for item in running if item.state.startswith("armed"))
         values = {**{s: report.counts.get(s, 0) for s in ("now", "upcoming", "rejected")},
                   "armed": armed, "running": sum(1 for item in running if item.state == "running")}
         for state in BOOKING_STATES:
-            bookings.add_metric([state], values[state])
+            bookings.add_metric([name, state], values[state])
         yield bookings
         containers = GaugeMetricFamily(f"{PREFIX}_containers_running", "Booking containers running (armed ones "
                                        "included) at the last pass, by host.", labels=["host"])
         gpus = GaugeMetricFamily(f"{PREFIX}_gpus", "GPUs a host offers to bookings.", labels=["host", "source"])
-        name = self.host_name()
         for host in report.hosts:
             containers.add_metric([_label(host.name, name)], len(host.running))
             gpus.add_metric([_label(host.name, name), host.gpus.source], host.gpus.count)
@@ -231,6 +232,29 @@ class _Collector(Collector):
         yield from _poll_families(report)
         yield from _image_families(report.images)
         yield _foreign_family(report, host_name=name)
+        if (info := self._booking_info(report, host_name=name)).samples:  # no booking running: no series
+            yield info
+
+    def _booking_info(self, report: Status, *, host_name: str) -> Metric:
+        """gpubook_gpu_booking_info{host,gpu,uuid,user,booking} 1 for each GPU of a running booking: the
+        join that puts a booker's name on a dcgm-exporter series (by `uuid`, or by host and GPU)."""
+        family = GaugeMetricFamily(f"{PREFIX}_gpu_booking_info", "1 for each GPU of a booking running at the last "
+                                   "pass: its host, GPU index and UUID (NVML's, on this machine), booker and "
+                                   "booking.", labels=["host", "gpu", "uuid", "user", "booking"])
+        uuids: dict[int, str] = {}
+        if self.gpus is not None:
+            try:
+                uuids = {gpu.index: gpu.uuid or "" for gpu in self.gpus().gpus}
+            except Exception as error:  # the UUIDs left out, the bookers kept
+                log.warning("metrics: GPU UUIDs left out of the bookings' series: %s", error)
+        for host in report.hosts:
+            for item in host.running:
+                if item.state != "running":
+                    continue
+                for gpu in item.gpus:
+                    uuid = uuids.get(gpu, "") if host.name == LOCAL else ""
+                    family.add_metric([_label(host.name, host_name), str(gpu), uuid, item.user, item.booking], 1)
+        return family
 
     def _usage(self) -> Iterator[Metric]:
         if self.usage is None:
@@ -312,14 +336,18 @@ def _image_families(snapshot: Mapping[str, Any] | None) -> Iterator[Metric]:
     for state in PREPARATION_STATES:
         family.add_metric([state], states.count(state))
     yield family
-    pulls = GaugeMetricFamily(f"{PREFIX}_image_pull_bytes", "Bytes of the images being pulled: downloaded so far, "
-                              "and in all where the registry said.", labels=["template", "bytes"])
+    # Two families, not one with a `bytes` label: a sum over such a label (downloaded + size) means nothing.
+    downloaded = GaugeMetricFamily(f"{PREFIX}_image_pull_downloaded_bytes", "Bytes of an image being pulled "
+                                   "downloaded so far.", labels=["template"])
+    size = GaugeMetricFamily(f"{PREFIX}_image_pull_size_bytes", "Bytes of an image being pulled in all, where the "
+                             "registry said.", labels=["template"])
     for item in snapshot.get("preparations") or ():
         if item.get("state") == "pulling":
-            pulls.add_metric([str(item["template"]), "downloaded"], item.get("done") or 0)
+            downloaded.add_metric([str(item["template"])], item.get("done") or 0)
             if item.get("total") is not None:
-                pulls.add_metric([str(item["template"]), "total"], item["total"])
-    yield pulls
+                size.add_metric([str(item["template"])], item["total"])
+    yield downloaded
+    yield size
     if snapshot.get("free_bytes") is not None:
         yield GaugeMetricFamily(f"{PREFIX}_image_storage_free_bytes", "Free space where the engine keeps images.",
                                 value=snapshot["free_bytes"])
