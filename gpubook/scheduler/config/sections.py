@@ -8,8 +8,9 @@ import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
+
+import tzlocal
 
 from gpubook.runtime import engines
 from gpubook.runtime.engines import EngineSettings
@@ -126,20 +127,13 @@ BY_NAME: Mapping[str, Section] = {section.name: section for section in SECTIONS}
 
 
 def system_timezone() -> str:
+    """The host's IANA time zone, as tzlocal finds it ($TZ first, then /etc/timezone and /etc/localtime);
+    "UTC" where it finds none a config could name."""
     try:
-        name = Path("/etc/timezone").read_text().strip()
-        if name and not timezone_problem(name):
-            return name
-    except OSError:
-        pass
-    try:
-        target = os.readlink("/etc/localtime")
-        name = target.split("zoneinfo/", 1)[1]
-        if not timezone_problem(name):
-            return name
-    except (OSError, IndexError):
-        pass
-    return "UTC"
+        name = tzlocal.get_localzone_name()
+    except (LookupError, OSError, ValueError):  # tzlocal's ZoneInfoNotFoundError is a KeyError
+        return "UTC"
+    return name if name and not timezone_problem(name) else "UTC"
 
 
 FACTS: Mapping[str, Callable[[], Any]] = {"host name": lambda: os.uname().nodename, "time zone": system_timezone}
