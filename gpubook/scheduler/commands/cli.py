@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from gpubook import __version__, logsafe
 from gpubook.runtime.errors import GpubookError
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2  # `gpubook status` adds 3: no daemon runs (admin.EXIT_NOT_RUNNING)
 CONFIG_HELP = ("the daemon's TOML config file (default: $GPUBOOK_CONFIG, else the first that exists of "
                "~/.config/gpubook/gpubook.toml and /etc/gpubook/gpubook.toml)")
@@ -299,9 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
     # No abbreviated options: `gpubook setup --config X` must not be read as `--config-from X`.
     parser = argparse.ArgumentParser(prog="gpubook", description=__doc__, allow_abbrev=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower, default=None,
+                        help="log from this level on (default: warning; info with -v)")
     parser.add_argument("--version", action="version", version=f"gpubook {__version__}")
     parser.add_argument("--config", help=CONFIG_HELP)
-    # --config is also taken after any (sub-)command; SUPPRESS keeps a value given before it.
+    # --config, -v and --log-level are also taken after any (sub-)command; SUPPRESS keeps a value given before it.
+    logging_options = argparse.ArgumentParser(add_help=False)
+    logging_options.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                 help="log what happens (to stderr)")
+    logging_options.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower, default=argparse.SUPPRESS,
+                                 help="log from this level on (default: warning; info with -v)")
     with_config = argparse.ArgumentParser(add_help=False)
     with_config.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -310,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                 parent: argparse._SubParsersAction = commands, *, config: bool = True,
                 parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
         sub = parent.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
-                                parents=[*([with_config] if config else []), *parents])
+                                parents=[logging_options, *([with_config] if config else []), *parents])
         if handler is not None:
             sub.set_defaults(handler=handler)
         return sub
@@ -462,7 +470,9 @@ def cmd_users(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logsafe.configure(logging.INFO if args.verbose else logging.WARNING, "%(levelname)s %(name)s: %(message)s")
+    level = getattr(logging, args.log_level.upper()) if args.log_level else \
+        logging.INFO if args.verbose else logging.WARNING
+    logsafe.configure(level, "%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.handler(args))
     except GpubookError as error:

@@ -1,0 +1,48 @@
+"""The command line as admins' tools have it (issue 41): a closed pipe (`gpubook config example |
+head -1`, the reader gone before gpubook writes) ends with exit 1 and no traceback; `-v` and
+`--log-level` anywhere on the line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpubook.scheduler.commands.cli import build_parser
+from tests.kits.daemon_kit import ROOT
+
+
+def test_a_reader_that_left_gets_no_traceback() -> None:
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        done = subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "config", "example"],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, cwd="/",
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+    assert done.returncode == 1
+
+
+@pytest.mark.parametrize(("argv", "verbose", "level"), [
+    (["-v", "config", "example"], True, None),
+    (["config", "example", "-v"], True, None),
+    (["mine", "--verbose"], True, None),
+    (["--log-level", "DEBUG", "config", "example"], False, "debug"),
+    (["config", "check", "--log-level", "error"], False, "error"),
+    (["free", "--gpus", "2", "--log-level", "info"], False, "info"),
+    (["status"], False, None),
+])
+def test_verbose_and_the_log_level_are_taken_anywhere_on_the_line(argv: list[str], verbose: bool,
+                                                                 level: str | None) -> None:
+    args = build_parser().parse_args(argv)
+    assert (args.verbose, args.log_level) == (verbose, level)
+
+
+def test_an_unknown_log_level_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as usage:
+        build_parser().parse_args(["mine", "--log-level", "loud"])
+    assert usage.value.code == 2
