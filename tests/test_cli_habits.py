@@ -46,3 +46,13 @@ def test_an_unknown_log_level_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as usage:
         build_parser().parse_args(["mine", "--log-level", "loud"])
     assert usage.value.code == 2
+
+
+@pytest.mark.parametrize(("argv", "meant"), [(["stauts"], "status"), (["config", "chek"], "check"),
+                                             (["templates", "lsit"], "list")])
+def test_a_mistyped_command_is_a_usage_error_that_says_what_was_meant(argv: list[str], meant: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        build_parser().parse_args(argv)
+    assert usage.value.code == 2
+    assert f"did you mean '{meant}'?" in capsys.readouterr().err

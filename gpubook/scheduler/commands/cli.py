@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import NoReturn
 
 from gpubook import __version__, logsafe
 from gpubook.runtime.errors import GpubookError
@@ -296,9 +299,22 @@ def cmd_report(args: argparse.Namespace) -> int:
                       config_path=str(path) if path else None, as_json=args.json)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with "did you mean" for a mistyped command or choice (as git and systemctl say it)."""
+
+    def error(self, message: str) -> NoReturn:
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            known = re.findall(r"'([^']*)'", found.group(2))
+            close = difflib.get_close_matches(found.group(1), known, n=1, cutoff=0.6)
+            if close:
+                message = f"{message}; did you mean '{close[0]}'?"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviated options: `gpubook setup --config X` must not be read as `--config-from X`.
-    parser = argparse.ArgumentParser(prog="gpubook", description=__doc__, allow_abbrev=False)
+    parser = _Parser(prog="gpubook", description=__doc__, allow_abbrev=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower, default=None,
                         help="log from this level on (default: warning; info with -v)")
