@@ -56,3 +56,10 @@ def test_a_mistyped_command_is_a_usage_error_that_says_what_was_meant(argv: list
         build_parser().parse_args(argv)
     assert usage.value.code == 2
     assert f"did you mean '{meant}'?" in capsys.readouterr().err
+
+
+def test_help_opens_with_a_sentence_for_the_user(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    shown = capsys.readouterr().out
+    assert "book the lab's GPUs in a shared calendar" in shown and "small function" not in shown

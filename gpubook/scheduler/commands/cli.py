@@ -16,6 +16,10 @@ from typing import NoReturn
 from gpubook import __version__, logsafe
 from gpubook.runtime.errors import GpubookError
 
+DESCRIPTION = ("gpubook: book the lab's GPUs in a shared calendar; at the booking's start your container runs "
+               "on exactly the booked GPUs, and you log in with ssh.")
+EPILOG = ("Researchers: gpubook free, gpubook book, gpubook mine. Admins: gpubook setup, doctor, status, log. "
+          "`gpubook COMMAND --help` for one command; the guides are in docs/.")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2  # `gpubook status` adds 3: no daemon runs (admin.EXIT_NOT_RUNNING)
 CONFIG_HELP = ("the daemon's TOML config file (default: $GPUBOOK_CONFIG, else the first that exists of "
@@ -314,7 +318,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # No abbreviated options: `gpubook setup --config X` must not be read as `--config-from X`.
-    parser = _Parser(prog="gpubook", description=__doc__, allow_abbrev=False)
+    parser = _Parser(prog="gpubook", description=DESCRIPTION, epilog=EPILOG, allow_abbrev=False)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
     parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower, default=None,
                         help="log from this level on (default: warning; info with -v)")
