@@ -63,3 +63,18 @@ def test_help_opens_with_a_sentence_for_the_user(capsys: pytest.CaptureFixture[s
         build_parser().parse_args(["--help"])
     shown = capsys.readouterr().out
     assert "book the lab's GPUs in a shared calendar" in shown and "small function" not in shown
+
+
+def _gpubook(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", *args], capture_output=True,
+                          text=True, timeout=60, cwd="/", env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_config_check_takes_the_file_as_its_argument(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    example = ROOT / "gpubook" / "config" / "gpubook.example.toml"
+    done = _gpubook("config", "check", str(example))
+    assert done.returncode == 0 and f"{example}: ok" in done.stdout, done.stderr
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[host]\nname = "x"\ntimezone = "Mars/Olympus"\n')
+    done = _gpubook("config", "check", str(broken))
+    assert done.returncode == 1 and "Mars/Olympus" in done.stderr

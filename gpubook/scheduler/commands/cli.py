@@ -47,7 +47,9 @@ def _config_path(args: argparse.Namespace) -> str:
 def cmd_config_check(args: argparse.Namespace) -> int:
     from gpubook.scheduler import config
 
-    path = config.config_path(args.config)
+    if args.file and getattr(args, "config", None) and args.file != args.config:
+        raise GpubookError(f"two config files named: {args.file} and --config {args.config}; check one")
+    path = config.config_path(args.file or args.config)
     try:
         loaded = config.load(path)
     except GpubookError as error:
@@ -397,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="config_command", required=True, metavar="SUBCOMMAND")
     check = command("check", cmd_config_check, "validate a config file, listing every problem",
                     parent=config_group)
+    check.add_argument("file", nargs="?", metavar="FILE", help="the config file to check, as promtool check config "
+                       "takes it (default: --config, else the default path)")
     check.add_argument("--json", action="store_true", help="print one JSON object (path, ok, problems)")
     command("reference", cmd_config_reference, "print the config reference (Markdown) made from the declared "
             "settings", parent=config_group, config=False)
