@@ -78,3 +78,22 @@ def test_config_check_takes_the_file_as_its_argument(tmp_path) -> None:  # type:
     broken.write_text('[host]\nname = "x"\ntimezone = "Mars/Olympus"\n')
     done = _gpubook("config", "check", str(broken))
     assert done.returncode == 1 and "Mars/Olympus" in done.stderr
+
+
+def test_status_and_log_leave_a_fresh_state_folder_as_it_was(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Read-only commands on a host where the daemon never ran: they say so, and make no database."""
+    import paramiko
+
+    from tests.kits import ask_kit
+
+    config = ask_kit.idle_config(tmp_path, "http://127.0.0.1:9/cal/", keys={"alice": paramiko.ECDSAKey.generate(
+        bits=256)}, accounts={})
+    state = tmp_path / "state"
+    before = sorted(p.name for p in state.iterdir()) if state.exists() else []
+    status = _gpubook("status", "--config", str(config))
+    assert status.returncode == 3, status.stderr  # no daemon runs
+    log = _gpubook("log", "--config", str(config))
+    assert log.returncode == 0 and "no event log yet" in log.stderr, log.stderr
+    assert "WARNING" not in status.stderr + log.stderr
+    assert not (state / "state.sqlite").exists()
+    assert (sorted(p.name for p in state.iterdir()) if state.exists() else []) == before

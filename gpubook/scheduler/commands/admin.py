@@ -113,11 +113,15 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     else:  # the daemon has not run a pass yet: this host's GPUs, nothing planned
         summary = GpuSummary.of(gpu_inventory.inventory(static_count=config.gpu_count))
         report = Status(hosts=(HostStatus(name=LOCAL, gpus=summary),))
-    with State(folder / "state.sqlite") as state:
-        if live is not None:  # else as the daemon's last pass listed them
-            report = report.with_containers(live, ports=state.ports())
-        problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
-        held = set(state.ports().values()) | ({config.sftp.port} if config.sftp.enabled else set())
+    ports: dict[str, int] = {}
+    problems: list[LogEntry] = []
+    if (folder / "state.sqlite").is_file():  # a read-only command never makes the daemon's database
+        with State(folder / "state.sqlite") as state:
+            ports = state.ports()
+            problems = [e for e in state.events(limit=None) if e.level in ("warning", "error")][-5:]
+    if live is not None:  # else as the daemon's last pass listed them
+        report = report.with_containers(live, ports=ports)
+    held = set(ports.values()) | ({config.sftp.port} if config.sftp.enabled else set())
     if live is not None and (taken := port_range_problem(config.ssh.port_min, config.ssh.port_max, held=held)):
         report = replace(report, problems=(*report.problems, taken))
     report = replace(report, findings=setup_findings(config.engine), engine=engine_line(engine), recent_warnings=tuple(
@@ -174,7 +178,14 @@ def show_log(config_path: str, *, follow: bool = False, booking: str | None = No
     config = config_module.load(config_path)
     zone = ZoneInfo(config.host.timezone)
     show = _json_entry if as_json else _print_entry
-    with State(state_dir(config) / "state.sqlite") as state:
+    database = state_dir(config) / "state.sqlite"
+    if not database.is_file():  # a read-only command never makes the daemon's database
+        print(f"gpubook: no event log yet: gpubook has not run with {config.path} (no {database})", file=sys.stderr)
+        if not follow:
+            return 0
+        while not database.is_file():
+            time.sleep(1.0)
+    with State(database) as state:
         entries = state.events(booking_id=booking)
         entries = entries[-last:] if last else entries
         after = entries[-1].id if entries else 0
