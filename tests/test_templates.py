@@ -100,8 +100,14 @@ def test_cli_list_show_validate(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert templates_cli.list_templates(Namespace(json=True, templates_dir=None)) == 0
     listed = json.loads(capsys.readouterr().out)
     assert {item["name"] for item in listed} == SHIPPED
+    assert templates_cli.list_templates(Namespace(json=False, templates_dir=None)) == 0
+    assert "Debian 12 (bookworm) minbase with sshd" in capsys.readouterr().out  # each with its description
+    # `show`: the TOML file the admin edits, as it is (issue 41); --json: resolved, with the image a booking runs
     assert templates_cli.show(Namespace(name="debian-ssh", templates_dir=None)) == 0
-    assert "localhost/gpubook/debian-ssh:12" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert shown.startswith("# ") and shown.endswith(get_template("debian-ssh").path.read_text())
+    assert templates_cli.show(Namespace(name="debian-ssh", templates_dir=None, json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["image"] == "localhost/gpubook/debian-ssh:12"
     assert templates_cli.validate(Namespace(name=None, templates_dir=None)) == 0
     write(tmp_path, "bad", 'image = "debian:12"\ncuda = "x"\n')
     assert templates_cli.validate(Namespace(name=None, templates_dir=str(tmp_path))) == 1

@@ -47,7 +47,7 @@ def list_templates(args: Namespace) -> int:
         print(json.dumps(sorted(items, key=lambda item: item["name"]), indent=2))
         return 0
     for template in loaded.templates.values():
-        print(f"{template.name:<20} cuda {template.cuda or '-':<5} {template.image}")
+        print(f"{template.name:<20} cuda {template.cuda or '-':<5} {template.description or template.image}")
     for name, message in loaded.errors.items():
         print(f"{name:<20} INVALID: {message.splitlines()[0]}")
     return 0
@@ -59,6 +59,10 @@ def show(args: Namespace) -> int:
     except GpubookError as error:
         print(f"gpubook: {error}", file=sys.stderr)
         return 1
+    if not getattr(args, "json", False):  # the file the admin edits, as it is
+        print(f"# {template.path}")
+        sys.stdout.write(Path(template.path).read_text())
+        return 0
     data = asdict(template)
     data["path"] = str(template.path)
     data["mounts"] = [{"source": str(m.source), "target": m.target} for m in template.mounts]

@@ -421,7 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     templates_sub = templates_group.add_subparsers(dest="templates_command", required=True, metavar="SUBCOMMAND")
     listing = command("list", None, "the templates and whether each is valid", parent=templates_sub)
     listing.add_argument("--json", action="store_true", help="print JSON")
-    command("show", None, "one template, resolved", parent=templates_sub).add_argument("name")
+    show = command("show", None, "one template: the TOML file the admin edits (--json: resolved, with its "
+                   "defaults and the image a booking runs)", parent=templates_sub)
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true", help="print the template resolved, as one JSON object")
     validate = command("validate", None, "check templates; name the file and field at fault", parent=templates_sub)
     validate.add_argument("name", nargs="?")
     validate.add_argument("--driver", metavar="VERSION",
