@@ -97,3 +97,21 @@ def test_status_and_log_leave_a_fresh_state_folder_as_it_was(tmp_path) -> None: 
     assert "WARNING" not in status.stderr + log.stderr
     assert not (state / "state.sqlite").exists()
     assert (sorted(p.name for p in state.iterdir()) if state.exists() else []) == before
+
+
+def test_the_report_window_is_the_last_30_days_by_default() -> None:
+    from datetime import UTC, datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    from gpubook.scheduler.commands import report
+
+    paris = ZoneInfo("Europe/Paris")
+    now = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)  # 00:30 on Dec 1 in Paris
+    start, end = report.window(None, None, paris, now=now)
+    assert end == datetime(2026, 12, 2, tzinfo=paris) and end - start == timedelta(days=30)
+    start, end = report.window("2026-11-01", None, paris, now=now)
+    assert (start, end) == (datetime(2026, 11, 1, tzinfo=paris), datetime(2026, 12, 2, tzinfo=paris))
+    start, end = report.window(None, "2026-11-15", paris, now=now)
+    assert (start, end) == (datetime(2026, 10, 16, tzinfo=paris), datetime(2026, 11, 15, tzinfo=paris))
+    with pytest.raises(report.ReportError, match="the window is empty"):
+        report.window("2026-11-15", "2026-11-01", paris, now=now)

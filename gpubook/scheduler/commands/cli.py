@@ -460,9 +460,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = command("report", cmd_report, "GPU-hours booked and used, the idle share, no-shows and rejected "
                      "requests over a window; as a table, CSV, a PNG plot or an HTML page")
-    report.add_argument("--from", dest="start", required=True, metavar="DATE",
-                        help="window start: a date (midnight in [host] timezone) or an ISO 8601 time")
-    report.add_argument("--to", dest="end", required=True, metavar="DATE", help="window end (not included)")
+    report.add_argument("--from", dest="start", metavar="DATE", help="window start: a date (midnight in [host] "
+                        "timezone) or an ISO 8601 time (default: 30 days before --to)")
+    report.add_argument("--to", dest="end", metavar="DATE", help="window end, not included (default: the end of "
+                        "today)")
     report.add_argument("--by", choices=("user", "gpu", "template", "project"), default="user",
                         help="one row per (default: user); project: per [groups.NAME] a booking counted against")
     report.add_argument("--csv", metavar="FILE", help="also write the table as CSV")

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, tzinfo
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -53,15 +53,26 @@ def moment(text: str, zone: tzinfo, *, flag: str) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=zone)
 
 
-def run(*, start_text: str, end_text: str, by: str = "user", outputs: Outputs = Outputs(),  # noqa: B008 - frozen
+DEFAULT_DAYS = 30  # the window without --from: the last 30 days (--to: the end of today)
+
+
+def window(start_text: str | None, end_text: str | None, zone: tzinfo, *, now: datetime) -> tuple[datetime, datetime]:
+    """The report's window: --from and --to as given, else the last DEFAULT_DAYS days to the end of today."""
+    today_end = datetime.combine(now.astimezone(zone).date() + timedelta(days=1), time(), tzinfo=zone)
+    end = moment(end_text, zone, flag="--to") if end_text else today_end
+    start = moment(start_text, zone, flag="--from") if start_text else end - timedelta(days=DEFAULT_DAYS)
+    if end <= start:
+        raise ReportError(f"--to {end.isoformat()} is not after --from {start.isoformat()}: the window is empty")
+    return start, end
+
+
+def run(*, start_text: str | None, end_text: str | None, by: str = "user", outputs: Outputs = Outputs(),  # noqa: B008 - frozen
         config_path: str | None = None, now: datetime | None = None, print_line: Callable[[str], None] = print,
         as_json: bool = False) -> int:
     """The table (or with `as_json` its rows as one JSON object) and the files asked for."""
     config = config_module.load(config_path) if config_path else None
     zone: tzinfo = ZoneInfo(config.host.timezone) if config is not None else UTC
-    start, end = moment(start_text, zone, flag="--from"), moment(end_text, zone, flag="--to")
-    if end <= start:
-        raise ReportError(f"--to {end_text} is not after --from {start_text}: the window is empty")
+    start, end = window(start_text, end_text, zone, now=now or datetime.now(UTC))
     targets = [(path, kind) for path, kind in ((outputs.csv, "CSV"), (outputs.png, "PNG"), (outputs.html, "HTML"))
                if path is not None]
     for path, kind in targets:
@@ -92,7 +103,7 @@ def to_json(report: report_module.Report) -> dict[str, Any]:
     return report_module.to_json(report)
 
 
-def run_lab(*, start_text: str, end_text: str, by: str = "user", config_path: str | None,
+def run_lab(*, start_text: str | None, end_text: str | None, by: str = "user", config_path: str | None,
             now: datetime | None = None, print_line: Callable[[str], None] = print, as_json: bool = False) -> int:
     """`gpubook report --lab`: this server's report and each [web] lab server's (its /api/usage, asked
     as the page's lab view asks: with the lab secret), summed by user, template or GPU."""
@@ -102,9 +113,7 @@ def run_lab(*, start_text: str, end_text: str, by: str = "user", config_path: st
     if not config.web.lab:
         raise ReportError(f"--lab: {config_path} names no other server in [web] lab")
     zone = ZoneInfo(config.host.timezone)
-    start, end = moment(start_text, zone, flag="--from"), moment(end_text, zone, flag="--to")
-    if end <= start:
-        raise ReportError(f"--to {end_text} is not after --from {start_text}: the window is empty")
+    start, end = window(start_text, end_text, zone, now=now or datetime.now(UTC))
     with State(_database(config)) as state:
         own = report_module.build(state, start=start, end=end, now=now or datetime.now(UTC), by=by,
                                   host_name=config.host.name)
