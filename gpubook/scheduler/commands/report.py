@@ -62,7 +62,8 @@ def window(start_text: str | None, end_text: str | None, zone: tzinfo, *, now: d
     end = moment(end_text, zone, flag="--to") if end_text else today_end
     start = moment(start_text, zone, flag="--from") if start_text else end - timedelta(days=DEFAULT_DAYS)
     if end <= start:
-        raise ReportError(f"--to {end.isoformat()} is not after --from {start.isoformat()}: the window is empty")
+        raise ReportError(f"--to {end_text or end.date().isoformat()} is not after --from "
+                          f"{start_text or start.date().isoformat()}: the window is empty")
     return start, end
 
 
