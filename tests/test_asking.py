@@ -75,6 +75,11 @@ def test_a_bad_request_is_one_sentence(request_: dict) -> None:
         asking.answer(status(), request_, viewer=asking.Viewer(), context=CONTEXT, now=NOW)
 
 
+def test_more_gpus_than_the_host_has_is_one_sentence() -> None:
+    with pytest.raises(asking.AskError, match="--gpus 3: devbox1 has 2 GPUs per host at most; ask for 2 or fewer"):
+        asking.answer(status(), {"kind": "free", "gpus": 3}, viewer=asking.Viewer(), context=CONTEXT, now=NOW)
+
+
 def test_before_the_first_pass_the_answer_says_so() -> None:
     with pytest.raises(asking.AskError, match="first pass"):
         asking.answer(None, {"kind": "mine"}, viewer=asking.Viewer(), context=CONTEXT, now=NOW)

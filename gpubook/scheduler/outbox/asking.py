@@ -208,8 +208,11 @@ def free_view(status: Status, request: Mapping[str, Any], *, context: Context, n
     blocks = [b for b in free_feed.blocks_of(status) if b.end > now and b.start < horizon]
     lanes = free.lanes(_only(blocks, among))
     request_ = free.Request(among=among, count=gpus, duration=timedelta(hours=hours))
-    fits = any(len(indices) >= gpus for indices in among.values())
-    slots = free.next_slots(lanes, request_, after=now, horizon=horizon, limit=MAX_SLOTS) if fits else []
+    largest = max((len(indices) for indices in among.values()), default=0)
+    if gpus > largest:  # no slot could ever fit: one sentence, not an empty list
+        raise AskError(f"--gpus {gpus}: {context.host_name} has {largest} GPU{'s' if largest != 1 else ''}"
+                       f"{' of that model' if model else ''} per host at most; ask for {max(largest, 1)} or fewer")
+    slots = free.next_slots(lanes, request_, after=now, horizon=horizon, limit=MAX_SLOTS)
     return {
         "asked": {"gpus": gpus, "hours": hours, "days": days, "model": model},
         "until": horizon.isoformat(),
