@@ -5,6 +5,7 @@ head -1`, the reader gone before gpubook writes) ends with exit 1 and no traceba
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -115,3 +116,34 @@ def test_the_report_window_is_the_last_30_days_by_default() -> None:
     assert (start, end) == (datetime(2026, 10, 16, tzinfo=paris), datetime(2026, 11, 15, tzinfo=paris))
     with pytest.raises(report.ReportError, match="the window is empty"):
         report.window("2026-11-15", "2026-11-01", paris, now=now)
+
+
+LOGS = ("import logging; from gpubook import logsafe; logsafe.configure(logging.INFO, times=True); "
+        "logging.getLogger('gpubook.scheduler.daemon').warning('calendar unreachable'); "
+        "logging.getLogger('gpubook.scheduler.daemon').info('started')")
+
+
+def _logged(**env: str) -> str:
+    """What a daemon-like process logs to a pipe (its stderr), with `env`'s $JOURNAL_STREAM."""
+    read, write = os.pipe()
+    stat = os.fstat(write)
+    stream = {"JOURNAL_STREAM": f"{stat.st_dev}:{stat.st_ino}"} if env.pop("journal", "") else {}
+    try:
+        subprocess.run([sys.executable, "-c", LOGS], stderr=write, timeout=60, check=True, cwd="/",
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), **stream, **env})
+    finally:
+        os.close(write)
+    with os.fdopen(read) as pipe:
+        return pipe.read()
+
+
+def test_under_journald_each_line_has_its_priority_elsewhere_its_time() -> None:
+    journal = _logged(journal="yes").splitlines()
+    assert journal == ["<4>WARNING calendar unreachable", "<6>INFO started"]  # journalctl -p warning: the first
+    plain = _logged().splitlines()
+    assert [line.split(" ", 2)[2] for line in plain] == ["WARNING calendar unreachable", "INFO started"]
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line) for line in plain)
+    assert "gpubook.scheduler" not in "".join(journal + plain)  # a user reads the message, not a module path
+    # Another stream than stderr named in $JOURNAL_STREAM (a parent's, inherited): not journald's.
+    assert _logged(JOURNAL_STREAM="1:2").splitlines()[0].endswith("WARNING calendar unreachable")
+    assert not _logged(JOURNAL_STREAM="1:2").startswith("<")

@@ -341,7 +341,7 @@ class Daemon:
             self.scheduler.shutdown(wait=True)
             self.parts.close()
             self._event("daemon stopped; containers keep running", level="info")
-            log.warning("gpubook daemon stopped; running containers keep running")
+            log.info("gpubook daemon stopped; running containers keep running")  # a normal stop: no warning
             self.state.close()
         return 0
 

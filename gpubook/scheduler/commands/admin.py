@@ -43,9 +43,9 @@ PROC_LOCKS = Path("/proc/locks")
 def run(config_path: str) -> int:
     """The daemon in the foreground; logs go to stderr (journald adds the time under systemd)."""
     root = logging.getLogger()
-    if not root.handlers:
-        logsafe.configure(logging.WARNING, "%(levelname)s %(name)s: %(message)s")
-    root.setLevel(logging.INFO)
+    # The daemon's log: each line with its time, or with its priority under journald (logsafe.configure).
+    logsafe.configure(min(root.level or logging.INFO, logging.INFO), times=True)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
     logging.getLogger("apscheduler").setLevel(logging.ERROR)  # "skipped: already running" is expected
     from gpubook.scheduler.daemon import Daemon  # status, stop and log need none of it (each a process of its own)
 

@@ -500,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = getattr(logging, args.log_level.upper()) if args.log_level else \
         logging.INFO if args.verbose else logging.WARNING
-    logsafe.configure(level, "%(levelname)s %(name)s: %(message)s")
+    logsafe.configure(level)
     try:
         return int(args.handler(args))
     except GpubookError as error:

@@ -259,7 +259,9 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        log.info("state database %s: schema migrated to version %d", path, number + 1)
+    if version < len(MIGRATIONS):  # said once, however many steps it took
+        log.info("state database %s: schema %s version %d", path,
+                 f"migrated from version {version} to" if version else "made at", len(MIGRATIONS))
 
 
 def set_aside(path: Path, error: Corrupt) -> None:

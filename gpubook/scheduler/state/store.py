@@ -120,7 +120,7 @@ class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
         self._connections: list[sqlite3.Connection] = []
         private_folder(self.path.parent)
         if not self.path.exists():
-            log.warning("state database %s does not exist; starting a new one "
+            log.info("state database %s does not exist; starting a new one "
                         "(running containers are adopted from their labels)", self.path)
         try:
             try:
