@@ -37,15 +37,18 @@ def _free_block(size: int) -> int:
 
 def test_new_database_has_current_schema_wal_and_foreign_keys(tmp_path: Path, caplog) -> None:
     path = tmp_path / "sub" / "state.sqlite"
-    with caplog.at_level(logging.WARNING, logger="gpubook.scheduler.state"), State(path) as db:
+    with caplog.at_level(logging.INFO, logger="gpubook.scheduler.state"), State(path) as db:
         assert db.schema_version == len(MIGRATIONS)
         mode = db._query("PRAGMA journal_mode")[0][0]
         assert mode == "wal"
         assert db._query("PRAGMA foreign_keys")[0][0] == 1
-    assert "does not exist" in caplog.text
-    # Opening again migrates nothing and warns about nothing.
+    # A first start is normal: said (once each), never a warning (issue 41).
+    assert "does not exist" in caplog.text and f"schema made at version {len(MIGRATIONS)}" in caplog.text
+    assert sum("schema" in r.getMessage() for r in caplog.records) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # Opening again migrates nothing and says nothing.
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="gpubook.scheduler.state"), State(path) as db:
+    with caplog.at_level(logging.INFO, logger="gpubook.scheduler.state"), State(path) as db:
         assert db.schema_version == len(MIGRATIONS)
     assert caplog.text == ""
 
