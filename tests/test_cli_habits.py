@@ -4,6 +4,7 @@ head -1`, the reader gone before gpubook writes) ends with exit 1 and no traceba
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -147,3 +148,20 @@ def test_under_journald_each_line_has_its_priority_elsewhere_its_time() -> None:
     # Another stream than stderr named in $JOURNAL_STREAM (a parent's, inherited): not journald's.
     assert _logged(JOURNAL_STREAM="1:2").splitlines()[0].endswith("WARNING calendar unreachable")
     assert not _logged(JOURNAL_STREAM="1:2").startswith("<")
+
+
+def test_config_show_gives_the_effective_config_and_hides_secrets(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    secret = tmp_path / "calendar-password"
+    secret.write_text("hunter2\n")
+    secret.chmod(0o600)
+    config = tmp_path / "gpubook.toml"
+    config.write_text('[host]\nname = "devbox1"\ntimezone = "Europe/Paris"\n[[calendar]]\n'
+                      'url = "http://127.0.0.1:5232/lab/"\nusername = "gpubook"\npassword_file = "calendar-password"\n'
+                      "[users.alice]\nuid = 2001\n")
+    done = _gpubook("config", "show", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert "defaults.max_hours = 72.0" in done.stdout  # a default, resolved
+    assert 'calendars[0].password = "(set, not shown)"' in done.stdout and "hunter2" not in done.stdout
+    assert "calendars[0].gpus = (unset)" in done.stdout
+    data = json.loads(_gpubook("config", "show", "--json", "--config", str(config)).stdout)
+    assert data["host"]["timezone"] == "Europe/Paris" and data["users"]["alice"]["gid"] == 2001

@@ -68,6 +68,19 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from gpubook.scheduler import config
+    from gpubook.scheduler.config import show
+
+    data = show.effective(config.load(config.config_path(args.config)))
+    if args.json:
+        json.dump(data, sys.stdout, indent=2, ensure_ascii=False)
+        print()
+    else:
+        print("\n".join(show.lines(data)))
+    return EXIT_OK
+
+
 def cmd_config_reference(args: argparse.Namespace) -> int:
     from gpubook.scheduler.config import reference
 
@@ -402,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", nargs="?", metavar="FILE", help="the config file to check, as promtool check config "
                        "takes it (default: --config, else the default path)")
     check.add_argument("--json", action="store_true", help="print one JSON object (path, ok, problems)")
+    shown = command("show", cmd_config_show, "print the effective config, every default resolved (secrets only as "
+                    "set)", parent=config_group)
+    shown.add_argument("--json", action="store_true", help="print one JSON object")
     command("reference", cmd_config_reference, "print the config reference (Markdown) made from the declared "
             "settings", parent=config_group, config=False)
     command("example", cmd_config_example, "print an example config with every key", parent=config_group,
