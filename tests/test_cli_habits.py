@@ -165,3 +165,20 @@ def test_config_show_gives_the_effective_config_and_hides_secrets(tmp_path) -> N
     assert "calendars[0].gpus = (unset)" in done.stdout
     data = json.loads(_gpubook("config", "show", "--json", "--config", str(config)).stdout)
     assert data["host"]["timezone"] == "Europe/Paris" and data["users"]["alice"]["gid"] == 2001
+
+
+def test_config_check_lists_every_problem_at_once_with_the_cross_key_ones(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "gpubook.toml"
+    config.write_text('[host]\nname = "x"\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/c/"\n'
+                      'gpus = [0, 5]\n[gpus]\ncount = 2\n[users.alice]\nuid = 2001\n[users.bob]\nuid = 2001\n'
+                      "[defaults]\nmax_hours = -1\n")
+    done = _gpubook("config", "check", str(config))
+    assert done.returncode == 1
+    problems = done.stderr.splitlines()
+    assert any("defaults.max_hours: must be greater than 0" in line for line in problems)  # a type's problem ...
+    assert any("users.bob.uid: 2001 is also alice's" in line for line in problems)  # ... and the cross-key ones
+    assert any("calendar[0].gpus: GPU 5 beyond [gpus] count = 2" in line for line in problems)
+    nobody = tmp_path / "nobody.toml"
+    nobody.write_text('[host]\nname = "x"\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/c/"\n')
+    done = _gpubook("config", "check", str(nobody))
+    assert done.returncode == 1 and "nobody could book" in done.stderr

@@ -59,6 +59,12 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print()
         return EXIT_PROBLEM
     users = sorted(loaded.users)
+    if problems := config.advisories(loaded):
+        if args.json:
+            json.dump({"path": str(loaded.path), "ok": False, "problems": problems}, sys.stdout, indent=2)
+            print()
+            return EXIT_PROBLEM
+        raise GpubookError("\n".join(problems))
     if args.json:
         json.dump({"path": str(loaded.path), "ok": True, "calendars": len(loaded.calendars), "users": users,
                    "problems": []}, sys.stdout, indent=2)

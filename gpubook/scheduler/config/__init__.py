@@ -36,7 +36,7 @@ from gpubook.scheduler.settings import (
 
 # The reader returns these: its callers may name them from here.
 __all__ = ["PASSWORD_ENV", "CalendarConfig", "Config", "ConfigError", "DaemonConfig", "Defaults", "HostConfig",
-           "PolicyConfig", "UserConfig", "config_path", "load", "parse", "system_timezone"]
+           "PolicyConfig", "UserConfig", "advisories", "config_path", "load", "parse", "system_timezone"]
 
 
 def _sftp_problems(reader: Reader, read: Mapping[str, Any]) -> None:
@@ -71,6 +71,7 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
     reader.unknown(data, "", [section.name for section in SECTIONS])
     read = {section.name: read_section(reader, data, section) for section in SECTIONS}
     group_problems(reader, read["users"], read["groups"])
+    _people_and_gpus(reader, read)  # beside the other problems, not after them: all are listed at once
     if not reader.errors:
         _sftp_problems(reader, read)
         _web_problems(reader, read)
@@ -99,6 +100,35 @@ def parse(data: Mapping[str, Any], path: Path) -> Config:
         user_overrides={name: user for name, user in read["users"].items() if user.uid == 0},
         groups=read["groups"],
     )
+
+
+def _people_and_gpus(reader: Reader, read: Mapping[str, Any]) -> None:
+    """Cross-key problems a config's own values show: two users with one uid (one container account
+    for two bookers), a calendar's GPUs beyond [gpus] count."""
+    users: Mapping[str, UserConfig] = read["users"] or {}
+    by_uid: dict[int, list[str]] = {}
+    for name, user in users.items():
+        if user.uid != 0:  # 0: a table that only sets a directory user's limits
+            by_uid.setdefault(user.uid, []).append(name)
+    for uid, names in sorted(by_uid.items()):
+        if len(names) > 1:
+            reader.error(f"users.{names[1]}.uid", f"{uid} is also {names[0]}'s: each booker needs a uid of their own "
+                         "(it is the owner of their files and their account inside)")
+    count = read["gpus"].count
+    for position, calendar in enumerate(read["calendar"] or ()):
+        beyond = sorted(gpu for gpu in calendar.gpus or () if count is not None and gpu >= count)
+        if beyond:
+            reader.error(f"calendar[{position}].gpus", f"GPU {', '.join(map(str, beyond))} beyond [gpus] count = "
+                         f"{count} (the GPUs are 0 to {count - 1})")
+
+
+def advisories(config: Config) -> list[str]:
+    """What `gpubook config check` adds to a config that loads: a daemon could run it, but to no use."""
+    said = []
+    if not config.users and not (config.directory is not None and config.directory.source in EXTERNAL):
+        said.append(f"{config.path}: users: no [users.NAME] table: nobody could book (add one per booker, or a "
+                    "[directory])")
+    return said
 
 
 CONFIG_ENV = "GPUBOOK_CONFIG"
