@@ -182,3 +182,32 @@ def test_config_check_lists_every_problem_at_once_with_the_cross_key_ones(tmp_pa
     nobody.write_text('[host]\nname = "x"\ntimezone = "UTC"\n[[calendar]]\nurl = "http://127.0.0.1:9/c/"\n')
     done = _gpubook("config", "check", str(nobody))
     assert done.returncode == 1 and "nobody could book" in done.stderr
+
+
+def _key_lines() -> dict[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    def line(private) -> str:  # type: ignore[no-untyped-def]
+        return private.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                 serialization.PublicFormat.OpenSSH).decode()
+
+    ed, ecdsa = line(ed25519.Ed25519PrivateKey.generate()), line(ec.generate_private_key(ec.SECP256R1()))
+    return {"ed": ed, "ecdsa": ecdsa}
+
+
+def test_an_ssh_key_is_checked_by_loading_it() -> None:
+    """cryptography's load_ssh_public_key decides (issue 41): a truncated key is refused, a valid
+    line with OpenSSH's options before its key is taken, and the README's example passes."""
+    from gpubook.scheduler.settings import checks
+
+    keys = _key_lines()
+    for good in (f"{keys['ed']} alice@laptop", keys["ecdsa"], f'from="10.0.0.0/8",no-agent-forwarding {keys["ed"]} a',
+                 f'command="echo hi there",no-pty {keys["ecdsa"]}'):
+        assert checks.ssh_key.problem(good) is None, good
+    for bad in (f"{keys['ed'][:-6]} alice", keys["ecdsa"][:-10], f'junk here {keys["ed"]}', "ssh-ed25519 AAAA... a",
+                f"{keys['ed']}\ncommand=x {keys['ed']}"):
+        assert checks.ssh_key.problem(bad) is not None, bad
+    readme = (ROOT / "README.md").read_text()
+    example = re.search(r'ssh_keys = \["([^"]+)"\]', readme)
+    assert example and checks.ssh_key.problem(example.group(1)) is None

@@ -16,6 +16,8 @@ from tests.kits import safe_data, servers
 
 REPO = Path(__file__).resolve().parents[1]
 
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB6v3b9c0p7s5xXl0bN3cYk2s9mJ0b2cZc8n8kq0tq0Q"  # the example config's
+
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "doctor", *args], cwd=REPO,
@@ -90,9 +92,9 @@ def test_doctor_names_a_busy_sftp_port_and_users_the_service_cannot_serve(tmp_pa
     config = tmp_path / "gpubook.toml"
     config.write_text('[[calendar]]\nurl = "http://127.0.0.1:9/cal/"\n'
                       '[storage]\ndata_root = "/srv"\n[sftp]\nenabled = true\n'
-                      '[users.root]\nuid = 3001\nssh_keys = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPZ4 x"]\n'
+                      f'[users.root]\nuid = 3001\nssh_keys = ["{KEY} x"]\n'
                       '[users.carol]\nuid = 3002\n'
-                      '[users.dave]\nuid = 3003\nssh_keys = ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPZ4 x"]\n')
+                      f'[users.dave]\nuid = 3003\nssh_keys = ["{KEY} x"]\n')
     check = doctor_module.sftp_key_check(config_module.load(config))
     assert not check.ok
     assert "user root: the name is one of the service's own accounts" in check.detail

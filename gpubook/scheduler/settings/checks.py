@@ -9,6 +9,9 @@ from collections.abc import Iterable
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+
 from gpubook.runtime.names import TEMPLATE_NAME_RULE, USER_NAME_RULE, template_name_problem, user_name_problem
 from gpubook.scheduler.settings.declare import Check
 
@@ -57,10 +60,25 @@ def _email(address: str) -> str | None:
     return None if re.match(r"^[^@\s]+@[^@\s]+$", address) else "is not an e-mail address"
 
 
+# A key in an authorized_keys line: its type, then its base64 blob (options may come before: from="…").
+_SSH_KEY = re.compile(r"(?:^|\s)((?:ssh|ecdsa|sk)-[A-Za-z0-9@._-]+)[ \t]+([A-Za-z0-9+/]+={0,3})(?=[ \t]|$)")
+_SSH_OPTIONS = re.compile(r'(?:[A-Za-z0-9-]+(?:="(?:[^"\\]|\\.)*")?)(?:,[A-Za-z0-9-]+(?:="(?:[^"\\]|\\.)*")?)*')
+
+
 def _ssh_key(line: str) -> str | None:
-    if re.match(r"^(ssh-|ecdsa-|sk-)\S+ [A-Za-z0-9+/=]+( [^\n]*)?$", line):
-        return None
-    return "is not an SSH public key line (such as 'ssh-ed25519 AAAA... alice@laptop')"
+    """None for an authorized_keys line whose key cryptography can load (a truncated or mistyped key
+    cannot be), with OpenSSH's options before it or not, else the sentence."""
+    if "\n" not in line and "\r" not in line:
+        for found in _SSH_KEY.finditer(line):
+            options = line[:found.start(1)].strip()
+            if options and not _SSH_OPTIONS.fullmatch(options):
+                continue
+            try:
+                load_ssh_public_key(f"{found[1]} {found[2]}".encode())
+            except (ValueError, UnsupportedAlgorithm):
+                continue
+            return None
+    return "is not an SSH public key line (such as 'ssh-ed25519 AAAA... alice@laptop'; a truncated key is not one)"
 
 
 def _notice_kind(kind: str) -> str | None:
