@@ -237,7 +237,8 @@ class _Collector(Collector):
 
     def _booking_info(self, report: Status, *, host_name: str) -> Metric:
         """gpubook_gpu_booking_info{host,gpu,uuid,user,booking} 1 for each GPU of a running booking: the
-        join that puts a booker's name on a dcgm-exporter series (by `uuid`, or by host and GPU)."""
+        join that puts a booker's name on a dcgm-exporter series (by `uuid`, or by host and GPU). On this
+        machine only the GPUs NVML lists (like every gpubook_gpu_ series); a cluster node's without UUID."""
         family = GaugeMetricFamily(f"{PREFIX}_gpu_booking_info", "1 for each GPU of a booking running at the last "
                                    "pass: its host, GPU index and UUID (NVML's, on this machine), booker and "
                                    "booking.", labels=["host", "gpu", "uuid", "user", "booking"])
@@ -252,6 +253,8 @@ class _Collector(Collector):
                 if item.state != "running":
                     continue
                 for gpu in item.gpus:
+                    if host.name == LOCAL and gpu not in uuids:
+                        continue  # a GPU NVML does not list here (a [gpus] count without a driver): no GPU series
                     uuid = uuids.get(gpu, "") if host.name == LOCAL else ""
                     family.add_metric([_label(host.name, host_name), str(gpu), uuid, item.user, item.booking], 1)
         return family
