@@ -211,3 +211,9 @@ def test_an_ssh_key_is_checked_by_loading_it() -> None:
     readme = (ROOT / "README.md").read_text()
     example = re.search(r'ssh_keys = \["([^"]+)"\]', readme)
     assert example and checks.ssh_key.problem(example.group(1)) is None
+
+
+def test_the_config_docs_say_unset_not_none() -> None:
+    """A setting without a value is "unset" in the reference and the example, never Python's None."""
+    for page in (ROOT / "docs" / "reference" / "config.md", ROOT / "gpubook" / "config" / "gpubook.example.toml"):
+        assert not re.search(r"\bNone\b", page.read_text()), page

@@ -40,8 +40,8 @@ class WebhookConfig:
 
 @dataclass(frozen=True)
 class NotifyConfig:
-    email: EmailConfig | None = setting(None, "mail; None: off")
-    webhook: WebhookConfig | None = setting(None, "webhook; None: off")
+    email: EmailConfig | None = setting(None, "mail; unset: off")
+    webhook: WebhookConfig | None = setting(None, "webhook; unset: off")
 
 
 def notify_problems(notify: NotifyConfig) -> list[tuple[str, str]]:

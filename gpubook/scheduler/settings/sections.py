@@ -43,7 +43,7 @@ class CalendarConfig:
     # rights decide who may write this collection, so its every event is this user's booking.
     user: str | None = setting(None, "the only user this calendar books for (a [users] name): its every event "
                                "is theirs whatever it says, and a `user:` line naming anyone else is refused; "
-                               "give each user a calendar only they can write (the server's rights). None: a "
+                               "give each user a calendar only they can write (the server's rights). unset: a "
                                "shared calendar, whose events say who they are for ([policy] identity)",
                                check=checks.user_name, sample="alice")
 
@@ -82,12 +82,12 @@ class UserConfig:
                                            check=checks.not_negative, sample=7)
     max_future_bookings: int | None = setting(None, "bookings not started yet held at once; default: "
                                               "[policy]'s", check=checks.not_negative, sample=3)
-    remind_minutes: float | None = setting(None, "this user's [policy] remind_minutes; None: the policy's",
+    remind_minutes: float | None = setting(None, "this user's [policy] remind_minutes; unset: the policy's",
                                            check=checks.not_negative, sample=30)
     # No-shows and idle GPUs of this user (gpubook/scheduler/core/reclaim.py); None: [policy]'s; 0: off for them.
-    no_show_minutes: float | None = setting(None, "this user's [policy] no_show_minutes; None: the policy's",
+    no_show_minutes: float | None = setting(None, "this user's [policy] no_show_minutes; unset: the policy's",
                                             check=checks.not_negative, sample=0)
-    idle_minutes: float | None = setting(None, "this user's [policy] idle_minutes; None: the policy's",
+    idle_minutes: float | None = setting(None, "this user's [policy] idle_minutes; unset: the policy's",
                                          check=checks.not_negative, sample=0)
     # Who asks `gpubook free`, `bookings` and `mine` on the server is known by their host login
     # (the socket's peer credentials, outbox/ask_socket.py): this user's bookings are theirs by name.
@@ -121,14 +121,14 @@ class TemplatesSection:
 
 @dataclass(frozen=True)
 class StorageConfig:
-    data_root: Path | None = setting(None, "<root>/<user>/{input,output[,home]}; None: no data folders",
+    data_root: Path | None = setting(None, "<root>/<user>/{input,output[,home]}; unset: no data folders",
                                      sample="/srv/gpubook")
     persistent_home: bool = setting(False, "keep a home folder per user under data_root")
     quota_gb: float | None = setting(None, "space per user under data_root, in GB (10^9 bytes); over it, "
-                                     "SFTP uploads are refused until they delete; None: no quota",
+                                     "SFTP uploads are refused until they delete; unset: no quota",
                                      check=checks.positive_when_set, sample=100)
     quota_files: int | None = setting(None, "files and folders (inodes) per user under data_root; over it, SFTP "
-                                      "uploads are refused as over quota_gb; None: no such quota",
+                                      "uploads are refused as over quota_gb; unset: no such quota",
                                       check=checks.positive_when_set, sample=1000000)
 
 
@@ -140,7 +140,7 @@ class ImagesConfig:
                                    "overlay built and its first start's copy made (the booker never waits for "
                                    "it); such images are never removed by min_free_gb", check=checks.not_negative)
     auth_file: Path | None = setting(None, "registry credentials in auth.json format (podman --authfile; Docker "
-                                     "gets it as config.json), mode 0600; None: anonymous pulls", private=True,
+                                     "gets it as config.json), mode 0600; unset: anonymous pulls", private=True,
                                      sample="auth.json")
     min_free_gb: float = setting(0.0, "free space of the engine's storage, in GB (10^9 bytes), under which "
                                  "gpubook's unused images (and their chowned copies) are removed oldest first, "

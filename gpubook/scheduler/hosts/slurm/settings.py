@@ -24,7 +24,7 @@ class BackendConfig:
                         'as "package.module:Class"',
                         check=Check('"local", "slurm", another registered backend or "package.module:Class"',
                                     _kind_problem))
-    slurm_conf: Path | None = setting(None, "the cluster's slurm.conf for scontrol (SLURM_CONF); None: Slurm's own",
+    slurm_conf: Path | None = setting(None, "the cluster's slurm.conf for scontrol (SLURM_CONF); unset: Slurm's own",
                                       sample="/etc/slurm/slurm.conf")
     partition: str = setting("", "the partition whose GPU nodes gpubook books; empty: every node",
                              check=checks.matches(r"[A-Za-z0-9_.-]{0,64}", "a Slurm partition name (up to 64 "
