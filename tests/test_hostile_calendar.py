@@ -176,11 +176,12 @@ def test_markup_a_tag_scanner_misread_is_read_as_a_browser_shows_it() -> None:
     assert (titled.user, titled.gpu_count) == ("bob", 2)
     commented = single(START, END_LINE, "DESCRIPTION:<p>user: <!-- <br> -->bob</p><p>gpus: 2</p>")
     assert (commented.user, commented.gpu_count) == ("bob", 2)  # split at the <br>, "user:" named nobody
+    # Word's settings in a conditional comment at the top of the body (the scanner showed its "96")
     word = ("X-ALT-DESC;FMTTYPE=text/html:<html xmlns:o=\"urn:schemas-microsoft-com:office:office\"><head>"
-            "<meta name=Generator content=\"Microsoft Word 15 (filtered medium)\"><!--[if gte mso 9]><xml>"
-            "<o:OfficeDocumentSettings><o:AllowPNG/><o:PixelsPerInch>96</o:PixelsPerInch>"
-            "</o:OfficeDocumentSettings></xml><![endif]--><style><!-- p.MsoNormal {margin:0cm} --></style></head>"
-            "<body lang=EN-GB><div class=WordSection1><p class=MsoNormal>user: bob<o:p></o:p></p>"
+            "<meta name=Generator content=\"Microsoft Word 15 (filtered medium)\"><style><!-- p.MsoNormal "
+            "{margin:0cm} --></style></head><body lang=EN-GB><!--[if gte mso 9]><xml><o:OfficeDocumentSettings>"
+            "<o:AllowPNG/><o:PixelsPerInch>96</o:PixelsPerInch></o:OfficeDocumentSettings></xml><![endif]-->"
+            "<div class=WordSection1><p class=MsoNormal>user: bob<o:p></o:p></p>"
             "<p class=MsoNormal>gpus: 2<o:p></o:p></p></div></body></html>")
     outlook = single(START, END_LINE, "DESCRIPTION:", word)
     assert (outlook.user, outlook.gpu_count) == ("bob", 2)
