@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Makes docs/report-example.png (the README's "Reports"): a month of made-up bookings on 4 GPUs,
+"""Makes docs/images/report-example.png (the README's "Reports"): a month of made-up bookings on 4 GPUs,
 written through State's accounting methods as the daemon writes them (samples every 10 min here,
 not 30 s, to keep the file small), then `gpubook report`'s own plot of it.
 

@@ -1,4 +1,4 @@
-"""The house's registration paths (docs/ARCHITECTURE.md): a fake container engine and a fake
+"""The house's registration paths (docs/explanation/architecture.md): a fake container engine and a fake
 calendar source, each added with one registration line and nothing else, then used through the
 real config, `gpubook doctor`'s preflight and real passes (plan, decide, the Start and Stop
 handlers, LocalHost's start with its spec, host key and SSH probe, the write-back through the

@@ -184,4 +184,4 @@ def test_podman_on_this_host_says_whether_limits_hold() -> None:
         assert check.ok and "enforced" in check.detail
     elif cgroups.cgroup_version() == 1:
         assert not check.ok and "NOT enforced" in check.detail and "cgroups v1" in check.detail
-        assert check.level == "warn" and "docs/LIMITS.md" in (check.fix or "")  # only a reboot helps
+        assert check.level == "warn" and "docs/guides/limits.md" in (check.fix or "")  # only a reboot helps

@@ -1,6 +1,6 @@
 """Rootless limits proven on a cgroup v2 host (the GPU host; this machine has cgroups v1): run as the
 daemon's unprivileged account, in a leaf of the subtree that `cgroups.make_delegated_subtree` made
-(docs/LIMITS.md says how), or under a user systemd manager that delegates memory and pids.
+(docs/guides/limits.md says how), or under a user systemd manager that delegates memory and pids.
 
 A booking's container reads the limits asked for (memory.max, pids.max) inside; its cgroup is in
 the delegated subtree; a memory hog in one booking is OOM-killed while the other booking, both
@@ -24,7 +24,7 @@ def _skip_reason() -> str | None:
     if shutil.which("podman") is None:
         return "podman is not installed"
     if os.geteuid() == 0:
-        return "proves rootless limits: run it as the daemon's unprivileged account (docs/LIMITS.md)"
+        return "proves rootless limits: run it as the daemon's unprivileged account (docs/guides/limits.md)"
     placed = cgroups.placement(euid=os.geteuid(), env=os.environ)
     return None if placed.enforced else f"rootless limits cannot hold here: {placed.how}"
 

@@ -36,6 +36,6 @@ def test_mypy() -> None:
 
 
 def test_import_contracts() -> None:
-    """The layers written down in docs/ARCHITECTURE.md hold (.importlinter)."""
+    """The layers written down in docs/explanation/architecture.md hold (.importlinter)."""
     done = run(str(BIN / "lint-imports"), "--no-cache")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -181,7 +181,7 @@ def delegation_problem(uid: int | None = None, *, root: Path = ROOT, own: str | 
     subtree = PurePosixPath(own or "/").parent
     if own in ("", "/") or subtree == PurePosixPath("/"):
         return (f"this process's cgroup {own or '/'} is not inside a subtree its account owns "
-                f"(start the daemon in {root / SUBTREE / DAEMON_LEAF}, see docs/LIMITS.md)")
+                f"(start the daemon in {root / SUBTREE / DAEMON_LEAF}, see docs/guides/limits.md)")
     folder = root / str(subtree).lstrip("/")
     for path in (folder, *(folder / name for name in DELEGATED_FILES[:2])):
         try:

@@ -7,7 +7,7 @@
 # Idempotent: a second run finds each step done. Prints each step.
 #
 # The packages (what `apt-get install podman uidmap slirp4netns` does on a host with a registry)
-# come from the bundle; gpubook goes into /opt/gpubook/venv as docs/INSTALL.md says (`pip install
+# come from the bundle; gpubook goes into /opt/gpubook/venv as docs/guides/install.md says (`pip install
 # --no-index --find-links BUNDLE/wheels`); then `gpubook setup --user ACCOUNT --data-root DATA_ROOT`
 # does the admin's set-up, as it would on any host. Only what that setup leaves undone here is done
 # by hand below, each saying so. BY_HAND=1 (or a gpubook without `setup`): every step by hand.
@@ -28,7 +28,7 @@
 #     first podman call: without systemd, / is private, so rootless podman's mount namespace (made
 #     once, by its first call) never sees a mount made later; seen here: every start failed with
 #     "podman unshare chown DATA_ROOT/alice: No such file or directory";
-#   - a venv of the host's /usr/bin/python3 (/opt/gpubook/venv, docs/INSTALL.md), the wheel and its
+#   - a venv of the host's /usr/bin/python3 (/opt/gpubook/venv, docs/guides/install.md), the wheel and its
 #     dependencies from BUNDLE/wheels only.
 set -euo pipefail
 bundle=$(cd "${1:?usage: rootless_install.sh BUNDLE [ACCOUNT]}" && pwd)

@@ -3,7 +3,7 @@
 # the probe): tests/gpu/rootless_install.sh, then as the account: podman info, the sshd image
 # imported, a container on the private network (slirp4netns) answering SSH on a published port,
 # the GPU in a rootless container (nvidia-smi -L, tests/gpu/cudacheck.c's kernel), and the cgroup
-# v2 experiment for docs/LIMITS.md: --memory/--pids-limit from inside the delegated subtree with
+# v2 experiment for docs/guides/limits.md: --memory/--pids-limit from inside the delegated subtree with
 # and without --cgroup-parent, and a memory hog beside a second container.
 #   tests/gpu/rootless_probe.sh BUNDLE OUT
 bundle=$(cd "${1:?usage: rootless_probe.sh BUNDLE OUT}" && pwd)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU host, as root, after tests/gpu/rootless_install.sh (run_install_gpu.sh): the limits
 # work's tests/test_limits_cgroup2.py as the daemon's account, started in the delegated leaf
-# /sys/fs/cgroup/gpubook/daemon as docs/LIMITS.md says, importing the installed wheel.
+# /sys/fs/cgroup/gpubook/daemon as docs/guides/limits.md says, importing the installed wheel.
 #   tests/gpu/run_limits_cgroup2.sh BUNDLE OUT
 # The debian-ssh template's image is built with mmdebstrap, which the GPU host lacks: the bundle's
 # sshd image (Debian 12 minbase + openssh-server + sudo, no python3) stands in for it in the

@@ -767,10 +767,10 @@ class PodmanEngine(CliEngine):
         v1 = cgroups.cgroup_version() != 2
         if v1:
             fix = ("boot with cgroups v2 (systemd.unified_cgroup_hierarchy=1), then delegate memory and pids "
-                   "to the daemon's account (docs/LIMITS.md)")
+                   "to the daemon's account (docs/guides/limits.md)")
         else:
             fix = ("run `gpubook setup` as root, or make the delegated subtree by hand and start the daemon in "
-                   f"{cgroups.ROOT / cgroups.SUBTREE / cgroups.DAEMON_LEAF} (docs/LIMITS.md)")
+                   f"{cgroups.ROOT / cgroups.SUBTREE / cgroups.DAEMON_LEAF} (docs/guides/limits.md)")
         return Check("engine limits", False, f"{pids}, {memory}: NOT enforced: {problem}", fix, optional=v1)
 
     def gpu_isolation_args(self, injection: GpuInjection, *, booking_id: str) -> builtins.list[str]:

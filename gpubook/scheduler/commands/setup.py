@@ -1,6 +1,6 @@
 """`gpubook setup --user ACCOUNT --data-root PATH [--dry-run] [--config-from FILE]`, run once as root.
 
-It does what an admin would otherwise do by hand (docs/INSTALL.md, step for step): the account,
+It does what an admin would otherwise do by hand (docs/guides/install.md, step for step): the account,
 its subordinate ids, linger, the nosuid,nodev data_root, the overlay storage.conf, /dev/net/tun,
 cgroup delegation, the config, the default template's image and the systemd user unit; then it runs
 `gpubook doctor` as the account, whose verdict is setup's exit status. Each step is printed as it

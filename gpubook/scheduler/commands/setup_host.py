@@ -3,7 +3,7 @@
 Facts are read in one place so that the steps in setup.py stay pure: a test gives them the facts of
 a host it describes and reads the plan, the same plan `--dry-run` prints. Actions are argv lists run
 as root or as the daemon's account (`runuser`, with a clean environment) and whole files written by
-root; each prints as the shell command an admin would type (docs/INSTALL.md shows the same).
+root; each prints as the shell command an admin would type (docs/guides/install.md shows the same).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each step, like a pyinfra operation, looks at the facts, then either says "already" or names the
 actions that change the host; setup.py prints them and runs them in order, or only prints them with
---dry-run. A second run finds every change made and says "already". docs/INSTALL.md is these
+--dry-run. A second run finds every change made and says "already". docs/guides/install.md is these
 steps by hand, in the same order.
 """
 
