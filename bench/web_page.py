@@ -1,7 +1,7 @@
 """The status page's figures with a busy week, and its screenshots. Prints the figures with the machine.
 
     PYTHONPATH=. python bench/web_page.py size [--bookings 1000]   # status file, page, JSON; build and serve times
-    PYTHONPATH=. python bench/web_page.py shots [--out docs]       # docs/images/web-day.png, docs/images/web-week.png
+    PYTHONPATH=. python bench/web_page.py shots [--out docs/images]       # docs/images/web-day.png, docs/images/web-week.png
 
 size: `--bookings` one-GPU bookings on 8 GPUs from a week back to a week ahead (the past half
 ended, from State's records), 50 refused: the time to build the timelines (hosts_status) and
@@ -139,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["size", "shots"])
     parser.add_argument("--bookings", type=int, default=1000)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "images")
     args = parser.parse_args()
     if args.what == "size":
         size(args.bookings)

@@ -61,7 +61,7 @@ def month(state: State, rng: random.Random) -> None:
 
 
 def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).with_name("report-example.png")
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "images" / "report-example.png"
     with tempfile.TemporaryDirectory() as folder, State(Path(folder) / "state.sqlite") as state:
         month(state, random.Random(12))  # noqa: S311 - made-up figures, repeatable
         made = report.build(state, start=START, end=END, now=END, by="user")

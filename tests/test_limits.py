@@ -171,7 +171,7 @@ def test_a_user_systemd_manager_that_delegates_gets_the_systemd_manager(tmp_path
 
 def test_the_delegation_commands_match_the_docs() -> None:
     commands = cgroups.delegation_commands("gpubook")
-    text = (Path(__file__).resolve().parents[1] / "docs" / "LIMITS.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "limits.md").read_text()
     for command in commands:
         assert command in text, command
 
