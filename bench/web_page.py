@@ -1,7 +1,7 @@
 """The status page's figures with a busy week, and its screenshots. Prints the figures with the machine.
 
     PYTHONPATH=. python bench/web_page.py size [--bookings 1000]   # status file, page, JSON; build and serve times
-    PYTHONPATH=. python bench/web_page.py shots [--out docs/images]       # docs/images/web-day.png, docs/images/web-week.png
+    PYTHONPATH=. python bench/web_page.py shots [--out docs/images]  # web-day.png and web-week.png
 
 size: `--bookings` one-GPU bookings on 8 GPUs from a week back to a week ahead (the past half
 ended, from State's records), 50 refused: the time to build the timelines (hosts_status) and
