@@ -314,7 +314,7 @@ class Desk:
 
     def _decided(self, viewer: Viewer, uid: str, *, running: bool) -> bool:
         for row in self._rows(viewer):
-            if row.id == uid or row.id.startswith(f"{uid}/"):
+            if _of_event(row.id, uid):
                 return row.state in ("refused", "running", "ended") or not running
         return False
 
@@ -334,14 +334,19 @@ class Desk:
     def _outcome(self, viewer: Viewer, uid: str) -> dict[str, Any]:
         view = self.mine(viewer)
         for row in view.get("bookings", ()):
-            if row["id"] == uid or str(row["id"]).startswith(f"{uid}/"):
+            if _of_event(str(row["id"]), uid):
                 return {"state": row["state"], "start": row["start"], "end": row["end"],
                         **({"ssh": row["ssh"]} if row.get("ssh") else {})}
         for row in view.get("rejected", ()):
-            if row["id"] == uid or str(row["id"]).startswith(f"{uid}/"):
+            if _of_event(str(row["id"]), uid):
                 return {"state": "refused", "reason": row["reason"], "start": _text(row["start"]),
                         "end": _text(row["end"])}
         return {"state": "waiting"}
+
+
+def _of_event(booking_id: str, uid: str) -> bool:
+    """Whether a booking is the event's: the event itself, or one of its occurrences (`UID/…`)."""
+    return booking_id == uid or booking_id.startswith(f"{uid}/")
 
 
 def _same(text: str, moment_: datetime) -> bool:
