@@ -37,7 +37,7 @@ from gpubook.runtime.engines import Engine, EngineOptions, EngineSettings, conta
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
 from gpubook.runtime.templates import overlay_image
 from gpubook.runtime.templates.catalog import Template, get_template  # noqa: E402
-from tests.kits.engine_suite import DOCKER, free_port, private_dockerd  # noqa: E402
+from tests.kits.engine_suite import DOCKER, lane_port, private_dockerd  # noqa: E402
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -92,7 +92,7 @@ def one_start(engine: Engine, template: Template, folders: storage.DataFolders, 
     host_key = ssh.booking_host_key(cache, name, owner=engine.host_owner(0, 0), chown=engine.chown)
     spec = launch.booking_spec(
         template,
-        launch.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(), port=free_port(),
+        launch.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(), port=lane_port(),
                         end=datetime.now(UTC) + timedelta(hours=1)),
         launch.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
     try:

@@ -384,11 +384,11 @@ def _unmount_netns(engine, infos: list[ContainerInfo]) -> None:  # type: ignore[
 
 def _end_pause_and_conmons() -> None:
     """SIGKILL podman's pause process and every conmon of this account, and wait for their end."""
+    from gpubook.runtime.engines.conmon import monitors
     from tests.kits.daemon_kit import alive
-    from tests.kits.faulty_engine import conmons
 
     runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}")
-    pids = [int((runtime / "libpod" / "tmp" / "pause.pid").read_text()), *(c.conmon for c in conmons())]
+    pids = [int((runtime / "libpod" / "tmp" / "pause.pid").read_text()), *(monitor.pid for monitor in monitors())]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 60

@@ -59,7 +59,7 @@ from gpubook.scheduler.hosts import Booker, StartRequest  # noqa: E402
 from gpubook.scheduler.hosts.images import ImagePreparer  # noqa: E402
 from gpubook.scheduler.hosts.local import LocalHost  # noqa: E402
 from tests.kits import registry_kit  # noqa: E402
-from tests.kits.engine_suite import CACHE_DIR, free_port  # noqa: E402
+from tests.kits.engine_suite import CACHE_DIR, lane_port  # noqa: E402
 
 
 def pushed_only(engine: Engine, registry: registry_kit.Registry, *, base: str, big: bool = False) -> str:
@@ -95,7 +95,7 @@ def start_to_ssh(host: LocalHost, template: Template, finished: threading.Event,
     """From the first start call to the probe's login, waiting out `Preparing` as the daemon's
     pass does (a pass as soon as the preparer says it finished)."""
     request = StartRequest(booking_id=booking_id, booker=Booker("alice", 2001, 2001), template=template, gpus=(),
-                           port=free_port(), end=datetime.now(UTC) + timedelta(hours=1))
+                           port=lane_port(), end=datetime.now(UTC) + timedelta(hours=1))
     began = time.monotonic()
     try:
         while True:

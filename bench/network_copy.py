@@ -34,7 +34,7 @@ from gpubook.runtime.data import storage
 from gpubook.runtime.engines import Engine, container_name  # noqa: E402
 from gpubook.runtime.templates import overlay_image
 from gpubook.runtime.templates.catalog import get_template  # noqa: E402
-from tests.kits.engine_suite import free_port  # noqa: E402
+from tests.kits.engine_suite import lane_port  # noqa: E402
 
 MIB = 1 << 20
 
@@ -50,7 +50,7 @@ def start(engine: Engine, network: str, *, folders: storage.DataFolders, booker_
     spec = launch.booking_spec(
         get_template("debian-ssh"),
         launch.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001,
-                        ssh_keys=(f"{booker_key.get_name()} {booker_key.get_base64()} bench",), port=free_port(),
+                        ssh_keys=(f"{booker_key.get_name()} {booker_key.get_base64()} bench",), port=lane_port(),
                         end=datetime.now(UTC) + timedelta(hours=1)),
         launch.HostFiles(probe_key=probe_key, cache_dir=cache, host_key=host_key, folders=folders))
     launch.start_booking(engine, spec, probe_key=probe_key, timeout=60)

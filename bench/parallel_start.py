@@ -249,7 +249,7 @@ def create_ahead(runs: int) -> None:
     from gpubook.runtime.data import storage
     from gpubook.runtime.engines import container_name, engine_from
     from gpubook.runtime.templates.catalog import get_template
-    from tests.kits.engine_suite import free_port
+    from tests.kits.engine_suite import lane_port
 
     engine = engine_from("podman", runtime="runc", storage_driver="overlay")
     cache = private.default_cache_dir()
@@ -266,7 +266,7 @@ def create_ahead(runs: int) -> None:
                 spec = launch.booking_spec(
                     get_template("debian-ssh"),
                     launch.Tenancy(booking_id=booking_id, user="alice", uid=2001, gid=2001, ssh_keys=(),
-                                    port=free_port(), end=datetime.now(UTC) + timedelta(hours=1)),
+                                    port=lane_port(), end=datetime.now(UTC) + timedelta(hours=1)),
                     launch.HostFiles(probe_key=probe, cache_dir=cache, host_key=key, folders=folders))
                 argv = engine.run_args(spec)  # type: ignore[attr-defined]
                 try:

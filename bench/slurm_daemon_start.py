@@ -47,8 +47,9 @@ import paramiko
 from gpubook.runtime.engines import container_name
 from tests.kits import daemon_kit, safe_data, servers, slurm_kit
 from tests.kits.engine_suite import new_key
-from tests.kits.slurm_jobs_kit import REPO, jobs, login, podman_as, reservations, run
+from tests.kits.slurm_jobs_kit import REPO, jobs, login, reservations, run
 from tests.kits.slurm_jobs_kit import write_config as slurm_config
+from tests.kits.slurm_kit import podman_as
 
 MACHINE = "Debian 12 VM, 2 cores, 24 GiB, rootless podman runc/overlay, Slurm 22.05 in network namespaces"
 POLL = 0.05

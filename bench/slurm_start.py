@@ -38,7 +38,8 @@ from gpubook.scheduler.hosts.slurm import SlurmCluster
 from gpubook.scheduler.hosts.slurm.host import SlurmHost
 from tests.kits import slurm_kit
 from tests.kits.engine_suite import key_line, new_key
-from tests.kits.slurm_jobs_kit import ENGINE, PREFIX, REPO, AsAccount, JobsOfAccount, accepted, booking, podman_as
+from tests.kits.slurm_jobs_kit import ENGINE, PREFIX, REPO, AsAccount, JobsOfAccount, accepted, booking
+from tests.kits.slurm_kit import podman_as
 
 
 def through_slurm(cluster: slurm_kit.Cluster, jobs: JobsOfAccount, scontrol: AsAccount, booking_id: str,

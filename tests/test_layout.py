@@ -79,3 +79,27 @@ def test_every_plugin_is_registered_once() -> None:
                       and any(isinstance(t, ast.Name) and t.id == "pytest_plugins" for t in node.targets))
     plugins = sorted(f"tests.plugins.{path.stem}" for path in PLUGINS.glob("*.py") if path.stem != "__init__")
     assert sorted(registered) == plugins and len(set(registered)) == len(registered), registered
+
+
+@pytest.mark.slow  # imports every module bench/ names: out of the fast lane
+def test_every_name_bench_takes_from_gpubook_or_the_kits_exists() -> None:
+    """bench/ is run by hand and by bench/compare.py, not by the suite: a kit's helper renamed (as
+    free_port was, for lane_port) broke four benches unseen. Each `from gpubook… / tests.kits… import
+    NAME` of bench/, at any depth of the file, must find NAME."""
+    import importlib
+
+    missing = []
+    # bench/results/ keeps the scripts of past runs beside their output, as they were run.
+    for path in sorted(path for path in (REPO / "bench").rglob("*.py") if "results" not in path.parts):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                    and node.module.split(".")[0] in ("gpubook", "tests")):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name):
+                    try:
+                        importlib.import_module(f"{node.module}.{alias.name}")
+                    except ModuleNotFoundError:
+                        missing.append(f"{path.relative_to(REPO)}:{node.lineno} takes {alias.name} from {node.module}")
+    assert missing == [], "bench/ takes names that are gone:\n" + "\n".join(missing)

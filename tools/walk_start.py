@@ -23,6 +23,9 @@ import pytest
 
 _PACKAGE = str(Path(__import__("gpubook").__file__).parent) + "/"
 _walks: dict[int, list[str]] = {}  # thread id → the files in order, consecutive repeats merged
+# thread id → each call in order: (the callee's file, the gpubook files on the stack above it, from
+# the pass's `run` or the thread's first gpubook frame down to its caller)
+_calls: dict[int, list[tuple[str, tuple[str, ...]]]] = {}
 _state = {"active": False, "done": False, "spine": []}
 
 
@@ -59,8 +62,39 @@ def _profile(frame: FrameType, event: str, arg: Any) -> None:
         return
     if event == "call":
         _note(_file(frame))
+        if (path := _file(frame)) is not None:
+            _calls.setdefault(threading.get_ident(), []).append((path, _above(frame.f_back)))
     elif event == "return":
         _note(_file(frame.f_back))
+
+
+def _above(frame: FrameType | None) -> tuple[str, ...]:
+    """The gpubook files on the stack from `frame` up to the pass's `run` (or the thread's top)."""
+    files: list[str] = []
+    while frame is not None:
+        if (path := _file(frame)) is not None:
+            files.append(path)
+            if frame.f_code.co_name == "run" and path == "scheduler/apply/passes.py":
+                break
+        frame = frame.f_back
+    return tuple(reversed(files))
+
+
+def _read(spine: set[str]) -> list[list[str]]:
+    """The reader's walk, thread by thread: the spine's files and each file a spine function calls
+    into (one step out of the spine: a reader looks at what each call on the way does, not at the
+    helpers those call), in the order the calls go, with the return to the caller's file."""
+    walks = []
+    for calls in _calls.values():
+        walk: list[str] = []
+        for callee, above in calls:
+            if not above or not all(path in spine for path in above):
+                continue
+            for path in (above[-1], callee):
+                if not walk or walk[-1] != path:
+                    walk.append(path)
+        walks.append(walk)
+    return walks
 
 
 def pytest_runtest_call(item: pytest.Item) -> None:
@@ -82,6 +116,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for number, files in enumerate(_walks.values(), 1):
         counted = _counts(files)
         print(f"thread {number}: {counted[0]} files, {counted[1]} returns: " + " → ".join(files))
+    spine = set(_state["spine"]) | {"scheduler/apply/passes.py"}
+    read = _read(spine)
+    whole = [path for files in read for path in files]
+    print(f"reader's walk (the spine's files and what they call, one step out): {len(set(whole))} files, "
+          f"{_counts(whole)[1]} returns")
+    for number, files in enumerate(read, 1):
+        counted = _counts(files)
+        print(f"read, thread {number}: {counted[0]} files, {counted[1]} returns: " + " → ".join(files))
 
 
 def _counts(walk: list[str]) -> tuple[int, int]:

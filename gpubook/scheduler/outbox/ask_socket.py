@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import pwd
+import selectors
 import socket
 import struct
 import threading
@@ -92,6 +93,9 @@ class AskServer:
         self._per_uid: dict[int, int] = {}
         self._lock = threading.Lock()
         self._said_taken: int | None = None  # the squatter's uid, said once
+        # The accept loop sleeps in the kernel until a connection comes or `stop` writes here: an
+        # idle daemon is not woken to look at a flag (as it was twice a second).
+        self._wake_read, self._wake_write = socket.socketpair()
 
     def start(self) -> AskServer:
         self._thread = threading.Thread(target=self._run, name="gpubook-ask", daemon=True)
@@ -100,10 +104,16 @@ class AskServer:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self._wake_write.send(b"\0")
+        except OSError:
+            pass  # stopped before
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._listener is not None:
             self._listener.close()
+        self._wake_read.close()
+        self._wake_write.close()
 
     @property
     def listening(self) -> bool:
@@ -118,7 +128,7 @@ class AskServer:
             self._taken()
             return None
         listener.listen(16)
-        listener.settimeout(0.5)  # the accept loop looks at the stop flag this often
+        listener.setblocking(False)  # accepted when the selector says one waits (`_run`)
         if self._said_taken is not None:
             log.warning("the ask socket @%s%d is ours again", PREFIX, self.uid)
         self._said_taken = None
@@ -144,20 +154,30 @@ class AskServer:
             self.event(message)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if self._listener is None:
-                self._listener = self._bind()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            while not self._stop.is_set():
                 if self._listener is None:
-                    self._stop.wait(RETRY_BIND_SECONDS)
-                    continue
+                    self._listener = self._bind()
+                    if self._listener is None:
+                        selector.select(RETRY_BIND_SECONDS)  # or woken by `stop`
+                        continue
+                    selector.register(self._listener, selectors.EVENT_READ)
+                if any(key.fileobj is self._listener for key, _ in selector.select()):
+                    self._accept(self._listener)
+
+    def _accept(self, listener: socket.socket) -> None:
+        """Every connection waiting, each admitted or answered busy (none: nothing more waits)."""
+        while True:
             try:
-                connection, _ = self._listener.accept()
-            except TimeoutError:
-                continue
+                connection, _ = listener.accept()
+            except BlockingIOError:
+                return
             except OSError as error:
                 log.warning("the ask socket: accept failed: %s", error)
                 self._stop.wait(0.5)
-                continue
+                return
+            connection.setblocking(True)  # the connection's own timeouts bound it (`_serve`)
             self._admit(connection)
 
     def _admit(self, connection: socket.socket) -> None:
