@@ -224,6 +224,13 @@ class Daemon:
             return self.desk.answer(request, viewer, login=who.login or str(who.uid))
         return asking.answer(self.last_status, request, viewer=viewer, context=context, now=clock.now())
 
+    def _page_desk(self, request: Mapping[str, Any], user: str) -> dict[str, Any]:
+        """One booking form of the status page, sent by its logged-in user `user` (a gpubook user's
+        name: the page's login, never a form field), answered by the desk as a terminal's would be."""
+        log.info("page: %s from %s", str(request.get("kind"))[:16], user)
+        viewer = asking.Viewer(users=frozenset({user}) & frozenset(self.config.users), login=user)
+        return self.desk.answer(request, viewer, login=user, via="page")
+
     def _mine(self, viewer: asking.Viewer) -> dict[str, Any]:
         """The asker's own bookings in the last pass's status (the desk's answers)."""
         context = asking.Context(host_name=self.config.host.name, timezone=self.config.host.timezone,
@@ -286,7 +293,8 @@ class Daemon:
             self.web.stop()
         self.web = web.serve_daemon_page(self.config, status=lambda: self.last_status, metrics=self.metrics,
                                          gpus=self.gpu_view, event=lambda line: self._event(line, level="error"),
-                                         state=self.state, members=self._page_users)
+                                         state=self.state, members=self._page_users, book=self._page_desk,
+                                         templates=lambda: sorted(self.parts.templates.templates))
 
     def _page_users(self) -> frozenset[str]:
         """The names the page's auth "ldap" lets in: the users now (the directory is read again)."""

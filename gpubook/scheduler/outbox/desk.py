@@ -160,8 +160,12 @@ def user_of(viewer: Viewer, request: Mapping[str, Any]) -> str:
     return next(iter(viewer.users))
 
 
+MADE_WITH = {"terminal": "Made with `gpubook book` by {who} on {host}.",
+             "page": "Made on gpubook's page of {host} by {who}."}
+
+
 def event_text(uid: str, booked: Booked, *, user: str, shared: bool, made_by: str, host: str,
-               now: datetime) -> bytes:
+               now: datetime, via: str = "terminal") -> bytes:
     """The event as the booker's client shows it: the title, the time, and the convention's lines."""
     event = icalendar.Event()
     event.add("uid", uid)
@@ -174,7 +178,7 @@ def event_text(uid: str, booked: Booked, *, user: str, shared: bool, made_by: st
     lines.append(f"gpus: {booked.gpus}")
     if booked.template:
         lines.append(f"template: {booked.template}")
-    lines += ["", f"Made with `gpubook book` by {made_by} on {host}."]
+    lines += ["", MADE_WITH[via].format(who=made_by, host=host)]
     event.add("description", "\n".join(lines))
     calendar = icalendar.Calendar()
     calendar.add("prodid", "-//gpubook//desk//EN")
@@ -229,19 +233,21 @@ class Desk:
             self._passes += 1
             self.settled.notify_all()
 
-    def answer(self, request: Mapping[str, Any], viewer: Viewer, *, login: str) -> dict[str, Any]:
+    def answer(self, request: Mapping[str, Any], viewer: Viewer, *, login: str,
+               via: str = "terminal") -> dict[str, Any]:
         """The answer to one `book`, `extend`, `end` or `cancel`; AskError with the sentence for a
-        bad request or a calendar that would not take the write."""
+        bad request or a calendar that would not take the write. `via`: where it was asked ("terminal":
+        the ask socket, `login` the host login; "page": the status page, `login` the page's user)."""
         try:
-            return self._answer(request, viewer, login=login)
+            return self._answer(request, viewer, login=login, via=via)
         except CalendarError as error:
             raise AskError(str(error)) from None
 
-    def _answer(self, request: Mapping[str, Any], viewer: Viewer, *, login: str) -> dict[str, Any]:
+    def _answer(self, request: Mapping[str, Any], viewer: Viewer, *, login: str, via: str) -> dict[str, Any]:
         kind = request.get("kind")
         user = user_of(viewer, request)
         if kind == "book":
-            return self.book(request, viewer, user=user, login=login)
+            return self.book(request, viewer, user=user, login=login, via=via)
         booking_id = str(request.get("id") or "")
         target = self._own(viewer, booking_id, user=user, running=kind in ("extend", "end"))
         located = self.where(target.id)
@@ -268,14 +274,15 @@ class Desk:
                                                   for row in self._rows(viewer)), viewer)
         return {"kind": kind, "id": target.id, **self._outcome(viewer, target.id)}
 
-    def book(self, request: Mapping[str, Any], viewer: Viewer, *, user: str, login: str) -> dict[str, Any]:
+    def book(self, request: Mapping[str, Any], viewer: Viewer, *, user: str, login: str,
+             via: str = "terminal") -> dict[str, Any]:
         now = self.clock()
         booked = read_book(request, now=now, zone=self.zone)
         config = self.config()
         calendar = calendar_for(config, user)
         uid = new_uid()
         text = event_text(uid, booked, user=user, shared=calendar.user is None, made_by=login,
-                          host=config.host.name, now=now)
+                          host=config.host.name, now=now, via=via)
         self.writer(calendar).create(uid, text)
         # For now: the answer once it runs (or is refused); ahead: once the plan has it.
         starts_now = booked.start <= now + timedelta(seconds=5)

@@ -6,8 +6,8 @@ Imported only where the page is served (Flask stays out of a daemon that does no
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gpubook import extras
 from gpubook.runtime.errors import GpubookError
@@ -25,10 +25,13 @@ log = logging.getLogger(__name__)
 
 def serve_daemon_page(config: Config, *, status: Callable[[], Status | None], metrics: Metrics,
                       gpus: nvml.CachedView, event: Callable[[str], None], state: State | None = None,
-                      members: Callable[[], Collection[str]] | None = None) -> WebServer | None:
+                      members: Callable[[], Collection[str]] | None = None,
+                      book: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None,
+                      templates: Callable[[], list[str]] = list) -> WebServer | None:
     """The daemon's page, when [web] enabled (with /metrics when [web] metrics). A page that cannot
     start costs the page, never the bookings: said in the log and through `event`, and None.
-    `members`: gpubook's users now (the directory is read again while the page runs)."""
+    `members`: gpubook's users now (the directory is read again while the page runs); `book`: the
+    desk for the page's booking forms, with the `templates` they offer (web/book_route.py)."""
     if not config.web.enabled:
         return None
     try:
@@ -41,7 +44,8 @@ def serve_daemon_page(config: Config, *, status: Callable[[], Status | None], me
 
     try:
         mounts = {"/metrics": metrics_module.wsgi_app(metrics)} if config.web.metrics else None
-        return serve.start(config, status=status, mounts=mounts, gpus=gpus, state=state, members=members)
+        return serve.start(config, status=status, mounts=mounts, gpus=gpus, state=state, members=members,
+                           book=book, templates=templates)
     except GpubookError as error:
         _not_started(error, event)
         return None

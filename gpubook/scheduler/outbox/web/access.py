@@ -17,8 +17,10 @@ lab's shared secret ([web] lab_secret_file) as a signature of the request and it
 what that viewer would get here directly; a wrong secret is refused; without a name only auth
 "none" answers (a page without a login must not show what this one shows only after one).
 
-Every method but GET and HEAD is refused here, for the page and the mounts alike: the page never
-changes anything. The user, once known, is put in the WSGI environ under `USER_KEY`.
+Every method but GET and HEAD is refused here, for the page and the mounts alike, but a POST to the
+page's booking forms (`writes`: web/book_route.py's paths, where the daemon serves them) from a viewer
+logged in here (never auth "none", never a lab request). The user, once known, is put in the WSGI
+environ under `USER_KEY`.
 """
 
 from __future__ import annotations
@@ -118,8 +120,9 @@ class Access:
 
     def __init__(self, app: WSGIApplication, *, web: WebConfig, users: Mapping[str, bytes] | None = None,
                  directory: DirectoryConfig | None = None,
-                 members: Callable[[], Collection[str]] | None = None) -> None:
+                 members: Callable[[], Collection[str]] | None = None, writes: Collection[str] = ()) -> None:
         self.app = app
+        self.writes = frozenset(writes)
         self.mode = web.auth
         if users is None and web.auth == "basic":
             if web.htpasswd_file is None:
@@ -139,9 +142,14 @@ class Access:
         self._lock = threading.Lock()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+        method = environ.get("REQUEST_METHOD", "GET")
+        posting = method == "POST" and environ.get("PATH_INFO") in self.writes
+        if method not in ("GET", "HEAD") and not posting:
             return _refuse(Refusal("405 Method Not Allowed", "this page only shows; it changes nothing"),
                            start_response, allow="GET, HEAD")
+        if posting and (self.mode == "none" or lab_sign.SIGNATURE_KEY in environ):
+            return _refuse(Refusal("403 Forbidden", "only a viewer logged in to this page can book here"),
+                           start_response)
         found = self.identify(environ)
         if isinstance(found, Refusal):
             return _refuse(found, start_response)

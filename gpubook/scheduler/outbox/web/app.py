@@ -4,7 +4,8 @@ Two views of one data set (web/page.py): `/` (HTML: tables rendered here, the ti
 static/app.js in the browser's time zone from the same data embedded as JSON) and `/api/status`
 (that JSON); and the availability calendar `/free.ics`, `/free/<model>.ics` (web/free_route.py).
 `mounts` (path → WSGI app, such as /metrics) are served beside them; access.Access
-stands in front of all of it. Nothing here writes: there is no form, no POST, no cookie.
+stands in front of all of it. The one thing a viewer can change is their own bookings, with the
+booking forms (web/book_route.py), where the daemon serves the page; there is no cookie.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.web import free_route
 from gpubook.scheduler.outbox.web.access import USER_KEY, Access
+from gpubook.scheduler.outbox.web.book_route import PATHS, Booker, Forms, add_book_routes
 from gpubook.scheduler.outbox.web.lab_page import Usage, add_lab_routes
 from gpubook.scheduler.outbox.web.live import LiveGpus
 from gpubook.scheduler.outbox.web.page import page_data
@@ -31,13 +33,15 @@ if TYPE_CHECKING:
 
     from gpubook.scheduler.directory.settings import DirectoryConfig
 
-# The page runs only its own script and style; it may not be framed, and it posts nowhere.
+# The page runs only its own script and style; it may not be framed, and its forms post only to
+# itself. "same-origin": no address leaves for another site, and a form's POST carries its Origin
+# (under "no-referrer" a browser sends `Origin: null`, which the origin check could not tell apart).
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                               "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
 }
 
 
@@ -45,12 +49,15 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
                live: Callable[[], LiveGpus] | None = None, mounts: Mapping[str, WSGIApplication] | None = None,
                users: Mapping[str, bytes] | None = None, stale_after: timedelta = timedelta(minutes=5),
                usage: Usage | None = None, timezone: str = "UTC", directory: DirectoryConfig | None = None,
-               members: Callable[[], Collection[str]] | None = None) -> Flask:
+               members: Callable[[], Collection[str]] | None = None, book: Booker | None = None,
+               templates: Callable[[], list[str]] = list, booker_names: Callable[[], set[str]] = set) -> Flask:
     """`status`: the last Status (None before the first pass); `live`: this host's NVML reading
     (None: not shown); `users`: the basic-auth table (default: read from web.htpasswd_file);
     `directory`, `members`: auth "ldap"'s directory and gpubook's users now (access.Access);
     `stale_after`: a status older than this is flagged (the daemon may be down); `usage`: this
-    server's report for /api/usage (None: not served); the lab's routes: web/lab_page.py."""
+    server's report for /api/usage (None: not served); the lab's routes: web/lab_page.py; `book`:
+    the daemon's desk for the page's user (None: no booking forms, as under `gpubook web`), with
+    `templates` to offer and `booker_names`, gpubook's users now (only they get a form)."""
     app = Flask(__name__, static_folder="static", template_folder="templates")
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep the data in the page's order
 
@@ -59,9 +66,17 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
         return page_data(status(), viewer=viewer, host_name=host_name, now=clock.now(),
                          live={LOCAL: live()} if live is not None else None, stale_after=stale_after)
 
+    forms = Forms(book, templates=templates, users=booker_names, proxied=web.auth == "header") \
+        if book is not None else None
+
     @app.get("/")
     def index() -> str:
-        return render_template("index.html", data=data(), lab=bool(web.lab))
+        viewer = request.environ.get(USER_KEY)
+        shown = data()
+        if forms is not None:
+            shown["answer"] = forms.kept(viewer, request.args.get("answer"))
+            shown["book"] = forms.form(viewer)
+        return render_template("index.html", data=shown, lab=bool(web.lab))
 
     @app.get("/api/status")
     def api_status() -> Response:
@@ -76,6 +91,8 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
                             live=live() if live is not None else None)
 
     add_lab_routes(app, own=data, web=web, host_name=host_name, timezone=timezone, usage=usage)
+    if forms is not None:
+        add_book_routes(app, forms)
 
     @app.after_request
     def headers(response: Response) -> Response:
@@ -88,5 +105,5 @@ def create_app(*, status: Callable[[], Status | None], web: WebConfig, host_name
     if mounts:
         inner = DispatcherMiddleware(inner, dict(mounts))
     app.wsgi_app = Access(inner, web=web, users=users, directory=directory,  # type: ignore[method-assign]
-                          members=members)
+                          members=members, writes=PATHS if forms is not None else ())
     return app

@@ -24,6 +24,7 @@ from gpubook.scheduler.outbox import report
 from gpubook.scheduler.outbox.status import Status
 from gpubook.scheduler.outbox.web import live
 from gpubook.scheduler.outbox.web.app import create_app
+from gpubook.scheduler.outbox.web.book_route import Booker
 from gpubook.scheduler.outbox.web.directory_login import login_names
 from gpubook.scheduler.outbox.web.settings import web_problem
 from gpubook.scheduler.settings import Config
@@ -89,11 +90,13 @@ def _usage(state: State, *, host_name: str) -> Callable[[datetime, datetime, str
 
 def start(config: Config, *, status: Callable[[], Status | None],
           mounts: Mapping[str, WSGIApplication] | None = None, gpus: nvml.CachedView | None = None,
-          state: State | None = None, members: Callable[[], Collection[str]] | None = None) -> WebServer:
+          state: State | None = None, members: Callable[[], Collection[str]] | None = None,
+          book: Booker | None = None, templates: Callable[[], list[str]] = list) -> WebServer:
     """Serve the page on [web] listen in a daemon thread; ConfigError when it must not start.
     `gpus`: the live NVML view to show (the daemon passes the one its metrics read; else its own);
     `state`: the daemon's State, whose report /api/usage serves (None: not served); `members`:
-    gpubook's users now, the names auth "ldap" lets log in (default: those of `config`)."""
+    gpubook's users now, the names auth "ldap" lets log in (default: those of `config`); `book`: the
+    daemon's desk for the page's user, with the `templates` it offers (None: no booking forms)."""
     web = config.web
     if problem := web_problem(web):
         raise ConfigError(problem)
@@ -102,7 +105,8 @@ def start(config: Config, *, status: Callable[[], Status | None],
                      stale_after=timedelta(seconds=max(300.0, 3 * config.daemon.poll_seconds)),
                      usage=_usage(state, host_name=config.host.name) if state is not None else None,
                      timezone=config.host.timezone, directory=config.directory,
-                     members=members or (lambda: login_names(config)))
+                     members=members or (lambda: login_names(config)), book=book, templates=templates,
+                     booker_names=lambda: set(config.users))
     host, _, port = web.listen.rpartition(":")
     try:
         # threads=4: a few browsers at once; the page is small. No trusted_proxy: REMOTE_ADDR stays the
