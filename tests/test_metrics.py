@@ -102,9 +102,11 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
     made.passed(seconds=0.1)
     made.calendar_failed(url="https://bob:secret@cal.lab/dav/gpus/", cause="https://...: connection refused")
     made.released()
+    made.promoted()
     text = generate_latest(made.registry).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert value(families["gpubook_released_bookings"].samples, "gpubook_released_bookings_total") == 1
+    assert value(families["gpubook_standby_promotions"].samples, "gpubook_standby_promotions_total") == 1
     assert set(families) == {
         "gpubook_bookings", "gpubook_containers_running", "gpubook_gpus", "gpubook_last_poll_timestamp_seconds",
         "gpubook_last_poll_success_timestamp_seconds", "gpubook_calendar_outage", "gpubook_image_preparations",
@@ -113,7 +115,7 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
         "gpubook_used_gpu_seconds",
         "gpubook_gpu_utilisation_ratio", "gpubook_gpu_memory_used_bytes", "gpubook_gpu_memory_total_bytes",
         "gpubook_start_ssh_seconds", "gpubook_poll_duration_seconds", "gpubook_pass_duration_seconds",
-        "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls", "gpubook_released_bookings",
+        "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls", "gpubook_released_bookings", "gpubook_standby_promotions",
         "gpubook_foreign_processes", "gpubook_build_info"}
     # gpubook_build_info{version} 1: Prometheus's info convention, the version the package says
     assert value(families["gpubook_build_info"].samples, "gpubook_build_info", version=gpubook.__version__) == 1

@@ -135,9 +135,9 @@ def rendered(driver: Any, url: str) -> Any:
     return driver
 
 
-def answers(url: str) -> bool:
-    """Whether the page (or any URL of it) answers 200 now."""
+def answers(url: str, *, status: int = 200) -> bool:
+    """Whether the page (or any URL of it) answers now, with `status` (401: a page behind a login)."""
     try:
-        return requests.get(url, timeout=2).status_code == 200
+        return requests.get(url, timeout=2).status_code == status
     except requests.RequestException:
         return False

@@ -376,7 +376,27 @@ class Pass:
             describe=lambda t: t.astimezone(zone).strftime("%Y-%m-%d %H:%M %z"))
         self.books.decided(result, now=now)
         self._note({**pinned.notes, **refused}, known.note, now=now)
+        self._standbys(result, known.standby, now=now)
         return result, upkeep.extensions(granted)
+
+    def _standbys(self, result: plan_module.Plan, waiting: Mapping[str, datetime], *, now: datetime) -> None:
+        """Standbys (`standby: yes`) recorded as they begin to wait, and as they are accepted: a
+        promotion, said in the journal and counted (gpubook_standby_promotions_total)."""
+        wait = {r.id for r in result.rejected if r.standby}
+        accepted = {a.booking.id for a in result.accepted}
+        try:
+            for booking_id in wait - set(waiting):
+                notes.STANDBY.write(self.state, booking_id, now, at=now)
+            for booking_id in set(waiting) - wait:
+                notes.STANDBY.clear(self.state, booking_id)
+                if booking_id in accepted:
+                    notes.PROMOTED.write(self.state, booking_id, now, at=now)
+                    self.hands.journal.say(booking_id, f"promoted from standby (waiting since "
+                                           f"{waiting[booking_id]:%Y-%m-%d %H:%M} UTC): its GPUs freed up", now=now)
+                    if self.hands.metrics is not None:
+                        self.hands.metrics.promoted()
+        except StateError as error:
+            log.warning("the standbys are recorded in a later pass: %s", error)
 
     def _note(self, wanted: Mapping[str, str], had: Mapping[str, str], *, now: datetime) -> None:
         """The plan's sentence for each booking's event, written and logged where it changed."""

@@ -181,7 +181,7 @@ def cmd_desk(args: argparse.Namespace) -> int:
     request: dict[str, object] = {"kind": args.command}
     if args.command == "book":
         request |= {"gpus": args.gpus, "hours": args.hours, "at": args.at, "template": args.template,
-                    "title": args.title}
+                    "title": args.title, **({"standby": True} if args.standby else {})}
     else:
         request["id"] = args.id or ""
     if args.command == "extend":
@@ -391,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "14:00, 'tomorrow 09:00', '2026-12-01 09:00' (the server's time zone)")
     book.add_argument("--template", metavar="NAME", help="the template (default: the config's)")
     book.add_argument("--title", default="", help="the event's title (default: 'USER GPU booking')")
+    book.add_argument("--standby", action="store_true", help="where the GPUs are taken (or a quota spent), wait "
+                      "on standby instead of being refused: it runs as soon as they free up in its time (exit 0, "
+                      "state standby)")
     extend = command("extend", cmd_desk, "make one of your bookings longer: its event's end moves (refused, and "
                      "left as it was, where the GPUs are booked after it)", parents=[asking, desk_options])
     extend.add_argument("by", metavar="LENGTH", help="how much longer: 2h, 30m, 1h30m")

@@ -72,6 +72,7 @@ class Booking:
     summary: str = ""
     nodes: int | None = None  # `nodes: K` asked for (a Slurm cluster); None: as few as its GPUs fit on
     project: str | None = None  # the [groups.NAME] it counts against (`project:`, else the user's first); None: none
+    standby: bool = False  # `standby: yes`: taken GPUs or a spent quota make it wait, not refused
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Rejection:
     calendar_url: str
     href: str
     summary: str = ""  # the event's title, where it was read (a notice names the booking by it)
+    standby: bool = False  # it waits on standby for its GPUs (core/plan.py), not refused for good
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,7 @@ def _occurrence(component: icalendar.Event, series: Series, *, occurrence_id: st
         created=_stamp(component.get("CREATED"), host_tz),
         dtstamp=_stamp(component.get("DTSTAMP"), host_tz),
         calendar_url=calendar.url, href=series.href, summary=text(component.get("SUMMARY")), nodes=asked.nodes,
-        project=asked.project)
+        project=asked.project, standby=asked.standby)
 
 
 def _unknown_timezone(component: icalendar.Event) -> str | None:

@@ -5,7 +5,8 @@ gpus=2`), then GPUs named in LOCATION, then the organizer's e-mail and the confi
 `gpus:` is always the booking's whole count; `nodes: 2` (a Slurm cluster) spreads it evenly over
 that many nodes (without `gpus:`, each node gets the default count).
 `project: vision` names the group (a [groups.NAME] the booker is in) the booking counts against;
-without it, the booker's first group (Config.groups_of).
+without it, the booker's first group (Config.groups_of). `standby: yes` waits for GPUs taken or a
+quota spent instead of being refused (core/plan.py).
 
 Understood, or refused by name, never silently defaulted (issue 37). The title and the description
 follow one grammar: one table of keys (KEYS) and one reader per value, so the same words mean the
@@ -80,6 +81,9 @@ KEYS = (
         "counts against its quotas as well as the booker's; default: the booker's first group (the first of their "
         "`groups`; with a directory, then the configured groups it lists them in, in the config's order)",
         "project: vision", re.compile(r"[^\s0-9]\S{0,63}")),
+    Key("standby", ("standby",), "`yes` or `no` (default): with yes, a booking whose GPUs are taken, or whose "
+        "quota is spent, waits on standby instead of being refused, and runs as soon as they free up in its "
+        "time, before any request made after it", "standby: yes", re.compile(r"[A-Za-z]{1,8}")),
 )
 _SPELLINGS = {spelling: key for key in KEYS for spelling in key.spellings}
 EVERY_KEY = frozenset(key.name for key in KEYS)
@@ -115,6 +119,7 @@ class Request:
     gpu_indices: tuple[int, ...] | None
     nodes: int | None = None  # `nodes: K` (a multi-node booking); None: as few as its GPUs fit on
     project: str | None = None  # the group it counts against; None: the booker is in no group
+    standby: bool = False  # `standby: yes`: it waits for its GPUs instead of being refused
 
 
 class Refused(Exception):
@@ -149,6 +154,7 @@ class Asked:
     template: str | None
     gpus: tuple[int, tuple[int, ...] | None] | None
     nodes: int | None
+    standby: bool = False
 
 
 def request(component: icalendar.Event, *, config: Config, templates: Collection[str],
@@ -191,7 +197,7 @@ def request(component: icalendar.Event, *, config: Config, templates: Collection
     except Refused as refused:
         raise Refused(refused.reason, user) from None
     return Request(user=user, template=asked.template or config.defaults.template, gpu_count=count,
-                   gpu_indices=indices, nodes=nodes, project=project)
+                   gpu_indices=indices, nodes=nodes, project=project, standby=asked.standby)
 
 
 def project_of(words: Said, user: str, config: Config) -> str | None:
@@ -239,7 +245,8 @@ def asked_of(words: Said, templates: Collection[str]) -> Asked:
     return Asked(template=_name(values["template"].text, known=templates, what="template") if "template" in values
                  else None,
                  gpus=_gpus(*values["gpus"]) if "gpus" in values else None,
-                 nodes=_nodes(values["nodes"].text, values["nodes"].where) if "nodes" in values else None)
+                 nodes=_nodes(values["nodes"].text, values["nodes"].where) if "nodes" in values else None,
+                 standby=_yes(values["standby"].text, values["standby"].where) if "standby" in values else False)
 
 
 def _booker(component: icalendar.Event, claimed: str | None, *, config: Config) -> str:
@@ -448,6 +455,17 @@ def _nodes(value: str, where: str) -> int:
     if not _COUNT.fullmatch(value) or not 1 <= int(value) <= MAX_NODES:
         raise Refused(f"{where} {show(value)} is not a number of nodes from 1 to {MAX_NODES}")
     return int(value)
+
+
+_YES, _NO = frozenset({"yes", "y", "true", "on"}), frozenset({"no", "n", "false", "off"})
+
+
+def _yes(value: str, where: str) -> bool:
+    """`standby: yes` (or true, on) and `no` (false, off), in any case."""
+    word = value.strip().lower()
+    if word in _YES or word in _NO:
+        return word in _YES
+    raise Refused(f"{where} {show(value)} is not yes or no")
 
 
 def text(prop: object) -> str:

@@ -14,6 +14,11 @@ a week quota) used the smaller part of that quota in the week before now goes be
 (`policy.used_shares`; no project, or one without a week quota, counts as 0). Then CREATED, DTSTAMP
 and UID break the tie (all three client-written, but a forged one can only reorder requests that
 nobody holds yet), then the occurrence's start.
+Standbys (`standby: yes`) go before every other new request, in the order gpubook saw them ask
+(their slot's `seen_at`): one refused only for GPUs taken or a quota spent is a `Rejection` with
+`standby` set and a reason that says it waits; it is planned again in every pass like every
+occurrence, so the first plan with room for it accepts it (a promotion), and a request made after
+it can never take that room first. A standby never displaces anything accepted.
 A booking that asks for a number of GPUs gets the lowest-numbered GPUs of its calendar that are
 free for its whole time, so the choice is the same on every poll while nothing earlier in that
 order changes; a booking accepted before keeps the GPUs it was given while they stay free for it.
@@ -174,7 +179,7 @@ def plan(
         # A running booking is never judged by a quota (see gpubook/scheduler/core/policy.py); it counts.
         if booking.id not in running and \
                 (over := ledger.problem(booking, first_seen=record.seen_at if record else None)):
-            rejected.append(_rejection(booking, over))
+            rejected.append(_rejection(booking, over, waits=booking.standby))
             continue
         if placement is None:
             placed_or_reason = _place(booking, shape, owned, busy, host_tz)
@@ -195,7 +200,7 @@ def plan(
     offers = _Offers(free.Finder(busy, origin=min((b.start for b, *_ in conflicts), default=now),
                                  horizon=now + policy.reach_ahead(config)),
                      config=config, now=now, zone=host_tz, one_host=len(hosts) == 1)
-    rejected.extend(_rejection(booking, offers.add_to(reason, booking, shape, owned))
+    rejected.extend(_rejection(booking, offers.add_to(reason, booking, shape, owned), waits=booking.standby)
                     for booking, shape, owned, reason in conflicts)
     accepted.sort(key=lambda a: _order(a.booking))
     rejected.sort(key=_order)
@@ -216,7 +221,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         ],
         "rejected": [
             {"id": r.id, "uid": r.uid, "start": r.start.isoformat(), "end": r.end.isoformat(),
-             "reason": r.reason}
+             "reason": r.reason, **({"standby": True} if r.standby else {})}
             for r in plan.rejected
         ],
     }
@@ -400,11 +405,14 @@ def _priority(booking: Booking, running: Mapping[str, tuple[int, ...]],
     # never decide. Accepted bookings keep the order gpubook gave them (time, then rank in that
     # pass); among the new requests, the project that used the least of its share goes first (the
     # fair-share tie-break, docs/guides/operate.md), then CREATED and DTSTAMP (see the docstring).
+    # Standbys then wait in the order gpubook saw them ask (their slot's seen_at, never a client's
+    # stamp), ahead of every other new request: a later request never overtakes an earlier standby.
     record = slots.get(seen_key(booking))
     held = (record.accepted_at, record.rank) if record is not None and record.accepted_at is not None else (_LATEST, 0)
+    queued = record.seen_at if booking.standby and record is not None and record.accepted_at is None else _LATEST
     share = shares.get(booking.project, 0.0) if booking.project is not None else 0.0
-    return (booking.id not in running, *held, share, booking.created or _LATEST, booking.dtstamp or _LATEST,
-            booking.uid, booking.start, *_order(booking))
+    return (booking.id not in running, *held, queued, share, booking.created or _LATEST,
+            booking.dtstamp or _LATEST, booking.uid, booking.start, *_order(booking))
 
 
 def _order(item: Booking | Rejection) -> tuple[Any, ...]:
@@ -597,10 +605,15 @@ def _span(start: datetime, end: datetime, host_tz: tzinfo) -> str:
     return f"from {start:%Y-%m-%d %H:%M} to {until} ({start:%Z})"
 
 
-def _rejection(booking: Booking, reason: str) -> Rejection:
+STANDBY = "on standby, waiting for its GPUs to free up: "  # the head of a waiting standby's reason
+
+
+def _rejection(booking: Booking, reason: str, *, waits: bool = False) -> Rejection:
+    """`waits`: a standby refused only for GPUs taken or a quota spent, which waits instead (its
+    reason says so; it stays in every plan, and is accepted in the first one with room for it)."""
     return Rejection(id=booking.id, uid=booking.uid, start=booking.start, end=booking.end,
-                     reason=reason, user=booking.user, calendar_url=booking.calendar_url,
-                     href=booking.href, summary=booking.summary)
+                     reason=STANDBY + reason if waits else reason, user=booking.user,
+                     calendar_url=booking.calendar_url, href=booking.href, summary=booking.summary, standby=waits)
 
 
 def _gpus_text(count: int) -> str:

@@ -157,7 +157,8 @@ def bookings_view(status: Status, *, viewer: Viewer, context: Context, start: da
     """The plan of [start, end) as the daemon decided it: each booking that holds GPUs then (own by
     name, others as busy time), and the viewer's own refusals with their reasons."""
     rows = [r for r in segments(status) if r["state"] in free_feed.BUSY_KINDS and _overlaps(r, start, end)]
-    rejected = [{"id": r.id, "user": r.user, "start": r.start, "end": r.end, "reason": r.reason}
+    rejected = [{"id": r.id, "user": r.user, "start": r.start, "end": r.end, "reason": r.reason,
+                 **({"standby": True} if r.standby else {})}
                 for r in status.rejected if viewer.owns(r.user)
                 and _overlaps({"start": r.start, "end": r.end}, start, end)]
     return {"from": start.isoformat(), "to": end.isoformat(), "hosts": _hosts(status, context),
@@ -179,7 +180,8 @@ def mine_view(status: Status, *, viewer: Viewer, context: Context, now: datetime
         if row["state"] == "running" and port is not None:
             shown["ssh"] = f"ssh -p {port} {row['user']}@{shown['host']}"
         own.append(shown)
-    rejected = [{"id": r.id, "user": r.user, "start": r.start, "end": r.end, "reason": r.reason}
+    rejected = [{"id": r.id, "user": r.user, "start": r.start, "end": r.end, "reason": r.reason,
+                 **({"standby": True} if r.standby else {})}
                 for r in status.rejected if viewer.owns(r.user)]
     return {"bookings": own, "rejected": rejected}
 

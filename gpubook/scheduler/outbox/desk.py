@@ -108,6 +108,7 @@ class Booked:
     gpus: int
     template: str | None
     title: str
+    standby: bool = False
 
 
 def read_book(request: Mapping[str, Any], *, now: datetime, zone: tzinfo) -> Booked:
@@ -127,7 +128,10 @@ def read_book(request: Mapping[str, Any], *, now: datetime, zone: tzinfo) -> Boo
     title = str(request.get("title") or "")
     if len(title) > MAX_TITLE or any(ord(c) < 32 or ord(c) == 0x7F for c in title):
         raise AskError(f"--title must be one line of at most {MAX_TITLE} characters")
-    return Booked(start=start, end=start + span, gpus=gpus, template=template, title=title.strip())
+    standby = request.get("standby", False)
+    if not isinstance(standby, bool):
+        raise AskError("standby is yes or no")
+    return Booked(start=start, end=start + span, gpus=gpus, template=template, title=title.strip(), standby=standby)
 
 
 def calendar_for(config: Config, user: str) -> CalendarConfig:
@@ -178,6 +182,8 @@ def event_text(uid: str, booked: Booked, *, user: str, shared: bool, made_by: st
     lines.append(f"gpus: {booked.gpus}")
     if booked.template:
         lines.append(f"template: {booked.template}")
+    if booked.standby:
+        lines.append("standby: yes")
     lines += ["", MADE_WITH[via].format(who=made_by, host=host)]
     event.add("description", "\n".join(lines))
     calendar = icalendar.Calendar()
@@ -299,12 +305,12 @@ class Desk:
         view = self.mine(viewer)
         rows = [Own(id=row["id"], state=row["state"], start=row["start"], end=row["end"])
                 for row in view.get("bookings", ())]
-        rows += [Own(id=row["id"], state="refused", start=_text(row["start"]), end=_text(row["end"]))
-                 for row in view.get("rejected", ())]
+        rows += [Own(id=row["id"], state="standby" if row.get("standby") else "refused", start=_text(row["start"]),
+                     end=_text(row["end"])) for row in view.get("rejected", ())]
         return rows
 
     def _own(self, viewer: Viewer, booking_id: str, *, user: str, running: bool) -> Own:
-        rows = [row for row in self._rows(viewer) if running is False or row.state != "refused"]
+        rows = [row for row in self._rows(viewer) if running is False or row.state not in ("refused", "standby")]
         if not booking_id:
             candidates = [row for row in rows if row.state == "running"] if running else []
             if len(candidates) != 1:
@@ -322,7 +328,7 @@ class Desk:
     def _decided(self, viewer: Viewer, uid: str, *, running: bool) -> bool:
         for row in self._rows(viewer):
             if _of_event(row.id, uid):
-                return row.state in ("refused", "running", "ended") or not running
+                return row.state in ("refused", "standby", "running", "ended") or not running
         return False
 
     def _after(self, done: Callable[[], bool], viewer: Viewer) -> bool:
@@ -346,8 +352,8 @@ class Desk:
                         **({"ssh": row["ssh"]} if row.get("ssh") else {})}
         for row in view.get("rejected", ()):
             if _of_event(str(row["id"]), uid):
-                return {"state": "refused", "reason": row["reason"], "start": _text(row["start"]),
-                        "end": _text(row["end"])}
+                return {"state": "standby" if row.get("standby") else "refused", "reason": row["reason"],
+                        "start": _text(row["start"]), "end": _text(row["end"])}
         return {"state": "waiting"}
 
 
@@ -374,7 +380,7 @@ def shown(answer: Mapping[str, Any]) -> Sequence[str]:
     lines = [head]
     if answer.get("ssh"):
         lines.append(str(answer["ssh"]))
-    elif state == "refused":
+    elif state in ("refused", "standby"):
         lines.append(str(answer.get("reason", "")))
     elif answer.get("start"):
         lines.append(f"from {answer.get('start')} to {answer.get('end')}")

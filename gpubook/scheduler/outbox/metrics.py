@@ -146,6 +146,8 @@ class Metrics:
         self.releases = Counter(f"{PREFIX}_released_bookings", "Running bookings released as no-shows (nobody "
                                 "logged in, GPUs idle) or, with [policy] idle_action = \"release\", as idle.",
                                 registry=self.registry)
+        self.promotions = Counter(f"{PREFIX}_standby_promotions", "Bookings that waited on standby (standby: yes) "
+                                  "and were accepted when their GPUs freed up.", registry=self.registry)
         for reason in START_FAILURES:  # zeros from the start: rate() and alerts see the first failure
             self.failed_starts.labels(reason=reason)
         for outcome in PULL_OUTCOMES:
@@ -164,6 +166,10 @@ class Metrics:
     @_guarded
     def released(self) -> None:
         self.releases.inc()
+
+    @_guarded
+    def promoted(self) -> None:
+        self.promotions.inc()
 
     @_guarded
     def polled(self, *, seconds: float) -> None:

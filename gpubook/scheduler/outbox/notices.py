@@ -174,9 +174,11 @@ def deliver_pending(state: State, notices: Callable[[Message], None] | None, *, 
 
 # -- answers: accepted, rejected, running ------------------------------------------------------
 
-ANSWERS = (Status.ACCEPTED, Status.REJECTED, Status.RUNNING)
-_WORDS = {Status.ACCEPTED: "accepted", Status.REJECTED: "refused", Status.RUNNING: "is running"}  # subject
-_SENTENCES = {Status.ACCEPTED: "was accepted", Status.REJECTED: "was refused", Status.RUNNING: "is running"}
+ANSWERS = (Status.ACCEPTED, Status.REJECTED, Status.STANDBY, Status.RUNNING)
+_WORDS = {Status.ACCEPTED: "accepted", Status.REJECTED: "refused", Status.STANDBY: "on standby",
+          Status.RUNNING: "is running"}  # subject
+_SENTENCES = {Status.ACCEPTED: "was accepted", Status.REJECTED: "was refused",
+              Status.STANDBY: "waits on standby for its GPUs", Status.RUNNING: "is running"}
 
 
 def _told(outcome: Outcome) -> str | None:

@@ -8,7 +8,7 @@ from gpubook.scheduler.settings import Section, checks, setting
 
 # Every notice by default: a booker with an address learns each answer (accepted, rejected, running
 # with its ssh line) as the event shows it, also from an ICS feed, which gpubook cannot write into.
-EVENTS = ("accepted", "rejected", "running", "warning", "ended", "reminder", "released", "idle", "foreign")
+EVENTS = ("accepted", "rejected", "standby", "running", "warning", "ended", "reminder", "released", "idle", "foreign")
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class RejectedBooking:
     start: str  # ISO 8601, UTC
     end: str
     reason: str
+    standby: bool = False  # it waits on standby for its GPUs (`standby: yes`), not refused for good
 
 
 def _iso(moment: datetime) -> str:
@@ -145,7 +146,8 @@ def held_reasons(actions: Iterable[object]) -> dict[str, str]:
 
 def rejected_bookings(plan: Plan) -> tuple[RejectedBooking, ...]:
     """The refused bookings with their reasons (at most REJECTED_SHOWN, the earliest first)."""
-    return tuple(RejectedBooking(id=r.id, user=r.user or "", start=_iso(r.start), end=_iso(r.end), reason=r.reason)
+    return tuple(RejectedBooking(id=r.id, user=r.user or "", start=_iso(r.start), end=_iso(r.end), reason=r.reason,
+                                 standby=r.standby)
                  for r in plan.rejected[:REJECTED_SHOWN])
 
 

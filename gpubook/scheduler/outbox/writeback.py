@@ -176,7 +176,8 @@ class WriteBack:
         seen = self._foreign_lines([a.booking.id for a in plan.accepted])
         for rejection in plan.rejected:
             if rejection.end > now:
-                items.append((rejection, replace(block.rejected(rejection.reason), resource=self._resource())))
+                items.append((rejection, replace(block.rejected(rejection.reason, standby=rejection.standby),
+                                                 resource=self._resource())))
         for accepted in plan.accepted:
             if accepted.booking.id in leave:
                 continue

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from gpubook.runtime.names import TEMPLATE_NAME_RULE, USER_NAME_RULE, template_name_problem, user_name_problem
 from gpubook.scheduler.settings.declare import Check
 
-NOTICE_KINDS = ("accepted", "rejected", "running", "warning", "ended", "reminder", "released", "idle",
+NOTICE_KINDS = ("accepted", "rejected", "standby", "running", "warning", "ended", "reminder", "released", "idle",
                 "foreign")
 
 positive = Check("greater than 0", lambda v: None if v > 0 else "must be greater than 0")

@@ -13,7 +13,7 @@ gpubook owns one marked block at the end of the event's DESCRIPTION::
     until 2026-11-23 17:00 +0100
     --- end gpubook ---
 
-an ``X-GPUBOOK-STATUS`` property (accepted, rejected, running, ended) for programs, and the booked
+an ``X-GPUBOOK-STATUS`` property (accepted, rejected, standby, running, ended) for programs, and the booked
 host as a resource attendee whose PARTSTAT is the answer (ACCEPTED, DECLINED, or TENTATIVE while an
 accepted booking's start came but it is held: gpubook/scheduler/sources/attendee.py), which the
 event's STATUS, what views draw, repeats where gpubook may write it (sources/event_status.py).
@@ -92,6 +92,7 @@ _ENTRY = re.compile(r"^(?P<when>\d{4}-\d\d-\d\d(?: \d\d:\d\d [+-]\d{4})?): (?P<s
 class Status(StrEnum):
     ACCEPTED = "accepted"
     REJECTED = "rejected"
+    STANDBY = "standby"  # refused for now, waiting for its GPUs (`standby: yes`): TENTATIVE, not DECLINED
     RUNNING = "running"
     ENDED = "ended"
 
@@ -146,8 +147,9 @@ def accepted(*, gpus: Sequence[int], template: str, start: datetime, end: dateti
     return Outcome(Status.ACCEPTED, lines + ((f"input: {upload} (put files in input/)",) if upload else ()))
 
 
-def rejected(reason: str) -> Outcome:
-    return Outcome(Status.REJECTED, (one_line(reason),))
+def rejected(reason: str, *, standby: bool = False) -> Outcome:
+    """`standby`: it waits on standby for its GPUs (core/plan.py's Rejection.standby)."""
+    return Outcome(Status.STANDBY if standby else Status.REJECTED, (one_line(reason),))
 
 
 def running(*, port: int, user: str, host: str, end: datetime, timezone: str, known_hosts: str = "",
@@ -386,6 +388,8 @@ def apply(calendar: icalendar.Calendar, *, uid: str, occurrence: datetime | date
 def _answer(status: str, *, held: bool) -> Answer:
     if status == Status.REJECTED:
         return Answer.DECLINED
+    if status == Status.STANDBY:
+        return Answer.TENTATIVE
     return Answer.TENTATIVE if held and status == Status.ACCEPTED else Answer.ACCEPTED
 
 
@@ -421,7 +425,7 @@ def _put_reminder(component: icalendar.cal.Component, outcome: Outcome, *, named
                   statuses: Sequence[tuple[str, dict[str, str]]]) -> bool:
     """gpubook's alarm on the component written. On a series' master one rejected occurrence does
     not take the alarm away from the series' accepted or running ones."""
-    if named is not None and outcome.status == Status.REJECTED \
+    if named is not None and outcome.status in (Status.REJECTED, Status.STANDBY) \
             and any(status in (Status.ACCEPTED, Status.RUNNING) for status, _ in statuses):
         return False
     return put_alarm(component, outcome.reminder, series=named is not None)

@@ -179,6 +179,13 @@ ANSWERED: Kind[frozenset[str]] = Kind("answered", lambda told: json.dumps(sorted
                                       lambda text: frozenset(_lines(text)))
 
 
+# When a standby (`standby: yes`) began to wait for its GPUs (the pass, core/plan.py's Rejection.standby);
+# cleared when it is accepted (then PROMOTED) or gone.
+STANDBY: Kind[datetime] = Kind("standby", datetime.isoformat, _moment)
+# When a booking that waited on standby was accepted: its GPUs freed up (the pass).
+PROMOTED: Kind[datetime] = Kind("promoted", datetime.isoformat, _moment)
+
+
 # -- the outcome notes: what the booker is told beyond the records (one writer each) ---------------
 # Why its start refused it (a template the host cannot run, a booking id no container may have): the StartHandler.
 REFUSED: Kind[str] = Kind("refused", str, str)
@@ -223,6 +230,8 @@ class Notes:
     note: Mapping[str, str] = field(default_factory=_empty)
     policy: Mapping[str, str] = field(default_factory=_empty)
     image: Mapping[str, str] = field(default_factory=_empty)
+    standby: Mapping[str, datetime] = field(default_factory=_empty)  # booking id → since when it waits
+    promoted: Mapping[str, datetime] = field(default_factory=_empty)
 
     def told(self) -> frozenset[str]:
         """The bookings with an outcome note."""
@@ -235,4 +244,5 @@ def read(state: _Store) -> Notes:
     return Notes(armed=ARMED.read(raw), warned=WARNED.read(raw), agreed_end=AGREED_END.read(raw),
                  idle_told=IDLE_TOLD.read(raw), reminded=REMINDED.read(raw), running_lines=RUNNING_LINES.read(raw),
                  ended_lines=ENDED_LINES.read(raw), refused=REFUSED.read(raw), failed=FAILED.read(raw),
-                 held=HELD.read(raw), note=NOTE.read(raw), policy=POLICY.read(raw), image=IMAGE.read(raw))
+                 held=HELD.read(raw), note=NOTE.read(raw), policy=POLICY.read(raw), image=IMAGE.read(raw),
+                 standby=STANDBY.read(raw), promoted=PROMOTED.read(raw))
