@@ -22,6 +22,12 @@ than one small request per check and calendar, plus the poll's.
 `--via terminal` (issue 40): each booking is made by `gpubook book --gpus 1` run in a shell on the
 server instead (the account's login is alice's), timed from the command's start to the booker's
 first SSH login on the port of the ssh line it printed, and to the answer printed.
+
+`--via page` (issue 40): each booking is made with the status page's form, as a browser sends it
+(the daemon serves the page, auth basic, alice logged in): the page is read for the form's token,
+the form posted (with the page's own Origin and `Sec-Fetch-Site: same-origin`), the 303 followed to
+the answer shown; timed from the POST to the login on the port of the answer's ssh line, and to the
+answer shown. (tests/test_web_book_browser.py drives the same form in Chromium.)
 """
 
 from __future__ import annotations
@@ -114,6 +120,42 @@ def book_from_terminal(env: dict[str, str]) -> tuple[str, int, float]:
     return str(answer["id"]), int(found.group(1)), printed
 
 
+PAGE_PASSWORD = "bench-page-pw"  # noqa: S105 - the bench's own throwaway page login
+
+
+def book_from_page(url: str) -> tuple[str, int, float]:
+    """The page's Book form for now, sent as a browser sends it: (the booking's id, its SSH port from
+    the answer's ssh line, the seconds until the answer was shown)."""
+    import re
+    from urllib.parse import urlsplit
+
+    import requests
+
+    session = requests.Session()
+    session.auth = ("alice", PAGE_PASSWORD)
+    page = session.get(url, timeout=30)
+    page.raise_for_status()
+    token = re.search(r'name="token" value="([^"]+)"', page.text)
+    if token is None:
+        raise SystemExit("the page shows no booking form to alice")
+    origin = "{0.scheme}://{0.netloc}".format(urlsplit(url))
+    began = time.monotonic()
+    posted = session.post(url + "book", data={"token": token.group(1), "gpus": "1", "at": "now",
+                                              "hours": f"{BOOKING_SECONDS / 60:g}m"},
+                          headers={"Origin": origin, "Sec-Fetch-Site": "same-origin"}, allow_redirects=False,
+                          timeout=120)
+    if posted.status_code != 303:
+        raise SystemExit(f"the form was answered {posted.status_code}: {posted.text[:300]}")
+    shown = session.get(url + posted.headers["Location"].removeprefix("./"), timeout=30).text
+    printed = time.monotonic() - began
+    found = re.search(r'<code class="ssh">ssh -p (\d+) \S+</code>', shown)
+    booking = re.search(r"Booking <code>([^<]+)</code>", shown)
+    if found is None or booking is None:
+        answer = re.search(r'<section id="answer".*?</section>', shown, re.DOTALL)
+        raise SystemExit(f"the page's answer has no ssh line: {answer.group(0) if answer else shown[:500]}")
+    return booking.group(1), int(found.group(1)), printed
+
+
 def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: paramiko.PKey,
                via: str = "calendar") -> dict:
     from tests.kits import servers
@@ -122,7 +164,7 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
 
     make = servers.radicale if kind == "radicale" else servers.xandikos
     figures: list[float] = []
-    answered: list[float] = []  # --via terminal: `gpubook book` run → its answer printed
+    answered: list[float] = []  # --via terminal or page: `gpubook book` run or the form sent → its answer
     ids: list[str] = []
     locked = 0
     with tempfile.TemporaryDirectory(prefix="gpubook-book-now-") as folder, servers.running(make) as server:
@@ -140,6 +182,19 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
             if via == "terminal":  # this account's login is alice's: `gpubook book` books as her
                 config.write_text(config.read_text().replace(
                     "[users.alice]\n", f'[users.alice]\naccount = "{ask_kit.login()}"\n'))
+            page = None
+            if via == "page":  # the daemon's page, alice's login on it
+                import bcrypt
+
+                from gpubook.scheduler.commands.embedded import free_port
+
+                htpasswd = Path(folder) / "htpasswd"
+                htpasswd.write_text(f"alice:{bcrypt.hashpw(PAGE_PASSWORD.encode(), bcrypt.gensalt(5)).decode()}\n")
+                htpasswd.chmod(0o600)
+                web_port = free_port()
+                config.write_text(config.read_text() + f'\n[web]\nenabled = true\nlisten = "127.0.0.1:{web_port}"\n'
+                                  f'auth = "basic"\nhtpasswd_file = "{htpasswd}"\n')
+                page = f"http://127.0.0.1:{web_port}/"
             daemon = DaemonProcess(config).start()
             state_path = Path(folder) / "state" / "state.sqlite"
             status = Path(folder) / "state" / "daemon-status.json"
@@ -155,6 +210,9 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
                     client = port = None
                     if via == "terminal":
                         booking_id, port, printed = book_from_terminal(env)
+                        answered.append(printed)
+                    elif page is not None:
+                        booking_id, port, printed = book_from_page(page)
                         answered.append(printed)
                     else:
                         booking_id = f"now-{n}@bench"
@@ -206,9 +264,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=40)
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--servers", default="radicale,xandikos")
-    parser.add_argument("--via", choices=("calendar", "terminal"), default="calendar",
+    parser.add_argument("--via", choices=("calendar", "terminal", "page"), default="calendar",
                         help="how each booking is made: saved into the calendar (a PUT, as a calendar program "
-                        "does) or `gpubook book` in a shell on the server (issue 40)")
+                        "does), `gpubook book` in a shell on the server, or the status page's form (issue 40)")
     args = parser.parse_args()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # logins tried before sshd listens are expected
 
@@ -221,7 +279,7 @@ def main() -> None:
     overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
     key = paramiko.ECDSAKey.generate(bits=256)
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}")
-    made = "saved (PUT)" if args.via == "calendar" else "`gpubook book` run"
+    made = {"calendar": "saved (PUT)", "terminal": "`gpubook book` run", "page": "the page's form posted"}[args.via]
     print(f"{made} → booker's first SSH login, {args.count} bookings, {args.events}-event calendar, default "
           "[daemon] settings (poll_seconds 60, check_seconds 1), target worst <= 3 s; then idle, nothing "
           "changing (target daemon CPU <= 1 % of one core)")
@@ -231,7 +289,7 @@ def main() -> None:
         logins = result["logins"]
         if result["answered"]:
             answered = result["answered"]
-            print(f"{kind}: `gpubook book` → its ssh line printed: median {statistics.median(answered):.2f} s, "
+            print(f"{kind}: {made} → its ssh line shown: median {statistics.median(answered):.2f} s, "
                   f"worst {max(answered):.2f} s, best {min(answered):.2f} s")
         print(f"{kind} ({args.via}): login median {statistics.median(logins):.2f} s, worst {max(logins):.2f} s, "
               f"best {min(logins):.2f} s ({result['locked']} saves answered 423 Locked and sent again)")

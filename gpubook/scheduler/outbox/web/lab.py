@@ -198,7 +198,7 @@ def lab_status(own: Mapping[str, Any], answers: Sequence[Answer], *, own_label: 
     """This page's data (`own`, page.page_data's) and the others' answers, as one view: each server
     with its summary or its problem, and every host's GPUs (free now, and until when), running,
     held and next bookings, with the server it is on."""
-    servers = [_server(own_label, own, None)]
+    servers = [_server(own_label, own, None, page="./")]
     hosts = [_host(own_label, host, now=now) for host in own.get("hosts") or ()]
     for answer in answers:
         data = answer.data
@@ -206,9 +206,9 @@ def lab_status(own: Mapping[str, Any], answers: Sequence[Answer], *, own_label: 
         if problem is None and not (isinstance(data, Mapping) and isinstance(data.get("hosts"), list)):
             problem = f"{answer.label} answered something that is not a gpubook status"
         if problem is not None or data is None:
-            servers.append(_server(answer.label, {}, problem))
+            servers.append(_server(answer.label, {}, problem, page=answer.server))
             continue
-        servers.append(_server(answer.label, data, None))
+        servers.append(_server(answer.label, data, None, page=answer.server))
         hosts.extend(_host(answer.label, host, now=now) for host in data["hosts"] if isinstance(host, Mapping))
     hosts.sort(key=lambda h: (h["name"], h["server"]))
     free = sum(len(h["free"]) for h in hosts)
@@ -218,8 +218,9 @@ def lab_status(own: Mapping[str, Any], answers: Sequence[Answer], *, own_label: 
                        f"answered"}
 
 
-def _server(label: str, data: Mapping[str, Any], problem: str | None) -> dict[str, Any]:
-    return {"server": label, "problem": problem, "summary": _text(data.get("summary")),
+def _server(label: str, data: Mapping[str, Any], problem: str | None, *, page: str) -> dict[str, Any]:
+    """`page`: the server's own page, where its bookers book (the configured address; "./": this one)."""
+    return {"server": label, "page": page, "problem": problem, "summary": _text(data.get("summary")),
             "updated": _text(data.get("updated")), "stale": _text(data.get("stale")),
             "outage": _text(data.get("outage"))}
 
