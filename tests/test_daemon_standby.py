@@ -1,9 +1,9 @@
 """Standby with the real daemon, Radicale and rootless podman (issue 40): alice's booking runs on
 GPU 3 and nobody logs in; bob's booking for the same GPU and time says `standby: yes`, so it waits
-(its event TENTATIVE, "on standby, …") instead of being refused, and carol's request made after it
-(bob again, without standby) for the same GPU is refused, plain. When alice's booking is released as a no-show, bob's standby is
-promoted in the next pass: its event says running, and bob logs in over SSH; the later request does
-not overtake it. The promotion is in State and the journal.
+(its event TENTATIVE, "on standby, …") instead of being refused, and a request made after it (bob's
+again, without standby) for the same GPU is refused, plain. When alice's booking is released as a
+no-show, bob's standby is promoted in the next pass: its event says running, and bob logs in over
+SSH; the later request does not overtake it. The promotion is in State and the journal.
 
 The no-show time is told to the daemon (tests/kits/told_clock.py), as in tests/test_daemon_reclaim.py.
 """
