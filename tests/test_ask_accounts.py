@@ -128,3 +128,22 @@ def test_the_daemons_account_is_told_apart_from_a_researchers(daemon: DaemonProc
     bob = json.loads(researcher(BOB, "mine", "--json").stdout)["viewer"]
     assert (alice["login"], alice["users"]) == (ALICE, ["alice"])
     assert (bob["login"], bob["users"]) == (BOB, ["bob"])
+
+
+def test_each_account_books_extends_and_cancels_only_its_own_from_the_terminal(daemon: DaemonProcess) -> None:
+    """Issue 40: `gpubook book` as alice's login books for alice (the peer's credentials, nothing
+    typed); bob's login can neither cancel nor end it, and his view does not name it; alice cancels it."""
+    at = (DAY + timedelta(hours=16)).strftime("%Y-%m-%d %H:%M")
+    booked = researcher(ALICE, "book", "--gpus", "1", "--hours", "1h", "--at", at, "--title", "alice eval", "--json")
+    assert booked.returncode == 0, booked.stdout + booked.stderr
+    answer = json.loads(booked.stdout)
+    assert answer["state"] == "booked", answer
+    for command in (("cancel", answer["id"]), ("end", answer["id"]), ("extend", "1h", answer["id"])):
+        refused = researcher(BOB, *command)
+        assert refused.returncode == 1 and f"you have no booking {answer['id']!r}" in refused.stderr, refused.stderr
+    assert answer["id"] not in researcher(BOB, "mine").stdout
+    assert "alice eval" not in researcher(BOB, "bookings").stdout
+    assert answer["id"] in {row["id"] for row in json.loads(researcher(ALICE, "mine", "--json").stdout)["bookings"]}
+    cancelled = researcher(ALICE, "cancel", answer["id"], "--json")
+    assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["done"] is True, cancelled.stderr
+    assert "alice eval" not in researcher(ALICE, "mine").stdout

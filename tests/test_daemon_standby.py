@@ -56,13 +56,16 @@ def test_a_standby_waits_and_runs_when_a_no_show_is_released(tmp_path: Path, rad
     cleanup.extend(["gone@test", "waits@test", "later@test"])
     daemon = DaemonProcess(config, env={fake_gpus.ENV: str(monitor), **clock.env()}).start()
     daemons.append(daemon)
-    wait_for("alice's container", lambda: running_container(engine, "gone@test"), timeout=60, daemon=daemon)
+    # Started, not only armed ahead of its start (the told clock's jump below must come after the
+    # start: the armed container's spec waits for the host's time its start was then).
+    wait_for("alice's booking running", lambda: "running: ssh -p" in description(calendar, "gone@test"), timeout=60,
+             daemon=daemon)
 
     # bob's standby for the same GPU and time: it waits, tentative, and says so.
     book(calendar, "waits@test", user="bob", start=clock.soon(2), end=end, gpus=f"{GPU},",
          description="standby: yes\n")
-    text = wait_for("bob's standby in his event", lambda: "standby: " in (d := description(calendar, "waits@test"))
-                    and d, timeout=60, daemon=daemon)
+    text = wait_for("bob's standby in his event", lambda: "on standby, waiting" in
+                    (d := description(calendar, "waits@test")) and d, timeout=60, daemon=daemon)
     assert "on standby, waiting for its GPUs to free up: the GPUs asked for are taken: GPU 3 is booked by alice" \
         in " ".join(text.split()), text
     assert _status(calendar, "waits@test") == "TENTATIVE"
