@@ -115,3 +115,43 @@ def test_a_bad_time_or_length_is_one_sentence_and_writes_nothing(desk: dict) -> 
         done = ask_kit.gpubook("book", *args, env=desk["env"], timeout=120)
         assert done.returncode == 1 and said in done.stderr, (args, done.stderr)
     assert set(_events(desk["calendar"])) == before
+
+
+def test_a_refusal_answered_with_standby_waits_and_its_event_says_so(desk: dict) -> None:
+    """The page's "Wait on standby instead" (and `gpubook standby ID`): the daemon puts `standby: yes`
+    first in the refused event's description, and the next pass keeps it waiting, tentative."""
+    at = (DAY + timedelta(hours=13)).strftime("%Y-%m-%d %H:%M")
+    code, answer = _book(desk["env"], "--gpus", "2", "--hours", "30m", "--at", at)
+    assert code == 1 and answer["state"] == "refused", answer
+    done = ask_kit.gpubook("standby", answer["id"], "--json", env=desk["env"], timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    waiting = json.loads(done.stdout)
+    assert waiting["state"] == "standby", waiting
+    assert waiting["reason"].startswith("on standby, waiting for its GPUs to free up: "), waiting["reason"]
+    assert _events(desk["calendar"])[answer["id"]].startswith("standby: yes\n")
+    again = ask_kit.gpubook("standby", answer["id"], env=desk["env"], timeout=120)
+    assert again.returncode == 1 and "is standby, not refused: nothing to wait for" in again.stderr, again.stderr
+    assert ask_kit.gpubook("cancel", answer["id"], env=desk["env"], timeout=120).returncode == 0
+
+
+def test_an_html_description_is_not_rewritten_and_the_booker_is_told_where_to_add_the_line(desk: dict) -> None:
+    from gpubook.scheduler.sources.caldav_writer import CalendarWriter
+    from gpubook.scheduler.sources.errors import CalendarError
+
+    calendar = desk["calendar"]
+    html = "<p>user: alice<br>gpus: 1</p>"
+    event = book(calendar, "html-1@test", user="alice", start=DAY + timedelta(hours=20),
+                 end=DAY + timedelta(hours=21), summary="alice html")
+    component = event.icalendar_component
+    component.pop("DESCRIPTION")
+    component.add("DESCRIPTION", html)
+    event.save()
+    writer = CalendarWriter(str(calendar.url))
+    try:
+        with pytest.raises(CalendarError, match="its description is HTML, which gpubook does not rewrite: add the "
+                                                "line 'standby: yes' to the event in your calendar"):
+            writer.add_line(str(event.url), "standby: yes")
+    finally:
+        writer.close()
+    assert _events(calendar)["html-1@test"] == html
+    calendar.event_by_uid("html-1@test").delete()

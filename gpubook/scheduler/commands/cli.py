@@ -394,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     book.add_argument("--standby", action="store_true", help="where the GPUs are taken (or a quota spent), wait "
                       "on standby instead of being refused: it runs as soon as they free up in its time (exit 0, "
                       "state standby)")
+    standby = command("standby", cmd_desk, "wait on standby for the GPUs of one of your refused bookings instead: "
+                      "the daemon adds 'standby: yes' to its event, and it runs as soon as they free up in its time",
+                      parents=[asking, desk_options])
+    standby.add_argument("id", metavar="ID", help="the refused booking (its id, as `gpubook mine` shows it)")
     extend = command("extend", cmd_desk, "make one of your bookings longer: its event's end moves (refused, and "
                      "left as it was, where the GPUs are booked after it)", parents=[asking, desk_options])
     extend.add_argument("by", metavar="LENGTH", help="how much longer: 2h, 30m, 1h30m")

@@ -32,7 +32,7 @@ from gpubook.scheduler.outbox.asking import AskError, Viewer
 from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources.errors import CalendarError
 
-KINDS = ("book", "extend", "end", "cancel")
+KINDS = ("book", "extend", "end", "cancel", "standby")
 MAX_GPUS = 64
 MAX_HOURS = 24 * 31.0  # the longest request read at all (the config's max_hours decides what is accepted)
 MAX_TITLE = 200
@@ -204,6 +204,8 @@ class CalendarDesk(Protocol):
 
     def change_end(self, href: str, end: datetime) -> None: ...
 
+    def add_line(self, href: str, line: str) -> None: ...
+
     def delete(self, href: str) -> None: ...
 
 
@@ -268,6 +270,13 @@ class Desk:
             raise AskError(f"booking {target.id} is in a calendar gpubook cannot write: change it in your calendar")
         writer = self.writer(calendar)
         now = self.clock()
+        if kind == "standby":  # a refusal answered with "wait instead" (the page's button)
+            if target.state != "refused":
+                raise AskError(f"booking {target.id} is {target.state}, not refused: nothing to wait for")
+            writer.add_line(href, "standby: yes")
+            self._after(lambda: any(row.id == target.id and row.state != "refused" for row in self._rows(viewer)),
+                        viewer)
+            return {"kind": kind, "id": target.id, **self._outcome(viewer, target.id)}
         if kind == "cancel":
             writer.delete(href)
             done = self._after(lambda: not any(row.id == target.id for row in self._rows(viewer)), viewer)

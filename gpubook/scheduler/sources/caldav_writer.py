@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 
+import icalendar
 from caldav.calendarobjectresource import Event as DavEvent
 from caldav.collection import Calendar as DavCalendar
 from caldav.davclient import DAVClient
@@ -23,6 +25,7 @@ from gpubook.runtime import crash
 from gpubook.scheduler.sources import DEFAULT_TIMEOUT, EventRef, WriteResult
 from gpubook.scheduler.sources.block import Outcome, apply, label
 from gpubook.scheduler.sources.errors import CalendarError, cause, short
+from gpubook.scheduler.sources.richtext import description_source, is_html
 
 log = logging.getLogger(__name__)
 
@@ -124,28 +127,48 @@ class CalendarWriter:
 
     def change_end(self, href: str, end: datetime) -> None:
         """The event's DTEND moved to `end` (a conditional PUT: a booker's edit meanwhile is read again)."""
+        def moved(component: icalendar.cal.Component) -> None:
+            start = component.decoded("DTSTART")
+            component.pop("DURATION", None)
+            component.pop("DTEND", None)
+            component.add("DTEND", end.astimezone(start.tzinfo) if isinstance(start, datetime)
+                          and start.tzinfo is not None else end)
+
+        self._edit(href, moved, what="the new end")
+
+    def add_line(self, href: str, line: str) -> None:
+        """`line` (such as `standby: yes`) put first in the event's plain-text description, where the
+        booker's own lines are read first. An HTML description (Google's, Outlook's) is left as it is:
+        CalendarError says to add the line in the calendar, where its client writes it as it should."""
+        def added(component: icalendar.cal.Component) -> None:
+            source, as_html = description_source(component)
+            if as_html or is_html(source):
+                raise CalendarError(f"{href}: its description is HTML, which gpubook does not rewrite: add the "
+                                    f"line '{line}' to the event in your calendar")
+            component.pop("DESCRIPTION", None)
+            component.add("DESCRIPTION", f"{line}\n{source}" if source else line)
+
+        self._edit(href, added, what=f"the line '{line}'")
+
+    def _edit(self, href: str, change: Callable[[icalendar.cal.Component], None], *, what: str) -> None:
+        """The event's VEVENT changed by `change` and saved with a conditional PUT; an edit of the
+        booker's meanwhile is read again and `change` applied to it."""
         for attempt in range(1, self.attempts + 1):
             event = DavEvent(client=self._client, url=href, parent=self._calendar())
             try:
                 event.load(multiget_fallback=False)
                 with event.edit_icalendar_instance() as ical:
-                    component = next(c for c in ical.walk("VEVENT"))
-                    start = component.decoded("DTSTART")
-                    if isinstance(start, datetime) and start.tzinfo is not None:
-                        end = end.astimezone(start.tzinfo)
-                    component.pop("DURATION", None)
-                    component.pop("DTEND", None)
-                    component.add("DTEND", end)
+                    change(next(c for c in ical.walk("VEVENT")))
                 event.save(increase_seqno=False, only_this_recurrence=False, precondition="etag")
                 return
             except (dav_error.ETagMismatchError, dav_error.ScheduleTagMismatchError):
                 time.sleep(self.retry_delay * attempt)
             except dav_error.DAVError as failure:
-                raise CalendarError(f"{href}: the new end could not be written: {type(failure).__name__} "
+                raise CalendarError(f"{href}: {what} could not be written: {type(failure).__name__} "
                                     f"{_reason(failure)}") from None
             except OSError as failure:
-                raise CalendarError(f"{href}: the new end could not be written: {cause(failure)}") from None
-        raise CalendarError(f"{href}: changed on the server {self.attempts} times while gpubook wrote its end")
+                raise CalendarError(f"{href}: {what} could not be written: {cause(failure)}") from None
+        raise CalendarError(f"{href}: changed on the server {self.attempts} times while gpubook wrote {what}")
 
     def delete(self, href: str) -> None:
         """The event gone from the calendar (already gone: nothing to do)."""

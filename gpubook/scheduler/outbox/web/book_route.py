@@ -36,7 +36,7 @@ from gpubook.scheduler.outbox.web.access import USER_KEY
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
-PATHS = frozenset({"/book", "/end", "/cancel"})  # the only paths a POST may reach (access.py)
+PATHS = frozenset({"/book", "/end", "/cancel", "/standby"})  # the only paths a POST may reach (access.py)
 TOKEN_SECONDS = 12 * 3600.0  # a form older than this is refused: reload the page
 ANSWERS = 256
 ANSWER_SECONDS = 600.0
@@ -158,3 +158,7 @@ def add_book_routes(app: Flask, forms: Forms) -> None:
     @app.post("/cancel")
     def cancel() -> WerkzeugResponse:
         return answer("cancel")
+
+    @app.post("/standby")
+    def standby() -> WerkzeugResponse:
+        return answer("standby")
