@@ -307,3 +307,18 @@ def test_by_project_counts_each_booking_against_the_group_it_was_planned_for(tmp
     # vision: 4 h x 2 GPUs + 4 h x 1 GPU = 12; no project: carol's 4 h x 1 GPU.
     assert {r.key: (r.bookings, r.booked_hours, r.rejected) for r in result.rows} == {
         "vision": (2, 12.0, None), report.NO_PROJECT: (1, 4.0, None)}
+
+
+def test_the_hours_of_bookings_promoted_from_standby_are_reused_hours(month: Path) -> None:
+    """Issue 40: a booking that waited on standby and ran on GPUs freed up counts its booked GPU-hours
+    as reused; its promotion note outlives its stop (notes.clear_history keeps it for the report)."""
+    from gpubook.scheduler.state import notes
+
+    with State(month) as state:
+        assert report.build(state, start=START, end=END, now=NOW).reused_hours == 0
+        notes.PROMOTED.write(state, "c1", at(11, 16, 10), at=at(11, 16, 10))
+        notes.clear_history(state, "c1")  # its stop
+        built = report.build(state, start=START, end=END, now=NOW)
+    assert built.reused_hours == pytest.approx(2.0)  # c1: 2 h on one GPU
+    assert "GPU-hours reused from releases (bookings that waited on standby): 2.0" in report.table(built)
+    assert report.to_json(built)["reused_gpu_hours"] == 2.0

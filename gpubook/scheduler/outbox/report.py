@@ -22,7 +22,7 @@ from typing import Any, TextIO, TypeVar
 
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.sources.errors import printable
-from gpubook.scheduler.state import BookedRow, RejectedRow, SampleSum, State
+from gpubook.scheduler.state import BookedRow, RejectedRow, SampleSum, State, notes
 
 BY = ("user", "gpu", "template", "project")
 NO_PROJECT = "(no project)"  # the row of bookings that counted against no [groups.NAME]
@@ -62,6 +62,9 @@ class Report:
     days: tuple[datetime, ...]
     daily_utilisation: dict[str, tuple[float | None, ...]]  # "host:gpu" → mean % busy per day (None: no sample)
     samples: bool  # whether any GPU sample lies in the window
+    # Booked GPU-hours of bookings that waited on standby and ran on GPUs freed up (an early end, a
+    # cancellation, a no-show or idle release): time that would have gone unused (issue 40).
+    reused_hours: float = 0.0
 
     @property
     def rejected(self) -> int:
@@ -86,7 +89,9 @@ def build(state: State, *, start: datetime, end: datetime, now: datetime, by: st
                 rejected=len(rejections))
     weeks = _steps(start, end, WEEK)
     days = _steps(start, end, DAY)
-    return Report(start=start, end=end, until=until, by=by, rows=rows, total=total,
+    promoted = notes.PROMOTED.read(state.all_notes())
+    reused = sum(b.hours_between(start, until) for b in booked if b.booking_id in promoted)
+    return Report(start=start, end=end, until=until, by=by, rows=rows, total=total, reused_hours=reused,
                   rejections=tuple(Counter(reason_kind(r.reason) for r in rejections).most_common()),
                   weeks=weeks, weekly_booked=_weekly_booked(booked, weeks, until=until),
                   weekly_used=_weekly_used(booked, sums, len(weeks)),
@@ -187,6 +192,7 @@ def table(report: Report) -> list[str]:
            "", lines[0], "-" * width, *lines[1:-1], "-" * width, lines[-1], ""]
     if not report.samples:
         out.append("no GPU samples in this window: used GPU-hours are 0 (no GPU, or [daemon] sample_seconds = 0)")
+    out.append(f"GPU-hours reused from releases (bookings that waited on standby): {_hours(report.reused_hours)}")
     out.append(f"rejected requests: {report.rejected}")
     out += [f"  {count:5d}  {kind}" for kind, count in report.rejections]
     return out
@@ -240,7 +246,8 @@ def to_json(report: Report, *, host_name: str | None = None) -> dict[str, Any]:
     return {**({"host": host_name} if host_name is not None else {}),
             "from": report.start.isoformat(), "to": report.end.isoformat(), "until": report.until.isoformat(),
             "by": report.by, "rows": [row(r) for r in report.rows], "total": row(report.total),
-            "rejected": report.rejected, "rejections": dict(report.rejections), "gpu_samples": report.samples}
+            "rejected": report.rejected, "rejections": dict(report.rejections), "gpu_samples": report.samples,
+            "reused_gpu_hours": round(report.reused_hours, 6)}
 
 
 def merge_usage(reports: Sequence[Any]) -> dict[str, Any]:
@@ -252,9 +259,11 @@ def merge_usage(reports: Sequence[Any]) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {}
     rejections: Counter[str] = Counter()
     samples = False
+    reused = 0.0
     for report in reports:
         if report.get("by") != by:
             continue
+        reused += _number(report.get("reused_gpu_hours"))
         for item in report.get("rows") or ():
             if not isinstance(item, dict) or not isinstance(item.get(by), str):
                 continue
@@ -273,7 +282,7 @@ def merge_usage(reports: Sequence[Any]) -> dict[str, Any]:
             "hosts": [str(r.get("host", "?")) for r in reports],
             "rows": [_idle(rows[key]) for key in sorted(rows)], "total": _idle(total),
             "rejected": sum(rejections.values()), "rejections": dict(rejections.most_common()),
-            "gpu_samples": samples}
+            "gpu_samples": samples, "reused_gpu_hours": round(reused, 6)}
 
 
 def _number(value: Any) -> Any:

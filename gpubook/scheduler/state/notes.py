@@ -205,8 +205,9 @@ OUTCOMES: tuple[Kind[Any], ...] = (REFUSED, FAILED, HELD, NOTE, POLICY, IMAGE)
 
 def clear_history(state: _Store, booking_id: str) -> None:
     """A booking stopped for good: its warning, extension, arm and the rest are history; what it was
-    told (the outcome notes) stays for the write-back of its ended block."""
-    state.clear_notes(booking_id, keep=[kind.key for kind in OUTCOMES])
+    told (the outcome notes) stays for the write-back of its ended block, and its promotion from
+    standby for the usage report."""
+    state.clear_notes(booking_id, keep=[kind.key for kind in (*OUTCOMES, PROMOTED)])  # the report counts promotions
 
 
 def _empty() -> Mapping[str, Any]:
