@@ -133,8 +133,10 @@ def test_human_readable_plan_and_errors(tmp_path: Path, calendar: caldav.Calenda
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("gpubook: ") and "127.0.0.1" in done.stderr
     assert "Traceback" not in done.stderr
-    bad_window = gpubook("bookings", "--config", str(config), "--from", "tomorrow")
-    assert bad_window.returncode == 2 and "not an ISO 8601 time" in bad_window.stderr
+    bad_window = gpubook("bookings", "--config", str(config), "--from", "next tuesday")
+    assert bad_window.returncode == 2, bad_window.stderr
+    assert "the time 'next tuesday' is not understood: say now, now+2h, 14:00, today, tomorrow 09:00" \
+        in bad_window.stderr
 
 
 def test_a_booking_over_the_week_quota_shows_the_sentence(tmp_path: Path, calendar: caldav.Calendar) -> None:

@@ -11,6 +11,7 @@ import icalendar
 import pytest
 
 from gpubook.scheduler import config as config_module
+from gpubook.scheduler.core import when
 from gpubook.scheduler.core.bookings import Booking, BookingReader
 from gpubook.scheduler.outbox import desk
 from gpubook.scheduler.outbox.asking import AskError, Viewer
@@ -38,8 +39,25 @@ def test_a_start_as_people_type_it(text: str, expected: datetime) -> None:
 
 @pytest.mark.parametrize("text", ["next tuesday", "25:00", "tomorrow 9", "2026-13-01 09:00", "now+forever"])
 def test_a_start_not_understood_is_one_sentence(text: str) -> None:
-    with pytest.raises(AskError, match="not understood|is no date"):
+    with pytest.raises(AskError, match="not understood|is not a date"):
         desk.moment(text, now=NOW, zone=PARIS)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2026-12", datetime(2026, 12, 1, tzinfo=PARIS)),
+    ("today", datetime(2026, 11, 30, tzinfo=PARIS)),
+    ("now+90m", NOW.replace(microsecond=0) + timedelta(minutes=90)),
+])
+def test_a_month_today_and_a_time_after_now_read_as_people_mean_them(text: str, expected: datetime) -> None:
+    assert when.moment(text, now=NOW, zone=PARIS) == expected
+    assert when.is_month(text) == (text == "2026-12")
+
+
+def test_a_month_as_a_windows_end_includes_the_month() -> None:
+    assert when.after_month(datetime(2026, 12, 1, tzinfo=PARIS)) == datetime(2027, 1, 1, tzinfo=PARIS)
+    assert when.after_month(datetime(2026, 2, 1, tzinfo=PARIS)) == datetime(2026, 3, 1, tzinfo=PARIS)
+    with pytest.raises(when.TimeWords, match="the start '2026-13' is not a month"):
+        when.moment("2026-13", now=NOW, zone=PARIS)
 
 
 @pytest.mark.parametrize(("text", "hours"), [("2", 2), ("1.5", 1.5), ("2h", 2), ("90m", 1.5), ("1h30m", 1.5),

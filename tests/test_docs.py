@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,28 @@ def test_the_quick_start_is_the_two_commands_ci_runs() -> None:
     commands = [line.split("#")[0].strip() for line in block.splitlines()]
     assert commands == ["./quickstart demo", "./quickstart test"]
     assert "./quickstart test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_man_page_and_completion_scripts_are_made_from_the_parser() -> None:
+    """gpubook/shell/: the man page (argparse-manpage) and the bash and zsh completions (shtab), installed
+    with the package; stale ones are named (tools/shell_files.py writes them)."""
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "shell_files.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_bash_completes_gpubooks_commands_and_options_from_the_script_it_prints() -> None:
+    """`gpubook completion bash`, sourced by a real bash: `gpubook sta<TAB>` offers standby and status,
+    `gpubook book --st<TAB>` offers --standby."""
+    import shutil
+
+    bash = shutil.which("bash")
+    assert bash is not None
+    script = subprocess.run([sys.executable, "-m", "gpubook.scheduler.commands.cli", "completion", "bash"],
+                            capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    probe = (script + '\nCOMP_WORDS=(gpubook sta); COMP_CWORD=1; _shtab_gpubook; echo "${COMPREPLY[@]}"'
+             '\nCOMP_WORDS=(gpubook book --st); COMP_CWORD=2; _shtab_gpubook; echo "${COMPREPLY[@]}"\n')
+    first, second = subprocess.run([bash, "--norc", "-c", probe], capture_output=True, text=True, check=True,
+                                   ).stdout.splitlines()[-2:]
+    assert set(first.split()) == {"standby", "status"}, first
+    assert second.split() == ["--standby"], second

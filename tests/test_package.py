@@ -226,8 +226,14 @@ def test_the_base_install_is_the_daemon_and_works_from_any_directory(venv: Path)
     assert listing.returncode == 0, listing.stderr
     for template in (ROOT / "gpubook" / "templates").glob("*.toml"):
         assert template.stem in listing.stdout
+    # The man page and the completions, under the venv's share/ (pyproject's data-files).
+    for shared in ("man/man1/gpubook.1", "bash-completion/completions/gpubook", "zsh/site-functions/_gpubook"):
+        assert (venv / "share" / shared).read_text() == (ROOT / "gpubook" / "shell" / Path(shared).name).read_text()
+    completion = _run(venv, "gpubook", "completion", "bash")
+    assert completion.returncode == 0 and completion.stdout == (venv / "share" / "bash-completion" / "completions"
+                                                                / "gpubook").read_text(), completion.stderr
     installed = _distributions(venv)
-    assert {"caldav", "niquests", "paramiko", "prometheus-client"} <= installed
+    assert {"caldav", "niquests", "paramiko", "prometheus-client", "shtab"} <= installed
     # (bcrypt is [web]'s and paramiko's: it is in the base install through paramiko.)
     assert installed.isdisjoint({"matplotlib", "flask", "waitress", "radicale", "requests", "pytest"})
     locked = {_name(line) for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line}

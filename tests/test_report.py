@@ -205,7 +205,11 @@ WINDOW = ["--from", "2026-11-01", "--to", "2026-12-01"]
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--from", "2026-11-31", "--to", "2026-12-01"],
-     "--from '2026-11-31' is not a date (e.g. 2026-11-01) or an ISO 8601 time"),
+     "--from '2026-11-31' is not a date (say e.g. 2026-11-01, 2026-11, today or an ISO 8601 time)"),
+    (["--from", "2026-13", "--to", "2026-12-01"],
+     "--from '2026-13' is not a month (say e.g. 2026-11-01, 2026-11, today or an ISO 8601 time)"),
+    (["--from", "last tuesday"],
+     "--from 'last tuesday' is not understood (say e.g. 2026-11-01, 2026-11, today or an ISO 8601 time)"),
     (["--from", "2026-12-01", "--to", "2026-11-01"],
      "--to 2026-11-01 is not after --from 2026-12-01: the window is empty"),
     ([*WINDOW, "--csv", "{tmp}/ok.csv", "--png", "{tmp}/none/r.png"],
@@ -322,3 +326,11 @@ def test_the_hours_of_bookings_promoted_from_standby_are_reused_hours(month: Pat
     assert built.reused_hours == pytest.approx(2.0)  # c1: 2 h on one GPU
     assert "GPU-hours reused from releases (bookings that waited on standby): 2.0" in report.table(built)
     assert report.to_json(built)["reused_gpu_hours"] == 2.0
+
+
+def test_a_month_is_a_window_and_today_a_start(month: Path) -> None:
+    """Issue 41's times as people type them: `--from 2026-11 --to 2026-11` is the whole of November."""
+    zone = UTC
+    assert report_command.window("2026-11", "2026-11", zone, now=NOW) == (START, END)
+    assert report_command.window("2026-11", None, zone, now=NOW)[0] == START
+    assert report_command.window("today", None, zone, now=NOW)[0] == datetime(2026, 12, 5, tzinfo=UTC)

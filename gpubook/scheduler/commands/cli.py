@@ -28,13 +28,23 @@ DAEMON_ACCOUNT_HELP = ("the account the gpubook daemon runs as, whose socket is 
                        "$GPUBOOK_DAEMON_ACCOUNT, else the owner of the installed gpubook, else 'gpubook')")
 
 
-def _when(text: str) -> datetime:
-    """An ISO 8601 time from the command line; without an offset it means the host's local time."""
+def _when(text: str, *, end: bool = False) -> datetime:
+    """A time from the command line as people type it (core/when.py: now, now+2h, tomorrow 09:00,
+    2026-12-01, a month 2026-12, or ISO 8601), in the host's time zone unless it names an offset.
+    `end`: a month named as a window's end includes that month."""
+    from tzlocal import get_localzone
+
+    from gpubook.scheduler.core import when
+
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r} (e.g. 2026-11-21T09:00+01:00)") from None
-    return moment if moment.tzinfo else moment.astimezone()
+        moment = when.moment(text, now=datetime.now(UTC), zone=get_localzone(), what="the time")
+    except when.TimeWords as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return when.after_month(moment) if end and when.is_month(text) else moment
+
+
+def _until(text: str) -> datetime:
+    return _when(text, end=True)
 
 
 def _config_path(args: argparse.Namespace) -> str:
@@ -369,8 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     asking.add_argument("--daemon-account", metavar="ACCOUNT", default=None, help=DAEMON_ACCOUNT_HELP)
     bookings = command("bookings", cmd_bookings, "show the plan as the running daemon decided it: your bookings "
                        "by name, the others' as busy time (an admin with the config: all)", parents=[asking])
-    bookings.add_argument("--from", dest="start", type=_when, help="window start (ISO 8601; default: now)")
-    bookings.add_argument("--to", dest="end", type=_when, help="window end (ISO 8601; default: start + 7 days)")
+    bookings.add_argument("--from", dest="start", type=_when, metavar="WHEN", help="window start: now+2h, 'tomorrow "
+                          "09:00', 2026-12-01, 2026-12, ISO 8601 (default: now)")
+    bookings.add_argument("--to", dest="end", type=_until, metavar="WHEN", help="window end, the same words (a month: "
+                          "its end; default: start + 7 days)")
     bookings.add_argument("--json", action="store_true", help="print one JSON object")
 
     mine = command("mine", cmd_mine, "your own bookings as the running daemon knows them: running (with the ssh "
@@ -489,10 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = command("report", cmd_report, "GPU-hours booked and used, the idle share, no-shows and rejected "
                      "requests over a window; as a table, CSV, a PNG plot or an HTML page")
-    report.add_argument("--from", dest="start", metavar="DATE", help="window start: a date (midnight in [host] "
-                        "timezone) or an ISO 8601 time (default: 30 days before --to)")
-    report.add_argument("--to", dest="end", metavar="DATE", help="window end, not included (default: the end of "
-                        "today)")
+    report.add_argument("--from", dest="start", metavar="WHEN", help="window start: a date (2026-11-01, midnight "
+                        "in [host] timezone), a month (2026-11), today, or an ISO 8601 time (default: 30 days before "
+                        "--to)")
+    report.add_argument("--to", dest="end", metavar="WHEN", help="window end, not included: the same words; a month "
+                        "includes that month (default: the end of today)")
     report.add_argument("--by", choices=("user", "gpu", "template", "project"), default="user",
                         help="one row per (default: user); project: per [groups.NAME] a booking counted against")
     report.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
@@ -515,7 +528,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--plan-only", action="store_true", help="show the plan of the demo bookings and stop")
     demo.add_argument("--until-ready", action="store_true",
                       help="stop (and clean up) once your booking answers on SSH, instead of at Ctrl-C")
+
+    completion = command("completion", cmd_completion, "print the shell completion script for bash, zsh or tcsh "
+                         "(made from this parser by shtab): `source <(gpubook completion bash)`; the package also "
+                         "installs them in share/ (docs/guides/install.md)", config=False)
+    completion.add_argument("shell", choices=SHELLS, help="the shell")
     return parser
+
+
+SHELLS = ("bash", "zsh", "tcsh")
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    print(completion_script(args.shell), end="")
+    return EXIT_OK
+
+
+def completion_script(shell: str) -> str:
+    """The shell's completion of every command and option, from the parser itself (shtab)."""
+    import shtab
+
+    return str(shtab.complete(build_parser(), shell=shell))
 
 
 def cmd_users(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from datetime import UTC, datetime, time, timedelta, tzinfo
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo
 from gpubook import extras
 from gpubook.runtime.errors import GpubookError
 from gpubook.scheduler import config as config_module
+from gpubook.scheduler.core import when
 from gpubook.scheduler.core.plan import LOCAL
 from gpubook.scheduler.outbox import report as report_module
 from gpubook.scheduler.state import State
@@ -44,13 +45,15 @@ class Outputs:
     html: Path | None = None
 
 
-def moment(text: str, zone: tzinfo, *, flag: str) -> datetime:
-    """A date (midnight) or an ISO 8601 time, in `zone` unless it names an offset."""
+def moment(text: str, zone: tzinfo, *, flag: str, now: datetime | None = None, end: bool = False) -> datetime:
+    """A date (midnight), a month (its first midnight; as the window's `end`, the next month's), today,
+    or an ISO 8601 time, in `zone` unless it names an offset (core/when.py reads them)."""
     try:
-        parsed = datetime.combine(date.fromisoformat(text), time()) if len(text) == 10 else datetime.fromisoformat(text)
-    except ValueError:
-        raise ReportError(f"{flag} {text!r} is not a date (e.g. 2026-11-01) or an ISO 8601 time") from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=zone)
+        found = when.moment(text, now=now or datetime.now(UTC), zone=zone, what=flag)
+    except when.TimeWords as error:
+        raise ReportError(f"{str(error).split(': say ')[0]} (say e.g. 2026-11-01, 2026-11, today or an ISO 8601 "
+                          "time)") from None
+    return when.after_month(found) if end and when.is_month(text) else found
 
 
 DEFAULT_DAYS = 30  # the window without --from: the last 30 days (--to: the end of today)
@@ -59,8 +62,8 @@ DEFAULT_DAYS = 30  # the window without --from: the last 30 days (--to: the end 
 def window(start_text: str | None, end_text: str | None, zone: tzinfo, *, now: datetime) -> tuple[datetime, datetime]:
     """The report's window: --from and --to as given, else the last DEFAULT_DAYS days to the end of today."""
     today_end = datetime.combine(now.astimezone(zone).date() + timedelta(days=1), time(), tzinfo=zone)
-    end = moment(end_text, zone, flag="--to") if end_text else today_end
-    start = moment(start_text, zone, flag="--from") if start_text else end - timedelta(days=DEFAULT_DAYS)
+    end = moment(end_text, zone, flag="--to", now=now, end=True) if end_text else today_end
+    start = moment(start_text, zone, flag="--from", now=now) if start_text else end - timedelta(days=DEFAULT_DAYS)
     if end <= start:
         raise ReportError(f"--to {end_text or end.date().isoformat()} is not after --from "
                           f"{start_text or start.date().isoformat()}: the window is empty")

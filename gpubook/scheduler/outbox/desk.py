@@ -28,75 +28,32 @@ from typing import Any, Protocol
 import icalendar
 
 from gpubook.runtime.names import TEMPLATE_NAME
+from gpubook.scheduler.core import when
 from gpubook.scheduler.outbox.asking import AskError, Viewer
 from gpubook.scheduler.settings import CalendarConfig, Config
 from gpubook.scheduler.sources.errors import CalendarError
 
 KINDS = ("book", "extend", "end", "cancel", "standby")
 MAX_GPUS = 64
-MAX_HOURS = 24 * 31.0  # the longest request read at all (the config's max_hours decides what is accepted)
+MAX_HOURS = when.MAX_HOURS  # the longest request read at all (the config's max_hours decides what is accepted)
 MAX_TITLE = 200
 WAIT_SECONDS = 60.0  # the longest the daemon waits for a booking's answer before it says so
 UID_SUFFIX = "@gpubook-desk"
 
-_DURATION = re.compile(r"^\s*(?:(?P<days>\d+(?:\.\d+)?)\s*d)?\s*(?:(?P<hours>\d+(?:\.\d+)?)\s*h)?\s*"
-                       r"(?:(?P<minutes>\d+(?:\.\d+)?)\s*m(?:in)?)?\s*$", re.IGNORECASE)
-_CLOCK = re.compile(r"^(?P<hour>[01]?\d|2[0-3]):(?P<minute>[0-5]\d)$")
-_RELATIVE = re.compile(r"^now\s*\+\s*(?P<span>.+)$", re.IGNORECASE)
-_DATE = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})(?:[ T](?P<clock>\d{1,2}:\d{2}))?$")
-
-
 def duration(text: str, *, what: str = "a duration") -> timedelta:
-    """`2h`, `90m`, `1h30m`, `1d`, or a bare number of hours (`2`, `1.5`)."""
-    text = str(text).strip()
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        span = timedelta(hours=float(text))
-    elif (match := _DURATION.match(text)) and any(match.groupdict().values()):
-        parts = {key: float(value) for key, value in match.groupdict().items() if value}
-        span = timedelta(days=parts.get("days", 0), hours=parts.get("hours", 0), minutes=parts.get("minutes", 0))
-    else:
-        raise AskError(f"{what} {text[:32]!r} is not understood: say e.g. 2h, 90m, 1h30m or 1d")
-    if span <= timedelta(0) or span > timedelta(hours=MAX_HOURS):
-        raise AskError(f"{what} {text[:32]!r} must be more than 0 and at most {MAX_HOURS / 24:g} days")
-    return span
+    """`2h`, `90m`, `1h30m`, `1d`, or a bare number of hours (`2`, `1.5`): core/when.py's reading."""
+    try:
+        return when.duration(text, what=what)
+    except when.TimeWords as error:
+        raise AskError(str(error)) from None
 
 
 def moment(text: str, *, now: datetime, zone: tzinfo) -> datetime:
-    """When a booking starts, as people type it, in the host's time zone: `now`, `now+2h`, `14:00`
-    (today), `today 14:00`, `tomorrow 09:00`, `2026-12-01 09:00`, or an ISO time with its offset."""
-    text = " ".join(str(text).split()).lower()
-    now = now.replace(microsecond=0)  # an event's times are whole seconds
-    local = now.astimezone(zone)
-    if text in ("", "now"):
-        return now
-    if match := _RELATIVE.match(text):
-        return now + duration(match.group("span"), what="the time after now")
-    day, _, rest = text.partition(" ")
-    if day in ("today", "tomorrow"):
-        date = local.date() + timedelta(days=1 if day == "tomorrow" else 0)
-        clock = _clock(rest or "00:00", text)
-        return datetime.combine(date, clock, tzinfo=zone)
-    if _CLOCK.match(text):
-        return datetime.combine(local.date(), _clock(text, text), tzinfo=zone)
-    if match := _DATE.match(text):
-        try:
-            date = datetime.strptime(match.group("date"), "%Y-%m-%d").date()
-        except ValueError:
-            raise AskError(f"{text[:40]!r} is no date") from None
-        return datetime.combine(date, _clock(match.group("clock") or "00:00", text), tzinfo=zone)
+    """When a booking starts, as people type it, in the host's time zone (core/when.py's words)."""
     try:
-        parsed = datetime.fromisoformat(text.upper())
-    except ValueError:
-        raise AskError(f"the start {text[:40]!r} is not understood: say now, now+2h, 14:00, tomorrow 09:00 "
-                       "or 2026-12-01 09:00") from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=zone)
-
-
-def _clock(text: str, whole: str) -> Any:
-    match = _CLOCK.match(text.strip())
-    if match is None:
-        raise AskError(f"the time in {whole[:40]!r} is not understood: say HH:MM, e.g. 09:00")
-    return datetime.strptime(f"{match.group('hour')}:{match.group('minute')}", "%H:%M").time()
+        return when.moment(text, now=now, zone=zone)
+    except when.TimeWords as error:
+        raise AskError(str(error)) from None
 
 
 @dataclass(frozen=True)
