@@ -17,6 +17,7 @@ from pathlib import Path
 import bcrypt
 import paramiko
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.support.ui import WebDriverWait
 
 from gpubook.scheduler.commands.embedded import free_port
@@ -74,7 +75,8 @@ def _events(calendar) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 
 def _fill_and_book(driver, **fields: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Fill the page's form as a person does, send it, and read the answer shown at the top."""
+    """Fill the page's form as a person does, send it, and read the answer shown at the top. (The form
+    is outside the part of the page its script refreshes every 15 s, so it is never replaced.)"""
     form = driver.find_element("id", "book-form")
     for name, value in fields.items():
         box = form.find_element("name", name)
@@ -84,11 +86,28 @@ def _fill_and_book(driver, **fields: str) -> dict[str, str]:  # type: ignore[no-
     return _answer(driver)
 
 
+# The answer as one reading: the page's script replaces its tables (and the answer) every 15 s, so
+# an element found first and read after may be gone (a clean-clone run met it once).
+_READ_ANSWER = """const shown = document.getElementById("answer");
+if (!shown) return null;
+const code = shown.querySelector("p code");
+return {state: shown.dataset.state, text: shown.innerText, id: code ? code.textContent : ""};"""
+
+
 def _answer(driver) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    shown = WebDriverWait(driver, 120).until(lambda d: d.find_elements("id", "answer"))[0]
-    codes = shown.find_elements("css selector", "p code")
-    return {"state": shown.get_attribute("data-state"), "text": shown.text,
-            "id": codes[0].text if codes else ""}
+    return WebDriverWait(driver, 120).until(lambda d: d.execute_script(_READ_ANSWER))
+
+
+def _click(driver, selector: str) -> None:  # type: ignore[no-untyped-def]
+    """Click the first element `selector` finds, found again if the page's refresh replaced it."""
+    def clicked(d) -> bool:  # type: ignore[no-untyped-def]
+        found = d.find_elements("css selector", selector)
+        if not found:
+            return False
+        found[0].click()
+        return True
+
+    WebDriverWait(driver, 60, ignored_exceptions=(StaleElementReferenceException,)).until(clicked)
 
 
 def test_a_booking_made_on_the_page_is_an_event_of_the_bookers_calendar_and_is_cancelled_there(page: dict) -> None:
@@ -101,9 +120,9 @@ def test_a_booking_made_on_the_page_is_an_event_of_the_bookers_calendar_and_is_c
     text = _events(page["calendar"])[answer["id"]]
     assert "gpus: 1" in text and "user: alice" in text and "Made on gpubook's page of" in text and "by alice" in text
     # The page's own table has it, with a button only its booker sees.
-    row = driver.find_element("css selector", f'tr[data-booking="{answer["id"]}"]')
-    assert "alice from the page" in row.text
-    row.find_element("css selector", "form.own button").click()
+    row = f'tr[data-booking="{answer["id"]}"]'
+    assert "alice from the page" in driver.execute_script(f"return document.querySelector('{row}').innerText")
+    _click(driver, f"{row} form.own button")
     cancelled = _answer(driver)
     assert cancelled["state"] == "cancelled", cancelled
     assert answer["id"] not in _events(page["calendar"])
@@ -120,7 +139,7 @@ def test_a_refused_slot_shows_why_and_the_next_free_time(page: dict) -> None:
     assert "secret-project-x" not in answer["text"]
     # The refusal is the calendar's: the event stays until the booker cancels it (here, from the answer).
     assert answer["id"] in _events(page["calendar"])
-    driver.find_element("css selector", "#answer form.own button").click()
+    _click(driver, '#answer form.own[action="cancel"] button')
     assert _answer(driver)["state"] == "cancelled"
     assert answer["id"] not in _events(page["calendar"])
 
