@@ -152,6 +152,23 @@ class Builder(Protocol):
 
 
 @runtime_checkable
+class Loader(Protocol):
+    """An engine that loads image archives made elsewhere (`podman save`, `docker save`) and names them:
+    `gpubook templates import`, for a host that cannot build or pull a template's image."""
+
+    def load(self, archive: Path) -> list[str]: ...
+
+    def tag(self, image: str, target: str) -> None: ...
+
+
+def loader(engine: Engine, *, why: str) -> Loader:
+    """The engine as a Loader, or a permanent EngineError saying that `why` needs one."""
+    if not isinstance(engine, Loader):
+        raise permanent(f"{why} needs an engine that loads image archives, and engine {engine.name!r} cannot")
+    return engine
+
+
+@runtime_checkable
 class ServiceRunner(Protocol):
     """An engine that runs long-lived service containers beside bookings (the SFTP service)."""
 

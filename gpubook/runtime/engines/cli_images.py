@@ -89,6 +89,21 @@ class CliImages(CliTransport):
         self.unused(tag)
         self._call(["import", str(tarball), tag], timeout=BUILD_TIMEOUT)
 
+    def load(self, archive: Path) -> builtins.list[str]:
+        """Load an image archive (`podman save` or `docker save`: docker-archive or OCI) into the store;
+        the names (or ids) the engine says it loaded."""
+        done = self._process(["load", "--input", str(archive)], timeout=BUILD_TIMEOUT)
+        if done.returncode != 0:
+            raise permanent(f"{archive} could not be loaded: {message_of(done)}")
+        loaded: builtins.list[str] = []
+        for line in done.stdout.splitlines():  # "Loaded image: X", "Loaded image(s): X,Y", "Loaded image ID: sha256:…"
+            head, colon, names = line.partition(":")
+            if colon and head.strip().lower().startswith("loaded image"):
+                loaded += [name.strip() for name in names.split(",") if name.strip()]
+        for name in loaded:
+            self.unused(name)
+        return loaded
+
 
     def pull(self, image: str, *, auth_file: Path | None = None,
              progress: Callable[[int], None] | None = None) -> None:

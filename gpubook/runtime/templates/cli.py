@@ -15,9 +15,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gpubook.runtime import private
-from gpubook.runtime.engines import engine_from
-from gpubook.runtime.errors import GpubookError
+from gpubook.runtime import engines, private
+from gpubook.runtime.engines import Engine, engine_from
+from gpubook.runtime.errors import GpubookError, TemplateError
 from gpubook.runtime.templates import overlay_image
 from gpubook.runtime.templates.catalog import Template, get_template, load_all
 
@@ -89,17 +89,43 @@ def validate(args: Namespace) -> int:
     return 1 if loaded.errors else 0
 
 
+def import_archive(args: Namespace) -> int:
+    """Load an image archive made on another machine (`podman save -o FILE IMAGE`) into this account's
+    store under the template's image name: for a host that cannot build it (no mmdebstrap) or pull it."""
+    try:
+        template = get_template(args.name, _folder(args))
+        archive = Path(args.file)
+        if not archive.is_file():
+            raise TemplateError(f"{archive}: no such file (make it on a machine that has the image: "
+                                f"podman save -o {archive.name} {template.image})")
+        engine = _engine(args)
+        found = engines.loader(engine, why=f"importing template {template.name}'s image").load(archive)
+        if template.image not in found:
+            if len(found) != 1:
+                raise TemplateError(f"{archive} holds {len(found)} images ({', '.join(found) or 'none named'}): "
+                                    f"save only {template.name}'s, podman save -o FILE {template.image}")
+            engines.loader(engine, why="naming the image").tag(found[0], template.image)
+        if not template.has_sshd:
+            print(overlay_image.build_overlay(engine, template))
+        else:
+            print(template.image)
+    except GpubookError as error:
+        print(f"gpubook: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _engine(args: Namespace) -> Engine:
+    return engine_from(getattr(args, "engine", None) or "podman", binary=getattr(args, "binary", None),
+                       runtime=getattr(args, "runtime", None), storage_driver=getattr(args, "storage_driver", None),
+                       network=getattr(args, "network", None) or "private")
+
+
 def build(args: Namespace) -> int:
     """Make the image a template runs: mmdebstrap + import for [build] recipes, else the overlay."""
     try:
         template = get_template(args.name, _folder(args))
-        engine = engine_from(
-            getattr(args, "engine", None) or "podman",
-            binary=getattr(args, "binary", None),
-            runtime=getattr(args, "runtime", None),
-            storage_driver=getattr(args, "storage_driver", None),
-            network=getattr(args, "network", None) or "private",
-        )
+        engine = _engine(args)
         cache = private.default_cache_dir()
         if template.build is not None:
             overlay_image.build_rootfs_image(engine, template, cache_dir=cache)

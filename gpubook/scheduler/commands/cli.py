@@ -242,7 +242,8 @@ def cmd_templates(args: argparse.Namespace) -> int:
         args.runtime, args.storage_driver = loaded.engine.runtime, loaded.engine.storage_driver
         args.network = loaded.engine.network  # udocker refuses any engine made without "host"
     action = {"list": templates_cli.list_templates, "show": templates_cli.show,
-              "validate": templates_cli.validate, "build": templates_cli.build}[args.templates_command]
+              "validate": templates_cli.validate, "build": templates_cli.build,
+              "import": templates_cli.import_archive}[args.templates_command]
     status = action(args)
     if args.templates_command == "validate" and args.driver:
         templates = load_all(args.templates_dir).templates
@@ -457,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     cdi.add_argument("--cache-dir", metavar="DIR",
                      help="where the soname-link folder lives (it must outlive the spec)")
 
-    templates_group = command("templates", cmd_templates, "list, show, validate or build container templates")
+    templates_group = command("templates", cmd_templates, "list, show, validate, build or import container templates")
     templates_group.set_defaults(templates_dir=None, name=None, driver=None)
     templates_sub = templates_group.add_subparsers(dest="templates_command", required=True, metavar="SUBCOMMAND")
     listing = command("list", None, "the templates and whether each is valid", parent=templates_sub)
@@ -472,6 +473,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also check each template's CUDA version against this driver version")
     command("build", None, "build the image a template runs (local rootfs or SSH overlay)",
             parent=templates_sub).add_argument("name")
+    imported = command("import", None, "load the image a template runs from an archive made on another machine "
+                       "(podman save -o FILE IMAGE), named as the template names it: for a host that cannot build "
+                       "it (no mmdebstrap) or pull it", parent=templates_sub)
+    imported.add_argument("name")
+    imported.add_argument("file", metavar="FILE", help="the archive (podman save or docker save)")
 
     users = command("users", cmd_users, "the users gpubook sees: name, uid, gid, calendar identities, number of "
                     "SSH keys, and whether each came from the directory or the config file")

@@ -133,6 +133,8 @@ def _image_check(template: Template, exists: Callable[[str], bool], *, engine_na
     if template.build is not None or (registry == "localhost" and not template.mirror):
         fix = (f"gpubook templates build {template.name}" if template.build is not None
                else f"build or load {image} into the engine's store as this user")
+        fix += (f"; or, made on another machine (podman save -o {template.name}.tar {image}): gpubook templates "
+                f"import {template.name} {template.name}.tar")
         return Check(name, False, f"{image} is not in the engine's store and is made on this machine, never "
                      "pulled: its bookings fail until it is there", fix)
     where = f"the mirror {template.mirror}, then {registry}" if template.mirror else registry

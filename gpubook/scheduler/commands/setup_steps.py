@@ -283,7 +283,9 @@ def step_image(facts: Facts, options: Options) -> Step:
         return Step("image", "already", f"{options.image} is in {options.account}'s store")
     if not facts.mmdebstrap:
         return Step("image", "attention", f"{TEMPLATE}'s image is built with mmdebstrap, which is missing: "
-                    "apt-get install mmdebstrap, then run setup again")
+                    "apt-get install mmdebstrap, then run setup again; or, offline, make it on a machine that has "
+                    f"it (podman save -o {TEMPLATE}.tar {options.image}) and load it here as {options.account}: "
+                    f"gpubook templates import {TEMPLATE} {TEMPLATE}.tar")
     return Step("image", "change", f"build {TEMPLATE}'s image {options.image} in {options.account}'s store "
                 "(mmdebstrap; a minute or more)",
                 (Run(_as_account(options, facts, str(options.binary), "templates", "--config",
