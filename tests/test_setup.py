@@ -216,6 +216,9 @@ def test_missing_pieces_are_named_with_their_fix() -> None:
     assert no_tun.state == "attention" and "modprobe tun" in no_tun.text
     no_mmdebstrap = plan(dataclasses.replace(SET_UP, image=False, mmdebstrap=False))["image"]
     assert no_mmdebstrap.state == "attention" and "apt-get install mmdebstrap" in no_mmdebstrap.text
+    # Offline, the way without mmdebstrap is named: an archive made elsewhere, loaded as the account.
+    assert "podman save -o debian-ssh.tar localhost/gpubook/debian-ssh:12" in no_mmdebstrap.text
+    assert "gpubook templates import debian-ssh debian-ssh.tar" in no_mmdebstrap.text
     edited_unit = plan(dataclasses.replace(SET_UP, unit="[Service]\nExecStart=/elsewhere\n"))["unit"]
     assert edited_unit.state == "attention" and edited_unit.actions == ()
     other_delegation = plan(dataclasses.replace(SET_UP, delegate_conf="[Service]\nDelegate=yes\n"))
