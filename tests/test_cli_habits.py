@@ -101,6 +101,31 @@ def test_status_and_log_leave_a_fresh_state_folder_as_it_was(tmp_path) -> None: 
     assert (sorted(p.name for p in state.iterdir()) if state.exists() else []) == before
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs `gpubook status` as root beside another account's state folder")
+def test_status_by_another_account_says_whose_engine_and_does_not_list_its_own(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 41: root's `gpubook status` listed root's own podman ("Running (0)") as if it were the
+    daemon's, and judged root's limits. The state folder's owner is the daemon's account."""
+    import json as json_module
+    import pwd
+
+    import paramiko
+
+    from tests.kits import ask_kit
+
+    config = ask_kit.idle_config(tmp_path, "http://127.0.0.1:9/cal/", keys={"alice": paramiko.ECDSAKey.generate(
+        bits=256)}, accounts={})
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(state, nobody.pw_uid, nobody.pw_gid)
+    done = _gpubook("status", "--config", str(config), "--json")
+    assert done.returncode == 3, done.stderr  # no daemon runs
+    shown = json_module.loads(done.stdout)
+    assert shown["engine"].startswith(f"{ask_kit.IDLE_ENGINE} of nobody, the daemon's account (this command runs as "
+                                      "root: the containers are as the daemon's last pass listed them"), shown["engine"]
+    assert not any(problem.startswith("resource limits") for problem in shown["problems"])
+
+
 def test_the_report_window_is_the_last_30_days_by_default() -> None:
     from datetime import UTC, datetime, timedelta
     from zoneinfo import ZoneInfo

@@ -128,6 +128,25 @@ def test_a_delegated_subtree_puts_containers_beside_the_daemon(tmp_path: Path) -
                                        "containers go under the delegated cgroup /gpubook/bookings")
 
 
+def test_run_outside_the_subtree_the_limits_judged_are_those_the_containers_get(tmp_path: Path) -> None:
+    """Issue 41: doctor (or status) run from an admin's shell, outside the daemon's leaf, said the limits
+    were NOT enforced on a host where `gpubook setup` had delegated the subtree and they held. Judged
+    from the subtree the containers go under, not from the shell's own cgroup."""
+    uid = os.geteuid() or 1000
+    v2_tree(tmp_path)
+    if os.geteuid() == 0:  # the tree must belong to the account judged
+        for path in (tmp_path / "gpubook", tmp_path / "gpubook" / "cgroup.procs",
+                     tmp_path / "gpubook" / "cgroup.subtree_control"):
+            os.chown(path, uid, uid)
+    outside = cgroups.placement(euid=uid, env={}, root=tmp_path, version=2, own="/user.slice")
+    assert outside.enforced and outside.parent == "/gpubook/bookings", outside
+    assert "this process runs outside it" in outside.how
+    # Without that subtree (or not the account's), the shell's own cgroup decides, as before.
+    (tmp_path / "gpubook" / "cgroup.subtree_control").write_text("memory\n")
+    missing = cgroups.placement(euid=uid, env={}, root=tmp_path, version=2, own="/user.slice")
+    assert not missing.enforced and "is not inside a subtree its account owns" in missing.how
+
+
 def test_delegation_problems_name_the_file_and_the_missing_controllers(tmp_path: Path) -> None:
     uid = os.geteuid()
     v2_tree(tmp_path, subtree_control="memory")

@@ -220,6 +220,14 @@ def placement(*, euid: int, env: Mapping[str, str], root: Path = ROOT, version: 
     if delegation is None:
         parent = bookings_parent(own)
         return Placement("cgroupfs", parent, True, f"containers go under the delegated cgroup {parent}")
+    # Not run in the subtree (doctor or status from an admin's shell, a daemon started by hand): the
+    # subtree `gpubook setup` made still takes the containers, and its limits are what they get.
+    leaf = f"/{SUBTREE}/{DAEMON_LEAF}"
+    if own != leaf and (root / SUBTREE / DAEMON_LEAF).is_dir() \
+            and delegation_problem(euid, root=root, own=leaf) is None:
+        parent = bookings_parent(leaf)
+        return Placement("cgroupfs", parent, True, f"containers go under the delegated cgroup {parent} (of "
+                         f"{root / SUBTREE}, which this account owns; this process runs outside it)")
     return Placement("cgroupfs", None, False, f"cgroups v2 but nothing delegated to this account: {systemd}; "
                      f"and {delegation}; rootless podman then sets no limits")
 

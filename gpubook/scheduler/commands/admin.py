@@ -106,7 +106,11 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     folder = state_dir(config)
     pid = daemon_pid(folder)
     engine = make_engine(config.engine)
-    live = backends.listed_here(config, engine)  # None: they run elsewhere (a cluster's nodes)
+    # Another account's engine (root's podman, say) holds none of the daemon's containers: its listing
+    # and its limits would be that account's. The daemon's account owns the state folder.
+    owner = _owner(folder)
+    elsewhere = owner is not None and owner != os.geteuid()
+    live = None if elsewhere else backends.listed_here(config, engine)  # None: as the daemon's last pass listed them
     status_path = folder / STATUS_FILE
     if status_path.is_file():
         report = Status.from_json(json.loads(status_path.read_text()))
@@ -124,9 +128,13 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     held = set(ports.values()) | ({config.sftp.port} if config.sftp.enabled else set())
     if live is not None and (taken := port_range_problem(config.ssh.port_min, config.ssh.port_max, held=held)):
         report = replace(report, problems=(*report.problems, taken))
-    report = replace(report, findings=setup_findings(config.engine), engine=engine_line(engine), recent_warnings=tuple(
+    shown_engine = engine_line(engine) if not elsewhere else (
+        f"{config.engine.name} of {_login(owner)}, the daemon's account (this command runs as {_login(os.geteuid())}: "
+        "the containers are as the daemon's last pass listed them; run it as the daemon's account to list them now)")
+    report = replace(report, findings=setup_findings(config.engine), engine=shown_engine, recent_warnings=tuple(
         printable(f"{e.at.isoformat()} {e.booking_id or '-'}: {e.message}") for e in problems))
-    limits = getattr(engine, "limits_problem", lambda: None)()  # an engine may enforce everything
+    # An engine may enforce everything; another account's limits are not the daemon's.
+    limits = None if elsewhere else getattr(engine, "limits_problem", lambda: None)()
     if limits is not None:
         report = replace(report, problems=(*report.problems, f"resource limits: {limits}"))
     written = status_path.stat().st_mtime if status_path.is_file() else None
@@ -138,6 +146,23 @@ def status(config_path: str, *, as_json: bool = False) -> int:
     else:
         print("\n".join(([warning] if warning else []) + report.render(config.host.timezone)))
     return 0 if pid is not None else EXIT_NOT_RUNNING
+
+
+def _owner(folder: Path) -> int | None:
+    """The uid that owns the state folder (the daemon's account); None: no folder yet."""
+    try:
+        return folder.stat().st_uid
+    except OSError:
+        return None
+
+
+def _login(uid: int | None) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid if uid is not None else -1).pw_name
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
 
 
 def stop(config_path: str, booking: str) -> int:
