@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from argparse import Namespace
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,7 @@ def validate(args: Namespace) -> int:
 def import_archive(args: Namespace) -> int:
     """Load an image archive made on another machine (`podman save -o FILE IMAGE`) into this account's
     store under the template's image name: for a host that cannot build it (no mmdebstrap) or pull it."""
-    try:
+    def imported() -> None:
         template = get_template(args.name, _folder(args))
         archive = Path(args.file)
         if not archive.is_file():
@@ -105,10 +106,20 @@ def import_archive(args: Namespace) -> int:
                 raise TemplateError(f"{archive} holds {len(found)} images ({', '.join(found) or 'none named'}): "
                                     f"save only {template.name}'s, podman save -o FILE {template.image}")
             engines.loader(engine, why="naming the image").tag(found[0], template.image)
-        if not template.has_sshd:
-            print(overlay_image.build_overlay(engine, template))
-        else:
-            print(template.image)
+        _print_runnable(engine, template)
+
+    return _said(imported)
+
+
+def _print_runnable(engine: Engine, template: Template) -> None:
+    """What the template's bookings run: its sshd overlay (built now) where it has no sshd, else its image."""
+    print(overlay_image.build_overlay(engine, template) if not template.has_sshd else template.image)
+
+
+def _said(action: Callable[[], None]) -> int:
+    """Run a command's action: 0, or 1 with its error as one line on stderr."""
+    try:
+        action()
     except GpubookError as error:
         print(f"gpubook: {error}", file=sys.stderr)
         return 1
@@ -123,17 +134,11 @@ def _engine(args: Namespace) -> Engine:
 
 def build(args: Namespace) -> int:
     """Make the image a template runs: mmdebstrap + import for [build] recipes, else the overlay."""
-    try:
+    def built() -> None:
         template = get_template(args.name, _folder(args))
         engine = _engine(args)
-        cache = private.default_cache_dir()
         if template.build is not None:
-            overlay_image.build_rootfs_image(engine, template, cache_dir=cache)
-        if not template.has_sshd:
-            print(overlay_image.build_overlay(engine, template))
-        else:
-            print(template.image)
-    except GpubookError as error:
-        print(f"gpubook: {error}", file=sys.stderr)
-        return 1
-    return 0
+            overlay_image.build_rootfs_image(engine, template, cache_dir=private.default_cache_dir())
+        _print_runnable(engine, template)
+
+    return _said(built)
