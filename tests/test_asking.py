@@ -67,6 +67,15 @@ def test_free_names_nobody_and_finds_the_slot_after_the_bookings() -> None:
     assert "alice" not in str(answer) and "bob" not in str(answer)
 
 
+def test_a_window_cut_to_what_the_daemon_reads_ahead_says_so() -> None:
+    """Issue 41: `free --days 30` against a daemon that reads 7 days ahead showed 7 days, silently."""
+    answer = asking.answer(status(), {"kind": "free", "days": 30}, viewer=asking.Viewer(), context=CONTEXT, now=NOW)
+    assert answer["capped"] == "--days 30 reaches past what the daemon reads ahead (7 days): shown until then"
+    assert datetime.fromisoformat(answer["until"]) == NOW + timedelta(days=7)
+    within = asking.answer(status(), {"kind": "free", "days": 3}, viewer=asking.Viewer(), context=CONTEXT, now=NOW)
+    assert "capped" not in within
+
+
 @pytest.mark.parametrize("request_", [{"kind": "shell"}, {"kind": "free", "gpus": 0}, {"kind": "free", "hours": "4"},
                                       {"kind": "free", "days": 10_000}, {"kind": "bookings", "from": "yesterday"},
                                       {"kind": "bookings", "from": "2026-11-30T10:00"}])

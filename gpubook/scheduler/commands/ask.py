@@ -232,6 +232,8 @@ def print_free(answer: Mapping[str, Any]) -> None:
     found = free_core.describe(slots, zone=zone, now=now, one_host=not several) if slots \
         else f"none until {moment(horizon, zone=zone, now=now)}"
     lines.append(f"Next slots for {what}: {found}")
+    if answer.get("capped"):
+        lines.append(f"({answer['capped']})")
     print("\n".join(line.rstrip() for line in lines))
 
 

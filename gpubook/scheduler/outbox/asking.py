@@ -198,6 +198,9 @@ def free_view(status: Status, request: Mapping[str, Any], *, context: Context, n
     days = _number(request, "days", 7.0, low=1 / 24, high=MAX_DAYS)
     model = str(request.get("model") or "")[:64]
     horizon = now + min(timedelta(days=days), context.reach_ahead)
+    # A window cut to what the daemon reads ahead says so, rather than showing less than asked.
+    capped = (f"--days {days:g} reaches past what the daemon reads ahead ({context.reach_ahead.days} days): "
+              f"shown until then") if timedelta(days=days) > context.reach_ahead else None
     among = {h.name: tuple(h.gpus.gpu_indices) for h in status.hosts}
     models = {host: dict(context.models.get(host, {})) for host in among}
     if model:
@@ -218,6 +221,7 @@ def free_view(status: Status, request: Mapping[str, Any], *, context: Context, n
     return {
         "asked": {"gpus": gpus, "hours": hours, "days": days, "model": model},
         "until": horizon.isoformat(),
+        **({"capped": capped} if capped else {}),
         "hosts": [{"name": _host_name(host, context), "gpus": [
             {"gpu": index, "model": models.get(host, {}).get(index) or None,
              "free": [[start.isoformat(), end.isoformat()]
