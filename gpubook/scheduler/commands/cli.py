@@ -37,10 +37,9 @@ def _when(text: str, *, end: bool = False) -> datetime:
     from gpubook.scheduler.core import when
 
     try:
-        moment = when.moment(text, now=datetime.now(UTC), zone=get_localzone(), what="the time")
+        return when.moment(text, now=datetime.now(UTC), zone=get_localzone(), what="the time", end=end)
     except when.TimeWords as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return when.after_month(moment) if end and when.is_month(text) else moment
 
 
 def _until(text: str) -> datetime:

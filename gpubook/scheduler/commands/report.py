@@ -49,11 +49,10 @@ def moment(text: str, zone: tzinfo, *, flag: str, now: datetime | None = None, e
     """A date (midnight), a month (its first midnight; as the window's `end`, the next month's), today,
     or an ISO 8601 time, in `zone` unless it names an offset (core/when.py reads them)."""
     try:
-        found = when.moment(text, now=now or datetime.now(UTC), zone=zone, what=flag)
+        return when.moment(text, now=now or datetime.now(UTC), zone=zone, what=flag, end=end)
     except when.TimeWords as error:
         raise ReportError(f"{str(error).split(': say ')[0]} (say e.g. 2026-11-01, 2026-11, today or an ISO 8601 "
                           "time)") from None
-    return when.after_month(found) if end and when.is_month(text) else found
 
 
 DEFAULT_DAYS = 30  # the window without --from: the last 30 days (--to: the end of today)

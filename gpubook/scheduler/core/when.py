@@ -42,8 +42,9 @@ def duration(text: str, *, what: str = "a duration") -> timedelta:
     return span
 
 
-def moment(text: str, *, now: datetime, zone: tzinfo, what: str = "the start") -> datetime:
-    """The time `text` names, whole seconds, in `zone` unless it names its offset."""
+def moment(text: str, *, now: datetime, zone: tzinfo, what: str = "the start", end: bool = False) -> datetime:
+    """The time `text` names, whole seconds, in `zone` unless it names its offset. `end`: the time
+    ends a window, so a month named whole (`2026-12`) includes that month (its next month's first day)."""
     text = " ".join(str(text).split()).lower()
     now = now.replace(microsecond=0)  # an event's times are whole seconds
     local = now.astimezone(zone)
@@ -64,17 +65,13 @@ def moment(text: str, *, now: datetime, zone: tzinfo, what: str = "the start") -
             raise TimeWords(f"{what} {text[:40]!r} is not a date") from None
         return datetime.combine(on, _clock(match.group("clock") or "00:00", text), tzinfo=zone)
     if match := _MONTH.match(text):
-        return datetime.combine(month_start(text, match, what=what), time(), tzinfo=zone)
+        first = datetime.combine(month_start(text, match, what=what), time(), tzinfo=zone)
+        return after_month(first) if end else first
     try:
         parsed = datetime.fromisoformat(text.upper())
     except ValueError:
         raise TimeWords(f"{what} {text[:40]!r} is not understood: say {EXAMPLES}") from None
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=zone)
-
-
-def is_month(text: str) -> bool:
-    """Whether `text` names a whole month (`2026-12`): as an end, it means the month's end."""
-    return _MONTH.match(" ".join(str(text).split())) is not None
 
 
 def after_month(start: datetime) -> datetime:
