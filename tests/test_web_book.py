@@ -158,3 +158,12 @@ def test_the_page_without_a_desk_has_no_form_and_refuses_every_post() -> None:
     headers = {"Host": HOST, "X-Forwarded-User": "alice"}
     assert 'id="book-form"' not in client.get("/", headers=headers).get_data(as_text=True)
     assert client.post("/book", headers=headers).status_code == 405
+
+
+@pytest.mark.parametrize("kind", ["end", "cancel", "standby"])
+def test_each_button_reaches_the_desk_as_its_kind_for_the_named_booking(kind: str) -> None:
+    desk = Desk()
+    client = app_for(desk=desk)
+    answer = post(client, f"/{kind}", "alice", {"token": form_token(client, "alice"), "id": "b1@gpubook-desk"})
+    assert answer.status_code == 303
+    assert desk.asked == [({"kind": kind, "id": "b1@gpubook-desk"}, "alice")]

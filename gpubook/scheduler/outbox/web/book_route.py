@@ -17,6 +17,7 @@ answer is the daemon's next pass over the calendar as written.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -36,7 +37,8 @@ from gpubook.scheduler.outbox.web.access import USER_KEY
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
-PATHS = frozenset({"/book", "/end", "/cancel", "/standby"})  # the only paths a POST may reach (access.py)
+FORMS = ("book", "end", "cancel", "standby")  # each form posts to /KIND, the desk's request of that kind
+PATHS = frozenset(f"/{kind}" for kind in FORMS)  # the only paths a POST may reach (access.py)
 TOKEN_SECONDS = 12 * 3600.0  # a form older than this is refused: reload the page
 ANSWERS = 256
 ANSWER_SECONDS = 600.0
@@ -147,18 +149,5 @@ def add_book_routes(app: Flask, forms: Forms) -> None:
             result = {"kind": kind, "state": "not done", "error": str(error)}
         return redirect(f"./?answer={forms.keep(user, result)}", code=303)
 
-    @app.post("/book")
-    def book() -> WerkzeugResponse:
-        return answer("book")
-
-    @app.post("/end")
-    def end() -> WerkzeugResponse:
-        return answer("end")
-
-    @app.post("/cancel")
-    def cancel() -> WerkzeugResponse:
-        return answer("cancel")
-
-    @app.post("/standby")
-    def standby() -> WerkzeugResponse:
-        return answer("standby")
+    for kind in FORMS:
+        app.add_url_rule(f"/{kind}", f"form_{kind}", functools.partial(answer, kind), methods=["POST"])
