@@ -271,8 +271,8 @@ class Desk:
         view = self.mine(viewer)
         rows = [Own(id=row["id"], state=row["state"], start=row["start"], end=row["end"])
                 for row in view.get("bookings", ())]
-        rows += [Own(id=row["id"], state="standby" if row.get("standby") else "refused", start=_text(row["start"]),
-                     end=_text(row["end"])) for row in view.get("rejected", ())]
+        rows += [Own(id=row["id"], state=_refusal(row), start=_text(row["start"]), end=_text(row["end"]))
+                 for row in view.get("rejected", ())]
         return rows
 
     def _own(self, viewer: Viewer, booking_id: str, *, user: str, running: bool) -> Own:
@@ -318,9 +318,14 @@ class Desk:
                         **({"ssh": row["ssh"]} if row.get("ssh") else {})}
         for row in view.get("rejected", ()):
             if _of_event(str(row["id"]), uid):
-                return {"state": "standby" if row.get("standby") else "refused", "reason": row["reason"],
-                        "start": _text(row["start"]), "end": _text(row["end"])}
+                return {"state": _refusal(row), "reason": row["reason"], "start": _text(row["start"]),
+                        "end": _text(row["end"])}
         return {"state": "waiting"}
+
+
+def _refusal(row: Mapping[str, Any]) -> str:
+    """A refused row's state for the asker: waiting on standby, or refused."""
+    return "standby" if row.get("standby") else "refused"
 
 
 def _of_event(booking_id: str, uid: str) -> bool:
