@@ -24,10 +24,10 @@ from tests.kits.daemon_kit import (
     book,
     description,
     running_container,
+    sampled_config,
     soon,
     try_login,
     wait_for,
-    write_config,
 )
 
 pytestmark = [
@@ -55,10 +55,8 @@ def test_a_process_outside_the_booking_is_reported_and_stopped_and_its_own_never
     calendar = radicale.new_calendar()
     gpus = tmp_path / "gpus.json"
     fake_gpus.write(gpus, [{"utilisation": 0} for _ in range(8)])
-    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, gpus=8,
-                          gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
-    config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
-                      + '\n[policy]\nforeign_processes = "stop"\nforeign_grace_minutes = 0.1\n')
+    config = sampled_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60,
+                            policy='foreign_processes = "stop"\nforeign_grace_minutes = 0.1\n')
     start = soon(6)
     book(calendar, "foreign@test", user="alice", start=start, end=start + timedelta(minutes=3), gpus=f"{GPU},")
     cleanup.append("foreign@test")

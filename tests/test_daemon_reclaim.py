@@ -31,9 +31,9 @@ from tests.kits.daemon_kit import (
     description,
     run,
     running_container,
+    sampled_config,
     try_login,
     wait_for,
-    write_config,
 )
 from tests.kits.told_clock import ToldClock
 
@@ -55,11 +55,9 @@ def test_a_no_show_is_released_and_its_slot_booked_again_while_a_booker_who_came
     calendar = radicale.new_calendar()
     monitor = tmp_path / "gpus.json"
     fake_gpus.write(monitor, gpus({BUSY: 80}))
-    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8,
-                          gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
-    config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
-                      + f"\n[policy]\nno_show_minutes = {NO_SHOW.total_seconds() / 60:g}\n"
-                      f"idle_minutes = {IDLE_MINUTES}\nidle_percent = 5\n")
+    config = sampled_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1,
+                            policy=f"no_show_minutes = {NO_SHOW.total_seconds() / 60:g}\n"
+                            f"idle_minutes = {IDLE_MINUTES}\nidle_percent = 5\n")
     clock = ToldClock(tmp_path)
     start = clock.soon(8)
     end = start + 2 * NO_SHOW  # never reached: the test ends before

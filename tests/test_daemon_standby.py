@@ -23,9 +23,9 @@ from tests.kits.daemon_kit import (
     description,
     run,
     running_container,
+    sampled_config,
     try_login,
     wait_for,
-    write_config,
 )
 from tests.kits.told_clock import ToldClock
 
@@ -45,10 +45,8 @@ def test_a_standby_waits_and_runs_when_a_no_show_is_released(tmp_path: Path, rad
     calendar = radicale.new_calendar()
     monitor = tmp_path / "gpus.json"
     fake_gpus.write(monitor, [{"utilisation": 0} for _ in range(8)])
-    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1, gpus=8,
-                          gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
-    config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
-                      + f"\n[policy]\nno_show_minutes = {NO_SHOW.total_seconds() / 60:g}\n")
+    config = sampled_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=1,
+                            policy=f"no_show_minutes = {NO_SHOW.total_seconds() / 60:g}\n")
     clock = ToldClock(tmp_path)
     start = clock.soon(8)
     end = start + 2 * NO_SHOW  # never reached: the test ends before

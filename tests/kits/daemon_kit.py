@@ -149,6 +149,17 @@ def event_text(uid: str, *, user: str, start: datetime, end: datetime, gpus: str
     return calendar.to_ical().decode()
 
 
+def sampled_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PKey], poll_seconds: float,
+                   policy: str, gpus: int = 8) -> Path:
+    """write_config's daemon on `gpus` fake GPUs (tests/kits/fake_gpus.py: their utilisation from the
+    file the test names in its environment), sampled every second, with these `[policy]` lines."""
+    config = write_config(folder, calendar_url, keys=keys, poll_seconds=poll_seconds, gpus=gpus,
+                          gpu_lines=['monitor = "tests.kits.fake_gpus:read"'])
+    config.write_text(config.read_text().replace("[daemon]\n", "[daemon]\nsample_seconds = 1\n")
+                      + f"\n[policy]\n{policy}")
+    return config
+
+
 def book(calendar: caldav.Calendar, uid: str, *, user: str, start: datetime, end: datetime,
          gpus: str = "1", description: str = "", summary: str | None = None, rrule: str | None = None
          ) -> caldav.Event:
