@@ -82,8 +82,9 @@ def _fill_and_book(driver, **fields: str) -> dict[str, str]:  # type: ignore[no-
         box = form.find_element("name", name)
         box.clear()
         box.send_keys(value)
+    before = driver.current_url
     form.find_element("css selector", "button[type=submit]").click()
-    return _answer(driver)
+    return _answer(driver, since=before)
 
 
 # The answer as one reading: the page's script replaces its tables (and the answer) every 15 s, so
@@ -94,8 +95,10 @@ const code = shown.querySelector("p code");
 return {state: shown.dataset.state, text: shown.innerText, id: code ? code.textContent : ""};"""
 
 
-def _answer(driver) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    return WebDriverWait(driver, 120).until(lambda d: d.execute_script(_READ_ANSWER))
+def _answer(driver, *, since: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The answer shown once the form's 303 has led away from `since` (each answer has an address of
+    its own): read at once, the page still showing the answer before would be read (a loaded run met it)."""
+    return WebDriverWait(driver, 120).until(lambda d: d.current_url != since and d.execute_script(_READ_ANSWER))
 
 
 def _click(driver, selector: str) -> None:  # type: ignore[no-untyped-def]
@@ -122,8 +125,9 @@ def test_a_booking_made_on_the_page_is_an_event_of_the_bookers_calendar_and_is_c
     # The page's own table has it, with a button only its booker sees.
     row = f'tr[data-booking="{answer["id"]}"]'
     assert "alice from the page" in driver.execute_script(f"return document.querySelector('{row}').innerText")
+    before = driver.current_url
     _click(driver, f"{row} form.own button")
-    cancelled = _answer(driver)
+    cancelled = _answer(driver, since=before)
     assert cancelled["state"] == "cancelled", cancelled
     assert answer["id"] not in _events(page["calendar"])
     assert not driver.find_elements("css selector", f'tr[data-booking="{answer["id"]}"]')
@@ -139,8 +143,9 @@ def test_a_refused_slot_shows_why_and_the_next_free_time(page: dict) -> None:
     assert "secret-project-x" not in answer["text"]
     # The refusal is the calendar's: the event stays until the booker cancels it (here, from the answer).
     assert answer["id"] in _events(page["calendar"])
+    before = driver.current_url
     _click(driver, '#answer form.own[action="cancel"] button')
-    assert _answer(driver)["state"] == "cancelled"
+    assert _answer(driver, since=before)["state"] == "cancelled"
     assert answer["id"] not in _events(page["calendar"])
 
 
