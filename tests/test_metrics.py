@@ -35,6 +35,7 @@ from gpubook.scheduler.outbox.status import GpuSummary, HostStatus, RunningBooki
 from gpubook.scheduler.state import State, StateError
 from tests.kits.daemon_kit import IdleEngine, in_process_daemon
 from tests.kits.images_kit import lab_preparer, recording
+from tests.kits.promtool import problems
 
 USERS = frozenset({"alice", "bob"})
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,6 +130,23 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
     assert "secret" not in text  # a calendar label is its redacted URL
     assert value(families["gpubook_calendar_errors"].samples, "gpubook_calendar_errors_total",
                  calendar="https://cal.lab/…", cause="unreachable") == 1
+
+
+def test_promtool_checks_every_family_as_prometheus_reads_it(usage: UsageState) -> None:
+    """Prometheus's own linter over a scrape with every family in it, the GPU join included (a booking
+    running on GPU 0 of the fake NVML's two)."""
+    made = metrics.Metrics(status=status, usage=usage, users=lambda: USERS, gpus=two_gpus, host_name=lambda: "gpu1")
+    made.started(seconds_to_ssh=1.5)
+    made.polled(seconds=0.2)
+    made.passed(seconds=0.1)
+    made.calendar_failed(url="https://cal.lab/", cause="connection refused")
+    text = generate_latest(made.registry).decode()
+    assert "gpubook_gpu_booking_info{" in text and "gpubook_build_info{" in text
+    assert problems(text) == ""
+    # The check can fail: a family without its help line, as promtool reads it.
+    broken = re.sub(r"^# HELP gpubook_calendar_outage .*\n", "", text, flags=re.M)
+    assert broken != text
+    assert "gpubook_calendar_outage no help text" in problems(broken)
 
 
 def test_calendar_labels_carry_no_path_or_query_token(usage: UsageState) -> None:

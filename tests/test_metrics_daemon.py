@@ -19,12 +19,14 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+import gpubook
 from gpubook.scheduler.config import load as load_config
 from gpubook.scheduler.daemon import Daemon
 from gpubook.scheduler.outbox.metrics import wsgi_app
 from gpubook.scheduler.sdnotify import Notifier
 from gpubook.scheduler.sources.errors import redact_urls
 from tests.kits.daemon_kit import book, running_container, soon, try_login, wait_for, write_config
+from tests.kits.promtool import problems
 
 pytestmark = [
     pytest.mark.podman, pytest.mark.caldav, pytest.mark.slow,
@@ -97,6 +99,9 @@ def test_scrape_through_a_start_and_a_calendar_outage(tmp_path: Path, radicale, 
         assert sample(families, "gpubook_poll_duration_seconds", "gpubook_poll_duration_seconds_count") == 1
         assert sample(families, "gpubook_failed_starts", "gpubook_failed_starts_total", reason="engine") == 0
         assert not [name for name in families if name.startswith("gpubook_gpu_")]  # no GPU on this machine
+        # `curl /metrics | promtool check metrics`: the daemon's scrape as Prometheus reads it.
+        assert problems(requests.get(url, timeout=10).text) == ""
+        assert sample(families, "gpubook_build_info", "gpubook_build_info", version=gpubook.__version__) == 1
         assert sample(families, "gpubook_calendar_outage", "gpubook_calendar_outage") == 0
 
         radicale.stop()

@@ -8,9 +8,9 @@ import ast
 import importlib.metadata
 import os
 import re
-import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from collections.abc import Iterator
@@ -21,7 +21,8 @@ import pytest
 from gpubook import __version__, extras
 
 ROOT = Path(__file__).resolve().parent.parent
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+PYPROJECT_FILE = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PYPROJECT = PYPROJECT_FILE["project"]
 # The modules that exist only for one extra (everything else is the daemon and its commands).
 EXTRA_MODULES = {"gpubook.scheduler.outbox.web": "web", "gpubook.scheduler.commands.web": "web",
                  "gpubook.scheduler.outbox.report_plots": "report", "gpubook.scheduler.directory.ldap": "ldap"}
@@ -141,25 +142,6 @@ def test_a_daemon_serving_the_page_without_the_web_extra_says_so_and_runs_on(tmp
 
 # The installed wheel (root's part of CI: pip needs the package index, through this machine's mirrors).
 
-ARTEFACTS = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".venv", ".*_cache")
-
-
-def _clean_copy(target: Path) -> Path:
-    """The tracked and not-ignored files of the checkout, as a fresh clone has them (no build/, no egg-info);
-    outside a git checkout (or one git refuses to read), the tree without build artefacts."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=False, timeout=60)
-    if listed.returncode != 0:
-        shutil.copytree(ROOT, target, ignore=ARTEFACTS, dirs_exist_ok=True)
-        return target
-    for name in filter(None, listed.stdout.decode().split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-    return target
-
-
 def _pip(venv: Path, *args: str) -> None:
     # Without the checkout on PYTHONPATH (quickstart exports it): pip would take the checkout's gpubook
     # for installed and skip the wheel.
@@ -182,13 +164,18 @@ def _distributions(venv: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    source = _clean_copy(tmp_path_factory.mktemp("source"))
+def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A release's files as tools/release.sh makes them (the one command), from this working tree."""
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
-                           "-w", str(out), str(source)], capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (built,) = out.glob("gpubook-*.whl")
+    done = subprocess.run(["bash", str(ROOT / "tools" / "release.sh"), "--worktree", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel(release: Path) -> Path:
+    (built,) = release.glob("gpubook-*.whl")
     return built
 
 
@@ -198,7 +185,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path
     folder = tmp_path_factory.mktemp("venv")
     assert not folder.is_relative_to(ROOT)
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(folder)], check=True, timeout=300)
-    _pip(folder, "install", "-c", str(ROOT / "constraints.txt"), str(wheel))
+    _pip(folder, "install", "-c", str(ROOT / "constraints-runtime.txt"), str(wheel))
     assert (folder / "bin" / "gpubook").is_file(), "pip installed no gpubook command"
     yield folder
 
@@ -216,6 +203,45 @@ def test_the_wheel_carries_the_license_and_everything_the_daemon_reads_at_run_ti
     assert len(shipped) > 10
     assert [name for name in shipped if name not in names] == []
     assert not [name for name in names if name.startswith(("tests/", "bench/", "docs/"))]
+
+
+def _locked(name: str) -> dict[str, str]:
+    lines = (ROOT / name).read_text().splitlines()
+    return {_name(line): line.split("==", 1)[1] for line in lines if "==" in line and not line.startswith("#")}
+
+
+def test_the_runtime_lock_is_the_test_locks_versions_without_the_developers_tools() -> None:
+    runtime, test = _locked("constraints-runtime.txt"), _locked("constraints.txt")
+    assert runtime and {name: test.get(name) for name in runtime} == runtime
+    tools = {_name(r) for group in ("lint", "browser", "docs") for r in PYPROJECT_FILE["dependency-groups"][group]}
+    assert tools == {"ruff", "mypy", "import-linter", "selenium", "argparse-manpage"}
+    assert tools <= set(test) and not tools & set(runtime)
+    assert not {"pytest", "hypothesis", "xandikos"} & set(runtime)
+    # The developers' tools are groups, never extras a lab could install.
+    assert not tools & {_name(r) for extra in PYPROJECT["optional-dependencies"].values() for r in extra}
+
+
+@pytest.mark.install
+def test_one_command_makes_the_sdist_the_wheel_and_the_lock_with_their_sums(release: Path) -> None:
+    names = sorted(path.name for path in release.iterdir())
+    assert names == sorted([f"gpubook-{__version__}.tar.gz", f"gpubook-{__version__}-py3-none-any.whl",
+                            f"gpubook-{__version__}-constraints.txt", "SHA256SUMS"])
+    checked = subprocess.run(["sha256sum", "--check", "SHA256SUMS"], cwd=release, capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert (release / f"gpubook-{__version__}-constraints.txt").read_text() == \
+        (ROOT / "constraints-runtime.txt").read_text()
+    with tarfile.open(release / f"gpubook-{__version__}.tar.gz") as sdist:
+        members = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+        info = sdist.extractfile(f"gpubook-{__version__}/PKG-INFO")
+        assert info is not None
+        metadata = info.read().decode()
+    assert {"pyproject.toml", "LICENSE", "CHANGES.md", "constraints-runtime.txt", "docs/guides/install.md",
+            "gpubook/shell/gpubook.1", "gpubook/runtime/booking/overlay/entrypoint.sh"} <= members
+    assert not [name for name in members if name.startswith("tests/") or "__pycache__" in name]
+    assert "Classifier: Operating System :: POSIX :: Linux" in metadata
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
+    assert requires and not [line for line in requires if re.search(r"\b(ruff|mypy|selenium|import-linter)\b", line)]
 
 
 @pytest.mark.install
@@ -236,8 +262,8 @@ def test_the_base_install_is_the_daemon_and_works_from_any_directory(venv: Path)
     assert {"caldav", "niquests", "paramiko", "prometheus-client", "shtab"} <= installed
     # (bcrypt is [web]'s and paramiko's: it is in the base install through paramiko.)
     assert installed.isdisjoint({"matplotlib", "flask", "waitress", "radicale", "requests", "pytest"})
-    locked = {_name(line) for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line}
-    assert installed - {"gpubook", "pip", "setuptools"} <= locked, "every installed distribution is locked"
+    locked = {_name(line) for line in (ROOT / "constraints-runtime.txt").read_text().splitlines() if "==" in line}
+    assert installed - {"gpubook", "pip", "setuptools"} <= locked, "every installed distribution is in the runtime lock"
     for argv, extra in ((["web", "--config", "/nonexistent.toml"], "web"), (["demo", "--plan-only"], "demo")):
         done = _run(venv, "gpubook", *argv)
         assert (done.returncode, done.stderr) == (1, f"gpubook: {extras.EXTRAS[extra][0]} needs gpubook[{extra}]: "

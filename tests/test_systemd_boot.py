@@ -242,6 +242,29 @@ def test_an_invalid_config_is_refused_on_reload_and_the_old_one_kept(service: Se
     kit.write_config(machine, config_text(service.feed))
 
 
+def test_journalctl_priority_filters_the_daemons_lines(service: Service) -> None:
+    """The daemon writes `<N>` before each line under journald: `journalctl -p warning` shows its
+    warnings (the refused reload above) and none of its info lines (a start, a reload)."""
+    machine = service.machine
+
+    def entries(priority: str) -> list[dict[str, str]]:
+        shown = machine.sh("journalctl --no-pager -o json -p " + priority +
+                           f" _SYSTEMD_USER_UNIT=gpubook.service _UID=$(id -u {kit.ACCOUNT})", check=False).stdout
+        return [json.loads(line) for line in shown.splitlines() if line.startswith("{")]
+
+    warnings, everything = entries("warning"), entries("debug")
+    said = [entry["MESSAGE"] for entry in warnings]
+    assert any("reload refused, keeping the running config" in line for line in said), said
+    assert all(int(entry["PRIORITY"]) <= 4 for entry in warnings), warnings
+    assert not any("started on GPU" in line or "templates reloaded" in line for line in said), said
+    infos = [entry["MESSAGE"] for entry in everything if entry["PRIORITY"] == "6"]
+    assert any("booking alice-now: started on GPU 0" in line for line in infos), infos[-20:]
+    # journald took the prefix as the priority: no message keeps a literal `<N>`, and none a time of its own.
+    messages = [entry["MESSAGE"] for entry in everything]
+    assert not [line for line in messages if re.match(r"<\d>", line)], messages[-20:]
+    assert not [line for line in messages if re.match(r"\d{4}-\d\d-\d\d ", line)], messages[-20:]
+
+
 def test_the_watchdog_is_fed_and_a_stuck_daemon_is_restarted(service: Service) -> None:
     machine = service.machine
     before = service.active()

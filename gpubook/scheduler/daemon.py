@@ -281,7 +281,7 @@ class Daemon:
             self.scheduler.reschedule_job("poll", trigger="interval", seconds=new.daemon.poll_seconds)
             self._schedule_watches()
         self._serve_web()
-        log.warning("config %s and templates reloaded", new.path)
+        log.info("config %s and templates reloaded", new.path)
         self._event(f"config {new.path} and templates reloaded", level="info")
         self.notifier.ready()
         self.poll()

@@ -212,7 +212,7 @@ def _sftp(config: Config, made: Base, templates: TemplateSet, images: ImagePrepa
     image = sftp_host.image_of(config, templates, images.ready)
     if settings is None:
         if current is not None:
-            log.warning("SFTP service switched off by the config: stopping it")
+            log.info("SFTP service switched off by the config: stopping it")
             current.stop(grace=config.engine.stop_grace_seconds)
         return None
     if current is None:

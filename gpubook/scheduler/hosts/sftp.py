@@ -273,7 +273,7 @@ class SftpService:
         if current is None or not current.running:  # else its own sshd holds the port
             self._refuse_squatter(settings, sftp.taken_address(settings.port, sftp.listen_addresses(settings.listen)))
         info = self.services.start_service(spec)
-        log.warning("SFTP service started on %s:%s", settings.listen, settings.port)
+        log.info("SFTP service started on %s:%s", settings.listen, settings.port)
         if settings.host_network:
             self._check_bound(settings)
         self._remember(spec, info)
