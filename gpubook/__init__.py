@@ -4,4 +4,4 @@ The version below is the one version source: pyproject.toml reads it, `gpubook -
 it, and each release is the git tag `v<version>` with its entry in CHANGES.md.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"

@@ -13,10 +13,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import shutil
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -29,6 +26,7 @@ from gpubook.runtime.engines import container_name
 from gpubook.scheduler.commands.embedded import end_process
 from gpubook.scheduler.commands.setup_steps import fstab_line
 from tests.kits.daemon_kit import book, description, key_line, port_range, soon, wait_for
+from tests.kits.install_kit import FSTAB, Site, account_env, build_wheel, mounted, quiet
 
 pytestmark = [pytest.mark.install,
               pytest.mark.skipif(os.geteuid() != 0, reason="gpubook setup makes an account and a mount: root only")]
@@ -39,70 +37,16 @@ DATA = Path("/srv/gpubook-setup-it")
 PREFIX = Path("/opt/gpubook-it")  # outside the checkout, readable by the account
 VENV = PREFIX / "venv"
 BINARY = VENV / "bin" / "gpubook"
-FSTAB = Path("/etc/fstab")
 BOOKING = "install@test"
 STEPS = ("account", "subids", "linger", "data_root", "data_root mount", "storage.conf", "/dev/net/tun",
          "cgroup delegation", "config", "image", "unit")
 
 
-def _quiet(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    """Without the checkout on PYTHONPATH (quickstart exports it for the tests): a venv's pip would
-    take the checkout's gpubook for installed and skip the wheel ("Requirement already satisfied")."""
-    kwargs.setdefault("env", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, **kwargs)  # type: ignore[call-overload]
-
-
-def _account_env(entry: pwd.struct_passwd) -> dict[str, str]:
-    """What `runuser` with a clean environment gives: no PYTHONPATH, no checkout anywhere."""
-    return {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name, "LANG": "C.UTF-8",
-            "PATH": "/usr/local/bin:/usr/bin:/bin", "XDG_RUNTIME_DIR": f"/run/user/{entry.pw_uid}"}
-
-
-def as_account(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    entry = pwd.getpwnam(ACCOUNT)
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
-                          cwd=entry.pw_dir, env=_account_env(entry), user=entry.pw_uid, group=entry.pw_gid,
-                          extra_groups=[])
-
-
-def mounted(path: Path) -> int:
-    """How many mounts sit on `path` (os.path.ismount misses a bind mount within one file system)."""
-    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    return points.count(str(path))
-
-
-def remove_everything(*, keep_venv: bool = False) -> None:
-    """Undo gpubook setup and the test: each piece only if it is there (the installed venv too, unless
-    `keep_venv`: the module's tests share one install of the wheel)."""
-    try:
-        entry = pwd.getpwnam(ACCOUNT)
-    except KeyError:
-        entry = None
-    if entry is not None:
-        if Path(entry.pw_dir).is_dir():
-            as_account("podman", "rm", "--all", "--force", "--time", "0")
-            as_account("podman", "system", "reset", "--force")  # the store's files belong to its subuids
-        for pid in _quiet(["pgrep", "-u", str(entry.pw_uid)]).stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)  # the account's own leftovers (podman's pause process)
-            except ProcessLookupError:
-                pass
-        _quiet(["userdel", "--remove", ACCOUNT])
-        shutil.rmtree(f"/run/user/{entry.pw_uid}", ignore_errors=True)
-    for _ in range(mounted(DATA)):  # a bind mount made twice (by a killed earlier run) is stacked
-        _quiet(["umount", str(DATA)])
-    lines = FSTAB.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() != fstab_line(DATA)]
-    if kept != lines:
-        FSTAB.write_text("".join(kept))
-    for path in (Path("/etc/subuid"), Path("/etc/subgid")):
-        text = path.read_text()
-        kept_ids = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(f"{ACCOUNT}:"))
-        if kept_ids != text:
-            path.write_text(kept_ids)
-    shutil.rmtree(DATA, ignore_errors=True)
-    if not keep_venv:
-        shutil.rmtree(PREFIX, ignore_errors=True)
+SITE = Site(ACCOUNT, DATA, PREFIX)
+_quiet = quiet
+_account_env = account_env
+as_account = SITE.as_account
+remove_everything = SITE.remove_everything
 
 
 @pytest.fixture(scope="module")
@@ -126,22 +70,7 @@ def clean_host(installed: None) -> Iterator[None]:
 
 def install_wheel(folder: Path) -> None:
     """pip wheel from the tree, a venv of Debian's python outside the checkout, the wheel in it."""
-    wheels, source = folder / "wheels", folder / "source"
-    # A copy without build outputs: setuptools would take stale files from the tree's build/, and
-    # root's build/ would stand in the way of a later build by the checkout's owner.
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "dist"))
-    built = _quiet([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)])
-    assert built.returncode == 0, built.stdout + built.stderr
-    wheel = next(wheels.glob("gpubook-*.whl"))
-    PREFIX.mkdir(mode=0o755)
-    made = _quiet(["/usr/bin/python3", "-m", "venv", str(VENV)])
-    assert made.returncode == 0, made.stderr
-    constraints = ROOT / "constraints.txt"
-    pinned = ["-c", str(constraints)] if constraints.is_file() else []
-    installed = _quiet([str(VENV / "bin" / "python"), "-m", "pip", "install", *pinned, str(wheel)], cwd="/")
-    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
-    assert BINARY.is_file(), f"pip installed no {BINARY}: {installed.stdout[-2000:]}"
+    SITE.install(build_wheel(ROOT, folder), constraints=ROOT / "constraints-runtime.txt")
 
 
 def timed_setup(*extra: str) -> tuple[int, list[tuple[float, str]]]:

@@ -128,6 +128,16 @@ def test_a_data_root_missing_from_podmans_mount_namespace_is_found() -> None:
         "/srv/gpubook-other lies on / there, mounted without nosuid,nodev")
 
 
+def test_a_data_root_given_as_a_symbolic_link_is_judged_where_it_leads(tmp_path: Path) -> None:
+    """Seen on the GPU host (issue 41): data_root ~/install-test/data, a link into the nosuid,nodev mount
+    /srv/gpubook-data, was taken for a folder on / and doctor failed while every booking's folders held."""
+    link = tmp_path / "data"
+    link.symlink_to("/srv/gpubook/alice")
+    assert storage.mountinfo_problem(HOST_MOUNTINFO, link) is None
+    assert storage.mountinfo_problem(PODMAN_MOUNTINFO, link) == (
+        f"{link} (that is, /srv/gpubook/alice) lies on / there, mounted without nosuid,nodev")
+
+
 @pytest.mark.podman
 def test_doctor_looks_for_the_data_root_in_rootless_podmans_namespace(tmp_path: Path) -> None:
     """The test data mount was made before this account's podman first ran: podman's namespace has

@@ -55,7 +55,7 @@ fetch() {  # fetch FOLDER REQUIREMENT...: wheels for the GPU host's CPython 3.12
     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_34_x86_64 \
     --platform manylinux_2_17_x86_64 --platform any ${lock:+-c "$lock"} "$@" 2>&1 | grep -v 'is ignored' || true
 }
-lock=$([ -s "$root/constraints.txt" ] && echo "$root/constraints.txt" || true)  # the versions the tests ran with
+lock=$(ls "$root/constraints-runtime.txt" "$root/constraints.txt" 2>/dev/null | head -1 || true)  # the runtime lock: the versions the tests ran with
 "$pip" wheel --quiet --no-deps --wheel-dir "$dest/wheels" "$root"
 fetch "$dest/wheels" "$dest"/wheels/gpubook-*.whl
 fetch "$dest/wheels-test" radicale

@@ -202,6 +202,9 @@ def test_the_installed_wheel_runs_a_rootless_gpu_booking(account: Account, data_
             served = list(pool.map(lambda one: serve(one, radicale, calendar.url, engine, start, cudacheck,
                                                      host_gpus, results, log), bookers))
         figures = [figure for figure, _ in served]
+        # Issue 41, items 2-3: the admin's views from root's shell (outside the daemon's leaf) while both run.
+        views = admin_views(account, config, [one.booking_id for one in bookers])
+        facts["admin_views"] = views
         quiet = next((client for (_, client), one in zip(served, bookers, strict=True) if not one.hog), None)
         hogged = [figure for figure in figures if figure.hog]
         assert len(hogged) == 1
@@ -220,6 +223,7 @@ def test_the_installed_wheel_runs_a_rootless_gpu_booking(account: Account, data_
             facts[f"{one.booking_id} event at the end"] = text
         facts["stopped_at_end"] = True
         assert daemon.poll() is None, log.read_text()[-3000:]
+        check_admin_views(views, account.name, [one.booking_id for one in bookers])
     finally:
         daemon.terminate()
         try:
@@ -229,6 +233,36 @@ def test_the_installed_wheel_runs_a_rootless_gpu_booking(account: Account, data_
         for one in bookers:
             engine.stop(container_name(one.booking_id), 0)
         report(figures, facts, host_gpus, results, log)
+
+
+def admin_views(account: Account, config: Path, booking_ids: list[str]) -> dict[str, object]:
+    """`gpubook doctor` and `gpubook status` as install.md's step 12 runs them (as the account, from
+    root's shell: this test's cgroup, not the daemon's leaf), and `status` as root itself."""
+    gpubook_binary = str(account.venv / "bin" / "gpubook")
+    seen: dict[str, object] = {"cgroup_of_the_shell": Path("/proc/self/cgroup").read_text().strip()}
+    for name, argv in (("doctor", account.argv(gpubook_binary, "doctor", "--config", str(config))),
+                       ("status_as_account", account.argv(gpubook_binary, "status", "--config", str(config))),
+                       ("status_as_root", [gpubook_binary, "status", "--config", str(config)])):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False, cwd="/")
+        seen[name] = {"exit": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-2000:]}
+    return seen
+
+
+def check_admin_views(views: dict[str, object], account_name: str, booking_ids: list[str]) -> None:
+    """Doctor exits 0 with the limits enforced; neither status shows a limits problem; root's status
+    says whose engine it is and lists the bookings as the daemon's last pass saw them."""
+    assert "/gpubook/daemon" not in str(views["cgroup_of_the_shell"]), views["cgroup_of_the_shell"]
+    doctor, mine, roots = (views[name] for name in ("doctor", "status_as_account", "status_as_root"))
+    assert isinstance(doctor, dict) and isinstance(mine, dict) and isinstance(roots, dict)
+    lines = doctor["stdout"].splitlines()
+    assert doctor["exit"] == 0 and not [line for line in lines if line.startswith("FAIL")], doctor
+    limits = [line for line in lines if line.startswith(("ok    engine limits", "WARN  engine limits"))]
+    assert len(limits) == 1 and limits[0].startswith("ok") and "NOT enforced" not in limits[0], doctor
+    for shown in (mine, roots):
+        assert shown["exit"] == 0, shown
+        assert "resource limits:" not in shown["stdout"] and "NOT enforced" not in shown["stdout"], shown
+        assert all(booking in shown["stdout"] for booking in booking_ids), shown
+    assert f"of {account_name}, the daemon's account" in roots["stdout"], roots
 
 
 def ended_text(text: str) -> str | None:

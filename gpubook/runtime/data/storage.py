@@ -98,9 +98,12 @@ def mountinfo_problem(mountinfo: str, data_root: Path) -> str | None:
     nosuid,nodev mount; else which flags its covering mount lacks there. Rootless podman keeps its
     own mount namespace (its pause process): where / is not a shared mount (hosts without systemd)
     a data_root mounted on the host after that process started is not there at all, and bookings
-    would bind the bare folder underneath it."""
+    would bind the bare folder underneath it. A data_root that is a symbolic link is judged where it
+    leads (the same path in both namespaces: they differ in their mounts only), as the kernel does
+    when it binds it."""
     best, options = "", ""
-    target = str(data_root).rstrip("/") or "/"
+    real = os.path.realpath(data_root)
+    target = real.rstrip("/") or "/"
     for line in mountinfo.splitlines():
         fields = line.split()
         if len(fields) < 6:
@@ -111,7 +114,8 @@ def mountinfo_problem(mountinfo: str, data_root: Path) -> str | None:
     missing = [flag for flag in ("nosuid", "nodev") if flag not in options.split(",")]
     if not best or not missing:
         return None
-    return f"{data_root} lies on {best} there, mounted without {','.join(missing)}"
+    shown = str(data_root) if real == str(data_root) else f"{data_root} (that is, {real})"
+    return f"{shown} lies on {best} there, mounted without {','.join(missing)}"
 
 
 def prepare(
