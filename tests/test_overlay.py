@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from gpubook.runtime.booking.launch import OVERLAY_FILES, entrypoint_dir
 from gpubook.runtime.engines import Engine, engine_from
 from gpubook.runtime.templates import overlay_image
 from gpubook.runtime.templates.catalog import load_template
@@ -67,3 +69,16 @@ def test_image_without_sshd_gets_the_overlay(engine: Engine, tmp_path: Path) -> 
             assert run(client, "sudo -n id -un")[1] == "root\n"
     finally:
         bookings.cleanup()
+
+
+def test_the_overlay_folder_is_made_by_many_starts_at_once(tmp_path: Path) -> None:
+    """Seen in the upgrade test under 0.2.0: the first starts after a new overlay (a fresh cache, or an
+    upgrade's new scripts) run in parallel lanes of one process, each wrote the same partial file
+    (named by the pid alone) and all but one failed to rename it ("No such file or directory")."""
+    for round_ in range(30):
+        cache = tmp_path / str(round_)
+        with ThreadPoolExecutor(8) as pool:
+            made = set(pool.map(entrypoint_dir, [cache] * 8))
+        assert len(made) == 1
+        folder = made.pop()
+        assert sorted(path.name for path in folder.iterdir()) == sorted(OVERLAY_FILES)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from pathlib import Path
 
 from gpubook.runtime.errors import GpubookError
@@ -74,7 +75,7 @@ def private_file(path: Path, *, create: bool = True) -> Path:
 def write_private(path: Path, data: bytes) -> None:
     """Write `path` (mode 0600) through a fresh temporary file beside it, then rename: the temporary
     name is made with O_EXCL|O_NOFOLLOW, so a symlink or file planted there is never written through."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")  # threads share the pid
     partial.unlink(missing_ok=True)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import tempfile
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -100,8 +101,12 @@ def entrypoint_dir(cache_dir: Path) -> Path:
         if not script.is_file() or script.read_bytes() != text:
             folder.mkdir(parents=True, exist_ok=True)
             folder.chmod(0o755)
-            partial = folder / f".{name}.{os.getpid()}"
-            partial.write_bytes(text)
+            # A partial file of this call's own: starts in parallel lanes share the pid (they raced on
+            # ".NAME.PID", and all but one failed to rename it).
+            handle, partial_name = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+            partial = Path(partial_name)
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(text)
             partial.chmod(0o755)
             partial.replace(script)
     return folder
