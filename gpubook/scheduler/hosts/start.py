@@ -17,6 +17,7 @@ calls `run` for a start and `arm` for an arm, which take the rest:
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
     from gpubook.runtime.nvidia import GpuInjection
     from gpubook.scheduler.core.bookings import Booking
     from gpubook.scheduler.hosts.images import ImagePreparer
+
+
+log = logging.getLogger(__name__)
 
 
 class Place(Protocol):
@@ -230,6 +234,12 @@ def run(place: Place, request: StartRequest) -> Started:
     running = (info_from_labels(name=built.name, id="", state="running", image=built.image, labels=built.labels())
                if request.armed and request.armed == built.spec_hash else None)
     if running is None and request.armed:
+        # Armed with another spec (its template edited since, or the daemon's clock told otherwise): nobody
+        # is in it (SSH opens at the start), so it goes and the start runs it anew, now, instead of
+        # finding its name taken and waiting for a retry.
+        log.info("booking %s: its container run ahead has another spec than its start's; run again",
+                 request.booking_id)
+        place.engine.stop(built.name, 0)
         place.images.ready(request.template)
     try:
         ready = launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
