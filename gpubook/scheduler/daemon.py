@@ -378,9 +378,21 @@ class Daemon:
                     first=clock.now())
         self._every("sample", parts.sample if config.daemon.sample_seconds > 0 else None,
                     config.daemon.sample_seconds)
+        # What ended more than [daemon] keep_days ago leaves the database: a minute after the start, then daily.
+        self._every("prune", self._prune if config.daemon.keep_days > 0 else None, 86400,
+                    first=clock.now() + timedelta(minutes=1))
         external = config.directory is not None and config.directory.source in EXTERNAL
         self._every("directory", self._refresh_users if external else None,
                     config.directory.refresh_minutes * 60 if config.directory is not None else 900)
+
+    def _prune(self) -> None:
+        """[daemon] keep_days: what bookings that ended before the horizon left behind, and older log
+        lines and samples, are deleted (state/retention.py); said once in the log when there were any."""
+        days = self.config.daemon.keep_days
+        deleted = self.state.prune(before=clock.now() - timedelta(days=days))
+        if deleted:
+            log.info("state: forgot what ended more than %g days ago ([daemon] keep_days): %s", days,
+                     ", ".join(f"{count} {table}" for table, count in deleted.items()))
 
     def _refresh_users(self) -> None:
         """The directory's users read again (every [directory] refresh_minutes); one that does not answer
@@ -392,7 +404,7 @@ class Daemon:
             self.parts = wiring.build(new, self.base, self.hooks, previous=self.parts)
             self.config = new
         source = directory.source_name(new.directory or directory.DirectoryConfig())
-        log.warning("users read again from %s: %d user(s)", source, len(new.users))
+        log.info("users read again from %s: %d user(s)", source, len(new.users))
         self._event(f"users read again from the directory: {len(new.users)} user(s)", level="info")
 
     def _every(self, job: str, run: Callable[[], object] | None, seconds: float, *,

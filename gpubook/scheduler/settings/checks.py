@@ -26,6 +26,8 @@ any_port = Check("a port number", lambda v: None if 1 <= v <= 65535 else "must b
 uid = Check("between 1 and 2147483647 (not root)",
             lambda v: None if 1 <= v < 2**31 else "must be a uid between 1 and 2147483647 (not root)")
 at_least_one = Check("at least 1", lambda v: None if v >= 1 else "must be at least 1")
+keep_days = Check("0 (keep everything) or at least 30",  # the event log's append-only days (state/schema.py)
+                  lambda v: None if v == 0 or v >= 30 else "must be 0 (keep everything) or at least 30 days")
 user_name = Check(f"a user name: {USER_NAME_RULE}", user_name_problem)
 template_name = Check(f"a template name: {TEMPLATE_NAME_RULE}", template_name_problem)
 group_name = Check(f"a group name: {USER_NAME_RULE}", lambda name: None if user_name_problem(name) is None

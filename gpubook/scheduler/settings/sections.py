@@ -190,6 +190,10 @@ class DaemonConfig:
     sample_seconds: float = setting(30.0, "seconds between samples of each GPU's utilisation and memory (and "
                                     "checks for the bookers' first logins), for `gpubook report`; 0: off",
                                     check=checks.not_negative)
+    keep_days: float = setting(400.0, "days the state database keeps what a booking leaves behind after its end "
+                               "(its container's run, write-back, event log lines, notices, accounting and GPU "
+                               "samples), pruned daily; `gpubook report` sees no further back. 0: keep everything; "
+                               "else at least 30 (the event log's append-only days)", check=checks.keep_days)
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE usage_bookings ADD COLUMN project TEXT NOT NULL DEFAULT '';
     """,
+    # 11: retention ([daemon] keep_days, state/retention.py): the event log stays append-only for its
+    # last 30 days; an older entry may be deleted (pruned), never changed.
+    """
+    DROP TRIGGER events_no_delete;
+    CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+        WHEN OLD.at > CAST(strftime('%s', 'now') AS REAL) - 30 * 86400
+        BEGIN SELECT RAISE(ABORT, 'the event log is append-only for 30 days'); END;
+    """,
 )
 
 

@@ -34,6 +34,7 @@ from gpubook.scheduler.state.records import (
     stamp_of,
 )
 from gpubook.scheduler.state.releases import ReleaseRecords
+from gpubook.scheduler.state.retention import RetentionRecords
 from gpubook.scheduler.state.schema import Corrupt, open_checked, set_aside, set_up
 from gpubook.scheduler.state.slots import SlotRecords
 from gpubook.scheduler.state.usage import UsageRecords
@@ -95,7 +96,7 @@ def _spans(ports: Sequence[int]) -> str:
     return ", ".join(f"{a}–{b}" if a != b else f"{a}" for a, b in spans)
 
 
-class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords):
+class State(UsageRecords, ReleaseRecords, ForeignRecords, SlotRecords, RetentionRecords):
     """`State(path)`: open (or create, or recreate) the database; every method is one transaction.
 
     Safe to share between the daemon's threads: each thread gets its own connection (bookings
