@@ -2,24 +2,24 @@
 
     PYTHONPATH=. python bench/soak.py [--bookings 1000] [--seed 42] [--sample-every 100] [--out DIR]
 
-Run as an account with rootless podman and the debian-ssh image (the test lanes' accounts have both).
-A real `gpubook run` on rootless podman with 8 declared GPUs (no GPU here: the containers get none)
-reads a real Radicale. The bookings are 1 to 3 minutes long, up to 8 at once, in the daemon's own
-time: the bench tells the daemon its clock (tests/kits/told_clock.py) and moves it from one booking
-boundary to the next once the daemon has caught up, so that only the waiting is compressed; every
-container start, stop, SSH probe and write-back is real. Of the bookings, about 8 % are cancelled
+Run as an account with rootless podman and the debian-ssh image (the test lanes' accounts have both). A
+real `gpubook run` on rootless podman with 8 declared GPUs (no GPU here: the containers get none) reads
+a real Radicale. The bookings are 1 to 3 minutes long, up to 8 at once (each names its GPU), in the
+daemon's own time: the bench tells the daemon its clock (tests/kits/told_clock.py) and moves it from one
+booking boundary to the next once the daemon has caught up, so that only the waiting is compressed;
+every container start, stop, SSH probe and write-back is real. Of the bookings, about 8 % are cancelled
 before their start, 8 % moved (booked 30 s later, then moved to their slot), 8 % extended while they
-run, 3 % refused (9 GPUs asked of 8), and every tenth is logged into by SSH at its start; the others
-are no-shows (nobody logs in, as the quota and release policies are off).
+run, 3 % refused (9 GPUs asked of 8), and every tenth is logged into by SSH at its start; the others are
+no-shows (nobody logs in, as the quota and release policies are off).
 
 Every `--sample-every` bookings done (ended, cancelled or refused), it samples the daemon's RSS, open
 file descriptors and threads (/proc), the state database's size (with its WAL), the daemon's log, the
-events' sizes (each ended booking's gpubook block), and podman's containers and volumes. At the end
-it checks what must be left behind: no container, no SSH port held, no per-booking folder of the
-daemon's, no forwarder process.
+events' sizes (each ended booking's gpubook block), and podman's containers and volumes. At the end it
+checks what must be left behind: no container, no SSH port held, no per-booking folder of the daemon's,
+no forwarder process.
 
-Pass criteria (`judge`): after the first `--sample-every` bookings, no figure grows by more than 5 %
-per further `--sample-every` (the state database and the log grow by design, with a retention rule:
+Pass criteria (`judge`): after the first `--sample-every` bookings, no figure grows by more than 5 % per
+further `--sample-every` (the state database and the log grow by design, with a retention rule:
 docs/guides/operate.md, "What grows and what is kept"); 0 missed starts; nothing left behind; every
 ended booking's block the same number of lines whatever its history. It prints the table and the
 verdict, and writes soak.json (and soak.png with matplotlib) into `--out`.
@@ -73,6 +73,8 @@ class Planned:
     first_start: datetime | None = None  # a move's times before it (booked there)
     first_end: datetime | None = None
     final_end: datetime | None = None  # an extension's end
+    gpu: int = 0  # its lane: the GPU it names (a booking moved earlier would otherwise meet GPUs the
+    # daemon gave others for later, and rightly be refused: a move is a new request)
     login: bool = False
     saved: bool = False
     edited: bool = False
@@ -122,7 +124,7 @@ def plan(count: int, *, origin: datetime, seed: int) -> list[Planned]:
         end = start + timedelta(seconds=STEP * chosen.randint(4, 12))
         booked = Planned(number, f"soak-{number:04d}@bench", USERS[lane], kind, start, end,
                          booked_at=max(origin - timedelta(seconds=AHEAD), start - timedelta(seconds=AHEAD)),
-                         login=number % 10 == 0 and kind in ("plain", "extend", "move"))
+                         gpu=lane, login=number % 10 == 0 and kind in ("plain", "extend", "move"))
         reserved = end
         if kind == "cancel":
             booked.edit_at = start - timedelta(seconds=2 * STEP)
@@ -190,7 +192,8 @@ def running_now(state_dir: Path) -> set[str] | None:
 
 
 def event_sizes(calendar, planned: list[Planned], at: datetime) -> tuple[int, list[int]]:  # type: ignore[no-untyped-def]
-    """The largest ended booking's event and the distinct line counts of ended bookings' blocks."""
+    """The largest ended booking's event and the distinct line counts of ended bookings' blocks (those
+    whose end is written back: its block begins "ended:")."""
     ended = {p.uid for p in planned if p.kind in ("plain", "move", "extend") and p.done(at)}
     biggest, lines = 0, set()
     for item in calendar.events():
@@ -198,10 +201,12 @@ def event_sizes(calendar, planned: list[Planned], at: datetime) -> tuple[int, li
         uid = re.search(r"^UID:(.*)$", text, re.M)
         if uid is None or uid.group(1).strip() not in ended:
             continue
-        biggest = max(biggest, len(text.encode()))
         unfolded = re.sub(r"\r?\n[ \t]", "", text).replace("\\n", "\n").replace("\\,", ",")
         block = BLOCK.search(unfolded)
-        lines.add(len(block.group(1).splitlines()) if block else 0)
+        if block is None or not block.group(1).startswith("ended:"):
+            continue  # its end not written back yet: judged at a later sample
+        biggest = max(biggest, len(text.encode()))
+        lines.add(len(block.group(1).splitlines()))
     return biggest, sorted(lines)
 
 
@@ -276,7 +281,8 @@ def soak(count: int, *, folder: Path, seed: int, sample_every: int, say=print) -
                         if booked.kind == "refuse":
                             book(calendar.calendar, booked.uid, user=booked.user, start=start, end=end, gpus="9")
                         else:
-                            calendar.create(Booked(booked.uid, booked.user, start, end, text="", tag=booked.user))  # type: ignore[arg-type]
+                            calendar.create(Booked(booked.uid, booked.user, start, end,  # type: ignore[arg-type]
+                                                   text=f"gpus: {booked.gpu},\n", tag=booked.user))
                         booked.saved = True
                     if booked.saved and not booked.edited and booked.edit_at is not None and booked.edit_at <= at:
                         if booked.kind == "cancel":

@@ -26,7 +26,7 @@ from gpubook.runtime.engines import container_name
 from gpubook.scheduler.commands.embedded import end_process
 from gpubook.scheduler.commands.setup_steps import fstab_line
 from tests.kits.daemon_kit import book, description, key_line, port_range, soon, wait_for
-from tests.kits.install_kit import FSTAB, Site, account_env, build_wheel, mounted, quiet
+from tests.kits.install_kit import FSTAB, Site, account_env, build_wheel, login, mounted, quiet
 
 pytestmark = [pytest.mark.install,
               pytest.mark.skipif(os.geteuid() != 0, reason="gpubook setup makes an account and a mount: root only")]
@@ -109,22 +109,6 @@ def write_config(folder: Path, calendar_url: str, key: paramiko.PKey) -> Path:
     return path
 
 
-def login(port: int, known_hosts: Path, key: paramiko.PKey) -> paramiko.SSHClient | None:
-    """SSH as alice, trusting only the host key the event gave; None while sshd does not answer yet."""
-    client = paramiko.SSHClient()
-    client.load_host_keys(str(known_hosts))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    try:
-        client.connect("127.0.0.1", port=port, username="alice", pkey=key, look_for_keys=False,
-                       allow_agent=False, timeout=5, banner_timeout=5, auth_timeout=5)
-    except paramiko.BadHostKeyException:
-        raise
-    except (OSError, EOFError, paramiko.SSHException):
-        client.close()
-        return None
-    return client
-
-
 def test_an_admin_install_by_gpubook_setup_runs_a_caldav_booking_to_ssh(clean_host: None, tmp_path: Path,
                                                                           radicale) -> None:
     version = _quiet([str(BINARY), "--version"], cwd="/")
@@ -190,7 +174,7 @@ def test_an_admin_install_by_gpubook_setup_runs_a_caldav_booking_to_ssh(clean_ho
         port, known_line = wait_for("the event's ssh and known_hosts lines", ssh_lines, timeout=180, interval=0.5)
         known_hosts = tmp_path / "known_hosts"
         known_hosts.write_text(known_line + "\n")
-        client = wait_for("an SSH login with the event's host key", lambda: login(port, known_hosts, key),
+        client = wait_for("an SSH login with the event's host key", lambda: login(port, "alice", known_hosts, key),
                           timeout=60, interval=0.2)
         try:
             _, stdout, _ = client.exec_command("id -un", timeout=30)

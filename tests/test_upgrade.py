@@ -30,7 +30,7 @@ import pytest
 from gpubook.scheduler.commands.embedded import end_process
 from gpubook.scheduler.state.schema import MIGRATIONS
 from tests.kits.daemon_kit import book, description, key_line, port_range, soon, wait_for
-from tests.kits.install_kit import Site, build_wheel, quiet
+from tests.kits.install_kit import Site, build_wheel, login, quiet
 
 pytestmark = [pytest.mark.install, pytest.mark.caldav, pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="makes an account and a mount: root only")]
@@ -127,22 +127,11 @@ def ssh_lines(calendar, uid: str) -> tuple[int, str, str] | None:  # type: ignor
     return (int(port.group(1)), port.group(2), known.group(1)) if port and known else None
 
 
-def login(port: int, user: str, known: str, key: paramiko.PKey, folder: Path) -> paramiko.SSHClient | None:
-    """SSH as the booker, trusting only the host key the event gave; None while sshd does not answer."""
+def known_login(port: int, user: str, known: str, key: paramiko.PKey, folder: Path) -> paramiko.SSHClient | None:
+    """The booker's login, trusting only the event's known_hosts line."""
     known_hosts = folder / f"known_hosts-{port}"
     known_hosts.write_text(known + "\n")
-    client = paramiko.SSHClient()
-    client.load_host_keys(str(known_hosts))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    try:
-        client.connect("127.0.0.1", port=port, username=user, pkey=key, look_for_keys=False, allow_agent=False,
-                       timeout=5, banner_timeout=5, auth_timeout=5)
-    except paramiko.BadHostKeyException:
-        raise
-    except (OSError, EOFError, paramiko.SSHException):
-        client.close()
-        return None
-    return client
+    return login(port, user, known_hosts, key)
 
 
 def said(client: paramiko.SSHClient, command: str) -> str:
@@ -196,7 +185,7 @@ def test_an_upgrade_under_running_bookings_keeps_them_and_a_downgrade_is_refused
             port, login_user, known = wait_for(f"{user}'s booking running under 0.2.0", lambda user=user: ssh_lines(
                 calendar, f"now-{user}@upgrade"), timeout=240, interval=0.5)
             assert login_user == user
-            sessions[user] = wait_for(f"{user}'s SSH login", lambda p=port, u=user, k=known: login(
+            sessions[user] = wait_for(f"{user}'s SSH login", lambda p=port, u=user, k=known: known_login(
                 p, u, k, keys[u], tmp_path), timeout=60, interval=0.2)
             assert said(sessions[user], "id -un") == user
         # Four more, accepted by 0.2.0 for later.
@@ -236,7 +225,7 @@ def test_an_upgrade_under_running_bookings_keeps_them_and_a_downgrade_is_refused
         for user in USERS:
             port, login_user, known = wait_for(f"{user}'s later booking running", lambda user=user: ssh_lines(
                 calendar, f"later-{user}@upgrade"), timeout=UPCOMING_AFTER.total_seconds() + 180, interval=0.5)
-            client = wait_for(f"{user}'s SSH login to the later booking", lambda p=port, u=user, k=known: login(
+            client = wait_for(f"{user}'s SSH login to the later booking", lambda p=port, u=user, k=known: known_login(
                 p, u, k, keys[u], tmp_path), timeout=60, interval=0.2)
             assert said(client, "id -un") == user
             client.close()

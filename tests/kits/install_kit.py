@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import paramiko
+
 from gpubook.scheduler.commands.setup_steps import fstab_line
 
 FSTAB = Path("/etc/fstab")
@@ -133,3 +135,20 @@ def build_wheel(source: Path, into: Path) -> Path:
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = wheels.glob("gpubook-*.whl")
     return wheel
+
+
+def login(port: int, user: str, known_hosts: Path, key: paramiko.PKey) -> paramiko.SSHClient | None:
+    """SSH as `user`, trusting only the host keys of `known_hosts` (the event's line); None while sshd
+    does not answer yet. Another host key raises."""
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        client.connect("127.0.0.1", port=port, username=user, pkey=key, look_for_keys=False, allow_agent=False,
+                       timeout=5, banner_timeout=5, auth_timeout=5)
+    except paramiko.BadHostKeyException:
+        raise
+    except (OSError, EOFError, paramiko.SSHException):
+        client.close()
+        return None
+    return client
