@@ -54,6 +54,7 @@ STEP = 15  # seconds: every boundary is a multiple of it in the daemon's time
 AHEAD = 300  # seconds: a booking is saved this long before its start (in the daemon's time)
 CATCH_UP = 120.0  # real seconds the daemon gets to catch up with a boundary before it counts as missed
 GROWTH_LIMIT = 0.05  # per `sample_every` bookings, after the first
+GAP = timedelta(days=8)  # quiet days after each `sample_every` bookings: more than the daemon's window back
 BLOCK = re.compile(r"--- gpubook ---\n(.*?)\n--- end gpubook ---", re.S)
 KINDS = (("plain", 73), ("cancel", 8), ("move", 8), ("extend", 8), ("refuse", 3))
 
@@ -111,13 +112,17 @@ class Planned:
         return found
 
 
-def plan(count: int, *, origin: datetime, seed: int) -> list[Planned]:
-    """`count` bookings on 8 GPU lanes from `origin`, each kind at its share, reproducible by `seed`."""
+def plan(count: int, *, origin: datetime, seed: int, gap_every: int = 0) -> list[Planned]:
+    """`count` bookings on 8 GPU lanes from `origin`, each kind at its share, reproducible by `seed`;
+    every `gap_every` bookings the lab is quiet for GAP (a lab's weeks between busy days: what ended
+    leaves the daemon's window, as it does over months)."""
     chosen = random.Random(seed)
     lanes = [origin] * GPUS
     kinds, weights = zip(*KINDS, strict=True)
     planned = []
     for number in range(count):
+        if gap_every and number and number % gap_every == 0:
+            lanes = [max(lanes) + GAP] * GPUS
         kind = chosen.choices(kinds, weights)[0]
         lane = min(range(GPUS), key=lambda index: lanes[index])
         start = lanes[lane] + timedelta(seconds=STEP * chosen.choice((0, 1, 2)))
@@ -261,7 +266,7 @@ def soak(count: int, *, folder: Path, seed: int, sample_every: int, say=print) -
         state_dir = folder / "state"
         clock = ToldClock(folder)
         origin = clock.soon(60).replace(second=0) + timedelta(minutes=1)
-        planned = plan(count, origin=origin, seed=seed)
+        planned = plan(count, origin=origin, seed=seed, gap_every=sample_every)
         daemon = DaemonProcess(config, env=clock.env()).start()
         try:
             assert daemon.process is not None

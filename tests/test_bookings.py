@@ -385,6 +385,26 @@ def test_unchanged_etag_is_not_parsed_again_and_a_new_etag_is() -> None:
     assert len(reader._cache) == 1  # what left the calendar left the cache
 
 
+def test_a_booking_long_past_keeps_no_parse_and_an_edit_brings_it_back() -> None:
+    """A lab's calendar keeps years of past bookings: the cache keeps no parse of an object whose events
+    all ended over a day before the window (about 8 KiB each; the soak found the daemon growing with
+    them), while a repeating one and one still in reach keep theirs."""
+    reader = BookingReader()
+    past = raw(vcalendar(vevent("old", "DTSTART:20260101T090000Z", "DTEND:20260101T100000Z", "SUMMARY:alice")),
+               "old", etag="v1")
+    repeating = raw(vcalendar(vevent("weekly", "DTSTART:20260105T090000Z", "DTEND:20260105T100000Z",
+                                     "RRULE:FREQ=WEEKLY", "SUMMARY:bob")), "weekly", etag="v1")
+    yesterday = raw(vcalendar(vevent("near", "DTSTART:20261122T090000Z", "DTEND:20261122T100000Z",
+                                     "SUMMARY:carol")), "near", etag="v1")
+    result = read(past, repeating, yesterday, reader=reader)
+    assert {o.uid for o in result.occurrences} == {"weekly"}  # the week's occurrence of the series
+    kept = {key[1].rsplit("/", 1)[-1]: parsed for key, parsed in reader._cache.items()}
+    assert kept["old.ics"].series == [] and kept["weekly.ics"].series and kept["near.ics"].series
+    # Moved into the window (a new ETag): read as any booking.
+    moved = raw(vcalendar(vevent("old", START, END, "SUMMARY:alice")), "old", etag="v2")
+    assert {o.uid for o in read(moved, repeating, reader=reader).occurrences} == {"old", "weekly"}
+
+
 def test_cache_is_per_calendar() -> None:
     reader = BookingReader()
     text = vcalendar(vevent("u1", START, END, "SUMMARY:alice"))

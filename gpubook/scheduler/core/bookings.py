@@ -41,6 +41,7 @@ from gpubook.scheduler.core.recurrence import (
     check_bounds,
     dt_of,
     expand,
+    repeat_rules,
     source_event,
     too_many,
     utc,
@@ -136,7 +137,7 @@ class BookingReader:
             key = (calendar.url, raw.href, raw.etag or sha256(raw.ical.encode()).hexdigest())
             seen.add(key)
             if (parsed := self._cache.get(key)) is None:
-                parsed = self._cache[key] = parse(raw)
+                parsed = self._cache[key] = _kept(parse(raw), before=window_start - PAST_MARGIN)
             series.extend(parsed.series)
             problems.extend(parsed.problems)
         for stale in [k for k in self._cache if k[0] == calendar.url and k not in seen]:
@@ -196,6 +197,33 @@ class BookingReader:
         if len(found) > MAX_OCCURRENCES:
             raise OverBound(too_many(window_end - window_start))
         return found
+
+
+PAST_MARGIN = timedelta(days=1)  # beyond the window's start (a clock stepped back finds them still past)
+
+
+def _kept(parsed: Parsed, *, before: datetime) -> Parsed:
+    """What the cache keeps of an object: the whole parse, or, for one whose every event is over before
+    `before` and repeats never (a booking long past), only its problems. A lab's calendar keeps its past
+    bookings for years; their parses (about 8 KiB each) would make the daemon grow with them (found by
+    bench/soak.py). Its next edit (another ETag) is parsed anew."""
+    if parsed.series and all(_over(series, before) for series in parsed.series):
+        return Parsed(series=[], problems=parsed.problems)
+    return parsed
+
+
+def _over(series: Series, before: datetime) -> bool:
+    """A series that never repeats whose every event ends before `before` (else False: keep it)."""
+    if series.recurring:
+        return False
+    for component in [*([series.master] if series.master is not None else []), *series.overrides]:
+        if repeat_rules(component) or component.get("RDATE") is not None:
+            return False
+        start, end = component.get("DTSTART"), component.get("DTEND")
+        moment = getattr(end, "dt", None) or getattr(start, "dt", None)
+        if not isinstance(moment, datetime) or moment.tzinfo is None or moment >= before:
+            return False  # all-day, floating or unreadable: not judged here
+    return True
 
 
 # Properties that never change an expansion: the booker's text, gpubook's write-back, stamps.
