@@ -3,6 +3,7 @@
     python bench/container_start.py --engine podman            # as the daemon user (rootless)
     python bench/container_start.py --engine podman --network host private private-slirp
     python bench/container_start.py --engine udocker podman --network host private   # as the daemon user
+    python bench/container_start.py --engine udocker udocker-spare --network host   # a spare made ahead (issue 42)
     python bench/container_start.py --engine docker --network host   # as root: a private dockerd
 
 Start-to-SSH is from `start_booking` (engine start + entrypoint + sshd) to the first successful
@@ -13,6 +14,9 @@ slirp4netns with the rootlesskit port handler); "private-slirp" is slirp4netns's
 Several engines (udocker and podman, both the daemon user's) are interleaved the same way, each
 with every network it has (udocker: the host's only); each gets the image in its own store first
 (udocker: imported from the same mmdebstrap tarball) and its own data folders (their owners differ).
+"udocker-spare" is udocker with a spare container of the image made ahead before each start (the
+image preparer's `warm`; a booking for now then takes it instead of waiting for `udocker create`); the
+making is not timed, the start is.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from gpubook.runtime.booking import launch, ssh
 from gpubook.runtime.data import storage
 from gpubook.runtime.engines import Engine, EngineOptions, EngineSettings, container_name, engine_from  # noqa: E402
 from gpubook.runtime.engines.podman import PodmanEngine  # noqa: E402
+from gpubook.runtime.engines.udocker import spare_name
 from gpubook.runtime.templates import overlay_image
 from gpubook.runtime.templates.catalog import Template, get_template  # noqa: E402
 from tests.kits.engine_suite import DOCKER, lane_port, private_dockerd  # noqa: E402
@@ -76,6 +81,10 @@ def bench(engines: dict[str, Engine], runs: int) -> dict[str, tuple[list[float],
         for number in range(runs + 1):  # the first run warms caches and is not counted
             for place, engine in engines.items():
                 starts, stops = figures[place]
+                if place.endswith("spare"):  # made ahead, as the image preparer does (not timed)
+                    engine.warm(overlay_image.run_image(template))  # type: ignore[attr-defined]
+                elif place.startswith("udocker"):  # none left by an earlier spare run
+                    engine._remove(spare_name(overlay_image.run_image(template)))  # type: ignore[attr-defined]
                 started, stopped = one_start(engine, template, folders[place], probe_key,
                                              f"bench-{place.replace(' ', '-')}-{number}")
                 if number:
@@ -108,7 +117,8 @@ def one_start(engine: Engine, template: Template, folders: storage.DataFolders, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", nargs="+", choices=["podman", "udocker", "docker"], default=["podman"],
+    parser.add_argument("--engine", nargs="+", choices=["podman", "udocker", "udocker-spare", "docker"],
+                        default=["podman"],
                         help="engines measured in this one run, starts interleaved (docker alone, as root)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--docker-host", help="an existing dockerd's address (default: start one)")
@@ -118,6 +128,9 @@ def main() -> None:
     args = parser.parse_args()
     if "docker" in args.engine and len(args.engine) > 1:
         parser.error("docker runs as root with its own dockerd: measure it alone")
+    if {"udocker", "udocker-spare"} <= set(args.engine):
+        parser.error("udocker and udocker-spare share one store (the plain one would take the other's spare): "
+                     "measure them one after the other")
     with contextlib.ExitStack() as stack:
         engines: dict[str, Engine] = {}
         for name in args.engine:
@@ -127,6 +140,8 @@ def main() -> None:
                                                                  network=network) for network in args.network})
             elif name == "udocker":  # no network namespaces: the host's network only
                 engines["udocker host"] = engine_from("udocker", network="host")
+            elif name == "udocker-spare":
+                engines["udocker host spare"] = engine_from("udocker", network="host")
             else:
                 engines.update({f"podman {network}": podman_engine(network) for network in args.network})
         figures = bench(engines, args.runs)

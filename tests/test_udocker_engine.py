@@ -167,3 +167,46 @@ def test_a_booker_can_neither_plant_a_set_uid_file_for_host_logins_nor_reach_its
     assert closed, f"{planted[0]}: every account can reach it"  # ... but no other account can run it
     mine = [p for p in Path("/tmp").glob("udocker-*-BIND_FILES") if p.stat().st_uid == os.getuid()]  # noqa: S108
     assert mine == [], "udocker's FileBind folder is in /tmp, where every account reaches it"
+
+
+def test_a_spare_made_ahead_is_the_next_bookings_container_and_is_made_again(bookings: Bookings) -> None:
+    """Issue 42, part 4: `udocker create` (the image's copy, 9 s for debian-ssh on ext4) paid ahead by the
+    image preparer's `warm`, so that a booking for now starts without it; the spare taken is made again
+    in the background, and a spare of an image since replaced is never used."""
+    engine = bookings.engine
+    assert isinstance(engine, udocker.UdockerEngine)
+    image = bookings.spec(key=new_key())[0].image
+    link = engine.top / "containers" / udocker.spare_name(image)
+
+    def spare() -> Path | None:
+        if not link.is_symlink():
+            return None
+        folder = (link.parent / os.readlink(link)).resolve()
+        return folder if (folder / udocker.SPARE_FILE).is_file() else None
+
+    engine.warm(image)
+    made = spare()
+    assert made is not None and not (made / udocker.LABELS_FILE).exists()
+    assert all(info.name != link.name for info in engine.list())  # never taken for a booking's
+    booking = bookings.start()
+    mine = engine.top / "containers" / booking.spec.name
+    assert (mine.parent / os.readlink(mine)).resolve() == made  # the spare, renamed
+    assert not (made / udocker.SPARE_FILE).exists()
+    with connect(booking.spec.port, BOOKER, booking.key) as client:
+        assert run(client, "id -un")[1].strip() == BOOKER
+    deadline = time.monotonic() + 180
+    while (again := spare()) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert again is not None and again != made, "no new spare after the first was taken"
+    # A spare of the image as it was before a new pull (its layers recorded otherwise) is removed, not used.
+    (again / udocker.SPARE_FILE).write_text(json.dumps({"image": image, "layers": "an older pull"}))
+    second = bookings.start()
+    theirs = engine.top / "containers" / second.spec.name
+    assert (theirs.parent / os.readlink(theirs)).resolve() != again
+    assert not again.exists()
+    bookings.cleanup()
+    deadline = time.monotonic() + 180
+    while spare() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert spare() is not None
+    engine._remove(link.name)  # the other tests start without one

@@ -29,6 +29,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -66,6 +68,8 @@ RUNC_ID_FILE = "gpubook-runc-id"
 POLICY_FILE = "gpubook-policy.json"
 LOG_FILE = "gpubook.log"
 RUN_FILE = "gpubook-run"  # "PID STARTTIME" of the container's `udocker run`
+SPARE_PREFIX = "gpubook-spare-"  # a container made ahead of any booking of its image (`warm`), never run
+SPARE_FILE = "gpubook-spare.json"  # beside a spare: its image and the image's layers when it was made
 HELPER_DIR = "/.gpubook-host"  # the host's unshare, loader and libc, bound read-only
 AS_BOOKER = "as-booker"  # the program there that runs its arguments as the booker
 PROOT_REFUSED = ("udocker's P modes (PRoot) are refused: they run a booker's processes as the daemon's own user "
@@ -104,6 +108,8 @@ class UdockerEngine:
         self.runc = settings.runtime or shutil.which("runc", path=_SEARCH_PATH) or "runc"
         self.top = Path(os.environ.get("UDOCKER_DIR") or Path.home() / ".udocker")
         self._filter: dict[str, Any] | None = None  # the seccomp filter, made once
+        self._spares: dict[str, threading.Thread] = {}  # image → the spare being made in the background
+        self._spares_lock = threading.Lock()
 
     # --- udocker and runc, argv lists only --------------------------------------------------------
 
@@ -187,6 +193,7 @@ class UdockerEngine:
 
     def import_rootfs(self, tarball: Path, tag: str) -> None:
         if self.image_exists(tag):
+            self._remove(spare_name(tag))  # a spare of the old image would keep it (and be stale)
             self._udocker(["rmi", tag])
         self._udocker(["import", str(tarball), tag], timeout=RUN_TIMEOUT)
 
@@ -300,7 +307,18 @@ class UdockerEngine:
         for mount in spec.mounts:
             if problem := mount_problem(mount):
                 raise permanent(f"booking {spec.booking_id}: {problem}")
-        created = self._udocker(["create", f"--name={spec.name}", spec.image], timeout=RUN_TIMEOUT, check=False,
+        folder = self._claim_spare(spec)
+        if folder is None:
+            folder = self._create(spec.name, spec.image, lock=lock)
+        try:
+            return self._run(spec, folder)
+        except BaseException:
+            self._remove(folder.name)
+            raise
+
+    def _create(self, name: str, image: str, *, lock: int) -> Path:
+        """`udocker create`: the container's own copy of the image (seconds for a large one), its folder."""
+        created = self._udocker(["create", f"--name={name}", image], timeout=RUN_TIMEOUT, check=False,
                                 keep_fds=(lock,))
         container_id = created.stdout.strip().splitlines()[-1].strip() if created.stdout.strip() else ""
         folder = self.top / "containers" / container_id
@@ -310,12 +328,81 @@ class UdockerEngine:
                 self._remove(container_id)
             raise EngineError(f"udocker create: {_message(created)}")
         if not made:
-            raise EngineError(f"udocker create gave no container for {spec.name}: {_message(created)}")
+            raise EngineError(f"udocker create gave no container for {name}: {_message(created)}")
+        return folder
+
+    # --- spares: the image's copy made ahead, so that a booking for now does not wait for it ----------
+
+    def warm(self, image: str) -> None:
+        """A spare container of `image`: `udocker create` now (the image preparer calls this when the image
+        is ready), so that the next booking of it starts without the copy. One per image; a spare of an
+        image pulled again since is replaced."""
+        name = spare_name(image)
+        with self._name_lock(name) as lock:
+            link = self.top / "containers" / name
+            if link.is_symlink():
+                if self._spare_fits(link, image):
+                    return
+                self._remove(name)
+            key = self._image_key(image)
+            if key is None:
+                return
+            folder = self._create(name, image, lock=lock)
+            (folder / SPARE_FILE).write_text(json.dumps({"image": image, "layers": key}))
+
+    def _warm_later(self, image: str) -> None:
+        """The next spare of `image`, made in a thread of its own (a start never waits for it)."""
+        def make() -> None:
+            try:
+                self.warm(image)
+            except (EngineError, OSError) as error:
+                log.warning("udocker: the next spare container of %s was not made: %s", image, error)
+
+        with self._spares_lock:
+            running = self._spares.get(image)
+            if running is not None and running.is_alive():
+                return
+            self._spares[image] = thread = threading.Thread(target=make, name=f"spare {image}", daemon=True)
+        thread.start()
+
+    def _claim_spare(self, spec: ContainerSpec) -> Path | None:
+        """The spare of the spec's image, renamed to the booking's container (udocker's name is a link in
+        its containers folder: one rename), or None (no spare, or one of an older pull: removed)."""
+        name = spare_name(spec.image)
+        link = self.top / "containers" / name
+        with self._name_lock(name):
+            if not link.is_symlink():
+                return None  # none made for it (only images the preparer readied get spares)
+            if not self._spare_fits(link, spec.image):
+                self._remove(name)
+                self._warm_later(spec.image)
+                return None
+            folder = (link.parent / os.readlink(link)).resolve()
+            os.replace(link, self.top / "containers" / spec.name)
+            (folder / SPARE_FILE).unlink()
+        self._warm_later(spec.image)
+        return folder
+
+    def _spare_fits(self, link: Path, image: str) -> bool:
+        folder = (link.parent / os.readlink(link)).resolve()
         try:
-            return self._run(spec, folder)
-        except BaseException:
-            self._remove(container_id)
-            raise
+            made = json.loads((folder / SPARE_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return made.get("image") == image and made.get("layers") == self._image_key(image)
+
+    def _image_key(self, image: str) -> str | None:
+        """What identifies the image's content in udocker's store (its tag folder's layers and ancestry);
+        None where it is not there."""
+        repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+        folder = self.top / "repos" / repository / tag
+        if not folder.is_dir():
+            return None
+        parts = sorted(entry.name for entry in folder.iterdir())
+        for name in ("ancestry", "manifest", "TAG"):
+            if (folder / name).is_file():
+                parts.append((folder / name).read_text(errors="replace"))
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     def _run(self, spec: ContainerSpec, folder: Path) -> ContainerInfo:
         (folder / LABELS_FILE).write_text(json.dumps(
@@ -583,3 +670,8 @@ def _message(done: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in (done.stderr + done.stdout).splitlines()
              if line.strip() and not line.startswith(("Info:", "Warning: installation", " "))]
     return " ".join(lines)[-400:] or f"exit status {done.returncode}"
+
+
+def spare_name(image: str) -> str:
+    """The name of the spare container of `image` (never a booking's: those begin "gpubook-" and a booking id)."""
+    return SPARE_PREFIX + hashlib.sha256(image.encode()).hexdigest()[:16]
