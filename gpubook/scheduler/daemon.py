@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -300,6 +301,28 @@ class Daemon:
         """The names the page's auth "ldap" lets in: the users now (the directory is read again)."""
         return login_names(self.config)
 
+    def _listen_for_signals(self) -> socket.socket:
+        """SIGTERM, SIGINT, SIGHUP and SIGUSR1 reach `_signal` through a thread: the C handler writes each
+        signal's number into a socket pair (signal.set_wakeup_fd) and the Python handler does nothing.
+        `_signal` sets Events, which take a lock: run in the handler, a signal that came while the main
+        thread held that lock (in its wait) blocked the handler on it for good, and each later signal
+        stacked another handler on top until the stack overflowed (found by bench/soak.py, which sends
+        SIGUSR1 twice a second). Returns the writing end, closed at the stop (the thread then ends)."""
+        reading, writing = socket.socketpair()
+        writing.setblocking(False)
+        signal.set_wakeup_fd(writing.fileno(), warn_on_full_buffer=False)
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(number, _noted)
+
+        def relay() -> None:
+            with reading:
+                while received := reading.recv(256):
+                    for number in received:
+                        self._signal(number, None)
+
+        threading.Thread(target=relay, name="signals", daemon=True).start()
+        return writing
+
     def _signal(self, number: int, frame: FrameType | None) -> None:
         if number == signal.SIGHUP:
             self._reload.set()
@@ -311,8 +334,7 @@ class Daemon:
         self._nudge.set()  # the main loop acts now, not at its next turn
 
     def run(self) -> int:
-        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
-            signal.signal(number, self._signal)
+        signals = self._listen_for_signals()
         self._event(f"daemon started (pid {os.getpid()}), config {self.config.path}", level="info")
         self.scheduler.start()
         self._serve_web()
@@ -351,6 +373,8 @@ class Daemon:
             self._event("daemon stopped; containers keep running", level="info")
             log.info("gpubook daemon stopped; running containers keep running")  # a normal stop: no warning
             self.state.close()
+            signal.set_wakeup_fd(-1)
+            signals.close()
         return 0
 
     def _schedule_polls(self, *, first: datetime) -> None:
@@ -438,3 +462,7 @@ class Daemon:
         log.warning("%s", message)
         self._event(message, level="info")
         self._schedule_polls(first=wall)
+
+
+def _noted(number: int, frame: FrameType | None) -> None:
+    """The Python-level handler of the daemon's signals: nothing (the wakeup fd carries them to a thread)."""
