@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gpubook.runtime.engines import engine_from, udocker
+from gpubook.runtime.engines import EngineOptions, engine_from, udocker
+from gpubook.runtime.errors import EngineError
 from gpubook.scheduler.apply.handlers import notice_argv
-from tests.kits.engine_suite import BOOKER, Bookings, EngineBehaviour, _put, connect, new_key, run
+from tests.kits.engine_suite import BOOKER, Bookings, EngineBehaviour, _put, connect, lane_port, new_key, run
 from tests.kits.oci_policy import isolation_problems
 
 pytestmark = [pytest.mark.udocker, pytest.mark.skipif(os.geteuid() == 0, reason="udocker runs as a user")]
@@ -209,4 +210,15 @@ def test_a_spare_made_ahead_is_the_next_bookings_container_and_is_made_again(boo
     while spare() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert spare() is not None
+    # A racing daemon that saw no container by a running booking's name never takes that name for the spare.
+    class Racing(udocker.UdockerEngine):
+        def inspect(self, name: str) -> None:  # type: ignore[override]
+            return None
+
+    taken = bookings.start()
+    racer = Racing(engine.settings, EngineOptions(global_args=engine.global_args))
+    with pytest.raises(EngineError):
+        racer.start(replace(taken.spec, port=lane_port()))
+    assert engine.inspect(taken.spec.name).id == taken.ready.info.id  # type: ignore[union-attr]
+    assert spare() is not None  # the spare stays one
     engine._remove(link.name)  # the other tests start without one

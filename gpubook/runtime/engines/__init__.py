@@ -41,6 +41,7 @@ from gpubook.runtime.engines.spec import (
     ContainerSpec,
     ExecResult,
     ServiceSpec,
+    SpecTaken,
     booker_digest,
     booking_id_problem,
     container_name,
@@ -96,6 +97,7 @@ __all__ = [
     "info_from_labels",
     "make_engine",
     "permanent",
+    "SpecTaken",
     "preflight",
     "register",
 ]

@@ -38,6 +38,7 @@ from gpubook.runtime.engines.spec import (
     ContainerSpec,
     ExecResult,
     ServiceSpec,
+    SpecTaken,
     info_from_labels,
     permanent,
 )
@@ -70,10 +71,7 @@ class CliEngine(CliArgv, CliImages):
                 log.info("booking %s: already running as %s", spec.booking_id, spec.name)
                 return current
             if current.running:
-                raise permanent(
-                    f"booking {spec.booking_id}: {spec.name} already runs with another "
-                    f"spec (hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first"
-                )
+                raise SpecTaken(spec, current)
             self._remove_leftover(current)  # an exited leftover of an earlier start (a died container)
         else:
             self._end_unlisted(spec.name)  # an earlier `run` killed midway, still running

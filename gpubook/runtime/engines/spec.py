@@ -212,6 +212,18 @@ class ExecResult:
     stderr: str
 
 
+class SpecTaken(EngineError):
+    """The booking's container name runs with another spec (`current`): no retry cures it; the caller
+    decides whether that container may go (one run ahead whose start has not come: hosts/start.py)."""
+
+    temporary = False
+
+    def __init__(self, spec: ContainerSpec, current: ContainerInfo) -> None:
+        super().__init__(f"booking {spec.booking_id}: {spec.name} already runs with another spec (hash "
+                         f"{current.spec_hash}, wanted {spec.spec_hash}); stop it first")
+        self.current = current
+
+
 def permanent(message: str) -> EngineError:
     """An EngineError that no retry will cure (a missing image, a port in use by something else)."""
     error = EngineError(message)

@@ -49,7 +49,14 @@ from gpubook.runtime.engines import HOST_NETWORK_RISK, seccomp
 from gpubook.runtime.engines.cli_engine import check_port_free, mount_problem
 from gpubook.runtime.engines.cli_transport import EXEC_OUTPUT_LIMIT, QUICK_TIMEOUT, run_bounded
 from gpubook.runtime.engines.runc_version import runc_check
-from gpubook.runtime.engines.spec import ContainerInfo, ContainerSpec, ExecResult, info_from_labels, permanent
+from gpubook.runtime.engines.spec import (
+    ContainerInfo,
+    ContainerSpec,
+    ExecResult,
+    SpecTaken,
+    info_from_labels,
+    permanent,
+)
 from gpubook.runtime.engines.udocker_runc import KEPT_CAPABILITIES, POLICY_ENV, RUNC_ENV
 from gpubook.runtime.errors import EngineError
 
@@ -293,8 +300,7 @@ class UdockerEngine:
             if current.running and current.spec_hash == spec.spec_hash:
                 return current
             if current.running:
-                raise permanent(f"booking {spec.booking_id}: {spec.name} already runs with another spec "
-                                f"(hash {current.spec_hash}, wanted {spec.spec_hash}); stop it first")
+                raise SpecTaken(spec, current)
             self._remove(spec.name)
         elif (self.top / "containers" / spec.name).is_symlink() and self._folder(spec.name) is None:
             # gpubook's name with none of its labels beside it (read again here: `current` may be a
@@ -377,8 +383,13 @@ class UdockerEngine:
                 self._remove(name)
                 self._warm_later(spec.image)
                 return None
-            folder = (link.parent / os.readlink(link)).resolve()
-            os.replace(link, self.top / "containers" / spec.name)
+            target = os.readlink(link)
+            folder = (link.parent / target).resolve()
+            try:  # the booking's name made only where there is none: never another container's taken over
+                os.symlink(target, self.top / "containers" / spec.name)
+            except FileExistsError:
+                return None  # someone's (a racing daemon's): the create below fails on that name, as it did
+            link.unlink()
             (folder / SPARE_FILE).unlink()
         self._warm_later(spec.image)
         return folder

@@ -34,6 +34,7 @@ from gpubook.runtime.engines import (
     ContainerInfo,
     ContainerSpec,
     Engine,
+    SpecTaken,
     booking_id_problem,
     container_name,
     info_from_labels,
@@ -242,8 +243,19 @@ def run(place: Place, request: StartRequest) -> Started:
         place.engine.stop(built.name, 0)
         place.images.ready(request.template)
     try:
-        ready = launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
-                                     gate=place.gate(built.name), running=running)
+        try:
+            ready = launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
+                                         gate=place.gate(built.name), running=running)
+        except SpecTaken as taken:
+            if not _before_its_start(taken.current):
+                raise
+            # A container run ahead for another slot of this booking (moved since, and the pass's removal of
+            # it not done yet), whose SSH has not opened: nobody is in it. It goes; the start runs anew.
+            log.info("booking %s: its container run ahead for %s has not opened; run again for this start",
+                     request.booking_id, taken.current.start)
+            place.engine.stop(built.name, 0)
+            ready = launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
+                                         gate=place.gate(built.name))
     except EngineError:
         if not place.images.recheck(request.template):
             raise Preparing(f"{PREPARING_IMAGE}{request.template.name}: again, it was "
@@ -252,6 +264,11 @@ def run(place: Place, request: StartRequest) -> Started:
     lab = jupyter.availability(place.engine, built.name) if request.template.jupyter else None
     return Started(info=replace(ready.info, host=place.name), seconds_to_ssh=ready.seconds, jupyter=lab,
                    provenance=card.to_json(zone=UTC))
+
+
+def _before_its_start(current: ContainerInfo) -> bool:
+    """A container whose booking's start (its label) is still to come: its entrypoint keeps SSH shut."""
+    return current.start is not None and current.start > clock.now()
 
 
 def arm(place: Place, request: StartRequest) -> ContainerInfo:
