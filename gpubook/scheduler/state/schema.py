@@ -284,8 +284,9 @@ def set_aside(path: Path, error: Corrupt) -> None:
 
 
 # Each of the daemon's threads has its own connection (store.py), and each connection its own page
-# cache: at SQLite's default (2 MB) twenty of them grew the daemon by about 35 KB per booking as the
-# database grew (bench/soak.py). The file sits in the OS's cache anyway; 512 KiB each bounds them.
+# cache: at SQLite's default (2 MB) twenty of them could hold 40 MB as the database grows. The file
+# sits in the OS's cache anyway; 512 KiB each bounds them. (Suspected in the soak's slow RSS rise,
+# bench/soak.py; the run with this bound rose alike, so that rise has another cause: BENCHMARKS.md.)
 CACHE_KIB = 512
 
 
