@@ -216,7 +216,7 @@ class UdockerEngine:
         link = self.top / "containers" / name
         if not link.is_symlink():
             return None
-        folder = (link.parent / os.readlink(link)).resolve()
+        folder = _linked(link)
         return folder if (folder / LABELS_FILE).is_file() else None
 
     def _runc_state(self, folder: Path) -> tuple[str | None, int]:
@@ -347,7 +347,7 @@ class UdockerEngine:
         with self._name_lock(name) as lock:
             link = self.top / "containers" / name
             if link.is_symlink():
-                if self._spare_fits(link, image):
+                if self._spare_fits(_linked(link), image):
                     return
                 self._remove(name)
             key = self._image_key(image)
@@ -372,21 +372,21 @@ class UdockerEngine:
         thread.start()
 
     def _claim_spare(self, spec: ContainerSpec) -> Path | None:
-        """The spare of the spec's image, renamed to the booking's container (udocker's name is a link in
-        its containers folder: one rename), or None (no spare, or one of an older pull: removed)."""
+        """The spare of the spec's image, named as the booking's container (udocker's name is a link in its
+        containers folder: the booking's link made, the spare's removed), or None (no spare, one of an
+        older pull: removed, or the booking's name already someone's)."""
         name = spare_name(spec.image)
         link = self.top / "containers" / name
         with self._name_lock(name):
             if not link.is_symlink():
                 return None  # none made for it (only images the preparer readied get spares)
-            if not self._spare_fits(link, spec.image):
+            folder = _linked(link)
+            if not self._spare_fits(folder, spec.image):
                 self._remove(name)
                 self._warm_later(spec.image)
                 return None
-            target = os.readlink(link)
-            folder = (link.parent / target).resolve()
             try:  # the booking's name made only where there is none: never another container's taken over
-                os.symlink(target, self.top / "containers" / spec.name)
+                os.symlink(os.readlink(link), self.top / "containers" / spec.name)
             except FileExistsError:
                 return None  # someone's (a racing daemon's): the create below fails on that name, as it did
             link.unlink()
@@ -394,8 +394,8 @@ class UdockerEngine:
         self._warm_later(spec.image)
         return folder
 
-    def _spare_fits(self, link: Path, image: str) -> bool:
-        folder = (link.parent / os.readlink(link)).resolve()
+    def _spare_fits(self, folder: Path, image: str) -> bool:
+        """The spare in `folder` is of `image` as udocker's store holds it now (not of an older pull)."""
         try:
             made = json.loads((folder / SPARE_FILE).read_text())
         except (OSError, ValueError):
@@ -681,6 +681,11 @@ def _message(done: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in (done.stderr + done.stdout).splitlines()
              if line.strip() and not line.startswith(("Info:", "Warning: installation", " "))]
     return " ".join(lines)[-400:] or f"exit status {done.returncode}"
+
+
+def _linked(link: Path) -> Path:
+    """The container folder a name's link in udocker's containers folder leads to."""
+    return (link.parent / os.readlink(link)).resolve()
 
 
 def spare_name(image: str) -> str:

@@ -242,10 +242,13 @@ def run(place: Place, request: StartRequest) -> Started:
                  request.booking_id)
         place.engine.stop(built.name, 0)
         place.images.ready(request.template)
+    def start(running: ContainerInfo | None) -> launch.Ready:
+        return launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
+                                    gate=place.gate(built.name), running=running)
+
     try:
         try:
-            ready = launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
-                                         gate=place.gate(built.name), running=running)
+            ready = start(running)
         except SpecTaken as taken:
             if not _before_its_start(taken.current):
                 raise
@@ -254,8 +257,7 @@ def run(place: Place, request: StartRequest) -> Started:
             log.info("booking %s: its container run ahead for %s has not opened; run again for this start",
                      request.booking_id, taken.current.start)
             place.engine.stop(built.name, 0)
-            ready = launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
-                                         gate=place.gate(built.name))
+            ready = start(None)
     except EngineError:
         if not place.images.recheck(request.template):
             raise Preparing(f"{PREPARING_IMAGE}{request.template.name}: again, it was "

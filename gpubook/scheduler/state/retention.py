@@ -34,7 +34,6 @@ _PRUNED = (
     ("logins", "DELETE FROM logins WHERE at < ? AND booking_id NOT IN (SELECT booking_id FROM usage_bookings)"),
     ("usage_totals", "DELETE FROM usage_totals WHERE booking_id NOT IN (SELECT booking_id FROM usage_bookings)"),
 )
-EVENT_LOG_DAYS = 30  # the trigger's (schema.py, migration 11): keep_days below it is refused by the config
 
 
 class RetentionRecords:
