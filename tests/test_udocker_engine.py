@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import replace
@@ -210,6 +211,20 @@ def test_a_spare_made_ahead_is_the_next_bookings_container_and_is_made_again(boo
     while spare() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert spare() is not None
+    # One a killed daemon left half-made (its `udocker create` ended after the daemon: no spare's file) is
+    # made again by the next warm; so is one whose folder is gone (a name udocker's `rm` cannot remove).
+    half = spare()
+    assert half is not None
+    (half / udocker.SPARE_FILE).unlink()
+    engine.warm(image)
+    assert spare() not in (None, half) and not half.exists()
+    gone = spare()
+    assert gone is not None
+    subprocess.run(["chmod", "-R", "u+rwX", str(gone)], check=True)  # udocker's copy has folders without w
+    shutil.rmtree(gone)
+    assert link.is_symlink() and not link.exists()
+    engine.warm(image)
+    assert spare() is not None, "a spare name left without its folder blocked every spare after it"
     # A racing daemon that saw no container by a running booking's name never takes that name for the spare.
     class Racing(udocker.UdockerEngine):
         def inspect(self, name: str) -> None:  # type: ignore[override]

@@ -349,7 +349,7 @@ class UdockerEngine:
             if link.is_symlink():
                 if self._spare_fits(_linked(link), image):
                     return
-                self._remove(name)
+                self._drop_spare(name)
             key = self._image_key(image)
             if key is None:
                 return
@@ -382,7 +382,7 @@ class UdockerEngine:
                 return None  # none made for it (only images the preparer readied get spares)
             folder = _linked(link)
             if not self._spare_fits(folder, spec.image):
-                self._remove(name)
+                self._drop_spare(name)
                 self._warm_later(spec.image)
                 return None
             try:  # the booking's name made only where there is none: never another container's taken over
@@ -393,6 +393,16 @@ class UdockerEngine:
             (folder / SPARE_FILE).unlink()
         self._warm_later(spec.image)
         return folder
+
+    def _drop_spare(self, name: str) -> None:
+        """The spare `name` removed: one of an older pull, or one a killed daemon left half-made (its `udocker
+        create` ended after the daemon, which never wrote the spare's file). A name whose folder is gone is a
+        link udocker itself cannot remove (its `rm` finds no container by it): unlinked here."""
+        link = self.top / "containers" / name
+        if link.is_symlink() and not link.exists():
+            link.unlink(missing_ok=True)
+        else:
+            self._remove(name)
 
     def _spare_fits(self, folder: Path, image: str) -> bool:
         """The spare in `folder` is of `image` as udocker's store holds it now (not of an older pull)."""
