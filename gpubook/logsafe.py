@@ -57,3 +57,7 @@ def configure(level: int, *, times: bool = False) -> None:
     logging.basicConfig(level=level, format=fmt)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(OneLineFormatter(fmt, "%Y-%m-%d %H:%M:%S", journal=journal))
+    # paramiko's transport says each SSH probe's "Connected (version 2.0, ...)" and "Authentication (publickey)
+    # successful!" at info: two lines per start beside the daemon's own "SSH answered after ...". Its
+    # warnings stay; at debug level all of it.
+    logging.getLogger("paramiko").setLevel(logging.NOTSET if level <= logging.DEBUG else logging.WARNING)

@@ -146,7 +146,9 @@ def test_the_report_window_is_the_last_30_days_by_default() -> None:
 
 LOGS = ("import logging; from gpubook import logsafe; logsafe.configure(logging.INFO, times=True); "
         "logging.getLogger('gpubook.scheduler.daemon').warning('calendar unreachable'); "
-        "logging.getLogger('gpubook.scheduler.daemon').info('started')")
+        "logging.getLogger('gpubook.scheduler.daemon').info('started'); "
+        "logging.getLogger('paramiko.transport').info('Connected (version 2.0, client OpenSSH_9.2p1)'); "
+        "logging.getLogger('paramiko.transport').warning('Oops, unhandled type 3')")
 
 
 def _logged(**env: str) -> str:
@@ -165,9 +167,13 @@ def _logged(**env: str) -> str:
 
 def test_under_journald_each_line_has_its_priority_elsewhere_its_time() -> None:
     journal = _logged(journal="yes").splitlines()
-    assert journal == ["<4>WARNING calendar unreachable", "<6>INFO started"]  # journalctl -p warning: the first
+    # paramiko's info (each SSH probe's "Connected", "Authentication successful": two lines a start) is left out,
+    # its warnings kept.
+    assert journal == ["<4>WARNING calendar unreachable", "<6>INFO started",  # journalctl -p warning: the first
+                       "<4>WARNING Oops, unhandled type 3"]
     plain = _logged().splitlines()
-    assert [line.split(" ", 2)[2] for line in plain] == ["WARNING calendar unreachable", "INFO started"]
+    assert [line.split(" ", 2)[2] for line in plain] == ["WARNING calendar unreachable", "INFO started",
+                                                          "WARNING Oops, unhandled type 3"]
     assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", line) for line in plain)
     assert "gpubook.scheduler" not in "".join(journal + plain)  # a user reads the message, not a module path
     # Another stream than stderr named in $JOURNAL_STREAM (a parent's, inherited): not journald's.

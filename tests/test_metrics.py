@@ -116,7 +116,8 @@ def test_every_family_is_named_and_labelled_after_prometheus_conventions(usage: 
         "gpubook_used_gpu_seconds",
         "gpubook_gpu_utilisation_ratio", "gpubook_gpu_memory_used_bytes", "gpubook_gpu_memory_total_bytes",
         "gpubook_start_ssh_seconds", "gpubook_poll_duration_seconds", "gpubook_pass_duration_seconds",
-        "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls", "gpubook_released_bookings",
+        "gpubook_check_duration_seconds", "gpubook_calendar_errors", "gpubook_failed_starts", "gpubook_image_pulls",
+        "gpubook_released_bookings",
         "gpubook_standby_promotions",
         "gpubook_foreign_processes", "gpubook_build_info"}
     # gpubook_build_info{version} 1: Prometheus's info convention, the version the package says

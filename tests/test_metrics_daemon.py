@@ -103,6 +103,11 @@ def test_scrape_through_a_start_and_a_calendar_outage(tmp_path: Path, radicale, 
         assert problems(requests.get(url, timeout=10).text) == ""
         assert sample(families, "gpubook_build_info", "gpubook_build_info", version=gpubook.__version__) == 1
         assert sample(families, "gpubook_calendar_outage", "gpubook_calendar_outage") == 0
+        # The change checks between polls (every second here): counted, each with the server's answer time.
+        checked = wait_for("a change check counted", lambda: (f := scrape(url)) and sample(
+            f, "gpubook_check_duration_seconds", "gpubook_check_duration_seconds_count") >= 1 and f, timeout=60,
+            interval=0.2)
+        assert sample(checked, "gpubook_check_duration_seconds", "gpubook_check_duration_seconds_sum") > 0
 
         radicale.stop()
         daemon.poll()

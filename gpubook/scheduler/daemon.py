@@ -152,6 +152,8 @@ class Daemon:
             try:
                 checked = self.calendar.check(self.parts.calendars, now=clock.now(), lock=self._lock)
                 self._checks_failed = self._checks_failed + 1 if checked.failures else 0
+                if checked.checked:
+                    self.metrics.checked(seconds=checked.seconds)
                 # Paced by the server's answers only (a pass holding the lock meanwhile is no cost of
                 # the server's). Nothing to check (ICS feeds only, or not loaded yet): the next poll sets it.
                 pace = check_interval(check_seconds=daemon.check_seconds, poll_seconds=daemon.poll_seconds,

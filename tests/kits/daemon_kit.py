@@ -60,6 +60,8 @@ def daemon_test(test: T) -> T:
 ENGINE_LINES = {
     "podman": ('name = "podman"', 'runtime = "runc"', 'storage_driver = "overlay"'),
     "udocker": ('name = "udocker"', 'network = "host"'),
+    # containers that are SSH servers in the daemon's process (bench/department.py's twenty servers)
+    "answering": ('name = "tests.kits.department_kit:AnsweringEngine"',),
 }
 
 
@@ -103,8 +105,9 @@ def write_config(folder: Path, calendar_url: str, *, keys: dict[str, paramiko.PK
                  poll_seconds: float = 60, warn_minutes: float = 0.1, stale_after_minutes: float = 30,
                  notice_seconds: float = 3, restart_backoff_seconds: float = 1, template: str = "debian-ssh",
                  templates_dir: Path | None = None, engine_lines: Sequence[str] = (),
-                 gpu_lines: Sequence[str] = (), engine: str = "podman", state_dir: Path | None = None) -> Path:
-    low, high = port_range()
+                 gpu_lines: Sequence[str] = (), engine: str = "podman", state_dir: Path | None = None,
+                 ports: tuple[int, int] | None = None) -> Path:
+    low, high = ports or port_range()
     if not (folder / "data").exists():
         # gpubook refuses a data_root without nosuid,nodev: the test mount's, seen as folder/data.
         (folder / "data").symlink_to(tempfile.mkdtemp(prefix="daemon-", dir=safe_data.MOUNT))

@@ -59,6 +59,7 @@ PREPARATION_STATES = ("queued", "pulling", "warming", "building", "ready", "fail
 # Start-to-SSH: from the engine start to the probe's login (an armed container: from its opening).
 SSH_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 POLL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+CHECK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 P = ParamSpec("P")
 
@@ -131,6 +132,10 @@ class Metrics:
         self.poll_duration = Histogram(f"{PREFIX}_poll_duration_seconds", "Seconds of one poll: reading the "
                                        "calendars and the pass after it.", buckets=POLL_BUCKETS,
                                        registry=self.registry)
+        self.check_duration = Histogram(f"{PREFIX}_check_duration_seconds", "Seconds of one change check's "
+                                        "requests (the calendar server's answers): the count is the checks made, "
+                                        "and the next check waits at least 10 times the last one.",
+                                        buckets=CHECK_BUCKETS, registry=self.registry)
         self.pass_duration = Histogram(f"{PREFIX}_pass_duration_seconds", "Seconds of one pass (polls and "
                                        "boundary wake-ups).", buckets=POLL_BUCKETS, registry=self.registry)
         self.calendar_errors = Counter(f"{PREFIX}_calendar_errors", "Calendar reads that failed, by calendar "
@@ -174,6 +179,10 @@ class Metrics:
     @_guarded
     def polled(self, *, seconds: float) -> None:
         self.poll_duration.observe(seconds)
+
+    @_guarded
+    def checked(self, *, seconds: float) -> None:
+        self.check_duration.observe(seconds)
 
     @_guarded
     def passed(self, *, seconds: float) -> None:
