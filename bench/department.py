@@ -156,7 +156,7 @@ def rss_mb(pid: int) -> float:
 # --- the daemons -------------------------------------------------------------------------------------
 
 def start_servers(count: int, *, folder: Path, radicale: servers.CalendarServer, keys: dict[str, paramiko.PKey],
-                  starts: Path) -> list[Server]:
+                  starts: Path, gpus: int = GPUS) -> list[Server]:
     low, high = lane_ports()
     if (high - low + 1) < count * PORTS_EACH + count:
         raise SystemExit(f"the port range {low}-{high} is too small for {count} daemons")
@@ -167,7 +167,7 @@ def start_servers(count: int, *, folder: Path, radicale: servers.CalendarServer,
         base = low + number * PORTS_EACH
         page_port = high - number  # the pages' ports from the top of the range, the bookings' from the bottom
         url = f"{radicale.base_url}/test/server-{number:02d}/"
-        config = write_config(home, url, keys=keys, gpus=GPUS, engine="answering",
+        config = write_config(home, url, keys=keys, gpus=gpus, engine="answering",
                               ports=(base, base + PORTS_EACH - 1), poll_seconds=60)
         text = config.read_text().replace('name = "127.0.0.1"', f'name = "server-{number:02d}"')
         text += f'\n[web]\nenabled = true\nlisten = "127.0.0.1:{page_port}"\nauth = "none"\nmetrics = true\n'
@@ -326,7 +326,9 @@ def run(*, daemons: int, events: int, bookings: int, idle: float, outage: float,
     department: list[Server] = []
     try:
         began = time.monotonic()
-        department = start_servers(daemons, folder=folder, radicale=radicale, keys=keys, starts=starts)
+        # Enough GPUs that none is refused for want of one: the bookings spread evenly, and three more each.
+        gpus = max(GPUS, -(-bookings // daemons) + 3)
+        department = start_servers(daemons, folder=folder, radicale=radicale, keys=keys, starts=starts, gpus=gpus)
         for server in department:
             wait_for(f"{server.name} read its calendar",
                      lambda s=server: scrape(s).get("gpubook_last_poll_success_timestamp_seconds", 0) > 0,  # type: ignore[misc]
