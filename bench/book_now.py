@@ -2,7 +2,7 @@
 and what the daemon costs meanwhile when nothing happens. Prints the figures.
 
     PYTHONPATH=. python bench/book_now.py [--count 20] [--events 40] [--idle-seconds 60]
-                                          [--servers radicale,xandikos]
+                                          [--servers radicale,xandikos] [--engine podman|udocker] [--gap S]
 
 Run as an account with rootless podman (the debian-ssh image is built once, as the daemon tests
 do). For each server (real Radicale and Xandikos, started here): a calendar of `--events` other
@@ -157,7 +157,7 @@ def book_from_page(url: str) -> tuple[str, int, float]:
 
 
 def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: paramiko.PKey,
-               via: str = "calendar") -> dict:
+               via: str = "calendar", engine_name: str = "podman", gap: float | None = None) -> dict:
     from tests.kits import servers
     from tests.kits.daemon_kit import DaemonProcess, try_login, write_config
     from tests.kits.front import CountingFront
@@ -175,7 +175,8 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
         try:
             url = front.base_url + calendar.url.path
             config = write_config(Path(folder), url, keys={"alice": key, "bob": paramiko.ECDSAKey.generate(bits=256)},
-                                  poll_seconds=60, gpus=count + 4)  # one GPU each: none refused for want of one
+                                  poll_seconds=60, gpus=count + 4,  # one GPU each: none refused for want of one
+                                  engine=engine_name)
             from tests.kits import ask_kit
 
             env = ask_kit.researcher_env(Path(folder) / "home", GPUBOOK_DAEMON_ACCOUNT=ask_kit.login())
@@ -205,7 +206,7 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
                 time.sleep(0.1)
             with State(state_path) as state:
                 for n in range(count):
-                    time.sleep(1 + random.random())  # noqa: S311 - a phase, not a secret
+                    time.sleep(gap if gap is not None else 1 + random.random())  # noqa: S311 - a phase, not a secret
                     began = time.monotonic()
                     client = port = None
                     if via == "terminal":
@@ -248,14 +249,21 @@ def one_server(kind: str, *, count: int, events: int, idle_seconds: float, key: 
                     kept.write_bytes(daemon.log.read_bytes())
                     print(f"{kind}: the daemon's log is kept in {kept}", file=sys.stderr)
             front.stop()
-            from gpubook.runtime.engines import engine_from
-
-            engine = engine_from("podman", runtime="runc", storage_driver="overlay")
+            engine = bench_engine(engine_name)
             for booking_id in ids:
                 engine.stop(container_name(booking_id), 0)
     own, children = after[0] - before[0], after[1] - before[1]
     return {"server": kind, "logins": figures, "answered": answered, "locked": locked, "idle_wall": wall,
             "cpu_own": own, "cpu_children": children, "per_minute": {m: n * 60 / wall for m, n in sorted(sent.items())}}
+
+
+def bench_engine(name: str):  # type: ignore[no-untyped-def]
+    """The engine the daemon runs, as the bench reaches it (its image built, its containers stopped)."""
+    from gpubook.runtime.engines import engine_from
+
+    if name == "udocker":  # the host's network only
+        return engine_from("udocker", network="host")
+    return engine_from("podman", runtime="runc", storage_driver="overlay")
 
 
 def main() -> None:
@@ -267,16 +275,19 @@ def main() -> None:
     parser.add_argument("--via", choices=("calendar", "terminal", "page"), default="calendar",
                         help="how each booking is made: saved into the calendar (a PUT, as a calendar program "
                         "does), `gpubook book` in a shell on the server, or the status page's form (issue 40)")
+    parser.add_argument("--engine", choices=("podman", "udocker"), default="podman",
+                        help="the daemon's engine (udocker: its store in $UDOCKER_DIR or ~/.udocker, a spare "
+                        "container of the image made ahead for each booking for now, issue 42)")
+    parser.add_argument("--gap", type=float, help="seconds between bookings (default: 1 to 2 at random); "
+                        "udocker's next spare is made in the background after each start")
     args = parser.parse_args()
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # logins tried before sshd listens are expected
 
-    from gpubook.runtime.engines import engine_from
     from gpubook.runtime.templates import overlay_image
     from gpubook.runtime.templates.catalog import get_template
     from tests.kits.engine_suite import CACHE_DIR
 
-    engine = engine_from("podman", runtime="runc", storage_driver="overlay")
-    overlay_image.build_rootfs_image(engine, get_template("debian-ssh"), cache_dir=CACHE_DIR)
+    overlay_image.build_rootfs_image(bench_engine(args.engine), get_template("debian-ssh"), cache_dir=CACHE_DIR)
     key = paramiko.ECDSAKey.generate(bits=256)
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {machine()}")
     made = {"calendar": "saved (PUT)", "terminal": "`gpubook book` run", "page": "the page's form posted"}[args.via]
@@ -285,14 +296,15 @@ def main() -> None:
           "changing (target daemon CPU <= 1 % of one core)")
     for kind in args.servers.split(","):
         result = one_server(kind, count=args.count, events=args.events, idle_seconds=args.idle_seconds, key=key,
-                            via=args.via)
+                            via=args.via, engine_name=args.engine, gap=args.gap)
         logins = result["logins"]
         if result["answered"]:
             answered = result["answered"]
             print(f"{kind}: {made} → its ssh line shown: median {statistics.median(answered):.2f} s, "
                   f"worst {max(answered):.2f} s, best {min(answered):.2f} s")
-        print(f"{kind} ({args.via}): login median {statistics.median(logins):.2f} s, worst {max(logins):.2f} s, "
-              f"best {min(logins):.2f} s ({result['locked']} saves answered 423 Locked and sent again)")
+        print(f"{kind} ({args.via}, {args.engine}): login median {statistics.median(logins):.2f} s, "
+              f"worst {max(logins):.2f} s, best {min(logins):.2f} s "
+              f"({result['locked']} saves answered 423 Locked and sent again)")
         wall, own, children = result["idle_wall"], result["cpu_own"], result["cpu_children"]
         requests = ", ".join(f"{method} {rate:.1f}" for method, rate in result["per_minute"].items()) or "none"
         print(f"{kind}: idle over {wall:.0f} s: daemon CPU {100 * own / wall:.2f} %, with the podman commands it "

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpubook.runtime.engines import container_name, udocker
+from gpubook.runtime.templates import overlay_image
+from gpubook.runtime.templates.catalog import get_template
 from gpubook.scheduler.state import State
 from tests.kits.daemon_kit import (
     DaemonProcess,
@@ -201,6 +203,41 @@ def test_a_start_cut_off_before_its_labels_does_not_block_the_booking(tmp_path: 
     info = wait_for("the booking's container", lambda: running_container(engine, "cut-ud@test"), timeout=90,
                     daemon=daemon)
     assert info.id != leftover and not (engine.top / "containers" / leftover).exists()
+    client = wait_for("SSH login", lambda: try_login(info.port, "alice", keys["alice"]), timeout=30, daemon=daemon)
+    client.close()
+
+
+def test_an_image_loaded_before_the_daemon_gets_a_spare_for_the_next_booking_for_now(
+        tmp_path: Path, radicale, engine, keys, cleanup, daemons) -> None:
+    """An image an admin put into udocker's store (`udocker load`) is ready when the daemon first sees it,
+    without a preparation of the daemon's, which is what made the image's spare (issue 42, part 4): so the
+    first booking for now paid `udocker create`, and so did every later one, since only a spare taken is
+    made again. The daemon now makes the spare when it finds the image here: the next booking for now
+    starts in it."""
+    image = overlay_image.run_image(get_template("debian-ssh"))
+    spare = engine.top / "containers" / udocker.spare_name(image)
+    engine._remove(spare.name)  # as after an admin's `udocker load`: no spare yet
+
+    def made() -> Path | None:
+        if not spare.is_symlink():
+            return None
+        folder = (spare.parent / os.readlink(spare)).resolve()
+        return folder if (folder / udocker.SPARE_FILE).is_file() else None
+
+    calendar = radicale.new_calendar()
+    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, engine="udocker")
+    book(calendar, "first-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("first-ud@test")
+    daemon = DaemonProcess(config).start()
+    daemons.append(daemon)
+    wait_for("the first booking's container", lambda: running_container(engine, "first-ud@test"), timeout=120,
+             daemon=daemon)
+    folder = wait_for("the image's spare", made, timeout=180, daemon=daemon)
+    book(calendar, "next-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append("next-ud@test")
+    info = wait_for("the next booking's container", lambda: running_container(engine, "next-ud@test"), timeout=120,
+                    daemon=daemon)
+    assert info.id == folder.name, "the next booking for now did not start in the spare made ahead"
     client = wait_for("SSH login", lambda: try_login(info.port, "alice", keys["alice"]), timeout=30, daemon=daemon)
     client.close()
 

@@ -171,6 +171,16 @@ def loader(engine: Engine, *, why: str) -> Loader:
 
 
 @runtime_checkable
+class KeepsSpares(Protocol):
+    """An engine that makes a booking's container of an image ahead (udocker's spare: its `udocker create`
+    copy, 9 s for debian-ssh, paid before a booking for now rather than at its start)."""
+
+    def keep_spare(self, image: str) -> None:
+        """A spare of `image` made in the background where none fits (none, half-made, of an older pull)."""
+        ...
+
+
+@runtime_checkable
 class ServiceRunner(Protocol):
     """An engine that runs long-lived service containers beside bookings (the SFTP service)."""
 

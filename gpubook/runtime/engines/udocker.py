@@ -356,6 +356,11 @@ class UdockerEngine:
             folder = self._create(name, image, lock=lock)
             (folder / SPARE_FILE).write_text(json.dumps({"image": image, "layers": key}))
 
+    def keep_spare(self, image: str) -> None:
+        """A spare of `image` in the background, where none fits (the image preparer, for an image it found
+        here already: an admin's `udocker load`, or a spare a killed daemon left half-made)."""
+        self._warm_later(image)
+
     def _warm_later(self, image: str) -> None:
         """The next spare of `image`, made in a thread of its own (a start never waits for it)."""
         def make() -> None:

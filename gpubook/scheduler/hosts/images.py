@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
-from gpubook.runtime.engines import Engine
+from gpubook.runtime.engines import Engine, KeepsSpares
 from gpubook.runtime.errors import PREPARING_IMAGE, EngineError, GpubookError, Preparing
 from gpubook.runtime.templates import images, overlay_image
 from gpubook.runtime.templates.catalog import Template
@@ -152,6 +152,7 @@ class ImagePreparer:
             with self._lock:
                 self._states[key_of(template)] = Preparation(template.name, template.image,
                                                              overlay_image.run_image(template), READY, now)
+            self._keep_spare(template)
             return overlay_image.run_image(template)
         if current is not None and current.state == FAILED and self._present(template):
             # Put there by hand since it failed (udocker's store is filled by an admin's `udocker
@@ -160,6 +161,7 @@ class ImagePreparer:
                 self._states[key_of(template)] = replace(current, state=READY, since=now, why="", retry_at=None,
                                                          detail="present (put there since it failed)")
             log.info("template %s: its image is ready (present since it failed)", template.name)
+            self._keep_spare(template)
             return overlay_image.run_image(template)
         if current is not None and current.present and current.state in (PULLING, WARMING):
             # Here before its preparation looked (CI of 2026-11-29: the preparation queued by this very
@@ -188,6 +190,12 @@ class ImagePreparer:
         if current.state == FAILED:
             raise Preparing(f"image not ready: {current.why}: {current.detail}")
         raise Preparing(shown or current.sentence(self.zone))
+
+    def _keep_spare(self, template: Template) -> None:
+        """An image found here (not prepared by this daemon): the engine's spare of it made in the background
+        where none fits, so that the next booking for now does not pay its copy (udocker: `KeepsSpares`)."""
+        if isinstance(self.engine, KeepsSpares):
+            self.engine.keep_spare(overlay_image.run_image(template))
 
     def _take_first_start(self, template: Template, states: tuple[str, ...]) -> bool:
         """(Under the lock.) A booking's start makes the image's first chowned copy itself, and the
@@ -314,15 +322,17 @@ class ImagePreparer:
         began = clock.now()
         with self._lock:  # the check and the state at once: ready() reads and sets it under this lock too
             current = self._states[key_of(template)]
-            if current.first_start_taken:
-                log.info("template %s: its first start is a booking's own (started while it was queued)",
-                         template.name)
-                return
-            total = current.total or 0
-            left = total * self.after_download - (began - (current.downloaded or began)).total_seconds()
-            self._states[key_of(template)] = replace(
-                current, state=WARMING, done=total, since=began,
-                ready_about=began + timedelta(seconds=max(0.0, left)) if total else None)
+            taken = current.first_start_taken
+            if not taken:
+                total = current.total or 0
+                left = total * self.after_download - (began - (current.downloaded or began)).total_seconds()
+                self._states[key_of(template)] = replace(
+                    current, state=WARMING, done=total, since=began,
+                    ready_about=began + timedelta(seconds=max(0.0, left)) if total else None)
+        if taken:  # a spare (udocker's) is no first start: made aside for the next booking all the same
+            log.info("template %s: its first start is a booking's own (started while it was queued)", template.name)
+            self._keep_spare(template)
+            return
         image = overlay_image.run_image(template)
         try:
             warm(image)
