@@ -14,6 +14,7 @@ import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,14 +96,21 @@ def test_booking_runs_from_start_to_end(tmp_path: Path, radicale, engine, keys, 
     assert daemon.process.wait(timeout=30) == 0
 
 
-def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale, engine, keys, cleanup,
-                                                       daemons) -> None:
+def _daemon_with_a_booking_for_now(tmp_path: Path, radicale, keys, cleanup, daemons,  # type: ignore[no-untyped-def]
+                                   uid: str) -> tuple[Any, Path, DaemonProcess]:
+    """A new calendar holding `uid` (alice's, begun a second ago, ten minutes long) and a udocker daemon reading it."""
     calendar = radicale.new_calendar()
     config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, engine="udocker")
-    book(calendar, "adopt-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
-    cleanup.append("adopt-ud@test")
+    book(calendar, uid, user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
+    cleanup.append(uid)
     daemon = DaemonProcess(config).start()
     daemons.append(daemon)
+    return calendar, config, daemon
+
+
+def test_kill_9_then_restart_adopts_the_same_container(tmp_path: Path, radicale, engine, keys, cleanup,
+                                                       daemons) -> None:
+    _, config, daemon = _daemon_with_a_booking_for_now(tmp_path, radicale, keys, cleanup, daemons, "adopt-ud@test")
     first = wait_for("the container", lambda: running_container(engine, "adopt-ud@test"), timeout=90, daemon=daemon)
     status_file = tmp_path / "state" / "daemon-status.json"
     for round_number in range(6):
@@ -224,12 +232,7 @@ def test_an_image_loaded_before_the_daemon_gets_a_spare_for_the_next_booking_for
         folder = (spare.parent / os.readlink(spare)).resolve()
         return folder if (folder / udocker.SPARE_FILE).is_file() else None
 
-    calendar = radicale.new_calendar()
-    config = write_config(tmp_path, str(calendar.url), keys=keys, poll_seconds=60, engine="udocker")
-    book(calendar, "first-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
-    cleanup.append("first-ud@test")
-    daemon = DaemonProcess(config).start()
-    daemons.append(daemon)
+    calendar, _, daemon = _daemon_with_a_booking_for_now(tmp_path, radicale, keys, cleanup, daemons, "first-ud@test")
     wait_for("the first booking's container", lambda: running_container(engine, "first-ud@test"), timeout=120,
              daemon=daemon)
     folder = wait_for("the image's spare", made, timeout=180, daemon=daemon)
