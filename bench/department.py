@@ -51,6 +51,8 @@ import paramiko  # noqa: E402
 import requests  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from bench.book_now import cpu_seconds  # noqa: E402
+from bench.soak import proc_figures  # noqa: E402
 from tests.kits import servers  # noqa: E402
 from tests.kits.daemon_kit import DaemonProcess, event_text, lane_ports, wait_for, write_config  # noqa: E402
 from tests.kits.department_kit import STARTS_ENV  # noqa: E402
@@ -61,7 +63,6 @@ FUTURE_SHARE = 10  # one event in this many is in the coming weeks (accepted by 
 BOOKING_MINUTES = 30  # a bench booking's length: none ends while the bench runs
 AHEAD = 60.0  # seconds before the outage's middle the bookings started in it are saved (all seen by then)
 START_LATE = 15.0  # seconds after its start a booking known before an outage may start, and still be on time
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 UPCOMING = "upcoming"  # scrape's key for gpubook_bookings{state="upcoming"}
 UNREACHABLE, REACHABLE = "calendar unreachable", "calendar reachable again"
 
@@ -141,16 +142,14 @@ def past_and_future_events(folder: Path, count: int, *, server: int, now: dateti
         (folder / f"history-{number}.ics").write_text(text, newline="")
 
 
-def proc_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime
+def cpu(pid: int) -> float:
+    """The process's own CPU seconds (book_now's reading of /proc)."""
+    return cpu_seconds(pid)[0]
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def histogram(before: dict[str, float], after: dict[str, float], family: str) -> tuple[float, float]:
+    """(observations, their seconds) of the histogram `family` between two scrapes."""
+    return (after[f"{family}_count"] - before[f"{family}_count"], after[f"{family}_sum"] - before[f"{family}_sum"])
 
 
 # --- the daemons -------------------------------------------------------------------------------------
@@ -209,13 +208,14 @@ class Meter:
         self.phase = Phase(name)
         self.began = time.monotonic()
         self.radicale_pid = self.radicale.process.pid  # type: ignore[union-attr]
-        self.radicale_ticks = proc_ticks(self.radicale_pid)
-        self.daemon_ticks = sum(proc_ticks(s.daemon.process.pid) for s in self.department)  # type: ignore[union-attr]
+        self.radicale_cpu = cpu(self.radicale_pid)
+        self.daemons_cpu = sum(cpu(s.daemon.process.pid) for s in self.department)  # type: ignore[union-attr]
         self.scrapes = [scrape(s) for s in self.department]
 
     def tick(self) -> None:
         try:
-            self.phase.radicale_rss_mb = max(self.phase.radicale_rss_mb, rss_mb(self.radicale.process.pid))  # type: ignore[union-attr]
+            rss = proc_figures(self.radicale.process.pid)[0]  # type: ignore[union-attr]
+            self.phase.radicale_rss_mb = max(self.phase.radicale_rss_mb, rss)
         except (OSError, AttributeError):
             pass
 
@@ -223,22 +223,20 @@ class Meter:
         phase = self.phase
         phase.seconds = time.monotonic() - self.began
         if self.radicale.process is not None and self.radicale.process.pid == self.radicale_pid:
-            phase.radicale_cpu = (proc_ticks(self.radicale_pid) - self.radicale_ticks) / CLOCK_TICKS / phase.seconds
-        phase.daemons_cpu = (sum(proc_ticks(s.daemon.process.pid) for s in self.department)  # type: ignore[union-attr]
-                             - self.daemon_ticks) / CLOCK_TICKS / phase.seconds
+            phase.radicale_cpu = (cpu(self.radicale_pid) - self.radicale_cpu) / phase.seconds
+        phase.daemons_cpu = (sum(cpu(s.daemon.process.pid) for s in self.department)  # type: ignore[union-attr]
+                             - self.daemons_cpu) / phase.seconds
         for server, before in zip(self.department, self.scrapes, strict=True):
             after = scrape(server)
             if not before or not after:
                 continue
-            checks = after["gpubook_check_duration_seconds_count"] - before["gpubook_check_duration_seconds_count"]
+            checks, spent = histogram(before, after, "gpubook_check_duration_seconds")
             phase.checks_per_second.append(checks / phase.seconds)
             if checks:
-                phase.check_answer_ms.append(1000 * (after["gpubook_check_duration_seconds_sum"]
-                                                     - before["gpubook_check_duration_seconds_sum"]) / checks)
-            passes = after["gpubook_pass_duration_seconds_count"] - before["gpubook_pass_duration_seconds_count"]
+                phase.check_answer_ms.append(1000 * spent / checks)
+            passes, spent = histogram(before, after, "gpubook_pass_duration_seconds")
             if passes:
-                phase.pass_ms.append(1000 * (after["gpubook_pass_duration_seconds_sum"]
-                                             - before["gpubook_pass_duration_seconds_sum"]) / passes)
+                phase.pass_ms.append(1000 * spent / passes)
         return phase
 
 

@@ -5,7 +5,6 @@ in with paramiko. What differs from podman (tests/test_daemon.py) is checked whe
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ from tests.kits.daemon_kit import (
     wait_for,
     write_config,
 )
+from tests.kits.engine_suite import finished_spare
 
 pytestmark = [
     pytest.mark.udocker, pytest.mark.caldav, pytest.mark.slow, pytest.mark.daemon,
@@ -223,19 +223,12 @@ def test_an_image_loaded_before_the_daemon_gets_a_spare_for_the_next_booking_for
     made again. The daemon now makes the spare when it finds the image here: the next booking for now
     starts in it."""
     image = overlay_image.run_image(get_template("debian-ssh"))
-    spare = engine.top / "containers" / udocker.spare_name(image)
-    engine._remove(spare.name)  # as after an admin's `udocker load`: no spare yet
-
-    def made() -> Path | None:
-        if not spare.is_symlink():
-            return None
-        folder = (spare.parent / os.readlink(spare)).resolve()
-        return folder if (folder / udocker.SPARE_FILE).is_file() else None
+    engine._remove(udocker.spare_name(image))  # as after an admin's `udocker load`: no spare yet
 
     calendar, _, daemon = _daemon_with_a_booking_for_now(tmp_path, radicale, keys, cleanup, daemons, "first-ud@test")
     wait_for("the first booking's container", lambda: running_container(engine, "first-ud@test"), timeout=120,
              daemon=daemon)
-    folder = wait_for("the image's spare", made, timeout=180, daemon=daemon)
+    folder = wait_for("the image's spare", lambda: finished_spare(engine, image), timeout=180, daemon=daemon)
     book(calendar, "next-ud@test", user="alice", start=soon(0) - timedelta(seconds=1), end=soon(600))
     cleanup.append("next-ud@test")
     info = wait_for("the next booking's container", lambda: running_container(engine, "next-ud@test"), timeout=120,
@@ -302,24 +295,13 @@ def test_kill_9_during_the_first_start_leaves_one_container(tmp_path: Path, radi
     # daemon's `udocker create` of the spare goes on after it (holding the spare's lock, waited out here) and
     # may leave the spare without its file: still the one copy under the spare's name, replaced at the next
     # booking of the image (tests/test_udocker_engine.py). CI of 2026-11-30 counted it as a leftover.
-    _wait_for_creates(engine, udocker.spare_name(info.image))
+    with engine._name_lock(udocker.spare_name(info.image)):  # held by a killed daemon's create while it runs
+        pass
     now = _container_folders(engine.top)
     spare = engine.top / "containers" / udocker.spare_name(info.image)
-    spares = {Path(os.readlink(spare)).name} if spare.is_symlink() else set()
+    spares = {udocker._linked(spare).name} if spare.is_symlink() else set()
     assert info.id in now and info.id not in spares, (spares, info.id)
     assert now - folders - spares <= {info.id}, events(tmp_path, "early-ud@test")
-
-
-def _wait_for_creates(engine: udocker.UdockerEngine, name: str) -> None:
-    """Until no `udocker create` of `name` runs: a killed daemon's goes on, holding the name's lock."""
-    lock = engine.top / "gpubook" / "locks" / f"{name}.lock"
-    if not lock.exists():
-        return
-    fd = os.open(lock, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while one runs (each bounded by the engine's RUN_TIMEOUT)
-    finally:
-        os.close(fd)
 
 
 def _container_folders(top: Path) -> set[str]:

@@ -17,7 +17,17 @@ import pytest
 from gpubook.runtime.engines import EngineOptions, engine_from, udocker
 from gpubook.runtime.errors import EngineError
 from gpubook.scheduler.apply.handlers import notice_argv
-from tests.kits.engine_suite import BOOKER, Bookings, EngineBehaviour, _put, connect, lane_port, new_key, run
+from tests.kits.engine_suite import (
+    BOOKER,
+    Bookings,
+    EngineBehaviour,
+    _put,
+    connect,
+    finished_spare,
+    lane_port,
+    new_key,
+    run,
+)
 from tests.kits.oci_policy import isolation_problems
 
 pytestmark = [pytest.mark.udocker, pytest.mark.skipif(os.geteuid() == 0, reason="udocker runs as a user")]
@@ -181,10 +191,7 @@ def test_a_spare_made_ahead_is_the_next_bookings_container_and_is_made_again(boo
     link = engine.top / "containers" / udocker.spare_name(image)
 
     def spare() -> Path | None:
-        if not link.is_symlink():
-            return None
-        folder = (link.parent / os.readlink(link)).resolve()
-        return folder if (folder / udocker.SPARE_FILE).is_file() else None
+        return finished_spare(engine, image)
 
     engine.warm(image)
     made = spare()

@@ -27,7 +27,7 @@ import pytest
 from gpubook.runtime import private
 from gpubook.runtime.booking import launch, ssh
 from gpubook.runtime.data import storage
-from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from
+from gpubook.runtime.engines import ContainerSpec, Engine, EngineOptions, container_name, engine_from, udocker
 from gpubook.runtime.engines.cli_engine import EXEC_OUTPUT_LIMIT
 from gpubook.runtime.errors import EngineError, StorageError
 from gpubook.runtime.templates.catalog import Template
@@ -425,3 +425,12 @@ def owner_for_podman(uid: int) -> int:
                              text=True, check=True).stdout
     base = next(int(f[1]) for f in (line.split() for line in uid_map.splitlines()) if f[0] == "1")
     return base + uid
+
+
+def finished_spare(engine: udocker.UdockerEngine, image: str) -> Path | None:
+    """The folder of udocker's spare container of `image`, once made whole (its spare file written)."""
+    link = engine.top / "containers" / udocker.spare_name(image)
+    if not link.is_symlink():
+        return None
+    folder = udocker._linked(link)
+    return folder if (folder / udocker.SPARE_FILE).is_file() else None
