@@ -9,11 +9,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpubook.runtime.engines import ContainerInfo, container_name
 from gpubook.scheduler.hosts import Started, StartRequest
 from gpubook.scheduler.outbox.writeback import Remarks, WriteBack
 from gpubook.scheduler.sources import block
-from gpubook.scheduler.state import ContainerRecord, State
+from gpubook.scheduler.state import ContainerRecord, State, notes
 from tests.kits.pass_kit import HOLD, NOW, Machine, bookings, event, make_config, make_pass, running
 
 
@@ -143,3 +145,48 @@ def test_a_start_recorded_while_a_pass_reads_is_not_taken_for_a_death(tmp_path: 
             passes.close()
         assert container_name("x") in machine.containers  # still running
         assert [r.exit_reason for r in state.containers(booking_id="x")] == [None]  # no death recorded
+
+
+@pytest.mark.parametrize("newer", [True, False], ids=["newer", "same"])
+def test_a_pass_during_a_woken_read_still_writes_its_newer_outcome(tmp_path: Path, newer: bool) -> None:
+    """A held booking's start ends in `Preparing` and wakes its write-back, whose deliverer reads
+    State at once: before the pass has noted the image's newer line. The pass then writes its own
+    outcome, with that line, while the read is still at work: it is written after the read's, not
+    dropped as the same outcome (CI of 2026-11-30: the event kept "0 of 15 MB" until the image was
+    ready, test_daemon_images). The same outcome is written once."""
+
+    config = make_config(tmp_path)
+    with State(tmp_path / "state.sqlite") as state:
+        occurrences = bookings(config, event("x", NOW - timedelta(seconds=1), NOW + timedelta(hours=1)))
+        plan = make_pass(config, Machine(), state).plan(occurrences, [], now=NOW)
+        notes.IMAGE.write(state, "x", "preparing image lab: 0 of 15 MB", at=NOW)
+        writeback = WriteBack(config, state)
+        written: list[block.Outcome] = []
+        read, go = threading.Event(), threading.Event()
+        recorded = writeback._recorded
+
+        def held_read(*args: Any, **kwargs: Any) -> block.Outcome | None:  # the deliverer's read, held
+            outcome = recorded(*args, **kwargs)
+            read.set()
+            go.wait(HOLD)
+            return outcome
+
+        def send(calendar: object, job: Any) -> None:
+            written.append(job.outcome)
+            state.write_back_done(job.item.id, status=job.key, etag=None, at=job.now)
+
+        writeback._recorded = held_read  # type: ignore[method-assign]
+        writeback._send = send  # type: ignore[method-assign]
+        try:
+            writeback.wake(plan.accepted[0], containers=[], etag=None, now=NOW)
+            assert read.wait(HOLD)  # it has read the old line
+            if newer:
+                notes.IMAGE.write(state, "x", "preparing image lab: 11 of 15 MB, ready about 12:01", at=NOW)
+            writeback.write(plan, containers=[], now=NOW, etags={})
+            go.set()
+            assert writeback.settle(HOLD)
+        finally:
+            go.set()
+            writeback.close()
+    line = "preparing image lab: 11 of 15 MB, ready about 12:01" if newer else "preparing image lab: 0 of 15 MB"
+    assert [line in outcome.lines for outcome in written] == ([False, True] if newer else [True]), written

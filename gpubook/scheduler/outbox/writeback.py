@@ -126,6 +126,7 @@ class _Job:
     now: datetime
     read: Callable[[], block.Outcome | None] | None = None  # a woken start's outcome, read from State when delivered
     etag: str | None = None
+    behind_read: bool = False  # queued while a woken start's outcome was read: not sent if that read wrote it
 
 
 def event_ref(item: Booking | Rejection) -> EventRef:
@@ -382,10 +383,12 @@ class WriteBack:
         if self._written(item, key, etag) is not False:
             return
         with self._lock:  # the same outcome already queued or being written (by its start's own write)
-            queued = self.queued.get(item.id)
-            if self.sending.get(item.id) in (key, READING) or (queued is not None and queued.key == key):
+            queued, sending = self.queued.get(item.id), self.sending.get(item.id)
+            if sending == key or (queued is not None and queued.key == key):
                 return
-        self._queue(calendar, _Job(item=item, outcome=outcome, key=key, now=now))
+        # A woken start's read at work may have read State before this pass noted what it says now
+        # (a held booking's newer image line): this outcome follows it, unless the read wrote the same.
+        self._queue(calendar, _Job(item=item, outcome=outcome, key=key, now=now, behind_read=sending == READING))
 
     def _queue(self, calendar: CalendarConfig, job: _Job) -> None:
         with self._lock:
@@ -410,6 +413,8 @@ class WriteBack:
                 return
             self.sending[booking_id] = job.key if job.read is None else READING
         try:
+            if job.behind_read and self._written(job.item, job.key, None):
+                return
             ready = self._ready(job) if job.read is not None else job
             if ready is not None:
                 self._send(calendar, ready)
