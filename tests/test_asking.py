@@ -76,6 +76,21 @@ def test_a_window_cut_to_what_the_daemon_reads_ahead_says_so() -> None:
     assert "capped" not in within
 
 
+def test_free_from_a_later_time_shows_that_time_on() -> None:
+    """`gpubook free --from 'now+4h'`: the stretches and slots from then (GPU 0 busy with bob's booking
+    until 5 h, GPU 1 too); a start past what the daemon reads ahead is one sentence."""
+    answer = asking.answer(status(), {"kind": "free", "gpus": 1, "hours": 1, "from": at(4)}, viewer=asking.Viewer(),
+                           context=CONTEXT, now=NOW)
+    assert answer["from"] == at(4) and datetime.fromisoformat(answer["until"]) == NOW + timedelta(days=7)
+    assert [g["free"][0][0] for g in answer["hosts"][0]["gpus"]] == [at(5), at(5)]
+    assert answer["slots"][0]["start"] == at(5)
+    before = asking.answer(status(), {"kind": "free", "from": at(-3)}, viewer=asking.Viewer(), context=CONTEXT,
+                           now=NOW)
+    assert before["from"] == NOW.isoformat()  # never before now
+    with pytest.raises(asking.AskError, match="is past what gpubook reads ahead .7 days"):
+        asking.answer(status(), {"kind": "free", "from": at(24 * 8)}, viewer=asking.Viewer(), context=CONTEXT, now=NOW)
+
+
 @pytest.mark.parametrize("request_", [{"kind": "shell"}, {"kind": "free", "gpus": 0}, {"kind": "free", "hours": "4"},
                                       {"kind": "free", "days": 10_000}, {"kind": "bookings", "from": "yesterday"},
                                       {"kind": "bookings", "from": "2026-11-30T10:00"}])

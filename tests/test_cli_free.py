@@ -64,6 +64,25 @@ def test_the_table_shows_each_gpus_free_stretches(config: Path) -> None:
     assert lines[3].startswith("Next slots for 1 GPU for 1 h: GPU 0 is free from today ")
 
 
+def test_free_from_a_time_as_people_type_it(config: Path) -> None:
+    """`--from` takes the words `book --at` takes: the table and the slots from then on; with --ics it is
+    a usage error (exit 2), and past what is read ahead one sentence."""
+    done = gpubook("free", "--config", str(config), "--from", f"{DAY:%Y-%m-%d} 10:00", "--gpus", "2")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"Free GPUs of devbox1 from {label(DAY + timedelta(hours=10))}, times in UTC"), lines
+    assert lines[1] == (f"  GPU 0  busy at {label(DAY + timedelta(hours=10))}; free {label(DAY + timedelta(hours=17))}"
+                        f" → {label(NEXT + timedelta(hours=9))}; from {label(NEXT + timedelta(hours=12))}")
+    assert lines[2] == (f"  GPU 1  free {label(DAY + timedelta(hours=10))} → {label(NEXT + timedelta(hours=9))}; "
+                        f"from {label(NEXT + timedelta(hours=12))}")
+    assert lines[3].startswith(f"Next slots for 2 GPUs for 1 h: GPUs 0,1 are free from "
+                               f"{label(DAY + timedelta(hours=17))} "), lines
+    ics = gpubook("free", "--config", str(config), "--from", "tomorrow", "--ics")
+    assert ics.returncode == 2 and "--from does not go with --ics" in ics.stderr, ics.stderr
+    far = gpubook("free", "--config", str(config), "--from", f"{TODAY.year + 2}-01-01")
+    assert far.returncode == 1 and "is past what gpubook reads ahead" in far.stderr, far.stderr
+
+
 def test_the_next_slots_fit_the_request_and_are_free(config: Path) -> None:
     done = gpubook("free", "--config", str(config), "--gpus", "2", "--hours", "10", "--json")
     assert done.returncode == 0, done.stderr

@@ -205,13 +205,14 @@ def print_mine(answer: Mapping[str, Any]) -> None:
 
 
 def print_free(answer: Mapping[str, Any]) -> None:
-    from gpubook.scheduler.commands.free import free_text, moment
+    from gpubook.scheduler.commands.free import free_text, moment, since
 
     zone = _zone(answer)
     now, horizon = datetime.fromisoformat(answer["now"]), datetime.fromisoformat(answer["until"])
+    start = datetime.fromisoformat(answer.get("from") or answer["now"])  # a daemon before --from: now
     hosts = answer.get("hosts") or []
-    lines = [f"Free GPUs of {answer['host']}, times in {zone} (bookings read until "
-             f"{moment(horizon, zone=zone, now=now)}; as the daemon planned):"]
+    lines = [f"Free GPUs of {answer['host']}{since(start, zone=zone, now=now)}, times in {zone} (bookings read "
+             f"until {moment(horizon, zone=zone, now=now)}; as the daemon planned):"]
     several = len(hosts) > 1
     for host in hosts:
         if several:
@@ -222,7 +223,8 @@ def print_free(answer: Mapping[str, Any]) -> None:
         for gpu in host["gpus"]:
             spans = [(datetime.fromisoformat(s), datetime.fromisoformat(e)) for s, e in gpu["free"]]
             model = f" {gpu.get('model') or '':<{width}}" if width else ""
-            lines.append(f"  GPU {gpu['gpu']}{model}  " + free_text(spans, zone=zone, now=now, horizon=horizon))
+            lines.append(f"  GPU {gpu['gpu']}{model}  " + free_text(spans, zone=zone, now=now, horizon=horizon,
+                                                                       start=start))
     asked = answer["asked"]
     slots = [free_core.Slot(start=datetime.fromisoformat(s["start"]),
                             end=datetime.fromisoformat(s["end"]) if s["end"] else None,

@@ -158,7 +158,8 @@ def _bookings_offline(loaded, args: argparse.Namespace, *, now: datetime) -> int
 def cmd_free(args: argparse.Namespace) -> int:
     from gpubook.scheduler.commands import ask, free
 
-    request = {"kind": "free", "gpus": args.gpus, "hours": args.hours, "days": args.days, "model": args.model or ""}
+    request = {"kind": "free", "gpus": args.gpus, "hours": args.hours, "days": args.days, "model": args.model or "",
+               **({"from": args.start.isoformat()} if args.start else {})}
     loaded = None if args.ics else ask.admin_config(args.config)
     if args.ics:  # the page's /free.ics, printed: the admin's, from the calendars (the daemon serves its own)
         return free.run(_config_path(args), gpus=args.gpus, hours=args.hours, model=args.model or "",
@@ -168,7 +169,7 @@ def cmd_free(args: argparse.Namespace) -> int:
         return _shown(found, as_json=args.json, printer=ask.print_free)
     assert loaded is not None
     done = free.run(str(loaded.path), gpus=args.gpus, hours=args.hours, model=args.model or "", days=args.days,
-                    as_json=args.json)
+                    start=args.start, as_json=args.json)
     print(OFFLINE_NOTE, file=sys.stderr)  # after the answer: a refusal stays one sentence
     return done
 
@@ -428,7 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     free.add_argument("--hours", type=float, default=1.0, metavar="H", help="for H hours (default 1)")
     free.add_argument("--model", metavar="MODEL", help="only this GPU model's GPUs, as /free/MODEL.ics names it "
                       "(a100-sxm4-80gb)")
-    free.add_argument("--days", type=float, default=7.0, help="how far ahead (default 7, at most the daemon's window)")
+    free.add_argument("--days", type=float, default=7.0, help="how far ahead of --from (default 7, at most the "
+                      "daemon's window)")
+    free.add_argument("--from", dest="start", type=_when, metavar="WHEN", help="from when: now+2h, 'tomorrow 09:00', "
+                      "2026-12-01, ISO 8601 (default: now; not with --ics)")
     output = free.add_mutually_exclusive_group()
     output.add_argument("--ics", action="store_true", help="print the availability calendar (iCalendar, no names)")
     output.add_argument("--json", action="store_true", help="print one JSON object")
@@ -565,6 +569,8 @@ def cmd_users(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "ics", False) and getattr(args, "start", None):
+        parser.error("free: --from does not go with --ics (the availability calendar shows each day it reads)")
     level = getattr(logging, args.log_level.upper()) if args.log_level else \
         logging.INFO if args.verbose else logging.WARNING
     logsafe.configure(level)

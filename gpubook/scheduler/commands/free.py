@@ -26,17 +26,22 @@ SPANS_SHOWN = 4  # free stretches per GPU in the table
 
 
 def run(config_path: str, *, gpus: int, hours: float, model: str = "", days: float = 7.0, ics: bool = False,
-        as_json: bool = False) -> int:
+        start: datetime | None = None, as_json: bool = False) -> int:
+    """`start`: the free time from then on (`--from`; None: now)."""
     loaded = config.load(config_path)
     if gpus < 1 or hours <= 0 or days <= 0:
         raise GpubookError("--gpus must be 1 or more, and --hours and --days more than 0")
     now = datetime.now(UTC).replace(microsecond=0)
-    horizon = now + min(timedelta(days=days), policy.reach_ahead(loaded))
+    try:
+        asked = free.window(start, days=days, now=now, reach_ahead=policy.reach_ahead(loaded))
+    except free.Beyond as error:
+        raise GpubookError(str(error)) from None
+    start, horizon = asked.start, asked.end
     result = calendars.plan_window(loaded, window_start=now, window_end=horizon, now=now,
                                    topology=topology_of(loaded))
     indices = calendars.inventory_indices(result.inventory)
     models = {gpu.index: gpu.name or "" for gpu in result.inventory.gpus}
-    blocks = [b for b in free.blocks(result.plan.accepted) if b.end > now and b.start < horizon]
+    blocks = [b for b in free.blocks(result.plan.accepted) if b.end > start and b.start < horizon]
     name = ""
     if model:
         per_model = free_feed.model_gpus(models)
@@ -52,44 +57,55 @@ def run(config_path: str, *, gpus: int, hours: float, model: str = "", days: flo
         return 0
     lanes = free.lanes(blocks)
     request = free.Request(among={LOCAL: indices}, count=gpus, duration=timedelta(hours=hours))
-    slots = free.next_slots(lanes, request, after=now, horizon=horizon, limit=3) if len(indices) >= gpus else []
+    slots = free.next_slots(lanes, request, after=start, horizon=horizon, limit=3) if len(indices) >= gpus else []
     zone = ZoneInfo(loaded.host.timezone)
     if as_json:
-        json.dump(_as_json(lanes.get(LOCAL, {}), indices, models=models, slots=slots, now=now, horizon=horizon),
-                  sys.stdout, indent=2)
+        json.dump(_as_json(lanes.get(LOCAL, {}), indices, models=models, slots=slots, now=now, start=start,
+                           horizon=horizon) | ({"capped": asked.capped} if asked.capped else {}), sys.stdout, indent=2)
         print()
         return 0
-    print("\n".join(_table(lanes.get(LOCAL, {}), indices, models=models, zone=zone, now=now, horizon=horizon,
-                           host=loaded.host.name)))
-    asked = f"{gpus} GPU{'' if gpus == 1 else 's'} for {hours:g} h"
-    print(f"Next slots for {asked}: " + (free.describe(slots, zone=zone, now=now) if slots
-                                         else f"none until {moment(horizon, zone=zone, now=now)}"))
+    print("\n".join(_table(lanes.get(LOCAL, {}), indices, models=models, zone=zone, now=now, start=start,
+                           horizon=horizon, host=loaded.host.name)))
+    what = f"{gpus} GPU{'' if gpus == 1 else 's'} for {hours:g} h"
+    print(f"Next slots for {what}: " + (free.describe(slots, zone=zone, now=now) if slots
+                                        else f"none until {moment(horizon, zone=zone, now=now)}"))
+    if asked.capped:
+        print(f"({asked.capped})")
     return 0
 
 
 def _table(lanes: Mapping[int, free.Lane], indices: Sequence[int], *, models: Mapping[int, str], zone: tzinfo,
-           now: datetime, horizon: datetime, host: str) -> list[str]:
-    lines = [f"Free GPUs of {host}, times in {zone} (bookings read until {moment(horizon, zone=zone, now=now)}):"]
+           now: datetime, start: datetime, horizon: datetime, host: str) -> list[str]:
+    lines = [f"Free GPUs of {host}{since(start, zone=zone, now=now)}, times in {zone} (bookings read until "
+             f"{moment(horizon, zone=zone, now=now)}):"]
     if not indices:
         return [*lines, "  no GPU (NVML lists none, and the config sets no [gpus] count)"]
     width = max((len(models.get(index, "")) for index in indices), default=0)
     for index in indices:
-        spans = free.free_spans(lanes.get(index), start=now, end=horizon)
+        spans = free.free_spans(lanes.get(index), start=start, end=horizon)
         model = f" {models.get(index, ''):<{width}}" if width else ""
-        lines.append(f"  GPU {index}{model}  " + free_text(spans, zone=zone, now=now, horizon=horizon))
+        lines.append(f"  GPU {index}{model}  " + free_text(spans, zone=zone, now=now, horizon=horizon, start=start))
     return [line.rstrip() for line in lines]
 
 
+def since(start: datetime, *, zone: tzinfo, now: datetime) -> str:
+    """The table's heading for a window from `--from` ("": from now)."""
+    return "" if start <= now else f" from {moment(start, zone=zone, now=now)}"
+
+
 def free_text(spans: Sequence[tuple[datetime, datetime]], *, zone: tzinfo, now: datetime,
-               horizon: datetime) -> str:
-    """"free now → tomorrow 09:00; tomorrow 17:00 → Sat 28 Nov 07:00; from Sat 28 Nov 11:00"."""
+              horizon: datetime, start: datetime | None = None) -> str:
+    """"free now → tomorrow 09:00; tomorrow 17:00 → Sat 28 Nov 07:00; from Sat 28 Nov 11:00" (from
+    `start`, `--from`'s, else now)."""
+    start = start or now
+    at = "now" if start == now else moment(start, zone=zone, now=now)
     if not spans:
         return "busy throughout"
-    if spans[0] == (now, horizon):
-        return "free now, nothing booked"
-    shown = "; ".join(_span(start, end, zone=zone, now=now, horizon=horizon) for start, end in spans[:SPANS_SHOWN])
+    if spans[0] == (start, horizon):
+        return f"free {'now' if start == now else 'from ' + at}, nothing booked"
+    shown = "; ".join(_span(begin, end, zone=zone, now=now, horizon=horizon) for begin, end in spans[:SPANS_SHOWN])
     more = f" (+{len(spans) - SPANS_SHOWN} more)" if len(spans) > SPANS_SHOWN else ""
-    return ("free " if spans[0][0] == now else "busy now; free ") + shown + more
+    return ("free " if spans[0][0] == start else f"busy {'now' if start == now else 'at ' + at}; free ") + shown + more
 
 
 def _span(start: datetime, end: datetime, *, zone: tzinfo, now: datetime, horizon: datetime) -> str:
@@ -104,12 +120,12 @@ def moment(moment: datetime, *, zone: tzinfo, now: datetime) -> str:
 
 
 def _as_json(lanes: Mapping[int, free.Lane], indices: Sequence[int], *, models: Mapping[int, str],
-             slots: Sequence[free.Slot], now: datetime, horizon: datetime) -> dict[str, Any]:
+             slots: Sequence[free.Slot], now: datetime, start: datetime, horizon: datetime) -> dict[str, Any]:
     return {
-        "now": now.isoformat(), "until": horizon.isoformat(),
+        "now": now.isoformat(), "from": start.isoformat(), "until": horizon.isoformat(),
         "gpus": [{"gpu": index, "model": models.get(index) or None,
-                  "free": [{"start": start.isoformat(), "end": end.isoformat()}
-                           for start, end in free.free_spans(lanes.get(index), start=now, end=horizon)]}
+                  "free": [{"start": begin.isoformat(), "end": end.isoformat()}
+                           for begin, end in free.free_spans(lanes.get(index), start=start, end=horizon)]}
                  for index in indices],
         "slots": [{"start": slot.start.isoformat(), "end": slot.end.isoformat() if slot.end else None,
                    "gpus": list(slot.placement[0][1])} for slot in slots],

@@ -27,6 +27,34 @@ if TYPE_CHECKING:
 SHOWN = 2  # slots a refusal names: short enough to read in a calendar's description
 
 
+class Beyond(ValueError):
+    """A window asked for from a time past what gpubook reads ahead: nothing is known of it yet."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """The free time asked for: from `start` until `end`, and why it was cut ("": it was not)."""
+
+    start: datetime
+    end: datetime
+    capped: str = ""
+
+
+def window(start: datetime | None, *, days: float, now: datetime, reach_ahead: timedelta) -> Window:
+    """From `start` (`--from`, never before now; None: now) for `days`, cut at what is read ahead
+    (saying so, rather than showing less than asked); Beyond for a start at or past that."""
+    start = max(start or now, now)
+    limit = now + reach_ahead
+    if start >= limit:
+        raise Beyond(f"--from {start.isoformat()} is past what gpubook reads ahead ({reach_ahead.days} days, "
+                     f"until {limit.isoformat()}): nothing is known of it yet")
+    end = start + timedelta(days=days)
+    if end <= limit:
+        return Window(start, end)
+    return Window(start, limit, f"--days {days:g} reaches past what the daemon reads ahead ({reach_ahead.days} "
+                                "days): shown until then")
+
+
 class Lane(Protocol):
     """One GPU's busy time: disjoint intervals sorted by start (so the ends are sorted too)."""
 

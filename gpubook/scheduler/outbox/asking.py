@@ -197,10 +197,11 @@ def free_view(status: Status, request: Mapping[str, Any], *, context: Context, n
     hours = _number(request, "hours", 1.0, low=1 / 60, high=MAX_DAYS * 24)
     days = _number(request, "days", 7.0, low=1 / 24, high=MAX_DAYS)
     model = str(request.get("model") or "")[:64]
-    horizon = now + min(timedelta(days=days), context.reach_ahead)
-    # A window cut to what the daemon reads ahead says so, rather than showing less than asked.
-    capped = (f"--days {days:g} reaches past what the daemon reads ahead ({context.reach_ahead.days} days): "
-              f"shown until then") if timedelta(days=days) > context.reach_ahead else None
+    try:
+        asked = free.window(_moment(request, "from"), days=days, now=now, reach_ahead=context.reach_ahead)
+    except free.Beyond as error:
+        raise AskError(str(error)) from None
+    start, horizon, capped = asked.start, asked.end, asked.capped
     among = {h.name: tuple(h.gpus.gpu_indices) for h in status.hosts}
     models = {host: dict(context.models.get(host, {})) for host in among}
     if model:
@@ -210,22 +211,22 @@ def free_view(status: Status, request: Mapping[str, Any], *, context: Context, n
             known = sorted({name for names in models.values() for name in free_feed.model_gpus(names)})
             raise AskError(f"there is no GPU model {model!r} on {context.host_name} "
                            f"(models: {', '.join(known) or 'none (NVML names no GPU model here)'})")
-    blocks = [b for b in free_feed.blocks_of(status) if b.end > now and b.start < horizon]
+    blocks = [b for b in free_feed.blocks_of(status) if b.end > start and b.start < horizon]
     lanes = free.lanes(_only(blocks, among))
     request_ = free.Request(among=among, count=gpus, duration=timedelta(hours=hours))
     largest = max((len(indices) for indices in among.values()), default=0)
     if gpus > largest:  # no slot could ever fit: one sentence, not an empty list
         raise AskError(f"--gpus {gpus}: {context.host_name} has {largest} GPU{'s' if largest != 1 else ''}"
                        f"{' of that model' if model else ''} per host at most; ask for {max(largest, 1)} or fewer")
-    slots = free.next_slots(lanes, request_, after=now, horizon=horizon, limit=MAX_SLOTS)
+    slots = free.next_slots(lanes, request_, after=start, horizon=horizon, limit=MAX_SLOTS)
     return {
         "asked": {"gpus": gpus, "hours": hours, "days": days, "model": model},
-        "until": horizon.isoformat(),
+        "from": start.isoformat(), "until": horizon.isoformat(),
         **({"capped": capped} if capped else {}),
         "hosts": [{"name": _host_name(host, context), "gpus": [
             {"gpu": index, "model": models.get(host, {}).get(index) or None,
-             "free": [[start.isoformat(), end.isoformat()]
-                      for start, end in free.free_spans(lanes.get(host, {}).get(index), start=now, end=horizon)]}
+             "free": [[begin.isoformat(), end.isoformat()]
+                      for begin, end in free.free_spans(lanes.get(host, {}).get(index), start=start, end=horizon)]}
             for index in indices]} for host, indices in among.items()],
         "slots": [{"start": slot.start.isoformat(), "end": slot.end.isoformat() if slot.end else None,
                    "placement": [[_host_name(host, context), list(on)] for host, on in slot.placement]}
