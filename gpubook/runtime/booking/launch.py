@@ -17,8 +17,10 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -165,6 +167,30 @@ def booking_spec(template: Template, booking: Tenancy, files: HostFiles) -> Cont
         start=booking.start,
         booker=booker_digest(booking.user, booking.uid, booking.gid, booking.ssh_keys),
     )
+
+
+class Gates:
+    """Bookings starting together on one host: one engine start per container at a time (an arm still
+    at work when its start comes is waited for, so the start finds its container), and at most
+    `limit` in all. A start's SSH probe holds none (`start_booking`), so a slow sshd never delays
+    another booking."""
+
+    def __init__(self, limit: int) -> None:
+        self.starting = threading.BoundedSemaphore(limit)
+        self._locks: dict[str, threading.Lock] = {}  # container name → its engine start in progress
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def of(self, name: str) -> Iterator[None]:
+        with self._lock:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock, self.starting:
+            yield
+
+    def forget(self, name: str) -> None:
+        """Its container is gone: its lock too."""
+        with self._lock:
+            self._locks.pop(name, None)
 
 
 def start_booking(

@@ -226,6 +226,12 @@ def chown_for(engine: Engine) -> Callable[[Path, int, int], None] | None:
     return engine.chown if isinstance(engine, IdMapper) else None
 
 
+def ownership(engine: Engine, uid: int, gid: int) -> tuple[tuple[int, int], Callable[[Path, int, int], None] | None]:
+    """The host ids of files owned by `uid`:`gid` inside (`host_owner`) and how a folder is given to
+    them (`chown_for`): what making a booker's folders or a booking's host key needs, at once."""
+    return host_owner(engine, uid, gid), chown_for(engine)
+
+
 def data_owner_argv(engine: Engine) -> builtins.list[str] | None:
     """The argv prefix with power over every booker's file: the engine's, else root's own ([])."""
     if isinstance(engine, IdMapper):

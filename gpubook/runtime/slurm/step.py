@@ -354,8 +354,8 @@ def _prepare(request: StepRequest, *, folder: Path, node: str, gpus: tuple[int, 
     cache_dir.mkdir(parents=True, exist_ok=True)
     folders = _folders(request, engine)
     gpu = _injection(gpus, cache_dir)
-    host_key = ssh.booking_host_key(cache_dir, name, owner=engines.host_owner(engine, 0, 0),
-                                    chown=engines.chown_for(engine))
+    owner, chown = engines.ownership(engine, 0, 0)
+    host_key = ssh.booking_host_key(cache_dir, name, owner=owner, chown=chown)
     probe = booking_probe_key(cache_dir, name)
     spec = launch.booking_spec(
         template,
@@ -536,9 +536,8 @@ def _folders(request: StepRequest, engine: Engine) -> storage.DataFolders:
     problem = storage.mount_problem(request.data_root)
     if problem is not None:
         raise GpubookError(problem)
-    owner_uid, owner_gid = engines.host_owner(engine, request.uid, request.gid)
-    return storage.prepare(request.data_root, request.user, uid=owner_uid, gid=owner_gid,
-                           chown=engines.chown_for(engine))
+    (owner_uid, owner_gid), chown = engines.ownership(engine, request.uid, request.gid)
+    return storage.prepare(request.data_root, request.user, uid=owner_uid, gid=owner_gid, chown=chown)
 
 
 def _injection(gpus: tuple[int, ...], cache_dir: Path) -> object | None:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, tzinfo
 from pathlib import Path
@@ -23,7 +21,7 @@ from zoneinfo import ZoneInfo
 import paramiko
 
 from gpubook.runtime import engines, private
-from gpubook.runtime.booking import booking_json, ssh
+from gpubook.runtime.booking import booking_json, launch, ssh
 from gpubook.runtime.booking import provenance as prov
 from gpubook.runtime.booking.provenance_file import write as write_card_file
 from gpubook.runtime.checks import Check
@@ -61,11 +59,8 @@ class LocalHost:
         self.probe_address = probe_address
         self.images = images or ImagePreparer(engine=engine, ledger=Ledger(cache_dir / "images.json"))
         self.mps = mps
-        # Bookings starting together: each one's engine start (`run`, CPU-bound) waits for a free
-        # slot; its SSH probe does not hold one, so a slow sshd never delays another booking.
-        self.starting = threading.BoundedSemaphore(parallel_starts or os.cpu_count() or 1)
-        self._locks: dict[str, threading.Lock] = {}  # container name → its engine start in progress
-        self._locks_lock = threading.Lock()
+        # Bookings starting together: each one's engine start (CPU-bound) waits for a free slot.
+        self.gates = launch.Gates(parallel_starts or os.cpu_count() or 1)
 
     def list(self) -> list[ContainerInfo]:
         return [replace(info, host=self.name) for info in self.engine.list()]
@@ -98,15 +93,6 @@ class LocalHost:
         """A running booking's agreed later end, written into its booking.json (False: it has none here)."""
         return booking_json.move_end(self.cache_dir, container_name(booking_id), end, zone=self.timezone)
 
-    @contextmanager
-    def gate(self, name: str) -> Iterator[None]:
-        """One engine start per container at a time (an arm still at work when its start comes is
-        waited for, so the start finds its container), and at most `parallel_starts` in all."""
-        with self._locks_lock:
-            lock = self._locks.setdefault(name, threading.Lock())
-        with lock, self.starting:
-            yield
-
     def prepare(self, ahead: Ahead) -> None:
         """Before the start: the booker's folders and the booking's host key (each a `podman
         unshare chown` the first time, rootless), so that at the start only the container is made."""
@@ -125,8 +111,7 @@ class LocalHost:
         self.engine.stop(name, grace)
         ssh.forget_host_key(self.cache_dir, name)
         booking_json.forget_card(self.cache_dir, name)
-        with self._locks_lock:
-            self._locks.pop(name, None)
+        self.gates.forget(name)
 
     def exec(self, name: str, argv: Sequence[str], *, timeout: float | None = None) -> ExecResult:
         return self.engine.exec(name, argv, timeout=timeout)

@@ -18,7 +18,6 @@ calls `run` for a start and `arm` for an arm, which take the rest:
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
@@ -72,10 +71,7 @@ class Place(Protocol):
     mps: bool
     timezone: tzinfo | None
     images: ImagePreparer
-
-    def gate(self, name: str) -> AbstractContextManager[None]:
-        """One engine start per container at a time, and a bounded number in all."""
-        ...
+    gates: launch.Gates  # one engine start per container at a time, and a bounded number in all
 
 
 def prepare(config: Config, state: State, templates: TemplateSet, booking: Booking, *, gpus: tuple[int, ...],
@@ -133,9 +129,9 @@ def folders(place: Place, booker: Booker) -> storage.DataFolders:
     problem = storage.mount_problem(place.data_root)
     if problem is not None:
         raise StorageError(problem)
-    owner_uid, owner_gid = engines.host_owner(place.engine, booker.uid, booker.gid)
+    (owner_uid, owner_gid), chown = engines.ownership(place.engine, booker.uid, booker.gid)
     return storage.prepare(place.data_root, booker.name, uid=owner_uid, gid=owner_gid, home=place.persistent_home,
-                           chown=engines.chown_for(place.engine))
+                           chown=chown)
 
 
 def gpus(place: Place, booked: tuple[int, ...]) -> GpuInjection | None:
@@ -149,8 +145,8 @@ def gpus(place: Place, booked: tuple[int, ...]) -> GpuInjection | None:
 
 def host_key(place: Place, name: str) -> ssh.HostKey:
     """The booking's host key, handed to the host ids of its container's root."""
-    return ssh.booking_host_key(place.cache_dir, name, owner=engines.host_owner(place.engine, 0, 0),
-                                chown=engines.chown_for(place.engine))
+    owner, chown = engines.ownership(place.engine, 0, 0)
+    return ssh.booking_host_key(place.cache_dir, name, owner=owner, chown=chown)
 
 
 def card(place: Place, name: str, request: StartRequest, provenance: prov.Card | None) -> Path:
@@ -244,7 +240,7 @@ def run(place: Place, request: StartRequest) -> Started:
         place.images.ready(request.template)
     def start(running: ContainerInfo | None) -> launch.Ready:
         return launch.start_booking(place.engine, built, probe_key=place.probe_key, host=place.probe_address,
-                                    gate=place.gate(built.name), running=running)
+                                    gate=place.gates.of(built.name), running=running)
 
     try:
         try:
@@ -281,6 +277,6 @@ def arm(place: Place, request: StartRequest) -> ContainerInfo:
     if request.start is None:
         raise EngineError(f"booking {request.booking_id}: no start to arm its container for")
     built = spec(place, request, provenance=provenance(place, request, started=None))
-    with place.gate(built.name):
+    with place.gates.of(built.name):
         info = place.engine.start(built)
     return replace(info, host=place.name)
