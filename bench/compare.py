@@ -33,6 +33,7 @@ Every run's whole output is kept in --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import pwd
@@ -176,6 +177,12 @@ def run_one(bench: str, side: str, tree: Path, round_: int, options: Options, *,
         os.killpg(process.pid, signal.SIGKILL)  # the session this call started: runuser and the bench below it
         output, _ = process.communicate()
         code = None
+    except BaseException:
+        # compare.py itself interrupted or ended (Ctrl-C, SIGTERM): its bench goes too. Left running, a
+        # bench's daemon kept the daemon lock and broke the next benches of both trees.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     run = Run(bench=bench, side=side, round=round_, seconds=time.monotonic() - began, code=code,
@@ -302,7 +309,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _ended(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # through run_one's cleanup: its bench's session is ended
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _ended)
     args = parse_args(argv)
     if args.table:
         runs = kept(args.table)

@@ -61,3 +61,49 @@ def test_noise_both_takes_the_larger_spread_of_the_two_sides(compare: ModuleType
     runs = plan_runs(compare, [10, 11, 10.5], [12, 14, 10])  # medians 10.5 → 12: OLD spread 1, NEW spread 4
     assert compare.table(runs, ["plan"], both=False) == 1
     assert compare.table(runs, ["plan"], both=True) == 0
+
+
+def test_compare_ended_ends_its_bench_and_what_the_bench_started(compare: ModuleType, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killing compare.py (SIGTERM) left its bench running (a session of its own): a bench's daemon then held
+    the account's lock and broke the next benches of both trees. Now its bench's whole session goes."""
+    import os
+    import signal
+    import threading
+    import time
+
+    started = tmp_path / "grandchild.pid"
+    monkeypatch.setattr(compare, "command", lambda tree, argv, options, tmp: [
+        "bash", "-c", f'sleep 600 & echo $! > {started}; wait'])
+    options = compare.Options(account=None, python=sys.executable, data_root=str(tmp_path), out=tmp_path,
+                              start_runs=1, singles=1, idle_seconds=1.0)
+
+    def terminate_once_started() -> None:
+        deadline = time.monotonic() + 60
+        while not started.exists() or not started.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.signal(signal.SIGTERM, compare._ended)
+    killer = threading.Thread(target=terminate_once_started)
+    try:
+        killer.start()
+        with pytest.raises(SystemExit):
+            compare.run_one("plan", "new", REPO, 1, options, script_tree=REPO)
+    finally:
+        killer.join(60)
+        signal.signal(signal.SIGTERM, before)
+    pid = int(started.read_text())
+    deadline = time.monotonic() + 30
+    while (state := _state(pid)) not in (None, "Z"):  # gone (or a zombie left for its reaper)
+        assert time.monotonic() < deadline, f"the bench's own child {pid} still runs ({state})"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
