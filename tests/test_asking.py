@@ -91,6 +91,20 @@ def test_free_from_a_later_time_shows_that_time_on() -> None:
         asking.answer(status(), {"kind": "free", "from": at(24 * 8)}, viewer=asking.Viewer(), context=CONTEXT, now=NOW)
 
 
+def test_free_from_a_later_time_is_printed_from_then(capsys: pytest.CaptureFixture[str]) -> None:
+    """The terminal's table of a daemon's `free --from` answer: headed with its start, each GPU's stretches
+    from then on (busy at 3.5 h: bob's booking until 5 h), never "now"."""
+    from gpubook.scheduler.commands.ask import print_free
+
+    print_free(asking.answer(status(), {"kind": "free", "hours": 1, "from": at(3.5)}, viewer=asking.Viewer(),
+                             context=CONTEXT, now=NOW))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Free GPUs of devbox1 from today 11:30, times in UTC"), lines
+    assert lines[1:3] == ["  GPU 0  busy at today 11:30; free from today 13:00",
+                          "  GPU 1  busy at today 11:30; free from today 13:00"], lines
+    assert "now" not in "\n".join(lines[1:]), lines
+
+
 @pytest.mark.parametrize("request_", [{"kind": "shell"}, {"kind": "free", "gpus": 0}, {"kind": "free", "hours": "4"},
                                       {"kind": "free", "days": 10_000}, {"kind": "bookings", "from": "yesterday"},
                                       {"kind": "bookings", "from": "2026-11-30T10:00"}])
