@@ -335,3 +335,57 @@ def test_a_start_removes_a_storage_only_container_of_its_name_and_starts(
         finally:
             bookings.cleanup()
             buildah(engine, "rm", other)
+
+
+def _rm_killed_midway(engine: Engine, name: str, image: str, *, storage_too: bool) -> str:
+    """A booking's container whose `podman rm` was killed midway, as podman 4.3 leaves it "Removing": killed
+    once it marked the container so (its debug line "Removing all exec sessions" comes after that), its
+    storage kept; with `storage_too`, the storage then removed as that `rm` would have gone on to (buildah
+    rm), which leaves what the fault sample left on 2026-11-30: listed "Removing", `inspect` answering
+    "container not known". Gives the container's id."""
+    argv = engine.global_argv()  # type: ignore[attr-defined]
+    ran = podman(argv, "run", "--detach", "--network", "none", "--name", name, "--label", "gpubook.booking=rm@test",
+                 image, "sleep", "600")
+    assert ran.returncode == 0, ran.stderr
+    container_id = ran.stdout.strip()
+    assert podman(argv, "stop", "--time", "0", name).returncode == 0
+    rm = subprocess.Popen([*argv, "--log-level", "debug", "rm", name], stderr=subprocess.PIPE,
+                          stdout=subprocess.DEVNULL, text=True)
+    assert rm.stderr is not None
+    for line in rm.stderr:
+        if "Removing all exec sessions" in line:
+            rm.kill()
+            break
+    rm.wait(TIMEOUT)
+    if storage_too:
+        assert buildah(engine, "rm", container_id).returncode == 0
+    listed = podman(argv, "ps", "--all", "--filter", f"name=^{name}$", "--format", "{{.State}}").stdout.strip()
+    assert listed == "Removing", listed
+    known = podman(argv, "container", "inspect", "--format", "{{.State.Status}}", name)
+    assert (known.returncode, known.stdout.strip()) == ((125, "") if storage_too else (0, "removing")), known
+    return container_id
+
+
+@pytest.mark.skipif(shutil.which("buildah") is None, reason="buildah is not installed")
+@pytest.mark.parametrize("storage_too", [False, True], ids=["storage-kept", "storage-gone"])
+def test_a_stop_removes_a_container_left_removing(engine: Engine, storage_too: bool,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A container left "Removing" by an `rm` killed midway (the daemon's own, at its timeout or a crash)
+    was never removed: gpubook's stop met `stop`'s "container state improper", or (its storage gone)
+    `inspect`'s "container not known" and took it for gone. Every pass then cleared it again, warning,
+    and its name stayed taken (the fault sample of 2026-11-30 left one, which the next test's daemon
+    met). Now the stop removes it."""
+    image = "localhost/gpubook/debian-ssh:12"
+    engine.ensure_image(image)
+    name = "gpubook-removing-" + uuid.uuid4().hex[:8]
+    argv = engine.global_argv()  # type: ignore[attr-defined]
+    try:
+        _rm_killed_midway(engine, name, image, storage_too=storage_too)
+        assert name in {info.name for info in engine.list()}  # the daemon sees it, and clears it each pass
+        engine.stop(name, 0)
+        assert podman(argv, "ps", "--all", "--external", "--filter", f"name=^{name}$", "--quiet").stdout == ""
+        assert name not in {info.name for info in engine.list()}
+        if storage_too:
+            assert "its removal was cut short" in caplog.text
+    finally:
+        podman(argv, "rm", "--force", name)

@@ -131,14 +131,22 @@ class CliEngine(CliArgv, CliImages):
         """SIGTERM, `grace` seconds for the booker's work to finish, SIGKILL; then remove it (a
         booking's container or a service's; anything else of that name is left alone)."""
         raws = self._inspect_raw([name], missing_ok=True)
-        labels = labels_of(raws[0]) if raws else {}
+        if not raws:
+            # None by that name, or one half there that only the engine's listing knows (a `run` or `rm`
+            # killed midway): that one goes, or it would be cleared again every pass and hold its name.
+            self._remove_storage_only(name)
+            return
+        labels = labels_of(raws[0])
         if not (labels.get(LABEL_BOOKING) or labels.get(LABEL_SERVICE)):
             return
-        self._call(
-            ["stop", "--time", str(math.ceil(grace)), name],
-            timeout=grace + QUICK_TIMEOUT,
-            missing_ok=True,
-        )
+        # One left "removing" (an `rm` killed midway) runs nothing, and `stop` refuses it ("container
+        # state improper"): only its removal is left to do.
+        if (raws[0].get("State") or {}).get("Status") != "removing":
+            self._call(
+                ["stop", "--time", str(math.ceil(grace)), name],
+                timeout=grace + QUICK_TIMEOUT,
+                missing_ok=True,
+            )
         self._remove(name)
         if labels.get(LABEL_BOOKING):
             self.release_network(name)

@@ -553,18 +553,21 @@ class PodmanEngine(CliEngine):
         return any([self._end_if_unknown(m) for m in found if m.in_store(root)])
 
     def _remove_storage_only(self, name: str) -> bool:
-        """A `podman run` killed between making the container's storage and recording it in podman's
-        database leaves a container that only `ps --external` lists ("Storage"; `inspect` and
-        `container exists` know no such name), and every later `run` of its name fails "the container
-        name … is already in use". Only ids of exactly `name` that podman's database does not know."""
+        """A container of exactly `name` that `ps` lists and `inspect` does not know, removed. Podman 4.3
+        leaves two such: a `podman run` killed between making the container's storage and recording it
+        in its database ("Storage", listed by `ps --external` only), after which every `run` of its
+        name fails "the container name … is already in use"; and a `podman rm` killed between removing
+        its storage and its record ("Removing": `inspect` says "container not known", `stop` "container
+        state improper"), which no stop by name reaches. Only `rm --force` of its id removes either."""
         listed = self._call(["ps", "--all", "--external", "--no-trunc", "--filter", f"name=^{re.escape(name)}$",
-                             "--format", "{{.ID}} {{.Names}}"])
-        found = [fields[0] for fields in map(str.split, listed.splitlines())
-                 if fields[1:] == [name] and not self._inspect_raw([fields[0]], missing_ok=True)]
-        for container_id in found:
-            log.warning("podman: container %s (%s) is in podman's storage but not in its database (a `podman run` "
-                        "killed midway), and no container of its name can start while it is there: removing it",
-                        name, container_id[:12])
+                             "--format", "{{.ID}} {{.Names}} {{.State}}"])
+        found = [(fields[0], " ".join(fields[2:]).lower()) for fields in map(str.split, listed.splitlines())
+                 if fields[1:2] == [name] and not self._inspect_raw([fields[0]], missing_ok=True)]
+        for container_id, state in found:
+            how = ("its removal was cut short (a `podman rm` killed midway)" if state == "removing" else
+                   "it is in podman's storage but not in its database (a `podman run` killed midway), and no "
+                   "container of its name can start while it is there")
+            log.warning("podman: container %s (%s): %s: removing it", name, container_id[:12], how)
             self._call(["rm", "--force", container_id])
         return bool(found)
 
