@@ -86,9 +86,9 @@ class CliEngine(CliArgv, CliImages):
             info = self._run(spec)
         except EngineError:
             try:
-                removed = self._remove_storage_only(spec.name)
+                removed = self._remove_half_there(spec.name)
             except EngineError as error:
-                log.warning("booking %s: looking for a storage-only %s failed: %s", spec.booking_id, spec.name, error)
+                log.warning("booking %s: looking for a half-made %s failed: %s", spec.booking_id, spec.name, error)
                 removed = False
             if not removed:
                 raise  # the run's own error is the one to tell
@@ -134,7 +134,7 @@ class CliEngine(CliArgv, CliImages):
         if not raws:
             # None by that name, or one half there that only the engine's listing knows (a `run` or `rm`
             # killed midway): that one goes, or it would be cleared again every pass and hold its name.
-            self._remove_storage_only(name)
+            self._remove_half_there(name)
             return
         labels = labels_of(raws[0])
         if not (labels.get(LABEL_BOOKING) or labels.get(LABEL_SERVICE)):
@@ -156,10 +156,10 @@ class CliEngine(CliArgv, CliImages):
         conmon, conmon.py); True if one was. None here: docker's run under dockerd, which lists them all."""
         return False
 
-    def _remove_storage_only(self, name: str) -> bool:
-        """Remove a container of `name` that only the engine's storage knows (a `run` killed between
-        making its storage and recording it), which makes every later `run` of the name fail; True if
-        one was. None here: dockerd makes and records a container in one step."""
+    def _remove_half_there(self, name: str) -> bool:
+        """Remove a container of `name` that the engine lists but cannot inspect (a `run` or `rm` killed
+        midway), which holds its name and no stop by name reaches; True if one was. None here: dockerd
+        makes and removes a container in one step."""
         return False
 
     def _remove_leftover(self, current: ContainerInfo) -> None:

@@ -552,7 +552,7 @@ class PodmanEngine(CliEngine):
         root = self.storage_path()
         return any([self._end_if_unknown(m) for m in found if m.in_store(root)])
 
-    def _remove_storage_only(self, name: str) -> bool:
+    def _remove_half_there(self, name: str) -> bool:
         """A container of exactly `name` that `ps` lists and `inspect` does not know, removed. Podman 4.3
         leaves two such: a `podman run` killed between making the container's storage and recording it
         in its database ("Storage", listed by `ps --external` only), after which every `run` of its
